@@ -1,0 +1,497 @@
+//! The single-producer/single-consumer byte ring and its notification
+//! protocol.
+//!
+//! # Indices
+//!
+//! `prod` and `cons` are free-running byte counters that wrap at 2^32; the
+//! data area is a power of two, so a byte at stream position `i` lives at
+//! `i & (size - 1)`. `prod - cons` (wrapping) is the number of readable
+//! bytes, never more than `size`. Each side keeps its own counter in local
+//! memory and only *stores* it to the shared page: a value read back from the
+//! page is never trusted, because the peer can scribble on the whole page.
+//!
+//! # Hostile peer
+//!
+//! The peer's counter is loaded once per operation and validated against our
+//! own: a consumer accepts `prod` only if `0 <= prod - cons <= size`, a
+//! producer accepts `cons` only if it did not move backwards and `prod - cons
+//! <= size`. Anything else is a [`RingError::Corrupt`]; the caller resets the
+//! connection. No input can make these functions panic, loop or touch memory
+//! outside the ring.
+//!
+//! # Notifications (event indices)
+//!
+//! A side about to sleep publishes an *event index*: "kick me once your
+//! counter moves past this value" (`data_event` from the consumer,
+//! `space_event` from the producer), issues a full fence, and re-reads the
+//! other side's counter; it sleeps only if nothing changed. The other side
+//! publishes its counter, issues a full fence, reads the event index and
+//! kicks only if its last update crossed it ([`need_event`]). This is the
+//! check-after-set sequence of Xen's `ring.h` and virtio's event index: a
+//! wakeup cannot be lost, and a burst of writes costs one kick, not one per
+//! write. Each event index is written by exactly one side.
+
+use core::sync::atomic::Ordering;
+
+/// A field of the ring header, named for [`RingMemory`] accessors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    /// Producer's byte counter.
+    Prod,
+    /// Producer's event index (waiting for space).
+    SpaceEvent,
+    /// Producer's flags.
+    ProdFlags,
+    /// Consumer's byte counter.
+    Cons,
+    /// Consumer's event index (waiting for data).
+    DataEvent,
+    /// Consumer's flags.
+    ConsFlags,
+}
+
+/// Access to one ring's shared header fields and data area.
+///
+/// The ring logic is generic over this so the same code runs over kernel
+/// pages, mmap'd grant pages, test buffers ([`crate::mem::RawRing`]) and the
+/// loom model's instrumented memory.
+///
+/// Implementations must make `load`/`store` single atomic accesses with the
+/// given ordering and `fence` a sequentially consistent fence, and must keep
+/// `write_data`/`read_data` inside the data area for every
+/// `offset < data_size()` and `offset + len <= data_size()` (the ring never
+/// asks for more).
+pub trait RingMemory {
+    /// Bytes in the data area; a power of two. This is the local, trusted
+    /// value, never read from shared memory.
+    fn data_size(&self) -> u32;
+    /// Loads a header field once.
+    fn load(&self, field: Field, order: Ordering) -> u32;
+    /// Stores a header field.
+    fn store(&self, field: Field, value: u32, order: Ordering);
+    /// A full (`SeqCst`) fence, ordering a store before a later load.
+    fn fence(&self);
+    /// Copies `src` into the data area at `offset`.
+    fn write_data(&self, offset: u32, src: &[u8]);
+    /// Copies from the data area at `offset` into `dst`.
+    fn read_data(&self, offset: u32, dst: &mut [u8]);
+}
+
+/// A ring violation by the peer: the connection must be reset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingError {
+    /// The peer's index is inconsistent with ours.
+    Corrupt {
+        /// Which field was wrong.
+        field: Field,
+        /// The value read.
+        seen: u32,
+        /// Our own counter at the time.
+        ours: u32,
+    },
+    /// The peer set flag bits this version does not define.
+    UnknownFlags(u32),
+}
+
+impl core::fmt::Display for RingError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RingError::Corrupt { field, seen, ours } => {
+                write!(
+                    f,
+                    "peer corrupted ring field {field:?}: read {seen}, local counter {ours}"
+                )
+            }
+            RingError::UnknownFlags(v) => write!(f, "peer set unknown ring flags {v:#x}"),
+        }
+    }
+}
+
+/// Whether an update of a counter from `old` to `new` crossed the event
+/// index `event`, i.e. `event` lies in `[old, new)` in wrapping arithmetic.
+#[inline]
+pub const fn need_event(event: u32, new: u32, old: u32) -> bool {
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+}
+
+/// State of the far end as seen by the consumer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerEnd {
+    /// The producer finished writing (end of stream after the last byte).
+    pub fin: bool,
+    /// The producer reset the connection.
+    pub reset: bool,
+    /// The producer froze this ring for a carrier switch.
+    pub frozen: bool,
+}
+
+/// State of the far end as seen by the producer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReaderEnd {
+    /// The consumer will read no more.
+    pub closed: bool,
+    /// The consumer reset the connection.
+    pub reset: bool,
+}
+
+/// The sending side of a ring.
+///
+/// `write` publishes data as it goes; `flush` decides, once per burst,
+/// whether the consumer asked to be kicked.
+pub struct Producer<M: RingMemory> {
+    mem: M,
+    mask: u32,
+    /// Our counter (authoritative; the shared copy is only ever stored).
+    prod: u32,
+    /// Last `cons` accepted from the peer.
+    cons_seen: u32,
+    /// `prod` at the last kick decision.
+    notified_prod: u32,
+    flags: u32,
+}
+
+impl<M: RingMemory> Producer<M> {
+    /// Attaches to a freshly initialised ring (both counters at 0).
+    pub fn new(mem: M) -> Self {
+        Self::resume(mem, 0)
+    }
+
+    /// Attaches with the local counter at `prod`, for a host that restores a
+    /// producer it knows the position of. The consumer is assumed to be
+    /// caught up (`cons == prod`).
+    pub fn resume(mem: M, prod: u32) -> Self {
+        let mask = mem.data_size().wrapping_sub(1);
+        Producer {
+            mem,
+            mask,
+            prod,
+            cons_seen: prod,
+            notified_prod: prod,
+            flags: 0,
+        }
+    }
+
+    /// The ring's data size.
+    pub fn capacity(&self) -> u32 {
+        self.mask.wrapping_add(1)
+    }
+
+    /// Our byte counter.
+    pub fn position(&self) -> u32 {
+        self.prod
+    }
+
+    /// Shared-memory access, for hosts that need it (e.g. heartbeats).
+    pub fn memory(&self) -> &M {
+        &self.mem
+    }
+
+    fn load_cons(&mut self) -> Result<u32, RingError> {
+        let cons = self.mem.load(Field::Cons, Ordering::Acquire);
+        let used = self.prod.wrapping_sub(cons);
+        let advanced = cons.wrapping_sub(self.cons_seen);
+        let outstanding = self.prod.wrapping_sub(self.cons_seen);
+        if used > self.capacity() || advanced > outstanding {
+            return Err(RingError::Corrupt {
+                field: Field::Cons,
+                seen: cons,
+                ours: self.prod,
+            });
+        }
+        self.cons_seen = cons;
+        Ok(cons)
+    }
+
+    /// Bytes that can be written now.
+    pub fn free_space(&mut self) -> Result<u32, RingError> {
+        let cons = self.load_cons()?;
+        Ok(self.capacity() - self.prod.wrapping_sub(cons))
+    }
+
+    /// Bytes written and not yet consumed.
+    pub fn unconsumed(&mut self) -> Result<u32, RingError> {
+        let cons = self.load_cons()?;
+        Ok(self.prod.wrapping_sub(cons))
+    }
+
+    /// Reads the consumer's flags once.
+    pub fn reader_end(&self) -> Result<ReaderEnd, RingError> {
+        let flags = self.mem.load(Field::ConsFlags, Ordering::Acquire);
+        if flags & !crate::layout::CONS_FLAGS_KNOWN != 0 {
+            return Err(RingError::UnknownFlags(flags));
+        }
+        Ok(ReaderEnd {
+            closed: flags & crate::layout::CONS_FLAG_CLOSED != 0,
+            reset: flags & crate::layout::CONS_FLAG_RESET != 0,
+        })
+    }
+
+    /// Copies as much of `src` as fits and publishes it. Returns the number
+    /// of bytes written (0 when the ring is full). Call [`Producer::flush`]
+    /// after the burst to decide on a kick.
+    pub fn write(&mut self, src: &[u8]) -> Result<usize, RingError> {
+        let free = self.free_space()?;
+        let n = (free as usize).min(src.len()) as u32;
+        if n == 0 {
+            return Ok(0);
+        }
+        let start = self.prod & self.mask;
+        let first = n.min(self.capacity() - start);
+        self.mem.write_data(start, &src[..first as usize]);
+        if first < n {
+            self.mem.write_data(0, &src[first as usize..n as usize]);
+        }
+        self.prod = self.prod.wrapping_add(n);
+        self.mem.store(Field::Prod, self.prod, Ordering::Release);
+        Ok(n as usize)
+    }
+
+    /// Ends a burst: returns `true` if the consumer asked to be kicked since
+    /// the last flush (the caller then notifies the event channel).
+    pub fn flush(&mut self) -> bool {
+        if self.prod == self.notified_prod {
+            return false;
+        }
+        self.mem.fence();
+        let event = self.mem.load(Field::DataEvent, Ordering::Relaxed);
+        let kick = need_event(event, self.prod, self.notified_prod);
+        self.notified_prod = self.prod;
+        kick
+    }
+
+    /// Before sleeping for space: asks to be kicked once at least `want`
+    /// bytes are free (clamped to `1..=capacity`) and re-checks. Returns
+    /// `Ok(true)` if the caller may sleep, `Ok(false)` if space appeared.
+    pub fn prepare_wait(&mut self, want: u32) -> Result<bool, RingError> {
+        let want = want.clamp(1, self.capacity());
+        // Kick once `cons >= prod - capacity + want`, i.e. once `cons` moves
+        // past the value just below that.
+        let event = self
+            .prod
+            .wrapping_sub(self.capacity())
+            .wrapping_add(want)
+            .wrapping_sub(1);
+        self.mem.store(Field::SpaceEvent, event, Ordering::Relaxed);
+        self.mem.fence();
+        let free = self.free_space()?;
+        let reader = self.reader_end()?;
+        Ok(free < want && !reader.closed && !reader.reset)
+    }
+
+    /// Copies the written-but-unconsumed bytes (oldest first) into `dst`,
+    /// for a carrier switch: the ring is the retransmission buffer. Returns
+    /// how many bytes were copied; `dst` must hold [`Producer::capacity`]
+    /// bytes to be sure to get them all.
+    pub fn read_back(&mut self, dst: &mut [u8]) -> Result<usize, RingError> {
+        let cons = self.load_cons()?;
+        let n = (self.prod.wrapping_sub(cons) as usize).min(dst.len()) as u32;
+        let start = cons & self.mask;
+        let first = n.min(self.capacity() - start);
+        self.mem.read_data(start, &mut dst[..first as usize]);
+        if first < n {
+            self.mem.read_data(0, &mut dst[first as usize..n as usize]);
+        }
+        Ok(n as usize)
+    }
+
+    fn set_flag(&mut self, flag: u32) {
+        self.flags |= flag;
+        self.mem
+            .store(Field::ProdFlags, self.flags, Ordering::Release);
+    }
+
+    /// Marks the end of the stream after the bytes written so far. The
+    /// caller always kicks afterwards: a sleeping consumer waits for data,
+    /// not for flags.
+    pub fn finish(&mut self) {
+        self.set_flag(crate::layout::PROD_FLAG_FIN);
+    }
+
+    /// Marks the ring frozen for a carrier switch; nothing more is written.
+    pub fn freeze(&mut self) {
+        self.set_flag(crate::layout::PROD_FLAG_FROZEN);
+    }
+
+    /// Marks the connection reset.
+    pub fn reset(&mut self) {
+        self.set_flag(crate::layout::PROD_FLAG_RESET);
+    }
+
+    /// Gives back the memory handle.
+    pub fn into_memory(self) -> M {
+        self.mem
+    }
+}
+
+/// The receiving side of a ring.
+pub struct Consumer<M: RingMemory> {
+    mem: M,
+    mask: u32,
+    cons: u32,
+    notified_cons: u32,
+    flags: u32,
+}
+
+impl<M: RingMemory> Consumer<M> {
+    /// Attaches to a freshly initialised ring.
+    pub fn new(mem: M) -> Self {
+        let mask = mem.data_size().wrapping_sub(1);
+        Consumer {
+            mem,
+            mask,
+            cons: 0,
+            notified_cons: 0,
+            flags: 0,
+        }
+    }
+
+    /// The ring's data size.
+    pub fn capacity(&self) -> u32 {
+        self.mask.wrapping_add(1)
+    }
+
+    /// Our byte counter.
+    pub fn position(&self) -> u32 {
+        self.cons
+    }
+
+    /// Shared-memory access, for hosts that need it.
+    pub fn memory(&self) -> &M {
+        &self.mem
+    }
+
+    fn load_prod(&self) -> Result<u32, RingError> {
+        let prod = self.mem.load(Field::Prod, Ordering::Acquire);
+        if prod.wrapping_sub(self.cons) > self.capacity() {
+            return Err(RingError::Corrupt {
+                field: Field::Prod,
+                seen: prod,
+                ours: self.cons,
+            });
+        }
+        Ok(prod)
+    }
+
+    /// Bytes readable now.
+    pub fn readable(&self) -> Result<u32, RingError> {
+        Ok(self.load_prod()?.wrapping_sub(self.cons))
+    }
+
+    /// Reads the producer's flags once. Read flags *before* deciding that
+    /// `readable() == 0` means end of stream: `fin` is set after the last
+    /// `prod` store, so `fin` then `readable() == 0` is a true EOF.
+    pub fn peer_end(&self) -> Result<PeerEnd, RingError> {
+        let flags = self.mem.load(Field::ProdFlags, Ordering::Acquire);
+        if flags & !crate::layout::PROD_FLAGS_KNOWN != 0 {
+            return Err(RingError::UnknownFlags(flags));
+        }
+        Ok(PeerEnd {
+            fin: flags & crate::layout::PROD_FLAG_FIN != 0,
+            reset: flags & crate::layout::PROD_FLAG_RESET != 0,
+            frozen: flags & crate::layout::PROD_FLAG_FROZEN != 0,
+        })
+    }
+
+    fn copy_out(&self, avail: u32, dst: &mut [u8]) -> u32 {
+        let n = (avail as usize).min(dst.len()) as u32;
+        let start = self.cons & self.mask;
+        let first = n.min(self.capacity() - start);
+        self.mem.read_data(start, &mut dst[..first as usize]);
+        if first < n {
+            self.mem.read_data(0, &mut dst[first as usize..n as usize]);
+        }
+        n
+    }
+
+    /// Copies readable bytes into `dst` without consuming them.
+    pub fn peek(&self, dst: &mut [u8]) -> Result<usize, RingError> {
+        let avail = self.readable()?;
+        Ok(self.copy_out(avail, dst) as usize)
+    }
+
+    /// Copies readable bytes into `dst` and consumes them. Returns 0 when the
+    /// ring is empty. Call [`Consumer::flush`] after the burst.
+    pub fn read(&mut self, dst: &mut [u8]) -> Result<usize, RingError> {
+        let avail = self.readable()?;
+        let n = self.copy_out(avail, dst);
+        self.consume(n);
+        Ok(n as usize)
+    }
+
+    /// Consumes `n` bytes without copying them, at most what is readable.
+    /// Returns how many were consumed.
+    pub fn skip(&mut self, n: u32) -> Result<u32, RingError> {
+        let n = n.min(self.readable()?);
+        self.consume(n);
+        Ok(n)
+    }
+
+    fn consume(&mut self, n: u32) {
+        if n > 0 {
+            self.cons = self.cons.wrapping_add(n);
+            self.mem.store(Field::Cons, self.cons, Ordering::Release);
+        }
+    }
+
+    /// Ends a burst: returns `true` if the producer asked to be kicked.
+    pub fn flush(&mut self) -> bool {
+        if self.cons == self.notified_cons {
+            return false;
+        }
+        self.mem.fence();
+        let event = self.mem.load(Field::SpaceEvent, Ordering::Relaxed);
+        let kick = need_event(event, self.cons, self.notified_cons);
+        self.notified_cons = self.cons;
+        kick
+    }
+
+    /// Before sleeping for data: asks to be kicked on the next byte and
+    /// re-checks. Returns `Ok(true)` if the caller may sleep.
+    pub fn prepare_wait(&mut self) -> Result<bool, RingError> {
+        self.mem
+            .store(Field::DataEvent, self.cons, Ordering::Relaxed);
+        self.mem.fence();
+        let avail = self.readable()?;
+        let end = self.peer_end()?;
+        Ok(avail == 0 && !end.fin && !end.reset && !end.frozen)
+    }
+
+    fn set_flag(&mut self, flag: u32) {
+        self.flags |= flag;
+        self.mem
+            .store(Field::ConsFlags, self.flags, Ordering::Release);
+    }
+
+    /// Tells the producer nothing more will be read. Kick afterwards.
+    pub fn close(&mut self) {
+        self.set_flag(crate::layout::CONS_FLAG_CLOSED);
+    }
+
+    /// Marks the connection reset. Kick afterwards.
+    pub fn reset(&mut self) {
+        self.set_flag(crate::layout::CONS_FLAG_RESET);
+    }
+
+    /// Gives back the memory handle.
+    pub fn into_memory(self) -> M {
+        self.mem
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn need_event_matches_crossing() {
+        assert!(need_event(5, 6, 5));
+        assert!(!need_event(5, 5, 4));
+        assert!(need_event(4, 5, 4));
+        assert!(!need_event(10, 9, 0));
+        // across the wrap
+        assert!(need_event(u32::MAX, 1, u32::MAX - 1));
+        assert!(!need_event(2, 1, u32::MAX));
+        // no movement never kicks
+        assert!(!need_event(3, 3, 3));
+    }
+}

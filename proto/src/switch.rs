@@ -1,0 +1,823 @@
+//! The carrier state machine: how a stream connection moves between the
+//! ring and its TCP leg without losing, duplicating or reordering a byte.
+//!
+//! Each direction of a connection is handled separately: a [`TxPath`] at the
+//! sender and an [`RxPath`] at the receiver. Byte offsets in the stream are
+//! the sequence numbers. Rings are numbered by *epoch* (0 for the ring set up
+//! at connect, then one more for every ring set up afterwards), so a message
+//! about a ring that is already gone can be recognised and ignored.
+//!
+//! ```text
+//!            freeze (local suspend, peer gone, TxFreeze/Consumed seen)
+//!   RING ───────────────────────────────► DRAINING ──(offsets agreed)──► TCP
+//!    ▲                                                                   │
+//!    │ RingFrom{epoch, M} seen / sent          peer back: RingOffer      │
+//!    └────────────────────────────── UPGRADING ◄─────────────────────────┘
+//! ```
+//!
+//! # Going to TCP
+//!
+//! The sender freezes its ring: it stops producing, copies the bytes the
+//! receiver has not consumed back out of the ring (the ring is the
+//! retransmission buffer; see [`crate::ring::Producer::read_back`]) and
+//! sends `TxFreeze{epoch, sent}` on TCP. The receiver decides how much of
+//! its ring it can trust:
+//!
+//! * if the *receiver* moved, its ring pages may hold a torn copy of
+//!   in-flight bytes, so it trusts nothing beyond what it had consumed;
+//! * if the *sender* froze or vanished and the receiver stayed, the ring's
+//!   final contents are exactly what the sender wrote, so it drains them.
+//!
+//! It answers `Consumed{epoch, M}`: "I hold everything below M". The sender
+//! resends from M (or from where the ring began, if later: anything before
+//! that went over TCP and is still in flight) and continues on TCP.
+//!
+//! # Returning to the ring
+//!
+//! When the peers are co-resident again the receiver grants a new ring and
+//! offers it on the link (`RingOffer{epoch}`). The sender, at a byte
+//! boundary `M`, sends the in-band marker `RingFrom{epoch, M}` on TCP and
+//! writes every later byte into the ring. The receiver reads TCP up to the
+//! marker, then the ring. Each direction switches independently.
+//!
+//! # Moves during a switch
+//!
+//! A move while a ring offer is outstanding abandons that epoch: the
+//! receiver declares it dead with `Consumed`, the sender never accepts an
+//! offer for an epoch at or below one it has seen declared dead, and a
+//! `RingFrom` for a dead epoch is ignored (the bytes after it are resent on
+//! TCP). Because every frame of one direction travels on one ordered TCP
+//! stream, `RingFrom` always arrives before the `TxFreeze` of that ring.
+
+/// A ring epoch.
+pub type Epoch = u32;
+
+/// A breach of the switch-over protocol by the peer (or a host bug): the
+/// connection must be reset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwitchError {
+    /// An offset outside what the protocol allows at this point.
+    BadOffset {
+        /// The offending offset.
+        got: u64,
+        /// Lowest acceptable value.
+        min: u64,
+        /// Highest acceptable value.
+        max: u64,
+    },
+    /// A frame or call that is not valid in the current state.
+    UnexpectedInState(&'static str),
+    /// A ring epoch that cannot exist yet.
+    BadEpoch(Epoch),
+}
+
+impl core::fmt::Display for SwitchError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            SwitchError::BadOffset { got, min, max } => {
+                write!(f, "stream offset {got} outside [{min}, {max}]")
+            }
+            SwitchError::UnexpectedInState(what) => write!(f, "unexpected {what} in this state"),
+            SwitchError::BadEpoch(e) => write!(f, "ring epoch {e} is not valid here"),
+        }
+    }
+}
+
+/// Connection-level phase, derived from both directions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Both directions on the ring.
+    Ring,
+    /// A ring is frozen and offsets are being agreed.
+    Draining,
+    /// Both directions on TCP.
+    Tcp,
+    /// At least one direction is on its way back to (or already on) a new
+    /// ring while the other is not.
+    Upgrading,
+}
+
+/// Sender-side state of one direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TxState {
+    /// Writing into ring `epoch`, whose byte 0 is stream offset `start`.
+    Ring {
+        /// The ring's epoch.
+        epoch: Epoch,
+        /// Stream offset of the ring's first byte.
+        start: u64,
+    },
+    /// Ring `epoch` is frozen; the host holds a copy of the stream from
+    /// `resend_base` to the end. Writes wait until `Consumed` arrives.
+    Frozen {
+        /// The ring's epoch.
+        epoch: Epoch,
+        /// Stream offset of the ring's first byte.
+        start: u64,
+        /// Stream offset of the first byte of the host's resend copy.
+        resend_base: u64,
+    },
+    /// Writing `Data` frames on TCP.
+    Tcp,
+}
+
+/// Bytes the host must send on TCP after the receiver's `Consumed`: the
+/// slice `[skip, skip + len)` of its resend copy, as `Data` frames starting
+/// at stream offset `from`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resend {
+    /// Stream offset of the first byte to send.
+    pub from: u64,
+    /// Bytes of the resend copy to skip (the receiver already has them).
+    pub skip: u64,
+    /// Bytes to send.
+    pub len: u64,
+}
+
+/// What the host does with a `Consumed` frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConsumedOutcome {
+    /// Resend, then continue on TCP; drop the resend copy afterwards.
+    Resend(Resend),
+    /// The receiver abandoned the ring still in use here: freeze it first
+    /// ([`TxPath::freeze`]), then hand the frame in again.
+    FreezeFirst,
+    /// Nothing to do (old or duplicate news).
+    Ignore,
+}
+
+/// The sender's half of the state machine for one direction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxPath {
+    state: TxState,
+    sent: u64,
+    /// Highest epoch used here or declared dead by the receiver.
+    last_epoch: Epoch,
+    fin: bool,
+}
+
+/// What the host sends after [`TxPath::freeze`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxFreezeNotice {
+    /// Epoch of the ring frozen (or of the last ring used).
+    pub epoch: Epoch,
+    /// Bytes sent so far.
+    pub offset: u64,
+}
+
+impl TxPath {
+    /// A direction starting on ring epoch 0.
+    pub fn on_ring() -> Self {
+        TxPath {
+            state: TxState::Ring { epoch: 0, start: 0 },
+            sent: 0,
+            last_epoch: 0,
+            fin: false,
+        }
+    }
+
+    /// A direction starting on TCP (the peer was not co-resident at connect).
+    pub fn on_tcp() -> Self {
+        TxPath {
+            state: TxState::Tcp,
+            sent: 0,
+            last_epoch: 0,
+            fin: false,
+        }
+    }
+
+    /// Current state.
+    pub fn state(&self) -> TxState {
+        self.state
+    }
+
+    /// Stream bytes accepted from the application so far.
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    /// Whether the application shut down writing.
+    pub fn is_finished(&self) -> bool {
+        self.fin
+    }
+
+    /// Whether the application may write now (not while frozen, not after
+    /// shutdown).
+    pub fn writable(&self) -> bool {
+        !self.fin && !matches!(self.state, TxState::Frozen { .. })
+    }
+
+    /// Records `n` bytes accepted onto the current carrier.
+    pub fn record_sent(&mut self, n: u64) -> Result<(), SwitchError> {
+        if !self.writable() {
+            return Err(SwitchError::UnexpectedInState("write"));
+        }
+        self.sent = self.sent.saturating_add(n);
+        Ok(())
+    }
+
+    /// Records the application's `shutdown(SHUT_WR)`. On the ring the host
+    /// sets the FIN flag; on TCP it sends `Fin{sent}`; while frozen it sends
+    /// `Fin` after the resend.
+    pub fn finish(&mut self) {
+        self.fin = true;
+    }
+
+    /// Freezes the ring in use: the host has stopped writing it and copied
+    /// its `unconsumed` bytes out with
+    /// [`crate::ring::Producer::read_back`]. Returns the `TxFreeze` to send
+    /// on TCP, or `None` if nothing changed (already frozen).
+    ///
+    /// On TCP this still returns a notice, so a receiver waiting on a ring
+    /// offer this side never saw learns it is void.
+    pub fn freeze(&mut self, unconsumed: u64) -> Result<Option<TxFreezeNotice>, SwitchError> {
+        match self.state {
+            TxState::Ring { epoch, start } => {
+                let in_ring = self.sent - start;
+                if unconsumed > in_ring {
+                    return Err(SwitchError::BadOffset {
+                        got: unconsumed,
+                        min: 0,
+                        max: in_ring,
+                    });
+                }
+                self.state = TxState::Frozen {
+                    epoch,
+                    start,
+                    resend_base: self.sent - unconsumed,
+                };
+                Ok(Some(TxFreezeNotice {
+                    epoch,
+                    offset: self.sent,
+                }))
+            }
+            TxState::Frozen { .. } => Ok(None),
+            TxState::Tcp => Ok(Some(TxFreezeNotice {
+                epoch: self.last_epoch,
+                offset: self.sent,
+            })),
+        }
+    }
+
+    /// Handles the receiver's `Consumed{epoch, offset}`.
+    pub fn on_consumed(
+        &mut self,
+        epoch: Epoch,
+        offset: u64,
+    ) -> Result<ConsumedOutcome, SwitchError> {
+        if offset > self.sent {
+            return Err(SwitchError::BadOffset {
+                got: offset,
+                min: 0,
+                max: self.sent,
+            });
+        }
+        match self.state {
+            TxState::Ring { epoch: current, .. } if epoch == current => {
+                Ok(ConsumedOutcome::FreezeFirst)
+            }
+            TxState::Frozen {
+                epoch: current,
+                start,
+                resend_base,
+            } if epoch == current => {
+                let from = offset.max(start);
+                if from < resend_base {
+                    return Err(SwitchError::BadOffset {
+                        got: offset,
+                        min: resend_base,
+                        max: self.sent,
+                    });
+                }
+                self.state = TxState::Tcp;
+                Ok(ConsumedOutcome::Resend(Resend {
+                    from,
+                    skip: from - resend_base,
+                    len: self.sent - from,
+                }))
+            }
+            TxState::Ring { epoch: current, .. } | TxState::Frozen { epoch: current, .. } => {
+                // Older: stale news. Newer: the receiver voids an offer that
+                // has not reached us; never accept it later.
+                if epoch > current {
+                    self.last_epoch = self.last_epoch.max(epoch);
+                }
+                Ok(ConsumedOutcome::Ignore)
+            }
+            TxState::Tcp => {
+                self.last_epoch = self.last_epoch.max(epoch);
+                Ok(ConsumedOutcome::Ignore)
+            }
+        }
+    }
+
+    /// Handles the receiver's `RingOffer{epoch}` from the link. Returns the
+    /// stream offset `M` for the marker `RingFrom{epoch, M}`, which the host
+    /// sends on TCP *before* writing into the new ring; `None` means the
+    /// offer is stale (or the stream is finished) and the host declines it.
+    pub fn on_ring_offer(&mut self, epoch: Epoch) -> Result<Option<u64>, SwitchError> {
+        match self.state {
+            TxState::Tcp if epoch > self.last_epoch && !self.fin => {
+                self.last_epoch = epoch;
+                self.state = TxState::Ring {
+                    epoch,
+                    start: self.sent,
+                };
+                Ok(Some(self.sent))
+            }
+            TxState::Tcp => Ok(None),
+            // An offer for a ring after the one in use: resizing in place is
+            // not part of this protocol version.
+            TxState::Ring { epoch: current, .. } | TxState::Frozen { epoch: current, .. } => {
+                if epoch <= current {
+                    Ok(None)
+                } else {
+                    Err(SwitchError::UnexpectedInState(
+                        "ring offer while a ring is in use",
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// Receiver-side state of one direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RxState {
+    /// Reading ring `epoch`, whose byte 0 is stream offset `start`.
+    Ring {
+        /// The ring's epoch.
+        epoch: Epoch,
+        /// Stream offset of the ring's first byte.
+        start: u64,
+    },
+    /// Ring `epoch` is frozen; its bytes up to `ring_end` are trusted and
+    /// still to be taken; TCP continues from `ring_end`.
+    Draining {
+        /// The ring's epoch.
+        epoch: Epoch,
+        /// Stream offset of the ring's first byte.
+        start: u64,
+        /// Stream offset after the last trusted ring byte.
+        ring_end: u64,
+    },
+    /// Reading `Data` frames on TCP.
+    Tcp,
+    /// A new ring `epoch` was offered; TCP is read until its `RingFrom`.
+    Offered {
+        /// The offered ring's epoch.
+        epoch: Epoch,
+    },
+}
+
+/// What the host does with a `RingFrom` marker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingFromOutcome {
+    /// Read the offered ring from now on.
+    Switch,
+    /// The epoch was abandoned; keep reading TCP.
+    Ignore,
+}
+
+/// The receiver's half of the state machine for one direction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RxPath {
+    state: RxState,
+    /// Stream bytes taken off the carriers (ring or TCP).
+    taken: u64,
+    /// Stream offset the next TCP `Data` frame must start at.
+    next_tcp: u64,
+    last_epoch: Epoch,
+    eof: Option<u64>,
+}
+
+/// The `Consumed` the host sends on TCP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConsumedNotice {
+    /// Epoch of the ring abandoned.
+    pub epoch: Epoch,
+    /// The sender resends from here.
+    pub offset: u64,
+}
+
+impl RxPath {
+    /// A direction starting on ring epoch 0.
+    pub fn on_ring() -> Self {
+        RxPath {
+            state: RxState::Ring { epoch: 0, start: 0 },
+            taken: 0,
+            next_tcp: 0,
+            last_epoch: 0,
+            eof: None,
+        }
+    }
+
+    /// A direction starting on TCP.
+    pub fn on_tcp() -> Self {
+        RxPath {
+            state: RxState::Tcp,
+            ..Self::on_ring()
+        }
+    }
+
+    /// Current state.
+    pub fn state(&self) -> RxState {
+        self.state
+    }
+
+    /// Stream bytes taken off the carriers.
+    pub fn taken(&self) -> u64 {
+        self.taken
+    }
+
+    /// Offset of the end of stream, once known.
+    pub fn eof_at(&self) -> Option<u64> {
+        self.eof
+    }
+
+    /// Whether the ring is where the next bytes come from.
+    pub fn reads_ring(&self) -> bool {
+        matches!(self.state, RxState::Ring { .. } | RxState::Draining { .. })
+    }
+
+    /// Bytes the host may still take from a draining ring.
+    pub fn ring_remaining(&self) -> u64 {
+        match self.state {
+            RxState::Draining { ring_end, .. } => ring_end - self.taken,
+            _ => 0,
+        }
+    }
+
+    /// Records `n` bytes taken off the ring. A draining ring whose trusted
+    /// bytes are all taken gives way to TCP (the host releases it).
+    pub fn record_ring_taken(&mut self, n: u64) -> Result<(), SwitchError> {
+        match self.state {
+            RxState::Ring { .. } => {
+                self.taken += n;
+                Ok(())
+            }
+            RxState::Draining { ring_end, .. } => {
+                if n > ring_end - self.taken {
+                    return Err(SwitchError::BadOffset {
+                        got: self.taken + n,
+                        min: self.taken,
+                        max: ring_end,
+                    });
+                }
+                self.taken += n;
+                if self.taken == ring_end {
+                    self.state = RxState::Tcp;
+                }
+                Ok(())
+            }
+            _ => Err(SwitchError::UnexpectedInState("ring read")),
+        }
+    }
+
+    /// This side is moving (local suspend): bytes in its ring beyond what it
+    /// took are not trusted. Returns the `Consumed` to send, if any.
+    pub fn freeze_local(&mut self) -> Option<ConsumedNotice> {
+        match self.state {
+            RxState::Ring { epoch, .. } => {
+                self.state = RxState::Tcp;
+                self.next_tcp = self.taken;
+                Some(ConsumedNotice {
+                    epoch,
+                    offset: self.taken,
+                })
+            }
+            RxState::Offered { epoch } => {
+                self.abandon(epoch);
+                Some(ConsumedNotice {
+                    epoch,
+                    offset: self.next_tcp,
+                })
+            }
+            // A draining ring was final before we moved: still trusted.
+            RxState::Draining { .. } | RxState::Tcp => None,
+        }
+    }
+
+    fn abandon(&mut self, epoch: Epoch) {
+        self.last_epoch = self.last_epoch.max(epoch);
+        self.state = RxState::Tcp;
+    }
+
+    /// The sender froze ring `epoch` after sending `sent` bytes (from its
+    /// `TxFreeze`; `None` when only the link reported the peer gone), and
+    /// this side stayed: the ring's `readable` bytes (validated, read after
+    /// the freeze) are final and trusted. Returns the `Consumed` to send.
+    pub fn on_tx_freeze(
+        &mut self,
+        epoch: Epoch,
+        sent: Option<u64>,
+        readable: u64,
+    ) -> Result<Option<ConsumedNotice>, SwitchError> {
+        match self.state {
+            RxState::Ring {
+                epoch: current,
+                start,
+            } if epoch == current => {
+                let ring_end = self.taken + readable;
+                if let Some(sent) = sent {
+                    if ring_end > sent {
+                        return Err(SwitchError::BadOffset {
+                            got: ring_end,
+                            min: self.taken,
+                            max: sent,
+                        });
+                    }
+                }
+                self.next_tcp = ring_end;
+                self.state = if readable == 0 {
+                    RxState::Tcp
+                } else {
+                    RxState::Draining {
+                        epoch,
+                        start,
+                        ring_end,
+                    }
+                };
+                Ok(Some(ConsumedNotice {
+                    epoch,
+                    offset: ring_end,
+                }))
+            }
+            RxState::Ring { epoch: current, .. } if epoch < current => Ok(None),
+            RxState::Ring { .. } => Err(SwitchError::BadEpoch(epoch)),
+            RxState::Offered { epoch: offered } if epoch < offered => {
+                self.abandon(offered);
+                Ok(Some(ConsumedNotice {
+                    epoch: offered,
+                    offset: self.next_tcp,
+                }))
+            }
+            RxState::Offered { .. } => Err(SwitchError::BadEpoch(epoch)),
+            RxState::Draining { .. } | RxState::Tcp => Ok(None),
+        }
+    }
+
+    /// Validates a TCP `Data` frame of `len` bytes at `offset` and records
+    /// it as taken.
+    pub fn on_data(&mut self, offset: u64, len: u64) -> Result<(), SwitchError> {
+        if !self.tcp_data_takeable() {
+            return Err(SwitchError::UnexpectedInState(
+                "TCP data before the ring's bytes",
+            ));
+        }
+        if offset != self.next_tcp {
+            return Err(SwitchError::BadOffset {
+                got: offset,
+                min: self.next_tcp,
+                max: self.next_tcp,
+            });
+        }
+        if let Some(eof) = self.eof {
+            if offset + len > eof {
+                return Err(SwitchError::UnexpectedInState("data after end of stream"));
+            }
+        }
+        self.next_tcp += len;
+        self.taken = self.next_tcp;
+        Ok(())
+    }
+
+    /// Whether TCP `Data` may be taken now: not while the ring (in use or
+    /// draining) holds the earlier bytes. The host leaves later frames in
+    /// the TCP socket until then; control for this direction's sender
+    /// travels on the reverse stream, so nothing it needs is stuck behind.
+    pub fn tcp_data_takeable(&self) -> bool {
+        !matches!(self.state, RxState::Draining { .. } | RxState::Ring { .. })
+    }
+
+    /// Records end of stream at `offset` (ring FIN flag seen with the ring
+    /// empty, or a TCP `Fin`). A repeat with the same offset is fine.
+    pub fn on_fin(&mut self, offset: u64) -> Result<(), SwitchError> {
+        match self.eof {
+            Some(eof) if eof != offset => Err(SwitchError::BadOffset {
+                got: offset,
+                min: eof,
+                max: eof,
+            }),
+            _ if offset < self.taken => Err(SwitchError::BadOffset {
+                got: offset,
+                min: self.taken,
+                max: u64::MAX,
+            }),
+            _ => {
+                self.eof = Some(offset);
+                Ok(())
+            }
+        }
+    }
+
+    /// The epoch for a new receive ring to offer; moves to `Offered`. Only
+    /// on TCP.
+    pub fn offer_ring(&mut self) -> Result<Epoch, SwitchError> {
+        match self.state {
+            RxState::Tcp => {
+                let epoch = self
+                    .last_epoch
+                    .checked_add(1)
+                    .ok_or(SwitchError::BadEpoch(Epoch::MAX))?;
+                self.last_epoch = epoch;
+                self.state = RxState::Offered { epoch };
+                Ok(epoch)
+            }
+            _ => Err(SwitchError::UnexpectedInState("ring offer")),
+        }
+    }
+
+    /// Handles the in-band `RingFrom{epoch, offset}` marker.
+    pub fn on_ring_from(
+        &mut self,
+        epoch: Epoch,
+        offset: u64,
+    ) -> Result<RingFromOutcome, SwitchError> {
+        match self.state {
+            RxState::Offered { epoch: offered } if epoch == offered => {
+                if offset != self.next_tcp {
+                    return Err(SwitchError::BadOffset {
+                        got: offset,
+                        min: self.next_tcp,
+                        max: self.next_tcp,
+                    });
+                }
+                self.taken = offset;
+                self.state = RxState::Ring {
+                    epoch,
+                    start: offset,
+                };
+                Ok(RingFromOutcome::Switch)
+            }
+            _ if epoch <= self.last_epoch => Ok(RingFromOutcome::Ignore),
+            _ => Err(SwitchError::BadEpoch(epoch)),
+        }
+    }
+}
+
+/// Both directions of one connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Connection {
+    /// Our sending direction.
+    pub tx: TxPath,
+    /// Our receiving direction.
+    pub rx: RxPath,
+}
+
+impl Connection {
+    /// A connection set up on rings.
+    pub fn on_ring() -> Self {
+        Connection {
+            tx: TxPath::on_ring(),
+            rx: RxPath::on_ring(),
+        }
+    }
+
+    /// A connection set up on TCP.
+    pub fn on_tcp() -> Self {
+        Connection {
+            tx: TxPath::on_tcp(),
+            rx: RxPath::on_tcp(),
+        }
+    }
+
+    /// The connection-level phase shown to operators.
+    pub fn phase(&self) -> Phase {
+        let tx_ring = matches!(self.tx.state(), TxState::Ring { .. });
+        let rx_ring = matches!(self.rx.state(), RxState::Ring { .. });
+        let frozen = matches!(self.tx.state(), TxState::Frozen { .. })
+            || matches!(self.rx.state(), RxState::Draining { .. });
+        let offered = matches!(self.rx.state(), RxState::Offered { .. });
+        if frozen {
+            Phase::Draining
+        } else if tx_ring && rx_ring {
+            Phase::Ring
+        } else if tx_ring || rx_ring || offered {
+            Phase::Upgrading
+        } else {
+            Phase::Tcp
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sender_moves_receiver_drains() {
+        let mut tx = TxPath::on_ring();
+        let mut rx = RxPath::on_ring();
+        tx.record_sent(100).unwrap();
+        rx.record_ring_taken(40).unwrap();
+        // Sender froze with 60 unconsumed bytes copied back.
+        let notice = tx.freeze(60).unwrap().unwrap();
+        assert_eq!(
+            notice,
+            TxFreezeNotice {
+                epoch: 0,
+                offset: 100
+            }
+        );
+        assert!(!tx.writable());
+        // Receiver stayed: all 60 ring bytes are trusted.
+        let c = rx.on_tx_freeze(0, Some(100), 60).unwrap().unwrap();
+        assert_eq!(
+            c,
+            ConsumedNotice {
+                epoch: 0,
+                offset: 100
+            }
+        );
+        assert_eq!(rx.ring_remaining(), 60);
+        let out = tx.on_consumed(c.epoch, c.offset).unwrap();
+        assert_eq!(
+            out,
+            ConsumedOutcome::Resend(Resend {
+                from: 100,
+                skip: 60,
+                len: 0
+            })
+        );
+        rx.record_ring_taken(60).unwrap();
+        assert_eq!(rx.state(), RxState::Tcp);
+    }
+
+    #[test]
+    fn receiver_moves_sender_resends() {
+        let mut tx = TxPath::on_ring();
+        let mut rx = RxPath::on_ring();
+        tx.record_sent(100).unwrap();
+        rx.record_ring_taken(40).unwrap();
+        let c = rx.freeze_local().unwrap();
+        assert_eq!(c.offset, 40);
+        assert_eq!(tx.on_consumed(0, 40).unwrap(), ConsumedOutcome::FreezeFirst);
+        tx.freeze(60).unwrap();
+        assert_eq!(
+            tx.on_consumed(0, 40).unwrap(),
+            ConsumedOutcome::Resend(Resend {
+                from: 40,
+                skip: 0,
+                len: 60
+            })
+        );
+        rx.on_data(40, 60).unwrap();
+        assert_eq!(rx.taken(), 100);
+        // A duplicate or a gap is refused.
+        assert!(rx.on_data(40, 1).is_err());
+        assert!(rx.on_data(101, 1).is_err());
+    }
+
+    #[test]
+    fn upgrade_and_abandoned_offer() {
+        let mut tx = TxPath::on_tcp();
+        let mut rx = RxPath::on_tcp();
+        tx.record_sent(10).unwrap();
+        rx.on_data(0, 10).unwrap();
+        let e = rx.offer_ring().unwrap();
+        assert_eq!(e, 1);
+        let m = tx.on_ring_offer(e).unwrap().unwrap();
+        assert_eq!(m, 10);
+        assert_eq!(rx.on_ring_from(e, m).unwrap(), RingFromOutcome::Switch);
+        assert_eq!(
+            Connection {
+                tx: tx.clone(),
+                rx: rx.clone()
+            }
+            .phase(),
+            Phase::Ring
+        );
+
+        // Offer lost in a move: the sender's TxFreeze voids it.
+        let mut tx = TxPath::on_tcp();
+        let mut rx = RxPath::on_tcp();
+        let e = rx.offer_ring().unwrap();
+        let notice = tx.freeze(0).unwrap().unwrap();
+        let c = rx
+            .on_tx_freeze(notice.epoch, Some(notice.offset), 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.epoch, e);
+        assert_eq!(
+            tx.on_consumed(c.epoch, c.offset).unwrap(),
+            ConsumedOutcome::Ignore
+        );
+        // The stale offer arriving late is declined.
+        assert_eq!(tx.on_ring_offer(e).unwrap(), None);
+    }
+
+    #[test]
+    fn hostile_offsets_are_errors() {
+        let mut tx = TxPath::on_ring();
+        tx.record_sent(10).unwrap();
+        assert!(tx.freeze(11).is_err());
+        tx.freeze(5).unwrap();
+        assert!(tx.on_consumed(0, 11).is_err());
+        assert!(tx.on_consumed(0, 4).is_err());
+        let mut rx = RxPath::on_ring();
+        rx.record_ring_taken(3).unwrap();
+        assert!(rx.on_tx_freeze(0, Some(5), 10).is_err());
+        assert!(rx.on_tx_freeze(7, Some(5), 0).is_err());
+    }
+}
