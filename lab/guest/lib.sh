@@ -1,0 +1,58 @@
+# Helpers for scenario scripts running inside the lab guests (busybox sh).
+# Sourced by /init before it runs /scenario/<role>.sh, so every scenario
+# script can use these functions. Everything a scenario reports reaches the
+# host as marker lines on the console:
+#
+#   @@RESULT <check> PASS|FAIL|SKIP [detail]    one check
+#   @@METRIC <name> <value> <unit>               one measurement
+#   @@EXIT <rc>                                  the role script finished
+#
+# Markers must be printed at the start of a line; the host prefixes them
+# with the guest name (dom0| domu1| domu2|) when it collects them.
+
+LAB_ROLE=${LAB_ROLE:-unknown}
+log()    { echo "lab[$LAB_ROLE] $*"; }
+result() { echo "@@RESULT $1 $2${3:+ $3}"; }
+metric() { echo "@@METRIC $1 $2 $3"; }
+
+# check NAME CMD...   run CMD, report PASS/FAIL, show its output on failure.
+check() {
+  _name=$1; shift
+  if _out=$("$@" 2>&1); then result "$_name" PASS
+  else _rc=$?; echo "$_out" | tail -n 15 | sed "s/^/  [$_name] /"; result "$_name" FAIL "rc=$_rc"; fi
+}
+
+# wait_until TIMEOUT_S CMD...   retry CMD every 0.5 s until it succeeds.
+wait_until() {
+  _t=$(( $1 * 2 )); shift
+  while ! "$@" >/dev/null 2>&1; do
+    _t=$((_t - 1)); [ $_t -gt 0 ] || return 1; usleep 500000
+  done
+}
+
+own_domid() { xenstore-read domid 2>/dev/null; }
+uptime_s()  { cut -d' ' -f1 /proc/uptime; }
+
+# Lab network (static; exists only inside the emulated machine).
+LAB_NET_DOM0=10.0.0.1
+LAB_NET_DOMU1=10.0.0.11
+LAB_NET_DOMU2=10.0.0.12
+
+# ---- dom0 only: looking at the domUs --------------------------------------
+domu_log() { echo "/var/log/xen/console/guest-$1.log"; }
+# wait_domu NAME REGEX TIMEOUT_S   wait until the domU's console shows REGEX
+wait_domu() {
+  _t=$(( $3 * 5 ))
+  while ! grep -qE "$2" "$(domu_log "$1")" 2>/dev/null; do
+    _t=$((_t - 1)); [ $_t -gt 0 ] || return 1; usleep 200000
+  done
+}
+# lines of the domU console log (for "did anything new appear since X")
+domu_lines() { wc -l < "$(domu_log "$1")" 2>/dev/null || echo 0; }
+
+# check_wait NAME PID [LOG]   wait for a background job of this shell and
+# report it (its log's tail on failure). Start such jobs under `timeout`.
+check_wait() {
+  if wait "$2"; then result "$1" PASS
+  else _rc=$?; [ -n "${3:-}" ] && tail -n 15 "$3" | sed "s/^/  [$1] /"; result "$1" FAIL "rc=$_rc"; fi
+}

@@ -1,0 +1,68 @@
+# shellcheck shell=bash
+# Shared helpers for lab/run and lab/kbuild-env. Sourced, never executed.
+
+LAB_DIR=${LAB_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+REPO_DIR=$(cd "$LAB_DIR/.." && pwd)
+CACHE=${XENSOCK_LAB_CACHE:-/var/cache/xensock-lab}
+XENV=4.17
+XEN_BIN=/usr/lib/xen-$XENV/bin
+KSRC_TARBALL=/usr/src/linux-source-6.12.tar.xz
+RUSTC=/usr/bin/rustc
+RUST_LIB_SRC=/usr/lib/rustlib/src/rust/library
+BINDGEN=$CACHE/tools/bin/bindgen
+
+# ---- output -----------------------------------------------------------------
+_t0=$(date +%s.%N)
+if [[ -t 1 ]]; then C_B=$'\e[1m'; C_R=$'\e[31m'; C_G=$'\e[32m'; C_Y=$'\e[33m'; C_0=$'\e[0m'
+else C_B=; C_R=; C_G=; C_Y=; C_0=; fi
+elapsed() { awk -v a="$_t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%6.1f", b-a}'; }
+say()  { printf '%s[lab %ss]%s %s\n' "$C_B" "$(elapsed)" "$C_0" "$*"; }
+warn() { printf '%s[lab %ss] WARNING:%s %s\n' "$C_Y" "$(elapsed)" "$C_0" "$*" >&2; }
+die()  { printf '%s[lab %ss] ERROR:%s %s\n' "$C_R" "$(elapsed)" "$C_0" "$*" >&2; exit 1; }
+
+# ---- phases: `phase NAME cmd...` runs cmd, records wall time + status ---------
+PHASE_NAMES=(); PHASE_SECS=(); PHASE_STATUS=()
+phase() {
+  local name=$1; shift
+  local s; s=$(date +%s.%N)
+  say "== phase $name"
+  local rc=0
+  "$@" || rc=$?
+  local d; d=$(awk -v a="$s" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+  PHASE_NAMES+=("$name"); PHASE_SECS+=("$d")
+  if [[ $rc -eq 0 ]]; then PHASE_STATUS+=(ok); say "== phase $name done in ${d}s"
+  else PHASE_STATUS+=("FAILED($rc)"); say "${C_R}== phase $name FAILED (rc=$rc) after ${d}s${C_0}"; fi
+  return $rc
+}
+
+# ---- cache ------------------------------------------------------------------
+# Hash of a list of strings/files: stable, short.
+inputs_hash() {
+  local x
+  for x in "$@"; do
+    if [[ -f $x ]]; then printf 'file %s\n' "$(basename "$x")"; cat "$x"
+    elif [[ -d $x ]]; then printf 'dir %s\n' "$(basename "$x")"
+      (cd "$x" && find . -type f ! -name '*.o' ! -name '*.ko' ! -name '.*' | LC_ALL=C sort | xargs -r sha256sum)
+    else printf 'str %s\n' "$x"; fi
+  done | sha256sum | cut -c1-16
+}
+pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo none; }
+
+# Toolchain identity (part of every kernel/module cache key).
+toolchain_id() {
+  printf 'linux-source=%s rustc=%s rust-src=%s clang=%s lld=%s bindgen=%s' \
+    "$(pkgver linux-source-6.12)" "$(pkgver rustc-web)" "$(pkgver rust-web-src)" \
+    "$(pkgver clang-14)" "$(pkgver lld-14)" \
+    "$("$BINDGEN" --version 2>/dev/null | awk '{print $2}')"
+}
+
+kernel_key() {
+  echo "kernel-$(inputs_hash "$(toolchain_id)" "$LAB_DIR/kernel/xensock-lab.config" "$LAB_DIR/kernel/build.sh")"
+}
+kernel_dir() { echo "$CACHE/$(kernel_key)"; }
+
+# Make variables for building the kernel and out-of-tree modules.
+kmake_vars() {
+  printf '%s\n' LLVM=1 "RUSTC=$RUSTC" "HOSTRUSTC=$RUSTC" RUSTDOC=/usr/bin/rustdoc \
+    "RUST_LIB_SRC=$RUST_LIB_SRC" "BINDGEN=$BINDGEN"
+}

@@ -1,0 +1,75 @@
+# shellcheck shell=bash
+# Guest root filesystems (initramfs) for dom0 and the domUs.
+
+# copy_bin ROOT DEST_DIR BIN...: copy executables (symlinks resolved) into
+# ROOT/DEST_DIR, with the shared libraries ldd reports, at their own paths.
+copy_bin() {
+  local root=$1 dest=$2 b l; shift 2
+  mkdir -p "$root$dest"
+  for b in "$@"; do
+    [[ -x $b ]] || die "missing executable $b"
+    cp -L "$b" "$root$dest/"
+    # static binaries: ldd exits 1 ("not a dynamic executable")
+    while read -r l; do
+      [[ -n $l && -e $l ]] || continue
+      [[ -e $root$l ]] && continue
+      mkdir -p "$root$(dirname "$l")"; cp -L "$l" "$root$l"
+    done < <(ldd "$b" 2>/dev/null | awk '/=> \// {print $3} /^[[:space:]]*\/[^ ]*ld-linux/ {print $1}')
+  done
+}
+
+# Files every guest gets: busybox, lab helpers, the scenario, guest files.
+common_root() {
+  local root=$1
+  mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,dev,proc,sys,tmp,run,etc,lab/bin,lab/modules,scenario,opt/xensock,var/log}
+  cp /bin/busybox "$root/bin/busybox"
+  cp "$LAB_DIR/guest/lib.sh" "$root/lab/lib.sh"
+  cp "$XLBENCH" "$root/lab/bin/xlbench"
+  copy_bin "$root" /usr/bin /usr/bin/xenstore-read /usr/bin/xenstore-write /usr/bin/xenstore-ls \
+    /usr/bin/xenstore-list /usr/bin/xenstore-rm /usr/bin/xenstore-exists /usr/bin/xenstore-watch
+  copy_bin "$root" /usr/sbin /sbin/ip /sbin/brctl
+  # the scenario: tests/lab/<name>/ (all of it) at /scenario
+  cp -a "$SCENARIO_DIR/." "$root/scenario/"
+  # later issues drop our binaries/modules here (--guest-files DIR)
+  if [[ -n ${GUEST_FILES:-} ]]; then cp -a "$GUEST_FILES/." "$root/opt/xensock/"; fi
+  echo "root:x:0:0:root:/root:/bin/sh" > "$root/etc/passwd"
+  echo "root:x:0:" > "$root/etc/group"
+  printf '127.0.0.1 localhost\n10.0.0.1 dom0\n10.0.0.11 domu1\n10.0.0.12 domu2\n' > "$root/etc/hosts"
+}
+
+pack_cpio() { # pack_cpio ROOT OUT.cpio.gz
+  (cd "$1" && find . | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0 | gzip -1) > "$2"
+}
+
+build_domu_root() {
+  local root=$RUN/domu-root
+  rm -rf "$root"; common_root "$root"
+  cp "$LAB_DIR/guest/domu-init" "$root/init"
+  copy_bin "$root" /usr/bin /usr/bin/iperf3
+  # in-tree modules of the lab kernel (e.g. rust_minimal) + out-of-tree ones
+  cp -a "$KDIR/modules/lib" "$root/"
+  local ko
+  for ko in "${MODULE_KOS[@]}"; do cp "$ko" "$root/lab/modules/"; done
+  pack_cpio "$root" "$RUN/domu.cpio.gz"
+}
+
+build_dom0_root() {
+  local root=$RUN/dom0-root
+  rm -rf "$root"; common_root "$root"
+  cp "$LAB_DIR/guest/dom0-init" "$root/init"
+  copy_bin "$root" "$XEN_BIN" "$XEN_BIN/xl" "$XEN_BIN/xenstored" "$XEN_BIN/xenconsoled" \
+    "$XEN_BIN/xen-init-dom0" "$XEN_BIN/libxl-save-helper" "$XEN_BIN/xenconsole"
+  # glibc dlopen()s libgcc_s for pthread_cancel: xl create aborts without it
+  cp -L /lib/x86_64-linux-gnu/libgcc_s.so.1 "$root/lib/x86_64-linux-gnu/"
+  mkdir -p "$root/etc/xen/scripts" "$root/var/lib/xen" "$root/var/log/xen/console"
+  ln -sfn ../run "$root/var/run"
+  cat > "$root/etc/xen/xl.conf" <<'XL'
+# xensock lab: dom0 has fixed memory; never balloon it down for domUs
+autoballoon="off"
+run_hotplug_scripts=1
+XL
+  cp "$LAB_DIR/guest/vif-lab" "$root/etc/xen/scripts/vif-lab"
+  cp "$KDIR/bzImage" "$root/lab/bzImage"
+  cp "$RUN/domu.cpio.gz" "$root/lab/domu.cpio.gz"
+  pack_cpio "$root" "$RUN/dom0.cpio.gz"
+}

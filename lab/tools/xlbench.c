@@ -1,0 +1,337 @@
+/*
+ * xlbench: the lab's baseline benchmark between two Xen domains.
+ *
+ * One connection per run; on it, first a bulk stream (client -> server,
+ * <MiB> MiB in 64 KiB writes, acknowledged by one byte at the end) and then
+ * <N> one-byte ping-pong round trips. The client prints the results as lab
+ * markers:
+ *
+ *   @@METRIC <transport>.stream_mib_s <value> MiB/s
+ *   @@METRIC <transport>.rtt_us_avg|p50|p99 <value> us
+ *
+ * Transports:
+ *   tcp    plain TCP (TCP_NODELAY), i.e. the Xen virtual network (netfront)
+ *   vchan  libxenvchan: grant-mapped ring + event channel, the closest
+ *          existing thing to what xensock does; statically linked against
+ *          libxen-dev.
+ *
+ *   xlbench tcp server <port> <MiB> <N>
+ *   xlbench tcp client <ip> <port> <MiB> <N> [connect-timeout-s]
+ *   xlbench vchan server <peer-domid> <xs-path> <MiB> <N> [ring-bytes]
+ *   xlbench vchan client <server-domid> <xs-path> <MiB> <N> [connect-timeout-s]
+ *   xlbench domid                  (own domid from xenstore)
+ *   xlbench xsread <path> [timeout-s]  (wait for a xenstore node, print it)
+ *
+ * Exit status 0 only if every byte arrived intact (the stream carries a
+ * position-dependent pattern that the receiver checks).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <libxenvchan.h>
+#include <xenstore.h>
+
+#define CHUNK (64 * 1024)
+
+struct conn {
+	int fd;                       /* tcp */
+	struct libxenvchan *vc;       /* vchan */
+};
+
+static const char *transport;
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void die(const char *what)
+{
+	fprintf(stderr, "xlbench %s: %s: %s\n", transport ? transport : "", what, strerror(errno));
+	exit(1);
+}
+
+static int xwrite(struct conn *c, const void *buf, size_t n)
+{
+	size_t put = 0;
+	while (put < n) {
+		ssize_t r;
+		if (c->vc)
+			r = libxenvchan_send(c->vc, (const char *)buf + put, n - put);
+		else
+			r = send(c->fd, (const char *)buf + put, n - put, MSG_NOSIGNAL);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return -1;
+		put += r;
+	}
+	return 0;
+}
+
+/* Read up to n bytes (at least 1); returns bytes read, 0 on EOF, -1 error. */
+static ssize_t xread_some(struct conn *c, void *buf, size_t n)
+{
+	for (;;) {
+		ssize_t r;
+		if (c->vc)
+			r = libxenvchan_recv(c->vc, buf, n);
+		else
+			r = recv(c->fd, buf, n, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		return r;
+	}
+}
+
+static int xread(struct conn *c, void *buf, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		ssize_t r = xread_some(c, (char *)buf + got, n - got);
+		if (r <= 0)
+			return -1;
+		got += r;
+	}
+	return 0;
+}
+
+static inline unsigned char pattern(uint64_t pos)
+{
+	return (unsigned char)((pos * 131) ^ (pos >> 13));
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Server: receive the stream and check it, then echo N single bytes. */
+static int serve(struct conn *c, long mib, long n)
+{
+	static unsigned char buf[CHUNK];
+	uint64_t total = (uint64_t)mib << 20, pos = 0, bad = 0;
+	unsigned char b;
+
+	while (pos < total) {
+		size_t want = total - pos < CHUNK ? total - pos : CHUNK;
+		ssize_t r = xread_some(c, buf, want);
+		if (r <= 0) {
+			fprintf(stderr, "xlbench %s server: stream ended at %llu of %llu bytes\n",
+				transport, (unsigned long long)pos, (unsigned long long)total);
+			return 1;
+		}
+		for (ssize_t i = 0; i < r; i++)
+			bad += buf[i] != pattern(pos + i);
+		pos += r;
+	}
+	b = bad ? 'X' : 'K';
+	if (xwrite(c, &b, 1))
+		die("ack");
+	for (long i = 0; i < n; i++) {
+		if (xread(c, &b, 1) || xwrite(c, &b, 1))
+			die("ping-pong echo");
+	}
+	printf("xlbench %s server: received %ld MiB (%llu bad bytes), echoed %ld pings\n",
+	       transport, mib, (unsigned long long)bad, n);
+	return bad ? 1 : 0;
+}
+
+static int drive(struct conn *c, long mib, long n)
+{
+	static unsigned char buf[CHUNK];
+	uint64_t total = (uint64_t)mib << 20, pos = 0;
+	double *rtt = calloc(n ? n : 1, sizeof(double));
+	double t0, t1, sum = 0;
+	unsigned char b;
+
+	if (!rtt)
+		die("calloc");
+	t0 = now();
+	while (pos < total) {
+		size_t len = total - pos < CHUNK ? total - pos : CHUNK;
+		for (size_t i = 0; i < len; i++)
+			buf[i] = pattern(pos + i);
+		if (xwrite(c, buf, len))
+			die("stream write");
+		pos += len;
+	}
+	if (xread(c, &b, 1))
+		die("stream ack");
+	t1 = now();
+	printf("@@METRIC %s.stream_mib_s %.1f MiB/s\n", transport, mib / (t1 - t0));
+	if (b != 'K') {
+		printf("xlbench %s: server saw corrupted stream data\n", transport);
+		return 1;
+	}
+	for (long i = 0; i < n; i++) {
+		double s = now();
+		b = (unsigned char)i;
+		if (xwrite(c, &b, 1) || xread(c, &b, 1))
+			die("ping-pong");
+		rtt[i] = (now() - s) * 1e6;
+		sum += rtt[i];
+		if (b != (unsigned char)i) {
+			printf("xlbench %s: ping-pong byte mismatch\n", transport);
+			return 1;
+		}
+	}
+	if (n) {
+		qsort(rtt, n, sizeof(double), cmp_double);
+		printf("@@METRIC %s.rtt_us_avg %.1f us\n", transport, sum / n);
+		printf("@@METRIC %s.rtt_us_p50 %.1f us\n", transport, rtt[n / 2]);
+		printf("@@METRIC %s.rtt_us_p99 %.1f us\n", transport, rtt[(n * 99) / 100]);
+	}
+	fflush(stdout);
+	free(rtt);
+	return 0;
+}
+
+static int own_domid(void)
+{
+	struct xs_handle *xs = xs_open(0);
+	unsigned int len;
+	char *s;
+	int id;
+
+	if (!xs)
+		die("xs_open");
+	s = xs_read(xs, XBT_NULL, "domid", &len);
+	id = s ? atoi(s) : -1;
+	free(s);
+	xs_close(xs);
+	return id;
+}
+
+static int xsread(const char *path, int timeout)
+{
+	struct xs_handle *xs = xs_open(0);
+	unsigned int len;
+	char *v = NULL;
+	double end = now() + timeout;
+
+	if (!xs)
+		die("xs_open");
+	while (!(v = xs_read(xs, XBT_NULL, path, &len)) && now() < end)
+		usleep(200000);
+	if (!v)
+		return 1;
+	printf("%s\n", v);
+	return 0;
+}
+
+static int tcp_main(int argc, char **argv)
+{
+	struct conn c = { .fd = -1 };
+	int one = 1;
+
+	if (argc >= 6 && !strcmp(argv[2], "server")) {
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(atoi(argv[3])) };
+		int l = socket(AF_INET, SOCK_STREAM, 0);
+		if (l < 0)
+			die("socket");
+		setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		if (bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 1))
+			die("bind/listen");
+		printf("xlbench tcp server: listening on port %s\n", argv[3]);
+		fflush(stdout);
+		c.fd = accept(l, NULL, NULL);
+		if (c.fd < 0)
+			die("accept");
+		setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		return serve(&c, atol(argv[4]), atol(argv[5]));
+	}
+	if (argc >= 7 && !strcmp(argv[2], "client")) {
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(atoi(argv[4])) };
+		double end = now() + (argc > 7 ? atoi(argv[7]) : 120);
+		if (inet_pton(AF_INET, argv[3], &a.sin_addr) != 1) {
+			fprintf(stderr, "bad address %s\n", argv[3]);
+			return 2;
+		}
+		for (;;) {
+			c.fd = socket(AF_INET, SOCK_STREAM, 0);
+			if (c.fd < 0)
+				die("socket");
+			if (!connect(c.fd, (struct sockaddr *)&a, sizeof(a)))
+				break;
+			if (now() > end)
+				die("connect");
+			close(c.fd);
+			usleep(200000);
+		}
+		setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		return drive(&c, atol(argv[5]), atol(argv[6]));
+	}
+	return 2;
+}
+
+static int vchan_main(int argc, char **argv)
+{
+	struct conn c = { .fd = -1 };
+
+	if (argc >= 7 && !strcmp(argv[2], "server")) {
+		size_t ring = argc > 7 ? strtoul(argv[7], NULL, 0) : 65536;
+		c.vc = libxenvchan_server_init(NULL, atoi(argv[3]), argv[4], ring, ring);
+		if (!c.vc)
+			die("libxenvchan_server_init");
+		c.vc->blocking = 1;
+		printf("xlbench vchan server: %s for dom%s, ring %zu bytes\n", argv[4], argv[3], ring);
+		fflush(stdout);
+		while (libxenvchan_is_open(c.vc) == 2) /* 2 = waiting for the client */
+			libxenvchan_wait(c.vc);
+		int rc = serve(&c, atol(argv[5]), atol(argv[6]));
+		sleep(1); /* let the client read the last echo before the ring goes */
+		libxenvchan_close(c.vc);
+		return rc;
+	}
+	if (argc >= 7 && !strcmp(argv[2], "client")) {
+		double end = now() + (argc > 7 ? atoi(argv[7]) : 120);
+		while (!(c.vc = libxenvchan_client_init(NULL, atoi(argv[3]), argv[4]))) {
+			if (now() > end)
+				die("libxenvchan_client_init");
+			usleep(200000);
+		}
+		c.vc->blocking = 1;
+		int rc = drive(&c, atol(argv[5]), atol(argv[6]));
+		libxenvchan_close(c.vc);
+		return rc;
+	}
+	return 2;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc == 2 && !strcmp(argv[1], "domid")) {
+		printf("%d\n", own_domid());
+		return 0;
+	}
+	if (argc >= 3 && !strcmp(argv[1], "xsread"))
+		return xsread(argv[2], argc > 3 ? atoi(argv[3]) : 0);
+	if (argc >= 3) {
+		transport = argv[1];
+		if (!strcmp(transport, "tcp"))
+			return tcp_main(argc, argv);
+		if (!strcmp(transport, "vchan"))
+			return vchan_main(argc, argv);
+	}
+	fprintf(stderr,
+		"usage: xlbench tcp server <port> <MiB> <N>\n"
+		"       xlbench tcp client <ip> <port> <MiB> <N> [timeout-s]\n"
+		"       xlbench vchan server <peer-domid> <xs-path> <MiB> <N> [ring-bytes]\n"
+		"       xlbench vchan client <server-domid> <xs-path> <MiB> <N> [timeout-s]\n"
+		"       xlbench domid | xsread <path> [timeout-s]\n");
+	return 2;
+}

@@ -1,0 +1,31 @@
+# bench, domu1: the server side of every transport. All servers wait idle
+# until domu2 runs its clients one after another.
+. /scenario/params.sh
+PEER=$(xlbench xsread data/peer 60)
+ME=$(own_domid)
+timeout 500 xlbench tcp server 7001 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/tcp.log 2>&1 &
+TCP=$!
+timeout 500 iperf3 -s -1 -p 5201 > /tmp/iperf3.log 2>&1 &
+IPERF=$!
+timeout 500 xlbench vchan server "$PEER" "/local/domain/$ME/data/bench-vchan" "$BENCH_MIB" "$BENCH_PINGS" > /tmp/vchan.log 2>&1 &
+VCHAN=$!
+
+# ---- HOOK: xensock rows ------------------------------------------------------
+# Later issues drop their benchmark into the guests with
+#   lab/run --guest-files DIR bench
+# DIR/bench/server runs here (domu1) and DIR/bench/client in domu2, with
+#   server: <peer-domid> <MiB> <N>      client: <server-domid> <server-ip> <MiB> <N>
+# The client prints "@@METRIC xensock.stream_mib_s <v> MiB/s" and
+# "@@METRIC xensock.rtt_us_{avg,p50,p99} <v> us" for the same workload as
+# xlbench; the summary table then shows a xensock row next to tcp and vchan.
+if [ -x /opt/xensock/bench/server ]; then
+  timeout 500 /opt/xensock/bench/server "$PEER" "$BENCH_MIB" "$BENCH_PINGS" > /tmp/xensock.log 2>&1 &
+  XS=$!
+fi
+# -------------------------------------------------------------------------------
+
+check_wait tcp-server "$TCP" /tmp/tcp.log
+check_wait iperf3-server "$IPERF" /tmp/iperf3.log
+check_wait vchan-server "$VCHAN" /tmp/vchan.log
+[ -z "${XS:-}" ] || check_wait xensock-server "$XS" /tmp/xensock.log
+cat /tmp/tcp.log /tmp/vchan.log
