@@ -156,9 +156,9 @@ impl<M: RingMemory> Producer<M> {
         Self::resume(mem, 0)
     }
 
-    /// Attaches with the local counter at `prod`, for a host that restores a
-    /// producer it knows the position of. The consumer is assumed to be
-    /// caught up (`cons == prod`).
+    /// Attaches to a ring whose counters both stand at `prod` (a ring the
+    /// owner initialised at a non-zero position; tests use it to exercise
+    /// counter wrap-around).
     pub fn resume(mem: M, prod: u32) -> Self {
         let mask = mem.data_size().wrapping_sub(1);
         Producer {
@@ -335,12 +335,18 @@ pub struct Consumer<M: RingMemory> {
 impl<M: RingMemory> Consumer<M> {
     /// Attaches to a freshly initialised ring.
     pub fn new(mem: M) -> Self {
+        Self::resume(mem, 0)
+    }
+
+    /// Attaches to a ring whose counters both stand at `cons` (see
+    /// [`Producer::resume`]).
+    pub fn resume(mem: M, cons: u32) -> Self {
         let mask = mem.data_size().wrapping_sub(1);
         Consumer {
             mem,
             mask,
-            cons: 0,
-            notified_cons: 0,
+            cons,
+            notified_cons: cons,
             flags: 0,
         }
     }

@@ -226,11 +226,13 @@ impl TxPath {
     /// Freezes the ring in use: the host has stopped writing it and copied
     /// its `unconsumed` bytes out with
     /// [`crate::ring::Producer::read_back`]. Returns the `TxFreeze` to send
-    /// on TCP, or `None` if nothing changed (already frozen).
+    /// on TCP.
     ///
-    /// On TCP this still returns a notice, so a receiver waiting on a ring
-    /// offer this side never saw learns it is void.
-    pub fn freeze(&mut self, unconsumed: u64) -> Result<Option<TxFreezeNotice>, SwitchError> {
+    /// Every freeze yields a notice, also when already frozen or on TCP
+    /// (`unconsumed` is then ignored): a move loses the link and with it any
+    /// ring offer in flight, and the notice is how a receiver waiting on
+    /// such an offer learns it is void.
+    pub fn freeze(&mut self, unconsumed: u64) -> Result<TxFreezeNotice, SwitchError> {
         match self.state {
             TxState::Ring { epoch, start } => {
                 let in_ring = self.sent - start;
@@ -246,16 +248,19 @@ impl TxPath {
                     start,
                     resend_base: self.sent - unconsumed,
                 };
-                Ok(Some(TxFreezeNotice {
+                Ok(TxFreezeNotice {
                     epoch,
                     offset: self.sent,
-                }))
+                })
             }
-            TxState::Frozen { .. } => Ok(None),
-            TxState::Tcp => Ok(Some(TxFreezeNotice {
+            TxState::Frozen { epoch, .. } => Ok(TxFreezeNotice {
+                epoch,
+                offset: self.sent,
+            }),
+            TxState::Tcp => Ok(TxFreezeNotice {
                 epoch: self.last_epoch,
                 offset: self.sent,
-            })),
+            }),
         }
     }
 
@@ -712,7 +717,7 @@ mod tests {
         tx.record_sent(100).unwrap();
         rx.record_ring_taken(40).unwrap();
         // Sender froze with 60 unconsumed bytes copied back.
-        let notice = tx.freeze(60).unwrap().unwrap();
+        let notice = tx.freeze(60).unwrap();
         assert_eq!(
             notice,
             TxFreezeNotice {
@@ -793,7 +798,7 @@ mod tests {
         let mut tx = TxPath::on_tcp();
         let mut rx = RxPath::on_tcp();
         let e = rx.offer_ring().unwrap();
-        let notice = tx.freeze(0).unwrap().unwrap();
+        let notice = tx.freeze(0).unwrap();
         let c = rx
             .on_tx_freeze(notice.epoch, Some(notice.offset), 0)
             .unwrap()
