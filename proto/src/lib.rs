@@ -47,7 +47,13 @@
 #![no_std]
 #![forbid(unsafe_op_in_unsafe_fn)]
 
+// The fuzzing build (and only it) links std: `arbitrary`'s derives need it.
+#[cfg(feature = "arbitrary")]
+extern crate std;
+
 pub mod ctrl;
+#[cfg(feature = "arbitrary")]
+pub mod fuzzing;
 pub mod layout;
 pub mod mem;
 pub mod ring;
