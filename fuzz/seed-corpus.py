@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus: valid frames of every kind, encoded here with an
+"""Writes the seeds (fuzz/seeds/<target>/): valid frames of every kind, encoded here with an
 independent encoder (struct.pack, from docs/protocol.md), plus fixed
 pseudo-random inputs for the structure-driven targets. Deterministic."""
 import os, random, struct
 
-root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seeds")
 
 def frame(kind, conn, body):
     return struct.pack("<BBHI", 1, kind, len(body), conn) + body

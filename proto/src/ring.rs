@@ -230,7 +230,13 @@ impl<M: RingMemory> Producer<M> {
     /// of bytes written (0 when the ring is full). Call [`Producer::flush`]
     /// after the burst to decide on a kick.
     pub fn write(&mut self, src: &[u8]) -> Result<usize, RingError> {
-        let free = self.free_space()?;
+        // Space known from the last load of `cons` is still free (the
+        // consumer only ever frees more); reload the peer's cache line only
+        // when that is not enough.
+        let mut free = self.capacity() - self.prod.wrapping_sub(self.cons_seen);
+        if (free as usize) < src.len() {
+            free = self.free_space()?;
+        }
         let n = (free as usize).min(src.len()) as u32;
         if n == 0 {
             return Ok(0);
@@ -328,6 +334,8 @@ pub struct Consumer<M: RingMemory> {
     mem: M,
     mask: u32,
     cons: u32,
+    /// Last `prod` accepted from the peer.
+    prod_seen: u32,
     notified_cons: u32,
     flags: u32,
 }
@@ -346,6 +354,7 @@ impl<M: RingMemory> Consumer<M> {
             mem,
             mask,
             cons,
+            prod_seen: cons,
             notified_cons: cons,
             flags: 0,
         }
@@ -418,7 +427,13 @@ impl<M: RingMemory> Consumer<M> {
     /// Copies readable bytes into `dst` and consumes them. Returns 0 when the
     /// ring is empty. Call [`Consumer::flush`] after the burst.
     pub fn read(&mut self, dst: &mut [u8]) -> Result<usize, RingError> {
-        let avail = self.readable()?;
+        // Bytes known from the last load of `prod` are still there; reload
+        // the peer's cache line only when they do not fill `dst`.
+        let mut avail = self.prod_seen.wrapping_sub(self.cons);
+        if (avail as usize) < dst.len() {
+            avail = self.readable()?;
+            self.prod_seen = self.cons.wrapping_add(avail);
+        }
         let n = self.copy_out(avail, dst);
         self.consume(n);
         Ok(n as usize)
@@ -427,11 +442,15 @@ impl<M: RingMemory> Consumer<M> {
     /// Consumes `n` bytes without copying them, at most what is readable.
     /// Returns how many were consumed.
     pub fn skip(&mut self, n: u32) -> Result<u32, RingError> {
-        let n = n.min(self.readable()?);
+        let avail = self.readable()?;
+        self.prod_seen = self.cons.wrapping_add(avail);
+        let n = n.min(avail);
         self.consume(n);
         Ok(n)
     }
 
+    // Invariant: cons <= prod_seen <= cons + capacity (wrapping), since `n`
+    // never exceeds the bytes known readable.
     fn consume(&mut self, n: u32) {
         if n > 0 {
             self.cons = self.cons.wrapping_add(n);

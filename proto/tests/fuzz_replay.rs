@@ -1,5 +1,5 @@
 //! The fuzz bodies of `xensock_proto::fuzzing` under `cargo test`: every
-//! file of the checked-in corpus (`fuzz/corpus/<target>/`), then a few
+//! seed and corpus file (`fuzz/seeds/<target>/`, `fuzz/corpus/<target>/`), then a few
 //! thousand deterministic pseudo-random inputs per target. `cargo fuzz run
 //! <target>` (see `fuzz/`) explores further with coverage guidance.
 
@@ -132,7 +132,7 @@ fn mutated_valid_frames_decode_canonically_or_not_at_all() {
 #[test]
 fn independently_encoded_frames_of_every_kind_decode() {
     use xensock_proto::ctrl::{decode, Channel};
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/ctrl_decode");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/ctrl_decode");
     let mut kinds = std::collections::BTreeSet::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();

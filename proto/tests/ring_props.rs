@@ -296,3 +296,19 @@ fn scribbled_payload_is_only_garbage() {
     assert_eq!(rx.read(&mut buf).unwrap(), 2048);
     assert!(buf[..2048].iter().all(|b| *b == 0xEE));
 }
+
+#[test]
+fn skip_then_read_never_reads_past_prod() {
+    let region = Region::new(11, 0);
+    let mut tx = Producer::new(region.ring);
+    let mut rx = Consumer::new(region.ring);
+    tx.write(&pattern_bytes(0, 10)).unwrap();
+    let mut buf = [0u8; 4];
+    assert_eq!(rx.read(&mut buf).unwrap(), 4);
+    tx.write(&pattern_bytes(10, 10)).unwrap();
+    assert_eq!(rx.skip(12).unwrap(), 12);
+    let mut rest = [0u8; 64];
+    assert_eq!(rx.read(&mut rest).unwrap(), 4);
+    assert_eq!(&rest[..4], &pattern_bytes(16, 4)[..]);
+    assert_eq!(rx.read(&mut rest).unwrap(), 0);
+}
