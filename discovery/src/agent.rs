@@ -1,0 +1,397 @@
+//! `xensock-agent`: the dom0 daemon that tells each guest which peers are
+//! co-resident and may be seen.
+//!
+//! It watches `@introduceDomain`, `@releaseDomain` and `/local/domain`,
+//! reads every guest's UUID (`vm`), tenant label (`xensock/label`, written
+//! by dom0) and advert (`data/xensock/`), and writes each guest's table
+//! (`xensock/peers/<domid>/...`, owned by dom0, readable by that guest
+//! only) listing the advertised guests with the same label. A guest cannot
+//! change its label (the node is dom0's) and cannot read another guest's
+//! table.
+//!
+//! During a same-host migration the old and the new instance briefly share
+//! a UUID; the table lists the newer domid only, and carries the old
+//! instance's advert over until the new one advertises, so peers see one
+//! `Moved` change. When a guest leaves for another host the toolstack
+//! writes `/tool/xensock/moved/<uuid>`; the agent then records
+//! `xensock/moved/<uuid>` in its peers' tables.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use xensock_xenif::xs_wire::{Perm, PermAccess, XsErrno};
+use xensock_xenif::DomId;
+
+use crate::layout;
+use crate::xs::{XsClient, XsError};
+
+/// Agent settings.
+#[derive(Debug, Clone, Default)]
+pub struct AgentConfig {
+    /// Guests without a label see no peers and are seen by none. Without
+    /// this, unlabelled guests form one default tenant.
+    pub require_label: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AdvertRaw {
+    addrs: String,
+    version: String,
+}
+
+#[derive(Debug, Clone)]
+struct Dom {
+    domid: DomId,
+    uuid: String,
+    label: Option<String>,
+    advert: Option<AdvertRaw>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Table {
+    entries: BTreeMap<DomId, (String, AdvertRaw)>,
+    moved: BTreeMap<String, String>,
+}
+
+/// The agent's state. [`Agent::sync`] does one full pass; [`Agent::run`]
+/// follows XenStore events.
+pub struct Agent {
+    xs: XsClient,
+    cfg: AgentConfig,
+    published: HashMap<DomId, Table>,
+    /// Last advert seen per UUID.
+    adverts: HashMap<String, AdvertRaw>,
+    /// Domid per UUID at the previous pass.
+    seen: HashMap<String, DomId>,
+    /// Adverts carried to a migrated instance until it advertises itself.
+    carried: HashMap<DomId, AdvertRaw>,
+}
+
+fn lossy(v: Vec<u8>) -> String {
+    String::from_utf8_lossy(&v).into_owned()
+}
+
+/// Whether a watch event can change any table.
+fn relevant(path: &str) -> bool {
+    if path.starts_with('@') || path == "/local/domain" {
+        return true;
+    }
+    let Some(rest) = path.strip_prefix("/local/domain/") else {
+        return false;
+    };
+    let (_, sub) = rest.split_once('/').unwrap_or((rest, ""));
+    sub.is_empty()
+        || sub == "vm"
+        || sub == layout::LABEL
+        || sub == layout::ADVERT
+        || sub.starts_with("data/xensock/")
+        || sub == "data"
+        || sub == layout::XENSOCK
+}
+
+impl Agent {
+    /// An agent on a dom0 connection.
+    pub fn new(xs: XsClient, cfg: AgentConfig) -> Agent {
+        Agent {
+            xs,
+            cfg,
+            published: HashMap::new(),
+            adverts: HashMap::new(),
+            seen: HashMap::new(),
+            carried: HashMap::new(),
+        }
+    }
+
+    fn scan(&self) -> Result<Vec<Dom>, XsError> {
+        let ids = match self.xs.directory("/local/domain") {
+            Ok(v) => v,
+            Err(e) if e.is(XsErrno::NoEnt) => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        let mut doms = Vec::new();
+        for id in ids {
+            let Ok(domid) = id.parse::<DomId>() else {
+                continue;
+            };
+            if domid == 0 {
+                continue;
+            }
+            let home = layout::home(domid);
+            let Some(vm) = self.xs.try_read(&format!("{home}/vm"))? else {
+                continue;
+            };
+            let vm = lossy(vm);
+            let uuid = vm.rsplit('/').next().unwrap_or("").to_ascii_lowercase();
+            if !layout::is_uuid(&uuid) {
+                continue;
+            }
+            let label = self
+                .xs
+                .try_read(&format!("{home}/{}", layout::LABEL))?
+                .map(lossy)
+                .filter(|l| !l.is_empty());
+            let addrs = self
+                .xs
+                .try_read(&format!("{home}/{}", layout::ADVERT_ADDRS))?;
+            let version = self
+                .xs
+                .try_read(&format!("{home}/{}", layout::ADVERT_VERSION))?;
+            let advert = addrs.map(|a| AdvertRaw {
+                addrs: lossy(a),
+                version: version.map(lossy).unwrap_or_default(),
+            });
+            doms.push(Dom {
+                domid,
+                uuid,
+                label,
+                advert,
+            });
+        }
+        Ok(doms)
+    }
+
+    fn same_tenant(&self, a: &Dom, b: &Dom) -> bool {
+        match (&a.label, &b.label) {
+            (Some(x), Some(y)) => x == y,
+            (None, None) => !self.cfg.require_label,
+            _ => false,
+        }
+    }
+
+    /// One full pass: scan every guest, write the tables that changed.
+    /// Returns how many tables were written.
+    pub fn sync(&mut self) -> Result<usize, XsError> {
+        let mut doms = self.scan()?;
+        // Adverts across same-host migration (see the module docs).
+        for d in &mut doms {
+            match &d.advert {
+                Some(a) => {
+                    self.adverts.insert(d.uuid.clone(), a.clone());
+                    self.carried.remove(&d.domid);
+                }
+                None => {
+                    let migrated = self.seen.get(&d.uuid).is_some_and(|&old| old != d.domid);
+                    if migrated {
+                        if let Some(a) = self.adverts.get(&d.uuid) {
+                            self.carried.insert(d.domid, a.clone());
+                        }
+                    }
+                    d.advert = self.carried.get(&d.domid).cloned();
+                }
+            }
+        }
+        let live: HashMap<DomId, &Dom> = doms.iter().map(|d| (d.domid, d)).collect();
+        self.carried.retain(|domid, _| live.contains_key(domid));
+        self.adverts
+            .retain(|uuid, _| doms.iter().any(|d| &d.uuid == uuid));
+        // The newest instance of each UUID.
+        let mut newest: HashMap<&str, &Dom> = HashMap::new();
+        for d in &doms {
+            let e = newest.entry(d.uuid.as_str()).or_insert(d);
+            if d.domid > e.domid {
+                *e = d;
+            }
+        }
+        let mut written = 0;
+        for g in &doms {
+            let mut t = Table::default();
+            for p in newest.values() {
+                if p.uuid == g.uuid || !self.same_tenant(g, p) {
+                    continue;
+                }
+                if let Some(a) = &p.advert {
+                    t.entries.insert(p.domid, (p.uuid.clone(), a.clone()));
+                }
+            }
+            let old = self.published.get(&g.domid).cloned();
+            // Peers that left for another host.
+            if let Some(old) = &old {
+                t.moved = old.moved.clone();
+                for (uuid, _) in old.entries.values() {
+                    if t.entries.values().any(|(u, _)| u == uuid) {
+                        continue;
+                    }
+                    if let Some(dest) = self
+                        .xs
+                        .try_read(&format!("{}/{uuid}", layout::TOOL_MOVED))?
+                    {
+                        t.moved.insert(uuid.clone(), lossy(dest));
+                    }
+                }
+                t.moved
+                    .retain(|uuid, _| !t.entries.values().any(|(u, _)| u == uuid));
+            }
+            if old.as_ref() == Some(&t) {
+                continue;
+            }
+            match self.publish(g.domid, old.as_ref(), &t) {
+                Ok(()) => {
+                    self.published.insert(g.domid, t);
+                    written += 1;
+                }
+                // The guest went away meanwhile: its home is gone.
+                Err(e) if e.is(XsErrno::NoEnt) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.published.retain(|d, _| live.contains_key(d));
+        self.seen = doms.iter().map(|d| (d.uuid.clone(), d.domid)).collect();
+        Ok(written)
+    }
+
+    fn publish(&self, g: DomId, old: Option<&Table>, new: &Table) -> Result<(), XsError> {
+        let home = layout::home(g);
+        let base = format!("{home}/{}", layout::XENSOCK);
+        let peers = format!("{base}/{}", layout::PEERS);
+        let moved = format!("{base}/{}", layout::MOVED);
+        let perms = [
+            Perm::new(PermAccess::None, 0),
+            Perm::new(PermAccess::Read, u32::from(g)),
+        ];
+        self.xs.transaction(|tx| {
+            // Only for a live guest: never recreate a released home.
+            if tx.try_read(&home)?.is_none() {
+                return Err(XsError::Daemon {
+                    errno: XsErrno::NoEnt,
+                    op: "publish",
+                    path: home.clone(),
+                });
+            }
+            match old {
+                None => {
+                    // First table since the agent started: start clean.
+                    tx.mkdir(&base)?;
+                    tx.rm(&peers)?;
+                    tx.rm(&moved)?;
+                    tx.set_perms(&base, &perms)?;
+                    tx.mkdir(&peers)?;
+                    tx.set_perms(&peers, &perms)?;
+                }
+                Some(old) => {
+                    for domid in old.entries.keys() {
+                        if !new.entries.contains_key(domid) {
+                            tx.rm(&format!("{peers}/{domid}"))?;
+                        }
+                    }
+                    for uuid in old.moved.keys() {
+                        if !new.moved.contains_key(uuid) {
+                            tx.rm(&format!("{moved}/{uuid}"))?;
+                        }
+                    }
+                }
+            }
+            for (domid, (uuid, a)) in &new.entries {
+                let prev = old.and_then(|o| o.entries.get(domid));
+                if prev == Some(&(uuid.clone(), a.clone())) {
+                    continue;
+                }
+                let entry = format!("{peers}/{domid}");
+                tx.write(&format!("{entry}/uuid"), uuid)?;
+                tx.write(&format!("{entry}/addrs"), &a.addrs)?;
+                tx.write(&format!("{entry}/version"), &a.version)?;
+                for node in ["", "/uuid", "/addrs", "/version"] {
+                    tx.set_perms(&format!("{entry}{node}"), &perms)?;
+                }
+            }
+            for (uuid, dest) in &new.moved {
+                if old.and_then(|o| o.moved.get(uuid)) != Some(dest) {
+                    let node = format!("{moved}/{uuid}");
+                    tx.write(&node, dest)?;
+                    tx.set_perms(&moved, &perms)?;
+                    tx.set_perms(&node, &perms)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Follows XenStore until `stop` is set: a full pass at start, then one
+    /// after every burst of relevant events.
+    pub fn run(mut self, stop: &AtomicBool) -> Result<(), XsError> {
+        let mut w =
+            self.xs
+                .watch_paths(&["@introduceDomain", "@releaseDomain", "/local/domain"])?;
+        self.sync()?;
+        while !stop.load(Ordering::Acquire) {
+            let Some(ev) = w.recv_timeout(Duration::from_millis(100))? else {
+                continue;
+            };
+            let mut dirty = relevant(&ev.path);
+            while let Some(ev) = w.try_recv()? {
+                dirty |= relevant(&ev.path);
+            }
+            if dirty {
+                if let Err(e) = self.sync() {
+                    tracing::warn!("agent pass failed: {e}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the agent on a thread until the handle is dropped.
+    pub fn spawn(xs: XsClient, cfg: AgentConfig) -> Result<AgentHandle, XsError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let agent = Agent::new(xs, cfg);
+        let thread = std::thread::Builder::new()
+            .name("xensock-agent".into())
+            .spawn(move || {
+                if let Err(e) = agent.run(&s) {
+                    tracing::error!("xensock-agent stopped: {e}");
+                }
+            })
+            .map_err(XsError::Io)?;
+        Ok(AgentHandle {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// A running agent thread; dropping it stops the agent.
+pub struct AgentHandle {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for AgentHandle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relevant_paths() {
+        for p in [
+            "@introduceDomain",
+            "@releaseDomain",
+            "/local/domain",
+            "/local/domain/3",
+            "/local/domain/3/vm",
+            "/local/domain/3/xensock/label",
+            "/local/domain/3/data/xensock",
+            "/local/domain/3/data/xensock/addrs",
+        ] {
+            assert!(relevant(p), "{p}");
+        }
+        for p in [
+            "/local/domain/3/xensock/peers/4/addrs",
+            "/local/domain/3/xensock/moved/x",
+            "/local/domain/3/data/other",
+            "/tool/xensock",
+        ] {
+            assert!(!relevant(p), "{p}");
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! `xensock-agent`: publishes co-residency tables for every guest (dom0).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use clap::Parser;
+use xensock_discovery::agent::{Agent, AgentConfig};
+use xensock_discovery::xs::XsClient;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "xensock dom0 agent: tells each guest its co-resident peers"
+)]
+struct Cli {
+    /// Unlabelled guests see no peers (default: they form one tenant).
+    #[arg(long)]
+    require_label: bool,
+    /// Do one pass and exit.
+    #[arg(long)]
+    once: bool,
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("xensock-agent: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+    let xs = XsClient::open()?;
+    let cfg = AgentConfig {
+        require_label: cli.require_label,
+    };
+    let mut agent = Agent::new(xs, cfg);
+    if cli.once {
+        let n = agent.sync()?;
+        eprintln!("xensock-agent: wrote {n} tables");
+        return Ok(());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    // SIGINT/SIGTERM stop the loop (checked every 100 ms).
+    let s = stop.clone();
+    // SAFETY: sigset_t is plain old data; the calls only touch the local set
+    // and this thread's mask, inherited by the agent threads spawned later.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    std::thread::spawn(move || {
+        let mut sig = 0;
+        // SAFETY: waits for a signal of the blocked set into a live int.
+        unsafe { libc::sigwait(&set, &mut sig) };
+        s.store(true, std::sync::atomic::Ordering::Release);
+    });
+    tracing::info!("xensock-agent running");
+    agent.run(&stop)?;
+    Ok(())
+}

@@ -1,0 +1,105 @@
+//! `xensock-discover`: a guest's view of co-residency, from the shell.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use xensock_discovery::advert::{advertise, local_addresses, withdraw, Advert};
+use xensock_discovery::peers::{CoResidency, Discovery};
+use xensock_discovery::xs::XsClient;
+
+#[derive(Parser)]
+#[command(version, about = "xensock co-residency queries for a guest")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Advertise this guest's addresses (default: all non-loopback ones).
+    Advertise {
+        /// Addresses to advertise instead.
+        #[arg(long = "addr")]
+        addrs: Vec<IpAddr>,
+    },
+    /// Remove this guest's advert.
+    Withdraw,
+    /// List co-resident peers.
+    Peers,
+    /// Is this address co-resident? Exit status 0 if yes, 1 if not.
+    Lookup {
+        /// The address.
+        ip: IpAddr,
+    },
+    /// Print peer changes as they happen.
+    Watch {
+        /// Stop after this many seconds.
+        #[arg(long)]
+        seconds: Option<u64>,
+    },
+}
+
+fn main() {
+    match run(Cli::parse()) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("xensock-discover: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
+    match cli.cmd {
+        Cmd::Advertise { addrs } => {
+            let addrs = if addrs.is_empty() {
+                local_addresses()?
+            } else {
+                addrs
+            };
+            advertise(&XsClient::open()?, &Advert::new(addrs))?;
+        }
+        Cmd::Withdraw => withdraw(&XsClient::open()?)?,
+        Cmd::Peers => {
+            let t = CoResidency::new(XsClient::open()?).table()?;
+            for p in t.peers.values() {
+                let addrs: Vec<String> = p.addrs.iter().map(|a| a.to_string()).collect();
+                println!(
+                    "dom{} {} {} v{}",
+                    p.domid,
+                    p.uuid,
+                    addrs.join(","),
+                    p.version
+                );
+            }
+            for (uuid, dest) in &t.moved {
+                println!("moved {uuid} -> {dest}");
+            }
+        }
+        Cmd::Lookup { ip } => match Discovery::from_env()?.lookup_ip(ip)? {
+            Some(l) => {
+                let d = l.domid.map(|d| d.to_string()).unwrap_or_else(|| "?".into());
+                println!("{ip}: domid {d} uuid {}", l.uuid.as_deref().unwrap_or("?"));
+            }
+            None => {
+                println!("{ip}: not co-resident");
+                return Ok(1);
+            }
+        },
+        Cmd::Watch { seconds } => {
+            let mut w = CoResidency::new(XsClient::open()?).watch()?;
+            let deadline = seconds.map(|s| std::time::Instant::now() + Duration::from_secs(s));
+            loop {
+                let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+                if left == Some(Duration::ZERO) {
+                    break;
+                }
+                if let Some(e) = w.next_event(left)? {
+                    println!("{e:?}");
+                }
+            }
+        }
+    }
+    Ok(0)
+}

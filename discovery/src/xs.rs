@@ -1,0 +1,1160 @@
+//! A XenStore client: the `xs_wire.h` protocol over the xenstored unix
+//! socket or `/dev/xen/xenbus`, with a blocking API ([`XsClient`]) and an
+//! async one ([`AsyncXsClient`], watches as a [`futures_core::Stream`]).
+//!
+//! One reader thread per connection routes replies to their requests by
+//! request id and watch events to their watches by token, so any number of
+//! threads or tasks may have requests in flight while events arrive.
+//!
+//! ```no_run
+//! use xensock_discovery::xs::XsClient;
+//! let xs = XsClient::open()?;          // XENSTORED_PATH, socket, or xenbus
+//! xs.write("data/hello", "world")?;    // relative to /local/domain/<me>
+//! let mut w = xs.watch("data")?;       // fires once at once, then on changes
+//! let first = w.recv()?;
+//! assert_eq!(first.path, "data");
+//! xs.transaction(|tx| {
+//!     let n: u32 = tx.read_string("data/n").map(|s| s.parse().unwrap_or(0)).unwrap_or(0);
+//!     tx.write("data/n", (n + 1).to_string())
+//! })?;
+//! # Ok::<(), xensock_discovery::xs::XsError>(())
+//! ```
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use xensock_xenif::xs_wire::{
+    encode_message, split_strings, Header, MsgType, Perm, XsErrno, HEADER_LEN, PAYLOAD_MAX,
+};
+
+/// Where xenstored listens by default.
+pub const DEFAULT_SOCKET: &str = "/var/run/xenstored/socket";
+/// The guest's XenStore device.
+pub const XENBUS_DEVICE: &str = "/dev/xen/xenbus";
+/// Environment variable that overrides the path (as libxenstore does).
+pub const ENV_XENSTORED_PATH: &str = "XENSTORED_PATH";
+
+/// Transaction retries on `EAGAIN` before giving up.
+pub const MAX_TRANSACTION_ATTEMPTS: usize = 64;
+
+/// XenStore errors.
+#[derive(Debug, thiserror::Error)]
+pub enum XsError {
+    /// xenstored refused the request.
+    #[error("xenstore {op} {path}: {errno}")]
+    Daemon {
+        /// The errno xenstored reported.
+        errno: XsErrno,
+        /// The operation.
+        op: &'static str,
+        /// The path (or argument) of the request.
+        path: String,
+    },
+    /// The connection failed.
+    #[error("xenstore connection: {0}")]
+    Io(#[from] io::Error),
+    /// The connection is closed (xenstored went away, or we were dropped).
+    #[error("xenstore connection closed")]
+    Closed,
+    /// xenstored sent something that is not valid protocol.
+    #[error("xenstore protocol error: {0}")]
+    Protocol(String),
+    /// A bad argument (NUL in a path, payload too long...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// No XenStore to connect to.
+    #[error("no XenStore available: {0}")]
+    NotAvailable(String),
+}
+
+impl XsError {
+    /// The xenstored errno, for [`XsError::Daemon`].
+    pub fn errno(&self) -> Option<XsErrno> {
+        match self {
+            XsError::Daemon { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+    /// Whether xenstored reported `e`.
+    pub fn is(&self, e: XsErrno) -> bool {
+        self.errno() == Some(e)
+    }
+}
+
+/// One watch event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchEvent {
+    /// The path that changed (relative if the watch was relative).
+    pub path: String,
+    /// The watch's token.
+    pub token: String,
+}
+
+enum ReplySink {
+    Blocking(mpsc::SyncSender<Result<Vec<u8>, XsError>>),
+    Async(tokio::sync::oneshot::Sender<Result<Vec<u8>, XsError>>),
+}
+
+impl ReplySink {
+    fn send(self, r: Result<Vec<u8>, XsError>) {
+        match self {
+            ReplySink::Blocking(s) => {
+                let _ = s.send(r);
+            }
+            ReplySink::Async(s) => {
+                let _ = s.send(r);
+            }
+        }
+    }
+}
+
+struct Pending {
+    ty: MsgType,
+    op: &'static str,
+    arg: String,
+    sink: ReplySink,
+}
+
+enum EventSink {
+    Blocking(mpsc::Sender<WatchEvent>),
+    Async(tokio::sync::mpsc::UnboundedSender<WatchEvent>),
+}
+
+impl EventSink {
+    fn send(&self, e: WatchEvent) {
+        match self {
+            EventSink::Blocking(s) => {
+                let _ = s.send(e);
+            }
+            EventSink::Async(s) => {
+                let _ = s.send(e);
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Routes {
+    pending: HashMap<u32, Pending>,
+    watches: HashMap<String, EventSink>,
+    closed: bool,
+}
+
+struct Core {
+    fd: OwnedFd,
+    write_lock: Mutex<()>,
+    routes: Mutex<Routes>,
+    next_req: AtomicU32,
+    next_token: AtomicU64,
+    wake: OwnedFd,
+    reader: Mutex<Option<JoinHandle<()>>>,
+    path: PathBuf,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), std::ptr::addr_of!(one).cast(), 8) };
+        if let Some(r) = lock(&self.reader).take() {
+            // The reader itself may drop the last reference while routing a
+            // message; it exits on its own then.
+            if r.thread().id() != std::thread::current().id() {
+                let _ = r.join();
+            }
+        }
+    }
+}
+
+fn reply_error(p: &Pending, payload: &[u8]) -> XsError {
+    match XsErrno::from_name(payload) {
+        Some(errno) => XsError::Daemon {
+            errno,
+            op: p.op,
+            path: p.arg.clone(),
+        },
+        None => XsError::Protocol(format!(
+            "unknown error {:?}",
+            String::from_utf8_lossy(payload)
+        )),
+    }
+}
+
+impl Core {
+    fn connect(path: &Path) -> Result<Arc<Core>, XsError> {
+        let meta = std::fs::metadata(path)
+            .map_err(|e| XsError::NotAvailable(format!("{}: {e}", path.display())))?;
+        let fd: OwnedFd = if meta.file_type().is_socket() {
+            UnixStream::connect(path)?.into()
+        } else {
+            let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+                .map_err(|_| XsError::InvalidArgument("NUL in path".into()))?;
+            // SAFETY: `c` is a valid C string.
+            let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error().into());
+            }
+            // SAFETY: fd was just opened and is owned by nobody else.
+            unsafe { OwnedFd::from_raw_fd(fd) }
+        };
+        // SAFETY: plain eventfd(2) call.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if wake < 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        // SAFETY: the eventfd was just created and is owned by nobody else.
+        let wake = unsafe { OwnedFd::from_raw_fd(wake) };
+        let core = Arc::new(Core {
+            fd,
+            write_lock: Mutex::new(()),
+            routes: Mutex::new(Routes::default()),
+            next_req: AtomicU32::new(1),
+            next_token: AtomicU64::new(1),
+            wake,
+            reader: Mutex::new(None),
+            path: path.to_path_buf(),
+        });
+        let weak = Arc::downgrade(&core);
+        let fd = core.fd.as_raw_fd();
+        let wake = core.wake.as_raw_fd();
+        let handle = std::thread::Builder::new()
+            .name("xenstore-reader".into())
+            .spawn(move || read_loop(weak, fd, wake))?;
+        *lock(&core.reader) = Some(handle);
+        Ok(core)
+    }
+
+    fn send(&self, ty: MsgType, tx: u32, payload: &[u8], p: Pending) -> Result<(), XsError> {
+        let mut req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        if req == 0 {
+            req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        }
+        let msg = encode_message(ty, req, tx, payload)
+            .map_err(|e| XsError::InvalidArgument(e.to_string()))?;
+        {
+            let mut r = lock(&self.routes);
+            if r.closed {
+                return Err(XsError::Closed);
+            }
+            r.pending.insert(req, p);
+        }
+        let _w = lock(&self.write_lock);
+        if let Err(e) = write_all(self.fd.as_raw_fd(), &msg) {
+            lock(&self.routes).pending.remove(&req);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Sends without waiting for the reply (used from Drop).
+    fn send_detached(&self, ty: MsgType, tx: u32, payload: &[u8]) {
+        let mut req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        if req == 0 {
+            req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Ok(msg) = encode_message(ty, req, tx, payload) {
+            if lock(&self.routes).closed {
+                return;
+            }
+            let _w = lock(&self.write_lock);
+            let _ = write_all(self.fd.as_raw_fd(), &msg);
+        }
+    }
+
+    fn call(
+        &self,
+        ty: MsgType,
+        tx: u32,
+        payload: &[u8],
+        op: &'static str,
+        arg: &str,
+    ) -> Result<Vec<u8>, XsError> {
+        let (s, r) = mpsc::sync_channel(1);
+        self.send(
+            ty,
+            tx,
+            payload,
+            Pending {
+                ty,
+                op,
+                arg: arg.to_string(),
+                sink: ReplySink::Blocking(s),
+            },
+        )?;
+        r.recv().map_err(|_| XsError::Closed)?
+    }
+
+    fn call_async(
+        &self,
+        ty: MsgType,
+        tx: u32,
+        payload: &[u8],
+        op: &'static str,
+        arg: &str,
+    ) -> impl Future<Output = Result<Vec<u8>, XsError>> {
+        let (s, r) = tokio::sync::oneshot::channel();
+        let sent = self.send(
+            ty,
+            tx,
+            payload,
+            Pending {
+                ty,
+                op,
+                arg: arg.to_string(),
+                sink: ReplySink::Async(s),
+            },
+        );
+        async move {
+            sent?;
+            r.await.map_err(|_| XsError::Closed)?
+        }
+    }
+
+    fn new_token(&self) -> String {
+        format!(
+            "xensock-{}",
+            self.next_token.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+fn write_all(fd: i32, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: writes from a live buffer of the given length.
+        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}
+
+fn read_loop(core: std::sync::Weak<Core>, fd: i32, wake: i32) {
+    let mut buf: Vec<u8> = Vec::with_capacity(2 * (HEADER_LEN + PAYLOAD_MAX));
+    let mut chunk = vec![0u8; 16 * 1024];
+    let reason = 'outer: loop {
+        let mut pfds = [
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `pfds` is a live array of two pollfds.
+        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
+        if rc < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            break XsError::Closed;
+        }
+        if pfds[1].revents != 0 {
+            break XsError::Closed;
+        }
+        if pfds[0].revents == 0 {
+            continue;
+        }
+        // SAFETY: reads into a live buffer of the given length.
+        let n = unsafe { libc::read(fd, chunk.as_mut_ptr().cast(), chunk.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if matches!(
+                e.kind(),
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+            ) {
+                continue;
+            }
+            break XsError::Io(e);
+        }
+        if n == 0 {
+            break XsError::Closed;
+        }
+        buf.extend_from_slice(&chunk[..n as usize]);
+        let Some(core) = core.upgrade() else {
+            return;
+        };
+        while buf.len() >= HEADER_LEN {
+            let mut h = [0u8; HEADER_LEN];
+            h.copy_from_slice(&buf[..HEADER_LEN]);
+            let h = Header::decode(&h);
+            let len = h.len as usize;
+            if len > PAYLOAD_MAX {
+                break 'outer XsError::Protocol(format!("message of {len} bytes from xenstored"));
+            }
+            if buf.len() < HEADER_LEN + len {
+                break;
+            }
+            let payload: Vec<u8> = buf[HEADER_LEN..HEADER_LEN + len].to_vec();
+            buf.drain(..HEADER_LEN + len);
+            dispatch(&core, h, payload);
+        }
+    };
+    if let Some(core) = core.upgrade() {
+        let (pending, _watches) = {
+            let mut r = lock(&core.routes);
+            r.closed = true;
+            (
+                std::mem::take(&mut r.pending),
+                std::mem::take(&mut r.watches),
+            )
+        };
+        for (_, p) in pending {
+            let e = match &reason {
+                XsError::Protocol(s) => XsError::Protocol(s.clone()),
+                _ => XsError::Closed,
+            };
+            p.sink.send(Err(e));
+        }
+    }
+}
+
+fn dispatch(core: &Core, h: Header, payload: Vec<u8>) {
+    if h.msg_type() == Some(MsgType::WatchEvent) {
+        let (parts, _) = split_strings(&payload);
+        if parts.len() >= 2 {
+            let ev = WatchEvent {
+                path: String::from_utf8_lossy(parts[0]).into_owned(),
+                token: String::from_utf8_lossy(parts[1]).into_owned(),
+            };
+            if let Some(s) = lock(&core.routes).watches.get(&ev.token) {
+                s.send(ev);
+            }
+        }
+        return;
+    }
+    let Some(p) = lock(&core.routes).pending.remove(&h.req_id) else {
+        return;
+    };
+    let r = if h.msg_type() == Some(MsgType::Error) {
+        Err(reply_error(&p, &payload))
+    } else if h.msg_type() != Some(p.ty) {
+        Err(XsError::Protocol(format!(
+            "reply type {} to a {:?} request",
+            h.msg_type, p.ty
+        )))
+    } else {
+        Ok(payload)
+    };
+    p.sink.send(r);
+}
+
+fn check_path(path: &str) -> Result<(), XsError> {
+    if path.is_empty() || path.contains('\0') {
+        return Err(XsError::InvalidArgument(format!("bad path {path:?}")));
+    }
+    Ok(())
+}
+
+fn one(path: &str) -> Result<Vec<u8>, XsError> {
+    check_path(path)?;
+    let mut p = path.as_bytes().to_vec();
+    p.push(0);
+    Ok(p)
+}
+
+fn write_payload(path: &str, value: &[u8]) -> Result<Vec<u8>, XsError> {
+    let mut p = one(path)?;
+    p.extend_from_slice(value);
+    Ok(p)
+}
+
+fn perms_payload(path: &str, perms: &[Perm]) -> Result<Vec<u8>, XsError> {
+    if perms.is_empty() {
+        return Err(XsError::InvalidArgument("empty permission list".into()));
+    }
+    let mut p = one(path)?;
+    for perm in perms {
+        p.extend_from_slice(perm.to_string().as_bytes());
+        p.push(0);
+    }
+    Ok(p)
+}
+
+fn parse_list(payload: &[u8]) -> Vec<String> {
+    split_strings(payload)
+        .0
+        .into_iter()
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
+
+fn parse_perms(payload: &[u8]) -> Result<Vec<Perm>, XsError> {
+    split_strings(payload)
+        .0
+        .into_iter()
+        .map(|s| {
+            Perm::parse(s).ok_or_else(|| {
+                XsError::Protocol(format!("bad permission {:?}", String::from_utf8_lossy(s)))
+            })
+        })
+        .collect()
+}
+
+fn to_string(v: Vec<u8>) -> Result<String, XsError> {
+    String::from_utf8(v).map_err(|_| XsError::Protocol("value is not UTF-8".into()))
+}
+
+fn watch_payload(path: &str, token: &str) -> Result<Vec<u8>, XsError> {
+    let mut p = one(path)?;
+    p.extend_from_slice(token.as_bytes());
+    p.push(0);
+    Ok(p)
+}
+
+/// Generates the node operations shared by clients and transactions.
+macro_rules! blocking_ops {
+    ($t:ty) => {
+        impl $t {
+            /// Reads a node's value.
+            pub fn read(&self, path: &str) -> Result<Vec<u8>, XsError> {
+                self.core()
+                    .call(MsgType::Read, self.tx(), &one(path)?, "read", path)
+            }
+            /// Reads a node's value as UTF-8.
+            pub fn read_string(&self, path: &str) -> Result<String, XsError> {
+                to_string(self.read(path)?)
+            }
+            /// Reads a node, `None` if it does not exist.
+            pub fn try_read(&self, path: &str) -> Result<Option<Vec<u8>>, XsError> {
+                match self.read(path) {
+                    Ok(v) => Ok(Some(v)),
+                    Err(e) if e.is(XsErrno::NoEnt) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+            /// Writes a node, creating it and missing parents.
+            pub fn write(&self, path: &str, value: impl AsRef<[u8]>) -> Result<(), XsError> {
+                self.core()
+                    .call(
+                        MsgType::Write,
+                        self.tx(),
+                        &write_payload(path, value.as_ref())?,
+                        "write",
+                        path,
+                    )
+                    .map(drop)
+            }
+            /// Creates a node with an empty value if it does not exist.
+            pub fn mkdir(&self, path: &str) -> Result<(), XsError> {
+                self.core()
+                    .call(MsgType::Mkdir, self.tx(), &one(path)?, "mkdir", path)
+                    .map(drop)
+            }
+            /// Removes a node and everything below it.
+            pub fn rm(&self, path: &str) -> Result<(), XsError> {
+                self.core()
+                    .call(MsgType::Rm, self.tx(), &one(path)?, "rm", path)
+                    .map(drop)
+            }
+            /// Names of a node's children.
+            pub fn directory(&self, path: &str) -> Result<Vec<String>, XsError> {
+                self.core()
+                    .call(
+                        MsgType::Directory,
+                        self.tx(),
+                        &one(path)?,
+                        "directory",
+                        path,
+                    )
+                    .map(|p| parse_list(&p))
+            }
+            /// A node's permissions (owner first).
+            pub fn get_perms(&self, path: &str) -> Result<Vec<Perm>, XsError> {
+                let p = self.core().call(
+                    MsgType::GetPerms,
+                    self.tx(),
+                    &one(path)?,
+                    "get_perms",
+                    path,
+                )?;
+                parse_perms(&p)
+            }
+            /// Sets a node's permissions (owner first), as `xenstore-chmod`.
+            pub fn set_perms(&self, path: &str, perms: &[Perm]) -> Result<(), XsError> {
+                self.core()
+                    .call(
+                        MsgType::SetPerms,
+                        self.tx(),
+                        &perms_payload(path, perms)?,
+                        "set_perms",
+                        path,
+                    )
+                    .map(drop)
+            }
+        }
+    };
+}
+
+/// Generates the async node operations.
+macro_rules! async_ops {
+    ($t:ty) => {
+        impl $t {
+            /// Reads a node's value.
+            pub async fn read(&self, path: &str) -> Result<Vec<u8>, XsError> {
+                let p = one(path)?;
+                self.core()
+                    .call_async(MsgType::Read, self.tx(), &p, "read", path)
+                    .await
+            }
+            /// Reads a node's value as UTF-8.
+            pub async fn read_string(&self, path: &str) -> Result<String, XsError> {
+                to_string(self.read(path).await?)
+            }
+            /// Reads a node, `None` if it does not exist.
+            pub async fn try_read(&self, path: &str) -> Result<Option<Vec<u8>>, XsError> {
+                match self.read(path).await {
+                    Ok(v) => Ok(Some(v)),
+                    Err(e) if e.is(XsErrno::NoEnt) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+            /// Writes a node, creating it and missing parents.
+            pub async fn write(&self, path: &str, value: impl AsRef<[u8]>) -> Result<(), XsError> {
+                let p = write_payload(path, value.as_ref())?;
+                self.core()
+                    .call_async(MsgType::Write, self.tx(), &p, "write", path)
+                    .await
+                    .map(drop)
+            }
+            /// Creates a node with an empty value if it does not exist.
+            pub async fn mkdir(&self, path: &str) -> Result<(), XsError> {
+                let p = one(path)?;
+                self.core()
+                    .call_async(MsgType::Mkdir, self.tx(), &p, "mkdir", path)
+                    .await
+                    .map(drop)
+            }
+            /// Removes a node and everything below it.
+            pub async fn rm(&self, path: &str) -> Result<(), XsError> {
+                let p = one(path)?;
+                self.core()
+                    .call_async(MsgType::Rm, self.tx(), &p, "rm", path)
+                    .await
+                    .map(drop)
+            }
+            /// Names of a node's children.
+            pub async fn directory(&self, path: &str) -> Result<Vec<String>, XsError> {
+                let p = one(path)?;
+                self.core()
+                    .call_async(MsgType::Directory, self.tx(), &p, "directory", path)
+                    .await
+                    .map(|p| parse_list(&p))
+            }
+            /// A node's permissions (owner first).
+            pub async fn get_perms(&self, path: &str) -> Result<Vec<Perm>, XsError> {
+                let p = one(path)?;
+                let r = self
+                    .core()
+                    .call_async(MsgType::GetPerms, self.tx(), &p, "get_perms", path)
+                    .await?;
+                parse_perms(&r)
+            }
+            /// Sets a node's permissions (owner first).
+            pub async fn set_perms(&self, path: &str, perms: &[Perm]) -> Result<(), XsError> {
+                let p = perms_payload(path, perms)?;
+                self.core()
+                    .call_async(MsgType::SetPerms, self.tx(), &p, "set_perms", path)
+                    .await
+                    .map(drop)
+            }
+        }
+    };
+}
+
+/// A blocking XenStore connection. Cheap to clone (clones share the
+/// connection); usable from many threads at once.
+#[derive(Clone)]
+pub struct XsClient {
+    core: Arc<Core>,
+}
+
+impl std::fmt::Debug for XsClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XsClient")
+            .field("path", &self.core.path)
+            .finish()
+    }
+}
+
+impl XsClient {
+    /// Connects to the XenStore of this machine: `$XENSTORED_PATH` if set,
+    /// else the xenstored socket if present (dom0), else `/dev/xen/xenbus`
+    /// (a guest).
+    pub fn open() -> Result<XsClient, XsError> {
+        XsClient::open_path(&default_path()?)
+    }
+
+    /// Connects to a xenstored unix socket or a xenbus device.
+    pub fn open_path(path: impl AsRef<Path>) -> Result<XsClient, XsError> {
+        Ok(XsClient {
+            core: Core::connect(path.as_ref())?,
+        })
+    }
+
+    fn core(&self) -> &Core {
+        &self.core
+    }
+
+    fn tx(&self) -> u32 {
+        0
+    }
+
+    /// The async API on the same connection.
+    pub fn to_async(&self) -> AsyncXsClient {
+        AsyncXsClient {
+            core: self.core.clone(),
+        }
+    }
+
+    /// `/local/domain/<domid>`, as xenstored computes it.
+    pub fn get_domain_path(&self, domid: u32) -> Result<String, XsError> {
+        let arg = domid.to_string();
+        let p = self.core.call(
+            MsgType::GetDomainPath,
+            0,
+            &one(&arg)?,
+            "get_domain_path",
+            &arg,
+        )?;
+        Ok(parse_list(&p).into_iter().next().unwrap_or_default())
+    }
+
+    /// Watches `path` (and everything below it; `@introduceDomain` and
+    /// `@releaseDomain` for domain events). The first event arrives at once,
+    /// as xenstored fires every new watch. Dropping the [`Watch`] removes it.
+    pub fn watch(&self, path: &str) -> Result<Watch, XsError> {
+        self.watch_paths(&[path])
+    }
+
+    /// One [`Watch`] delivering the events of several paths (each gets its
+    /// own token; [`WatchEvent::token`] tells them apart).
+    pub fn watch_paths(&self, paths: &[&str]) -> Result<Watch, XsError> {
+        let (s, r) = mpsc::channel();
+        let mut w = Watch {
+            core: self.core.clone(),
+            regs: Vec::new(),
+            rx: r,
+        };
+        for path in paths {
+            let token = self.core.new_token();
+            let payload = watch_payload(path, &token)?;
+            lock(&self.core.routes)
+                .watches
+                .insert(token.clone(), EventSink::Blocking(s.clone()));
+            if let Err(e) = self.core.call(MsgType::Watch, 0, &payload, "watch", path) {
+                lock(&self.core.routes).watches.remove(&token);
+                return Err(e);
+            }
+            w.regs.push((path.to_string(), token));
+        }
+        Ok(w)
+    }
+
+    /// Starts a transaction. Prefer [`XsClient::transaction`], which
+    /// retries on conflicts.
+    pub fn transaction_start(&self) -> Result<Transaction, XsError> {
+        let p = self
+            .core
+            .call(MsgType::TransactionStart, 0, b"\0", "transaction_start", "")?;
+        let id = parse_tx_id(&p)?;
+        Ok(Transaction {
+            core: self.core.clone(),
+            id,
+            done: false,
+        })
+    }
+
+    /// Runs `f` in a transaction and commits it, starting over when the
+    /// commit fails with `EAGAIN` (someone changed what `f` looked at), up
+    /// to [`MAX_TRANSACTION_ATTEMPTS`] times. An error from `f` aborts.
+    pub fn transaction<T>(
+        &self,
+        mut f: impl FnMut(&Transaction) -> Result<T, XsError>,
+    ) -> Result<T, XsError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let tx = self.transaction_start()?;
+            let value = match f(&tx) {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = tx.abort();
+                    if e.is(XsErrno::Again) && attempt < MAX_TRANSACTION_ATTEMPTS {
+                        continue;
+                    }
+                    return Err(e);
+                }
+            };
+            match tx.commit() {
+                Ok(()) => return Ok(value),
+                Err(e) if e.is(XsErrno::Again) && attempt < MAX_TRANSACTION_ATTEMPTS => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+blocking_ops!(XsClient);
+
+fn default_path() -> Result<PathBuf, XsError> {
+    if let Some(p) = std::env::var_os(ENV_XENSTORED_PATH) {
+        return Ok(PathBuf::from(p));
+    }
+    for p in [DEFAULT_SOCKET, XENBUS_DEVICE, "/proc/xen/xenbus"] {
+        if Path::new(p).exists() {
+            return Ok(PathBuf::from(p));
+        }
+    }
+    Err(XsError::NotAvailable(format!(
+        "no {DEFAULT_SOCKET} or {XENBUS_DEVICE}, and {ENV_XENSTORED_PATH} is not set"
+    )))
+}
+
+fn parse_tx_id(p: &[u8]) -> Result<u32, XsError> {
+    parse_list(p)
+        .first()
+        .and_then(|s| s.parse().ok())
+        .filter(|id| *id != 0)
+        .ok_or_else(|| XsError::Protocol("bad transaction id".into()))
+}
+
+fn end_payload(commit: bool) -> &'static [u8] {
+    if commit {
+        b"T\0"
+    } else {
+        b"F\0"
+    }
+}
+
+/// An open transaction (blocking API). Reads see a snapshot; writes are
+/// applied at commit. Dropping it without committing aborts it.
+pub struct Transaction {
+    core: Arc<Core>,
+    id: u32,
+    done: bool,
+}
+
+impl Transaction {
+    fn core(&self) -> &Core {
+        &self.core
+    }
+    fn tx(&self) -> u32 {
+        self.id
+    }
+    /// The transaction id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+    /// Commits. Fails with `EAGAIN` when a conflicting change happened.
+    pub fn commit(mut self) -> Result<(), XsError> {
+        self.done = true;
+        self.core
+            .call(
+                MsgType::TransactionEnd,
+                self.id,
+                end_payload(true),
+                "commit",
+                "",
+            )
+            .map(drop)
+    }
+    /// Abandons the transaction.
+    pub fn abort(mut self) -> Result<(), XsError> {
+        self.done = true;
+        self.core
+            .call(
+                MsgType::TransactionEnd,
+                self.id,
+                end_payload(false),
+                "abort",
+                "",
+            )
+            .map(drop)
+    }
+}
+
+impl Drop for Transaction {
+    fn drop(&mut self) {
+        if !self.done {
+            self.core
+                .send_detached(MsgType::TransactionEnd, self.id, end_payload(false));
+        }
+    }
+}
+
+blocking_ops!(Transaction);
+
+/// A registered watch (blocking API). Dropping it unregisters it.
+pub struct Watch {
+    core: Arc<Core>,
+    /// (path, token) of each registration.
+    regs: Vec<(String, String)>,
+    rx: mpsc::Receiver<WatchEvent>,
+}
+
+impl Watch {
+    /// The watched path (the first, for a multi-path watch).
+    pub fn path(&self) -> &str {
+        self.regs.first().map(|r| r.0.as_str()).unwrap_or("")
+    }
+    /// The token of the watch on `path`.
+    pub fn token_of(&self, path: &str) -> Option<&str> {
+        self.regs.iter().find(|r| r.0 == path).map(|r| r.1.as_str())
+    }
+    /// Waits for the next event. Fails when the connection closes.
+    pub fn recv(&mut self) -> Result<WatchEvent, XsError> {
+        self.rx.recv().map_err(|_| XsError::Closed)
+    }
+    /// Waits at most `timeout`; `Ok(None)` on timeout.
+    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<WatchEvent>, XsError> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(e) => Ok(Some(e)),
+            Err(mpsc::RecvTimeoutError::Timeout) => Ok(None),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(XsError::Closed),
+        }
+    }
+    /// An event if one is queued.
+    pub fn try_recv(&mut self) -> Result<Option<WatchEvent>, XsError> {
+        match self.rx.try_recv() {
+            Ok(e) => Ok(Some(e)),
+            Err(mpsc::TryRecvError::Empty) => Ok(None),
+            Err(mpsc::TryRecvError::Disconnected) => Err(XsError::Closed),
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        for (path, token) in &self.regs {
+            lock(&self.core.routes).watches.remove(token);
+            if let Ok(p) = watch_payload(path, token) {
+                self.core.send_detached(MsgType::Unwatch, 0, &p);
+            }
+        }
+    }
+}
+
+/// An async XenStore connection. Cheap to clone. Works on any executor:
+/// the connection's reader is a thread, replies complete futures.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), xensock_discovery::xs::XsError> {
+/// use futures_core::Stream;
+/// use xensock_discovery::xs::AsyncXsClient;
+/// let xs = AsyncXsClient::open()?;
+/// let mut w = xs.watch("@releaseDomain").await?;
+/// xs.write("data/x", "1").await?;
+/// let ev = std::future::poll_fn(|cx| std::pin::Pin::new(&mut w).poll_next(cx)).await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct AsyncXsClient {
+    core: Arc<Core>,
+}
+
+impl AsyncXsClient {
+    /// Connects like [`XsClient::open`].
+    pub fn open() -> Result<AsyncXsClient, XsError> {
+        Ok(XsClient::open()?.to_async())
+    }
+
+    /// Connects to a socket or device path.
+    pub fn open_path(path: impl AsRef<Path>) -> Result<AsyncXsClient, XsError> {
+        Ok(XsClient::open_path(path)?.to_async())
+    }
+
+    fn core(&self) -> &Core {
+        &self.core
+    }
+
+    fn tx(&self) -> u32 {
+        0
+    }
+
+    /// The blocking API on the same connection.
+    pub fn to_blocking(&self) -> XsClient {
+        XsClient {
+            core: self.core.clone(),
+        }
+    }
+
+    /// Watches `path`; events arrive as a `Stream`, the first one at once.
+    pub async fn watch(&self, path: &str) -> Result<AsyncWatch, XsError> {
+        let token = self.core.new_token();
+        let (s, r) = tokio::sync::mpsc::unbounded_channel();
+        lock(&self.core.routes)
+            .watches
+            .insert(token.clone(), EventSink::Async(s));
+        let p = watch_payload(path, &token)?;
+        let res = self
+            .core
+            .call_async(MsgType::Watch, 0, &p, "watch", path)
+            .await;
+        if let Err(e) = res {
+            lock(&self.core.routes).watches.remove(&token);
+            return Err(e);
+        }
+        Ok(AsyncWatch {
+            core: self.core.clone(),
+            path: path.to_string(),
+            token,
+            rx: r,
+        })
+    }
+
+    /// Starts a transaction.
+    pub async fn transaction_start(&self) -> Result<AsyncTransaction, XsError> {
+        let p = self
+            .core
+            .call_async(MsgType::TransactionStart, 0, b"\0", "transaction_start", "")
+            .await?;
+        Ok(AsyncTransaction {
+            core: self.core.clone(),
+            id: parse_tx_id(&p)?,
+        })
+    }
+
+    /// Runs `f` in a transaction and commits, retrying on `EAGAIN` up to
+    /// [`MAX_TRANSACTION_ATTEMPTS`] times. `f` gets a handle to the
+    /// transaction (cheap clone of the connection plus the id).
+    pub async fn transaction<T, F, Fut>(&self, mut f: F) -> Result<T, XsError>
+    where
+        F: FnMut(AsyncTransaction) -> Fut,
+        Fut: Future<Output = Result<T, XsError>>,
+    {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let tx = self.transaction_start().await?;
+            match f(tx.clone()).await {
+                Ok(v) => match tx.commit().await {
+                    Ok(()) => return Ok(v),
+                    Err(e) if e.is(XsErrno::Again) && attempt < MAX_TRANSACTION_ATTEMPTS => {}
+                    Err(e) => return Err(e),
+                },
+                Err(e) => {
+                    let _ = tx.abort().await;
+                    if !(e.is(XsErrno::Again) && attempt < MAX_TRANSACTION_ATTEMPTS) {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+async_ops!(AsyncXsClient);
+
+/// An open transaction (async API). Must be ended with
+/// [`AsyncTransaction::commit`] or [`AsyncTransaction::abort`] (or use
+/// [`AsyncXsClient::transaction`]).
+#[derive(Clone)]
+pub struct AsyncTransaction {
+    core: Arc<Core>,
+    id: u32,
+}
+
+impl AsyncTransaction {
+    fn core(&self) -> &Core {
+        &self.core
+    }
+    fn tx(&self) -> u32 {
+        self.id
+    }
+    /// The transaction id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+    /// Commits; `EAGAIN` on conflict.
+    pub async fn commit(&self) -> Result<(), XsError> {
+        self.core
+            .call_async(
+                MsgType::TransactionEnd,
+                self.id,
+                end_payload(true),
+                "commit",
+                "",
+            )
+            .await
+            .map(drop)
+    }
+    /// Abandons the transaction.
+    pub async fn abort(&self) -> Result<(), XsError> {
+        self.core
+            .call_async(
+                MsgType::TransactionEnd,
+                self.id,
+                end_payload(false),
+                "abort",
+                "",
+            )
+            .await
+            .map(drop)
+    }
+}
+
+async_ops!(AsyncTransaction);
+
+/// A registered watch as a `Stream` of events; ends when the connection
+/// closes. Dropping it unregisters the watch.
+pub struct AsyncWatch {
+    core: Arc<Core>,
+    path: String,
+    token: String,
+    rx: tokio::sync::mpsc::UnboundedReceiver<WatchEvent>,
+}
+
+impl AsyncWatch {
+    /// The watched path.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+    /// Waits for the next event; `None` when the connection closed.
+    pub async fn next_event(&mut self) -> Option<WatchEvent> {
+        self.rx.recv().await
+    }
+}
+
+impl futures_core::Stream for AsyncWatch {
+    type Item = WatchEvent;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<WatchEvent>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Drop for AsyncWatch {
+    fn drop(&mut self) {
+        lock(&self.core.routes).watches.remove(&self.token);
+        if let Ok(p) = watch_payload(&self.path, &self.token) {
+            self.core.send_detached(MsgType::Unwatch, 0, &p);
+        }
+    }
+}
