@@ -862,6 +862,12 @@ pub struct Transaction {
     done: bool,
 }
 
+impl std::fmt::Debug for Transaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transaction").field("id", &self.id).finish()
+    }
+}
+
 impl Transaction {
     fn core(&self) -> &Core {
         &self.core
@@ -918,6 +924,12 @@ pub struct Watch {
     /// (path, token) of each registration.
     regs: Vec<(String, String)>,
     rx: mpsc::Receiver<WatchEvent>,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch").field("regs", &self.regs).finish()
+    }
 }
 
 impl Watch {

@@ -264,6 +264,15 @@ impl Store {
     }
 
     fn touch(&mut self, path: &str) {
+        if let Some(log) = &self.log {
+            // A node changed before the transaction looked at it counts as
+            // looked at, with its generation from before the change.
+            let before = self.nodes.get(path).map(|n| n.generation);
+            log.borrow_mut()
+                .accessed
+                .entry(path.to_string())
+                .or_insert(before);
+        }
         self.generation += 1;
         let g = self.generation;
         if let Some(n) = self.nodes.get_mut(path) {
@@ -831,6 +840,21 @@ mod tests {
         assert_eq!(tx.read(D0, &q(), "/t/new"), Err(XsErrno::NoEnt));
         live.write(D0, &q(), "/t/new", b"").unwrap();
         assert_eq!(live.commit(tx), Err(XsErrno::Again));
+
+        // Removing one child and adding another (the parent is changed
+        // before it is read) commits.
+        live.write(D0, &q(), "/p/old", b"").unwrap();
+        let mut tx = live.begin_transaction();
+        tx.rm(D0, &q(), "/p/old").unwrap();
+        tx.write(D0, &q(), "/p/new", b"").unwrap();
+        live.commit(tx).unwrap();
+        assert_eq!(live.directory(D0, &q(), "/p").unwrap().0, vec!["new"]);
+        // ... and still conflicts when someone else changed the parent.
+        let mut tx = live.begin_transaction();
+        tx.rm(D0, &q(), "/p/new").unwrap();
+        live.write(D0, &q(), "/p", b"changed").unwrap();
+        assert_eq!(live.commit(tx), Err(XsErrno::Again));
+        live.rm(D0, &q(), "/p").unwrap();
 
         // Removal inside a transaction applies at commit.
         let mut tx = live.begin_transaction();

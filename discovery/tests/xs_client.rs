@@ -1,0 +1,309 @@
+//! Wire-level tests of our XenStore client against the sim's xenstored.
+
+use std::time::Duration;
+
+use xensock_discovery::xs::{AsyncXsClient, WatchEvent, XsClient, XsError};
+use xensock_sim::{DomainConfig, SimHost};
+use xensock_xenif::xs_wire::{Perm, PermAccess, XsErrno};
+
+const T: Duration = Duration::from_secs(5);
+
+fn host_with_guest() -> (SimHost, XsClient, XsClient, u16) {
+    let host = SimHost::start().unwrap();
+    let g = host.create_domain(DomainConfig::new("g")).unwrap();
+    let dom0 = XsClient::open_path(host.dom0().xenstored_path()).unwrap();
+    let guest = XsClient::open_path(g.xenstored_path()).unwrap();
+    (host, dom0, guest, g.domid)
+}
+
+fn errno(e: XsError) -> XsErrno {
+    e.errno()
+        .unwrap_or_else(|| panic!("not a daemon error: {e}"))
+}
+
+#[test]
+fn basic_operations() {
+    let (_h, dom0, _g, _) = host_with_guest();
+    dom0.write("/test/a/b", "hello").unwrap();
+    assert_eq!(dom0.read("/test/a/b").unwrap(), b"hello");
+    assert_eq!(dom0.read_string("/test/a").unwrap(), "");
+    // Binary values, including NUL bytes, round-trip.
+    dom0.write("/test/bin", [0u8, 1, 2, 0, 255]).unwrap();
+    assert_eq!(dom0.read("/test/bin").unwrap(), vec![0u8, 1, 2, 0, 255]);
+    dom0.mkdir("/test/dir").unwrap();
+    dom0.mkdir("/test/dir").unwrap();
+    let mut kids = dom0.directory("/test").unwrap();
+    kids.sort();
+    assert_eq!(kids, vec!["a", "bin", "dir"]);
+    dom0.rm("/test/a").unwrap();
+    assert_eq!(errno(dom0.read("/test/a/b").unwrap_err()), XsErrno::NoEnt);
+    assert_eq!(dom0.try_read("/test/a").unwrap(), None);
+    assert_eq!(
+        errno(dom0.read("no/leading/slash/in/dom0").unwrap_err()),
+        XsErrno::NoEnt
+    );
+    assert_eq!(errno(dom0.read("/bad//path").unwrap_err()), XsErrno::Inval);
+    assert_eq!(dom0.get_domain_path(7).unwrap(), "/local/domain/7");
+    assert!(matches!(
+        dom0.read("/nul\0inside"),
+        Err(XsError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        dom0.write("/big", vec![b'x'; 5000]),
+        Err(XsError::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn permissions_round_trip_and_errors_map_to_errno() {
+    let (_h, dom0, guest, id) = host_with_guest();
+    let home = format!("/local/domain/{id}");
+    // Relative paths are below the guest's home.
+    guest.write("data/x", "1").unwrap();
+    assert_eq!(dom0.read(&format!("{home}/data/x")).unwrap(), b"1");
+    assert_eq!(
+        guest.get_perms("data/x").unwrap(),
+        vec![Perm::new(PermAccess::None, u32::from(id))]
+    );
+    let p = [
+        Perm::new(PermAccess::None, u32::from(id)),
+        Perm::new(PermAccess::Read, 0),
+    ];
+    guest.set_perms("data/x", &p).unwrap();
+    assert_eq!(guest.get_perms("data/x").unwrap(), p);
+    // The guest may not give its node away, nor write dom0's nodes.
+    let e = guest
+        .set_perms("data/x", &[Perm::new(PermAccess::Both, 0)])
+        .unwrap_err();
+    assert_eq!(errno(e), XsErrno::Perm);
+    assert_eq!(
+        errno(guest.write(&format!("{home}/name"), "evil").unwrap_err()),
+        XsErrno::Acces
+    );
+    assert_eq!(
+        errno(guest.read("/local/domain/0/name").unwrap_err()),
+        XsErrno::Acces
+    );
+    assert_eq!(
+        errno(guest.directory("/local/domain").unwrap_err()),
+        XsErrno::Acces
+    );
+    assert_eq!(guest.read_string("name").unwrap(), "g");
+}
+
+#[test]
+fn watches_fire_at_once_on_change_and_stop_after_drop() {
+    let (_h, dom0, _g, _) = host_with_guest();
+    let mut w = dom0.watch("/w").unwrap();
+    assert_eq!(w.recv_timeout(T).unwrap().unwrap().path, "/w");
+    dom0.write("/w/x/y", "1").unwrap();
+    assert_eq!(w.recv_timeout(T).unwrap().unwrap().path, "/w/x/y");
+    let mut deep = dom0.watch("/w/x/y").unwrap();
+    assert_eq!(deep.recv_timeout(T).unwrap().unwrap().path, "/w/x/y");
+    dom0.write("/elsewhere", "1").unwrap();
+    dom0.rm("/w/x").unwrap();
+    // A watch above the removed node sees the removed node; a watch on a
+    // removed descendant sees that descendant.
+    let mut paths = Vec::new();
+    while let Some(e) = w.recv_timeout(Duration::from_millis(200)).unwrap() {
+        paths.push(e.path);
+    }
+    assert_eq!(paths, vec!["/w/x".to_string()]);
+    assert_eq!(deep.recv_timeout(T).unwrap().unwrap().path, "/w/x/y");
+    drop(w);
+    // A new watch on the same path works (the old one was unregistered).
+    let mut w2 = dom0.watch("/w").unwrap();
+    assert_eq!(w2.recv_timeout(T).unwrap().unwrap().path, "/w");
+}
+
+#[test]
+fn watch_events_arrive_while_requests_are_in_flight() {
+    let (_h, dom0, guest, _) = host_with_guest();
+    let mut w = guest.watch("data").unwrap();
+    assert_eq!(w.recv_timeout(T).unwrap().unwrap().path, "data");
+    let writer = {
+        let guest = guest.clone();
+        std::thread::spawn(move || {
+            for i in 0..200 {
+                guest
+                    .write(&format!("data/k{}", i % 10), i.to_string())
+                    .unwrap();
+            }
+        })
+    };
+    // Requests on the same connection from this thread meanwhile.
+    for _ in 0..200 {
+        assert_eq!(guest.read_string("name").unwrap(), "g");
+    }
+    writer.join().unwrap();
+    let mut n = 0;
+    while let Some(e) = w.recv_timeout(Duration::from_millis(300)).unwrap() {
+        assert!(e.path.starts_with("data/k"), "{e:?}");
+        n += 1;
+    }
+    assert_eq!(n, 200, "one event per write");
+    // dom0 watches see the absolute path of the guest's relative write.
+    let mut w0 = dom0.watch("/local/domain").unwrap();
+    w0.recv_timeout(T).unwrap();
+    guest.write("data/z", "1").unwrap();
+    let e = w0.recv_timeout(T).unwrap().unwrap();
+    assert!(e.path.ends_with("/data/z") && e.path.starts_with("/local/domain/"));
+}
+
+#[test]
+fn transactions_commit_abort_and_retry_on_conflict() {
+    let (_h, dom0, _g, _) = host_with_guest();
+    dom0.write("/tx/n", "0").unwrap();
+    // A conflicting write makes the first attempt fail with EAGAIN; the
+    // helper retries and the second attempt commits.
+    let mut attempts = 0;
+    dom0.transaction(|tx| {
+        attempts += 1;
+        let n: u32 = tx.read_string("/tx/n")?.parse().unwrap();
+        if attempts == 1 {
+            dom0.write("/tx/n", "10").unwrap();
+        }
+        tx.write("/tx/n", (n + 1).to_string())
+    })
+    .unwrap();
+    assert_eq!(attempts, 2);
+    assert_eq!(dom0.read_string("/tx/n").unwrap(), "11");
+
+    let tx = dom0.transaction_start().unwrap();
+    tx.write("/tx/aborted", "x").unwrap();
+    assert_eq!(tx.read_string("/tx/aborted").unwrap(), "x");
+    assert_eq!(dom0.try_read("/tx/aborted").unwrap(), None, "isolated");
+    tx.abort().unwrap();
+    assert_eq!(dom0.try_read("/tx/aborted").unwrap(), None);
+
+    // Manual commit with a conflict reports EAGAIN.
+    let tx = dom0.transaction_start().unwrap();
+    tx.read("/tx/n").unwrap();
+    tx.write("/tx/m", "1").unwrap();
+    dom0.write("/tx/n", "12").unwrap();
+    assert_eq!(errno(tx.commit().unwrap_err()), XsErrno::Again);
+    assert_eq!(dom0.try_read("/tx/m").unwrap(), None);
+
+    // Dropping an open transaction aborts it.
+    {
+        let tx = dom0.transaction_start().unwrap();
+        tx.write("/tx/dropped", "1").unwrap();
+    }
+    assert_eq!(dom0.try_read("/tx/dropped").unwrap(), None);
+}
+
+#[test]
+fn guest_transaction_quota_is_enospc() {
+    let (_h, _dom0, guest, _) = host_with_guest();
+    let open: Vec<_> = (0..10)
+        .map(|_| guest.transaction_start().unwrap())
+        .collect();
+    assert_eq!(
+        errno(guest.transaction_start().unwrap_err()),
+        XsErrno::NoSpc
+    );
+    drop(open);
+}
+
+#[test]
+fn connection_loss_fails_requests_and_ends_watches() {
+    let host = SimHost::start().unwrap();
+    let g = host.create_domain(DomainConfig::new("g")).unwrap();
+    let guest = XsClient::open_path(g.xenstored_path()).unwrap();
+    let mut w = guest.watch("data").unwrap();
+    w.recv_timeout(T).unwrap();
+    host.destroy_domain(g.domid).unwrap();
+    assert!(matches!(w.recv_timeout(T), Err(XsError::Closed)));
+    assert!(matches!(guest.read("name"), Err(XsError::Closed)));
+}
+
+#[test]
+fn async_api_with_watch_stream() {
+    let (_h, dom0, guest, id) = host_with_guest();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let axs = guest.to_async();
+        let mut w = axs.watch("data").await.unwrap();
+        let first = w.next_event().await.unwrap();
+        assert_eq!(first.path, "data");
+        // Many requests in flight at once, events interleaved.
+        let futs: Vec<_> = (0..20)
+            .map(|i| {
+                let axs = axs.clone();
+                async move { axs.write(&format!("data/a{i}"), "v").await }
+            })
+            .collect();
+        for f in futs {
+            f.await.unwrap();
+        }
+        let mut seen = 0;
+        while seen < 20 {
+            let ev = tokio::time::timeout(
+                T,
+                std::future::poll_fn(|cx| {
+                    futures_core::Stream::poll_next(std::pin::Pin::new(&mut w), cx)
+                }),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+            assert!(ev.path.starts_with("data/a"), "{ev:?}");
+            seen += 1;
+        }
+        // Transactions with retry.
+        let n = axs
+            .transaction(|tx| async move {
+                tx.write("data/t", "1").await?;
+                tx.read_string("data/t").await
+            })
+            .await
+            .unwrap();
+        assert_eq!(n, "1");
+        let e = axs.read("/local/domain/0/name").await.unwrap_err();
+        assert!(e.is(XsErrno::Acces));
+        assert_eq!(axs.read_string("name").await.unwrap(), "g");
+    });
+    assert_eq!(
+        dom0.read_string(&format!("/local/domain/{id}/data/t"))
+            .unwrap(),
+        "1"
+    );
+    let _ = AsyncXsClient::open_path("/nonexistent/socket")
+        .err()
+        .unwrap();
+}
+
+#[test]
+fn special_watches_are_for_dom0() {
+    let host = SimHost::start().unwrap();
+    let dom0 = XsClient::open_path(host.dom0().xenstored_path()).unwrap();
+    let mut w = dom0
+        .watch_paths(&["@introduceDomain", "@releaseDomain"])
+        .unwrap();
+    let mut initial: Vec<WatchEvent> = vec![
+        w.recv_timeout(T).unwrap().unwrap(),
+        w.recv_timeout(T).unwrap().unwrap(),
+    ];
+    initial.sort_by(|a, b| a.path.cmp(&b.path));
+    assert_eq!(initial[0].path, "@introduceDomain");
+    assert_eq!(initial[1].path, "@releaseDomain");
+    let g = host.create_domain(DomainConfig::new("g")).unwrap();
+    assert_eq!(w.recv_timeout(T).unwrap().unwrap().path, "@introduceDomain");
+    // A guest may register the watch but is not told (default n0 perms).
+    let guest = XsClient::open_path(g.xenstored_path()).unwrap();
+    let mut gw = guest.watch("@releaseDomain").unwrap();
+    assert_eq!(gw.recv_timeout(T).unwrap().unwrap().path, "@releaseDomain");
+    let other = host.create_domain(DomainConfig::new("other")).unwrap();
+    w.recv_timeout(T).unwrap();
+    host.destroy_domain(other.domid).unwrap();
+    assert_eq!(w.recv_timeout(T).unwrap().unwrap().path, "@releaseDomain");
+    assert_eq!(gw.recv_timeout(Duration::from_millis(200)).unwrap(), None);
+    assert_eq!(
+        dom0.read_string(&format!("/local/domain/{}/name", g.domid))
+            .unwrap(),
+        "g"
+    );
+}
