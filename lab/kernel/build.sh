@@ -7,6 +7,8 @@
 #
 #   lab/kernel/build.sh OUTDIR      (normally called by lab/run)
 set -euo pipefail
+# Part of the cache key: bump when a change here changes the built kernel.
+RECIPE_VERSION=1
 LAB_DIR=$(cd "$(dirname "$0")/.." && pwd)
 . "$LAB_DIR/lib/common.sh"
 OUT=${1:?usage: build.sh OUTDIR}
@@ -71,7 +73,13 @@ fi
 
 # --- build
 echo "make -j$JOBS bzImage modules ($(date -u +%T))"
-make "${KV[@]}" -j"$JOBS" bzImage modules
+# A cold -j2 build once failed right after "bzImage is ready" with a bare
+# "ld: no input files" (GNU ld, so from a tools/ sub-make, not the kernel's
+# ld.lld) and succeeded when make was simply run again: retry once.
+if ! make "${KV[@]}" -j"$JOBS" bzImage modules; then
+  echo "make failed; retrying once (incremental)"
+  make "${KV[@]}" -j"$JOBS" bzImage modules
+fi
 cp arch/x86/boot/bzImage "$OUT/bzImage"
 # modules built in-tree (the Rust sample), installed into a staging dir
 rm -rf "$OUT/modules"

@@ -63,7 +63,7 @@ boot() {
   timeout -k 10 "$BOOT_TIMEOUT" "${qemu[@]}" < /dev/null > "$RUN/serial.fifo" 2>&1 &
   QEMU_WRAP_PID=$!
 
-  local shown=0 total done_at= alive
+  local shown=0 total done_at='' alive
   while :; do
     alive=0; kill -0 "$QEMU_WRAP_PID" 2>/dev/null && alive=1
     [[ -f $RUN/console.log ]] || { sleep 1; continue; }

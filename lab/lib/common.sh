@@ -20,20 +20,24 @@ say()  { printf '%s[lab %ss]%s %s\n' "$C_B" "$(elapsed)" "$C_0" "$*"; }
 warn() { printf '%s[lab %ss] WARNING:%s %s\n' "$C_Y" "$(elapsed)" "$C_0" "$*" >&2; }
 die()  { printf '%s[lab %ss] ERROR:%s %s\n' "$C_R" "$(elapsed)" "$C_0" "$*" >&2; exit 1; }
 
-# ---- phases: `phase NAME cmd...` runs cmd, records wall time + status ---------
-PHASE_NAMES=(); PHASE_SECS=(); PHASE_STATUS=()
-phase() {
-  local name=$1; shift
-  local s; s=$(date +%s.%N)
-  say "== phase $name"
-  local rc=0
-  "$@" || rc=$?
-  local d; d=$(awk -v a="$s" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
-  PHASE_NAMES+=("$name"); PHASE_SECS+=("$d")
-  if [[ $rc -eq 0 ]]; then PHASE_STATUS+=(ok); say "== phase $name done in ${d}s"
-  else PHASE_STATUS+=("FAILED($rc)"); say "${C_R}== phase $name FAILED (rc=$rc) after ${d}s${C_0}"; fi
-  return $rc
+# ---- phases: `phase NAME cmd...` runs cmd, records its wall time ------------
+# cmd runs with errexit in force (never in a `||` context, which would turn
+# set -e off inside it); a failing cmd ends the script, and the EXIT handler
+# records the open phase as FAILED (phase_abort) before printing a summary.
+PHASE_NAMES=(); PHASE_SECS=(); PHASE_STATUS=(); CUR_PHASE=; CUR_PHASE_T0=
+_phase_close() {
+  local d; d=$(awk -v a="$CUR_PHASE_T0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+  PHASE_NAMES+=("$CUR_PHASE"); PHASE_SECS+=("$d"); PHASE_STATUS+=("$1")
+  say "== phase $CUR_PHASE $1 (${d}s)"
+  CUR_PHASE=
 }
+phase() {
+  CUR_PHASE=$1; CUR_PHASE_T0=$(date +%s.%N); shift
+  say "== phase $CUR_PHASE"
+  "$@"
+  _phase_close done
+}
+phase_abort() { [[ -z $CUR_PHASE ]] || _phase_close FAILED; }
 
 # ---- cache ------------------------------------------------------------------
 # Hash of a list of strings/files: stable, short.
@@ -56,8 +60,12 @@ toolchain_id() {
     "$("$BINDGEN" --version 2>/dev/null | awk '{print $2}')"
 }
 
+# Cache key of the kernel: source package version, toolchain versions, the
+# config fragment, and the recipe version in kernel/build.sh (bumped by hand
+# when the build steps change meaning; comment edits do not rebuild).
 kernel_key() {
-  echo "kernel-$(inputs_hash "$(toolchain_id)" "$LAB_DIR/kernel/xensock-lab.config" "$LAB_DIR/kernel/build.sh")"
+  echo "kernel-$(inputs_hash "$(toolchain_id)" "$LAB_DIR/kernel/xensock-lab.config" \
+    "$(grep -m1 '^RECIPE_VERSION=' "$LAB_DIR/kernel/build.sh")")"
 }
 kernel_dir() { echo "$CACHE/$(kernel_key)"; }
 

@@ -73,7 +73,7 @@ print_summary() {
   while IFS=$'\t' read -r g c s d; do
     local col=$C_G; [[ $s == FAIL ]] && col=$C_R; [[ $s == SKIP ]] && col=$C_Y
     printf '%-8s %-34s %s%-6s%s %s\n' "$g" "$c" "$col" "$s" "$C_0" "$d"
-  done < "$RUN/results.tsv"
+  done < <(sort -s -t$'\t' -k1,1 "$RUN/results.tsv")
   if [[ -s $RUN/metrics.tsv ]]; then
     echo
     print_metrics_table

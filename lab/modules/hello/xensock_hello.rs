@@ -23,13 +23,13 @@ impl kernel::Module for XensockHello {
         for n in [1u32, 2, 3] {
             numbers.push(n, GFP_KERNEL)?;
         }
-        pr_info!("xensock_hello: loaded, sum={}\n", numbers.iter().sum::<u32>());
+        pr_info!("loaded, sum={}\n", numbers.iter().sum::<u32>());
         Ok(XensockHello { numbers })
     }
 }
 
 impl Drop for XensockHello {
     fn drop(&mut self) {
-        pr_info!("xensock_hello: unloaded ({} numbers)\n", self.numbers.len());
+        pr_info!("unloaded ({} numbers)\n", self.numbers.len());
     }
 }
