@@ -202,6 +202,8 @@ impl Xenstored {
     /// behalf: spawns its reader and writer threads.
     pub(crate) fn serve(self: &Arc<Self>, stream: UnixStream, domid: u32) -> std::io::Result<()> {
         let write_half = stream.try_clone()?;
+        // A client that stops reading cannot pin the writer forever.
+        write_half.set_write_timeout(Some(std::time::Duration::from_secs(10)))?;
         let shutdown_half = stream.try_clone()?;
         let (tx, rx) = channel::<Vec<u8>>();
         let queued = Arc::new(AtomicUsize::new(0));
@@ -265,7 +267,9 @@ impl Xenstored {
             }
             self.process(id, h, &payload[..len]);
         }
-        let _ = stream.shutdown(Shutdown::Both);
+        // Dropping the connection's state closes its queue: the writer
+        // sends what is queued (replies to requests read so far), then the
+        // socket closes with the last descriptor.
     }
 
     fn process(&self, id: u64, h: Header, payload: &[u8]) {
