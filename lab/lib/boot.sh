@@ -48,6 +48,7 @@ boot() {
   rm -f "$RUN/qemu.pid" "$RUN/console.log"
   say "QEMU: TCG, ${qmem} MiB, 2 vCPUs; dom0 ${DOM0_MEM} MiB, $NDOMUS domU x ${DOMU_MEM} MiB; timeout ${BOOT_TIMEOUT}s"
   say "console log: $RUN/console.log"
+  LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
 
   if [[ -n $interactive ]]; then
     BOOT_RC=0
@@ -79,6 +80,7 @@ boot() {
     fi
     sleep 1
   done
+  LOAD_END=$(cut -d' ' -f1 /proc/loadavg)
   BOOT_RC=0; wait "$QEMU_WRAP_PID" || BOOT_RC=$?
   QEMU_WRAP_PID=
   wait "$STAMP_PID" 2>/dev/null || true

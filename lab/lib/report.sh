@@ -88,6 +88,8 @@ print_summary() {
     printf '%-44s %9s\n' "  guest: $n" "$(awk -v a="$a" -v b="$b" 'BEGIN{printf "%.1f", b-a}')"
   done < "$RUN/gphases.tsv"
   printf '%-44s %9s\n' "total wall time" "$(elapsed | tr -d ' ')"
+  [[ -z ${LOAD_START:-} ]] || printf 'host load average (1 min) at boot start/end: %s / %s on %s CPUs (QEMU itself adds ~2; more means other work slowed the guests)\n' \
+    "$LOAD_START" "${LOAD_END:-?}" "$(nproc)"
   pass=$(awk -F'\t' '$3=="PASS"' "$RUN/results.tsv" | wc -l)
   fail=$(awk -F'\t' '$3!="PASS" && $3!="SKIP"' "$RUN/results.tsv" | wc -l)
   skip=$(awk -F'\t' '$3=="SKIP"' "$RUN/results.tsv" | wc -l)
@@ -106,7 +108,7 @@ print_metrics_table() {
       if (!(col in cseen)) { cseen[col] = 1; cols[++nc] = col; unit[col] = $4 }
       v[row, col] = $3 }
     END {
-      printf "%-22s", "BENCH (domu2 -> domu1)"
+      printf "%-22s", "METRICS"
       for (j = 1; j <= nc; j++) printf " %18s", cols[j] " (" unit[cols[j]] ")"
       printf "\n"
       for (i = 1; i <= nr; i++) {

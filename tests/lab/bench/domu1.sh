@@ -7,8 +7,11 @@ timeout 500 xlbench tcp server 7001 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/tcp.log 2
 TCP=$!
 timeout 500 iperf3 -s -1 -p 5201 > /tmp/iperf3.log 2>&1 &
 IPERF=$!
-timeout 500 xlbench vchan server "$PEER" "/local/domain/$ME/data/bench-vchan" "$BENCH_MIB" "$BENCH_PINGS" > /tmp/vchan.log 2>&1 &
+timeout 500 xlbench vchan server "$PEER" "/local/domain/$ME/data/bench-vchan" "$BENCH_MIB" "$BENCH_PINGS" 65536 > /tmp/vchan.log 2>&1 &
 VCHAN=$!
+# libxenvchan's largest ring (1 MiB each way), closer to xensock's ring sizes
+timeout 500 xlbench vchan server "$PEER" "/local/domain/$ME/data/bench-vchan1m" "$BENCH_MIB" "$BENCH_PINGS" 1048576 > /tmp/vchan1m.log 2>&1 &
+VCHAN1M=$!
 
 # ---- HOOK: xensock rows ------------------------------------------------------
 # Later issues drop their benchmark into the guests with
@@ -27,5 +30,6 @@ fi
 check_wait tcp-server "$TCP" /tmp/tcp.log
 check_wait iperf3-server "$IPERF" /tmp/iperf3.log
 check_wait vchan-server "$VCHAN" /tmp/vchan.log
+check_wait vchan-1m-server "$VCHAN1M" /tmp/vchan1m.log
 [ -z "${XS:-}" ] || check_wait xensock-server "$XS" /tmp/xensock.log
-cat /tmp/tcp.log /tmp/vchan.log
+cat /tmp/tcp.log /tmp/vchan.log /tmp/vchan1m.log

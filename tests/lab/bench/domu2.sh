@@ -17,10 +17,15 @@ if [ -n "$ok" ]; then
   result iperf3-client PASS
 else tail -5 /tmp/iperf3.log; result iperf3-client FAIL; fi
 
-log "libxenvchan: $BENCH_MIB MiB + $BENCH_PINGS round trips"
+log "libxenvchan, 64 KiB rings: $BENCH_MIB MiB + $BENCH_PINGS round trips"
 if xlbench vchan client "$PEER" "/local/domain/$PEER/data/bench-vchan" "$BENCH_MIB" "$BENCH_PINGS" 120; then
   result vchan-client PASS
 else result vchan-client FAIL "rc=$?"; fi
+
+log "libxenvchan, 1 MiB rings: $BENCH_MIB MiB + $BENCH_PINGS round trips"
+if XLBENCH_LABEL=vchan-1m xlbench vchan client "$PEER" "/local/domain/$PEER/data/bench-vchan1m" "$BENCH_MIB" "$BENCH_PINGS" 120; then
+  result vchan-1m-client PASS
+else result vchan-1m-client FAIL "rc=$?"; fi
 
 # ---- HOOK: xensock rows (see domu1.sh) -----------------------------------------
 if [ -x /opt/xensock/bench/client ]; then

@@ -1,5 +1,5 @@
 # Workload shared by both sides (and by the xensock hook): a BENCH_MIB MiB
 # stream domu2 -> domu1, then BENCH_PINGS 1-byte round trips.
 BENCH_MIB=64
-BENCH_PINGS=2000
+BENCH_PINGS=500
 IPERF_SECS=5
