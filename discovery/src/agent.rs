@@ -26,7 +26,7 @@ use xensock_xenif::xs_wire::{Perm, PermAccess, XsErrno};
 use xensock_xenif::DomId;
 
 use crate::layout;
-use crate::xs::{XsClient, XsError};
+use crate::xs::{Transaction, XsClient, XsError};
 
 /// Agent settings.
 #[derive(Debug, Clone, Default)]
@@ -105,8 +105,14 @@ impl Agent {
         }
     }
 
+    /// Every guest as of one consistent snapshot (a transaction: a scan
+    /// racing with a migration must not see half of it).
     fn scan(&self) -> Result<Vec<Dom>, XsError> {
-        let ids = match self.xs.directory("/local/domain") {
+        self.xs.transaction(Self::scan_in)
+    }
+
+    fn scan_in(tx: &Transaction) -> Result<Vec<Dom>, XsError> {
+        let ids = match tx.directory("/local/domain") {
             Ok(v) => v,
             Err(e) if e.is(XsErrno::NoEnt) => Vec::new(),
             Err(e) => return Err(e),
@@ -120,7 +126,7 @@ impl Agent {
                 continue;
             }
             let home = layout::home(domid);
-            let Some(vm) = self.xs.try_read(&format!("{home}/vm"))? else {
+            let Some(vm) = tx.try_read(&format!("{home}/vm"))? else {
                 continue;
             };
             let vm = lossy(vm);
@@ -128,17 +134,12 @@ impl Agent {
             if !layout::is_uuid(&uuid) {
                 continue;
             }
-            let label = self
-                .xs
+            let label = tx
                 .try_read(&format!("{home}/{}", layout::LABEL))?
                 .map(lossy)
                 .filter(|l| !l.is_empty());
-            let addrs = self
-                .xs
-                .try_read(&format!("{home}/{}", layout::ADVERT_ADDRS))?;
-            let version = self
-                .xs
-                .try_read(&format!("{home}/{}", layout::ADVERT_VERSION))?;
+            let addrs = tx.try_read(&format!("{home}/{}", layout::ADVERT_ADDRS))?;
+            let version = tx.try_read(&format!("{home}/{}", layout::ADVERT_VERSION))?;
             let advert = addrs.map(|a| AdvertRaw {
                 addrs: lossy(a),
                 version: version.map(lossy).unwrap_or_default(),
