@@ -224,6 +224,9 @@ struct Notify {
 }
 
 struct GrantEntry {
+    /// The allocation and page the ref names (while not released).
+    alloc: u64,
+    page: usize,
     grantee: DomId,
     peer_writable: bool,
     mapped: u32,
@@ -951,10 +954,13 @@ impl HostInner {
                     }
                     r += 1;
                 }
-                for &r in &refs {
+                let id = next_id(st);
+                for (page, &r) in refs.iter().enumerate() {
                     st.grants.insert(
                         (domid, r),
                         GrantEntry {
+                            alloc: id,
+                            page,
                             grantee: peer,
                             peer_writable: flags & 1 != 0,
                             mapped: 0,
@@ -962,7 +968,6 @@ impl HostInner {
                         },
                     );
                 }
-                let id = next_id(st);
                 let mut enc = Enc::new().u64(id).u32(refs.len() as u32);
                 for r in &refs {
                     enc = enc.u32(*r);
@@ -1047,18 +1052,12 @@ impl HostInner {
                             "grant ref {r} of domain {granter} is read-only"
                         )));
                     }
-                    let (mem, page) = st
+                    let mem = st
                         .allocations
-                        .values()
-                        .filter(|a| a.domid == granter)
-                        .find_map(|a| {
-                            a.refs
-                                .iter()
-                                .position(|x| *x == r)
-                                .map(|i| (a.mem.clone(), i))
-                        })
+                        .get(&e.alloc)
+                        .map(|a| a.mem.clone())
                         .ok_or_else(|| XenError::NotFound(format!("grant ref {r}")))?;
-                    pages.push((mem, page));
+                    pages.push((mem, e.page));
                 }
                 // One descriptor per distinct allocation.
                 let mut fds: Vec<Arc<OwnedFd>> = Vec::new();
