@@ -225,6 +225,34 @@ impl CoResidency {
         Ok(self.table()?.by_uuid(uuid).cloned())
     }
 
+    /// The same events as a `futures_core::Stream`, for async code. A
+    /// thread follows the table and forwards its events; it ends within
+    /// 100 ms of the stream being dropped.
+    pub fn watch_stream(&self) -> Result<PeerEventStream, XsError> {
+        let mut w = self.watch()?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name("xensock-peer-events".into())
+            .spawn(move || {
+                while !tx.is_closed() {
+                    match w.next_event(Some(Duration::from_millis(100))) {
+                        Ok(Some(e)) => {
+                            if tx.send(Ok(e)).is_err() {
+                                break;
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                            break;
+                        }
+                    }
+                }
+            })
+            .map_err(XsError::Io)?;
+        Ok(PeerEventStream { rx })
+    }
+
     /// Watches the table; events describe each change.
     pub fn watch(&self) -> Result<PeerWatcher, XsError> {
         let watch = self.xs.watch(&self.base)?;
@@ -288,6 +316,22 @@ impl Iterator for PeerWatcher {
             Err(XsError::Closed) => None,
             Err(e) => Some(Err(e)),
         }
+    }
+}
+
+/// Peer events as a `Stream`; ends with an error item if the XenStore
+/// connection fails.
+pub struct PeerEventStream {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Result<PeerEvent, XsError>>,
+}
+
+impl futures_core::Stream for PeerEventStream {
+    type Item = Result<PeerEvent, XsError>;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
     }
 }
 

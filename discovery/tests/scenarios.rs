@@ -288,3 +288,27 @@ fn arriving_peer_and_label_change_by_dom0() {
     wait_for(&d, |t| t.peers.is_empty());
     assert!(co(&w.c).table().unwrap().by_ip(d.ip).is_none());
 }
+
+#[test]
+fn peer_events_as_an_async_stream() {
+    let w = world();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let mut events = co(&w.a).watch_stream().unwrap();
+    w.host.destroy_domain(w.b.dom.domid).unwrap();
+    let ev = rt.block_on(async {
+        tokio::time::timeout(
+            T,
+            std::future::poll_fn(|cx| {
+                futures_core::Stream::poll_next(std::pin::Pin::new(&mut events), cx)
+            }),
+        )
+        .await
+    });
+    match ev {
+        Ok(Some(Ok(PeerEvent::Gone(p)))) => assert_eq!(p.domid, w.b.dom.domid),
+        other => panic!("expected Gone, got {other:?}"),
+    }
+}
