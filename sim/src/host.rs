@@ -430,7 +430,7 @@ impl SimHost {
     /// Creates and introduces a domain: its xenstore nodes, sockets, and
     /// `@introduceDomain`.
     pub fn create_domain(&self, cfg: DomainConfig) -> Result<SimDomain, SimError> {
-        self.inner.create_domain(cfg, None)
+        self.inner.create_domain(cfg)
     }
 
     /// Creates a domain whose lifetime is that of a process: `cmd` runs
@@ -442,7 +442,7 @@ impl SimHost {
         cfg: DomainConfig,
         cmd: Command,
     ) -> Result<(SimDomain, u32), SimError> {
-        let dom = self.inner.create_domain(cfg, None)?;
+        let dom = self.inner.create_domain(cfg)?;
         match self.inner.spawn_init(&dom, cmd) {
             Ok(pid) => Ok((dom, pid)),
             Err(e) => {
@@ -587,11 +587,7 @@ impl HostInner {
         Ok(vec![xsl, ctl])
     }
 
-    fn create_domain(
-        &self,
-        cfg: DomainConfig,
-        domid: Option<DomId>,
-    ) -> Result<SimDomain, SimError> {
+    fn create_domain(&self, cfg: DomainConfig) -> Result<SimDomain, SimError> {
         let uuid = match cfg.uuid {
             Some(u) if valid_uuid(&u) => u.to_ascii_lowercase(),
             Some(u) => return Err(SimError::Invalid(format!("not a UUID: {u:?}"))),
@@ -606,22 +602,16 @@ impl HostInner {
         if st.shut_down {
             return Err(SimError::ShutDown);
         }
-        if domid.is_none() && st.domains.values().any(|d| d.info.uuid == uuid) {
+        if st.domains.values().any(|d| d.info.uuid == uuid) {
             return Err(SimError::Invalid(format!(
                 "a domain with UUID {uuid} already runs here"
             )));
         }
-        let domid = match domid {
-            Some(d) => d,
-            None => {
-                if st.next_domid > MAX_DOMID {
-                    return Err(SimError::Invalid("domid space exhausted".into()));
-                }
-                let d = st.next_domid;
-                st.next_domid += 1;
-                d
-            }
-        };
+        if st.next_domid > MAX_DOMID {
+            return Err(SimError::Invalid("domid space exhausted".into()));
+        }
+        let domid = st.next_domid;
+        st.next_domid += 1;
         let info = SimDomain {
             domid,
             name: cfg.name,
