@@ -235,20 +235,25 @@ impl Store {
             owned: HashMap::new(),
             log: None,
         };
-        let none0 = vec![Perm::new(PermAccess::None, 0)];
-        s.nodes.insert(
-            "/".into(),
-            Node {
-                value: Vec::new(),
-                perms: none0.clone(),
-                children: Vec::new(),
-                generation: 0,
-            },
-        );
-        for p in ["/tool", "/tool/xenstored", "/local", "/local/domain"] {
-            s.create_node(Caller::dom0(), &Quotas::default(), p, Vec::new())
-                .expect("initial nodes are valid");
+        let tree: [(&str, &[&str]); 5] = [
+            ("/", &["tool", "local"]),
+            ("/tool", &["xenstored"]),
+            ("/tool/xenstored", &[]),
+            ("/local", &["domain"]),
+            ("/local/domain", &[]),
+        ];
+        for (path, children) in tree {
+            s.nodes.insert(
+                path.to_string(),
+                Node {
+                    value: Vec::new(),
+                    perms: vec![Perm::new(PermAccess::None, 0)],
+                    children: children.iter().map(|c| c.to_string()).collect(),
+                    generation: 0,
+                },
+            );
         }
+        s.owned.insert(0, s.nodes.len());
         s
     }
 
