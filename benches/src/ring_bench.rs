@@ -29,7 +29,7 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// log2 of the ring's data size (SO_RCVBUF equivalent).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 18)]
     ring_order: u32,
     /// Repetitions per cell; the median is reported.
     #[arg(long, default_value_t = 3)]
@@ -165,11 +165,22 @@ struct RingEnd<'k> {
     peer_space: &'k EventFd,
     /// Wait: space in my tx ring.
     my_space: &'k EventFd,
-    busy_poll: bool,
+    poll: Poll,
+}
+
+/// How an end waits when it cannot make progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Poll {
+    /// Spin, never sleep.
+    Busy,
+    /// Spin briefly, then sleep on the eventfd.
+    SpinThenSleep,
+    /// Sleep on the eventfd at once.
+    Sleep,
 }
 
 impl<'k> RingEnd<'k> {
-    fn new(rings: &SharedRings, kicks: &'k Kicks, side: usize, busy_poll: bool) -> Self {
+    fn new(rings: &SharedRings, kicks: &'k Kicks, side: usize, poll: Poll) -> Self {
         let (out, inn) = (side, 1 - side);
         RingEnd {
             tx: Producer::new(rings.rings[out]),
@@ -178,7 +189,7 @@ impl<'k> RingEnd<'k> {
             my_data: &kicks.data[inn],
             peer_space: &kicks.space[inn],
             my_space: &kicks.space[out],
-            busy_poll,
+            poll,
         }
     }
 }
@@ -217,7 +228,10 @@ impl End for RingEnd<'_> {
                 kick(self.peer_data)?;
             }
             if n == 0 {
-                if self.busy_poll || spin(|| self.tx.free_space().map(|f| f > 0))? {
+                if self.poll == Poll::Busy
+                    || (self.poll == Poll::SpinThenSleep
+                        && spin(|| self.tx.free_space().map(|f| f > 0))?)
+                {
                     continue;
                 }
                 let want = ((buf.len() - off) as u32).min(self.tx.capacity() / 2);
@@ -238,13 +252,29 @@ impl End for RingEnd<'_> {
                 }
                 return Ok(n);
             }
-            if self.busy_poll || spin(|| self.rx.readable().map(|r| r > 0))? {
+            if self.poll == Poll::Busy
+                || (self.poll == Poll::SpinThenSleep && spin(|| self.rx.readable().map(|r| r > 0))?)
+            {
                 continue;
             }
             if self.rx.prepare_wait()? {
                 wait(self.my_data)?;
             }
         }
+    }
+}
+
+/// Pins the calling process to `cpu` (modulo the CPUs available), so the
+/// two ends of every transport run on different cores: a spinning end that
+/// shares a core with its peer only burns the peer's time slice.
+fn pin_to_cpu(cpu: usize) {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let mut set = nix::sched::CpuSet::new();
+    if set.set(cpu % cpus).is_ok() {
+        // Best effort: without pinning the numbers are only noisier.
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
     }
 }
 
@@ -258,6 +288,7 @@ fn with_child<T>(
     // inherits no locks held by other threads.
     match unsafe { fork() }? {
         ForkResult::Child => {
+            pin_to_cpu(1);
             let code = match child() {
                 Ok(()) => 0,
                 Err(e) => {
@@ -269,6 +300,7 @@ fn with_child<T>(
             unsafe { libc::_exit(code) }
         }
         ForkResult::Parent { child: pid } => {
+            pin_to_cpu(0);
             let result = parent();
             let status = waitpid(pid, None)?;
             match (result, status) {
@@ -405,8 +437,8 @@ fn main() -> Result<()> {
             let rings = SharedRings::new(args.ring_order)?;
             let kicks = Kicks::new()?;
             ring.push(stream(
-                RingEnd::new(&rings, &kicks, 0, false),
-                RingEnd::new(&rings, &kicks, 1, false),
+                RingEnd::new(&rings, &kicks, 0, Poll::SpinThenSleep),
+                RingEnd::new(&rings, &kicks, 1, Poll::SpinThenSleep),
                 chunk,
                 total,
             )?);
@@ -436,15 +468,18 @@ fn main() -> Result<()> {
     println!("\n1-byte ping-pong, median round trip ({rounds} rounds)");
     println!("{:>22} {:>10} {:>12}", "transport", "RTT us", "vs AF_UNIX");
     let mut results: Vec<(&str, f64)> = Vec::new();
-    for (name, busy) in [("ring, busy-poll", true), ("ring, eventfd sleep", false)] {
+    for (name, poll) in [
+        ("ring, busy-poll", Poll::Busy),
+        ("ring, eventfd sleep", Poll::Sleep),
+    ] {
         let mut v = Vec::new();
         for _ in 0..reps {
             let rings = SharedRings::new(12)?;
             let kicks = Kicks::new()?;
             v.push(
                 ping_pong(
-                    RingEnd::new(&rings, &kicks, 0, busy),
-                    RingEnd::new(&rings, &kicks, 1, busy),
+                    RingEnd::new(&rings, &kicks, 0, poll),
+                    RingEnd::new(&rings, &kicks, 1, poll),
                     rounds,
                 )?
                 .as_secs_f64(),
