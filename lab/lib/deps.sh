@@ -64,7 +64,6 @@ install_deps() {
     || die "need QEMU >= 9 from bookworm-backports, have: $(qemu-system-x86_64 --version | head -1)"
   [[ -d $RUST_LIB_SRC/core ]] || die "rust-web-src not found at $RUST_LIB_SRC"
   ensure_bindgen
-  ensure_xen_image
 }
 
 ensure_bindgen() {
@@ -82,15 +81,60 @@ ensure_bindgen() {
 ensure_xen_image() {
   local v; v=$(apt-cache policy xen-hypervisor-$XENV-amd64 | awk '/Candidate:/{print $2}')
   [[ -n $v && $v != "(none)" ]] || die "xen-hypervisor-$XENV-amd64 not available from apt"
+  XEN_VERSION=$v
   XEN_DIR=$CACHE/xen-${v//[:+~]/_}
   XEN_IMAGE=$XEN_DIR/xen
-  [[ -s $XEN_IMAGE ]] && return 0
+  if [[ -s $XEN_IMAGE ]]; then
+    [[ ${XEN_FLAVOUR:-debian} = debian ]] || ensure_xen_flavour
+    return 0
+  fi
   say "fetching xen-hypervisor-$XENV-amd64 $v"
   local tmp; tmp=$(mktemp -d "$CACHE/.xen.XXXX")
   chmod 755 "$tmp"   # apt-get download drops privileges to _apt when it can
   (cd "$tmp" && timeout 600 apt-get download -q "xen-hypervisor-$XENV-amd64=$v" >>"$CACHE/apt.log" 2>&1) || die "apt-get download xen-hypervisor failed"
   dpkg -x "$tmp"/xen-hypervisor-*.deb "$tmp/root"
   zcat "$tmp/root/boot/xen-$XENV-amd64.gz" > "$tmp/xen"
-  mkdir -p "$XEN_DIR"; mv "$tmp/xen" "$XEN_IMAGE"; cp "$tmp"/xen-hypervisor-*.deb "$XEN_DIR/"
+  mkdir -p "$XEN_DIR"
+  cp "$tmp"/xen-hypervisor-*.deb "$tmp/root/boot/xen-$XENV-amd64.config" "$XEN_DIR/"
+  mv "$tmp/xen" "$XEN_IMAGE"
   rm -rf "$tmp"
+  [[ ${XEN_FLAVOUR:-debian} = debian ]] || ensure_xen_flavour
+}
+
+# XEN_FLAVOUR=shadow: the same Xen version rebuilt from Debian's source with
+# CONFIG_SHADOW_PAGING=y (PV log-dirty, needed by `xl migrate`).
+ensure_xen_flavour() {
+  [[ $XEN_FLAVOUR = shadow ]] || die "unknown Xen flavour '$XEN_FLAVOUR' (debian|shadow)"
+  local key dir
+  key=xen-shadow-$(inputs_hash "$XEN_VERSION" "$(gcc -dumpfullversion)" \
+    "$(grep -m1 '^RECIPE_VERSION=' "$LAB_DIR/xen/build-shadow.sh")")
+  dir=$CACHE/$key
+  if [[ ! -f $dir/.complete ]]; then
+    ensure_deb_src
+    [[ -f $XEN_DIR/xen-$XENV-amd64.config ]] || dpkg --fsys-tarfile "$XEN_DIR"/xen-hypervisor-*.deb \
+      | tar -xO "./boot/xen-$XENV-amd64.config" > "$XEN_DIR/xen-$XENV-amd64.config"
+    say "building Xen $XEN_VERSION with CONFIG_SHADOW_PAGING=y into $dir (first time only)"
+    "$LAB_DIR/xen/build-shadow.sh" "$dir" "$XEN_DIR/xen-$XENV-amd64.config" "$XEN_VERSION" > "$dir.log" 2>&1 \
+      || { tail -n 30 "$dir.log"; die "Xen shadow build failed (log: $dir.log)"; }
+  fi
+  XEN_IMAGE=$dir/xen
+}
+
+ensure_deb_src() {
+  grep -rqs '^Types: deb-src' /etc/apt/sources.list.d/ && apt-cache showsrc xen 2>/dev/null | grep -q "^Version: $XEN_VERSION\$" && return 0
+  say "adding deb-src apt sources (/etc/apt/sources.list.d/xensock-lab-src.sources)"
+  cat > /etc/apt/sources.list.d/xensock-lab-src.sources <<'SRC'
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb-src
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  timeout 600 apt-get update -q >>"$CACHE/apt.log" 2>&1 || die "apt-get update failed"
 }

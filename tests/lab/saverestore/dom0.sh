@@ -21,4 +21,4 @@ check vif-on-bridge-after-restore wait_until 30 test -e "/sys/class/net/xenbr0/b
 check ping-after-restore wait_until 60 ping -c 1 -W 2 "$LAB_NET_DOMU1"
 xl list
 # let both domUs finish their side
-xenstore-write "/local/domain/$NEW/data/lab-restored" 1 "/local/domain/$D2/data/lab-restored" 1
+xenstore-write "/local/domain/$NEW/data/lab-moved" 1 "/local/domain/$D2/data/lab-moved" 1

@@ -1,7 +1,7 @@
 # saverestore, domu1: tick with our domid until dom0 says we were restored.
 START=$(own_domid)
 i=0
-while [ -z "$(xenstore-read data/lab-restored 2>/dev/null)" ] && [ $i -lt 350 ]; do
+while [ -z "$(xenstore-read data/lab-moved 2>/dev/null)" ] && [ $i -lt 350 ]; do
   i=$((i + 1)); echo "tick $i domid=$(own_domid)"; sleep 1
 done
 NOW=$(own_domid)

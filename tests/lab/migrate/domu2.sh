@@ -1,0 +1,3 @@
+# migrate, domu2: after domu1's migration, it is reachable again from here.
+wait_until 380 xenstore-read data/lab-moved || log "never told about the migration"
+check ping-domu1-after-migrate wait_until 30 ping -c 1 -W 2 "$LAB_NET_DOMU1"
