@@ -32,6 +32,7 @@ common_root() {
   cp -a "$SCENARIO_DIR/." "$root/scenario/"
   # later issues drop our binaries/modules here (--guest-files DIR)
   if [[ -n ${GUEST_FILES:-} ]]; then cp -a "$GUEST_FILES/." "$root/opt/xensock/"; fi
+  if [[ -n ${SCENARIO_FILES:-} ]]; then cp -a "$SCENARIO_FILES/." "$root/opt/xensock/"; fi
   echo "root:x:0:0:root:/root:/bin/sh" > "$root/etc/passwd"
   echo "root:x:0:" > "$root/etc/group"
   printf '127.0.0.1 localhost\n10.0.0.1 dom0\n10.0.0.11 domu1\n10.0.0.12 domu2\n' > "$root/etc/hosts"

@@ -1,0 +1,47 @@
+/* SPDX-License-Identifier: (GPL-2.0 OR MIT) */
+/*
+ * xensock.h -- AF_XEN sockets for C programs.
+ *
+ * AF_XEN is not a mainline address family: the af_xen module registers it
+ * under a number that no mainline kernel implements any more (default 19,
+ * the old AF_ECONET, removed in Linux 3.5), chosen at load time with the
+ * module parameter `family` and published in
+ * /sys/module/af_xen/parameters/family. Always ask xensock_family().
+ */
+#ifndef XENSOCK_H
+#define XENSOCK_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/socket.h>
+
+#define XENSOCK_FAMILY_DEFAULT 19
+#define XENSOCK_FAMILY_SYSFS "/sys/module/af_xen/parameters/family"
+
+#define XEN_DOMID_SELF 0x7FF0u  /* DOMID_SELF: this domain */
+#define XEN_DOMID_ANY  0xFFFFFFFFu /* bind: any peer */
+#define XEN_PORT_ANY   0xFFFFFFFFu /* bind: pick an ephemeral port */
+
+struct sockaddr_xen {
+	sa_family_t sxen_family;  /* xensock_family() */
+	uint16_t sxen_flags;      /* 0 */
+	uint32_t sxen_port;
+	uint32_t sxen_domid;
+	uint8_t sxen_zero[4];     /* 0 */
+};
+
+/* The AF_XEN family number, or -1 if the module is not loaded (errno set). */
+static inline int xensock_family(void)
+{
+	FILE *f = fopen(XENSOCK_FAMILY_SYSFS, "r");
+	int fam = -1;
+
+	if (!f)
+		return -1;
+	if (fscanf(f, "%d", &fam) != 1)
+		fam = -1;
+	fclose(f);
+	return fam;
+}
+
+#endif

@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: GPL-2.0
+//! af_xen: the AF_XEN socket family for co-resident Xen guests.
+//!
+//! Protocol logic is proto's (`xensock-proto`) source, included below, not
+//! re-implemented. `sys` holds every `unsafe` wrapper; `sock` is the socket
+//! family in safe Rust.
+
+// proto's sources, compiled into this crate (Kbuild has no cargo).
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/layout.rs"]
+mod layout;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/ring.rs"]
+mod ring;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/mem.rs"]
+mod mem;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/ctrl.rs"]
+mod ctrl;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/switch.rs"]
+mod switch;
+
+mod sock;
+mod sys;
+
+use kernel::prelude::*;
+
+module! {
+    type: AfXen,
+    name: "af_xen",
+    author: "xensock",
+    description: "AF_XEN sockets between co-resident Xen guests over grant-mapped rings",
+    license: "GPL",
+}
+
+struct AfXen {
+    reg: Option<sys::Registration>,
+    _ops: Pin<KBox<sys::Ops>>,
+    _globals: Pin<KBox<sock::Globals>>,
+}
+
+impl kernel::Module for AfXen {
+    fn init(module: &'static ThisModule) -> Result<Self> {
+        let family = sys::family();
+        if !(1..46).contains(&family) {
+            pr_err!("family={} is not a valid address family (1..45)\n", family);
+            return Err(EINVAL);
+        }
+        if !sys::running_on_xen() {
+            pr_err!("not running on Xen\n");
+            return Err(ENODEV);
+        }
+        let own = sys::xenstore_read_u32(c"", c"domid").unwrap_or(0);
+        // Ring geometry sanity: proto's smallest ring must exist.
+        if layout::RingGeometry::new(11).is_err() {
+            return Err(EINVAL);
+        }
+        let globals = KBox::pin_init(sock::Globals::new(own), GFP_KERNEL)?;
+        let ops = KBox::pin(sock::build_ops(module, family), GFP_KERNEL)?;
+        sock::publish(&globals, &ops);
+        sys::proto_register()?;
+        let reg = match sys::Registration::register(module, family, sock::xs_create) {
+            Ok(r) => r,
+            Err(e) => {
+                pr_err!("sock_register(family={}) failed: {:?}\n", family, e);
+                sys::proto_unregister();
+                sock::unpublish();
+                return Err(e);
+            }
+        };
+        pr_info!("AF_XEN registered as family {} (domid {})\n", family, own);
+        Ok(AfXen { reg: Some(reg), _ops: ops, _globals: globals })
+    }
+}
+
+impl Drop for AfXen {
+    fn drop(&mut self) {
+        // sock_unregister first (no new sockets; every socket held a module
+        // reference, so none is left), then the struct proto, then the globals.
+        drop(self.reg.take());
+        sys::proto_unregister();
+        sock::unpublish();
+        pr_info!("AF_XEN (family {}) unloaded\n", sys::family());
+    }
+}

@@ -1,0 +1,468 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The only place with `unsafe`: small safe wrappers over `kernel::bindings`,
+//! the module-private Xen bindings and the C glue (`af_xen_glue.c`).
+//! Everything else in the module is safe Rust.
+
+use core::ffi::c_void;
+use kernel::bindings;
+use kernel::ffi::{c_int, c_long, c_uint};
+use kernel::prelude::*;
+
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    missing_docs,
+    improper_ctypes,
+    unreachable_pub,
+    unnecessary_transmutes,
+    unsafe_op_in_unsafe_fn,
+    clippy::all
+)]
+pub(crate) mod xen_sys {
+    use kernel::ffi;
+    include!("xen_sys.rs");
+}
+
+// C glue (af_xen_glue.c), linked into the same .ko.
+#[allow(improper_ctypes)]
+extern "C" {
+    fn afx_family() -> c_int;
+    fn afx_proto_register() -> c_int;
+    fn afx_proto_unregister();
+    fn afx_sk_alloc(
+        net: *mut bindings::net,
+        sock: *mut bindings::socket,
+        kern: c_int,
+        privp: *mut c_void,
+    ) -> *mut bindings::sock;
+    fn afx_sk_priv(sk: *mut bindings::sock) -> *mut c_void;
+    fn afx_sk_set_priv(sk: *mut bindings::sock, privp: *mut c_void);
+    fn afx_sk_release(sock: *mut bindings::socket);
+    fn afx_sk_graft(sk: *mut bindings::sock, sock: *mut bindings::socket);
+    fn afx_rcvtimeo(sk: *mut bindings::sock, nonblock: c_int) -> c_long;
+    fn afx_sndtimeo(sk: *mut bindings::sock, nonblock: c_int) -> c_long;
+    fn afx_rcvbuf(sk: *mut bindings::sock) -> c_int;
+    fn afx_sndbuf(sk: *mut bindings::sock) -> c_int;
+    fn afx_set_err(sk: *mut bindings::sock, err: c_int);
+    fn afx_sock_error(sk: *mut bindings::sock) -> c_int;
+    fn afx_wait(
+        sk: *mut bindings::sock,
+        timeo: *mut c_long,
+        cond: unsafe extern "C" fn(*mut c_void) -> c_int,
+        arg: *mut c_void,
+    ) -> c_int;
+    fn afx_wake(sk: *mut bindings::sock, mask: c_uint);
+    fn afx_poll_wait(
+        file: *mut bindings::file,
+        sock: *mut bindings::socket,
+        wait: *mut bindings::poll_table_struct,
+    );
+    fn afx_sigpipe();
+    fn afx_xen_domain() -> c_int;
+    fn afx_msg_left(msg: *mut bindings::msghdr) -> usize;
+    fn afx_accept_flags(arg: *mut bindings::proto_accept_arg) -> c_int;
+}
+
+/// errno values (positive), as the socket layer returns them negated.
+pub(crate) mod errno {
+    pub(crate) const EPERM: i32 = 1;
+    pub(crate) const EINTR: i32 = 4;
+    pub(crate) const EAGAIN: i32 = 11;
+    pub(crate) const ENOMEM: i32 = 12;
+    pub(crate) const EFAULT: i32 = 14;
+    pub(crate) const EINVAL: i32 = 22;
+    pub(crate) const EPIPE: i32 = 32;
+    pub(crate) const ENOTSOCK: i32 = 88;
+    pub(crate) const EDESTADDRREQ: i32 = 89;
+    pub(crate) const EPROTOTYPE: i32 = 91;
+    pub(crate) const EPROTONOSUPPORT: i32 = 93;
+    pub(crate) const ESOCKTNOSUPPORT: i32 = 94;
+    pub(crate) const EOPNOTSUPP: i32 = 95;
+    pub(crate) const EAFNOSUPPORT: i32 = 97;
+    pub(crate) const EADDRINUSE: i32 = 98;
+    pub(crate) const EADDRNOTAVAIL: i32 = 99;
+    pub(crate) const ENETUNREACH: i32 = 101;
+    pub(crate) const ECONNRESET: i32 = 104;
+    pub(crate) const EISCONN: i32 = 106;
+    pub(crate) const ENOTCONN: i32 = 107;
+    pub(crate) const ETIMEDOUT: i32 = 110;
+    pub(crate) const ECONNREFUSED: i32 = 111;
+    pub(crate) const EHOSTUNREACH: i32 = 113;
+    pub(crate) const EALREADY: i32 = 114;
+    pub(crate) const EINPROGRESS: i32 = 115;
+}
+
+/// poll masks (uapi/asm-generic/poll.h).
+pub(crate) mod poll {
+    pub(crate) const POLLIN: u32 = 0x1;
+    pub(crate) const POLLOUT: u32 = 0x4;
+    pub(crate) const POLLERR: u32 = 0x8;
+    pub(crate) const POLLHUP: u32 = 0x10;
+    pub(crate) const POLLRDNORM: u32 = 0x40;
+    pub(crate) const POLLWRNORM: u32 = 0x100;
+    pub(crate) const POLLRDHUP: u32 = 0x2000;
+}
+
+pub(crate) fn family() -> i32 {
+    // SAFETY: reads an int module parameter.
+    unsafe { afx_family() }
+}
+
+pub(crate) fn running_on_xen() -> bool {
+    // SAFETY: trivial C helper.
+    unsafe { afx_xen_domain() != 0 }
+}
+
+/// `struct proto` registration (C glue owns the struct).
+pub(crate) fn proto_register() -> Result {
+    // SAFETY: registers the glue's static struct proto once.
+    let r = unsafe { afx_proto_register() };
+    if r != 0 {
+        return Err(Error::from_errno(r));
+    }
+    Ok(())
+}
+
+pub(crate) fn proto_unregister() {
+    // SAFETY: paired with a successful proto_register().
+    unsafe { afx_proto_unregister() }
+}
+
+/// The registered family and socket operations: live from `register` until
+/// drop; the socket core only reads them.
+pub(crate) struct Registration {
+    family: c_int,
+    _pf: KBox<bindings::net_proto_family>,
+}
+
+// SAFETY: the C structs are immutable after registration; their raw pointers
+// (THIS_MODULE) are valid for the module's lifetime.
+unsafe impl Send for Registration {}
+// SAFETY: see above.
+unsafe impl Sync for Registration {}
+
+/// Socket operations table, immutable once built.
+pub(crate) struct Ops(pub(crate) bindings::proto_ops);
+// SAFETY: immutable function table; `owner` is THIS_MODULE.
+unsafe impl Send for Ops {}
+// SAFETY: see above.
+unsafe impl Sync for Ops {}
+
+impl Registration {
+    pub(crate) fn register(
+        module: &'static ThisModule,
+        family: i32,
+        create: unsafe extern "C" fn(*mut bindings::net, *mut bindings::socket, c_int, c_int) -> c_int,
+    ) -> Result<Self> {
+        let pf = KBox::new(
+            bindings::net_proto_family { family, create: Some(create), owner: module.as_ptr() },
+            GFP_KERNEL,
+        )?;
+        // SAFETY: `pf` outlives the registration (sock_unregister in drop).
+        let r = unsafe { bindings::sock_register(&*pf) };
+        if r != 0 {
+            return Err(Error::from_errno(r));
+        }
+        Ok(Self { family, _pf: pf })
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // SAFETY: registered in `register`; sock_unregister waits (RCU) until
+        // no create() call is running.
+        unsafe { bindings::sock_unregister(self.family) };
+    }
+}
+
+/// A `struct socket` handed to us by the socket layer for one call.
+#[derive(Clone, Copy)]
+pub(crate) struct Socket(*mut bindings::socket);
+
+impl Socket {
+    /// # Safety
+    /// `p` is a live `struct socket` for the duration of the callback.
+    pub(crate) unsafe fn from_raw(p: *mut bindings::socket) -> Self {
+        Self(p)
+    }
+    pub(crate) fn type_(&self) -> i32 {
+        // SAFETY: live socket (constructor contract).
+        unsafe { (*self.0).type_ as i32 }
+    }
+    pub(crate) fn set_ops(&self, ops: &'static Ops) {
+        // SAFETY: live socket, being created; ops is 'static.
+        unsafe { (*self.0).ops = &ops.0 };
+    }
+    pub(crate) fn set_connected(&self, connected: bool) {
+        let st = if connected {
+            bindings::socket_state_SS_CONNECTED
+        } else {
+            bindings::socket_state_SS_UNCONNECTED
+        };
+        // SAFETY: live socket; we own `state` for our family.
+        unsafe { (*self.0).state = st };
+    }
+    pub(crate) fn sk(&self) -> Option<Sk> {
+        // SAFETY: live socket.
+        let sk = unsafe { (*self.0).sk };
+        if sk.is_null() {
+            None
+        } else {
+            Some(Sk(sk))
+        }
+    }
+    /// Allocates and initialises our `struct sock` for this socket, with
+    /// `privp` (from `Arc::into_raw`) attached.
+    pub(crate) fn alloc_sk(&self, net: *mut bindings::net, kern: c_int, privp: *const c_void) -> Option<Sk> {
+        // SAFETY: net and socket come from the create() callback.
+        let sk = unsafe { afx_sk_alloc(net, self.0, kern, privp as *mut c_void) };
+        if sk.is_null() {
+            None
+        } else {
+            Some(Sk(sk))
+        }
+    }
+    /// Orphans and drops the sock (the socket is closing).
+    pub(crate) fn release_sk(&self) {
+        // SAFETY: live socket in release(); detaches and puts its sk.
+        unsafe { afx_sk_release(self.0) }
+    }
+    /// accept(): attach a child sock to this (new) socket.
+    pub(crate) fn graft(&self, sk: Sk) {
+        // SAFETY: live socket fresh from accept; sk is a live sock we own a ref of.
+        unsafe { afx_sk_graft(sk.0, self.0) }
+    }
+    pub(crate) fn poll_wait(&self, file: *mut bindings::file, wait: *mut bindings::poll_table_struct) {
+        // SAFETY: arguments of the poll() callback.
+        unsafe { afx_poll_wait(file, self.0, wait) }
+    }
+}
+
+/// A `struct sock` of ours (allocated by `afx_sk_alloc`).
+#[derive(Clone, Copy)]
+pub(crate) struct Sk(*mut bindings::sock);
+
+// SAFETY: a struct sock is reference counted and used from any CPU; we only
+// call thread-safe helpers on it.
+unsafe impl Send for Sk {}
+// SAFETY: see above.
+unsafe impl Sync for Sk {}
+
+impl Sk {
+    pub(crate) fn privp(&self) -> *const c_void {
+        // SAFETY: live sock of our proto.
+        unsafe { afx_sk_priv(self.0) }
+    }
+    pub(crate) fn set_privp(&self, p: *const c_void) {
+        // SAFETY: live sock of our proto.
+        unsafe { afx_sk_set_priv(self.0, p as *mut c_void) }
+    }
+    pub(crate) fn rcvtimeo(&self, nonblock: bool) -> c_long {
+        // SAFETY: live sock.
+        unsafe { afx_rcvtimeo(self.0, nonblock as c_int) }
+    }
+    pub(crate) fn sndtimeo(&self, nonblock: bool) -> c_long {
+        // SAFETY: live sock.
+        unsafe { afx_sndtimeo(self.0, nonblock as c_int) }
+    }
+    pub(crate) fn rcvbuf(&self) -> i32 {
+        // SAFETY: live sock.
+        unsafe { afx_rcvbuf(self.0) }
+    }
+    pub(crate) fn sndbuf(&self) -> i32 {
+        // SAFETY: live sock.
+        unsafe { afx_sndbuf(self.0) }
+    }
+    pub(crate) fn set_err(&self, err: i32) {
+        // SAFETY: live sock.
+        unsafe { afx_set_err(self.0, err) }
+    }
+    /// Takes the pending error (SO_ERROR semantics): 0 or a negative errno.
+    pub(crate) fn take_error(&self) -> i32 {
+        // SAFETY: live sock.
+        unsafe { afx_sock_error(self.0) }
+    }
+    pub(crate) fn wake(&self, mask: u32) {
+        // SAFETY: live sock.
+        unsafe { afx_wake(self.0, mask) }
+    }
+    /// Sleeps until `cond()` holds. Returns Ok, or Err(EAGAIN) when the
+    /// timeout ran out, or the signal errno.
+    pub(crate) fn wait<F: FnMut() -> bool>(&self, timeo: &mut c_long, mut cond: F) -> core::result::Result<(), i32> {
+        unsafe extern "C" fn tramp<F: FnMut() -> bool>(arg: *mut c_void) -> c_int {
+            // SAFETY: `arg` is the `&mut F` passed below, alive for the call.
+            let f = unsafe { &mut *(arg as *mut F) };
+            f() as c_int
+        }
+        // SAFETY: live sock; `cond` outlives the call; tramp matches F.
+        let r = unsafe {
+            afx_wait(self.0, timeo, tramp::<F>, &mut cond as *mut F as *mut c_void)
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(-r)
+        }
+    }
+}
+
+pub(crate) fn send_sigpipe() {
+    // SAFETY: sends SIGPIPE to the current task.
+    unsafe { afx_sigpipe() }
+}
+
+/// The message of one sendmsg()/recvmsg() call.
+pub(crate) struct Msg(*mut bindings::msghdr);
+
+impl Msg {
+    /// # Safety
+    /// `p` is the live msghdr of the current sendmsg/recvmsg callback.
+    pub(crate) unsafe fn from_raw(p: *mut bindings::msghdr) -> Self {
+        Self(p)
+    }
+    pub(crate) fn left(&self) -> usize {
+        // SAFETY: live msghdr.
+        unsafe { afx_msg_left(self.0) }
+    }
+    /// Copies from the user's iovecs into `buf`; returns the bytes copied
+    /// (short on a fault).
+    pub(crate) fn copy_from(&mut self, buf: &mut [u8]) -> usize {
+        // SAFETY: live msghdr; buf is valid for buf.len() bytes.
+        unsafe { bindings::_copy_from_iter(buf.as_mut_ptr().cast(), buf.len(), &mut (*self.0).msg_iter) }
+    }
+    /// Copies `buf` out to the user's iovecs; returns the bytes copied.
+    pub(crate) fn copy_to(&mut self, buf: &[u8]) -> usize {
+        // SAFETY: live msghdr; buf is valid for buf.len() bytes.
+        unsafe { bindings::_copy_to_iter(buf.as_ptr().cast(), buf.len(), &mut (*self.0).msg_iter) }
+    }
+    /// recvmsg(): report the peer address, if the caller asked for it.
+    pub(crate) fn set_name(&mut self, addr: &[u8]) {
+        // SAFETY: live msghdr; msg_name, when set, has room for a
+        // sockaddr_storage (the socket layer guarantees it for recvmsg).
+        unsafe {
+            let m = &mut *self.0;
+            if !m.msg_name.is_null() {
+                core::ptr::copy_nonoverlapping(addr.as_ptr(), m.msg_name.cast::<u8>(), addr.len());
+                m.msg_namelen = addr.len() as c_int;
+            }
+        }
+    }
+}
+
+/// Reads a sockaddr the socket layer copied into kernel memory.
+pub(crate) fn read_sockaddr(p: *const bindings::sockaddr, len: c_int, out: &mut [u8]) -> bool {
+    if p.is_null() || len < 0 || (len as usize) < out.len() {
+        return false;
+    }
+    // SAFETY: the socket layer copied `len` >= out.len() bytes to `p`.
+    unsafe { core::ptr::copy_nonoverlapping(p.cast::<u8>(), out.as_mut_ptr(), out.len()) };
+    true
+}
+
+/// Writes a sockaddr for getname() (the buffer is a sockaddr_storage).
+pub(crate) fn write_sockaddr(p: *mut bindings::sockaddr, bytes: &[u8]) {
+    // SAFETY: getname() receives a sockaddr_storage-sized kernel buffer.
+    unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), p.cast::<u8>(), bytes.len()) };
+}
+
+pub(crate) fn accept_flags(arg: *mut bindings::proto_accept_arg) -> i32 {
+    // SAFETY: live proto_accept_arg of the accept() callback.
+    unsafe { afx_accept_flags(arg) }
+}
+
+/// Our own domid, from XenStore ("domid" relative to our home).
+pub(crate) fn xenstore_read_u32(dir: &core::ffi::CStr, node: &core::ffi::CStr) -> Option<u32> {
+    let mut len: c_uint = 0;
+    let xbt = xen_sys::xenbus_transaction { id: 0 };
+    // SAFETY: NUL-terminated strings; result is kmalloc'd or an ERR_PTR.
+    let p = unsafe { xen_sys::xenbus_read(xbt, dir.as_ptr().cast(), node.as_ptr().cast(), &mut len) };
+    // SAFETY: IS_ERR only inspects the pointer value.
+    if p.is_null() || unsafe { bindings::IS_ERR(p as *const c_void) } {
+        return None;
+    }
+    // SAFETY: p points to len bytes from xenbus_read.
+    let s = unsafe { core::slice::from_raw_parts(p as *const u8, len as usize) };
+    let mut v: u32 = 0;
+    let mut ok = !s.is_empty();
+    for &b in s {
+        if b == 0 {
+            break;
+        }
+        if !b.is_ascii_digit() {
+            ok = false;
+            break;
+        }
+        v = match v.checked_mul(10).and_then(|v| v.checked_add((b - b'0') as u32)) {
+            Some(v) => v,
+            None => {
+                ok = false;
+                break;
+            }
+        };
+    }
+    // SAFETY: p was kmalloc'd by xenbus_read.
+    unsafe { bindings::kfree(p as *const c_void) };
+    if ok {
+        Some(v)
+    } else {
+        None
+    }
+}
+
+extern "C" {
+    fn afx_sk_put(sk: *mut bindings::sock);
+}
+
+impl Sk {
+    /// Drops our reference to a sock that has no socket (a child never accepted).
+    pub(crate) fn put(self) {
+        // SAFETY: we own one reference of this sock.
+        unsafe { afx_sk_put(self.0) }
+    }
+}
+
+/// A module-lifetime object published through an atomic pointer.
+pub(crate) fn static_ref<T>(p: *mut T) -> &'static T {
+    // SAFETY: callers publish `p` (pointing into the module object, alive until
+    // after sock_unregister) before any callback can run, and clear it only
+    // after the last one.
+    unsafe { &*p }
+}
+
+/// Borrows the Arc whose raw pointer a sock carries in its priv field.
+pub(crate) fn arc_borrow<T>(p: *const c_void) -> Option<kernel::sync::ArcBorrow<'static, T>> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` came from Arc::into_raw and the sock keeps that reference
+    // until release(), which cannot run concurrently with another callback
+    // on the same socket (the file reference pins it).
+    Some(unsafe { kernel::sync::ArcBorrow::from_raw(p as *const T) })
+}
+
+/// Takes back the Arc reference stored in a sock's priv field.
+pub(crate) fn arc_take<T>(p: *const c_void) -> Option<kernel::sync::Arc<T>> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` came from Arc::into_raw; the caller cleared the priv field,
+    // so this reference is taken back exactly once.
+    Some(unsafe { kernel::sync::Arc::from_raw(p as *const T) })
+}
+
+/// Removes element `i` of a vector (KVec has no remove() in 6.12).
+pub(crate) fn vec_remove<T>(v: &mut KVec<T>, i: usize) -> T {
+    let len = v.len();
+    assert!(i < len);
+    // SAFETY: i < len; we move element i out, shift the tail down by one and
+    // shrink the length, so every element stays owned exactly once.
+    unsafe {
+        let p = v.as_mut_ptr().add(i);
+        let x = core::ptr::read(p);
+        core::ptr::copy(p.add(1), p, len - i - 1);
+        v.set_len(len - 1);
+        x
+    }
+}
