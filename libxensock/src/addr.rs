@@ -1,0 +1,176 @@
+//! `SockAddrXen`: a domain and a port, the address of an AF_XEN socket.
+
+use std::fmt;
+use std::io;
+use std::str::FromStr;
+
+/// "This domain" (`XEN_DOMID_SELF`, Xen's `DOMID_SELF`). [`crate::XenListener::bind`]
+/// accepts it; [`crate::XenStream::connect`] refuses it (`EINVAL`: connecting to
+/// one's own domain is not supported by the user-space transport).
+pub const DOMID_SELF: u32 = 0x7FF0;
+/// "Any domain" (`XEN_DOMID_ANY`), the wildcard for a listener, as
+/// `VMADDR_CID_ANY` in vsock.
+pub const DOMID_ANY: u32 = u32::MAX;
+/// "Any port" (`XEN_PORT_ANY`): `bind` picks a free port; `connect` picks
+/// an ephemeral local port.
+pub const PORT_ANY: u32 = u32::MAX;
+/// Smallest real domain id that is reserved by Xen (`DOMID_FIRST_RESERVED`).
+pub const DOMID_FIRST_RESERVED: u32 = 0x7FF0;
+
+/// The address of a xensock endpoint: a domain id and a port
+/// (`struct sockaddr_xen`). Written `xen:<domid>:<port>`; `self`, `any`
+/// stand for [`DOMID_SELF`], [`DOMID_ANY`] and [`PORT_ANY`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SockAddrXen {
+    /// Domain id (`sxen_domid`).
+    pub domid: u32,
+    /// Port (`sxen_port`).
+    pub port: u32,
+}
+
+impl SockAddrXen {
+    /// An address.
+    pub const fn new(domid: u32, port: u32) -> SockAddrXen {
+        SockAddrXen { domid, port }
+    }
+
+    /// Whether `domid` names a real domain (not `self`/`any`/reserved).
+    pub fn is_concrete_domain(&self) -> bool {
+        self.domid < DOMID_FIRST_RESERVED
+    }
+}
+
+fn einval() -> io::Error {
+    io::Error::from_raw_os_error(libc::EINVAL)
+}
+
+/// A string that is not `xen:<domid>:<port>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid xensock address: {0}")]
+pub struct AddrParseError(pub String);
+
+impl FromStr for SockAddrXen {
+    type Err = AddrParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || AddrParseError(format!("{s:?} (expected xen:<domid>:<port>)"));
+        let rest = s.strip_prefix("xen:").ok_or_else(bad)?;
+        let (d, p) = rest.split_once(':').ok_or_else(bad)?;
+        let domid = match d {
+            "self" => DOMID_SELF,
+            "any" => DOMID_ANY,
+            _ => {
+                let v: u32 = d.parse().map_err(|_| bad())?;
+                if v >= DOMID_FIRST_RESERVED {
+                    return Err(bad());
+                }
+                v
+            }
+        };
+        let port = match p {
+            "any" => PORT_ANY,
+            _ => p.parse().map_err(|_| bad())?,
+        };
+        Ok(SockAddrXen { domid, port })
+    }
+}
+
+impl fmt::Display for SockAddrXen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("xen:")?;
+        match self.domid {
+            DOMID_SELF => f.write_str("self")?,
+            DOMID_ANY => f.write_str("any")?,
+            d => write!(f, "{d}")?,
+        }
+        f.write_str(":")?;
+        match self.port {
+            PORT_ANY => f.write_str("any"),
+            p => write!(f, "{p}"),
+        }
+    }
+}
+
+/// Conversion into a [`SockAddrXen`], like `std::net::ToSocketAddrs`:
+/// a `SockAddrXen`, a `(domid, port)` pair or a `xen:<domid>:<port>` string.
+/// Bad strings give `EINVAL`.
+pub trait ToXenAddr {
+    /// The address.
+    fn to_xen_addr(&self) -> io::Result<SockAddrXen>;
+}
+
+impl ToXenAddr for SockAddrXen {
+    fn to_xen_addr(&self) -> io::Result<SockAddrXen> {
+        Ok(*self)
+    }
+}
+
+impl ToXenAddr for (u32, u32) {
+    fn to_xen_addr(&self) -> io::Result<SockAddrXen> {
+        Ok(SockAddrXen::new(self.0, self.1))
+    }
+}
+
+impl ToXenAddr for (u16, u32) {
+    fn to_xen_addr(&self) -> io::Result<SockAddrXen> {
+        Ok(SockAddrXen::new(u32::from(self.0), self.1))
+    }
+}
+
+impl ToXenAddr for str {
+    fn to_xen_addr(&self) -> io::Result<SockAddrXen> {
+        self.parse().map_err(|_: AddrParseError| einval())
+    }
+}
+
+impl ToXenAddr for String {
+    fn to_xen_addr(&self) -> io::Result<SockAddrXen> {
+        self.as_str().to_xen_addr()
+    }
+}
+
+impl<T: ToXenAddr + ?Sized> ToXenAddr for &T {
+    fn to_xen_addr(&self) -> io::Result<SockAddrXen> {
+        (**self).to_xen_addr()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_display_round_trip() {
+        for s in [
+            "xen:1:80",
+            "xen:self:any",
+            "xen:any:7",
+            "xen:32751:4294967294",
+        ] {
+            let a: SockAddrXen = s.parse().unwrap();
+            assert_eq!(a.to_string(), s);
+        }
+        assert_eq!(
+            "xen:3:9".parse::<SockAddrXen>().unwrap(),
+            SockAddrXen::new(3, 9)
+        );
+    }
+
+    #[test]
+    fn bad_addresses_are_einval() {
+        for s in [
+            "",
+            "xen:",
+            "xen:1",
+            "vsock:1:2",
+            "xen:-1:2",
+            "xen:1:x",
+            "xen:32752:1",
+            "xen:1:2:3",
+        ] {
+            assert!(s.parse::<SockAddrXen>().is_err(), "{s}");
+            let e = s.to_xen_addr().unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{s}");
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! The `xensock` command line tool (demo, bench, status).
+fn main() {}

@@ -1,0 +1,447 @@
+//! One connection's state: its two rings, its readiness descriptor and the
+//! wait/wake discipline shared by blocking callers, poll/epoll users and
+//! the link manager.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Instant;
+
+use xensock_proto::mem::RawRing;
+use xensock_proto::ring::{Consumer, Producer, RingError};
+use xensock_proto::switch::{RxPath, TxPath};
+use xensock_xenif::{DomId, EventChannel};
+
+use crate::error::errno;
+use crate::evfd::EventFd;
+use crate::rings::{MappedRing, OwnedRing};
+
+pub(crate) const WANT_READ: u8 = 1;
+pub(crate) const WANT_WRITE: u8 = 2;
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Where a connection is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnPhase {
+    /// ConnectRequest sent, waiting for the answer.
+    Connecting,
+    /// Both rings are up.
+    Open,
+    /// The connect failed with this errno.
+    Failed(i32),
+    /// Reset (by the peer, by a ring violation, or because the peer died);
+    /// `reported` once a read or write has returned `ECONNRESET`.
+    Reset {
+        /// Whether `ECONNRESET` was returned once already.
+        reported: bool,
+    },
+    /// Closed locally.
+    Closed,
+}
+
+/// The link a connection rides on, as seen from the connection: the list
+/// of connections waiting for a kick.
+pub(crate) struct LinkShared {
+    pub armed: Mutex<Vec<Weak<Conn>>>,
+}
+
+pub(crate) struct RxSide {
+    pub c: Consumer<RawRing>,
+    /// Keeps the granted pages alive as long as `c` uses them.
+    #[allow(dead_code)]
+    pub owned: OwnedRing,
+}
+
+pub(crate) struct TxSide {
+    pub p: Producer<RawRing>,
+    pub mapped: MappedRing,
+}
+
+pub(crate) struct ConnIo {
+    pub phase: ConnPhase,
+    pub peer_id: u32,
+    pub rx: Option<RxSide>,
+    pub tx: Option<TxSide>,
+    pub kicker: Option<Arc<dyn EventChannel>>,
+    pub rx_path: RxPath,
+    pub tx_path: TxPath,
+    pub shut_rd: bool,
+    pub shut_wr: bool,
+    pub peer_closed: bool,
+    pub close_received: bool,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// Ring error waiting to be turned into a Reset frame by the caller.
+    pub violation: Option<RingError>,
+}
+
+impl ConnIo {
+    pub(crate) fn new(rx: Option<RxSide>) -> ConnIo {
+        ConnIo {
+            phase: ConnPhase::Connecting,
+            peer_id: 0,
+            rx,
+            tx: None,
+            kicker: None,
+            rx_path: RxPath::on_ring(),
+            tx_path: TxPath::on_ring(),
+            shut_rd: false,
+            shut_wr: false,
+            peer_closed: false,
+            close_received: false,
+            bytes_in: 0,
+            bytes_out: 0,
+            violation: None,
+        }
+    }
+
+    fn kick(&self) {
+        if let Some(k) = &self.kicker {
+            let _ = k.notify();
+        }
+    }
+
+    /// Drops both rings (unmap the peer's, end our grant) and the kicker.
+    pub(crate) fn release(&mut self) {
+        self.tx = None;
+        self.rx = None;
+        self.kicker = None;
+    }
+
+    /// Marks the connection reset and releases its rings, setting the RESET
+    /// flags first so the peer sees them if it still looks.
+    pub(crate) fn reset_local(&mut self) {
+        if let Some(tx) = &mut self.tx {
+            tx.p.reset();
+            let _ = tx.p.flush();
+        }
+        if let Some(rx) = &mut self.rx {
+            rx.c.reset();
+        }
+        self.kick();
+        self.release();
+        match self.phase {
+            ConnPhase::Connecting => self.phase = ConnPhase::Failed(libc::ECONNREFUSED),
+            ConnPhase::Open => self.phase = ConnPhase::Reset { reported: false },
+            _ => {}
+        }
+    }
+
+    fn violated(&mut self, e: RingError) -> io::Error {
+        self.violation = Some(e);
+        self.reset_local();
+        self.phase = ConnPhase::Reset { reported: true };
+        errno(libc::ECONNRESET)
+    }
+
+    fn dead_state_error(&mut self, write: bool) -> Option<io::Result<usize>> {
+        match self.phase {
+            ConnPhase::Open => None,
+            ConnPhase::Connecting => Some(Err(errno(libc::ENOTCONN))),
+            ConnPhase::Failed(e) => Some(Err(errno(e))),
+            ConnPhase::Reset { reported: false } => {
+                self.phase = ConnPhase::Reset { reported: true };
+                Some(Err(errno(libc::ECONNRESET)))
+            }
+            ConnPhase::Reset { reported: true } | ConnPhase::Closed => Some(if write {
+                Err(errno(libc::EPIPE))
+            } else {
+                Ok(0)
+            }),
+        }
+    }
+
+    /// One non-blocking read attempt: `Err(WouldBlock)` when empty.
+    pub(crate) fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(r) = self.dead_state_error(false) {
+            return r;
+        }
+        if self.shut_rd || buf.is_empty() {
+            return Ok(0);
+        }
+        let Some(rx) = self.rx.as_mut() else {
+            return Ok(0);
+        };
+        // Flags first: FIN is set after the last `prod` store, so FIN and
+        // then an empty ring is a true end of stream.
+        let end = match rx.c.peer_end() {
+            Ok(e) => e,
+            Err(e) => return Err(self.violated(e)),
+        };
+        match rx.c.read(buf) {
+            Ok(0) => {}
+            Ok(n) => {
+                let kick = rx.c.flush();
+                let _ = self.rx_path.record_ring_taken(n as u64);
+                self.bytes_in += n as u64;
+                if kick {
+                    self.kick();
+                }
+                return Ok(n);
+            }
+            Err(e) => return Err(self.violated(e)),
+        }
+        if end.reset {
+            self.reset_local();
+            self.phase = ConnPhase::Reset { reported: true };
+            return Err(errno(libc::ECONNRESET));
+        }
+        if end.fin || self.peer_closed {
+            return Ok(0);
+        }
+        Err(io::ErrorKind::WouldBlock.into())
+    }
+
+    /// One non-blocking write attempt: `Err(WouldBlock)` when full.
+    pub(crate) fn try_write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(r) = self.dead_state_error(true) {
+            return r;
+        }
+        if self.shut_wr || self.peer_closed {
+            return Err(errno(libc::EPIPE));
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let Some(tx) = self.tx.as_mut() else {
+            return Err(errno(libc::EPIPE));
+        };
+        let reader = match tx.p.reader_end() {
+            Ok(r) => r,
+            Err(e) => return Err(self.violated(e)),
+        };
+        if reader.reset {
+            self.reset_local();
+            self.phase = ConnPhase::Reset { reported: true };
+            return Err(errno(libc::ECONNRESET));
+        }
+        if reader.closed {
+            return Err(errno(libc::EPIPE));
+        }
+        match tx.p.write(buf) {
+            Ok(0) => Err(io::ErrorKind::WouldBlock.into()),
+            Ok(n) => {
+                let kick = tx.p.flush();
+                let _ = self.tx_path.record_sent(n as u64);
+                self.bytes_out += n as u64;
+                if kick {
+                    self.kick();
+                }
+                Ok(n)
+            }
+            Err(e) => Err(self.violated(e)),
+        }
+    }
+
+    /// Publishes the event indices for `want` and re-checks. Returns
+    /// whether the caller may sleep (nothing it waits for is there yet).
+    pub(crate) fn prepare_wait(&mut self, want: u8, write_want: u32) -> bool {
+        if self.phase != ConnPhase::Open {
+            return false;
+        }
+        let mut sleep = true;
+        if want & WANT_READ != 0 && !self.shut_rd {
+            if self.peer_closed {
+                return false;
+            }
+            match self.rx.as_mut().map(|rx| rx.c.prepare_wait()) {
+                Some(Ok(true)) => {}
+                _ => sleep = false,
+            }
+        }
+        if want & WANT_WRITE != 0 && !self.shut_wr {
+            if self.peer_closed {
+                return false;
+            }
+            match self.tx.as_mut().map(|tx| tx.p.prepare_wait(write_want)) {
+                Some(Ok(true)) => {}
+                _ => sleep = false,
+            }
+        }
+        sleep
+    }
+
+    /// Whether a waiter for `want` should be woken (checked by the link
+    /// manager after a kick).
+    pub(crate) fn ready_for(&mut self, want: u8) -> bool {
+        if self.phase != ConnPhase::Open || self.peer_closed {
+            return true;
+        }
+        if want & WANT_READ != 0 {
+            if let Some(rx) = &self.rx {
+                match (rx.c.readable(), rx.c.peer_end()) {
+                    (Ok(0), Ok(e)) if !e.fin && !e.reset && !e.frozen => {}
+                    _ => return true,
+                }
+            }
+        }
+        if want & WANT_WRITE != 0 {
+            if let Some(tx) = &mut self.tx {
+                // As permissive as any `prepare_wait(want)`: the producer's
+                // event index fires once, so a kick must never be ignored.
+                match (tx.p.free_space(), tx.p.reader_end()) {
+                    (Ok(0), Ok(r)) if !r.closed && !r.reset => {}
+                    _ => return true,
+                }
+            }
+        }
+        false
+    }
+
+    /// `shutdown(Write)`: FIN after the bytes written so far.
+    pub(crate) fn shutdown_write(&mut self) {
+        if self.shut_wr {
+            return;
+        }
+        self.shut_wr = true;
+        self.tx_path.finish();
+        if let Some(tx) = &mut self.tx {
+            tx.p.finish();
+            let _ = tx.p.flush();
+            self.kick();
+        }
+    }
+
+    /// `shutdown(Read)`: the writer gets `EPIPE`.
+    pub(crate) fn shutdown_read(&mut self) {
+        if self.shut_rd {
+            return;
+        }
+        self.shut_rd = true;
+        if let Some(rx) = &mut self.rx {
+            rx.c.close();
+            self.kick();
+        }
+    }
+}
+
+/// A connection, shared by its stream handles, the transport's tables and
+/// the link's armed list.
+pub(crate) struct Conn {
+    pub id: u32,
+    pub peer: DomId,
+    pub local_port: u32,
+    pub peer_port: u32,
+    pub evfd: EventFd,
+    pub io: Mutex<ConnIo>,
+    pub link: Arc<LinkShared>,
+    pub want: AtomicU8,
+    armed: Mutex<bool>,
+    gen: Mutex<u64>,
+    cv: Condvar,
+    pub nonblocking: AtomicBool,
+}
+
+impl Conn {
+    pub(crate) fn new(
+        id: u32,
+        peer: DomId,
+        local_port: u32,
+        peer_port: u32,
+        io: ConnIo,
+        link: Arc<LinkShared>,
+    ) -> io::Result<Arc<Conn>> {
+        Ok(Arc::new(Conn {
+            id,
+            peer,
+            local_port,
+            peer_port,
+            evfd: EventFd::new()?,
+            io: Mutex::new(io),
+            link,
+            want: AtomicU8::new(0),
+            armed: Mutex::new(false),
+            gen: Mutex::new(0),
+            cv: Condvar::new(),
+            nonblocking: AtomicBool::new(false),
+        }))
+    }
+
+    pub(crate) fn io(&self) -> MutexGuard<'_, ConnIo> {
+        lock(&self.io)
+    }
+
+    /// Wakes every waiter: blocking callers and the readiness descriptor.
+    pub(crate) fn signal(&self) {
+        {
+            let mut g = lock(&self.gen);
+            *g = g.wrapping_add(1);
+        }
+        self.cv.notify_all();
+        self.evfd.signal();
+    }
+
+    /// Puts this connection on its link's list of waiters for `want`.
+    pub(crate) fn arm(self: &Arc<Self>, want: u8) {
+        self.want.fetch_or(want, Ordering::AcqRel);
+        let mut list = lock(&self.link.armed);
+        let mut armed = lock(&self.armed);
+        if !*armed {
+            *armed = true;
+            list.push(Arc::downgrade(self));
+        }
+    }
+
+    /// Called by the manager with the link's armed list locked: wakes this
+    /// connection if what it waits for is there. Returns whether it stays
+    /// armed.
+    pub(crate) fn check_armed(&self) -> bool {
+        let want = self.want.load(Ordering::Acquire);
+        let ready = want == 0 || self.io().ready_for(want);
+        if ready {
+            *lock(&self.armed) = false;
+            self.want.store(0, Ordering::Release);
+            self.signal();
+        }
+        !ready
+    }
+
+    /// Blocks until signalled or `deadline`, unless what `want` asks for is
+    /// already there. Returns false on timeout.
+    pub(crate) fn wait(
+        self: &Arc<Self>,
+        want: u8,
+        write_want: u32,
+        deadline: Option<Instant>,
+    ) -> bool {
+        let g0 = *lock(&self.gen);
+        self.arm(want);
+        if !self.io().prepare_wait(want, write_want) {
+            return true;
+        }
+        let mut g = lock(&self.gen);
+        while *g == g0 {
+            match deadline {
+                None => g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return false;
+                    }
+                    g = self
+                        .cv
+                        .wait_timeout(g, d - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+        }
+        true
+    }
+
+    /// Non-blocking path after a `WouldBlock`: clears the descriptor's
+    /// readiness, re-arms, and makes it readable again at once if anything
+    /// a waiter asked for is already there (so neither direction loses an
+    /// edge to the other).
+    pub(crate) fn rearm_nonblocking(self: &Arc<Self>, want: u8, write_want: u32) {
+        self.evfd.drain();
+        self.arm(want);
+        let all = self.want.load(Ordering::Acquire) | want;
+        if !self.io().prepare_wait(all, write_want) {
+            self.evfd.signal();
+        }
+    }
+}

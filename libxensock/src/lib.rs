@@ -1,0 +1,69 @@
+//! # libxensock
+//!
+//! xensock sockets for Rust programs: stream connections between
+//! co-resident Xen domains over grant-mapped shared-memory rings, in the
+//! shape of `std::net`.
+//!
+//! ```no_run
+//! use std::io::{Read, Write};
+//! use libxensock::{SockAddrXen, XenListener, XenStream};
+//!
+//! // In domain 1:
+//! let listener = XenListener::bind("xen:self:5000")?;
+//! for stream in listener.incoming() {
+//!     let mut s = stream?;
+//!     let mut buf = [0u8; 4096];
+//!     let n = s.read(&mut buf)?;
+//!     s.write_all(&buf[..n])?;
+//! }
+//! // In domain 2:
+//! let mut s = XenStream::connect(SockAddrXen::new(1, 5000))?;
+//! s.write_all(b"hello")?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! ## Transport
+//!
+//! The AF_XEN kernel family is a later issue; today every socket runs on
+//! the **user-space transport** ([`Transport`]): one link per peer domain,
+//! set up once through XenStore, with connect/accept/close as control
+//! frames on the link's rings and one pair of data rings per connection,
+//! all from `xensock-proto`. It runs over the real `/dev/xen` devices or
+//! over the simulated host (`xensock-sim`); [`backend()`] says which and
+//! why. The layout and handshakes are in `docs/protocol.md`, section 6.
+//!
+//! Errors are `io::Error`s carrying the errno a socket user expects:
+//! `ECONNREFUSED` (nobody listens, backlog full), `EADDRINUSE`,
+//! `ETIMEDOUT`, `ECONNRESET` / `EPIPE` (peer reset, died or closed),
+//! `EHOSTUNREACH` (no link to that domain could be set up), `EINVAL`
+//! (bad address).
+//!
+//! Readiness: every stream and listener has an eventfd
+//! ([`std::os::fd::AsRawFd`]) that is readable when the socket has
+//! something to report; it works with poll/epoll/mio and with
+//! `tokio-xensock`.
+
+mod addr;
+mod backend;
+mod conn;
+mod error;
+mod evfd;
+mod listener;
+mod rings;
+mod stream;
+mod transport;
+
+pub use addr::{
+    AddrParseError, SockAddrXen, ToXenAddr, DOMID_ANY, DOMID_FIRST_RESERVED, DOMID_SELF, PORT_ANY,
+};
+pub use backend::{backend, BackendKind, BackendReport, KERNEL_FAMILY_PARAM};
+pub use conn::ConnPhase;
+pub use error::Error;
+pub use listener::{Incoming, XenListener};
+pub use rings::{LINK_MAPPER_ALIVE_OFFSET, LINK_OWNER_ALIVE_OFFSET};
+pub use stream::XenStream;
+pub use transport::{
+    Config, ConnStatus, LinkStatus, SocketOptions, Status, Transport, EPHEMERAL_PORT_FIRST,
+    LINK_DIR,
+};
+pub use xensock_xenif::DomId;

@@ -1,0 +1,205 @@
+//! `XenListener`: a bound port with a backlog of connections the link
+//! manager has already completed (as the kernel completes TCP handshakes
+//! before `accept`).
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use xensock_xenif::DomId;
+
+use crate::addr::{SockAddrXen, ToXenAddr};
+use crate::conn::{lock, Conn};
+use crate::error::errno;
+use crate::evfd::EventFd;
+use crate::stream::XenStream;
+use crate::transport::{SocketOptions, Transport};
+
+pub(crate) struct ListenerShared {
+    pub port: u32,
+    pub recv_buffer: usize,
+    backlog: usize,
+    queue: Mutex<VecDeque<Arc<Conn>>>,
+    cv: Condvar,
+    evfd: EventFd,
+}
+
+impl ListenerShared {
+    pub(crate) fn new(port: u32, backlog: usize, recv_buffer: usize) -> io::Result<Arc<Self>> {
+        Ok(Arc::new(ListenerShared {
+            port,
+            recv_buffer,
+            backlog,
+            queue: Mutex::new(VecDeque::new()),
+            cv: Condvar::new(),
+            evfd: EventFd::new()?,
+        }))
+    }
+
+    pub(crate) fn is_full(&self) -> bool {
+        lock(&self.queue).len() >= self.backlog
+    }
+
+    pub(crate) fn push(&self, c: Arc<Conn>) {
+        lock(&self.queue).push_back(c);
+        self.cv.notify_all();
+        self.evfd.signal();
+    }
+
+    pub(crate) fn drop_peer(&self, peer: DomId) {
+        lock(&self.queue).retain(|c| c.peer != peer);
+    }
+
+    pub(crate) fn take_all(&self) -> Vec<Arc<Conn>> {
+        lock(&self.queue).drain(..).collect()
+    }
+
+    fn pop(&self, deadline: Option<Instant>, block: bool) -> io::Result<Arc<Conn>> {
+        let mut q = lock(&self.queue);
+        loop {
+            if let Some(c) = q.pop_front() {
+                if q.is_empty() {
+                    self.evfd.drain();
+                }
+                return Ok(c);
+            }
+            if !block {
+                self.evfd.drain();
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            match deadline {
+                None => q = self.cv.wait(q).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Err(errno(libc::ETIMEDOUT));
+                    }
+                    q = self
+                        .cv
+                        .wait_timeout(q, d - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+        }
+    }
+}
+
+/// A xensock listening socket, in the shape of `std::net::TcpListener`.
+///
+/// Its descriptor ([`AsRawFd`]) is an eventfd that is readable while a
+/// connection is waiting to be accepted: poll it with `POLLIN` / `EPOLLIN`.
+pub struct XenListener {
+    transport: Transport,
+    shared: Arc<ListenerShared>,
+    nonblocking: AtomicBool,
+}
+
+impl std::fmt::Debug for XenListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XenListener")
+            .field("addr", &self.local_addr().ok())
+            .finish()
+    }
+}
+
+impl XenListener {
+    pub(crate) fn new(transport: Transport, shared: Arc<ListenerShared>) -> XenListener {
+        XenListener {
+            transport,
+            shared,
+            nonblocking: AtomicBool::new(false),
+        }
+    }
+
+    /// Binds on the process-wide transport ([`Transport::global`]).
+    /// `EADDRINUSE` if the port is taken, `EADDRNOTAVAIL` for another
+    /// domain's id, `ENODEV` when no backend is available.
+    pub fn bind(addr: impl ToXenAddr) -> io::Result<XenListener> {
+        let addr = addr.to_xen_addr()?;
+        Transport::global()?.bind(addr)
+    }
+
+    /// [`XenListener::bind`] with a backlog and receive-ring size.
+    pub fn bind_with(addr: impl ToXenAddr, opts: SocketOptions) -> io::Result<XenListener> {
+        let addr = addr.to_xen_addr()?;
+        Transport::global()?.bind_with(addr, opts)
+    }
+
+    /// Accepts a connection (blocking unless non-blocking mode is set, then
+    /// `WouldBlock`).
+    pub fn accept(&self) -> io::Result<(XenStream, SockAddrXen)> {
+        let block = !self.nonblocking.load(Ordering::Acquire);
+        let conn = self.shared.pop(None, block)?;
+        let peer = SockAddrXen::new(u32::from(conn.peer), conn.peer_port);
+        Ok((XenStream::new(self.transport.clone(), conn), peer))
+    }
+
+    /// Accepts with a timeout (`ETIMEDOUT`).
+    pub fn accept_timeout(
+        &self,
+        timeout: std::time::Duration,
+    ) -> io::Result<(XenStream, SockAddrXen)> {
+        let conn = self.shared.pop(Some(Instant::now() + timeout), true)?;
+        let peer = SockAddrXen::new(u32::from(conn.peer), conn.peer_port);
+        Ok((XenStream::new(self.transport.clone(), conn), peer))
+    }
+
+    /// An iterator over incoming connections, as `TcpListener::incoming`.
+    pub fn incoming(&self) -> Incoming<'_> {
+        Incoming { listener: self }
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SockAddrXen> {
+        Ok(SockAddrXen::new(
+            u32::from(self.transport.domid()),
+            self.shared.port,
+        ))
+    }
+
+    /// Non-blocking mode for `accept`.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        self.nonblocking.store(nonblocking, Ordering::Release);
+        Ok(())
+    }
+
+    /// The transport this listener belongs to.
+    pub fn transport(&self) -> &Transport {
+        &self.transport
+    }
+}
+
+impl Drop for XenListener {
+    fn drop(&mut self) {
+        self.transport.owner.inner.close_listener(&self.shared);
+    }
+}
+
+impl AsRawFd for XenListener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.shared.evfd.as_raw_fd()
+    }
+}
+
+impl AsFd for XenListener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.shared.evfd.as_fd()
+    }
+}
+
+/// Iterator returned by [`XenListener::incoming`].
+#[derive(Debug)]
+pub struct Incoming<'a> {
+    listener: &'a XenListener,
+}
+
+impl Iterator for Incoming<'_> {
+    type Item = io::Result<XenStream>;
+    fn next(&mut self) -> Option<Self::Item> {
+        Some(self.listener.accept().map(|(s, _)| s))
+    }
+}

@@ -1,0 +1,179 @@
+//! Granting and mapping rings: the only place that turns backend regions
+//! into proto [`RawRing`]s.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use xensock_proto::ctrl::RingGrant;
+use xensock_proto::layout::{
+    GrantDirectory, RingGeometry, RingIdentity, DATA_RING_MAGIC, LINK_RING_MAGIC, LINK_RING_ORDER,
+    PAGE_SIZE,
+};
+use xensock_proto::mem::RawRing;
+use xensock_xenif::{Access, DomId, GrantedRegion, MappedRegion, SharedRegion};
+
+use crate::backend::DynXen;
+use crate::error::Error;
+
+/// Offset, in a link's control page, of the byte the *mapping* side sets to
+/// 1 once it has mapped the page and that its unmap notification clears
+/// (process death or unmap). In the page's unused area (zero otherwise).
+pub const LINK_MAPPER_ALIVE_OFFSET: usize = 1024;
+/// Offset of the byte the *owner* sets to 1 before publishing the page and
+/// that the owner's grant unmap notification clears.
+pub const LINK_OWNER_ALIVE_OFFSET: usize = 1025;
+
+/// A ring this domain granted (it is the receiver).
+pub(crate) struct OwnedRing {
+    pub ring: RawRing,
+    pub grant: RingGrant,
+    pub region: Box<dyn GrantedRegion>,
+}
+
+/// A peer's ring mapped here (this domain is the sender).
+pub(crate) struct MappedRing {
+    pub ring: RawRing,
+    pub region: Box<dyn MappedRegion>,
+}
+
+fn ring_over(ptr: *mut u8, len: usize, geometry: RingGeometry) -> Result<RawRing, Error> {
+    let base = NonNull::new(ptr).ok_or(Error::Protocol("null shared region"))?;
+    // SAFETY: the region is page aligned, `len` bytes long and stays mapped
+    // for as long as the returned ring is used (callers keep the region
+    // next to the ring and drop them together); it is only accessed through
+    // atomics and raw copies (RawRing), never through references.
+    unsafe { RawRing::from_region(base, len, geometry) }.map_err(Error::Layout)
+}
+
+/// Grants a fresh ring of `geometry` to `peer` and initialises its header.
+pub(crate) fn grant_ring(
+    xen: &dyn DynXen,
+    me: DomId,
+    peer: DomId,
+    geometry: RingGeometry,
+    conn_id: u32,
+    link: bool,
+) -> Result<OwnedRing, Error> {
+    let pages = geometry.total_grants();
+    let region = xen.grant(peer, pages, Access::ReadWrite)?;
+    let ring = ring_over(region.as_ptr(), region.len(), geometry)?;
+    ring.header().init(&RingIdentity {
+        magic: if link {
+            LINK_RING_MAGIC
+        } else {
+            DATA_RING_MAGIC
+        },
+        order: geometry.order(),
+        owner_domid: u32::from(me),
+        peer_domid: u32::from(peer),
+        conn_id,
+        epoch: 0,
+    });
+    let refs = region.refs();
+    let mut dir_ref = 0;
+    if !geometry.is_compact() {
+        let data = geometry.data_pages();
+        let dir_off = geometry.region_size();
+        if refs.len() < 1 + data + 1 || region.len() < dir_off + PAGE_SIZE {
+            return Err(Error::Protocol("backend returned too few grant refs"));
+        }
+        // SAFETY: dir_off + PAGE_SIZE <= region.len(); the page is page
+        // aligned and GrantDirectory is an array of atomics, so a shared
+        // reference to memory the peer may also access is sound.
+        let dir = unsafe { &*(region.as_ptr().add(dir_off) as *const GrantDirectory) };
+        dir.write_refs(&refs[1..1 + data]).map_err(Error::Layout)?;
+        dir_ref = refs[1 + data];
+    }
+    let grant = RingGrant {
+        order: geometry.order() as u8,
+        epoch: 0,
+        header_ref: refs
+            .first()
+            .copied()
+            .ok_or(Error::Protocol("no grant ref"))?,
+        dir_ref,
+    };
+    Ok(OwnedRing {
+        ring,
+        grant,
+        region,
+    })
+}
+
+/// Maps the ring `peer` announced in `grant` and checks its identity line.
+pub(crate) fn map_ring(
+    xen: &dyn DynXen,
+    peer: DomId,
+    grant: &RingGrant,
+    expected: &RingIdentity,
+) -> Result<MappedRing, Error> {
+    let geometry = RingGeometry::new(u32::from(grant.order)).map_err(Error::Layout)?;
+    let mut refs = vec![grant.header_ref];
+    if !geometry.is_compact() {
+        let dir = xen.map(peer, &[grant.dir_ref], Access::ReadOnly)?;
+        let mut data = vec![0u32; geometry.data_pages()];
+        if dir.len() < PAGE_SIZE {
+            return Err(Error::Protocol("directory mapping too small"));
+        }
+        // SAFETY: the mapping is one page, page aligned, alive until `dir`
+        // drops below; GrantDirectory is atomics only.
+        let d = unsafe { &*(dir.as_ptr() as *const GrantDirectory) };
+        d.read_refs(&mut data).map_err(Error::Layout)?;
+        drop(dir);
+        refs.extend_from_slice(&data);
+    }
+    let region = xen.map(peer, &refs, Access::ReadWrite)?;
+    let ring = ring_over(region.as_ptr(), region.len(), geometry)?;
+    ring.header().verify(expected).map_err(Error::Layout)?;
+    Ok(MappedRing { ring, region })
+}
+
+/// Identity of a data ring owned by `owner` for `peer`.
+pub(crate) fn data_identity(owner: DomId, peer: DomId, conn_id: u32, order: u8) -> RingIdentity {
+    RingIdentity {
+        magic: DATA_RING_MAGIC,
+        order: u32::from(order),
+        owner_domid: u32::from(owner),
+        peer_domid: u32::from(peer),
+        conn_id,
+        epoch: 0,
+    }
+}
+
+/// Identity of a link control ring owned by `owner` for `peer`.
+pub(crate) fn link_identity(owner: DomId, peer: DomId) -> RingIdentity {
+    RingIdentity {
+        magic: LINK_RING_MAGIC,
+        order: LINK_RING_ORDER,
+        owner_domid: u32::from(owner),
+        peer_domid: u32::from(peer),
+        conn_id: 0,
+        epoch: 0,
+    }
+}
+
+/// One byte of a shared page, accessed atomically.
+pub(crate) fn shared_byte<R: SharedRegion + ?Sized>(
+    region: &R,
+    offset: usize,
+) -> Option<&AtomicU8> {
+    if offset >= region.len() {
+        return None;
+    }
+    // SAFETY: offset < len, inside the mapped region, which outlives the
+    // returned reference (it borrows `region`); an AtomicU8 may alias
+    // memory written concurrently by the peer.
+    Some(unsafe { &*(region.as_ptr().add(offset) as *const AtomicU8) })
+}
+
+/// Sets a liveness byte.
+pub(crate) fn set_byte<R: SharedRegion + ?Sized>(region: &R, offset: usize, v: u8) {
+    if let Some(b) = shared_byte(region, offset) {
+        b.store(v, Ordering::Release);
+    }
+}
+
+/// Reads a liveness byte once.
+pub(crate) fn get_byte<R: SharedRegion + ?Sized>(region: &R, offset: usize) -> u8 {
+    shared_byte(region, offset).map_or(0, |b| b.load(Ordering::Acquire))
+}

@@ -1,0 +1,340 @@
+//! `XenStream`: a connected xensock stream, in the shape of
+//! `std::net::TcpStream`.
+
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::addr::{SockAddrXen, ToXenAddr};
+use crate::conn::{lock, Conn, ConnPhase, WANT_READ, WANT_WRITE};
+use crate::error::errno;
+use crate::transport::{SocketOptions, Transport};
+use xensock_xenif::SharedRegion;
+
+/// Closes the connection when the last clone goes.
+struct Guard {
+    transport: Transport,
+    conn: Arc<Conn>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.transport.owner.inner.close_conn(&self.conn);
+    }
+}
+
+#[derive(Default)]
+struct Timeouts {
+    read: Option<Duration>,
+    write: Option<Duration>,
+}
+
+/// A connected xensock stream.
+///
+/// `Read`/`Write` move bytes through the connection's shared rings; a
+/// blocking call busy-polls briefly, then sleeps until the peer's kick.
+///
+/// Its descriptor ([`AsRawFd`]) is an eventfd for poll/epoll/mio/tokio:
+/// poll it for `POLLIN`/`EPOLLIN`. It becomes readable whenever something
+/// a caller waited for may have happened -- data or end of stream to read,
+/// space to write (after a write returned `WouldBlock`), a reset -- and it
+/// gets a new edge on every such change, so edge-triggered users work.
+/// After a `WouldBlock` the descriptor is reset; poll again. (The eventfd's
+/// `POLLOUT` carries no meaning.)
+///
+/// `try_clone` handles share the connection; it is closed (FIN, then the
+/// rings are released) when the last one is dropped.
+pub struct XenStream {
+    guard: Arc<Guard>,
+    timeouts: Arc<Mutex<Timeouts>>,
+}
+
+impl std::fmt::Debug for XenStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XenStream")
+            .field("local", &self.local_addr().ok())
+            .field("peer", &self.peer_addr().ok())
+            .finish()
+    }
+}
+
+impl XenStream {
+    pub(crate) fn new(transport: Transport, conn: Arc<Conn>) -> XenStream {
+        XenStream {
+            guard: Arc::new(Guard { transport, conn }),
+            timeouts: Arc::new(Mutex::new(Timeouts::default())),
+        }
+    }
+
+    fn conn(&self) -> &Arc<Conn> {
+        &self.guard.conn
+    }
+
+    /// Connects through the process-wide transport ([`Transport::global`]).
+    /// `ECONNREFUSED` when nothing listens, `EHOSTUNREACH` when the link to
+    /// the domain cannot be set up, `EINVAL` for a bad address, `ENODEV`
+    /// when no backend is available.
+    pub fn connect(addr: impl ToXenAddr) -> io::Result<XenStream> {
+        let addr = addr.to_xen_addr()?;
+        Transport::global()?.connect(addr)
+    }
+
+    /// [`XenStream::connect`] with a timeout (`ETIMEDOUT`).
+    pub fn connect_timeout(addr: &SockAddrXen, timeout: Duration) -> io::Result<XenStream> {
+        Transport::global()?.connect_timeout(*addr, timeout)
+    }
+
+    /// [`XenStream::connect`] with socket options (receive-ring size).
+    pub fn connect_with(addr: impl ToXenAddr, opts: SocketOptions) -> io::Result<XenStream> {
+        let addr = addr.to_xen_addr()?;
+        Transport::global()?.connect_with(addr, None, opts)
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SockAddrXen> {
+        let c = self.conn();
+        Ok(SockAddrXen::new(u32::from(c.peer), c.peer_port))
+    }
+
+    /// Our address.
+    pub fn local_addr(&self) -> io::Result<SockAddrXen> {
+        let c = self.conn();
+        Ok(SockAddrXen::new(
+            u32::from(self.guard.transport.domid()),
+            c.local_port,
+        ))
+    }
+
+    /// Shuts down one or both directions: `Write` sends end-of-stream
+    /// after the bytes written so far; `Read` makes reads return 0 and the
+    /// peer's writes fail with `EPIPE`.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        let c = self.conn();
+        {
+            let mut io = c.io();
+            match io.phase {
+                ConnPhase::Open => {}
+                ConnPhase::Reset { .. } | ConnPhase::Closed => return Ok(()),
+                _ => return Err(errno(libc::ENOTCONN)),
+            }
+            if matches!(how, Shutdown::Write | Shutdown::Both) {
+                io.shutdown_write();
+            }
+            if matches!(how, Shutdown::Read | Shutdown::Both) {
+                io.shutdown_read();
+            }
+        }
+        c.signal();
+        Ok(())
+    }
+
+    /// Another handle on the same connection (shares timeouts and mode).
+    pub fn try_clone(&self) -> io::Result<XenStream> {
+        Ok(XenStream {
+            guard: self.guard.clone(),
+            timeouts: self.timeouts.clone(),
+        })
+    }
+
+    /// Non-blocking mode: reads and writes return `WouldBlock` instead of
+    /// waiting.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        self.conn()
+            .nonblocking
+            .store(nonblocking, Ordering::Release);
+        Ok(())
+    }
+
+    /// Read timeout (`None`: wait forever; zero is `EINVAL`, as in std).
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t.is_some_and(|t| t.is_zero()) {
+            return Err(errno(libc::EINVAL));
+        }
+        lock(&self.timeouts).read = t;
+        Ok(())
+    }
+
+    /// Write timeout (`None`: wait forever; zero is `EINVAL`).
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t.is_some_and(|t| t.is_zero()) {
+            return Err(errno(libc::EINVAL));
+        }
+        lock(&self.timeouts).write = t;
+        Ok(())
+    }
+
+    /// The read timeout.
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(lock(&self.timeouts).read)
+    }
+
+    /// The write timeout.
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(lock(&self.timeouts).write)
+    }
+
+    /// Size of our receive ring (`SO_RCVBUF`).
+    pub fn recv_buffer_size(&self) -> usize {
+        self.conn()
+            .io()
+            .rx
+            .as_ref()
+            .map_or(0, |r| r.c.capacity() as usize)
+    }
+
+    /// Size of the peer's receive ring that we write into (`SO_SNDBUF`).
+    pub fn send_buffer_size(&self) -> usize {
+        self.conn()
+            .io()
+            .tx
+            .as_ref()
+            .map_or(0, |t| t.p.capacity() as usize)
+    }
+
+    /// Bytes readable right now without blocking.
+    pub fn bytes_readable(&self) -> usize {
+        self.conn()
+            .io()
+            .rx
+            .as_ref()
+            .and_then(|r| r.c.readable().ok())
+            .unwrap_or(0) as usize
+    }
+
+    /// The transport this stream belongs to.
+    pub fn transport(&self) -> &Transport {
+        &self.guard.transport
+    }
+
+    /// Test hook for the hostile-peer tests: stores `value` at byte
+    /// `offset` of the *peer's* receive ring that this stream writes into
+    /// (header included), as a scribbling domain would. Returns false when
+    /// the ring is not mapped. Not part of the API.
+    #[doc(hidden)]
+    pub fn debug_scribble_peer_ring(&self, offset: usize, value: u32) -> bool {
+        let io = self.conn().io();
+        let Some(tx) = io.tx.as_ref() else {
+            return false;
+        };
+        let region = &tx.mapped.region;
+        if offset % 4 != 0 || offset + 4 > region.len() {
+            return false;
+        }
+        // SAFETY: offset is 4-aligned and inside the mapped region, which
+        // stays mapped while `io` is locked; AtomicU32 may alias memory the
+        // peer writes concurrently.
+        let cell =
+            unsafe { &*(region.as_ptr().add(offset) as *const std::sync::atomic::AtomicU32) };
+        cell.store(value, Ordering::Release);
+        if let Some(k) = &io.kicker {
+            let _ = k.notify();
+        }
+        true
+    }
+
+    fn finish_err(&self, e: io::Error) -> io::Error {
+        if e.raw_os_error() == Some(libc::ECONNRESET) {
+            self.guard
+                .transport
+                .owner
+                .inner
+                .report_violation(self.conn());
+        }
+        e
+    }
+
+    fn op<T>(
+        &self,
+        want: u8,
+        write_want: u32,
+        timeout: Option<Duration>,
+        mut f: impl FnMut(&mut crate::conn::ConnIo) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let c = self.conn();
+        let busy = self.guard.transport.owner.inner.cfg.busy_poll;
+        let mut spin_until: Option<Instant> = None;
+        let mut deadline: Option<Instant> = None;
+        loop {
+            let r = f(&mut c.io());
+            match r {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(self.finish_err(e)),
+                Ok(v) => return Ok(v),
+            }
+            if c.nonblocking.load(Ordering::Acquire) {
+                c.rearm_nonblocking(want, write_want);
+                // The re-check may have found what we wanted.
+                match f(&mut c.io()) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        return Err(io::ErrorKind::WouldBlock.into())
+                    }
+                    Err(e) => return Err(self.finish_err(e)),
+                    Ok(v) => return Ok(v),
+                }
+            }
+            let now = Instant::now();
+            if deadline.is_none() {
+                deadline = timeout.map(|t| now + t);
+            }
+            let spin_end = *spin_until.get_or_insert(now + busy);
+            if now < spin_end {
+                std::hint::spin_loop();
+                continue;
+            }
+            if !c.wait(want, write_want, deadline) {
+                return Err(errno(libc::EAGAIN));
+            }
+            spin_until = Some(Instant::now() + busy);
+        }
+    }
+}
+
+impl Read for &XenStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let t = lock(&self.timeouts).read;
+        self.op(WANT_READ, 1, t, |io| io.try_read(buf))
+    }
+}
+
+impl Write for &XenStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let t = lock(&self.timeouts).write;
+        let cap = self.send_buffer_size().max(1) as u32;
+        let want = (buf.len().min(u32::MAX as usize) as u32).clamp(1, (cap / 4).max(1));
+        self.op(WANT_WRITE, want, t, |io| io.try_write(buf))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Read for XenStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+}
+
+impl Write for XenStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl AsRawFd for XenStream {
+    fn as_raw_fd(&self) -> RawFd {
+        self.conn().evfd.as_raw_fd()
+    }
+}
+
+impl AsFd for XenStream {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.conn().evfd.as_fd()
+    }
+}

@@ -1,0 +1,83 @@
+//! Helpers shared by the integration tests: a sim host with two domains
+//! and a transport per domain, all in this process.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use libxensock::{Config, Transport};
+use xensock_sim::{DomainConfig, SimDomain, SimHost};
+
+pub struct Pair {
+    pub a: Transport,
+    pub b: Transport,
+    pub da: SimDomain,
+    pub db: SimDomain,
+    pub host: SimHost,
+}
+
+pub fn config() -> Config {
+    Config {
+        link_timeout: Duration::from_millis(1500),
+        ..Config::default()
+    }
+}
+
+pub fn pair() -> Pair {
+    pair_with(config())
+}
+
+pub fn pair_with(cfg: Config) -> Pair {
+    let host = SimHost::start().unwrap();
+    let da = host.create_domain(DomainConfig::new("a")).unwrap();
+    let db = host.create_domain(DomainConfig::new("b")).unwrap();
+    let a = Transport::sim_with(host.dir(), da.domid, cfg.clone()).unwrap();
+    let b = Transport::sim_with(host.dir(), db.domid, cfg).unwrap();
+    Pair { a, b, da, db, host }
+}
+
+/// `XENSOCK_TEST_SLACK` (default 3): multiplier for the latency bounds.
+pub fn slack() -> u32 {
+    std::env::var("XENSOCK_TEST_SLACK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+}
+
+/// Polls `f` until it is true or `limit` passes.
+pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + limit;
+    loop {
+        if f() {
+            return true;
+        }
+        if std::time::Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A deterministic byte pattern (xorshift) and an FNV-1a checksum.
+pub struct Pattern(u64);
+impl Pattern {
+    pub fn new(seed: u64) -> Pattern {
+        Pattern(seed | 1)
+    }
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for b in buf {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            *b = self.0 as u8;
+        }
+    }
+}
+
+pub fn fnv(h: &mut u64, data: &[u8]) {
+    for &b in data {
+        *h ^= u64::from(b);
+        *h = h.wrapping_mul(0x100000001b3);
+    }
+}
+pub const FNV_INIT: u64 = 0xcbf29ce484222325;
