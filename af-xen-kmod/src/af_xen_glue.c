@@ -9,6 +9,7 @@
 #include <linux/net.h>
 #include <linux/sched/signal.h>
 #include <net/sock.h>
+#include <linux/vmalloc.h>
 #include <xen/xen.h>
 #include <xen/page.h>
 #include "af_xen_glue.h"
@@ -131,3 +132,22 @@ size_t afx_msg_left(struct msghdr *msg) { return msg_data_left(msg); }
 int afx_accept_flags(struct proto_accept_arg *arg) { return arg->flags; }
 int afx_accept_kern(struct proto_accept_arg *arg) { return arg->kern; }
 void afx_sk_put(struct sock *sk) { sock_put(sk); }
+
+/* an accepted connection's sock: same netns and buffer sizes as the listener */
+struct sock *afx_sk_alloc_child(struct sock *parent, void *priv)
+{
+	struct sock *sk = sk_alloc(sock_net(parent), family, GFP_KERNEL, &afx_proto, 0);
+
+	if (!sk)
+		return NULL;
+	sock_init_data(NULL, sk);
+	sk->sk_rcvbuf = READ_ONCE(parent->sk_rcvbuf);
+	sk->sk_sndbuf = READ_ONCE(parent->sk_sndbuf);
+	sk->sk_rcvtimeo = parent->sk_rcvtimeo;
+	sk->sk_sndtimeo = parent->sk_sndtimeo;
+	((struct afx_sock *)sk)->priv = priv;
+	return sk;
+}
+
+void *afx_vzalloc(size_t size) { return vzalloc(size); }
+void afx_vfree(void *p) { vfree(p); }

@@ -26,3 +26,6 @@ size_t afx_msg_left(struct msghdr *msg);
 int afx_accept_flags(struct proto_accept_arg *arg);
 int afx_accept_kern(struct proto_accept_arg *arg);
 void afx_sk_put(struct sock *sk);
+struct sock *afx_sk_alloc_child(struct sock *parent, void *priv);
+void *afx_vzalloc(size_t size);
+void afx_vfree(void *p);

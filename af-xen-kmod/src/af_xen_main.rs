@@ -22,6 +22,7 @@ mod ctrl;
 #[path = "../../proto/src/switch.rs"]
 mod switch;
 
+mod conn;
 mod sock;
 mod sys;
 

@@ -2,6 +2,7 @@
 //! AF_XEN SOCK_STREAM sockets: the proto_ops callbacks. Safe Rust over the
 //! wrappers in `sys`.
 
+use crate::conn::Pipe;
 use crate::sys::{self, errno as e, poll::*, Msg, Sk, Socket};
 use core::ffi::c_void;
 use kernel::bindings;
@@ -90,6 +91,13 @@ pub(crate) struct Inner {
     pub(crate) shut_rd: bool,
     pub(crate) shut_wr: bool,
     pub(crate) released: bool,
+    /// the ring we write (owned by the peer) and the one we read
+    pub(crate) tx: Option<Arc<Pipe>>,
+    pub(crate) rx: Option<Arc<Pipe>>,
+    /// the peer broke the protocol or reset: ECONNRESET
+    pub(crate) reset: bool,
+    pub(crate) bytes_in: u64,
+    pub(crate) bytes_out: u64,
 }
 
 #[pin_data]
@@ -114,6 +122,11 @@ impl XenSock {
                     shut_rd: false,
                     shut_wr: false,
                     released: false,
+                    tx: None,
+                    rx: None,
+                    reset: false,
+                    bytes_in: 0,
+                    bytes_out: 0,
                 }, "af_xen_sock"),
             }),
             GFP_KERNEL,
@@ -246,12 +259,24 @@ pub(crate) unsafe extern "C" fn xs_create(
 
 /// Forgets a socket everywhere (port table, listing) and tears it down.
 fn destroy(xs: &Arc<XenSock>) {
-    let children = {
+    let (children, tx, rx) = {
         let mut i = xs.inner.lock();
         i.released = true;
         i.state = State::Closed;
-        core::mem::replace(&mut i.accept_q, KVec::new())
+        (core::mem::replace(&mut i.accept_q, KVec::new()), i.tx.take(), i.rx.take())
     };
+    // Close: unsent data stays in the peer's ring and is still delivered
+    // (FIN after it); we read no more (the peer's writes get EPIPE).
+    if let Some(tx) = tx {
+        tx.tx.lock().finish();
+        tx.detach(xs);
+        tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
+    }
+    if let Some(rx) = rx {
+        rx.rx.lock().close();
+        rx.detach(xs);
+        rx.wake_writer(POLLOUT | POLLERR);
+    }
     {
         let mut p = globals().ports.lock();
         let (port, bound) = {
@@ -417,11 +442,98 @@ unsafe extern "C" fn xs_connect(
         return err(e::EINVAL);
     }
     if a.domid == DOMID_SELF || a.domid == globals().own_domid {
-        // No loopback carrier yet: nobody can be listening on a link to us.
-        return err(e::ECONNREFUSED);
+        let xs: Arc<XenSock> = xs.into();
+        return match connect_local(&xs, a.port) {
+            Ok(()) => {
+                // SAFETY: live socket.
+                unsafe { Socket::from_raw(sock) }.set_connected(true);
+                0
+            }
+            Err(x) => err(x),
+        };
     }
     // The inter-domain link is not implemented yet.
     err(e::EHOSTUNREACH)
+}
+
+/// Loopback connection to a listener of this domain: the accepted child and
+/// both rings are made at once, so connect() completes immediately.
+fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
+    let me = globals().own_domid;
+    let listener = {
+        let p = globals().ports.lock();
+        p.map.get(&port).cloned()
+    };
+    let Some(l) = listener else { return Err(e::ECONNREFUSED) };
+    if Arc::ptr_eq(&l, xs) {
+        return Err(e::ECONNREFUSED);
+    }
+    if !xs.inner.lock().bound {
+        do_bind(xs, PORT_ANY)?;
+    }
+    let child_sk = l.sk.alloc_child().ok_or(e::ENOMEM)?;
+    let child = match XenSock::new(child_sk) {
+        Ok(c) => c,
+        Err(_) => {
+            child_sk.put();
+            return Err(e::ENOMEM);
+        }
+    };
+    child_sk.set_privp(Arc::into_raw(child.clone()) as *const c_void);
+    let fail = |x: i32| {
+        let p = child_sk.privp();
+        child_sk.set_privp(core::ptr::null());
+        drop(sys::arc_take::<XenSock>(p));
+        child_sk.put();
+        x
+    };
+    // to_child is read by the child (its SO_RCVBUF), to_me by us.
+    let to_child = Pipe::new_local(child_sk.rcvbuf().max(0) as usize / 2, me, port).map_err(|_| fail(e::ENOMEM))?;
+    let to_me = Pipe::new_local(xs.sk.rcvbuf().max(0) as usize / 2, me, port).map_err(|_| fail(e::ENOMEM))?;
+    to_child.set_ends(Some(child.clone()), Some(xs.clone()));
+    to_me.set_ends(Some(xs.clone()), Some(child.clone()));
+    let my_addr = xs.inner.lock().local;
+    {
+        let mut c = child.inner.lock();
+        c.state = State::Connected;
+        c.local = Addr { port, domid: me };
+        c.peer = Addr { port: my_addr.port, domid: me };
+        c.tx = Some(to_me.clone());
+        c.rx = Some(to_child.clone());
+    }
+    {
+        let mut li = l.inner.lock();
+        if li.state != State::Listening || li.accept_q.len() >= li.backlog as usize {
+            drop(li);
+            to_child.set_ends(None, None);
+            to_me.set_ends(None, None);
+            return Err(fail(e::ECONNREFUSED));
+        }
+        {
+            let mut p = globals().ports.lock();
+            let key = &*child as *const XenSock as usize;
+            if p.all.try_create_and_insert(key, child.clone(), GFP_KERNEL).is_err() {
+                drop(p);
+                drop(li);
+                to_child.set_ends(None, None);
+                to_me.set_ends(None, None);
+                return Err(fail(e::ENOMEM));
+            }
+        }
+        if li.accept_q.push(child, GFP_KERNEL).is_err() {
+            drop(li);
+            return Err(e::ENOMEM);
+        }
+    }
+    {
+        let mut i = xs.inner.lock();
+        i.state = State::Connected;
+        i.peer = Addr { port, domid: me };
+        i.tx = Some(to_child);
+        i.rx = Some(to_me);
+    }
+    l.sk.wake(POLLIN | POLLRDNORM);
+    Ok(())
 }
 
 unsafe extern "C" fn xs_accept(
@@ -477,11 +589,14 @@ unsafe extern "C" fn xs_poll(
     let s = unsafe { Socket::from_raw(sock) };
     s.poll_wait(file, wait);
     let Some(xs) = xsock(s) else { return POLLERR };
-    let i = xs.inner.lock();
+    let (state, qlen, shut_rd, shut_wr, reset, tx, rx) = {
+        let i = xs.inner.lock();
+        (i.state, i.accept_q.len(), i.shut_rd, i.shut_wr, i.reset, i.tx.clone(), i.rx.clone())
+    };
     let mut mask = 0;
-    match i.state {
+    match state {
         State::Listening => {
-            if !i.accept_q.is_empty() {
+            if qlen > 0 {
                 mask |= POLLIN | POLLRDNORM;
             }
         }
@@ -489,11 +604,48 @@ unsafe extern "C" fn xs_poll(
         State::Closed => mask |= POLLHUP | POLLIN | POLLRDNORM | POLLRDHUP,
         State::Connecting => {}
         State::Connected => {
-            if i.shut_rd {
+            let mut rd_hup = shut_rd;
+            let mut err_ = reset;
+            if let Some(rx) = rx {
+                match rx.rx_state() {
+                    Ok((n, end)) => {
+                        if n > 0 {
+                            mask |= POLLIN | POLLRDNORM;
+                        }
+                        if end.fin {
+                            rd_hup = true;
+                        }
+                        if end.reset {
+                            err_ = true;
+                        }
+                    }
+                    Err(_) => err_ = true,
+                }
+            }
+            let mut wr_hup = shut_wr;
+            if let Some(tx) = tx {
+                match tx.tx_state() {
+                    Ok((free, end)) => {
+                        if end.closed || end.reset {
+                            wr_hup = true;
+                        } else if free > 0 && !shut_wr {
+                            mask |= POLLOUT | POLLWRNORM;
+                        }
+                        if end.reset {
+                            err_ = true;
+                        }
+                    }
+                    Err(_) => err_ = true,
+                }
+            }
+            if rd_hup {
                 mask |= POLLIN | POLLRDNORM | POLLRDHUP;
             }
-            if i.shut_rd && i.shut_wr {
+            if rd_hup && wr_hup {
                 mask |= POLLHUP;
+            }
+            if err_ {
+                mask |= POLLERR | POLLHUP | POLLIN | POLLRDNORM;
             }
         }
     }
@@ -511,42 +663,227 @@ unsafe extern "C" fn xs_shutdown(sock: *mut bindings::socket, how: c_int) -> c_i
     if i.state != State::Connected {
         return err(e::ENOTCONN);
     }
-    if how == 0 || how == 2 {
-        i.shut_rd = true;
-    }
-    if how == 1 || how == 2 {
-        i.shut_wr = true;
-    }
+    let (tx, rx) = (i.tx.clone(), i.rx.clone());
+    let rd = how == 0 || how == 2;
+    let wr = how == 1 || how == 2;
+    i.shut_rd |= rd;
+    i.shut_wr |= wr;
     drop(i);
+    if wr {
+        if let Some(tx) = tx {
+            tx.tx.lock().finish();
+            tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
+        }
+    }
+    if rd {
+        if let Some(rx) = rx {
+            rx.rx.lock().close();
+            rx.wake_writer(POLLOUT | POLLERR);
+        }
+    }
     xs.sk.wake(POLLIN | POLLOUT | POLLRDHUP);
     0
 }
+
+/// A proto ring violation: the connection is reset (never a panic).
+fn conn_reset(xs: &XenSock, why: crate::ring::RingError) -> i32 {
+    pr_warn!("connection reset: {}\n", why);
+    let (tx, rx) = {
+        let mut i = xs.inner.lock();
+        i.reset = true;
+        (i.tx.clone(), i.rx.clone())
+    };
+    if let Some(tx) = tx {
+        tx.tx.lock().reset();
+        tx.wake_reader(POLLERR | POLLIN);
+    }
+    if let Some(rx) = rx {
+        rx.rx.lock().reset();
+        rx.wake_writer(POLLERR | POLLOUT);
+    }
+    e::ECONNRESET
+}
+
+const MSG_NOSIGNAL: i32 = 0x4000;
+const CHUNK: usize = 4096;
 
 unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings::msghdr, _len: usize) -> c_int {
     // SAFETY: live socket.
     let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
     // SAFETY: live msghdr of this call.
-    let _msg = unsafe { Msg::from_raw(msg) };
-    let st = xs.inner.lock().state;
-    match st {
-        State::Connected => err(e::EPIPE),
-        _ => err(e::ENOTCONN),
+    let mut msg = unsafe { Msg::from_raw(msg) };
+    let flags = msg.flags();
+    let epipe = |copied: usize| -> c_int {
+        if copied > 0 {
+            return copied as c_int;
+        }
+        if flags & MSG_NOSIGNAL == 0 {
+            sys::send_sigpipe();
+        }
+        err(e::EPIPE)
+    };
+    let (state, shut_wr, reset, tx) = {
+        let i = xs.inner.lock();
+        (i.state, i.shut_wr, i.reset, i.tx.clone())
+    };
+    if reset {
+        return err(e::ECONNRESET);
     }
+    if state != State::Connected {
+        return if state == State::Closed { epipe(0) } else { err(e::ENOTCONN) };
+    }
+    if shut_wr {
+        return epipe(0);
+    }
+    let Some(tx) = tx else { return err(e::ENOTCONN) };
+    let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;
+    let mut timeo: c_long = xs.sk.sndtimeo(nonblock);
+    let total = msg.left();
+    let mut copied = 0usize;
+    let mut buf = [0u8; CHUNK];
+    while copied < total {
+        let state = tx.tx_state();
+        let (free, end) = match state {
+            Ok(v) => v,
+            Err(why) => return err(conn_reset(&xs, why)),
+        };
+        if end.reset {
+            xs.inner.lock().reset = true;
+            return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
+        }
+        if end.closed {
+            return epipe(copied);
+        }
+        if free == 0 {
+            if copied > 0 && nonblock {
+                break;
+            }
+            let r = xs.sk.wait(&mut timeo, || match tx.tx_state() {
+                Ok((free, end)) => free > 0 || end.closed || end.reset,
+                Err(_) => true,
+            });
+            if let Err(x) = r {
+                return if copied > 0 { copied as c_int } else { err(x) };
+            }
+            continue;
+        }
+        let want = (total - copied).min(free as usize).min(CHUNK);
+        let got = msg.copy_from(&mut buf[..want]);
+        if got == 0 {
+            return if copied > 0 { copied as c_int } else { err(e::EFAULT) };
+        }
+        let w = match tx.tx.lock().write(&buf[..got]) {
+            Ok(w) => w,
+            Err(why) => return err(conn_reset(&xs, why)),
+        };
+        copied += w;
+        tx.wake_reader(POLLIN | POLLRDNORM);
+        if w < got {
+            // cannot happen (free space was checked); never lose bytes silently
+            return err(conn_reset(&xs, crate::ring::RingError::UnknownFlags(0)));
+        }
+    }
+    xs.inner.lock().bytes_out += copied as u64;
+    copied as c_int
 }
 
 unsafe extern "C" fn xs_recvmsg(
     sock: *mut bindings::socket,
     msg: *mut bindings::msghdr,
     _len: usize,
-    _flags: c_int,
+    flags: c_int,
 ) -> c_int {
     // SAFETY: live socket.
     let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
     // SAFETY: live msghdr of this call.
-    let _msg = unsafe { Msg::from_raw(msg) };
-    let st = xs.inner.lock().state;
-    match st {
-        State::Connected | State::Closed => 0,
-        _ => err(e::ENOTCONN),
+    let mut msg = unsafe { Msg::from_raw(msg) };
+    let (state, shut_rd, reset, rx, peer) = {
+        let i = xs.inner.lock();
+        (i.state, i.shut_rd, i.reset, i.rx.clone(), i.peer)
+    };
+    if reset {
+        return err(e::ECONNRESET);
     }
+    match state {
+        State::Connected => {}
+        State::Closed => return 0,
+        _ => return err(e::ENOTCONN),
+    }
+    let Some(rx) = rx else { return err(e::ENOTCONN) };
+    let peek = flags & bindings::MSG_PEEK as i32 != 0;
+    let waitall = flags & bindings::MSG_WAITALL as i32 != 0 && !peek;
+    let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;
+    let mut timeo: c_long = xs.sk.rcvtimeo(nonblock);
+    let total = msg.left();
+    let mut copied = 0usize;
+    let mut buf = [0u8; CHUNK];
+    while copied < total {
+        let (n, end) = match rx.rx_state() {
+            Ok(v) => v,
+            Err(why) => return err(conn_reset(&xs, why)),
+        };
+        if n > 0 {
+            let mut c = rx.rx.lock();
+            if peek {
+                // MSG_PEEK: the first CHUNK bytes, never consumed
+                let want = (total).min(n as usize).min(CHUNK);
+                let got = match c.peek(&mut buf[..want]) {
+                    Ok(g) => g,
+                    Err(why) => {
+                        drop(c);
+                        return err(conn_reset(&xs, why));
+                    }
+                };
+                drop(c);
+                let out = msg.copy_to(&buf[..got]);
+                if out == 0 && got > 0 {
+                    return err(e::EFAULT);
+                }
+                msg.set_name(&peer.bytes());
+                return out as c_int;
+            }
+            let want = (total - copied).min(n as usize).min(CHUNK);
+            let got = match c.peek(&mut buf[..want]) {
+                Ok(g) => g,
+                Err(why) => {
+                    drop(c);
+                    return err(conn_reset(&xs, why));
+                }
+            };
+            let out = msg.copy_to(&buf[..got]);
+            // consume only what reached the user
+            if let Err(why) = c.skip(out as u32) {
+                drop(c);
+                return err(conn_reset(&xs, why));
+            }
+            drop(c);
+            copied += out;
+            rx.wake_writer(POLLOUT | POLLWRNORM);
+            if out < got {
+                if copied == out && out == 0 {
+                    return err(e::EFAULT);
+                }
+                break;
+            }
+            continue;
+        }
+        // ring empty
+        if end.reset {
+            xs.inner.lock().reset = true;
+            return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
+        }
+        if end.fin || shut_rd || (copied > 0 && !waitall) {
+            break;
+        }
+        let r = xs.sk.wait(&mut timeo, || match rx.rx_state() {
+            Ok((n, end)) => n > 0 || end.fin || end.reset || xs.inner.lock().shut_rd,
+            Err(_) => true,
+        });
+        if let Err(x) = r {
+            return if copied > 0 { copied as c_int } else { err(x) };
+        }
+    }
+    msg.set_name(&peer.bytes());
+    xs.inner.lock().bytes_in += copied as u64;
+    copied as c_int
 }

@@ -322,6 +322,10 @@ impl Msg {
     pub(crate) unsafe fn from_raw(p: *mut bindings::msghdr) -> Self {
         Self(p)
     }
+    pub(crate) fn flags(&self) -> i32 {
+        // SAFETY: live msghdr.
+        unsafe { (*self.0).msg_flags as i32 }
+    }
     pub(crate) fn left(&self) -> usize {
         // SAFETY: live msghdr.
         unsafe { afx_msg_left(self.0) }
@@ -464,5 +468,59 @@ pub(crate) fn vec_remove<T>(v: &mut KVec<T>, i: usize) -> T {
         core::ptr::copy(p.add(1), p, len - i - 1);
         v.set_len(len - 1);
         x
+    }
+}
+
+extern "C" {
+    fn afx_sk_alloc_child(parent: *mut bindings::sock, privp: *mut c_void) -> *mut bindings::sock;
+    fn afx_vzalloc(size: usize) -> *mut c_void;
+    fn afx_vfree(p: *mut c_void);
+}
+
+impl Sk {
+    /// A sock for an incoming connection of the listener `self` (no socket yet).
+    pub(crate) fn alloc_child(&self) -> Option<Sk> {
+        // SAFETY: self is a live sock of ours.
+        let sk = unsafe { afx_sk_alloc_child(self.0, core::ptr::null_mut()) };
+        if sk.is_null() {
+            None
+        } else {
+            Some(Sk(sk))
+        }
+    }
+}
+
+/// Zeroed, page-aligned local memory for a ring (loopback connections),
+/// freed on drop. Rings over it are only valid while it lives.
+pub(crate) struct Region {
+    base: core::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: plain kernel memory, accessed only through proto's RawRing (atomics
+// and raw copies).
+unsafe impl Send for Region {}
+// SAFETY: see above.
+unsafe impl Sync for Region {}
+
+impl Region {
+    pub(crate) fn alloc(len: usize) -> Option<Region> {
+        // SAFETY: vzalloc returns page-aligned zeroed memory or NULL.
+        let p = unsafe { afx_vzalloc(len) } as *mut u8;
+        core::ptr::NonNull::new(p).map(|base| Region { base, len })
+    }
+    /// A ring of `geometry` over this region. The caller keeps the Region
+    /// alive (same owning struct) as long as the ring is used.
+    pub(crate) fn ring(&self, geometry: crate::layout::RingGeometry) -> Option<crate::mem::RawRing> {
+        // SAFETY: base is page aligned (>= 128), valid for len bytes while
+        // self lives, and only ever accessed through RawRing.
+        unsafe { crate::mem::RawRing::from_region(self.base, self.len, geometry) }.ok()
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: allocated by afx_vzalloc; no ring over it is used any more.
+        unsafe { afx_vfree(self.base.as_ptr().cast()) }
     }
 }

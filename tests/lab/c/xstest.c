@@ -7,6 +7,8 @@
  *
  *   xstest local            calls within one domain: socket/bind/listen/
  *                           getsockname/accept/connect and their errno cases
+ *   xstest loop             loopback connections (same domain): data path,
+ *                           poll/epoll, shutdown, close, EPIPE/SIGPIPE
  *   xstest hold N           keep a socket open N seconds (rmmod refusal)
  *   xstest autoload         socket(19) with the module unloaded
  */
@@ -20,7 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -205,6 +210,211 @@ static void test_local(void)
 	close(s);
 }
 
+
+static int sigpipes;
+static void on_sigpipe(int sig) { (void)sig; sigpipes++; }
+
+/* listener on port, connected pair (client c, accepted a) */
+static int lpair(uint32_t me, uint32_t port, int *c, int *a, int *l)
+{
+	struct sockaddr_xen x = xaddr(XEN_DOMID_ANY, port);
+
+	*l = xsock();
+	if (*l < 0 || bind(*l, (struct sockaddr *)&x, sizeof(x)) || listen(*l, 8))
+		return -1;
+	*c = xsock();
+	x = xaddr(me, port);
+	if (connect(*c, (struct sockaddr *)&x, sizeof(x)))
+		return -1;
+	*a = accept(*l, NULL, NULL);
+	return *a < 0 ? -1 : 0;
+}
+
+static uint64_t pattern(uint64_t i) { return (i * 2654435761u) >> 7; }
+
+static void test_loop(void)
+{
+	uint32_t me = own_domid();
+	struct sockaddr_xen x, y;
+	socklen_t len;
+	int l, c, a, r;
+	char buf[65536];
+
+	r = lpair(me, 6000, &c, &a, &l);
+	result("loop-connect-accept", r == 0, "errno=%s", r ? strerrorname_np(errno) : "0");
+	if (r)
+		return;
+	len = sizeof(y);
+	getpeername(c, (struct sockaddr *)&y, &len);
+	result("loop-getpeername-client", y.sxen_port == 6000 && y.sxen_domid == me, "port=%u domid=%u", y.sxen_port, y.sxen_domid);
+	len = sizeof(x);
+	getsockname(c, (struct sockaddr *)&x, &len);
+	len = sizeof(y);
+	getpeername(a, (struct sockaddr *)&y, &len);
+	result("loop-getpeername-accepted", y.sxen_port == x.sxen_port && y.sxen_domid == me, "port=%u want=%u", y.sxen_port, x.sxen_port);
+	x = xaddr(me, 6000);
+	EXPECT_ERR("loop-connect-isconn", connect(c, (struct sockaddr *)&x, sizeof(x)), EISCONN);
+	{
+		struct pollfd p = { .fd = c, .events = POLLIN | POLLOUT };
+
+		result("loop-poll-pollout", poll(&p, 1, 0) == 1 && p.revents == POLLOUT, "revents=%#x", p.revents);
+	}
+	EXPECT_ERR("loop-recv-dontwait-empty", recv(a, buf, 10, MSG_DONTWAIT), EAGAIN);
+	result("loop-send", send(c, "hello", 5, 0) == 5, NULL);
+	{
+		struct pollfd p = { .fd = a, .events = POLLIN };
+
+		result("loop-poll-pollin", poll(&p, 1, 1000) == 1 && (p.revents & POLLIN), "revents=%#x", p.revents);
+	}
+	memset(buf, 0, 16);
+	result("loop-peek", recv(a, buf, 16, MSG_PEEK) == 5 && !memcmp(buf, "hello", 5), NULL);
+	memset(buf, 0, 16);
+	result("loop-recv", recv(a, buf, 16, 0) == 5 && !memcmp(buf, "hello", 5), NULL);
+	{
+		struct iovec iv[3] = { { "ab", 2 }, { "cde", 3 }, { "fghi", 4 } };
+		struct msghdr m = { .msg_iov = iv, .msg_iovlen = 3 };
+		char o1[4] = "", o2[5] = "";
+		struct iovec ov[2] = { { o1, 4 }, { o2, 5 } };
+		struct msghdr mo = { .msg_iov = ov, .msg_iovlen = 2 };
+
+		result("loop-sendmsg-iov", sendmsg(c, &m, 0) == 9, NULL);
+		r = recvmsg(a, &mo, MSG_WAITALL);
+		result("loop-recvmsg-iov", r == 9 && !memcmp(o1, "abcd", 4) && !memcmp(o2, "efghi", 5), "r=%d", r);
+	}
+	EXPECT_ERR("loop-send-efault", send(c, (void *)8, 100, 0), EFAULT);
+	{
+		struct timeval tv = { 0, 200000 };
+		double t0 = now();
+
+		setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+		EXPECT_ERR("loop-recv-rcvtimeo", recv(a, buf, 10, 0), EAGAIN);
+		result("loop-recv-rcvtimeo-time", now() - t0 >= 0.19 && now() - t0 < 2, "%.3fs", now() - t0);
+		tv.tv_usec = 0;
+		setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	}
+	/* 64 MiB checksummed stream through the ring, writer in a child process */
+	{
+		const uint64_t total = 64ull << 20;
+		pid_t pid = fork();
+
+		if (pid == 0) {
+			uint64_t off = 0;
+
+			while (off < total) {
+				uint64_t w[1024];
+				size_t n = sizeof(w), k;
+
+				for (k = 0; k < 1024; k++)
+					w[k] = pattern(off / 8 + k);
+				if (total - off < n)
+					n = total - off;
+				ssize_t m = send(c, w, n, 0);
+				if (m <= 0)
+					_exit(1);
+				if ((size_t)m < n) { /* resend the rest from a fresh block start */
+					fprintf(stderr, "short send %zd\n", m);
+					_exit(2);
+				}
+				off += n;
+			}
+			_exit(0);
+		}
+		uint64_t off = 0, bad = 0;
+		double t0 = now();
+
+		while (off < total) {
+			uint64_t w[1024];
+			ssize_t m = recv(a, w, sizeof(w), MSG_WAITALL);
+
+			if (m <= 0)
+				break;
+			for (ssize_t k = 0; k < m / 8; k++)
+				if (w[k] != pattern(off / 8 + k))
+					bad++;
+			off += m;
+		}
+		int st = 0;
+
+		waitpid(pid, &st, 0);
+		double dt = now() - t0;
+		result("loop-stream-64mib", off == total && bad == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		       "got=%llu bad=%llu %.1f MiB/s", (unsigned long long)off, (unsigned long long)bad, total / 1048576.0 / dt);
+		printf("@@METRIC kmod.loopback_stream_mib_s %.1f MiB/s\n", total / 1048576.0 / dt);
+	}
+	/* half-close: data then EOF, POLLRDHUP */
+	send(c, "bye", 3, 0);
+	EXPECT_OK("loop-shutdown-wr", shutdown(c, SHUT_WR));
+	{
+		struct pollfd p = { .fd = a, .events = POLLIN | POLLRDHUP };
+
+		poll(&p, 1, 1000);
+		result("loop-pollrdhup", (p.revents & POLLRDHUP) != 0, "revents=%#x", p.revents);
+	}
+	result("loop-data-before-eof", recv(a, buf, 10, 0) == 3, NULL);
+	result("loop-eof", recv(a, buf, 10, 0) == 0, NULL);
+	EXPECT_ERR("loop-send-after-shutdown", send(c, "x", 1, MSG_NOSIGNAL), EPIPE);
+	result("loop-halfclose-reverse", send(a, "back", 4, 0) == 4 && recv(c, buf, 10, 0) == 4, NULL);
+	/* close with lingering data: the peer still reads it, then EOF */
+	{
+		memset(buf, 'L', 1000);
+		send(a, buf, 1000, 0);
+		close(a);
+		r = recv(c, buf, sizeof(buf), MSG_WAITALL);
+		result("loop-linger-data", r == 1000, "r=%d", r);
+		result("loop-linger-eof", recv(c, buf, 10, 0) == 0, NULL);
+		EXPECT_ERR("loop-epipe-nosignal", send(c, "x", 1, MSG_NOSIGNAL), EPIPE);
+	}
+	close(c);
+	/* EPIPE raises SIGPIPE without MSG_NOSIGNAL */
+	r = lpair(me, 6001, &c, &a, &l);
+	if (r == 0) {
+		signal(SIGPIPE, on_sigpipe);
+		close(a);
+		errno = 0;
+		r = send(c, "x", 1, 0);
+		result("loop-sigpipe", r == -1 && errno == EPIPE && sigpipes == 1, "r=%d sigpipes=%d", r, sigpipes);
+		signal(SIGPIPE, SIG_IGN);
+		close(c);
+	} else result("loop-sigpipe", 0, "pair failed");
+	close(l);
+	/* backlog: listen(1), two connects without accept */
+	{
+		int l2 = xsock(), c1 = xsock(), c2 = xsock();
+
+		x = xaddr(XEN_DOMID_ANY, 6002);
+		bind(l2, (struct sockaddr *)&x, sizeof(x));
+		listen(l2, 1);
+		x = xaddr(me, 6002);
+		EXPECT_OK("loop-backlog-first", connect(c1, (struct sockaddr *)&x, sizeof(x)));
+		EXPECT_ERR("loop-backlog-full", connect(c2, (struct sockaddr *)&x, sizeof(x)), ECONNREFUSED);
+		int a2 = accept4(l2, NULL, NULL, SOCK_NONBLOCK);
+		result("loop-accept4-nonblock", a2 >= 0 && (fcntl(a2, F_GETFL) & O_NONBLOCK), "a2=%d", a2);
+		/* edge-triggered epoll on the accepted socket */
+		int ep = epoll_create1(0);
+		struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.fd = a2 }, out;
+
+		epoll_ctl(ep, EPOLL_CTL_ADD, a2, &ev);
+		result("loop-epollet-idle", epoll_wait(ep, &out, 1, 0) == 0, NULL);
+		send(c1, "e", 1, 0);
+		result("loop-epollet-wakeup", epoll_wait(ep, &out, 1, 1000) == 1 && (out.events & EPOLLIN), NULL);
+		close(ep);
+		close(a2); close(c1); close(c2); close(l2);
+	}
+	/* a listener closed with a connection never accepted */
+	{
+		int l3 = xsock(), c3 = xsock();
+
+		x = xaddr(XEN_DOMID_ANY, 6003);
+		bind(l3, (struct sockaddr *)&x, sizeof(x));
+		listen(l3, 4);
+		x = xaddr(me, 6003);
+		connect(c3, (struct sockaddr *)&x, sizeof(x));
+		close(l3);
+		result("loop-unaccepted-eof", recv(c3, buf, 10, 0) == 0, NULL);
+		close(c3);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "local";
@@ -224,6 +434,8 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(mode, "local")) {
 		test_local();
+	} else if (!strcmp(mode, "loop")) {
+		test_loop();
 	} else if (!strcmp(mode, "hold")) {
 		/* keep one AF_XEN socket open for argv[2] seconds */
 		int s = xsock();

@@ -5,3 +5,4 @@ check kmod-family-sysfs sh -c 'test "$(cat /sys/module/af_xen/parameters/family)
 dmesg | grep -i af_xen
 # the C tests print their own @@RESULT c-* lines
 check c-local xstest local
+check c-loop xstest loop
