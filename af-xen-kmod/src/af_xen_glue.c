@@ -151,3 +151,16 @@ struct sock *afx_sk_alloc_child(struct sock *parent, void *priv)
 
 void *afx_vzalloc(size_t size) { return vzalloc(size); }
 void afx_vfree(void *p) { vfree(p); }
+
+/* /proc/net/af_xen (initial netns): one line per socket, written by Rust */
+#include <linux/proc_fs.h>
+#include <linux/seq_file.h>
+#include <net/net_namespace.h>
+int afx_rs_proc_show(struct seq_file *m);	/* Rust (sock.rs) */
+static int afx_proc_show(struct seq_file *m, void *v) { return afx_rs_proc_show(m); }
+int afx_proc_init(void)
+{
+	return proc_create_single("af_xen", 0444, init_net.proc_net, afx_proc_show) ? 0 : -ENOMEM;
+}
+void afx_proc_exit(void) { remove_proc_entry("af_xen", init_net.proc_net); }
+void afx_seq_write(struct seq_file *m, const void *p, size_t n) { seq_write(m, p, n); }

@@ -29,3 +29,7 @@ void afx_sk_put(struct sock *sk);
 struct sock *afx_sk_alloc_child(struct sock *parent, void *priv);
 void *afx_vzalloc(size_t size);
 void afx_vfree(void *p);
+struct seq_file;
+int afx_proc_init(void);
+void afx_proc_exit(void);
+void afx_seq_write(struct seq_file *m, const void *p, size_t n);

@@ -38,6 +38,7 @@ module! {
 
 struct AfXen {
     reg: Option<sys::Registration>,
+    proc_: Option<sys::ProcEntry>,
     _ops: Pin<KBox<sys::Ops>>,
     _globals: Pin<KBox<sock::Globals>>,
 }
@@ -71,8 +72,15 @@ impl kernel::Module for AfXen {
                 return Err(e);
             }
         };
+        let proc_ = match sys::ProcEntry::create() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                pr_warn!("cannot create /proc/net/af_xen\n");
+                None
+            }
+        };
         pr_info!("AF_XEN registered as family {} (domid {})\n", family, own);
-        Ok(AfXen { reg: Some(reg), _ops: ops, _globals: globals })
+        Ok(AfXen { reg: Some(reg), proc_, _ops: ops, _globals: globals })
     }
 }
 
@@ -80,6 +88,7 @@ impl Drop for AfXen {
     fn drop(&mut self) {
         // sock_unregister first (no new sockets; every socket held a module
         // reference, so none is left), then the struct proto, then the globals.
+        drop(self.proc_.take());
         drop(self.reg.take());
         sys::proto_unregister();
         sock::unpublish();

@@ -887,3 +887,61 @@ unsafe extern "C" fn xs_recvmsg(
     xs.inner.lock().bytes_in += copied as u64;
     copied as c_int
 }
+
+/// A line buffer for /proc output.
+struct Line {
+    buf: [u8; 256],
+    len: usize,
+}
+
+impl core::fmt::Write for Line {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        let b = s.as_bytes();
+        let n = b.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&b[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+/// /proc/net/af_xen: one line per socket.
+pub(crate) fn proc_show(seq: &mut sys::Seq) {
+    use core::fmt::Write;
+    seq.write(b"state       local            peer             rx_size rx_fill tx_size tx_fill bytes_in bytes_out carrier\n");
+    let p = globals().ports.lock();
+    for (_, xs) in p.all.iter() {
+        let (st, local, peer, bound, tx, rx, bin, bout, reset) = {
+            let i = xs.inner.lock();
+            (i.state, i.local, i.peer, i.bound, i.tx.clone(), i.rx.clone(), i.bytes_in, i.bytes_out, i.reset)
+        };
+        let mut l = Line { buf: [0; 256], len: 0 };
+        let _ = write!(l, "{:<11} ", st.name());
+        if bound {
+            let _ = write!(l, "{:>5}:{:<10} ", local.domid, local.port);
+        } else {
+            let _ = write!(l, "{:>5}:{:<10} ", "*", "*");
+        }
+        if st == State::Connected {
+            let _ = write!(l, "{:>5}:{:<10} ", peer.domid, peer.port);
+        } else {
+            let _ = write!(l, "{:>5}:{:<10} ", "-", "-");
+        }
+        let (rxs, rxf) = match &rx {
+            Some(r) => (r.capacity(), r.rx_state().map(|(n, _)| n).unwrap_or(0)),
+            None => (0, 0),
+        };
+        let (txs, txf) = match &tx {
+            Some(t) => (t.capacity(), t.tx_state().map(|(free, _)| t.capacity() - free.min(t.capacity())).unwrap_or(0)),
+            None => (0, 0),
+        };
+        let carrier = if reset {
+            "reset"
+        } else if tx.is_some() {
+            "ring-local"
+        } else {
+            "-"
+        };
+        let _ = writeln!(l, "{:>7} {:>7} {:>7} {:>7} {:>8} {:>9} {}", rxs, rxf, txs, txf, bin, bout, carrier);
+        seq.write(&l.buf[..l.len]);
+    }
+}

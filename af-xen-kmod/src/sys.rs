@@ -524,3 +524,47 @@ impl Drop for Region {
         unsafe { afx_vfree(self.base.as_ptr().cast()) }
     }
 }
+
+extern "C" {
+    fn afx_proc_init() -> c_int;
+    fn afx_proc_exit();
+    fn afx_seq_write(m: *mut bindings::seq_file, p: *const c_void, n: usize);
+}
+
+/// /proc/net/af_xen, removed on drop.
+pub(crate) struct ProcEntry;
+
+impl ProcEntry {
+    pub(crate) fn create() -> Result<ProcEntry> {
+        // SAFETY: creates the entry once; its show callback is
+        // afx_rs_proc_show, valid until drop removes the entry.
+        let r = unsafe { afx_proc_init() };
+        if r != 0 {
+            return Err(Error::from_errno(r));
+        }
+        Ok(ProcEntry)
+    }
+}
+
+impl Drop for ProcEntry {
+    fn drop(&mut self) {
+        // SAFETY: created in create(); remove_proc_entry waits for readers.
+        unsafe { afx_proc_exit() }
+    }
+}
+
+/// A seq_file being shown.
+pub(crate) struct Seq(*mut bindings::seq_file);
+
+impl Seq {
+    pub(crate) fn write(&mut self, b: &[u8]) {
+        // SAFETY: live seq_file of the show callback; b valid for its length.
+        unsafe { afx_seq_write(self.0, b.as_ptr().cast(), b.len()) }
+    }
+}
+
+#[no_mangle]
+unsafe extern "C" fn afx_rs_proc_show(m: *mut bindings::seq_file) -> c_int {
+    crate::sock::proc_show(&mut Seq(m));
+    0
+}

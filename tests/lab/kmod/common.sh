@@ -11,3 +11,5 @@ run_c() {
 }
 run_c c-local local
 run_c c-loop loop
+# /proc/net/af_xen lists every socket (a held one shows up as UNBOUND)
+check kmod-proc sh -c 'xstest hold 3 & sleep 1; cat /proc/net/af_xen; grep -q "^UNBOUND" /proc/net/af_xen; r=$?; wait; exit $r'
