@@ -12,7 +12,6 @@ use crate::addr::{SockAddrXen, ToXenAddr};
 use crate::conn::{lock, Conn, ConnPhase, WANT_READ, WANT_WRITE};
 use crate::error::errno;
 use crate::transport::{SocketOptions, Transport};
-use xensock_xenif::SharedRegion;
 
 /// Closes the connection when the last clone goes.
 struct Guard {

@@ -38,6 +38,13 @@ use crate::stream::XenStream;
 /// publishes one node per peer it has a link with: `data/xensock/link/<peer>`.
 pub const LINK_DIR: &str = "data/xensock/link";
 
+/// `state` of a link node once our half is advertised (`XenbusStateInitialised`).
+pub const STATE_INITIALISED: &str = "3";
+/// `state` once we mapped the peer's page and bound its port (`XenbusStateConnected`).
+pub const STATE_CONNECTED: &str = "4";
+/// `state` of a withdrawn half-link in a directory dom0 made (`XenbusStateClosed`).
+pub const STATE_CLOSED: &str = "6";
+
 /// First port handed out for `PORT_ANY`.
 pub const EPHEMERAL_PORT_FIRST: u32 = 49152;
 
@@ -99,6 +106,7 @@ struct Link {
     shared: Arc<LinkShared>,
     conns: HashSet<u32>,
     peer_seen_alive: bool,
+    created_dir: bool,
 }
 
 pub(crate) struct State {
@@ -155,7 +163,6 @@ impl Drop for Owner {
             self.inner.link_down(&mut st, p, false);
         }
         st.listeners.clear();
-        let _ = self.inner.xs.rm(&self.inner.link_dir_abs());
     }
 }
 
@@ -264,7 +271,11 @@ impl Transport {
             counters: Counters::default(),
         });
         // Links of an earlier process of this domain are dead.
-        let _ = inner.xs.rm(&inner.link_dir_abs());
+        if let Ok(peers) = inner.xs.directory(&inner.link_dir_abs()) {
+            for p in peers.iter().filter_map(|p| p.parse::<DomId>().ok()) {
+                inner.withdraw_node(p, false);
+            }
+        }
         let watch = inner.xs.watch("/local/domain").map_err(Error::from)?;
         let mut threads = Vec::new();
         let i2 = inner.clone();
@@ -669,20 +680,26 @@ impl Inner {
         let node = self.my_node(peer);
         let me = self.domid;
         let (ring_ref, port) = (rx.grant.header_ref, rx_chan.local_port());
-        self.xs.transaction(|tx| {
-            match tx.rm(&node) {
-                Ok(()) => {}
-                Err(e) if e.is(XsErrno::NoEnt) => {}
+        let created_dir = self.xs.transaction(|tx| {
+            // A directory made by dom0 (the agent's policy, as the kernel
+            // module needs) is kept with its permissions; otherwise we make
+            // it readable by the peer only.
+            let exists = match tx.directory(&node) {
+                Ok(_) => true,
+                Err(e) if e.is(XsErrno::NoEnt) => false,
                 Err(e) => return Err(e),
+            };
+            if !exists {
+                tx.mkdir(&node)?;
+                tx.set_perms(
+                    &node,
+                    &[
+                        Perm::new(PermAccess::None, u32::from(me)),
+                        Perm::new(PermAccess::Read, u32::from(peer)),
+                    ],
+                )?;
             }
-            tx.mkdir(&node)?;
-            tx.set_perms(
-                &node,
-                &[
-                    Perm::new(PermAccess::None, u32::from(me)),
-                    Perm::new(PermAccess::Read, u32::from(peer)),
-                ],
-            )?;
+            tx.write(&format!("{node}/version"), "1")?;
             tx.write(&format!("{node}/ring-ref"), ring_ref.to_string())?;
             tx.write(&format!("{node}/event-channel"), port.to_string())?;
             tx.write(&format!("{node}/generation"), gen.to_string())?;
@@ -690,8 +707,8 @@ impl Inner {
                 &format!("{node}/peer-generation"),
                 peer_gen.unwrap_or(0).to_string(),
             )?;
-            tx.write(&format!("{node}/protocol"), "1")?;
-            Ok(())
+            tx.write(&format!("{node}/state"), STATE_INITIALISED)?;
+            Ok(!exists)
         })?;
         epoll_add(&self.epoll, rx_chan.as_raw_fd(), u64::from(peer) + 1)?;
         let c = Consumer::new(rx.ring);
@@ -711,6 +728,7 @@ impl Inner {
                 }),
                 conns: HashSet::new(),
                 peer_seen_alive: false,
+                created_dir,
             },
         );
         Ok(())
@@ -742,6 +760,9 @@ impl Inner {
         let p = Producer::new(ring.ring);
         link.tx = Some(LinkTx { ring, p, chan });
         link.peer_gen = Some(info.gen);
+        let _ = self
+            .xs
+            .write(&format!("{}/state", self.my_node(peer)), STATE_CONNECTED);
         let _ = self.flush_link(link);
         if let Some(tx) = &link.tx {
             let _ = tx.chan.notify();
@@ -759,11 +780,17 @@ impl Inner {
                 .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok()))
         };
         let read = || -> Result<Option<PeerNode>, XsError> {
-            let (Some(gen), Some(ring_ref), Some(port)) =
-                (num("generation")?, num("ring-ref")?, num("event-channel")?)
-            else {
+            let (Some(gen), Some(ring_ref), Some(port), Some(state)) = (
+                num("generation")?,
+                num("ring-ref")?,
+                num("event-channel")?,
+                num("state")?,
+            ) else {
                 return Ok(None);
             };
+            if !(3..=4).contains(&state) {
+                return Ok(None);
+            }
             Ok(Some(PeerNode {
                 gen,
                 ring_ref,
@@ -847,9 +874,30 @@ impl Inner {
         for l in st.listeners.values() {
             l.drop_peer(peer);
         }
+        let created = link.created_dir;
         drop(link);
-        let _ = self.xs.rm(&self.my_node(peer));
+        self.withdraw_node(peer, created);
         self.link_cv.notify_all();
+    }
+
+    /// Removes our half of the link from XenStore: the whole node if we
+    /// made it, else (dom0 made it) our values, leaving `state` Closed.
+    fn withdraw_node(&self, peer: DomId, created_dir: bool) {
+        let node = self.my_node(peer);
+        if created_dir {
+            let _ = self.xs.rm(&node);
+            return;
+        }
+        let _ = self.xs.transaction(|tx| {
+            for name in ["ring-ref", "event-channel", "generation", "peer-generation"] {
+                match tx.rm(&format!("{node}/{name}")) {
+                    Ok(()) => {}
+                    Err(e) if e.is(XsErrno::NoEnt) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            tx.write(&format!("{node}/state"), STATE_CLOSED)
+        });
     }
 
     fn link_alive(&self, link: &mut Link) -> bool {

@@ -1,14 +1,18 @@
-//! Core behaviour across two simulated domains.
+//! Core behaviour across two simulated domains in one process.
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use libxensock::{SockAddrXen, SocketOptions};
+
+fn errno(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(-1)
+}
 
 #[test]
 fn echo_across_domains() {
@@ -56,4 +60,306 @@ fn echo_across_domains() {
         "{:?}",
         p.host.stats()
     );
+}
+
+#[test]
+fn second_connection_reuses_the_link() {
+    let p = pair();
+    let l = p.b.bind("xen:self:7001").unwrap();
+    let addr = (u32::from(p.db.domid), 7001);
+    let c1 = p.a.connect(addr).unwrap();
+    let _s1 = l.accept().unwrap();
+    let ports_before = p.host.stats().ports;
+    let c2 = p.a.connect(addr).unwrap();
+    let _s2 = l.accept().unwrap();
+    // No new event channels: connections are frames on the link.
+    assert_eq!(p.host.stats().ports, ports_before);
+    assert_ne!(c1.local_addr().unwrap(), c2.local_addr().unwrap());
+    assert_eq!(p.a.status().links.len(), 1);
+    assert_eq!(p.a.status().connections.len(), 2);
+}
+
+#[test]
+fn many_small_writes_and_partial_reads() {
+    let p = pair();
+    let l = p
+        .b
+        .bind_with(
+            "xen:self:7002",
+            SocketOptions {
+                recv_buffer: Some(2048),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let addr = (u32::from(p.db.domid), 7002);
+    let writer = {
+        let a = p.a.clone();
+        thread::spawn(move || {
+            let mut c = a
+                .connect_with(
+                    addr,
+                    None,
+                    SocketOptions {
+                        recv_buffer: Some(2048),
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+            let mut h = FNV_INIT;
+            for i in 0..20_000u32 {
+                let len = (i % 13) as usize + 1;
+                let chunk: Vec<u8> = (0..len).map(|k| (i as usize + k) as u8).collect();
+                fnv(&mut h, &chunk);
+                c.write_all(&chunk).unwrap();
+            }
+            h
+        })
+    };
+    let (mut s, _) = l.accept().unwrap();
+    assert_eq!(s.recv_buffer_size(), 2048);
+    let mut h = FNV_INIT;
+    let mut total = 0usize;
+    let mut i = 0usize;
+    loop {
+        let mut buf = vec![0u8; i % 7 + 1];
+        i += 1;
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        fnv(&mut h, &buf[..n]);
+        total += n;
+    }
+    let expect: usize = (0..20_000u32).map(|i| (i % 13) as usize + 1).sum();
+    assert_eq!(total, expect);
+    assert_eq!(h, writer.join().unwrap());
+}
+
+/// Writes `total` bytes of a checksummed pattern, returns the checksum.
+fn send_pattern(mut w: impl Write, total: u64, seed: u64) -> u64 {
+    let mut block = vec![0u8; 64 * 1024];
+    Pattern::new(seed).fill(&mut block);
+    let mut sum = Sum::default();
+    let mut sent = 0u64;
+    let mut i = 0u64;
+    while sent < total {
+        block[..8].copy_from_slice(&i.to_le_bytes());
+        let n = (total - sent).min(block.len() as u64) as usize;
+        sum.add(&block[..n]);
+        w.write_all(&block[..n]).unwrap();
+        sent += n as u64;
+        i += 1;
+    }
+    sum.0
+}
+
+fn recv_all(mut r: impl Read) -> (u64, u64) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut sum = Sum::default();
+    let mut total = 0u64;
+    loop {
+        let n = r.read(&mut buf).unwrap();
+        if n == 0 {
+            return (total, sum.0);
+        }
+        sum.add(&buf[..n]);
+        total += n as u64;
+    }
+}
+
+/// Position-dependent checksum (detects reordering), fast in debug builds.
+#[derive(Default)]
+struct Sum(u64, u64);
+impl Sum {
+    fn add(&mut self, data: &[u8]) {
+        for &b in data {
+            self.1 += 1;
+            self.0 = self.0.rotate_left(5) ^ u64::from(b) ^ self.1;
+        }
+    }
+}
+
+#[test]
+fn bidirectional_checksummed_transfer() {
+    // XENSOCK_TEST_BIG=1 moves the 1 GiB each way (use --release).
+    let total: u64 = if std::env::var_os("XENSOCK_TEST_BIG").is_some() {
+        1 << 30
+    } else {
+        32 << 20
+    };
+    let p = pair();
+    let l = p.b.bind("xen:self:7003").unwrap();
+    let addr = (u32::from(p.db.domid), 7003);
+    let c = p.a.connect(addr).unwrap();
+    let (s, _) = l.accept().unwrap();
+    let start = Instant::now();
+    let (c2, s2) = (c.try_clone().unwrap(), s.try_clone().unwrap());
+    let t1 = thread::spawn(move || {
+        let h = send_pattern(&c2, total, 1);
+        c2.shutdown(Shutdown::Write).unwrap();
+        h
+    });
+    let t2 = thread::spawn(move || {
+        let h = send_pattern(&s2, total, 2);
+        s2.shutdown(Shutdown::Write).unwrap();
+        h
+    });
+    let t3 = thread::spawn(move || recv_all(&s));
+    let (got_a, sum_a) = recv_all(&c);
+    let (got_b, sum_b) = t3.join().unwrap();
+    let (sent_a, sent_b) = (t1.join().unwrap(), t2.join().unwrap());
+    assert_eq!((got_b, sum_b), (total, sent_a));
+    assert_eq!((got_a, sum_a), (total, sent_b));
+    eprintln!(
+        "2 x {} MiB in {:?}",
+        total >> 20,
+        start.elapsed()
+    );
+}
+
+#[test]
+fn half_close() {
+    let p = pair();
+    let l = p.b.bind("xen:self:7004").unwrap();
+    let mut c = p.a.connect((u32::from(p.db.domid), 7004)).unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    c.write_all(b"request").unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    // Writing after shutdown(Write) is EPIPE.
+    assert_eq!(errno(&c.write(b"x").unwrap_err()), libc::EPIPE);
+    let mut req = Vec::new();
+    s.read_to_end(&mut req).unwrap();
+    assert_eq!(req, b"request");
+    // The other direction still works.
+    s.write_all(b"response").unwrap();
+    drop(s);
+    let mut resp = Vec::new();
+    c.read_to_end(&mut resp).unwrap();
+    assert_eq!(resp, b"response");
+}
+
+#[test]
+fn shutdown_read_makes_peer_writes_fail_with_epipe() {
+    let p = pair();
+    let l = p.b.bind("xen:self:7005").unwrap();
+    let c = p.a.connect((u32::from(p.db.domid), 7005)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    s.shutdown(Shutdown::Read).unwrap();
+    let mut buf = [0u8; 4];
+    assert_eq!((&s).read(&mut buf).unwrap(), 0);
+    assert_eq!(errno(&(&c).write(b"data").unwrap_err()), libc::EPIPE);
+}
+
+#[test]
+fn close_gives_eof_then_epipe() {
+    let p = pair();
+    let l = p.b.bind("xen:self:7006").unwrap();
+    let mut c = p.a.connect((u32::from(p.db.domid), 7006)).unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    s.write_all(b"bye").unwrap();
+    drop(s);
+    let mut got = Vec::new();
+    c.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"bye");
+    assert!(eventually(Duration::from_secs(2), || (&c)
+        .write(b"x")
+        .is_err_and(|e| errno(&e) == libc::EPIPE)));
+}
+
+#[test]
+fn connect_to_a_port_nobody_listens_on_is_refused() {
+    let p = pair();
+    let e = p.a.connect((u32::from(p.db.domid), 9)).unwrap_err();
+    assert_eq!(errno(&e), libc::ECONNREFUSED);
+    // A listener that went away refuses too.
+    let l = p.b.bind("xen:self:10").unwrap();
+    drop(l);
+    let e = p.a.connect((u32::from(p.db.domid), 10)).unwrap_err();
+    assert_eq!(errno(&e), libc::ECONNREFUSED);
+}
+
+#[test]
+fn connect_to_an_unknown_domain_is_unreachable() {
+    let p = pair_with(libxensock::Config {
+        link_timeout: Duration::from_millis(300),
+        ..config()
+    });
+    let e = p.a.connect((4000u32, 80)).unwrap_err();
+    assert_eq!(errno(&e), libc::EHOSTUNREACH);
+    // The withdrawn offer leaves nothing behind.
+    assert!(p.a.status().links.is_empty());
+}
+
+#[test]
+fn bad_addresses_are_einval() {
+    let p = pair();
+    for a in ["xen:1", "tcp:1:2", "xen:99999:1"] {
+        assert_eq!(errno(&p.a.connect(a).unwrap_err()), libc::EINVAL, "{a}");
+    }
+    // Own domain and the wildcard port.
+    let me = u32::from(p.da.domid);
+    assert_eq!(errno(&p.a.connect((me, 1)).unwrap_err()), libc::EINVAL);
+    assert_eq!(
+        errno(&p.a.connect("xen:3:any").unwrap_err()),
+        libc::EINVAL
+    );
+}
+
+#[test]
+fn port_in_use_and_any_port() {
+    let p = pair();
+    let _l = p.b.bind("xen:self:7007").unwrap();
+    assert_eq!(
+        errno(&p.b.bind("xen:self:7007").unwrap_err()),
+        libc::EADDRINUSE
+    );
+    let any = p.b.bind("xen:any:any").unwrap();
+    assert!(any.local_addr().unwrap().port >= libxensock::EPHEMERAL_PORT_FIRST);
+    // Another domain's id is not ours to bind.
+    assert_eq!(
+        errno(&p.b.bind((u32::from(p.da.domid), 1)).unwrap_err()),
+        libc::EADDRNOTAVAIL
+    );
+}
+
+#[test]
+fn listener_backlog_full_refuses() {
+    let p = pair();
+    let _l = p
+        .b
+        .bind_with(
+            "xen:self:7008",
+            SocketOptions {
+                backlog: Some(2),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let addr = (u32::from(p.db.domid), 7008);
+    let _c1 = p.a.connect(addr).unwrap();
+    let _c2 = p.a.connect(addr).unwrap();
+    let e = p.a.connect(addr).unwrap_err();
+    assert_eq!(errno(&e), libc::ECONNREFUSED);
+    assert_eq!(p.b.status().rejected, 1);
+}
+
+#[test]
+fn timeouts() {
+    let p = pair();
+    let l = p.b.bind("xen:self:7009").unwrap();
+    let c = p.a.connect((u32::from(p.db.domid), 7009)).unwrap();
+    let (_s, _) = l.accept().unwrap();
+    assert_eq!(
+        errno(&c.set_read_timeout(Some(Duration::ZERO)).unwrap_err()),
+        libc::EINVAL
+    );
+    c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let mut buf = [0u8; 8];
+    let e = (&c).read(&mut buf).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+    assert!(matches!(
+        l.accept_timeout(Duration::from_millis(20)).unwrap_err().raw_os_error(),
+        Some(libc::ETIMEDOUT)
+    ));
 }
