@@ -58,20 +58,29 @@ impl Pipe {
     }
 
     pub(crate) fn set_ends(&self, reader: Option<Arc<XenSock>>, writer: Option<Arc<XenSock>>) {
-        let mut e = self.ends.lock();
-        e.reader = reader;
-        e.writer = writer;
+        // The old values drop after the lock is released: dropping the last
+        // reference of a socket may free rings (vfree), which may sleep.
+        let old = {
+            let mut e = self.ends.lock();
+            (core::mem::replace(&mut e.reader, reader), core::mem::replace(&mut e.writer, writer))
+        };
+        drop(old);
     }
 
     /// Forget `xs` as an end (it is closing); breaks the Arc cycle.
     pub(crate) fn detach(&self, xs: &XenSock) {
-        let mut e = self.ends.lock();
-        if e.reader.as_deref().map(|r| core::ptr::eq(r, xs)).unwrap_or(false) {
-            e.reader = None;
+        let (mut r, mut w) = (None, None);
+        {
+            let mut e = self.ends.lock();
+            if e.reader.as_deref().map(|x| core::ptr::eq(x, xs)).unwrap_or(false) {
+                r = e.reader.take();
+            }
+            if e.writer.as_deref().map(|x| core::ptr::eq(x, xs)).unwrap_or(false) {
+                w = e.writer.take();
+            }
         }
-        if e.writer.as_deref().map(|w| core::ptr::eq(w, xs)).unwrap_or(false) {
-            e.writer = None;
-        }
+        // dropped outside the spinlock (see set_ends)
+        drop((r, w));
     }
 
     /// Wake whoever reads this ring (data, FIN or reset arrived). The wake

@@ -501,29 +501,32 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
         c.tx = Some(to_me.clone());
         c.rx = Some(to_child.clone());
     }
+    // Listed before it is queued (no mutex or sleeping allocation may
+    // happen under the listener's spinlock).
     {
-        let mut li = l.inner.lock();
-        if li.state != State::Listening || li.accept_q.len() >= li.backlog as usize {
-            drop(li);
+        let mut p = globals().ports.lock();
+        let key = &*child as *const XenSock as usize;
+        if p.all.try_create_and_insert(key, child.clone(), GFP_KERNEL).is_err() {
+            drop(p);
             to_child.set_ends(None, None);
             to_me.set_ends(None, None);
-            return Err(fail(e::ECONNREFUSED));
+            return Err(fail(e::ENOMEM));
         }
-        {
-            let mut p = globals().ports.lock();
-            let key = &*child as *const XenSock as usize;
-            if p.all.try_create_and_insert(key, child.clone(), GFP_KERNEL).is_err() {
-                drop(p);
-                drop(li);
-                to_child.set_ends(None, None);
-                to_me.set_ends(None, None);
-                return Err(fail(e::ENOMEM));
-            }
+    }
+    let queued = {
+        let mut li = l.inner.lock();
+        if li.state != State::Listening || li.accept_q.len() >= li.backlog as usize {
+            false
+        } else {
+            // GFP_ATOMIC: we hold a spinlock
+            li.accept_q.push(child.clone(), GFP_ATOMIC).is_ok()
         }
-        if li.accept_q.push(child, GFP_KERNEL).is_err() {
-            drop(li);
-            return Err(e::ENOMEM);
-        }
+    };
+    if !queued {
+        destroy(&child);
+        to_child.set_ends(None, None);
+        to_me.set_ends(None, None);
+        return Err(fail(e::ECONNREFUSED));
     }
     {
         let mut i = xs.inner.lock();
