@@ -22,8 +22,19 @@ flock -n 8 || { echo "another build of $OUT is running" >&2; exit 1; }
 cd "$OUT"
 if [[ ! -d src ]]; then
   chmod 755 "$OUT"
-  # needs a deb-src line for the suite that has $VER (lab/lib/deps.sh adds it)
-  timeout 600 apt-get source -q --download-only "xen=$VER"
+  # Needs deb-src lines (lab/lib/deps.sh adds them). The mirror reachable
+  # here serves bookworm's sources but 404s on bookworm-security's, so when
+  # the exact version cannot be fetched, take the newest 4.17 source that
+  # can: same stable series, same domctl/sysctl interface as the tools.
+  got=
+  for v in "$VER" $(apt-cache showsrc xen | awk '/^Version: 4\.17/ {print $2}' | sort -rV); do
+    rm -f xen_*
+    if timeout 600 apt-get source -q --download-only "xen=$v" > apt-source.log 2>&1; then got=$v; break; fi
+    echo "source of xen $v not downloadable; trying an older one"
+  done
+  [[ -n $got ]] || { cat apt-source.log; echo "no xen 4.17 source package downloadable" >&2; exit 1; }
+  [[ $got = "$VER" ]] || echo "WARNING: building hypervisor $got (tools are $VER)"
+  echo "$got" > "$OUT/version"
   dpkg-source -x xen_*.dsc src.tmp > /dev/null
   mv src.tmp src
 fi
@@ -36,4 +47,4 @@ grep -q '^CONFIG_SHADOW_PAGING=y' .config || { echo "CONFIG_SHADOW_PAGING did no
 make -j"$(nproc)" XEN_TARGET_ARCH=x86_64 >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 cp xen "$OUT/xen"
 date -u +%FT%TZ > "$OUT/.complete"
-echo "built: $OUT/xen ($VER + CONFIG_SHADOW_PAGING=y)"
+echo "built: $OUT/xen (xen $(cat "$OUT/version") + CONFIG_SHADOW_PAGING=y)"
