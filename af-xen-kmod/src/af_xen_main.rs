@@ -54,7 +54,12 @@ impl kernel::Module for AfXen {
             pr_err!("not running on Xen\n");
             return Err(ENODEV);
         }
-        let own = sys::xenstore_read_u32(c"", c"domid").unwrap_or(0);
+        // "domid" relative to our home (an empty node name would make xenbus
+        // join it into the absolute path "/domid").
+        let own = sys::xenstore_read_u32(c"domid", c"").unwrap_or(0);
+        if own == 0 {
+            pr_warn!("cannot read our domid from XenStore\n");
+        }
         // Ring geometry sanity: proto's smallest ring must exist.
         if layout::RingGeometry::new(11).is_err() {
             return Err(EINVAL);

@@ -99,7 +99,7 @@ static void test_local(void)
 	uint32_t me = own_domid();
 	struct sockaddr_xen a, b;
 	socklen_t len;
-	int s, s2, v;
+	int s, s2, v, r;
 
 	result("family-sysfs", fam == XENSOCK_FAMILY_DEFAULT, "family=%d", fam);
 
@@ -109,9 +109,11 @@ static void test_local(void)
 	EXPECT_ERR("socket-dgram", socket(fam, SOCK_DGRAM, 0), ESOCKTNOSUPPORT);
 	EXPECT_ERR("socket-protocol", socket(fam, SOCK_STREAM, 7), EPROTONOSUPPORT);
 	len = sizeof(v);
-	result("so-domain", getsockopt(s, SOL_SOCKET, SO_DOMAIN, &v, &len) == 0 && v == fam, "v=%d", v);
+	r = getsockopt(s, SOL_SOCKET, SO_DOMAIN, &v, &len);
+	result("so-domain", r == 0 && v == fam, "v=%d", v);
 	len = sizeof(v);
-	result("so-type", getsockopt(s, SOL_SOCKET, SO_TYPE, &v, &len) == 0 && v == SOCK_STREAM, "v=%d", v);
+	r = getsockopt(s, SOL_SOCKET, SO_TYPE, &v, &len);
+	result("so-type", r == 0 && v == SOCK_STREAM, "v=%d", v);
 
 	/* getsockname of an unbound socket */
 	memset(&b, 0xAA, sizeof(b));
@@ -156,8 +158,8 @@ static void test_local(void)
 	EXPECT_OK("listen-again", listen(s, 32));
 	fcntl(s, F_SETFL, O_NONBLOCK);
 	EXPECT_ERR("accept-nonblock-empty", accept(s, NULL, NULL), EAGAIN);
-	fcntl(s, F_SETFL, 0);
 	EXPECT_ERR("accept4-nonblock-empty", accept4(s, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC), EAGAIN);
+	fcntl(s, F_SETFL, 0);
 	{
 		struct timeval tv = { 0, 200000 };
 		double t0;
