@@ -407,11 +407,23 @@ impl Conn {
         write_want: u32,
         deadline: Option<Instant>,
     ) -> bool {
-        let g0 = *lock(&self.gen);
+        let g0 = self.generation();
         self.arm(want);
         if !self.io().prepare_wait(want, write_want) {
             return true;
         }
+        self.wait_since(g0, deadline)
+    }
+
+    /// The signal counter, read before checking a condition that
+    /// [`Conn::wait_since`] then waits on.
+    pub(crate) fn generation(&self) -> u64 {
+        *lock(&self.gen)
+    }
+
+    /// Blocks until [`Conn::signal`] is called after `g0` was read, or
+    /// `deadline`. Returns false on timeout.
+    pub(crate) fn wait_since(&self, g0: u64, deadline: Option<Instant>) -> bool {
         let mut g = lock(&self.gen);
         while *g == g0 {
             match deadline {

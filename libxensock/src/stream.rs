@@ -41,8 +41,11 @@ struct Timeouts {
 /// a caller waited for may have happened -- data or end of stream to read,
 /// space to write (after a write returned `WouldBlock`), a reset -- and it
 /// gets a new edge on every such change, so edge-triggered users work.
-/// After a `WouldBlock` the descriptor is reset; poll again. (The eventfd's
-/// `POLLOUT` carries no meaning.)
+/// After a `WouldBlock` the descriptor is reset; poll again. As with mio
+/// and tokio, an edge-triggered user must retry an operation until it
+/// returns `WouldBlock` before waiting for the next edge: new data that
+/// arrives while unread data is still there is not a new edge. (The
+/// eventfd's `POLLOUT` carries no meaning.)
 ///
 /// `try_clone` handles share the connection; it is closed (FIN, then the
 /// rings are released) when the last one is dropped.

@@ -107,6 +107,38 @@ struct Link {
     conns: HashSet<u32>,
     peer_seen_alive: bool,
     created_dir: bool,
+    /// Stops the watch on the peer's node (its removal when the peer's
+    /// domain is destroyed is only reported to watchers of that path).
+    watch_stop: Arc<AtomicBool>,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.watch_stop.store(true, Ordering::Release);
+    }
+}
+
+/// Where watch threads put the paths that fired; not tied to the
+/// transport's lifetime, so a watch thread never keeps it alive.
+struct WatchSink {
+    events: Mutex<Vec<String>>,
+    wake: EventFd,
+    stop: AtomicBool,
+}
+
+impl WatchSink {
+    fn run(self: Arc<Self>, mut watch: xensock_discovery::xs::Watch, stop: Arc<AtomicBool>) {
+        while !self.stop.load(Ordering::Acquire) && !stop.load(Ordering::Acquire) {
+            match watch.recv_timeout(Duration::from_millis(100)) {
+                Ok(Some(ev)) => {
+                    lock(&self.events).push(ev.path);
+                    self.wake.signal();
+                }
+                Ok(None) => {}
+                Err(_) => break,
+            }
+        }
+    }
 }
 
 pub(crate) struct State {
@@ -115,7 +147,6 @@ pub(crate) struct State {
     conns: HashMap<u32, Arc<Conn>>,
     used_ports: HashSet<u32>,
     dead_gens: HashMap<DomId, u32>,
-    watch_events: Vec<String>,
     next_port: u32,
 }
 
@@ -138,7 +169,7 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     link_cv: Condvar,
     epoll: OwnedFd,
-    wake: EventFd,
+    sink: Arc<WatchSink>,
     stop: AtomicBool,
     next_conn: AtomicU32,
     counters: Counters,
@@ -153,7 +184,8 @@ pub(crate) struct Owner {
 impl Drop for Owner {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
-        self.inner.wake.signal();
+        self.inner.sink.stop.store(true, Ordering::Release);
+        self.inner.sink.wake.signal();
         for t in lock(&self.threads).drain(..) {
             let _ = t.join();
         }
@@ -246,8 +278,12 @@ impl Transport {
         }
         // SAFETY: a fresh descriptor we own.
         let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
-        let wake = EventFd::new()?;
-        epoll_add(&epoll, wake.as_raw_fd(), 0)?;
+        let sink = Arc::new(WatchSink {
+            events: Mutex::new(Vec::new()),
+            wake: EventFd::new()?,
+            stop: AtomicBool::new(false),
+        });
+        epoll_add(&epoll, sink.wake.as_raw_fd(), 0)?;
         let inner = Arc::new(Inner {
             xen: Box::new(Dyn(backend)),
             xs,
@@ -260,12 +296,11 @@ impl Transport {
                 conns: HashMap::new(),
                 used_ports: HashSet::new(),
                 dead_gens: HashMap::new(),
-                watch_events: Vec::new(),
                 next_port: EPHEMERAL_PORT_FIRST,
             }),
             link_cv: Condvar::new(),
             epoll,
-            wake,
+            sink,
             stop: AtomicBool::new(false),
             next_conn: AtomicU32::new(1),
             counters: Counters::default(),
@@ -278,11 +313,12 @@ impl Transport {
         }
         let watch = inner.xs.watch("/local/domain").map_err(Error::from)?;
         let mut threads = Vec::new();
-        let i2 = inner.clone();
+        let sink = inner.sink.clone();
+        let never = Arc::new(AtomicBool::new(false));
         threads.push(
             std::thread::Builder::new()
                 .name(format!("xensock-watch-{domid}"))
-                .spawn(move || watch_thread(i2, watch))?,
+                .spawn(move || sink.run(watch, never))?,
         );
         let i3 = inner.clone();
         threads.push(
@@ -429,6 +465,7 @@ impl Transport {
         let conn = inner.start_connect(peer, addr.port, opts, link_deadline)?;
         // Wait for Accept / Reject.
         loop {
+            let g0 = conn.generation();
             let phase = conn.io().phase;
             match phase {
                 ConnPhase::Connecting => {}
@@ -442,7 +479,7 @@ impl Transport {
                     return Err(errno(libc::ECONNREFUSED));
                 }
             }
-            if !conn.wait(0, 1, Some(deadline)) && conn.io().phase == ConnPhase::Connecting {
+            if !conn.wait_since(g0, Some(deadline)) && conn.io().phase == ConnPhase::Connecting {
                 {
                     let mut io = conn.io();
                     io.release();
@@ -543,21 +580,6 @@ fn epoll_del(ep: &OwnedFd, fd: i32) {
     unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
 }
 
-fn watch_thread(inner: Arc<Inner>, mut watch: xensock_discovery::xs::Watch) {
-    while !inner.stop.load(Ordering::Acquire) {
-        match watch.recv_timeout(Duration::from_millis(100)) {
-            Ok(Some(ev)) => {
-                if inner.is_link_event(&ev.path).is_some() {
-                    inner.state().watch_events.push(ev.path);
-                    inner.wake.signal();
-                }
-            }
-            Ok(None) => {}
-            Err(_) => break,
-        }
-    }
-}
-
 fn manager_thread(inner: Arc<Inner>) {
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
     while !inner.stop.load(Ordering::Acquire) {
@@ -583,13 +605,13 @@ fn manager_thread(inner: Arc<Inner>) {
         for ev in &events[..n as usize] {
             let token = ev.u64;
             if token == 0 {
-                inner.wake.drain();
+                inner.sink.wake.drain();
             } else {
                 ready.push((token - 1) as DomId);
             }
         }
         let mut st = inner.state();
-        let evs = std::mem::take(&mut st.watch_events);
+        let evs = std::mem::take(&mut *lock(&inner.sink.events));
         let mut peers: Vec<DomId> = evs.iter().filter_map(|p| inner.is_link_event(p)).collect();
         peers.sort_unstable();
         peers.dedup();
@@ -711,6 +733,13 @@ impl Inner {
             Ok(!exists)
         })?;
         epoll_add(&self.epoll, rx_chan.as_raw_fd(), u64::from(peer) + 1)?;
+        let watch_stop = Arc::new(AtomicBool::new(false));
+        if let Ok(w) = self.xs.watch(&self.peer_node(peer)) {
+            let (sink, stop) = (self.sink.clone(), watch_stop.clone());
+            let _ = std::thread::Builder::new()
+                .name(format!("xensock-watch-{}-{peer}", self.domid))
+                .spawn(move || sink.run(w, stop));
+        }
         let c = Consumer::new(rx.ring);
         st.links.insert(
             peer,
@@ -729,6 +758,7 @@ impl Inner {
                 conns: HashSet::new(),
                 peer_seen_alive: false,
                 created_dir,
+                watch_stop,
             },
         );
         Ok(())

@@ -82,9 +82,8 @@ fn second_connection_reuses_the_link() {
 #[test]
 fn many_small_writes_and_partial_reads() {
     let p = pair();
-    let l = p
-        .b
-        .bind_with(
+    let l =
+        p.b.bind_with(
             "xen:self:7002",
             SocketOptions {
                 recv_buffer: Some(2048),
@@ -211,11 +210,16 @@ fn bidirectional_checksummed_transfer() {
     let (sent_a, sent_b) = (t1.join().unwrap(), t2.join().unwrap());
     assert_eq!((got_b, sum_b), (total, sent_a));
     assert_eq!((got_a, sum_a), (total, sent_b));
-    eprintln!(
-        "2 x {} MiB in {:?}",
-        total >> 20,
-        start.elapsed()
-    );
+    eprintln!("2 x {} MiB in {:?}", total >> 20, start.elapsed());
+    let t = Instant::now();
+    drop((c, l));
+    eprintln!("close c {:?}", t.elapsed());
+    drop(p.a);
+    eprintln!("drop a {:?}", t.elapsed());
+    drop(p.b);
+    eprintln!("drop b {:?}", t.elapsed());
+    drop(p.host);
+    eprintln!("drop host {:?}", t.elapsed());
 }
 
 #[test]
@@ -300,10 +304,7 @@ fn bad_addresses_are_einval() {
     // Own domain and the wildcard port.
     let me = u32::from(p.da.domid);
     assert_eq!(errno(&p.a.connect((me, 1)).unwrap_err()), libc::EINVAL);
-    assert_eq!(
-        errno(&p.a.connect("xen:3:any").unwrap_err()),
-        libc::EINVAL
-    );
+    assert_eq!(errno(&p.a.connect("xen:3:any").unwrap_err()), libc::EINVAL);
 }
 
 #[test]
@@ -326,9 +327,8 @@ fn port_in_use_and_any_port() {
 #[test]
 fn listener_backlog_full_refuses() {
     let p = pair();
-    let _l = p
-        .b
-        .bind_with(
+    let _l =
+        p.b.bind_with(
             "xen:self:7008",
             SocketOptions {
                 backlog: Some(2),
@@ -359,7 +359,9 @@ fn timeouts() {
     let e = (&c).read(&mut buf).unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
     assert!(matches!(
-        l.accept_timeout(Duration::from_millis(20)).unwrap_err().raw_os_error(),
+        l.accept_timeout(Duration::from_millis(20))
+            .unwrap_err()
+            .raw_os_error(),
         Some(libc::ETIMEDOUT)
     ));
 }
