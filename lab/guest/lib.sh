@@ -39,11 +39,16 @@ LAB_NET_DOMU1=10.0.0.11
 LAB_NET_DOMU2=10.0.0.12
 
 # ---- dom0 only: looking at the domUs --------------------------------------
+# xenconsoled names the log after the domain when its console appears: a
+# domain received by `xl migrate` starts as "<name>--incoming" and keeps
+# writing that file after the rename, so a domU's console is both files.
 domu_log() { echo "/var/log/xen/console/guest-$1.log"; }
+domu_logs() { echo "/var/log/xen/console/guest-$1.log /var/log/xen/console/guest-$1--incoming.log"; }
 # wait_domu NAME REGEX TIMEOUT_S   wait until the domU's console shows REGEX
 wait_domu() {
   _t=$(( $3 * 5 ))
-  while ! grep -qE "$2" "$(domu_log "$1")" 2>/dev/null; do
+  # shellcheck disable=SC2046
+  while ! cat $(domu_logs "$1") 2>/dev/null | grep -qE "$2"; do
     _t=$((_t - 1)); [ $_t -gt 0 ] || return 1; usleep 200000
   done
 }
