@@ -198,14 +198,21 @@ impl<'k> RingEnd<'k> {
 /// through the kernel costs microseconds, and the peer is usually about to
 /// make progress (the "busy-poll before sleeping" of the design).
 fn spin(mut ready: impl FnMut() -> std::result::Result<bool, RingError>) -> Result<bool> {
-    const SPINS: u32 = 2000;
-    for _ in 0..SPINS {
-        if ready()? {
-            return Ok(true);
+    // Long enough to cover a peer that was briefly preempted: on a VM a
+    // halted vCPU can take 50-100 us to wake, far more than a spin costs.
+    const BUDGET: Duration = Duration::from_micros(200);
+    let start = Instant::now();
+    loop {
+        for _ in 0..64 {
+            if ready()? {
+                return Ok(true);
+            }
+            std::hint::spin_loop();
         }
-        std::hint::spin_loop();
+        if start.elapsed() > BUDGET {
+            return Ok(false);
+        }
     }
-    Ok(false)
 }
 
 fn kick(fd: &EventFd) -> Result<()> {
@@ -268,9 +275,10 @@ impl End for RingEnd<'_> {
 /// two ends of every transport run on different cores: a spinning end that
 /// shares a core with its peer only burns the peer's time slice.
 fn pin_to_cpu(cpu: usize) {
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    // Online CPUs, not available_parallelism(): that follows this process's
+    // affinity, which an earlier pin (inherited across fork) narrowed to one.
+    // SAFETY: sysconf has no preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
     let mut set = nix::sched::CpuSet::new();
     if set.set(cpu % cpus).is_ok() {
         // Best effort: without pinning the numbers are only noisier.
