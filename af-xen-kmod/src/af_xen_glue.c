@@ -164,3 +164,214 @@ int afx_proc_init(void)
 }
 void afx_proc_exit(void) { remove_proc_entry("af_xen", init_net.proc_net); }
 void afx_seq_write(struct seq_file *m, const void *p, size_t n) { seq_write(m, p, n); }
+
+/*
+ * Inter-domain plumbing: event channels, grants, mappings, XenStore and one
+ * module-wide work item. Interrupts and watch callbacks only schedule the
+ * work; the work (Rust, afx_rs_work) drains control rings and wakes sockets.
+ */
+#include <linux/workqueue.h>
+#include <linux/interrupt.h>
+#include <linux/slab.h>
+#include <xen/grant_table.h>
+#include <xen/events.h>
+#include <xen/xenbus.h>
+#include <xen/interface/event_channel.h>
+#include <asm/xen/hypercall.h>
+
+void afx_rs_work(void);	/* Rust (link.rs) */
+static void afx_work_fn(struct work_struct *w) { afx_rs_work(); }
+static DECLARE_WORK(afx_work, afx_work_fn);
+void afx_schedule(void) { schedule_work(&afx_work); }
+void afx_cancel_work(void) { cancel_work_sync(&afx_work); }
+static irqreturn_t afx_irq(int irq, void *dev) { schedule_work(&afx_work); return IRQ_HANDLED; }
+
+int afx_evtchn_alloc_unbound(unsigned int remote, unsigned int *port)
+{
+	struct evtchn_alloc_unbound a = { .dom = DOMID_SELF, .remote_dom = remote };
+	int err = HYPERVISOR_event_channel_op(EVTCHNOP_alloc_unbound, &a);
+
+	if (!err)
+		*port = a.port;
+	return err;
+}
+
+int afx_evtchn_bind_interdomain(unsigned int remote, unsigned int rport, unsigned int *lport)
+{
+	struct evtchn_bind_interdomain b = { .remote_dom = remote, .remote_port = rport };
+	int err = HYPERVISOR_event_channel_op(EVTCHNOP_bind_interdomain, &b);
+
+	if (!err)
+		*lport = b.local_port;
+	return err;
+}
+
+void afx_evtchn_close(unsigned int port)
+{
+	struct evtchn_close c = { .port = port };
+
+	HYPERVISOR_event_channel_op(EVTCHNOP_close, &c);
+}
+
+/* irq >= 0 or -errno; unbind_from_irqhandler also closes the port */
+int afx_bind_irq(unsigned int port) { return bind_evtchn_to_irqhandler(port, afx_irq, 0, "af_xen", &afx_work); }
+void afx_unbind_irq(int irq) { unbind_from_irqhandler(irq, &afx_work); }
+void afx_notify(unsigned int port) { notify_remote_via_evtchn(port); }
+
+/* one zeroed page granted read-write to domid */
+void *afx_grant_page(unsigned int domid, unsigned int *ref)
+{
+	void *p = (void *)get_zeroed_page(GFP_KERNEL);
+	int r;
+
+	if (!p)
+		return NULL;
+	r = gnttab_grant_foreign_access(domid, virt_to_gfn(p), 0);
+	if (r < 0) {
+		free_page((unsigned long)p);
+		return NULL;
+	}
+	*ref = r;
+	return p;
+}
+
+/* revoke and free (deferred by the grant table code while the peer maps it) */
+void afx_end_grant(unsigned int ref, void *p) { gnttab_end_foreign_access(ref, virt_to_page(p)); }
+
+struct afx_map {
+	struct page *page;
+	grant_handle_t handle;
+	void *addr;
+};
+
+void *afx_map_page(unsigned int domid, unsigned int ref, void **cookie)
+{
+	struct afx_map *m = kzalloc(sizeof(*m), GFP_KERNEL);
+	struct gnttab_map_grant_ref op;
+
+	if (!m)
+		return NULL;
+	if (gnttab_alloc_pages(1, &m->page)) {
+		kfree(m);
+		return NULL;
+	}
+	m->addr = pfn_to_kaddr(page_to_pfn(m->page));
+	gnttab_set_map_op(&op, (unsigned long)m->addr, GNTMAP_host_map, ref, domid);
+	if (gnttab_map_refs(&op, NULL, &m->page, 1) || op.status != GNTST_okay) {
+		pr_warn("af_xen: map of grant %u from dom%u failed (status %d)\n", ref, domid, op.status);
+		gnttab_free_pages(1, &m->page);
+		kfree(m);
+		return NULL;
+	}
+	m->handle = op.handle;
+	*cookie = m;
+	return m->addr;
+}
+
+void afx_unmap_page(void *cookie)
+{
+	struct afx_map *m = cookie;
+	struct gnttab_unmap_grant_ref u;
+
+	gnttab_set_unmap_op(&u, (unsigned long)m->addr, GNTMAP_host_map, m->handle);
+	if (gnttab_unmap_refs(&u, NULL, &m->page, 1) || u.status != GNTST_okay)
+		pr_warn("af_xen: unmap failed (status %d)\n", u.status);
+	gnttab_free_pages(1, &m->page);
+	kfree(m);
+}
+
+/* version, ring-ref, event-channel, state in one transaction (EAGAIN: retry) */
+int afx_xs_advertise(const char *dir, unsigned int ref, unsigned int port, int state)
+{
+	struct xenbus_transaction t;
+	int err;
+again:
+	err = xenbus_transaction_start(&t);
+	if (err)
+		return err;
+	err = xenbus_printf(t, dir, "version", "%u", 1);
+	if (!err)
+		err = xenbus_printf(t, dir, "ring-ref", "%u", ref);
+	if (!err)
+		err = xenbus_printf(t, dir, "event-channel", "%u", port);
+	if (!err)
+		err = xenbus_printf(t, dir, "state", "%d", state);
+	if (err) {
+		xenbus_transaction_end(t, 1);
+		return err;
+	}
+	err = xenbus_transaction_end(t, 0);
+	if (err == -EAGAIN)
+		goto again;
+	return err;
+}
+
+int afx_xs_write_state(const char *dir, int state) { return xenbus_printf(XBT_NIL, dir, "state", "%d", state); }
+
+/* unload: state 6, advertisement gone (the directory is dom0's: it stays) */
+void afx_xs_retract(const char *dir)
+{
+	xenbus_rm(XBT_NIL, dir, "ring-ref");
+	xenbus_rm(XBT_NIL, dir, "event-channel");
+	xenbus_printf(XBT_NIL, dir, "state", "%d", 6);
+}
+
+int afx_xs_read_uint(const char *dir, const char *node, unsigned int *out)
+{
+	int n = xenbus_scanf(XBT_NIL, dir, node, "%u", out);
+
+	return n == 1 ? 0 : (n < 0 ? n : -EINVAL);
+}
+
+/* numeric entries of dir into out[0..max); count or -errno */
+int afx_xs_dir_ids(const char *dir, unsigned int *out, int max)
+{
+	unsigned int n, i;
+	int k = 0;
+	char **names = xenbus_directory(XBT_NIL, dir, "", &n);
+
+	if (IS_ERR(names))
+		return PTR_ERR(names);
+	for (i = 0; i < n && k < max; i++) {
+		unsigned int v;
+
+		if (kstrtouint(names[i], 10, &v) == 0)
+			out[k++] = v;
+	}
+	kfree(names);
+	return k;
+}
+
+struct afx_watch {
+	struct xenbus_watch w;
+};
+
+static void afx_watch_cb(struct xenbus_watch *w, const char *path, const char *token)
+{
+	schedule_work(&afx_work);
+}
+
+void *afx_watch_add(const char *path)
+{
+	struct afx_watch *aw = kzalloc(sizeof(*aw), GFP_KERNEL);
+
+	if (!aw)
+		return NULL;
+	aw->w.node = kstrdup(path, GFP_KERNEL);
+	aw->w.callback = afx_watch_cb;
+	if (!aw->w.node || register_xenbus_watch(&aw->w)) {
+		kfree(aw->w.node);
+		kfree(aw);
+		return NULL;
+	}
+	return aw;
+}
+
+void afx_watch_del(void *p)
+{
+	struct afx_watch *aw = p;
+
+	unregister_xenbus_watch(&aw->w);
+	kfree(aw->w.node);
+	kfree(aw);
+}

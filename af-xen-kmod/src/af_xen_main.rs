@@ -23,6 +23,7 @@ mod ctrl;
 mod switch;
 
 mod conn;
+mod link;
 mod sock;
 mod sys;
 
@@ -84,6 +85,7 @@ impl kernel::Module for AfXen {
                 None
             }
         };
+        link::start();
         pr_info!("AF_XEN registered as family {} (domid {})\n", family, own);
         Ok(AfXen { reg: Some(reg), proc_, _ops: ops, _globals: globals })
     }
@@ -95,6 +97,7 @@ impl Drop for AfXen {
         // reference, so none is left), then the struct proto, then the globals.
         drop(self.proc_.take());
         drop(self.reg.take());
+        link::shutdown_all();
         sys::proto_unregister();
         sock::unpublish();
         pr_info!("AF_XEN (family {}) unloaded\n", sys::family());

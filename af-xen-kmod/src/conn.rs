@@ -8,7 +8,8 @@ use crate::layout::{RingGeometry, RingIdentity, DATA_RING_MAGIC};
 use crate::mem::RawRing;
 use crate::ring::{Consumer, PeerEnd, Producer, ReaderEnd, RingError};
 use crate::sock::XenSock;
-use crate::sys::Region;
+use crate::link::Link;
+use crate::sys::{Grant, Mapping, Region};
 use kernel::prelude::*;
 use kernel::sync::{Arc, Mutex, SpinLock};
 use kernel::{new_mutex, new_spinlock};
@@ -27,8 +28,20 @@ pub(crate) struct Pipe {
     #[pin]
     ends: SpinLock<Ends>,
     pub(crate) order: u32,
+    /// Inter-domain: the link whose event channel carries this ring's kicks.
+    pub(crate) link: Option<Arc<Link>>,
     /// Must outlive `tx` and `rx` (declared last: dropped last).
-    _region: Region,
+    _mem: Carrier,
+}
+
+/// Where a ring's memory lives.
+pub(crate) enum Carrier {
+    /// loopback: local memory
+    Local(Region),
+    /// our receive ring, granted to the peer
+    Granted(Grant),
+    /// the peer's receive ring, mapped
+    Mapped(Mapping),
 }
 
 impl Pipe {
@@ -51,10 +64,107 @@ impl Pipe {
                 rx <- new_mutex!(Consumer::new(ring), "af_xen_rx"),
                 ends <- new_spinlock!(Ends { reader: None, writer: None }, "af_xen_ends"),
                 order: g.order(),
-                _region: region,
+                link: None,
+                _mem: Carrier::Local(region),
             }),
             GFP_KERNEL,
         )
+    }
+
+    /// Our receive ring for a connection with `peer` (compact, one page),
+    /// granted to it. Returns the pipe and the grant reference.
+    pub(crate) fn new_granted(link: &Arc<Link>, me: u32, conn_id: u32) -> Result<(Arc<Pipe>, u32)> {
+        let g = RingGeometry::new(crate::layout::COMPACT_MAX_ORDER).map_err(|_| EINVAL)?;
+        let grant = Grant::new(link.peer)?;
+        let gref = grant.gref;
+        let ring = grant.ring(g).ok_or(EINVAL)?;
+        ring.header().init(&RingIdentity {
+            magic: DATA_RING_MAGIC,
+            order: g.order(),
+            owner_domid: me,
+            peer_domid: link.peer,
+            conn_id,
+            epoch: 0,
+        });
+        let p = Arc::pin_init(
+            pin_init!(Pipe {
+                tx <- new_mutex!(Producer::new(ring), "af_xen_tx"),
+                rx <- new_mutex!(Consumer::new(ring), "af_xen_rx"),
+                ends <- new_spinlock!(Ends { reader: None, writer: None }, "af_xen_ends"),
+                order: g.order(),
+                link: Some(link.clone()),
+                _mem: Carrier::Granted(grant),
+            }),
+            GFP_KERNEL,
+        )?;
+        Ok((p, gref))
+    }
+
+    /// The peer's receive ring (named in its ConnectRequest/Accept), mapped
+    /// and checked against what the frame announced.
+    pub(crate) fn new_mapped(link: &Arc<Link>, me: u32, rg: &crate::ctrl::RingGrant, peer_conn: u32) -> Result<Arc<Pipe>> {
+        if rg.order as u32 != crate::layout::COMPACT_MAX_ORDER || rg.dir_ref != 0 || rg.epoch != 0 {
+            return Err(EINVAL);
+        }
+        let g = RingGeometry::new(rg.order as u32).map_err(|_| EINVAL)?;
+        let map = Mapping::map(link.peer, rg.header_ref)?;
+        let ring = map.ring(g).ok_or(EINVAL)?;
+        ring.header()
+            .verify(&RingIdentity {
+                magic: DATA_RING_MAGIC,
+                order: g.order(),
+                owner_domid: link.peer,
+                peer_domid: me,
+                conn_id: peer_conn,
+                epoch: 0,
+            })
+            .map_err(|_| EINVAL)?;
+        Arc::pin_init(
+            pin_init!(Pipe {
+                tx <- new_mutex!(Producer::new(ring), "af_xen_tx"),
+                rx <- new_mutex!(Consumer::new(ring), "af_xen_rx"),
+                ends <- new_spinlock!(Ends { reader: None, writer: None }, "af_xen_ends"),
+                order: g.order(),
+                link: Some(link.clone()),
+                _mem: Carrier::Mapped(map),
+            }),
+            GFP_KERNEL,
+        )
+    }
+
+    pub(crate) fn is_remote(&self) -> bool {
+        self.link.is_some()
+    }
+
+    /// After a burst of writes: wake a local reader, or kick the peer if it asked.
+    pub(crate) fn after_write(&self) {
+        match &self.link {
+            None => self.wake_reader(crate::sys::poll::POLLIN | crate::sys::poll::POLLRDNORM),
+            Some(l) => {
+                if self.tx.lock().flush() {
+                    l.kick();
+                }
+            }
+        }
+    }
+
+    /// After consuming: wake a local writer, or kick the peer if it asked.
+    pub(crate) fn after_read(&self) {
+        match &self.link {
+            None => self.wake_writer(crate::sys::poll::POLLOUT | crate::sys::poll::POLLWRNORM),
+            Some(l) => {
+                if self.rx.lock().flush() {
+                    l.kick();
+                }
+            }
+        }
+    }
+
+    /// After a flag change (FIN, CLOSED, RESET): always kick a remote peer.
+    pub(crate) fn kick(&self) {
+        if let Some(l) = &self.link {
+            l.kick();
+        }
     }
 
     pub(crate) fn set_ends(&self, reader: Option<Arc<XenSock>>, writer: Option<Arc<XenSock>>) {

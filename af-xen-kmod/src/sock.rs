@@ -3,6 +3,7 @@
 //! wrappers in `sys`.
 
 use crate::conn::Pipe;
+use crate::link::{Link, LinkTable};
 use crate::sys::{self, errno as e, poll::*, Msg, Sk, Socket};
 use core::ffi::c_void;
 use kernel::bindings;
@@ -98,6 +99,12 @@ pub(crate) struct Inner {
     pub(crate) reset: bool,
     pub(crate) bytes_in: u64,
     pub(crate) bytes_out: u64,
+    /// inter-domain: the link, our and the peer's connection ids
+    pub(crate) link: Option<Arc<Link>>,
+    pub(crate) conn_id: u32,
+    pub(crate) peer_conn: u32,
+    /// why a connect over a link failed (0: none)
+    pub(crate) connect_err: i32,
 }
 
 #[pin_data]
@@ -127,6 +134,10 @@ impl XenSock {
                     reset: false,
                     bytes_in: 0,
                     bytes_out: 0,
+                    link: None,
+                    conn_id: 0,
+                    peer_conn: 0,
+                    connect_err: 0,
                 }, "af_xen_sock"),
             }),
             GFP_KERNEL,
@@ -140,6 +151,8 @@ pub(crate) struct Globals {
     pub(crate) own_domid: u32,
     #[pin]
     pub(crate) ports: Mutex<Ports>,
+    #[pin]
+    pub(crate) links: Mutex<LinkTable>,
 }
 
 pub(crate) struct Ports {
@@ -158,6 +171,7 @@ impl Globals {
                 next_ephemeral: EPHEMERAL_FIRST,
                 all: RBTree::new(),
             }, "af_xen_ports"),
+            links <- new_mutex!(LinkTable::new(), "af_xen_links"),
         })
     }
 }
@@ -179,7 +193,7 @@ pub(crate) fn unpublish() {
     OPS.store(core::ptr::null_mut(), Ordering::Release);
 }
 
-fn globals() -> &'static Globals {
+pub(crate) fn globals() -> &'static Globals {
     // Callbacks only run between publish() and unpublish().
     sys::static_ref(GLOBALS.load(core::sync::atomic::Ordering::Acquire))
 }
@@ -259,11 +273,21 @@ pub(crate) unsafe extern "C" fn xs_create(
 
 /// Forgets a socket everywhere (port table, listing) and tears it down.
 fn destroy(xs: &Arc<XenSock>) {
-    let (children, tx, rx) = {
+    let (children, tx, rx, link, conn_id, peer_conn, was, reset) = {
         let mut i = xs.inner.lock();
         i.released = true;
+        let was = i.state;
         i.state = State::Closed;
-        (core::mem::replace(&mut i.accept_q, KVec::new()), i.tx.take(), i.rx.take())
+        (
+            core::mem::replace(&mut i.accept_q, KVec::new()),
+            i.tx.take(),
+            i.rx.take(),
+            i.link.take(),
+            i.conn_id,
+            i.peer_conn,
+            was,
+            i.reset,
+        )
     };
     // Close: unsent data stays in the peer's ring and is still delivered
     // (FIN after it); we read no more (the peer's writes get EPIPE).
@@ -271,11 +295,23 @@ fn destroy(xs: &Arc<XenSock>) {
         tx.tx.lock().finish();
         tx.detach(xs);
         tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
+        tx.kick();
     }
     if let Some(rx) = rx {
         rx.rx.lock().close();
         rx.detach(xs);
         rx.wake_writer(POLLOUT | POLLERR);
+        rx.kick();
+    }
+    // Over a link: tell the peer (its rings already carry FIN/CLOSED), and
+    // forget the connection. Our ring's grant ends when the last reference
+    // to its pipe goes (deferred by Xen while the peer still maps it).
+    if let Some(link) = link {
+        if was == State::Connected && !reset {
+            let _ = link.send(&crate::ctrl::Message::Close { conn_id: peer_conn });
+        }
+        let gone = link.inner.lock().conns.remove(&conn_id);
+        drop(gone);
     }
     {
         let mut p = globals().ports.lock();
@@ -452,8 +488,256 @@ unsafe extern "C" fn xs_connect(
             Err(x) => err(x),
         };
     }
-    // The inter-domain link is not implemented yet.
-    err(e::EHOSTUNREACH)
+    let xs: Arc<XenSock> = xs.into();
+    match connect_remote(&xs, a) {
+        Ok(()) => {
+            // SAFETY: live socket.
+            unsafe { Socket::from_raw(sock) }.set_connected(true);
+            0
+        }
+        Err(x) => err(x),
+    }
+}
+
+/// Forgets a connect attempt over a link (failed, timed out, interrupted).
+fn connect_abort(xs: &Arc<XenSock>, link: &Arc<Link>, conn_id: u32) {
+    let gone = link.inner.lock().conns.remove(&conn_id);
+    drop(gone);
+    let (rx, tx) = {
+        let mut i = xs.inner.lock();
+        if i.state == State::Connecting || i.state == State::Connected {
+            i.state = State::Bound;
+        }
+        i.link = None;
+        (i.rx.take(), i.tx.take())
+    };
+    drop((rx, tx));
+}
+
+/// Connect to a listener in another domain: ConnectRequest naming our
+/// receive ring, then wait for ConnectAccept/ConnectReject (blocking, also
+/// for non-blocking sockets).
+fn connect_remote(xs: &Arc<XenSock>, a: Addr) -> core::result::Result<(), i32> {
+    let me = globals().own_domid;
+    let link = crate::link::get_or_create(a.domid)?;
+    if !xs.inner.lock().bound {
+        do_bind(xs, PORT_ANY)?;
+    }
+    let conn_id = crate::link::next_conn_id();
+    let (rx, gref) = Pipe::new_granted(&link, me, conn_id).map_err(|_| e::ENOMEM)?;
+    let src_port = {
+        let mut i = xs.inner.lock();
+        i.state = State::Connecting;
+        i.peer = a;
+        i.rx = Some(rx);
+        i.link = Some(link.clone());
+        i.conn_id = conn_id;
+        i.connect_err = 0;
+        i.reset = false;
+        i.local.port
+    };
+    if link.inner.lock().conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL).is_err() {
+        connect_abort(xs, &link, conn_id);
+        return Err(e::ENOMEM);
+    }
+    // The link comes up once the peer has advertised its half (the work
+    // item wakes every socket of the link).
+    let mut t: c_long = kernel::time::msecs_to_jiffies(10_000) as c_long;
+    let r = xs.sk.wait(&mut t, || link.is_up() || xs.inner.lock().state != State::Connecting);
+    if let Err(x) = r {
+        connect_abort(xs, &link, conn_id);
+        return Err(if x == e::EAGAIN { e::ETIMEDOUT } else { x });
+    }
+    let req = crate::ctrl::Message::ConnectRequest {
+        conn_id,
+        src_port,
+        dst_port: a.port,
+        sock_type: crate::ctrl::SockType::Stream,
+        cookie: 0,
+        rx: crate::ctrl::RingGrant { order: crate::layout::COMPACT_MAX_ORDER as u8, epoch: 0, header_ref: gref, dir_ref: 0 },
+        tcp: crate::ctrl::TcpEndpoint::NONE,
+    };
+    if let Err(x) = link.send(&req) {
+        connect_abort(xs, &link, conn_id);
+        return Err(if x == e::ENOTCONN { e::EHOSTUNREACH } else { x });
+    }
+    let mut t: c_long = kernel::time::msecs_to_jiffies(30_000) as c_long;
+    let r = xs.sk.wait(&mut t, || xs.inner.lock().state != State::Connecting);
+    if let Err(x) = r {
+        connect_abort(xs, &link, conn_id);
+        return Err(if x == e::EAGAIN { e::ETIMEDOUT } else { x });
+    }
+    let (st, cerr) = {
+        let i = xs.inner.lock();
+        (i.state, i.connect_err)
+    };
+    if st == State::Connected {
+        return Ok(());
+    }
+    connect_abort(xs, &link, conn_id);
+    Err(if cerr != 0 { cerr } else { e::ECONNREFUSED })
+}
+
+/// Work item, ConnectRequest from `link`'s peer: a child of the listener on
+/// `dst_port` with our receive ring granted and the requester's mapped.
+/// The caller lists it on the link, answers, then calls `accepted_remote`.
+pub(crate) fn accept_remote(
+    link: &Arc<Link>,
+    peer_conn: u32,
+    src_port: u32,
+    dst_port: u32,
+    rg: &crate::ctrl::RingGrant,
+) -> core::result::Result<(Arc<XenSock>, u32, u32), crate::ctrl::RejectReason> {
+    use crate::ctrl::RejectReason as R;
+    let me = globals().own_domid;
+    let l = {
+        let p = globals().ports.lock();
+        p.map.get(&dst_port).cloned()
+    };
+    let Some(l) = l else { return Err(R::NoListener) };
+    {
+        let li = l.inner.lock();
+        if li.state != State::Listening {
+            return Err(R::NoListener);
+        }
+        if li.accept_q.len() >= li.backlog as usize {
+            return Err(R::BacklogFull);
+        }
+    }
+    let child_sk = l.sk.alloc_child().ok_or(R::NoResources)?;
+    let child = match XenSock::new(child_sk) {
+        Ok(c) => c,
+        Err(_) => {
+            child_sk.put();
+            return Err(R::NoResources);
+        }
+    };
+    child_sk.set_privp(Arc::into_raw(child.clone()) as *const c_void);
+    let fail = |x: R| {
+        let p = child_sk.privp();
+        child_sk.set_privp(core::ptr::null());
+        drop(sys::arc_take::<XenSock>(p));
+        child_sk.put();
+        x
+    };
+    let my_id = crate::link::next_conn_id();
+    let (rx, gref) = match Pipe::new_granted(link, me, my_id) {
+        Ok(v) => v,
+        Err(_) => return Err(fail(R::NoResources)),
+    };
+    let tx = match Pipe::new_mapped(link, me, rg, peer_conn) {
+        Ok(t) => t,
+        Err(_) => return Err(fail(R::BadRequest)),
+    };
+    {
+        let mut c = child.inner.lock();
+        c.state = State::Connected;
+        c.local = Addr { port: dst_port, domid: me };
+        c.peer = Addr { port: src_port, domid: link.peer };
+        c.tx = Some(tx);
+        c.rx = Some(rx);
+        c.conn_id = my_id;
+        c.peer_conn = peer_conn;
+    }
+    {
+        let mut p = globals().ports.lock();
+        let key = &*child as *const XenSock as usize;
+        if p.all.try_create_and_insert(key, child.clone(), GFP_KERNEL).is_err() {
+            drop(p);
+            let (t, r) = {
+                let mut c = child.inner.lock();
+                (c.tx.take(), c.rx.take())
+            };
+            drop((t, r));
+            return Err(fail(R::NoResources));
+        }
+    }
+    let queued = {
+        let mut li = l.inner.lock();
+        if li.state != State::Listening || li.accept_q.len() >= li.backlog as usize {
+            false
+        } else {
+            li.accept_q.push(child.clone(), GFP_ATOMIC).is_ok()
+        }
+    };
+    if !queued {
+        // no link yet on the child: destroy() sends nothing
+        destroy(&child);
+        let p = child_sk.privp();
+        child_sk.set_privp(core::ptr::null());
+        drop(sys::arc_take::<XenSock>(p));
+        child_sk.put();
+        return Err(R::BacklogFull);
+    }
+    child.inner.lock().link = Some(link.clone());
+    Ok((child, my_id, gref))
+}
+
+/// Work item: the ConnectAccept went out; let accept() see the child.
+pub(crate) fn accepted_remote(child: &Arc<XenSock>) {
+    let l = {
+        let i = child.inner.lock();
+        i.local.port
+    };
+    let listener = globals().ports.lock().map.get(&l).cloned();
+    if let Some(l) = listener {
+        l.sk.wake(POLLIN | POLLRDNORM);
+    }
+}
+
+/// Work item, ConnectAccept for our connect: map the acceptor's ring.
+pub(crate) fn connect_accepted(
+    xs: &Arc<XenSock>,
+    link: &Arc<Link>,
+    acceptor_id: u32,
+    rg: &crate::ctrl::RingGrant,
+) -> core::result::Result<(), ()> {
+    let me = globals().own_domid;
+    if xs.inner.lock().state != State::Connecting {
+        return Err(());
+    }
+    match Pipe::new_mapped(link, me, rg, acceptor_id) {
+        Ok(tx) => {
+            {
+                let mut i = xs.inner.lock();
+                i.tx = Some(tx);
+                i.peer_conn = acceptor_id;
+                i.state = State::Connected;
+            }
+            xs.sk.wake(POLLOUT | POLLWRNORM);
+            Ok(())
+        }
+        Err(_) => {
+            connect_failed(xs, e::ECONNREFUSED);
+            Err(())
+        }
+    }
+}
+
+/// Work item: our connect was refused (or could not complete).
+pub(crate) fn connect_failed(xs: &Arc<XenSock>, errno: i32) {
+    {
+        let mut i = xs.inner.lock();
+        if i.state == State::Connecting {
+            i.connect_err = errno;
+            i.state = State::Bound;
+        }
+    }
+    xs.sk.wake(POLLOUT | POLLERR);
+}
+
+/// Work item: the link died or the peer reset the connection.
+pub(crate) fn link_lost(xs: &Arc<XenSock>) {
+    {
+        let mut i = xs.inner.lock();
+        if i.state == State::Connecting {
+            i.connect_err = e::ECONNRESET;
+            i.state = State::Bound;
+        } else {
+            i.reset = true;
+        }
+    }
+    xs.sk.wake(POLLIN | POLLOUT | POLLERR | POLLHUP);
 }
 
 /// Loopback connection to a listener of this domain: the accepted child and
@@ -610,6 +894,10 @@ unsafe extern "C" fn xs_poll(
             let mut rd_hup = shut_rd;
             let mut err_ = reset;
             if let Some(rx) = rx {
+                if rx.is_remote() {
+                    // ask for a kick on the next byte before looking
+                    let _ = rx.rx.lock().prepare_wait();
+                }
                 match rx.rx_state() {
                     Ok((n, end)) => {
                         if n > 0 {
@@ -627,6 +915,9 @@ unsafe extern "C" fn xs_poll(
             }
             let mut wr_hup = shut_wr;
             if let Some(tx) = tx {
+                if tx.is_remote() {
+                    let _ = tx.tx.lock().prepare_wait(1);
+                }
                 match tx.tx_state() {
                     Ok((free, end)) => {
                         if end.closed || end.reset {
@@ -676,12 +967,14 @@ unsafe extern "C" fn xs_shutdown(sock: *mut bindings::socket, how: c_int) -> c_i
         if let Some(tx) = tx {
             tx.tx.lock().finish();
             tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
+            tx.kick();
         }
     }
     if rd {
         if let Some(rx) = rx {
             rx.rx.lock().close();
             rx.wake_writer(POLLOUT | POLLERR);
+            rx.kick();
         }
     }
     xs.sk.wake(POLLIN | POLLOUT | POLLRDHUP);
@@ -699,10 +992,12 @@ fn conn_reset(xs: &XenSock, why: crate::ring::RingError) -> i32 {
     if let Some(tx) = tx {
         tx.tx.lock().reset();
         tx.wake_reader(POLLERR | POLLIN);
+        tx.kick();
     }
     if let Some(rx) = rx {
         rx.rx.lock().reset();
         rx.wake_writer(POLLERR | POLLOUT);
+        rx.kick();
     }
     e::ECONNRESET
 }
@@ -745,6 +1040,9 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
     let mut copied = 0usize;
     let mut buf = [0u8; CHUNK];
     while copied < total {
+        if xs.inner.lock().reset {
+            return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
+        }
         let state = tx.tx_state();
         let (free, end) = match state {
             Ok(v) => v,
@@ -761,9 +1059,14 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
             if copied > 0 && nonblock {
                 break;
             }
-            let r = xs.sk.wait(&mut timeo, || match tx.tx_state() {
-                Ok((free, end)) => free > 0 || end.closed || end.reset,
-                Err(_) => true,
+            // prepare_wait publishes our event index (the peer kicks once
+            // space frees) and re-checks
+            let r = xs.sk.wait(&mut timeo, || {
+                let sleep = tx.tx.lock().prepare_wait(1);
+                match sleep {
+                    Ok(sleep) => !sleep || xs.inner.lock().reset,
+                    Err(_) => true,
+                }
             });
             if let Err(x) = r {
                 return if copied > 0 { copied as c_int } else { err(x) };
@@ -780,7 +1083,7 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
             Err(why) => return err(conn_reset(&xs, why)),
         };
         copied += w;
-        tx.wake_reader(POLLIN | POLLRDNORM);
+        tx.after_write();
         if w < got {
             // cannot happen (free space was checked); never lose bytes silently
             return err(conn_reset(&xs, crate::ring::RingError::UnknownFlags(0)));
@@ -821,6 +1124,9 @@ unsafe extern "C" fn xs_recvmsg(
     let mut copied = 0usize;
     let mut buf = [0u8; CHUNK];
     while copied < total {
+        if xs.inner.lock().reset {
+            return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
+        }
         let (n, end) = match rx.rx_state() {
             Ok(v) => v,
             Err(why) => return err(conn_reset(&xs, why)),
@@ -861,7 +1167,7 @@ unsafe extern "C" fn xs_recvmsg(
             }
             drop(c);
             copied += out;
-            rx.wake_writer(POLLOUT | POLLWRNORM);
+            rx.after_read();
             if out < got {
                 if copied == out && out == 0 {
                     return err(e::EFAULT);
@@ -878,9 +1184,15 @@ unsafe extern "C" fn xs_recvmsg(
         if end.fin || shut_rd || (copied > 0 && !waitall) {
             break;
         }
-        let r = xs.sk.wait(&mut timeo, || match rx.rx_state() {
-            Ok((n, end)) => n > 0 || end.fin || end.reset || xs.inner.lock().shut_rd,
-            Err(_) => true,
+        let r = xs.sk.wait(&mut timeo, || {
+            let sleep = rx.rx.lock().prepare_wait();
+            match sleep {
+                Ok(sleep) => {
+                    let i = xs.inner.lock();
+                    !sleep || i.shut_rd || i.reset
+                }
+                Err(_) => true,
+            }
         });
         if let Err(x) = r {
             return if copied > 0 { copied as c_int } else { err(x) };
@@ -939,6 +1251,8 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
         };
         let carrier = if reset {
             "reset"
+        } else if tx.as_ref().map(|t| t.is_remote()).unwrap_or(false) {
+            "ring-xen"
         } else if tx.is_some() {
             "ring-local"
         } else {

@@ -85,6 +85,7 @@ pub(crate) mod errno {
     pub(crate) const EADDRNOTAVAIL: i32 = 99;
     pub(crate) const ENETUNREACH: i32 = 101;
     pub(crate) const ECONNRESET: i32 = 104;
+    pub(crate) const ENOBUFS: i32 = 105;
     pub(crate) const EISCONN: i32 = 106;
     pub(crate) const ENOTCONN: i32 = 107;
     pub(crate) const ETIMEDOUT: i32 = 110;
@@ -567,4 +568,242 @@ impl Seq {
 unsafe extern "C" fn afx_rs_proc_show(m: *mut bindings::seq_file) -> c_int {
     crate::sock::proc_show(&mut Seq(m));
     0
+}
+
+// ---- inter-domain plumbing (C glue, af_xen_glue.c) ---------------------------
+
+extern "C" {
+    fn afx_schedule();
+    fn afx_cancel_work();
+    fn afx_evtchn_alloc_unbound(remote: c_uint, port: *mut c_uint) -> c_int;
+    fn afx_evtchn_bind_interdomain(remote: c_uint, rport: c_uint, lport: *mut c_uint) -> c_int;
+    fn afx_evtchn_close(port: c_uint);
+    fn afx_bind_irq(port: c_uint) -> c_int;
+    fn afx_unbind_irq(irq: c_int);
+    fn afx_notify(port: c_uint);
+    fn afx_grant_page(domid: c_uint, gref: *mut c_uint) -> *mut c_void;
+    fn afx_end_grant(gref: c_uint, p: *mut c_void);
+    fn afx_map_page(domid: c_uint, gref: c_uint, cookie: *mut *mut c_void) -> *mut c_void;
+    fn afx_unmap_page(cookie: *mut c_void);
+    fn afx_xs_advertise(dir: *const u8, gref: c_uint, port: c_uint, state: c_int) -> c_int;
+    fn afx_xs_write_state(dir: *const u8, state: c_int) -> c_int;
+    fn afx_xs_retract(dir: *const u8);
+    fn afx_xs_read_uint(dir: *const u8, node: *const u8, out: *mut c_uint) -> c_int;
+    fn afx_xs_dir_ids(dir: *const u8, out: *mut c_uint, max: c_int) -> c_int;
+    fn afx_watch_add(path: *const u8) -> *mut c_void;
+    fn afx_watch_del(w: *mut c_void);
+}
+
+/// Queues the module's work item (control frames, link states, wakeups).
+pub(crate) fn schedule_work() {
+    // SAFETY: the work item is static in the glue.
+    unsafe { afx_schedule() }
+}
+
+/// Waits for a running work item and cancels a queued one (module exit).
+pub(crate) fn cancel_work() {
+    // SAFETY: may sleep; called from module exit (process context).
+    unsafe { afx_cancel_work() }
+}
+
+/// An event channel port of ours bound to an irq whose handler schedules
+/// the work item. Dropping it unbinds the irq and closes the port.
+pub(crate) struct Evtchn {
+    pub(crate) port: u32,
+    irq: c_int,
+}
+
+impl Evtchn {
+    fn bind(port: c_uint) -> Result<Evtchn> {
+        // SAFETY: `port` is a port of ours, not bound to an irq yet.
+        let irq = unsafe { afx_bind_irq(port) };
+        if irq < 0 {
+            // SAFETY: our port, unused.
+            unsafe { afx_evtchn_close(port) };
+            return Err(Error::from_errno(irq));
+        }
+        Ok(Evtchn { port, irq })
+    }
+    /// A fresh unbound port that `remote` may bind.
+    pub(crate) fn alloc_unbound(remote: u32) -> Result<Evtchn> {
+        let mut port: c_uint = 0;
+        // SAFETY: plain hypercall with an out parameter.
+        let r = unsafe { afx_evtchn_alloc_unbound(remote, &mut port) };
+        if r != 0 {
+            return Err(Error::from_errno(r));
+        }
+        Self::bind(port)
+    }
+    /// Binds `remote`'s port `rport` (from XenStore: any value is checked by Xen).
+    pub(crate) fn bind_interdomain(remote: u32, rport: u32) -> Result<Evtchn> {
+        let mut port: c_uint = 0;
+        // SAFETY: plain hypercall with an out parameter.
+        let r = unsafe { afx_evtchn_bind_interdomain(remote, rport, &mut port) };
+        if r != 0 {
+            return Err(Error::from_errno(r));
+        }
+        Self::bind(port)
+    }
+    pub(crate) fn notify(&self) {
+        notify_port(self.port)
+    }
+}
+
+/// Kicks the other end of one of our ports (a closed port only fails the hypercall).
+pub(crate) fn notify_port(port: u32) {
+    // SAFETY: EVTCHNOP_send on a port number; Xen checks it.
+    unsafe { afx_notify(port) }
+}
+
+impl Drop for Evtchn {
+    fn drop(&mut self) {
+        // SAFETY: irq bound in bind(); frees it (waits for a running
+        // handler) and closes the port.
+        unsafe { afx_unbind_irq(self.irq) }
+    }
+}
+
+/// A zeroed page of ours granted read-write to one domain. Dropping it ends
+/// the grant and frees the page (deferred by Xen's grant code while the peer
+/// still maps it).
+pub(crate) struct Grant {
+    base: core::ptr::NonNull<u8>,
+    pub(crate) gref: u32,
+}
+
+// SAFETY: kernel page, accessed only through proto's RawRing.
+unsafe impl Send for Grant {}
+// SAFETY: see above.
+unsafe impl Sync for Grant {}
+
+impl Grant {
+    pub(crate) fn new(domid: u32) -> Result<Grant> {
+        let mut gref: c_uint = 0;
+        // SAFETY: allocates and grants a page; out parameter.
+        let p = unsafe { afx_grant_page(domid, &mut gref) } as *mut u8;
+        let base = core::ptr::NonNull::new(p).ok_or(ENOMEM)?;
+        Ok(Grant { base, gref })
+    }
+    pub(crate) fn ring(&self, geometry: crate::layout::RingGeometry) -> Option<crate::mem::RawRing> {
+        // SAFETY: a page-aligned page, alive while self lives (the caller
+        // keeps it next to the ring), shared with the peer only through RawRing.
+        unsafe { crate::mem::RawRing::from_region(self.base, 4096, geometry) }.ok()
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        // SAFETY: page and ref from afx_grant_page; no ring over it is used any more.
+        unsafe { afx_end_grant(self.gref, self.base.as_ptr().cast()) }
+    }
+}
+
+/// A peer's granted page mapped into our address space, unmapped on drop.
+pub(crate) struct Mapping {
+    base: core::ptr::NonNull<u8>,
+    cookie: *mut c_void,
+}
+
+// SAFETY: a mapping of a foreign page, accessed only through RawRing.
+unsafe impl Send for Mapping {}
+// SAFETY: see above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `domid`'s grant `gref` (values from the peer: Xen validates them).
+    pub(crate) fn map(domid: u32, gref: u32) -> Result<Mapping> {
+        let mut cookie: *mut c_void = core::ptr::null_mut();
+        // SAFETY: out parameter; the glue checks the map status.
+        let p = unsafe { afx_map_page(domid, gref, &mut cookie) } as *mut u8;
+        let base = core::ptr::NonNull::new(p).ok_or(ENXIO)?;
+        Ok(Mapping { base, cookie })
+    }
+    pub(crate) fn ring(&self, geometry: crate::layout::RingGeometry) -> Option<crate::mem::RawRing> {
+        // SAFETY: a page-aligned mapping of one page, alive while self
+        // lives; the peer may write it at any time, which RawRing tolerates.
+        unsafe { crate::mem::RawRing::from_region(self.base, 4096, geometry) }.ok()
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: cookie from afx_map_page; no ring over it is used any more.
+        unsafe { afx_unmap_page(self.cookie) }
+    }
+}
+
+/// XenStore helpers; paths are NUL-terminated CStrings.
+pub(crate) mod xs {
+    use super::*;
+    use kernel::str::CString;
+
+    pub(crate) fn advertise(dir: &CString, gref: u32, port: u32, state: i32) -> Result {
+        // SAFETY: NUL-terminated path.
+        let r = unsafe { afx_xs_advertise(dir.as_bytes_with_nul().as_ptr(), gref, port, state) };
+        if r != 0 {
+            return Err(Error::from_errno(r));
+        }
+        Ok(())
+    }
+    pub(crate) fn write_state(dir: &CString, state: i32) -> Result {
+        // SAFETY: NUL-terminated path.
+        let r = unsafe { afx_xs_write_state(dir.as_bytes_with_nul().as_ptr(), state) };
+        if r != 0 {
+            return Err(Error::from_errno(r));
+        }
+        Ok(())
+    }
+    pub(crate) fn retract(dir: &CString) {
+        // SAFETY: NUL-terminated path.
+        unsafe { afx_xs_retract(dir.as_bytes_with_nul().as_ptr()) }
+    }
+    pub(crate) fn read_u32(dir: &CString, node: &core::ffi::CStr) -> Option<u32> {
+        let mut v: c_uint = 0;
+        // SAFETY: NUL-terminated strings, out parameter.
+        let r = unsafe { afx_xs_read_uint(dir.as_bytes_with_nul().as_ptr(), node.as_ptr().cast(), &mut v) };
+        if r == 0 {
+            Some(v)
+        } else {
+            None
+        }
+    }
+    /// Numeric entries of a directory (at most 64).
+    pub(crate) fn dir_ids(dir: &CString, out: &mut [u32; 64]) -> usize {
+        // SAFETY: NUL-terminated path; out has room for 64 entries.
+        let n = unsafe { afx_xs_dir_ids(dir.as_bytes_with_nul().as_ptr(), out.as_mut_ptr(), 64) };
+        if n < 0 {
+            0
+        } else {
+            n as usize
+        }
+    }
+
+    /// A XenStore watch whose callback schedules the work item.
+    pub(crate) struct Watch(*mut c_void);
+    // SAFETY: an opaque handle, only passed back to the glue.
+    unsafe impl Send for Watch {}
+    // SAFETY: see above.
+    unsafe impl Sync for Watch {}
+
+    impl Watch {
+        pub(crate) fn add(path: &CString) -> Result<Watch> {
+            // SAFETY: NUL-terminated path (the glue copies it).
+            let p = unsafe { afx_watch_add(path.as_bytes_with_nul().as_ptr()) };
+            if p.is_null() {
+                return Err(ENOMEM);
+            }
+            Ok(Watch(p))
+        }
+    }
+    impl Drop for Watch {
+        fn drop(&mut self) {
+            // SAFETY: from afx_watch_add; unregisters (waits for callbacks) and frees.
+            unsafe { afx_watch_del(self.0) }
+        }
+    }
+}
+
+#[no_mangle]
+unsafe extern "C" fn afx_rs_work() {
+    crate::link::work();
 }

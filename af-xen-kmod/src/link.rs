@@ -1,0 +1,454 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Links to other domains (af-xen-kmod/README.md, "Link setup through
+//! XenStore"): one per peer, a control ring each way plus an event channel
+//! each way, set up through /local/domain/<me>/data/xensock/link/<peer>/.
+//!
+//! Everything asynchronous funnels into one work item (`work()`): the link
+//! interrupts and the XenStore watches only schedule it. It discovers link
+//! directories dom0 made for us, follows the peers' states, drains control
+//! frames and wakes the sockets of every link.
+
+use crate::ctrl::{self, Channel, Message, RejectReason, ResetReason, RingGrant, SockType, TcpEndpoint};
+use crate::layout::{RingGeometry, RingIdentity, LINK_RING_MAGIC, LINK_RING_ORDER};
+use crate::mem::RawRing;
+use crate::ring::{Consumer, Field, Producer, RingMemory};
+use crate::sock::{self, XenSock};
+use crate::sys::{self, errno as e, xs, Evtchn, Grant, Mapping};
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use kernel::fmt;
+use kernel::new_mutex;
+use kernel::prelude::*;
+use kernel::rbtree::RBTree;
+use kernel::str::CString;
+use kernel::sync::{Arc, Mutex};
+
+const STATE_INITIALISED: i32 = 3;
+const STATE_CONNECTED: i32 = 4;
+
+/// Our advertised half: the control ring the peer writes into, and the
+/// port it kicks.
+struct Half {
+    rx: Consumer<RawRing>,
+    _chan: Evtchn,
+    /// last: the ring above points into it
+    _grant: Grant,
+}
+
+/// The peer's half, once mapped and bound.
+struct PeerHalf {
+    tx: Producer<RawRing>,
+    chan: Evtchn,
+    gref: u32,
+    port: u32,
+    /// last: the ring above points into it
+    _map: Mapping,
+}
+
+pub(crate) struct LinkInner {
+    mine: Option<Half>,
+    peer: Option<PeerHalf>,
+    watch: Option<xs::Watch>,
+    /// our connection id -> socket (connecting or connected over this link)
+    pub(crate) conns: RBTree<u32, Arc<XenSock>>,
+}
+
+#[pin_data]
+pub(crate) struct Link {
+    pub(crate) peer: u32,
+    me: u32,
+    my_dir: CString,
+    peer_dir: CString,
+    up: AtomicBool,
+    /// our local port bound to the peer's advertised port (0: none)
+    kick_port: AtomicU32,
+    #[pin]
+    pub(crate) inner: Mutex<LinkInner>,
+}
+
+/// Module-wide link table (in sock::Globals).
+pub(crate) struct LinkTable {
+    pub(crate) links: KVec<Arc<Link>>,
+    pub(crate) watches: KVec<xs::Watch>,
+    pub(crate) stopping: bool,
+}
+
+impl LinkTable {
+    pub(crate) fn new() -> Self {
+        LinkTable { links: KVec::new(), watches: KVec::new(), stopping: false }
+    }
+}
+
+static NEXT_CONN: AtomicU32 = AtomicU32::new(1);
+
+/// A fresh connection id (never 0: 0 names the link itself).
+pub(crate) fn next_conn_id() -> u32 {
+    loop {
+        let v = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+        if v != 0 {
+            return v;
+        }
+    }
+}
+
+fn root(me: u32) -> Result<CString> {
+    CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link", me))
+}
+
+fn link_geometry() -> Result<RingGeometry> {
+    RingGeometry::new(LINK_RING_ORDER).map_err(|_| EINVAL)
+}
+
+impl Link {
+    /// Advertises our half for `peer` (dom0 made the directory).
+    fn create(me: u32, peer: u32) -> Result<Arc<Link>> {
+        let my_dir = CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}", me, peer))?;
+        let peer_dir = CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}", peer, me))?;
+        let state_path = CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}/state", peer, me))?;
+        let g = link_geometry()?;
+        let grant = Grant::new(peer)?;
+        let ring = grant.ring(g).ok_or(EINVAL)?;
+        ring.header().init(&RingIdentity {
+            magic: LINK_RING_MAGIC,
+            order: g.order(),
+            owner_domid: me,
+            peer_domid: peer,
+            conn_id: 0,
+            epoch: 0,
+        });
+        let chan = Evtchn::alloc_unbound(peer)?;
+        xs::advertise(&my_dir, grant.gref, chan.port, STATE_INITIALISED)?;
+        let watch = xs::Watch::add(&state_path).ok();
+        pr_info!("link to dom{}: advertised ring-ref {} event-channel {}\n", peer, grant.gref, chan.port);
+        Arc::pin_init(
+            pin_init!(Link {
+                peer,
+                me,
+                my_dir,
+                peer_dir,
+                up: AtomicBool::new(false),
+                kick_port: AtomicU32::new(0),
+                inner <- new_mutex!(LinkInner {
+                    mine: Some(Half { rx: Consumer::new(ring), _chan: chan, _grant: grant }),
+                    peer: None,
+                    watch,
+                    conns: RBTree::new(),
+                }, "af_xen_link"),
+            }),
+            GFP_KERNEL,
+        )
+    }
+
+    pub(crate) fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    /// Kicks the peer (its rings moved or their flags changed).
+    pub(crate) fn kick(&self) {
+        let p = self.kick_port.load(Ordering::Acquire);
+        if p != 0 {
+            sys::notify_port(p);
+        }
+    }
+
+    /// Sends one control frame (process context).
+    pub(crate) fn send(&self, m: &Message<'_>) -> core::result::Result<(), i32> {
+        let mut i = self.inner.lock();
+        Self::send_locked(&mut i, m)
+    }
+
+    fn send_locked(i: &mut LinkInner, m: &Message<'_>) -> core::result::Result<(), i32> {
+        let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
+        let n = m.encode(&mut buf).map_err(|_| e::EINVAL)?;
+        let ph = i.peer.as_mut().ok_or(e::ENOTCONN)?;
+        let free = ph.tx.free_space().map_err(|_| e::ECONNRESET)?;
+        if (free as usize) < n {
+            return Err(e::ENOBUFS);
+        }
+        match ph.tx.write(&buf[..n]) {
+            Ok(w) if w == n => {}
+            _ => return Err(e::ECONNRESET),
+        }
+        ph.chan.notify();
+        Ok(())
+    }
+
+    /// Maps the peer's control ring and binds its port.
+    fn attach(&self, i: &mut LinkInner, gref: u32, port: u32) -> Result {
+        let g = link_geometry()?;
+        let map = Mapping::map(self.peer, gref)?;
+        let ring = map.ring(g).ok_or(EINVAL)?;
+        ring.header()
+            .verify(&RingIdentity {
+                magic: LINK_RING_MAGIC,
+                order: g.order(),
+                owner_domid: self.peer,
+                peer_domid: self.me,
+                conn_id: 0,
+                epoch: 0,
+            })
+            .map_err(|_| EINVAL)?;
+        // Continue where the peer's consumer stands (a previous incarnation
+        // of ours may have written into this ring before).
+        let cons = ring.load(Field::Cons, Ordering::Acquire);
+        let tx = Producer::resume(ring, cons);
+        let chan = Evtchn::bind_interdomain(self.peer, port)?;
+        self.kick_port.store(chan.port, Ordering::Release);
+        chan.notify();
+        i.peer = Some(PeerHalf { tx, chan, gref, port, _map: map });
+        self.up.store(true, Ordering::Release);
+        let _ = xs::write_state(&self.my_dir, STATE_CONNECTED);
+        pr_info!("link to dom{} up (peer ring-ref {} event-channel {})\n", self.peer, gref, port);
+        Ok(())
+    }
+
+    /// The peer went away: every connection over the link is reset.
+    fn detach(&self, i: &mut LinkInner, why: &str) {
+        self.up.store(false, Ordering::Release);
+        self.kick_port.store(0, Ordering::Release);
+        let ph = i.peer.take();
+        drop(ph);
+        let conns = core::mem::replace(&mut i.conns, RBTree::new());
+        for (_, s) in conns.iter() {
+            sock::link_lost(s);
+        }
+        drop(conns);
+        pr_info!("link to dom{} down: {}\n", self.peer, why);
+    }
+
+    /// Follows the peer's state, drains control frames, wakes sockets.
+    fn service(self: &Arc<Self>) {
+        let mut i = self.inner.lock();
+        if i.mine.is_none() {
+            return;
+        }
+        let st = xs::read_u32(&self.peer_dir, c"state");
+        let gref = xs::read_u32(&self.peer_dir, c"ring-ref");
+        let port = xs::read_u32(&self.peer_dir, c"event-channel");
+        let advertised = matches!(st, Some(3) | Some(4));
+        if let Some(ph) = &i.peer {
+            if !advertised {
+                self.detach(&mut i, "peer state changed or removed");
+            } else if gref != Some(ph.gref) || port != Some(ph.port) {
+                self.detach(&mut i, "peer re-advertised (restarted)");
+            }
+        }
+        if i.peer.is_none() && advertised {
+            if let (Some(r), Some(p)) = (gref, port) {
+                if let Err(x) = self.attach(&mut i, r, p) {
+                    pr_warn!("link to dom{}: cannot attach to ring-ref {} port {}: {:?}\n", self.peer, r, p, x);
+                }
+            }
+        }
+        self.drain(&mut i);
+        for (_, s) in i.conns.iter() {
+            s.sk.wake(sys::poll::POLLIN | sys::poll::POLLOUT | sys::poll::POLLRDNORM | sys::poll::POLLWRNORM);
+        }
+    }
+
+    fn drain(self: &Arc<Self>, i: &mut LinkInner) {
+        let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
+        for _ in 0..1024 {
+            let Some(mine) = i.mine.as_mut() else { return };
+            let n = match mine.rx.readable() {
+                Ok(n) => n as usize,
+                Err(_) => {
+                    pr_warn!("link to dom{}: corrupt control ring\n", self.peer);
+                    return;
+                }
+            };
+            if n < ctrl::HEADER_LEN {
+                return;
+            }
+            let _ = mine.rx.peek(&mut buf[..ctrl::HEADER_LEN]);
+            let len = match ctrl::decode_header(&buf[..ctrl::HEADER_LEN], Channel::Link) {
+                Ok(h) => h.frame_len(),
+                Err(_) => usize::MAX,
+            };
+            if len > buf.len() {
+                pr_warn!("link to dom{}: bad control frame, dropping {} bytes\n", self.peer, n);
+                let _ = mine.rx.skip(n as u32);
+                return;
+            }
+            if n < len {
+                return;
+            }
+            let _ = mine.rx.peek(&mut buf[..len]);
+            let _ = mine.rx.skip(len as u32);
+            let frame = buf;
+            match ctrl::decode(&frame[..len], Channel::Link) {
+                Ok((m, _)) => self.handle(i, &m),
+                Err(_) => pr_warn!("link to dom{}: undecodable control frame dropped\n", self.peer),
+            }
+        }
+    }
+
+    fn handle(self: &Arc<Self>, i: &mut LinkInner, m: &Message<'_>) {
+        match *m {
+            Message::ConnectRequest { conn_id, src_port, dst_port, sock_type, cookie, rx, .. } => {
+                let r = if sock_type != SockType::Stream {
+                    Err(RejectReason::WrongType)
+                } else {
+                    sock::accept_remote(self, conn_id, src_port, dst_port, &rx)
+                };
+                let reply = match &r {
+                    Ok((child, my_id, gref)) => {
+                        // listed before the accept goes out: its first data may follow at once
+                        if i.conns.try_create_and_insert(*my_id, child.clone(), GFP_KERNEL).is_err() {
+                            sock::link_lost(child);
+                            Message::ConnectReject { conn_id, reason: RejectReason::NoResources }
+                        } else {
+                            Message::ConnectAccept {
+                                conn_id,
+                                acceptor_id: *my_id,
+                                cookie,
+                                rx: RingGrant { order: crate::layout::COMPACT_MAX_ORDER as u8, epoch: 0, header_ref: *gref, dir_ref: 0 },
+                                tcp: TcpEndpoint::NONE,
+                            }
+                        }
+                    }
+                    Err(reason) => Message::ConnectReject { conn_id, reason: *reason },
+                };
+                if let Err(x) = Self::send_locked(i, &reply) {
+                    pr_warn!("link to dom{}: cannot answer connect: {}\n", self.peer, x);
+                }
+                if let Ok((child, _, _)) = r {
+                    sock::accepted_remote(&child);
+                }
+            }
+            Message::ConnectAccept { conn_id, acceptor_id, rx, .. } => {
+                let s = i.conns.get(&conn_id).cloned();
+                match s {
+                    Some(s) => {
+                        if sock::connect_accepted(&s, self, acceptor_id, &rx).is_err() {
+                            let _ = Self::send_locked(i, &Message::Reset { conn_id: acceptor_id, reason: ResetReason::ProtocolError });
+                            i.conns.remove(&conn_id);
+                        }
+                    }
+                    None => {
+                        let _ = Self::send_locked(i, &Message::Reset { conn_id: acceptor_id, reason: ResetReason::Abort });
+                    }
+                }
+            }
+            Message::ConnectReject { conn_id, .. } => {
+                if let Some(s) = i.conns.remove(&conn_id) {
+                    sock::connect_failed(&s, e::ECONNREFUSED);
+                }
+            }
+            Message::Reset { conn_id, .. } => {
+                if let Some(s) = i.conns.remove(&conn_id) {
+                    sock::link_lost(&s);
+                }
+            }
+            // Close: both directions' flags are already in the rings; the
+            // wake below lets the socket see them.
+            _ => {}
+        }
+    }
+}
+
+fn globals_table() -> &'static Mutex<LinkTable> {
+    &sock::globals().links
+}
+
+/// The link to `peer`, advertised now if dom0 made its directory for us.
+pub(crate) fn get_or_create(peer: u32) -> core::result::Result<Arc<Link>, i32> {
+    let me = sock::globals().own_domid;
+    let mut t = globals_table().lock();
+    if t.stopping {
+        return Err(e::ENETUNREACH);
+    }
+    if let Some(l) = t.links.iter().find(|l| l.peer == peer) {
+        return Ok(l.clone());
+    }
+    let dir = root(me).map_err(|_| e::ENOMEM)?;
+    let mut ids = [0u32; 64];
+    let n = xs::dir_ids(&dir, &mut ids);
+    if !ids[..n].contains(&peer) {
+        return Err(e::EHOSTUNREACH);
+    }
+    let l = Link::create(me, peer).map_err(|x| {
+        pr_warn!("link to dom{}: cannot advertise: {:?}\n", peer, x);
+        e::EHOSTUNREACH
+    })?;
+    t.links.push(l.clone(), GFP_KERNEL).map_err(|_| e::ENOMEM)?;
+    Ok(l)
+}
+
+/// Module init: watch our link directory (dom0 creating a link) and domain
+/// deaths, then look once.
+pub(crate) fn start() {
+    let me = sock::globals().own_domid;
+    if me == 0 {
+        return;
+    }
+    let mut t = globals_table().lock();
+    if let Ok(p) = root(me) {
+        if let Ok(w) = xs::Watch::add(&p) {
+            let _ = t.watches.push(w, GFP_KERNEL);
+        }
+    }
+    if let Ok(p) = CString::try_from_fmt(fmt!("@releaseDomain")) {
+        if let Ok(w) = xs::Watch::add(&p) {
+            let _ = t.watches.push(w, GFP_KERNEL);
+        }
+    }
+    drop(t);
+    sys::schedule_work();
+}
+
+/// The work item.
+pub(crate) fn work() {
+    let me = sock::globals().own_domid;
+    if me == 0 {
+        return;
+    }
+    if let Ok(dir) = root(me) {
+        let mut ids = [0u32; 64];
+        let n = xs::dir_ids(&dir, &mut ids);
+        for &peer in &ids[..n] {
+            if peer != me {
+                let _ = get_or_create(peer);
+            }
+        }
+    }
+    let links: KVec<Arc<Link>> = {
+        let t = globals_table().lock();
+        if t.stopping {
+            return;
+        }
+        let mut v = KVec::new();
+        for l in t.links.iter() {
+            if v.push(l.clone(), GFP_KERNEL).is_err() {
+                break;
+            }
+        }
+        v
+    };
+    for l in links.iter() {
+        l.service();
+    }
+}
+
+/// Module exit (no sockets left): stop the work, retract every link.
+pub(crate) fn shutdown_all() {
+    let (watches, links) = {
+        let mut t = globals_table().lock();
+        t.stopping = true;
+        (core::mem::replace(&mut t.watches, KVec::new()), core::mem::replace(&mut t.links, KVec::new()))
+    };
+    drop(watches);
+    for l in links.iter() {
+        let (w, ph, mine) = {
+            let mut i = l.inner.lock();
+            l.up.store(false, Ordering::Release);
+            l.kick_port.store(0, Ordering::Release);
+            (i.watch.take(), i.peer.take(), i.mine.take())
+        };
+        drop(w);
+        drop(ph);
+        xs::retract(&l.my_dir);
+        drop(mine);
+    }
+    sys::cancel_work();
+    drop(links);
+}
