@@ -346,8 +346,13 @@ struct afx_watch {
 	struct xenbus_watch w;
 };
 
+/* set by watches: the work re-reads XenStore only then (never per interrupt) */
+static atomic_t afx_xs_dirty = ATOMIC_INIT(1);
+int afx_take_xs_dirty(void) { return atomic_xchg(&afx_xs_dirty, 0); }
+
 static void afx_watch_cb(struct xenbus_watch *w, const char *path, const char *token)
 {
+	atomic_set(&afx_xs_dirty, 1);
 	schedule_work(&afx_work);
 }
 

@@ -216,32 +216,38 @@ impl Link {
     }
 
     /// Follows the peer's state, drains control frames, wakes sockets.
-    fn service(self: &Arc<Self>) {
+    fn service(self: &Arc<Self>, xs_changed: bool) {
         let mut i = self.inner.lock();
         if i.mine.is_none() {
             return;
         }
+        if xs_changed {
+            self.follow_peer(&mut i);
+        }
+        self.drain(&mut i);
+        for (_, s) in i.conns.iter() {
+            s.sk.wake(sys::poll::POLLIN | sys::poll::POLLOUT | sys::poll::POLLRDNORM | sys::poll::POLLWRNORM);
+        }
+    }
+
+    fn follow_peer(self: &Arc<Self>, i: &mut LinkInner) {
         let st = xs::read_u32(&self.peer_dir, c"state");
         let gref = xs::read_u32(&self.peer_dir, c"ring-ref");
         let port = xs::read_u32(&self.peer_dir, c"event-channel");
         let advertised = matches!(st, Some(3) | Some(4));
         if let Some(ph) = &i.peer {
             if !advertised {
-                self.detach(&mut i, "peer state changed or removed");
+                self.detach(i, "peer state changed or removed");
             } else if gref != Some(ph.gref) || port != Some(ph.port) {
-                self.detach(&mut i, "peer re-advertised (restarted)");
+                self.detach(i, "peer re-advertised (restarted)");
             }
         }
         if i.peer.is_none() && advertised {
             if let (Some(r), Some(p)) = (gref, port) {
-                if let Err(x) = self.attach(&mut i, r, p) {
+                if let Err(x) = self.attach(i, r, p) {
                     pr_warn!("link to dom{}: cannot attach to ring-ref {} port {}: {:?}\n", self.peer, r, p, x);
                 }
             }
-        }
-        self.drain(&mut i);
-        for (_, s) in i.conns.iter() {
-            s.sk.wake(sys::poll::POLLIN | sys::poll::POLLOUT | sys::poll::POLLRDNORM | sys::poll::POLLWRNORM);
         }
     }
 
@@ -402,7 +408,8 @@ pub(crate) fn work() {
     if me == 0 {
         return;
     }
-    if let Ok(dir) = root(me) {
+    let xs_changed = sys::take_xs_dirty();
+    if let Ok(dir) = root(me).and_then(|d| if xs_changed { Ok(d) } else { Err(EAGAIN) }) {
         let mut ids = [0u32; 64];
         let n = xs::dir_ids(&dir, &mut ids);
         for &peer in &ids[..n] {
@@ -425,7 +432,7 @@ pub(crate) fn work() {
         v
     };
     for l in links.iter() {
-        l.service();
+        l.service(xs_changed);
     }
 }
 

@@ -592,6 +592,13 @@ extern "C" {
     fn afx_xs_dir_ids(dir: *const u8, out: *mut c_uint, max: c_int) -> c_int;
     fn afx_watch_add(path: *const u8) -> *mut c_void;
     fn afx_watch_del(w: *mut c_void);
+    fn afx_take_xs_dirty() -> c_int;
+}
+
+/// Whether a watch fired since the last call (XenStore must be re-read).
+pub(crate) fn take_xs_dirty() -> bool {
+    // SAFETY: atomic exchange on a static.
+    unsafe { afx_take_xs_dirty() != 0 }
 }
 
 /// Queues the module's work item (control frames, link states, wakeups).

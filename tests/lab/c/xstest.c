@@ -11,6 +11,9 @@
  *                           poll/epoll, shutdown, close, EPIPE/SIGPIPE
  *   xstest hold N           keep a socket open N seconds (rmmod refusal)
  *   xstest autoload         socket(19) with the module unloaded
+ *   xstest xserver [MiB]    cross-domain server (domu1): accepts the
+ *                           connections xclient makes, in order
+ *   xstest xclient PEER [MiB]  cross-domain client (domu2) to PEER's server
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -417,6 +420,282 @@ static void test_loop(void)
 	}
 }
 
+
+/* ---- cross-domain (domu1 server, domu2 client) -------------------------- */
+#define XPORT 7000
+
+static int accept_one(int l, int secs)
+{
+	struct pollfd p = { .fd = l, .events = POLLIN };
+
+	if (poll(&p, 1, secs * 1000) != 1)
+		return -1;
+	return accept(l, NULL, NULL);
+}
+
+static int read_all(int fd, char *buf, int max)
+{
+	int n = 0, r;
+
+	while (n < max && (r = recv(fd, buf + n, max - n, 0)) > 0)
+		n += r;
+	return n;
+}
+
+/* stream `total` bytes of pattern() out; returns 0 on success */
+static int stream_out(int fd, uint64_t total)
+{
+	static uint64_t blk[8192];
+	uint64_t i = 0;
+
+	while (i < total / 8) {
+		uint64_t n = total / 8 - i, k;
+		ssize_t w;
+
+		if (n > 8192)
+			n = 8192;
+		for (k = 0; k < n; k++)
+			blk[k] = pattern(i + k);
+		w = send(fd, blk, n * 8, MSG_NOSIGNAL | MSG_WAITALL);
+		if (w != (ssize_t)(n * 8))
+			return -1;
+		i += n;
+	}
+	return 0;
+}
+
+/* read to EOF, check the pattern; returns bytes read or -1 on mismatch */
+static int64_t stream_in(int fd)
+{
+	static uint64_t blk[8192];
+	uint64_t got = 0;
+
+	for (;;) {
+		ssize_t r = recv(fd, blk, sizeof(blk), MSG_WAITALL);
+		uint64_t k;
+
+		if (r < 0)
+			return -1;
+		if (r == 0)
+			return got;
+		if (r % 8) {	/* keep word alignment: read the rest of the word */
+			ssize_t r2 = recv(fd, (char *)blk + r, 8 - r % 8, MSG_WAITALL);
+			if (r2 != 8 - r % 8)
+				return -1;
+			r += r2;
+		}
+		for (k = 0; k < (uint64_t)r / 8; k++)
+			if (blk[k] != pattern(got / 8 + k))
+				return -1;
+		got += r;
+	}
+}
+
+static void test_xserver(uint64_t mib)
+{
+	struct sockaddr_xen x = xaddr(XEN_DOMID_ANY, XPORT);
+	char buf[4096];
+	int l, a, n;
+
+	l = xsock();
+	if (l < 0 || bind(l, (struct sockaddr *)&x, sizeof(x)) || listen(l, 8)) {
+		result("x-listen", 0, "errno=%s", strerrorname_np(errno));
+		return;
+	}
+	result("x-listen", 1, NULL);
+	/* 1: echo until EOF (the client half-closes), then "bye" and close */
+	a = accept_one(l, 240);
+	result("x-accept", a >= 0, "errno=%s", a < 0 ? strerrorname_np(errno) : "0");
+	if (a < 0)
+		return;
+	{
+		struct sockaddr_xen y;
+		socklen_t len = sizeof(y);
+
+		getpeername(a, (struct sockaddr *)&y, &len);
+		result("x-server-getpeername", y.sxen_domid != own_domid() && y.sxen_domid != 0, "domid=%u port=%u", y.sxen_domid, y.sxen_port);
+	}
+	{
+		int total = 0, ok = 1;
+
+		while ((n = recv(a, buf, sizeof(buf), 0)) > 0) {
+			total += n;
+			if (send(a, buf, n, 0) != n)
+				ok = 0;
+		}
+		result("x-echo-server", ok && n == 0, "echoed %d bytes, last rc=%d errno=%s", total, n, n < 0 ? strerrorname_np(errno) : "0");
+		result("x-halfclose-send-after-eof", send(a, "bye", 3, 0) == 3, NULL);
+		close(a);
+	}
+	/* 2: stream in (client -> server), then out */
+	a = accept_one(l, 120);
+	result("x-accept-stream", a >= 0, NULL);
+	if (a < 0)
+		return;
+	{
+		double t0 = now();
+		int64_t got = stream_in(a);
+		double dt = now() - t0;
+
+		result("x-stream-in", got == (int64_t)(mib << 20), "%lld bytes in %.1fs (%.2f MiB/s)", (long long)got, dt, got / dt / 1048576);
+		result("x-stream-out", stream_out(a, mib << 20) == 0, "errno=%s", strerrorname_np(errno) ?: "0");
+		close(a);
+	}
+	/* 3: the client's process gets killed while we wait in recv: EOF */
+	a = accept_one(l, 120);
+	result("x-accept-victim", a >= 0, NULL);
+	if (a >= 0) {
+		n = recv(a, buf, sizeof(buf), 0);
+		result("x-peer-killed", n == 0 || (n < 0 && errno == ECONNRESET), "rc=%d errno=%s", n, n < 0 ? strerrorname_np(errno) : "0");
+		close(a);
+	}
+	/* 4: client closes with us never reading: we see its data then EOF, our sends get EPIPE */
+	a = accept_one(l, 120);
+	result("x-accept-4", a >= 0, NULL);
+	if (a >= 0) {
+		int r = read_all(a, buf, sizeof(buf));
+		ssize_t w;
+
+		result("x-data-then-eof", r == 5 && !memcmp(buf, "last!", 5), "r=%d", r);
+		w = send(a, "x", 1, MSG_NOSIGNAL);
+		result("x-send-after-peer-close", w == -1 && errno == EPIPE, "w=%zd errno=%s", w, strerrorname_np(errno) ?: "0");
+		close(a);
+	}
+	close(l);
+	system("cat /proc/net/af_xen");
+}
+
+static void test_xclient(uint32_t peer, uint64_t mib)
+{
+	struct sockaddr_xen x = xaddr(peer, XPORT);
+	char buf[4096];
+	int c = -1, r = -1, e = 0, i;
+	double t0 = now();
+
+	/* the server and the link may not be up yet: retry for up to 240 s */
+	while (now() - t0 < 240) {
+		c = xsock();
+		r = connect(c, (struct sockaddr *)&x, sizeof(x));
+		e = errno;
+		if (r == 0)
+			break;
+		close(c);
+		sleep(1);
+	}
+	result("x-connect", r == 0, "errno=%s after %.1fs", r ? strerrorname_np(e) : "0", now() - t0);
+	if (r)
+		return;
+	{
+		struct sockaddr_xen y;
+		socklen_t len = sizeof(y);
+
+		getpeername(c, (struct sockaddr *)&y, &len);
+		result("x-client-getpeername", y.sxen_domid == peer && y.sxen_port == XPORT, "domid=%u port=%u", y.sxen_domid, y.sxen_port);
+		len = sizeof(y);
+		getsockname(c, (struct sockaddr *)&y, &len);
+		result("x-client-getsockname", y.sxen_domid == own_domid() && y.sxen_port >= 49152, "domid=%u port=%u", y.sxen_domid, y.sxen_port);
+	}
+	{
+		struct pollfd p = { .fd = c, .events = POLLIN | POLLOUT };
+
+		result("x-poll-pollout", poll(&p, 1, 1000) == 1 && p.revents == POLLOUT, "revents=%#x", p.revents);
+	}
+	/* echo, with edge-triggered epoll for the answer */
+	{
+		int ep = epoll_create1(0);
+		struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.fd = c }, out;
+		int n;
+
+		epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev);
+		result("x-send", send(c, "hello", 5, 0) == 5, NULL);
+		n = epoll_wait(ep, &out, 1, 10000);
+		result("x-epoll-in", n == 1 && (out.events & EPOLLIN), "n=%d events=%#x", n, n == 1 ? out.events : 0);
+		memset(buf, 0, 16);
+		n = recv(c, buf, 16, MSG_WAITALL | MSG_DONTWAIT);
+		result("x-echo", n == 5 && !memcmp(buf, "hello", 5), "n=%d", n);
+		{
+			struct pollfd p = { .fd = c, .events = POLLIN };
+
+			result("x-poll-empty", poll(&p, 1, 100) == 0, "revents=%#x", p.revents);
+		}
+		/* 100 round trips */
+		t0 = now();
+		for (i = 0; i < 100; i++) {
+			if (send(c, "ping", 4, 0) != 4 || recv(c, buf, 4, MSG_WAITALL) != 4 || memcmp(buf, "ping", 4))
+				break;
+		}
+		result("x-roundtrips", i == 100, "%d done, avg %.0f us", i, (now() - t0) / (i ? i : 1) * 1e6);
+		if (i == 100)
+			printf("@@METRIC kmod.xdom_rtt_us %.0f us\n", (now() - t0) / 100 * 1e6);
+		close(ep);
+	}
+	/* half-close: the server sees EOF, answers "bye", we still read it */
+	result("x-shutdown-wr", shutdown(c, SHUT_WR) == 0, NULL);
+	{
+		int n = read_all(c, buf, sizeof(buf));
+
+		result("x-halfclose", n == 3 && !memcmp(buf, "bye", 3), "n=%d", n);
+		EXPECT_ERR("x-send-after-shutdown", send(c, "x", 1, MSG_NOSIGNAL), EPIPE);
+	}
+	close(c);
+	/* stream both ways */
+	c = xsock();
+	r = connect(c, (struct sockaddr *)&x, sizeof(x));
+	result("x-connect-stream", r == 0, "errno=%s", r ? strerrorname_np(errno) : "0");
+	if (r == 0) {
+		double dt;
+		int64_t got;
+
+		t0 = now();
+		r = stream_out(c, mib << 20);
+		dt = now() - t0;
+		result("x-stream-out-client", r == 0, "%llu MiB in %.1fs (%.2f MiB/s)", (unsigned long long)mib, dt, mib / dt);
+		if (r == 0)
+			printf("@@METRIC kmod.xdom_stream_mib_s %.2f MiB/s\n", mib / dt);
+		shutdown(c, SHUT_WR);
+		t0 = now();
+		got = stream_in(c);
+		dt = now() - t0;
+		result("x-stream-in-client", got == (int64_t)(mib << 20), "%lld bytes in %.1fs (%.2f MiB/s)", (long long)got, dt, got / dt / 1048576);
+		close(c);
+	}
+	/* a process killed with the connection open: the server sees EOF */
+	{
+		pid_t pid = fork();
+
+		if (pid == 0) {
+			int k = xsock();
+
+			if (connect(k, (struct sockaddr *)&x, sizeof(x)) == 0)
+				pause();
+			_exit(1);
+		}
+		sleep(3);
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		result("x-victim-killed", 1, NULL);
+	}
+	/* data then close without reading */
+	c = xsock();
+	r = connect(c, (struct sockaddr *)&x, sizeof(x));
+	result("x-connect-4", r == 0, "errno=%s", r ? strerrorname_np(errno) : "0");
+	if (r == 0) {
+		send(c, "last!", 5, 0);
+		close(c);
+	}
+	/* nobody listens there */
+	c = xsock();
+	x = xaddr(peer, 7999);
+	EXPECT_ERR("x-connect-refused", connect(c, (struct sockaddr *)&x, sizeof(x)), ECONNREFUSED);
+	close(c);
+	/* no link directory for that domid (dom0 made none): EHOSTUNREACH */
+	c = xsock();
+	x = xaddr(4000, XPORT);
+	EXPECT_ERR("x-connect-unknown-domid", connect(c, (struct sockaddr *)&x, sizeof(x)), EHOSTUNREACH);
+	close(c);
+	system("cat /proc/net/af_xen");
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "local";
@@ -438,6 +717,10 @@ int main(int argc, char **argv)
 		test_local();
 	} else if (!strcmp(mode, "loop")) {
 		test_loop();
+	} else if (!strcmp(mode, "xserver")) {
+		test_xserver(argc > 2 ? strtoull(argv[2], NULL, 0) : 64);
+	} else if (!strcmp(mode, "xclient") && argc > 2) {
+		test_xclient(strtoul(argv[2], NULL, 0), argc > 3 ? strtoull(argv[3], NULL, 0) : 64);
 	} else if (!strcmp(mode, "hold")) {
 		/* keep one AF_XEN socket open for argv[2] seconds */
 		int s = xsock();
