@@ -329,6 +329,10 @@ pub(crate) struct Conn {
     pub io: Mutex<ConnIo>,
     pub link: Arc<LinkShared>,
     pub want: AtomicU8,
+    /// Directions whose last non-blocking attempt returned `WouldBlock`
+    /// (cleared when one succeeds): re-checked on every re-arm so that one
+    /// direction's `WouldBlock` never swallows the other's readiness edge.
+    pub waiting: AtomicU8,
     armed: Mutex<bool>,
     gen: Mutex<u64>,
     cv: Condvar,
@@ -353,6 +357,7 @@ impl Conn {
             io: Mutex::new(io),
             link,
             want: AtomicU8::new(0),
+            waiting: AtomicU8::new(0),
             armed: Mutex::new(false),
             gen: Mutex::new(0),
             cv: Condvar::new(),
@@ -449,9 +454,10 @@ impl Conn {
     /// a waiter asked for is already there (so neither direction loses an
     /// edge to the other).
     pub(crate) fn rearm_nonblocking(self: &Arc<Self>, want: u8, write_want: u32) {
+        self.waiting.fetch_or(want, Ordering::AcqRel);
         self.evfd.drain();
-        self.arm(want);
-        let all = self.want.load(Ordering::Acquire) | want;
+        let all = self.waiting.load(Ordering::Acquire) | want;
+        self.arm(all);
         if !self.io().prepare_wait(all, write_want) {
             self.evfd.signal();
         }

@@ -264,17 +264,24 @@ impl XenStream {
             match r {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(self.finish_err(e)),
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    c.waiting.fetch_and(!want, Ordering::AcqRel);
+                    return Ok(v);
+                }
             }
             if c.nonblocking.load(Ordering::Acquire) {
                 c.rearm_nonblocking(want, write_want);
                 // The re-check may have found what we wanted.
-                match f(&mut c.io()) {
+                let r = f(&mut c.io());
+                match r {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         return Err(io::ErrorKind::WouldBlock.into())
                     }
                     Err(e) => return Err(self.finish_err(e)),
-                    Ok(v) => return Ok(v),
+                    Ok(v) => {
+                        c.waiting.fetch_and(!want, Ordering::AcqRel);
+                        return Ok(v);
+                    }
                 }
             }
             let now = Instant::now();
@@ -309,6 +316,29 @@ impl Write for &XenStream {
         self.op(WANT_WRITE, want, t, |io| io.try_write(buf))
     }
 
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let t = lock(&self.timeouts).write;
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        let cap = self.send_buffer_size().max(1) as u32;
+        let want = (len.min(u32::MAX as usize) as u32).clamp(1, (cap / 4).max(1));
+        self.op(WANT_WRITE, want, t, |io| {
+            let mut total = 0;
+            for b in bufs.iter().filter(|b| !b.is_empty()) {
+                match io.try_write(b) {
+                    Ok(n) => {
+                        total += n;
+                        if n < b.len() {
+                            break;
+                        }
+                    }
+                    Err(e) if total == 0 => return Err(e),
+                    Err(_) => break,
+                }
+            }
+            Ok(total)
+        })
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
@@ -323,6 +353,9 @@ impl Read for XenStream {
 impl Write for XenStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         (&*self).write(buf)
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        (&*self).write_vectored(bufs)
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())

@@ -1,1 +1,440 @@
-//! placeholder
+//! # tokio-xensock
+//!
+//! Async xensock sockets for tokio, in the shape of tokio's
+//! `TcpListener`/`TcpStream` and tokio-vsock: [`XenListener::bind`],
+//! [`XenListener::accept`], [`XenStream::connect`], `AsyncRead`/`AsyncWrite`
+//! (with vectored writes), [`XenStream::split`] / [`XenStream::into_split`],
+//! and a `Stream` of incoming connections. Works with
+//! `tokio_util::codec::Framed`, hyper and tonic.
+//!
+//! ```no_run
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//! use tokio_xensock::{XenListener, XenStream};
+//!
+//! # async fn f() -> std::io::Result<()> {
+//! let listener = XenListener::bind("xen:self:5000")?;
+//! tokio::spawn(async move {
+//!     let (mut s, _peer) = listener.accept().await?;
+//!     let mut buf = [0u8; 1024];
+//!     let n = s.read(&mut buf).await?;
+//!     s.write_all(&buf[..n]).await?;
+//!     Ok::<_, std::io::Error>(())
+//! });
+//! let mut s = XenStream::connect("xen:1:5000").await?;
+//! s.write_all(b"hello").await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Each socket's readiness is libxensock's eventfd, registered with
+//! tokio's reactor through [`AsyncFd::register_with_interest`]. The
+//! descriptor gets an edge whenever either direction may make progress;
+//! every write to an eventfd reports both `EPOLLIN` and `EPOLLOUT`, so
+//! readers wait on tokio's read readiness and writers on its write
+//! readiness, each with its own waker (one reader task and one writer task
+//! per stream, as with tokio's `TcpStream`). Operations are always tried
+//! first; a `WouldBlock` re-arms the descriptor (and re-signals it if the
+//! other direction is ready, so neither loses its wakeup).
+
+use std::io;
+use std::net::Shutdown;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use futures_core::Stream;
+pub use libxensock::{SockAddrXen, SocketOptions, ToXenAddr, Transport};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+
+pub use libxensock;
+
+fn register<T: std::os::fd::AsRawFd>(inner: T) -> io::Result<AsyncFd<T>> {
+    // SAFETY: `inner` is a libxensock socket that owns its eventfd; the
+    // descriptor stays open and unchanged until the socket is dropped,
+    // which happens only when the AsyncFd (its owner) is dropped or
+    // `into_inner` is called.
+    unsafe { AsyncFd::register_with_interest(inner, Interest::READABLE | Interest::WRITABLE) }
+        .map_err(io::Error::from)
+}
+
+/// A xensock listener for tokio.
+#[derive(Debug)]
+pub struct XenListener {
+    inner: AsyncFd<libxensock::XenListener>,
+}
+
+impl XenListener {
+    /// Binds on the process-wide transport. Must be called inside a tokio
+    /// runtime.
+    pub fn bind(addr: impl ToXenAddr) -> io::Result<XenListener> {
+        XenListener::from_std(libxensock::XenListener::bind(addr)?)
+    }
+
+    /// Binds on `transport` (e.g. one domain of a simulated host).
+    pub fn bind_on(transport: &Transport, addr: impl ToXenAddr) -> io::Result<XenListener> {
+        XenListener::from_std(transport.bind(addr)?)
+    }
+
+    /// Binds with socket options (backlog, receive-ring size).
+    pub fn bind_with(
+        transport: &Transport,
+        addr: impl ToXenAddr,
+        opts: SocketOptions,
+    ) -> io::Result<XenListener> {
+        XenListener::from_std(transport.bind_with(addr, opts)?)
+    }
+
+    /// Wraps a blocking listener (switching it to non-blocking mode).
+    pub fn from_std(l: libxensock::XenListener) -> io::Result<XenListener> {
+        l.set_nonblocking(true)?;
+        Ok(XenListener {
+            inner: register(l)?,
+        })
+    }
+
+    /// Accepts a connection.
+    pub async fn accept(&self) -> io::Result<(XenStream, SockAddrXen)> {
+        std::future::poll_fn(|cx| self.poll_accept(cx)).await
+    }
+
+    /// Polls for a connection.
+    pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XenStream, SockAddrXen)>> {
+        loop {
+            match self.inner.get_ref().accept() {
+                Ok((s, a)) => return Poll::Ready(XenStream::from_std(s).map(|s| (s, a))),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+            ready!(self.inner.poll_read_ready(cx))?.clear_ready();
+        }
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SockAddrXen> {
+        self.inner.get_ref().local_addr()
+    }
+
+    /// A `Stream` of incoming connections.
+    pub fn incoming(&self) -> Incoming<'_> {
+        Incoming { listener: self }
+    }
+}
+
+impl Stream for XenListener {
+    type Item = io::Result<XenStream>;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.poll_accept(cx).map(|r| Some(r.map(|(s, _)| s)))
+    }
+}
+
+/// The `Stream` returned by [`XenListener::incoming`].
+#[derive(Debug)]
+pub struct Incoming<'a> {
+    listener: &'a XenListener,
+}
+
+impl Stream for Incoming<'_> {
+    type Item = io::Result<XenStream>;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.listener
+            .poll_accept(cx)
+            .map(|r| Some(r.map(|(s, _)| s)))
+    }
+}
+
+/// A connected xensock stream for tokio.
+#[derive(Debug)]
+pub struct XenStream {
+    inner: Arc<AsyncFd<libxensock::XenStream>>,
+}
+
+impl XenStream {
+    /// Connects through the process-wide transport. The handshake runs on
+    /// tokio's blocking pool.
+    pub async fn connect(addr: impl ToXenAddr) -> io::Result<XenStream> {
+        let addr = addr.to_xen_addr()?;
+        let t = tokio::task::spawn_blocking(Transport::global)
+            .await
+            .map_err(io::Error::other)??;
+        XenStream::connect_on(&t, addr).await
+    }
+
+    /// Connects through `transport`.
+    pub async fn connect_on(transport: &Transport, addr: impl ToXenAddr) -> io::Result<XenStream> {
+        XenStream::connect_with(transport, addr, SocketOptions::default()).await
+    }
+
+    /// Connects through `transport` with socket options.
+    pub async fn connect_with(
+        transport: &Transport,
+        addr: impl ToXenAddr,
+        opts: SocketOptions,
+    ) -> io::Result<XenStream> {
+        let addr = addr.to_xen_addr()?;
+        let t = transport.clone();
+        let s = tokio::task::spawn_blocking(move || t.connect_with(addr, None, opts))
+            .await
+            .map_err(io::Error::other)??;
+        XenStream::from_std(s)
+    }
+
+    /// Wraps a blocking stream (switching it to non-blocking mode).
+    pub fn from_std(s: libxensock::XenStream) -> io::Result<XenStream> {
+        s.set_nonblocking(true)?;
+        Ok(XenStream {
+            inner: Arc::new(register(s)?),
+        })
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SockAddrXen> {
+        self.inner.get_ref().peer_addr()
+    }
+
+    /// Our address.
+    pub fn local_addr(&self) -> io::Result<SockAddrXen> {
+        self.inner.get_ref().local_addr()
+    }
+
+    /// Shuts down one or both directions (see
+    /// [`libxensock::XenStream::shutdown`]).
+    pub fn shutdown_std(&self, how: Shutdown) -> io::Result<()> {
+        self.inner.get_ref().shutdown(how)
+    }
+
+    /// Borrowed halves, usable concurrently.
+    pub fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>) {
+        (ReadHalf { s: &*self }, WriteHalf { s: &*self })
+    }
+
+    /// Owned halves, usable from different tasks. Dropping the write half
+    /// shuts the write direction down, as tokio's `OwnedWriteHalf` does.
+    pub fn into_split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
+        (
+            OwnedReadHalf {
+                s: XenStream {
+                    inner: self.inner.clone(),
+                },
+            },
+            OwnedWriteHalf {
+                s: self,
+                shutdown_on_drop: true,
+            },
+        )
+    }
+
+    fn poll_read_priv(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        loop {
+            let unfilled = buf.initialize_unfilled();
+            match io::Read::read(&mut self.inner.get_ref(), unfilled) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+            ready!(self.inner.poll_read_ready(cx))?.clear_ready();
+        }
+    }
+
+    fn poll_write_priv(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.poll_op(cx, |s| io::Write::write(&mut &*s, buf))
+    }
+
+    fn poll_write_vectored_priv(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_op(cx, |s| io::Write::write_vectored(&mut &*s, bufs))
+    }
+
+    /// Tries `op` first (the descriptor only gets an edge after a
+    /// `WouldBlock`), then waits for readiness, clears it and retries.
+    fn poll_op<T>(
+        &self,
+        cx: &mut Context<'_>,
+        mut op: impl FnMut(&libxensock::XenStream) -> io::Result<T>,
+    ) -> Poll<io::Result<T>> {
+        loop {
+            match op(self.inner.get_ref()) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return Poll::Ready(r),
+            }
+            ready!(self.inner.poll_write_ready(cx))?.clear_ready();
+        }
+    }
+
+    fn shutdown_write(&self) -> io::Result<()> {
+        match self.inner.get_ref().shutdown(Shutdown::Write) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(()),
+            r => r,
+        }
+    }
+}
+
+impl AsyncRead for XenStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.poll_read_priv(cx, buf)
+    }
+}
+
+impl AsyncWrite for XenStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_priv(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored_priv(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.shutdown_write())
+    }
+}
+
+/// Borrowed read half from [`XenStream::split`].
+#[derive(Debug)]
+pub struct ReadHalf<'a> {
+    s: &'a XenStream,
+}
+
+/// Borrowed write half from [`XenStream::split`].
+#[derive(Debug)]
+pub struct WriteHalf<'a> {
+    s: &'a XenStream,
+}
+
+impl AsyncRead for ReadHalf<'_> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.s.poll_read_priv(cx, buf)
+    }
+}
+
+impl AsyncWrite for WriteHalf<'_> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.s.poll_write_priv(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.s.poll_write_vectored_priv(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.s.shutdown_write())
+    }
+}
+
+/// Owned read half from [`XenStream::into_split`].
+#[derive(Debug)]
+pub struct OwnedReadHalf {
+    s: XenStream,
+}
+
+/// Owned write half from [`XenStream::into_split`].
+#[derive(Debug)]
+pub struct OwnedWriteHalf {
+    s: XenStream,
+    shutdown_on_drop: bool,
+}
+
+impl OwnedReadHalf {
+    /// Puts the halves back together; `Err` gives them back if they are
+    /// not from the same stream.
+    pub fn reunite(self, w: OwnedWriteHalf) -> Result<XenStream, (OwnedReadHalf, OwnedWriteHalf)> {
+        if Arc::ptr_eq(&self.s.inner, &w.s.inner) {
+            let mut w = w;
+            w.shutdown_on_drop = false;
+            drop(self);
+            Ok(XenStream {
+                inner: w.s.inner.clone(),
+            })
+        } else {
+            Err((self, w))
+        }
+    }
+}
+
+impl OwnedWriteHalf {
+    /// Drops the half without shutting the write direction down.
+    pub fn forget(mut self) {
+        self.shutdown_on_drop = false;
+    }
+}
+
+impl Drop for OwnedWriteHalf {
+    fn drop(&mut self) {
+        if self.shutdown_on_drop {
+            let _ = self.s.shutdown_write();
+        }
+    }
+}
+
+impl AsyncRead for OwnedReadHalf {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.s.poll_read_priv(cx, buf)
+    }
+}
+
+impl AsyncWrite for OwnedWriteHalf {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.s.poll_write_priv(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.s.poll_write_vectored_priv(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.s.shutdown_write())
+    }
+}
