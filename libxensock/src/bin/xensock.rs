@@ -1,2 +1,789 @@
-//! The `xensock` command line tool (demo, bench, status).
-fn main() {}
+//! The `xensock` command line tool.
+//!
+//! * `xensock demo`: a simulated host with two domains, an echo server in
+//!   one, a client in the other, a checksummed stream through the rings,
+//!   and the same through TCP loopback for comparison.
+//! * `xensock bench`: throughput, latency, connection rate and memory per
+//!   idle connection for xensock vs AF_UNIX vs TCP loopback, in one run.
+//! * `xensock status`: the backend, and the links and connections of this
+//!   domain as XenStore and this process see them.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use libxensock::{SockAddrXen, SocketOptions, Transport, XenStream};
+use xensock_sim::{DomainConfig, SimHost};
+
+#[derive(Parser)]
+#[command(
+    name = "xensock",
+    about = "xensock: sockets between co-resident Xen domains"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Echo a checksummed stream between two (simulated) domains and compare with TCP loopback.
+    Demo {
+        /// MiB to stream (each way).
+        #[arg(long, default_value_t = 256)]
+        mib: u64,
+        /// Write size in bytes.
+        #[arg(long, default_value_t = 65536)]
+        write_size: usize,
+        /// Receive ring size in bytes.
+        #[arg(long, default_value_t = 1 << 20)]
+        ring: usize,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Throughput, latency, connection rate and memory: xensock vs AF_UNIX vs TCP loopback.
+    Bench {
+        /// Scale the amount of work (1 = default; smaller is quicker).
+        #[arg(long, default_value_t = 1.0)]
+        scale: f64,
+        /// Write a PNG chart of the throughput table to this path.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+    },
+    /// Backend, links and connections of the calling domain.
+    Status,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Demo {
+            mib,
+            write_size,
+            ring,
+            quiet,
+        } => demo(mib, write_size.max(1), ring, quiet),
+        Cmd::Bench { scale, plot } => bench(scale, plot),
+        Cmd::Status => status(),
+    };
+    if let Err(e) = r {
+        eprintln!("xensock: {e}");
+        std::process::exit(1);
+    }
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Position-dependent checksum of a byte stream (detects loss, duplication
+/// and reordering), independent of how the stream is cut into reads.
+#[derive(Default, Clone, Copy)]
+struct Sum(u64, u64, [u8; 8], usize);
+impl Sum {
+    fn word(&mut self, w: [u8; 8]) {
+        self.1 = self.1.wrapping_add(1);
+        self.0 = (self.0.rotate_left(7) ^ u64::from_le_bytes(w))
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ self.1;
+    }
+    fn add(&mut self, mut data: &[u8]) {
+        if self.3 > 0 {
+            let n = (8 - self.3).min(data.len());
+            self.2[self.3..self.3 + n].copy_from_slice(&data[..n]);
+            self.3 += n;
+            data = &data[n..];
+            if self.3 < 8 {
+                return;
+            }
+            let w = self.2;
+            self.word(w);
+            self.3 = 0;
+        }
+        let mut it = data.chunks_exact(8);
+        for c in &mut it {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.word(w);
+        }
+        let rest = it.remainder();
+        self.2[..rest.len()].copy_from_slice(rest);
+        self.3 = rest.len();
+    }
+    fn finish(mut self) -> u64 {
+        if self.3 > 0 {
+            let mut w = [0u8; 8];
+            w[..self.3].copy_from_slice(&self.2[..self.3]);
+            self.word(w);
+        }
+        self.0
+    }
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Streams `total` bytes through an echo peer: one thread writes, this one
+/// reads back. Returns (sent checksum, received checksum, bytes received, elapsed).
+fn echo_run<S>(
+    s: S,
+    total: u64,
+    write_size: usize,
+    pb: Option<&ProgressBar>,
+) -> Res<(u64, u64, u64, Duration)>
+where
+    S: Read + Write + Send + 'static + TryCloneShut,
+{
+    // Writes start at varying offsets of a random block, so that lost,
+    // duplicated or reordered data changes the checksum.
+    let block = pattern(write_size + 8192);
+    let mut w = s.try_clone_box()?;
+    let start = Instant::now();
+    let writer = thread::spawn(move || -> io::Result<u64> {
+        let mut sum = Sum::default();
+        let mut sent = 0u64;
+        let mut i = 0usize;
+        while sent < total {
+            let n = ((total - sent) as usize).min(write_size);
+            let off = (i * 4093) % 8192;
+            let chunk = &block[off..off + n];
+            sum.add(chunk);
+            w.write_all(chunk)?;
+            sent += n as u64;
+            i += 1;
+        }
+        w.shutdown_write()?;
+        Ok(sum.finish())
+    });
+    let mut r = s;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut sum = Sum::default();
+    let mut got = 0u64;
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        sum.add(&buf[..n]);
+        got += n as u64;
+        if let Some(pb) = pb {
+            pb.set_position(got);
+        }
+    }
+    let elapsed = start.elapsed();
+    let sent = writer.join().map_err(|_| "writer panicked")??;
+    Ok((sent, sum.finish(), got, elapsed))
+}
+
+/// A stream whose write side can be cloned off and shut down.
+trait TryCloneShut: Read + Write + Send {
+    fn try_clone_box(&self) -> io::Result<Box<dyn TryCloneShut>>;
+    fn shutdown_write(&self) -> io::Result<()>;
+}
+
+impl TryCloneShut for XenStream {
+    fn try_clone_box(&self) -> io::Result<Box<dyn TryCloneShut>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn shutdown_write(&self) -> io::Result<()> {
+        self.shutdown(Shutdown::Write)
+    }
+}
+impl TryCloneShut for TcpStream {
+    fn try_clone_box(&self) -> io::Result<Box<dyn TryCloneShut>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn shutdown_write(&self) -> io::Result<()> {
+        self.shutdown(Shutdown::Write)
+    }
+}
+impl TryCloneShut for UnixStream {
+    fn try_clone_box(&self) -> io::Result<Box<dyn TryCloneShut>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn shutdown_write(&self) -> io::Result<()> {
+        self.shutdown(Shutdown::Write)
+    }
+}
+impl TryCloneShut for Box<dyn TryCloneShut> {
+    fn try_clone_box(&self) -> io::Result<Box<dyn TryCloneShut>> {
+        (**self).try_clone_box()
+    }
+    fn shutdown_write(&self) -> io::Result<()> {
+        (**self).shutdown_write()
+    }
+}
+
+/// Echoes everything back until EOF, then shuts down its write side.
+fn echo_serve(mut s: Box<dyn TryCloneShut>) -> io::Result<u64> {
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0;
+    loop {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            s.shutdown_write()?;
+            return Ok(total);
+        }
+        s.write_all(&buf[..n])?;
+        total += n as u64;
+    }
+}
+
+fn mbps(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64() / 1e6
+}
+
+fn bar(total: u64, quiet: bool, what: &str) -> Option<ProgressBar> {
+    if quiet {
+        return None;
+    }
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{prefix:>12} [{bar:40.cyan/blue}] {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    pb.set_prefix(what.to_string());
+    Some(pb)
+}
+
+fn demo(mib: u64, write_size: usize, ring: usize, quiet: bool) -> Res<()> {
+    let total = mib << 20;
+    println!("{}", libxensock::backend());
+    println!("Starting a simulated Xen host with two domains (the real-Xen path needs the lab; see docs/lab.md).");
+    let host = SimHost::start()?;
+    let ds = host.create_domain(DomainConfig::new("echo-server"))?;
+    let dc = host.create_domain(DomainConfig::new("client"))?;
+    println!(
+        "  domain {} \"{}\" runs an echo server; domain {} \"{}\" the client (sim in {})",
+        ds.domid,
+        ds.name,
+        dc.domid,
+        dc.name,
+        host.dir().display()
+    );
+    let ts = Transport::sim(host.dir(), ds.domid)?;
+    let tc = Transport::sim(host.dir(), dc.domid)?;
+    let opts = SocketOptions {
+        recv_buffer: Some(ring),
+        ..Default::default()
+    };
+    let l = ts.bind_with("xen:self:7", opts)?;
+    let server = thread::spawn(move || -> io::Result<u64> {
+        let (s, peer) = l.accept()?;
+        let _ = peer;
+        echo_serve(Box::new(s))
+    });
+    let t0 = Instant::now();
+    let c = tc.connect_with(SockAddrXen::new(ds.domid.into(), 7), None, opts)?;
+    let setup = t0.elapsed();
+    let node = format!(
+        "/local/domain/{}/{}/{}",
+        dc.domid,
+        libxensock::LINK_DIR,
+        ds.domid
+    );
+    let read = |p: &str| {
+        host.xenstore_read(p)
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+            .unwrap_or_else(|_| "?".into())
+    };
+    println!(
+        "  link {} <-> {} set up through XenStore in {:.1?}: {node}/{{ring-ref={}, event-channel={}, state={}}}",
+        dc.domid,
+        ds.domid,
+        setup,
+        read(&format!("{node}/ring-ref")),
+        read(&format!("{node}/event-channel")),
+        read(&format!("{node}/state")),
+    );
+    println!(
+        "  connected {} -> {}; rings: {} KiB each way; host now has {} grants, {} mappings, {} event-channel ports",
+        c.local_addr()?,
+        c.peer_addr()?,
+        c.recv_buffer_size() / 1024,
+        host.stats().grants,
+        host.stats().mappings,
+        host.stats().ports
+    );
+    println!("Streaming {mib} MiB through the echo server in {write_size}-byte writes:");
+    let pb = bar(total, quiet, "xensock");
+    let (sent, recv, got, xen_t) = echo_run(c, total, write_size, pb.as_ref())?;
+    if let Some(pb) = pb {
+        pb.finish();
+    }
+    let echoed = server.join().map_err(|_| "server panicked")??;
+    if got != total || sent != recv {
+        return Err(
+            format!("checksum mismatch: sent {total} bytes, echoed {echoed}, got {got}").into(),
+        );
+    }
+    println!(
+        "  xensock:      {got} bytes echoed, checksum {recv:016x} matches, {:.0} MB/s each way",
+        mbps(got, xen_t)
+    );
+
+    // The same over TCP loopback.
+    let tl = TcpListener::bind("127.0.0.1:0")?;
+    let addr = tl.local_addr()?;
+    let tserver = thread::spawn(move || -> io::Result<u64> {
+        let (s, _) = tl.accept()?;
+        echo_serve(Box::new(s))
+    });
+    let tc2 = TcpStream::connect(addr)?;
+    let pb = bar(total, quiet, "TCP loopback");
+    let (tsent, trecv, tgot, tcp_t) = echo_run(tc2, total, write_size, pb.as_ref())?;
+    if let Some(pb) = pb {
+        pb.finish();
+    }
+    tserver.join().map_err(|_| "server panicked")??;
+    if tgot != total || tsent != trecv {
+        return Err("TCP checksum mismatch".into());
+    }
+    println!(
+        "  TCP loopback: {tgot} bytes echoed, checksum {trecv:016x} matches, {:.0} MB/s each way",
+        mbps(tgot, tcp_t)
+    );
+    println!(
+        "  xensock / TCP loopback throughput: {:.2}x",
+        tcp_t.as_secs_f64() / xen_t.as_secs_f64()
+    );
+    drop((tc, ts));
+    let released = (0..200).any(|_| {
+        thread::sleep(Duration::from_millis(10));
+        host.stats().grants_and_channels_released()
+    });
+    println!(
+        "Closed: every grant, mapping and event channel released: {}",
+        if released { "yes" } else { "NO" }
+    );
+    if !released {
+        return Err(format!("leaked: {:?}", host.stats()).into());
+    }
+    Ok(())
+}
+
+// ---- bench --------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Xen,
+    Unix,
+    Tcp,
+}
+
+const KINDS: [Kind; 3] = [Kind::Xen, Kind::Unix, Kind::Tcp];
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Xen => "xensock",
+            Kind::Unix => "AF_UNIX",
+            Kind::Tcp => "TCP lo",
+        }
+    }
+}
+
+struct Env {
+    _host: SimHost,
+    a: Transport,
+    b: Transport,
+    bid: u32,
+    port: u32,
+}
+
+type Pair = (Box<dyn TryCloneShut>, Box<dyn TryCloneShut>);
+
+fn make_pair(env: &mut Env, kind: Kind, ring: Option<usize>) -> Res<Pair> {
+    Ok(match kind {
+        Kind::Xen => {
+            env.port += 1;
+            let opts = SocketOptions {
+                recv_buffer: ring,
+                backlog: Some(4),
+            };
+            let l = env.b.bind_with((env.bid, env.port), opts)?;
+            let c = env.a.connect_with((env.bid, env.port), None, opts)?;
+            let (s, _) = l.accept()?;
+            (Box::new(c), Box::new(s))
+        }
+        Kind::Unix => {
+            let (a, b) = UnixStream::pair()?;
+            (Box::new(a), Box::new(b))
+        }
+        Kind::Tcp => {
+            let l = TcpListener::bind("127.0.0.1:0")?;
+            let c = TcpStream::connect(l.local_addr()?)?;
+            c.set_nodelay(true)?;
+            let (s, _) = l.accept()?;
+            s.set_nodelay(true)?;
+            (Box::new(c), Box::new(s))
+        }
+    })
+}
+
+fn throughput(env: &mut Env, kind: Kind, write: usize, total: u64) -> Res<f64> {
+    let (mut c, mut s) = make_pair(env, kind, Some(1 << 20))?;
+    let block = pattern(write);
+    let start = Instant::now();
+    let w = thread::spawn(move || -> io::Result<()> {
+        let mut sent = 0;
+        while sent < total {
+            c.write_all(&block)?;
+            sent += block.len() as u64;
+        }
+        c.shutdown_write()
+    });
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0u64;
+    loop {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        got += n as u64;
+    }
+    let t = start.elapsed();
+    w.join().map_err(|_| "writer panicked")??;
+    Ok(mbps(got, t))
+}
+
+fn pingpong(env: &mut Env, kind: Kind, rounds: u32) -> Res<f64> {
+    let (mut c, mut s) = make_pair(env, kind, None)?;
+    let echo = thread::spawn(move || -> io::Result<()> {
+        let mut b = [0u8; 1];
+        loop {
+            if s.read(&mut b)? == 0 {
+                return Ok(());
+            }
+            s.write_all(&b)?;
+        }
+    });
+    let mut b = [7u8; 1];
+    for _ in 0..rounds / 10 {
+        c.write_all(&b)?;
+        c.read_exact(&mut b)?;
+    }
+    let start = Instant::now();
+    for _ in 0..rounds {
+        c.write_all(&b)?;
+        c.read_exact(&mut b)?;
+    }
+    let t = start.elapsed();
+    c.shutdown_write()?;
+    echo.join().map_err(|_| "echo panicked")??;
+    Ok(t.as_secs_f64() * 1e6 / f64::from(rounds) / 2.0)
+}
+
+fn connect_rate(env: &mut Env, kind: Kind, n: u32) -> Res<f64> {
+    let start;
+    match kind {
+        Kind::Xen => {
+            env.port += 1;
+            let l = env.b.bind((env.bid, env.port))?;
+            let addr = (env.bid, env.port);
+            start = Instant::now();
+            for _ in 0..n {
+                let c = env.a.connect(addr)?;
+                let (s, _) = l.accept()?;
+                drop((c, s));
+            }
+        }
+        Kind::Unix => {
+            let dir = std::env::temp_dir().join(format!("xensock-bench-{}", std::process::id()));
+            let _ = std::fs::remove_file(&dir);
+            let l = std::os::unix::net::UnixListener::bind(&dir)?;
+            start = Instant::now();
+            for _ in 0..n {
+                let c = UnixStream::connect(&dir)?;
+                let (s, _) = l.accept()?;
+                drop((c, s));
+            }
+            let _ = std::fs::remove_file(&dir);
+        }
+        Kind::Tcp => {
+            let l = TcpListener::bind("127.0.0.1:0")?;
+            let addr = l.local_addr()?;
+            start = Instant::now();
+            for _ in 0..n {
+                let c = TcpStream::connect(addr)?;
+                let (s, _) = l.accept()?;
+                drop((c, s));
+            }
+        }
+    }
+    Ok(f64::from(n) / start.elapsed().as_secs_f64())
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// Resident memory per idle connection (both ends, user space only: the
+/// sim's shared pages are counted when touched, kernel socket buffers of
+/// AF_UNIX/TCP are not in RSS).
+fn idle_memory(env: &mut Env, kind: Kind, n: usize) -> Res<f64> {
+    let before = rss_bytes();
+    let mut keep = Vec::with_capacity(n);
+    for _ in 0..n {
+        keep.push(make_pair(env, kind, Some(2048))?);
+    }
+    let after = rss_bytes();
+    drop(keep);
+    Ok(after.saturating_sub(before) as f64 / n as f64)
+}
+
+fn bench(scale: f64, plot: Option<PathBuf>) -> Res<()> {
+    let host = SimHost::start()?;
+    let da = host.create_domain(DomainConfig::new("bench-a"))?;
+    let db = host.create_domain(DomainConfig::new("bench-b"))?;
+    let mut env = Env {
+        a: Transport::sim(host.dir(), da.domid)?,
+        b: Transport::sim(host.dir(), db.domid)?,
+        bid: db.domid.into(),
+        port: 1000,
+        _host: host,
+    };
+    println!("{}", libxensock::backend());
+    println!("xensock on the simulated host vs AF_UNIX vs TCP loopback (same run, same machine)\n");
+    let sizes = [64usize, 1024, 16 * 1024, 64 * 1024, 1 << 20];
+    println!("stream throughput, MB/s (one writer, one reader)");
+    println!(
+        "{:>10} {:>10} {:>10} {:>10} {:>9} {:>9}",
+        "write", "xensock", "AF_UNIX", "TCP lo", "x/unix", "x/tcp"
+    );
+    let mut rows = Vec::new();
+    for &w in &sizes {
+        let total = ((if w < 1024 { 16u64 << 20 } else { 256u64 << 20 }) as f64 * scale) as u64;
+        let total = total.max(w as u64);
+        let mut r = [0f64; 3];
+        for (i, k) in KINDS.iter().enumerate() {
+            r[i] = throughput(&mut env, *k, w, total)?;
+        }
+        println!(
+            "{:>10} {:>10.0} {:>10.0} {:>10.0} {:>8.2}x {:>8.2}x",
+            human(w),
+            r[0],
+            r[1],
+            r[2],
+            r[0] / r[1],
+            r[0] / r[2]
+        );
+        rows.push((w, r));
+    }
+    let rounds = ((20_000f64 * scale) as u32).max(100);
+    let mut lat = [0f64; 3];
+    for (i, k) in KINDS.iter().enumerate() {
+        lat[i] = pingpong(&mut env, *k, rounds)?;
+    }
+    println!("\n1-byte ping-pong, one-way latency (us)");
+    println!(
+        "{:>10.2} {:>10.2} {:>10.2}   xensock/TCP {:.2}x  xensock/unix {:.2}x",
+        lat[0],
+        lat[1],
+        lat[2],
+        lat[0] / lat[2],
+        lat[0] / lat[1]
+    );
+    let n = ((2000f64 * scale) as u32).max(10);
+    let mut rate = [0f64; 3];
+    for (i, k) in KINDS.iter().enumerate() {
+        rate[i] = connect_rate(&mut env, *k, n)?;
+    }
+    println!("\nconnect+accept+close per second");
+    println!(
+        "{:>10.0} {:>10.0} {:>10.0}   xensock/TCP {:.2}x",
+        rate[0],
+        rate[1],
+        rate[2],
+        rate[0] / rate[2]
+    );
+    let idle = ((1000f64 * scale) as usize).max(10);
+    let mut mem = [0f64; 3];
+    for (i, k) in KINDS.iter().enumerate() {
+        mem[i] = idle_memory(&mut env, *k, idle)?;
+    }
+    println!("\nresident memory per idle connection, both ends, {idle} connections (bytes; xensock with 2 KiB rings; kernel socket memory is not in RSS)");
+    println!("{:>10.0} {:>10.0} {:>10.0}", mem[0], mem[1], mem[2]);
+    println!("\ncolumns: {}", KINDS.map(|k| k.name()).join(", "));
+    if let Some(p) = plot {
+        write_plot(&p, &rows)?;
+        println!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+fn human(n: usize) -> String {
+    if n >= 1 << 20 {
+        format!("{} MiB", n >> 20)
+    } else if n >= 1024 {
+        format!("{} KiB", n >> 10)
+    } else {
+        format!("{n} B")
+    }
+}
+
+/// A minimal PNG bar chart (no font dependencies): one group of three bars
+/// per write size, heights proportional to MB/s; colours: xensock blue,
+/// AF_UNIX green, TCP red.
+fn write_plot(path: &std::path::Path, rows: &[(usize, [f64; 3])]) -> Res<()> {
+    let (w, h) = (640usize, 360usize);
+    let mut img = vec![255u8; w * h * 3];
+    let max = rows
+        .iter()
+        .flat_map(|(_, r)| r.iter().copied())
+        .fold(1.0f64, f64::max);
+    let colours = [[40u8, 90, 200], [40, 160, 70], [200, 50, 50]];
+    let group = w / rows.len().max(1);
+    for (g, (_, r)) in rows.iter().enumerate() {
+        for (i, v) in r.iter().enumerate() {
+            let bar_h = ((v / max) * (h as f64 - 20.0)) as usize;
+            let x0 = g * group + 10 + i * (group - 20) / 3;
+            let x1 = x0 + (group - 20) / 3 - 4;
+            for y in (h - bar_h)..h {
+                for x in x0..x1.min(w) {
+                    let p = (y * w + x) * 3;
+                    img[p..p + 3].copy_from_slice(&colours[i]);
+                }
+            }
+        }
+    }
+    std::fs::write(path, png(w, h, &img))?;
+    Ok(())
+}
+
+/// Encodes an RGB image as a PNG with stored (uncompressed) deflate blocks.
+fn png(w: usize, h: usize, rgb: &[u8]) -> Vec<u8> {
+    fn crc(data: &[u8]) -> u32 {
+        let mut c = 0xFFFF_FFFFu32;
+        for &b in data {
+            c ^= u32::from(b);
+            for _ in 0..8 {
+                c = if c & 1 != 0 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+            }
+        }
+        !c
+    }
+    fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        let mut c = kind.to_vec();
+        c.extend_from_slice(data);
+        out.extend_from_slice(&c);
+        out.extend_from_slice(&crc(&c).to_be_bytes());
+    }
+    let mut raw = Vec::with_capacity((w * 3 + 1) * h);
+    for y in 0..h {
+        raw.push(0);
+        raw.extend_from_slice(&rgb[y * w * 3..(y + 1) * w * 3]);
+    }
+    let mut z = vec![0x78, 0x01];
+    let blocks: Vec<&[u8]> = raw.chunks(65535).collect();
+    for (i, b) in blocks.iter().enumerate() {
+        z.push(u8::from(i + 1 == blocks.len()));
+        z.extend_from_slice(&(b.len() as u16).to_le_bytes());
+        z.extend_from_slice(&(!(b.len() as u16)).to_le_bytes());
+        z.extend_from_slice(b);
+    }
+    let (mut a, mut b) = (1u32, 0u32);
+    for &x in &raw {
+        a = (a + u32::from(x)) % 65521;
+        b = (b + a) % 65521;
+    }
+    z.extend_from_slice(&((b << 16) | a).to_be_bytes());
+    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut ihdr = Vec::new();
+    ihdr.extend_from_slice(&(w as u32).to_be_bytes());
+    ihdr.extend_from_slice(&(h as u32).to_be_bytes());
+    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+    chunk(&mut out, b"IHDR", &ihdr);
+    chunk(&mut out, b"IDAT", &z);
+    chunk(&mut out, b"IEND", &[]);
+    out
+}
+
+// ---- status -------------------------------------------------------------
+
+fn status() -> Res<()> {
+    print!("{}", libxensock::backend());
+    let t = match Transport::global() {
+        Ok(t) => t,
+        Err(e) => {
+            println!("no transport: {e}");
+            return Ok(());
+        }
+    };
+    let me = t.domid();
+    println!("domain {me}");
+    // Links as XenStore shows them (written by whichever process of this
+    // domain runs the transport).
+    let xs = xensock_discovery::xs::XsClient::open()?;
+    let dir = format!("/local/domain/{me}/{}", libxensock::LINK_DIR);
+    match xs.directory(&dir) {
+        Ok(peers) if !peers.is_empty() => {
+            println!("links in XenStore ({dir}):");
+            for p in peers {
+                let get = |n: &str| {
+                    xs.read_string(&format!("{dir}/{p}/{n}"))
+                        .unwrap_or_else(|_| "-".into())
+                };
+                println!(
+                    "  peer {p}: state={} ring-ref={} event-channel={} generation={}",
+                    get("state"),
+                    get("ring-ref"),
+                    get("event-channel"),
+                    get("generation")
+                );
+            }
+        }
+        _ => println!("no links in XenStore"),
+    }
+    let st = t.status();
+    println!(
+        "this process: {} links, {} connections, {} listeners; resets sent {} received {}; ring errors {}; links lost {}; refused {}",
+        st.links.len(),
+        st.connections.len(),
+        st.listeners.len(),
+        st.resets_sent,
+        st.resets_received,
+        st.ring_errors,
+        st.links_lost,
+        st.rejected
+    );
+    for c in st.connections {
+        println!(
+            "  {} -> {} {:?} rx {}/{} tx {}/{} in {} out {}",
+            c.local,
+            c.peer,
+            c.phase,
+            c.rx_fill.0,
+            c.rx_fill.1,
+            c.tx_fill.0,
+            c.tx_fill.1,
+            c.bytes_in,
+            c.bytes_out
+        );
+    }
+    Ok(())
+}
