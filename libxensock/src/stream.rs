@@ -290,7 +290,9 @@ impl XenStream {
             }
             let spin_end = *spin_until.get_or_insert(now + busy);
             if now < spin_end {
-                std::hint::spin_loop();
+                // Yield rather than burn the core: on a busy machine the
+                // peer we wait for may need it.
+                std::thread::yield_now();
                 continue;
             }
             if !c.wait(want, write_want, deadline) {

@@ -1,0 +1,25 @@
+//! The examples run as tests.
+
+#[path = "../examples/hyper_http1.rs"]
+mod hyper_http1;
+
+#[path = "../examples/framed_lines.rs"]
+mod framed_lines;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hyper_http1_example_serves_requests() {
+    let bodies = hyper_http1::run(5).await.unwrap();
+    assert_eq!(bodies.len(), 5);
+    for (i, b) in bodies.iter().enumerate() {
+        assert_eq!(
+            b,
+            &format!("hello over xensock: /item/{i} ({} bytes)", i * 1000)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framed_example_upper_cases_lines() {
+    let out = framed_lines::run(&["a", "bc", "grant"]).await.unwrap();
+    assert_eq!(out, ["A", "BC", "GRANT"]);
+}
