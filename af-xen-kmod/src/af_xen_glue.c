@@ -380,3 +380,79 @@ void afx_watch_del(void *p)
 	kfree(aw->w.node);
 	kfree(aw);
 }
+
+/*
+ * Rings larger than one page: the receiver's data pages are one contiguous
+ * allocation, each page granted; the sender maps them contiguously with
+ * xenbus_map_ring_valloc (at most XENBUS_MAX_RING_GRANTS pages). That API
+ * wants a xenbus_device only for otherend_id and error reports, so we hand
+ * it a private one (state Closing: an error report never switches a state).
+ */
+void *afx_grant_pages(unsigned int domid, unsigned int n, unsigned int *refs)
+{
+	void *p = alloc_pages_exact(n * PAGE_SIZE, GFP_KERNEL | __GFP_ZERO);
+	unsigned int i, j;
+
+	if (!p)
+		return NULL;
+	for (i = 0; i < n; i++) {
+		int r = gnttab_grant_foreign_access(domid, virt_to_gfn(p + i * PAGE_SIZE), 0);
+
+		if (r < 0) {
+			for (j = 0; j < i; j++)
+				gnttab_end_foreign_access(refs[j], virt_to_page(p + j * PAGE_SIZE));
+			free_pages_exact(p + i * PAGE_SIZE, (n - i) * PAGE_SIZE);
+			return NULL;
+		}
+		refs[i] = r;
+	}
+	return p;
+}
+
+void afx_end_grants(unsigned int n, const unsigned int *refs, void *p)
+{
+	unsigned int i;
+
+	for (i = 0; i < n; i++)
+		gnttab_end_foreign_access(refs[i], virt_to_page(p + i * PAGE_SIZE));
+}
+
+struct afx_vmap {
+	struct xenbus_device dev;
+	void *addr;
+};
+
+unsigned int afx_max_map_pages(void) { return XENBUS_MAX_RING_GRANTS; }
+
+void *afx_map_pages(unsigned int domid, unsigned int n, const unsigned int *refs, void **cookie)
+{
+	struct afx_vmap *m;
+	grant_ref_t gr[XENBUS_MAX_RING_GRANTS];
+	unsigned int i;
+
+	if (n == 0 || n > XENBUS_MAX_RING_GRANTS)
+		return NULL;
+	m = kzalloc(sizeof(*m), GFP_KERNEL);
+	if (!m)
+		return NULL;
+	for (i = 0; i < n; i++)
+		gr[i] = refs[i];
+	m->dev.nodename = "af_xen";
+	m->dev.otherend_id = domid;
+	m->dev.state = XenbusStateClosing;
+	m->dev.dev.init_name = "af_xen";
+	if (xenbus_map_ring_valloc(&m->dev, gr, n, &m->addr)) {
+		kfree(m);
+		return NULL;
+	}
+	*cookie = m;
+	return m->addr;
+}
+
+void afx_unmap_pages(void *cookie)
+{
+	struct afx_vmap *m = cookie;
+
+	xenbus_unmap_ring_vfree(&m->dev, m->addr);
+	kfree(m);
+}

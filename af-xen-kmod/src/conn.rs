@@ -9,7 +9,7 @@ use crate::mem::RawRing;
 use crate::ring::{Consumer, PeerEnd, Producer, ReaderEnd, RingError};
 use crate::sock::XenSock;
 use crate::link::Link;
-use crate::sys::{Grant, Mapping, Region};
+use crate::sys::{Grant, GrantedPages, MappedPages, Mapping, Region};
 use kernel::prelude::*;
 use kernel::sync::{Arc, Mutex, SpinLock};
 use kernel::{new_mutex, new_spinlock};
@@ -42,6 +42,19 @@ pub(crate) enum Carrier {
     Granted(Grant),
     /// the peer's receive ring, mapped
     Mapped(Mapping),
+    /// our large receive ring: header page, directory page, data pages
+    GrantedLarge(Grant, Grant, GrantedPages),
+    /// the peer's large receive ring: header page, data pages
+    MappedLarge(Mapping, MappedPages),
+}
+
+/// Largest ring order we map: header page + at most max_map_pages() data pages.
+fn max_order() -> u32 {
+    let mut o = 12;
+    while (1usize << (o + 1 - 12)) <= crate::sys::max_map_pages() && o < crate::layout::MAX_RING_ORDER {
+        o += 1;
+    }
+    o
 }
 
 impl Pipe {
@@ -71,21 +84,37 @@ impl Pipe {
         )
     }
 
-    /// Our receive ring for a connection with `peer` (compact, one page),
-    /// granted to it. Returns the pipe and the grant reference.
-    pub(crate) fn new_granted(link: &Arc<Link>, me: u32, conn_id: u32) -> Result<(Arc<Pipe>, u32)> {
-        let g = RingGeometry::new(crate::layout::COMPACT_MAX_ORDER).map_err(|_| EINVAL)?;
-        let grant = Grant::new(link.peer)?;
-        let gref = grant.gref;
-        let ring = grant.ring(g).ok_or(EINVAL)?;
-        ring.header().init(&RingIdentity {
+    /// Our receive ring for a connection with the link's peer, of at least
+    /// `capacity` bytes (SO_RCVBUF) up to what the peer can map, granted to
+    /// it. Returns the pipe and the RingGrant to announce.
+    pub(crate) fn new_granted(link: &Arc<Link>, me: u32, conn_id: u32, capacity: usize) -> Result<(Arc<Pipe>, crate::ctrl::RingGrant)> {
+        let mut g = RingGeometry::for_capacity(capacity);
+        if g.order() > max_order() {
+            g = RingGeometry::new(max_order()).map_err(|_| EINVAL)?;
+        }
+        let id = RingIdentity {
             magic: DATA_RING_MAGIC,
             order: g.order(),
             owner_domid: me,
             peer_domid: link.peer,
             conn_id,
             epoch: 0,
-        });
+        };
+        let (ring, rg, mem) = if g.is_compact() {
+            let grant = Grant::new(link.peer)?;
+            let ring = grant.ring(g).ok_or(EINVAL)?;
+            let rg = crate::ctrl::RingGrant { order: g.order() as u8, epoch: 0, header_ref: grant.gref, dir_ref: 0 };
+            (ring, rg, Carrier::Granted(grant))
+        } else {
+            let header = Grant::new(link.peer)?;
+            let dir = Grant::new(link.peer)?;
+            let data = GrantedPages::new(link.peer, g.data_pages())?;
+            dir.directory().write_refs(&data.refs).map_err(|_| EINVAL)?;
+            let ring = header.large_ring(&data, g).ok_or(EINVAL)?;
+            let rg = crate::ctrl::RingGrant { order: g.order() as u8, epoch: 0, header_ref: header.gref, dir_ref: dir.gref };
+            (ring, rg, Carrier::GrantedLarge(header, dir, data))
+        };
+        ring.header().init(&id);
         let p = Arc::pin_init(
             pin_init!(Pipe {
                 tx <- new_mutex!(Producer::new(ring), "af_xen_tx"),
@@ -93,22 +122,44 @@ impl Pipe {
                 ends <- new_spinlock!(Ends { reader: None, writer: None }, "af_xen_ends"),
                 order: g.order(),
                 link: Some(link.clone()),
-                _mem: Carrier::Granted(grant),
+                _mem: mem,
             }),
             GFP_KERNEL,
         )?;
-        Ok((p, gref))
+        Ok((p, rg))
     }
 
     /// The peer's receive ring (named in its ConnectRequest/Accept), mapped
     /// and checked against what the frame announced.
     pub(crate) fn new_mapped(link: &Arc<Link>, me: u32, rg: &crate::ctrl::RingGrant, peer_conn: u32) -> Result<Arc<Pipe>> {
-        if rg.order as u32 != crate::layout::COMPACT_MAX_ORDER || rg.dir_ref != 0 || rg.epoch != 0 {
+        let order = rg.order as u32;
+        if rg.epoch != 0 || order < crate::layout::MIN_RING_ORDER || order > max_order() {
             return Err(EINVAL);
         }
-        let g = RingGeometry::new(rg.order as u32).map_err(|_| EINVAL)?;
-        let map = Mapping::map(link.peer, rg.header_ref)?;
-        let ring = map.ring(g).ok_or(EINVAL)?;
+        let g = RingGeometry::new(order).map_err(|_| EINVAL)?;
+        let (ring, mem) = if g.is_compact() {
+            if rg.dir_ref != 0 {
+                return Err(EINVAL);
+            }
+            let map = Mapping::map(link.peer, rg.header_ref)?;
+            let ring = map.ring(g).ok_or(EINVAL)?;
+            (ring, Carrier::Mapped(map))
+        } else {
+            let n = g.data_pages();
+            let mut refs = [0u32; 64];
+            if n > refs.len() {
+                return Err(EINVAL);
+            }
+            {
+                // the directory is read once, then unmapped
+                let dir = Mapping::map(link.peer, rg.dir_ref)?;
+                dir.directory().read_refs(&mut refs[..n]).map_err(|_| EINVAL)?;
+            }
+            let header = Mapping::map(link.peer, rg.header_ref)?;
+            let data = MappedPages::map(link.peer, &refs[..n])?;
+            let ring = header.large_ring(&data, g).ok_or(EINVAL)?;
+            (ring, Carrier::MappedLarge(header, data))
+        };
         ring.header()
             .verify(&RingIdentity {
                 magic: DATA_RING_MAGIC,
@@ -126,7 +177,7 @@ impl Pipe {
                 ends <- new_spinlock!(Ends { reader: None, writer: None }, "af_xen_ends"),
                 order: g.order(),
                 link: Some(link.clone()),
-                _mem: Carrier::Mapped(map),
+                _mem: mem,
             }),
             GFP_KERNEL,
         )

@@ -8,7 +8,7 @@
 //! directories dom0 made for us, follows the peers' states, drains control
 //! frames and wakes the sockets of every link.
 
-use crate::ctrl::{self, Channel, Message, RejectReason, ResetReason, RingGrant, SockType, TcpEndpoint};
+use crate::ctrl::{self, Channel, Message, RejectReason, ResetReason, SockType, TcpEndpoint};
 use crate::layout::{RingGeometry, RingIdentity, LINK_RING_MAGIC, LINK_RING_ORDER};
 use crate::mem::RawRing;
 use crate::ring::{Consumer, Field, Producer, RingMemory};
@@ -297,7 +297,7 @@ impl Link {
                     sock::accept_remote(self, conn_id, src_port, dst_port, &rx)
                 };
                 let reply = match &r {
-                    Ok((child, my_id, gref)) => {
+                    Ok((child, my_id, rx_grant)) => {
                         // listed before the accept goes out: its first data may follow at once
                         if i.conns.try_create_and_insert(*my_id, child.clone(), GFP_KERNEL).is_err() {
                             sock::link_lost(child);
@@ -307,7 +307,7 @@ impl Link {
                                 conn_id,
                                 acceptor_id: *my_id,
                                 cookie,
-                                rx: RingGrant { order: crate::layout::COMPACT_MAX_ORDER as u8, epoch: 0, header_ref: *gref, dir_ref: 0 },
+                                rx: *rx_grant,
                                 tcp: TcpEndpoint::NONE,
                             }
                         }

@@ -524,7 +524,8 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr) -> core::result::Result<(), i32> {
         do_bind(xs, PORT_ANY)?;
     }
     let conn_id = crate::link::next_conn_id();
-    let (rx, gref) = Pipe::new_granted(&link, me, conn_id).map_err(|_| e::ENOMEM)?;
+    let cap = xs.sk.rcvbuf().max(0) as usize / 2;
+    let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap).map_err(|_| e::ENOMEM)?;
     let src_port = {
         let mut i = xs.inner.lock();
         i.state = State::Connecting;
@@ -554,7 +555,7 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr) -> core::result::Result<(), i32> {
         dst_port: a.port,
         sock_type: crate::ctrl::SockType::Stream,
         cookie: 0,
-        rx: crate::ctrl::RingGrant { order: crate::layout::COMPACT_MAX_ORDER as u8, epoch: 0, header_ref: gref, dir_ref: 0 },
+        rx: rx_grant,
         tcp: crate::ctrl::TcpEndpoint::NONE,
     };
     if let Err(x) = link.send(&req) {
@@ -587,7 +588,7 @@ pub(crate) fn accept_remote(
     src_port: u32,
     dst_port: u32,
     rg: &crate::ctrl::RingGrant,
-) -> core::result::Result<(Arc<XenSock>, u32, u32), crate::ctrl::RejectReason> {
+) -> core::result::Result<(Arc<XenSock>, u32, crate::ctrl::RingGrant), crate::ctrl::RejectReason> {
     use crate::ctrl::RejectReason as R;
     let me = globals().own_domid;
     let l = {
@@ -621,7 +622,8 @@ pub(crate) fn accept_remote(
         x
     };
     let my_id = crate::link::next_conn_id();
-    let (rx, gref) = match Pipe::new_granted(link, me, my_id) {
+    let cap = child_sk.rcvbuf().max(0) as usize / 2;
+    let (rx, rx_grant) = match Pipe::new_granted(link, me, my_id, cap) {
         Ok(v) => v,
         Err(_) => return Err(fail(R::NoResources)),
     };
@@ -670,7 +672,7 @@ pub(crate) fn accept_remote(
         return Err(R::BacklogFull);
     }
     child.inner.lock().link = Some(link.clone());
-    Ok((child, my_id, gref))
+    Ok((child, my_id, rx_grant))
 }
 
 /// Work item: the ConnectAccept went out; let accept() see the child.

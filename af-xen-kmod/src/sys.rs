@@ -814,3 +814,120 @@ pub(crate) mod xs {
 unsafe extern "C" fn afx_rs_work() {
     crate::link::work();
 }
+
+// ---- rings larger than one page ------------------------------------------------
+
+extern "C" {
+    fn afx_grant_pages(domid: c_uint, n: c_uint, refs: *mut c_uint) -> *mut c_void;
+    fn afx_end_grants(n: c_uint, refs: *const c_uint, p: *mut c_void);
+    fn afx_max_map_pages() -> c_uint;
+    fn afx_map_pages(domid: c_uint, n: c_uint, refs: *const c_uint, cookie: *mut *mut c_void) -> *mut c_void;
+    fn afx_unmap_pages(cookie: *mut c_void);
+}
+
+/// Most data pages a mapped ring may have (xenbus_map_ring_valloc's limit).
+pub(crate) fn max_map_pages() -> usize {
+    // SAFETY: returns a constant.
+    unsafe { afx_max_map_pages() as usize }
+}
+
+impl Grant {
+    /// This page as a grant directory (a page of atomics).
+    pub(crate) fn directory(&self) -> &crate::layout::GrantDirectory {
+        // SAFETY: page aligned, 4096 bytes, alive while self is borrowed;
+        // GrantDirectory is atomics only, so a shared view is sound.
+        unsafe { &*(self.base.as_ptr() as *const crate::layout::GrantDirectory) }
+    }
+    /// A large ring: this page is its header, `data` its data pages.
+    pub(crate) fn large_ring(&self, data: &GrantedPages, g: crate::layout::RingGeometry) -> Option<crate::mem::RawRing> {
+        if data.n * 4096 != g.data_size() {
+            return None;
+        }
+        // SAFETY: header page and data pages alive as long as the caller
+        // keeps both next to the ring; only accessed through RawRing.
+        Some(unsafe { crate::mem::RawRing::from_parts(self.base, data.base, g) })
+    }
+}
+
+impl Mapping {
+    /// This mapped page as a grant directory.
+    pub(crate) fn directory(&self) -> &crate::layout::GrantDirectory {
+        // SAFETY: page-aligned mapping of one page, alive while self is
+        // borrowed; atomics only (the peer may change it: read_refs reads
+        // each slot once and Xen validates the refs).
+        unsafe { &*(self.base.as_ptr() as *const crate::layout::GrantDirectory) }
+    }
+    pub(crate) fn large_ring(&self, data: &MappedPages, g: crate::layout::RingGeometry) -> Option<crate::mem::RawRing> {
+        if data.n * 4096 != g.data_size() {
+            return None;
+        }
+        // SAFETY: as for Grant::large_ring; the peer may write the pages at
+        // any time, which RawRing tolerates.
+        Some(unsafe { crate::mem::RawRing::from_parts(self.base, data.base, g) })
+    }
+}
+
+/// Contiguous zeroed pages of ours, each granted to one domain; grants end
+/// (and pages are freed, deferred while mapped) on drop.
+pub(crate) struct GrantedPages {
+    base: core::ptr::NonNull<u8>,
+    n: usize,
+    pub(crate) refs: KVec<u32>,
+}
+
+// SAFETY: kernel pages, accessed only through RawRing.
+unsafe impl Send for GrantedPages {}
+// SAFETY: see above.
+unsafe impl Sync for GrantedPages {}
+
+impl GrantedPages {
+    pub(crate) fn new(domid: u32, n: usize) -> Result<GrantedPages> {
+        let mut refs = KVec::with_capacity(n, GFP_KERNEL)?;
+        for _ in 0..n {
+            refs.push(0u32, GFP_KERNEL)?;
+        }
+        // SAFETY: refs has room for n entries.
+        let p = unsafe { afx_grant_pages(domid, n as c_uint, refs.as_mut_ptr()) } as *mut u8;
+        let base = core::ptr::NonNull::new(p).ok_or(ENOMEM)?;
+        Ok(GrantedPages { base, n, refs })
+    }
+}
+
+impl Drop for GrantedPages {
+    fn drop(&mut self) {
+        // SAFETY: pages and refs from afx_grant_pages; no ring uses them any more.
+        unsafe { afx_end_grants(self.n as c_uint, self.refs.as_ptr(), self.base.as_ptr().cast()) }
+    }
+}
+
+/// A peer's data pages mapped contiguously; unmapped on drop.
+pub(crate) struct MappedPages {
+    base: core::ptr::NonNull<u8>,
+    n: usize,
+    cookie: *mut c_void,
+}
+
+// SAFETY: a mapping of foreign pages, accessed only through RawRing.
+unsafe impl Send for MappedPages {}
+// SAFETY: see above.
+unsafe impl Sync for MappedPages {}
+
+impl MappedPages {
+    pub(crate) fn map(domid: u32, refs: &[u32]) -> Result<MappedPages> {
+        if refs.is_empty() || refs.len() > max_map_pages() {
+            return Err(EINVAL);
+        }
+        let mut cookie: *mut c_void = core::ptr::null_mut();
+        // SAFETY: refs valid for its length; out parameter.
+        let p = unsafe { afx_map_pages(domid, refs.len() as c_uint, refs.as_ptr(), &mut cookie) } as *mut u8;
+        let base = core::ptr::NonNull::new(p).ok_or(ENXIO)?;
+        Ok(MappedPages { base, n: refs.len(), cookie })
+    }
+}
+
+impl Drop for MappedPages {
+    fn drop(&mut self) {
+        // SAFETY: cookie from afx_map_pages; no ring uses the pages any more.
+        unsafe { afx_unmap_pages(self.cookie) }
+    }
+}
