@@ -106,6 +106,7 @@ struct Link {
     shared: Arc<LinkShared>,
     conns: HashSet<u32>,
     peer_seen_alive: bool,
+    owner_seen_alive: bool,
     created_dir: bool,
     /// Stops the watch on the peer's node (its removal when the peer's
     /// domain is destroyed is only reported to watchers of that path).
@@ -757,6 +758,7 @@ impl Inner {
                 }),
                 conns: HashSet::new(),
                 peer_seen_alive: false,
+                owner_seen_alive: false,
                 created_dir,
                 watch_stop,
             },
@@ -810,14 +812,15 @@ impl Inner {
                 .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok()))
         };
         let read = || -> Result<Option<PeerNode>, XsError> {
-            let (Some(gen), Some(ring_ref), Some(port), Some(state)) = (
-                num("generation")?,
-                num("ring-ref")?,
-                num("event-channel")?,
-                num("state")?,
-            ) else {
+            let (Some(ring_ref), Some(port), Some(state)) =
+                (num("ring-ref")?, num("event-channel")?, num("state")?)
+            else {
                 return Ok(None);
             };
+            // Hosts that write no `generation` (the kernel module) are
+            // identified by their ring-ref and port: a restart changes them.
+            let gen = num("generation")?
+                .unwrap_or_else(|| (ring_ref.rotate_left(16) ^ port ^ 0x5853_0000) | 1);
             if !(3..=4).contains(&state) {
                 return Ok(None);
             }
@@ -938,10 +941,15 @@ impl Inner {
         let owner = link.tx.as_ref().map_or(1, |t| {
             get_byte(t.ring.region.as_ref(), LINK_OWNER_ALIVE_OFFSET)
         });
+        // A byte counts only once it has been seen set: a peer that does
+        // not use it (the kernel module today) is never declared dead by it.
         if mapper == 1 {
             link.peer_seen_alive = true;
         }
-        !(owner == 0 || (link.peer_seen_alive && mapper == 0))
+        if owner == 1 {
+            link.owner_seen_alive = true;
+        }
+        !((link.owner_seen_alive && owner == 0) || (link.peer_seen_alive && mapper == 0))
     }
 
     /// Writes queued frames while they fit; kicks once.
