@@ -35,7 +35,7 @@ phase() {
   CUR_PHASE=$1; CUR_PHASE_T0=$(date +%s.%N); shift
   say "== phase $CUR_PHASE"
   "$@"
-  _phase_close done
+  _phase_close "done"
 }
 phase_abort() { [[ -z $CUR_PHASE ]] || _phase_close FAILED; }
 
