@@ -23,3 +23,19 @@ async fn framed_example_upper_cases_lines() {
     let out = framed_lines::run(&["a", "bc", "grant"]).await.unwrap();
     assert_eq!(out, ["A", "BC", "GRANT"]);
 }
+
+#[path = "../examples/tonic_grpc.rs"]
+mod tonic_grpc;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tonic_grpc_example_serves_unary_rpcs() {
+    let (replies, client_domid) = tonic_grpc::run(&["dom-a", "", "grpc"]).await.unwrap();
+    assert_eq!(
+        replies,
+        [
+            Ok(("hello over xensock, dom-a".to_string(), client_domid)),
+            Err(tonic::Code::InvalidArgument),
+            Ok(("hello over xensock, grpc".to_string(), client_domid)),
+        ]
+    );
+}
