@@ -1,0 +1,29 @@
+# userspace, dom0: XsClient against the real xenstored socket, the
+# discovery agent, and a look at the link directories the domUs make.
+D1=$(xl domid domu1); D2=$(xl domid domu2)
+log "domu1 is dom$D1, domu2 is dom$D2"
+ls -l /run/xenstored/ /var/run 2>&1 | head
+XENSTORED_PATH=/run/xenstored/socket
+[ -S $XENSTORED_PATH ] || XENSTORED_PATH=/var/run/xenstored/socket
+export XENSTORED_PATH
+log "XsClient and the tools use the xenstored unix socket $XENSTORED_PATH"
+check xs-client-socket lab_echo xs /tool/xensock-lab --watch
+lab_echo xs /tool/xensock-lab --watch 2>&1 | sed 's/^/  [xs] /'
+xensock-agent > /tmp/agent.log 2>&1 &
+AGENT=$!
+sleep 2
+check agent-running kill -0 $AGENT
+tail -n 20 /tmp/agent.log
+# both domUs advertise; the agent gives each a table naming the other
+check agent-tables wait_until 300 sh -c "xenstore-ls /local/domain/$D1/xensock/peers | grep -q '^$D2 ' && xenstore-ls /local/domain/$D2/xensock/peers | grep -q '^$D1 '"
+for d in $D1 $D2; do echo "--- dom$d"; xenstore-ls -p /local/domain/$d/data/xensock; xenstore-ls -p /local/domain/$d/xensock; done
+# part (c): Debian's xenstore tools against the real xenstored
+. /scenario/xsutils.sh
+# the user-space transport makes its link directories itself (section 6.1)
+check link-perms wait_until 400 sh -c "xenstore-ls -p /local/domain/$D2/data/xensock/link | grep -q 'n$D2,r$D1' && xenstore-ls -p /local/domain/$D1/data/xensock/link | grep -q 'n$D1,r$D2'"
+for d in $D1 $D2; do echo "--- dom$d link"; xenstore-ls -p /local/domain/$d/data/xensock/link; done
+# keep the agent up until the domUs are done
+wait_domu domu2 '@@EXIT' 800
+wait_domu domu1 '@@EXIT' 60
+cat /tmp/agent.log | tail -n 20
+kill $AGENT
