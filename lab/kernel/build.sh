@@ -7,6 +7,7 @@
 #
 #   lab/kernel/build.sh OUTDIR      (normally called by lab/run)
 set -euo pipefail
+{ # parsed whole before it runs: editing this file mid-build is safe
 # Part of the cache key: bump when a change here changes the built kernel.
 RECIPE_VERSION=1
 LAB_DIR=$(cd "$(dirname "$0")/.." && pwd)
@@ -88,3 +89,5 @@ make -s "${KV[@]}" kernelrelease > "$OUT/kernelrelease"
 toolchain_id > "$OUT/toolchain"
 date -u +%FT%TZ > "$OUT/.complete"
 echo "kernel built: $OUT/bzImage ($(cat "$OUT/kernelrelease"))"
+exit 0
+}

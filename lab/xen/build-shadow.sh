@@ -8,6 +8,7 @@
 #   lab/xen/build-shadow.sh OUTDIR    (normally called by lab/run --xen shadow)
 # Writes OUTDIR/xen (multiboot ELF for QEMU) and OUTDIR/.complete.
 set -euo pipefail
+{ # parsed whole before it runs: editing this file mid-build is safe
 # Part of the cache key: bump when a change here changes the built image.
 RECIPE_VERSION=1
 LAB_DIR=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,3 +49,5 @@ make -j"$(nproc)" XEN_TARGET_ARCH=x86_64 >"$OUT/build.log" 2>&1 || { tail -30 "$
 cp xen "$OUT/xen"
 date -u +%FT%TZ > "$OUT/.complete"
 echo "built: $OUT/xen (xen $(cat "$OUT/version") + CONFIG_SHADOW_PAGING=y)"
+exit 0
+}
