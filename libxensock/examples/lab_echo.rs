@@ -112,9 +112,32 @@ fn main() {
     }
 }
 
+/// `Transport::from_env()`, or, with `LAB_LINK_TIMEOUT=<secs>` on real
+/// `/dev/xen`, the same transport with a longer link timeout (the default
+/// is 2 s).
 fn transport() -> Res<Transport> {
-    println!("{}", libxensock::backend());
-    let t = Transport::from_env()?;
+    let report = libxensock::backend();
+    println!("{report}");
+    let lt: Option<f64> = std::env::var("LAB_LINK_TIMEOUT").ok().and_then(|v| v.parse().ok());
+    let t = match lt {
+        Some(secs) if report.kind == libxensock::BackendKind::DevXen => {
+            let xs = XsClient::open()?;
+            let domid = xs.read_string("domid")?.trim().parse()?;
+            let cfg = libxensock::Config {
+                link_timeout: Duration::from_secs_f64(secs),
+                ..Default::default()
+            };
+            println!("link timeout {secs} s");
+            Transport::with_backend(
+                xensock_xenif::dev::DevXen::open()?,
+                xs,
+                domid,
+                libxensock::BackendKind::DevXen,
+                cfg,
+            )?
+        }
+        _ => Transport::from_env()?,
+    };
     println!("transport up: domain {} backend {}", t.domid(), t.backend_kind());
     Ok(t)
 }
@@ -155,9 +178,9 @@ fn echo(mut s: XenStream, id: u32) -> io::Result<(u64, u64)> {
         sum.add(&buf[..n]);
         s.write_all(&buf[..n])?;
         total += n as u64;
-        if total >= next {
-            println!("conn {id} progress {total}");
-            // 1 and 2 MiB, then every 16 MiB
+        while total >= next {
+            // "passed N MiB" lines at 1 and 2 MiB, then every 16 MiB
+            println!("conn {id} passed {} MiB ({total} bytes)", next >> 20);
             next = if next < 2 << 20 { next + (1 << 20) } else { next + (16 << 20) };
         }
     }
@@ -170,7 +193,9 @@ fn client(a: &[String]) -> Res<i32> {
     let total = mib << 20;
     let t = transport()?;
     let t0 = Instant::now();
-    let s = t.connect(SockAddrXen::new(domid, port))?;
+    let s = t
+        .connect(SockAddrXen::new(domid, port))
+        .map_err(|e| format!("connect to xen:{domid}:{port} failed after {:.2?}: {e}", t0.elapsed()))?;
     println!(
         "connected {} -> {} in {:.1?} (rings {} KiB)",
         s.local_addr()?,
@@ -235,8 +260,11 @@ fn hold(a: &[String]) -> Res<i32> {
     let port: u32 = arg(a, 3, "port")?;
     let secs: u64 = arg(a, 4, "secs")?;
     let t = transport()?;
-    let s = t.connect(SockAddrXen::new(domid, port))?;
-    println!("connected {} -> {}", s.local_addr()?, s.peer_addr()?);
+    let t0 = Instant::now();
+    let s = t
+        .connect(SockAddrXen::new(domid, port))
+        .map_err(|e| format!("connect to xen:{domid}:{port} failed after {:.2?}: {e}", t0.elapsed()))?;
+    println!("connected {} -> {} in {:.1?}", s.local_addr()?, s.peer_addr()?, t0.elapsed());
     s.set_read_timeout(Some(Duration::from_secs(secs)))?;
     let mut w = s.try_clone()?;
     let werr = Arc::new(std::sync::Mutex::new(None::<String>));
@@ -262,8 +290,8 @@ fn hold(a: &[String]) -> Res<i32> {
             Ok(n) => {
                 last = Instant::now();
                 let g = got.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
-                if g >= next {
-                    println!("progress {g}");
+                while g >= next {
+                    println!("passed {} MiB ({g} bytes)", next >> 20);
                     next += 16 << 20;
                 }
             }

@@ -20,7 +20,7 @@ for d in $D1 $D2; do echo "--- dom$d"; xenstore-ls -p /local/domain/$d/data/xens
 # part (c): Debian's xenstore tools against the real xenstored
 . /scenario/xsutils.sh
 # the user-space transport makes its link directories itself (section 6.1)
-check link-perms wait_until 400 sh -c "xenstore-ls -p /local/domain/$D2/data/xensock/link | grep -q 'n$D2,r$D1' && xenstore-ls -p /local/domain/$D1/data/xensock/link | grep -q 'n$D1,r$D2'"
+check link-perms wait_until 200 sh -c "xenstore-ls -p /local/domain/$D2/data/xensock/link | grep -q 'n$D2,r$D1' && xenstore-ls -p /local/domain/$D1/data/xensock/link | grep -q 'n$D1,r$D2'"
 for d in $D1 $D2; do echo "--- dom$d link"; xenstore-ls -p /local/domain/$d/data/xensock/link; done
 # keep the agent up until the domUs are done
 wait_domu domu2 '@@EXIT' 800

@@ -6,6 +6,8 @@ log "I am dom$ME, peer domu2 is dom$PEER"
 ls -l /dev/xen/
 lab_echo server 7 > /tmp/server.log 2>&1 &
 SRV=$!
+# its log, live on the console
+tail -f /tmp/server.log &
 check xs-client-xenbus lab_echo xs /local/domain/$ME/data --watch
 lab_echo xs /local/domain/$ME/data --watch 2>&1 | sed 's/^/  [xs] /'
 check advertise xensock-discover advertise
@@ -13,21 +15,21 @@ check peers-see-domu2 wait_until 300 sh -c "xensock-discover peers | grep -q '^d
 xensock-discover peers
 # domu2's checksummed echo: connection 1 completes
 check echo-server-conn wait_until 500 grep -q 'conn 1 done' /tmp/server.log
-cat /tmp/server.log
+xenstore-ls /local/domain/$ME/data/xensock/link 2>&1 | sed 's/^/  [links] own: /'
 # the next connection (domu2's "hold"): kill the server after 2 MiB went through it
 N=$(( $(grep ' done: ' /tmp/server.log | tail -n 1 | cut -d' ' -f2) + 1 ))
 log "waiting for connection $N to pass 2 MiB, then kill -9 the server"
-if wait_until 300 grep -q "conn $N progress 2097152" /tmp/server.log; then
+if wait_until 200 grep -q "conn $N passed 2 MiB" /tmp/server.log; then
   kill -9 $SRV; log "killed the echo server (pid $SRV) at $(date +%s)"
   check server-killed sh -c "! kill -0 $SRV 2>/dev/null"
 else
   result server-killed FAIL "connection $N never reached 2 MiB"
+  kill -9 $SRV
 fi
-cat /tmp/server.log
 # a new server process (new transport, withdraws the old links) for domu2's reconnect
 lab_echo server 7 > /tmp/server2.log 2>&1 &
 SRV2=$!
-check server-restart wait_until 400 grep -q 'conn 1 done' /tmp/server2.log
-cat /tmp/server2.log
+tail -f /tmp/server2.log &
+check server-restart wait_until 200 grep -q 'conn 1 done' /tmp/server2.log
 kill $SRV2 2>/dev/null
 xensock-discover peers
