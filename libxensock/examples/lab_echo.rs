@@ -2,7 +2,7 @@
 //! (`tests/lab/userspace`), one per domain, plus a XenStore self-test.
 //!
 //! ```text
-//! lab_echo server <port>                      echo every connection back (one thread each)
+//! lab_echo server <port>...                   echo every connection back (one thread each)
 //! lab_echo client <domid> <port> <MiB>        stream MiB through the echo, verify the checksum
 //! lab_echo hold <domid> <port> <secs>         stream until the peer dies; report EOF/reset
 //! lab_echo xs <path> [--watch]                XsClient read/write/perms/rm (+ watch) under <path>
@@ -101,7 +101,7 @@ fn main() {
         Some("client") => client(&a),
         Some("hold") => hold(&a),
         Some("xs") => xs(&a),
-        _ => Err("usage: lab_echo server PORT | client DOMID PORT MIB | hold DOMID PORT SECS | xs PATH [--watch]".into()),
+        _ => Err("usage: lab_echo server PORT... | client DOMID PORT MIB | hold DOMID PORT SECS | xs PATH [--watch]".into()),
     };
     match r {
         Ok(code) => std::process::exit(code),
@@ -143,28 +143,43 @@ fn transport() -> Res<Transport> {
 }
 
 fn server(a: &[String]) -> Res<i32> {
-    let port: u32 = arg(a, 2, "port")?;
-    let t = transport()?;
-    let l = t.bind(SockAddrXen::new(libxensock::DOMID_SELF, port))?;
-    println!("listening on {}", l.local_addr()?);
-    let mut n = 0u32;
-    loop {
-        let (s, peer) = l.accept()?;
-        n += 1;
-        let id = n;
-        println!("conn {id} accepted from {peer}");
-        thread::spawn(move || {
-            let r = echo(s, id);
-            match r {
-                Ok((bytes, sum)) => println!("conn {id} done: echoed {bytes} bytes, checksum {sum:016x}"),
-                Err(e) => println!("conn {id} error: {e} ({:?})", e.kind()),
-            }
-        });
+    let ports: Vec<u32> = a[2..]
+        .iter()
+        .map(|p| p.parse().map_err(|_| format!("bad port {p:?}")))
+        .collect::<Result<_, _>>()?;
+    if ports.is_empty() {
+        return Err("missing port".into());
     }
+    let t = transport()?;
+    let mut threads = Vec::new();
+    for port in ports {
+        let l = t.bind(SockAddrXen::new(libxensock::DOMID_SELF, port))?;
+        println!("listening on {}", l.local_addr()?);
+        // connections are named <port>.<n>
+        threads.push(thread::spawn(move || -> io::Result<()> {
+            let mut n = 0u32;
+            loop {
+                let (s, peer) = l.accept()?;
+                n += 1;
+                let id = format!("{port}.{n}");
+                println!("conn {id} accepted from {peer}");
+                thread::spawn(move || match echo(s, &id) {
+                    Ok((bytes, sum)) => {
+                        println!("conn {id} done: echoed {bytes} bytes, checksum {sum:016x}")
+                    }
+                    Err(e) => println!("conn {id} error: {e} ({:?})", e.kind()),
+                });
+            }
+        }));
+    }
+    for th in threads {
+        th.join().map_err(|_| "listener panicked")??;
+    }
+    Ok(0)
 }
 
 /// Echoes until EOF, printing progress every 1 MiB.
-fn echo(mut s: XenStream, id: u32) -> io::Result<(u64, u64)> {
+fn echo(mut s: XenStream, id: &str) -> io::Result<(u64, u64)> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut total = 0u64;
     let mut sum = Sum::default();
@@ -196,6 +211,7 @@ fn client(a: &[String]) -> Res<i32> {
     let s = t
         .connect(SockAddrXen::new(domid, port))
         .map_err(|e| format!("connect to xen:{domid}:{port} failed after {:.2?}: {e}", t0.elapsed()))?;
+    println!("connect_ms {:.1}", t0.elapsed().as_secs_f64() * 1e3);
     println!(
         "connected {} -> {} in {:.1?} (rings {} KiB)",
         s.local_addr()?,
@@ -242,7 +258,7 @@ fn client(a: &[String]) -> Res<i32> {
     println!(
         "sent {total} bytes checksum {sent:016x}; received {got} bytes checksum {recv:016x}; {el:.2?}, {mibs:.2} MiB/s"
     );
-    println!("@@METRIC userspace.echo_mib_s {mibs:.2} MiB/s");
+    println!("@@METRIC userspace.echo_{mib}mib_mib_s {mibs:.2} MiB/s");
     if got == total && sent == recv {
         println!("checksum OK");
         Ok(0)

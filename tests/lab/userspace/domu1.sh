@@ -4,7 +4,8 @@ PEER=$(xlbench xsread data/peer 60)
 ME=$(own_domid)
 log "I am dom$ME, peer domu2 is dom$PEER"
 ls -l /dev/xen/
-lab_echo server 7 > /tmp/server.log 2>&1 &
+# port 9: first-link probe, 7: checksummed echo and reconnect, 8: peer-death stream
+lab_echo server 7 8 9 > /tmp/server.log 2>&1 &
 SRV=$!
 # its log, live on the console
 tail -f /tmp/server.log &
@@ -14,22 +15,21 @@ check advertise xensock-discover advertise
 check peers-see-domu2 wait_until 300 sh -c "xensock-discover peers | grep -q '^dom$PEER '"
 xensock-discover peers
 # domu2's checksummed echo: connection 1 completes
-check echo-server-conn wait_until 500 grep -q 'conn 1 done' /tmp/server.log
+check echo-server-conn wait_until 240 grep -q 'conn 7\.[0-9]* done' /tmp/server.log
 xenstore-ls /local/domain/$ME/data/xensock/link 2>&1 | sed 's/^/  [links] own: /'
-# the next connection (domu2's "hold"): kill the server after 2 MiB went through it
-N=$(( $(grep ' done: ' /tmp/server.log | tail -n 1 | cut -d' ' -f2) + 1 ))
-log "waiting for connection $N to pass 2 MiB, then kill -9 the server"
-if wait_until 200 grep -q "conn $N passed 2 MiB" /tmp/server.log; then
+# domu2's "hold" connects to port 8: kill the server once 2 MiB went through it
+log "waiting for a connection on port 8 to pass 2 MiB, then kill -9 the server"
+if wait_until 120 grep -q "conn 8\.[0-9]* passed 2 MiB" /tmp/server.log; then
   kill -9 $SRV; log "killed the echo server (pid $SRV) at $(date +%s)"
   check server-killed sh -c "! kill -0 $SRV 2>/dev/null"
 else
-  result server-killed FAIL "connection $N never reached 2 MiB"
+  result server-killed FAIL "no connection on port 8 reached 2 MiB"
   kill -9 $SRV
 fi
 # a new server process (new transport, withdraws the old links) for domu2's reconnect
 lab_echo server 7 > /tmp/server2.log 2>&1 &
 SRV2=$!
 tail -f /tmp/server2.log &
-check server-restart wait_until 200 grep -q 'conn 1 done' /tmp/server2.log
+check server-restart wait_until 120 grep -q 'conn 7\.[0-9]* done' /tmp/server2.log
 kill $SRV2 2>/dev/null
 xensock-discover peers
