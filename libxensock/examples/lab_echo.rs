@@ -118,7 +118,9 @@ fn main() {
 fn transport() -> Res<Transport> {
     let report = libxensock::backend();
     println!("{report}");
-    let lt: Option<f64> = std::env::var("LAB_LINK_TIMEOUT").ok().and_then(|v| v.parse().ok());
+    let lt: Option<f64> = std::env::var("LAB_LINK_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let t = match lt {
         Some(secs) if report.kind == libxensock::BackendKind::DevXen => {
             let xs = XsClient::open()?;
@@ -138,7 +140,11 @@ fn transport() -> Res<Transport> {
         }
         _ => Transport::from_env()?,
     };
-    println!("transport up: domain {} backend {}", t.domid(), t.backend_kind());
+    println!(
+        "transport up: domain {} backend {}",
+        t.domid(),
+        t.backend_kind()
+    );
     Ok(t)
 }
 
@@ -196,7 +202,11 @@ fn echo(mut s: XenStream, id: &str) -> io::Result<(u64, u64)> {
         while total >= next {
             // "passed N MiB" lines at 1 and 2 MiB, then every 16 MiB
             println!("conn {id} passed {} MiB ({total} bytes)", next >> 20);
-            next = if next < 2 << 20 { next + (1 << 20) } else { next + (16 << 20) };
+            next = if next < 2 << 20 {
+                next + (1 << 20)
+            } else {
+                next + (16 << 20)
+            };
         }
     }
 }
@@ -208,9 +218,12 @@ fn client(a: &[String]) -> Res<i32> {
     let total = mib << 20;
     let t = transport()?;
     let t0 = Instant::now();
-    let s = t
-        .connect(SockAddrXen::new(domid, port))
-        .map_err(|e| format!("connect to xen:{domid}:{port} failed after {:.2?}: {e}", t0.elapsed()))?;
+    let s = t.connect(SockAddrXen::new(domid, port)).map_err(|e| {
+        format!(
+            "connect to xen:{domid}:{port} failed after {:.2?}: {e}",
+            t0.elapsed()
+        )
+    })?;
     println!("connect_ms {:.1}", t0.elapsed().as_secs_f64() * 1e3);
     println!(
         "connected {} -> {} in {:.1?} (rings {} KiB)",
@@ -277,10 +290,18 @@ fn hold(a: &[String]) -> Res<i32> {
     let secs: u64 = arg(a, 4, "secs")?;
     let t = transport()?;
     let t0 = Instant::now();
-    let s = t
-        .connect(SockAddrXen::new(domid, port))
-        .map_err(|e| format!("connect to xen:{domid}:{port} failed after {:.2?}: {e}", t0.elapsed()))?;
-    println!("connected {} -> {} in {:.1?}", s.local_addr()?, s.peer_addr()?, t0.elapsed());
+    let s = t.connect(SockAddrXen::new(domid, port)).map_err(|e| {
+        format!(
+            "connect to xen:{domid}:{port} failed after {:.2?}: {e}",
+            t0.elapsed()
+        )
+    })?;
+    println!(
+        "connected {} -> {} in {:.1?}",
+        s.local_addr()?,
+        s.peer_addr()?,
+        t0.elapsed()
+    );
     s.set_read_timeout(Some(Duration::from_secs(secs)))?;
     let mut w = s.try_clone()?;
     let werr = Arc::new(std::sync::Mutex::new(None::<String>));
@@ -322,8 +343,13 @@ fn hold(a: &[String]) -> Res<i32> {
         got.load(Ordering::Relaxed),
         werr.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_else(|| "still writing".into())
     );
-    println!("@@METRIC userspace.peer_death_gap_ms {:.1} ms", gap.as_secs_f64() * 1e3);
-    let ok = outcome == "EOF" || outcome.contains("ConnectionReset") || outcome.contains("os error Some(104)");
+    println!(
+        "@@METRIC userspace.peer_death_gap_ms {:.1} ms",
+        gap.as_secs_f64() * 1e3
+    );
+    let ok = outcome == "EOF"
+        || outcome.contains("ConnectionReset")
+        || outcome.contains("os error Some(104)");
     Ok(if ok { 0 } else { 1 })
 }
 
@@ -351,10 +377,19 @@ fn xs(a: &[String]) -> Res<i32> {
     let dir = c.directory(&format!("{base}/xstest"))?;
     println!("directory {base}/xstest = {dir:?}");
     c.mkdir(&format!("{base}/xstest/b"))?;
-    let perms = vec![Perm::new(PermAccess::None, me), Perm::new(PermAccess::Read, 0)];
+    let perms = vec![
+        Perm::new(PermAccess::None, me),
+        Perm::new(PermAccess::Read, 0),
+    ];
     c.set_perms(&p, &perms)?;
     let got = c.get_perms(&p)?;
-    println!("perms {p} = {}", got.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(","));
+    println!(
+        "perms {p} = {}",
+        got.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
     if got.first() != perms.first() {
         return Ok(1);
     }
