@@ -80,61 +80,9 @@ fn main() {
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// Position-dependent checksum of a byte stream (detects loss, duplication
-/// and reordering), independent of how the stream is cut into reads.
-#[derive(Default, Clone, Copy)]
-struct Sum(u64, u64, [u8; 8], usize);
-impl Sum {
-    fn word(&mut self, w: [u8; 8]) {
-        self.1 = self.1.wrapping_add(1);
-        self.0 = (self.0.rotate_left(7) ^ u64::from_le_bytes(w))
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            ^ self.1;
-    }
-    fn add(&mut self, mut data: &[u8]) {
-        if self.3 > 0 {
-            let n = (8 - self.3).min(data.len());
-            self.2[self.3..self.3 + n].copy_from_slice(&data[..n]);
-            self.3 += n;
-            data = &data[n..];
-            if self.3 < 8 {
-                return;
-            }
-            let w = self.2;
-            self.word(w);
-            self.3 = 0;
-        }
-        let mut it = data.chunks_exact(8);
-        for c in &mut it {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            self.word(w);
-        }
-        let rest = it.remainder();
-        self.2[..rest.len()].copy_from_slice(rest);
-        self.3 = rest.len();
-    }
-    fn finish(mut self) -> u64 {
-        if self.3 > 0 {
-            let mut w = [0u8; 8];
-            w[..self.3].copy_from_slice(&self.2[..self.3]);
-            self.word(w);
-        }
-        self.0
-    }
-}
-
-fn pattern(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+#[path = "../../shared/stream_check.rs"]
+mod stream_check;
+use stream_check::{pattern, Sum};
 
 /// Streams `total` bytes through an echo peer: one thread writes, this one
 /// reads back. Returns (sent checksum, received checksum, bytes received, elapsed).
