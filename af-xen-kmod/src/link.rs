@@ -24,6 +24,9 @@ use kernel::sync::{Arc, Mutex};
 
 const STATE_INITIALISED: i32 = 3;
 const STATE_CONNECTED: i32 = 4;
+/// Control frames handled per run of the work item before it requeues
+/// itself (a busy link must not starve the other work of the system).
+const DRAIN_BATCH: usize = 1024;
 
 /// Our advertised half: the control ring the peer writes into, and the
 /// port it kicks.
@@ -138,10 +141,6 @@ impl Link {
         )
     }
 
-    pub(crate) fn is_up(&self) -> bool {
-        self.up.load(Ordering::Acquire)
-    }
-
     /// Kicks the peer (its rings moved or their flags changed).
     pub(crate) fn kick(&self) {
         let p = self.kick_port.load(Ordering::Acquire);
@@ -203,6 +202,7 @@ impl Link {
 
     /// The peer went away: every connection over the link is reset.
     fn detach(&self, i: &mut LinkInner, why: &str) {
+        sys::counters::add(&sys::counters::LINKS_DOWN, 1);
         self.up.store(false, Ordering::Release);
         self.kick_port.store(0, Ordering::Release);
         let ph = i.peer.take();
@@ -225,6 +225,7 @@ impl Link {
             self.follow_peer(&mut i);
         }
         self.drain(&mut i);
+        self.send_requests_locked(&mut i);
         for (_, s) in i.conns.iter() {
             s.sk.wake(sys::poll::POLLIN | sys::poll::POLLOUT | sys::poll::POLLRDNORM | sys::poll::POLLWRNORM);
         }
@@ -251,41 +252,110 @@ impl Link {
         }
     }
 
-    fn drain(self: &Arc<Self>, i: &mut LinkInner) {
-        let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
-        for _ in 0..1024 {
-            let Some(mine) = i.mine.as_mut() else { return };
-            let n = match mine.rx.readable() {
-                Ok(n) => n as usize,
-                Err(_) => {
-                    pr_warn!("link to dom{}: corrupt control ring\n", self.peer);
+    /// Sends the ConnectRequests of pending connects over this link, if it
+    /// is up (process context).
+    pub(crate) fn send_requests(&self) {
+        let mut i = self.inner.lock();
+        self.send_requests_locked(&mut i);
+    }
+
+    fn send_requests_locked(&self, i: &mut LinkInner) {
+        if i.peer.is_none() {
+            return;
+        }
+        let mut todo: KVec<Arc<XenSock>> = KVec::new();
+        for (_, s) in i.conns.iter() {
+            if sock::pending_request(s).is_some() && todo.push(s.clone(), GFP_KERNEL).is_err() {
+                break;
+            }
+        }
+        for s in todo.iter() {
+            let Some((conn_id, src_port, dst_port, rx)) = sock::pending_request(s) else { continue };
+            let req = Message::ConnectRequest {
+                conn_id,
+                src_port,
+                dst_port,
+                sock_type: SockType::Stream,
+                cookie: 0,
+                rx,
+                tcp: TcpEndpoint::NONE,
+            };
+            match Self::send_locked(i, &req) {
+                Ok(()) => sock::request_sent(s),
+                Err(x) if x == e::ENOBUFS => {
+                    // control ring full: ask the peer for a kick once it
+                    // consumed, and retry in the work item then
+                    let room = i.peer.as_mut().map(|ph| ph.tx.prepare_wait(ctrl::MAX_CONTROL_FRAME as u32));
+                    if let Some(Ok(false)) = room {
+                        sys::schedule_work();
+                    }
                     return;
                 }
+                Err(_) => {
+                    i.conns.remove(&conn_id);
+                    sock::connect_failed(s, e::ECONNRESET);
+                }
+            }
+        }
+    }
+
+    fn drain(self: &Arc<Self>, i: &mut LinkInner) {
+        let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
+        for _ in 0..DRAIN_BATCH {
+            let Some(len) = self.next_frame(i, &mut buf) else {
+                self.after_drain(i);
+                return;
             };
-            if n < ctrl::HEADER_LEN {
-                return;
-            }
-            let _ = mine.rx.peek(&mut buf[..ctrl::HEADER_LEN]);
-            let len = match ctrl::decode_header(&buf[..ctrl::HEADER_LEN], Channel::Link) {
-                Ok(h) => h.frame_len(),
-                Err(_) => usize::MAX,
-            };
-            if len > buf.len() {
-                pr_warn!("link to dom{}: bad control frame, dropping {} bytes\n", self.peer, n);
-                let _ = mine.rx.skip(n as u32);
-                return;
-            }
-            if n < len {
-                return;
-            }
-            let _ = mine.rx.peek(&mut buf[..len]);
-            let _ = mine.rx.skip(len as u32);
             let frame = buf;
             match ctrl::decode(&frame[..len], Channel::Link) {
                 Ok((m, _)) => self.handle(i, &m),
                 Err(_) => pr_warn!("link to dom{}: undecodable control frame dropped\n", self.peer),
             }
         }
+        // more frames than one batch: let other work run, then continue
+        self.after_drain(i);
+        sys::schedule_work();
+    }
+
+    /// The peer may wait for room in our control ring (its event index).
+    fn after_drain(&self, i: &mut LinkInner) {
+        if let Some(mine) = i.mine.as_mut() {
+            if mine.rx.flush() {
+                self.kick();
+            }
+        }
+    }
+
+    /// Takes the next whole control frame out of our receive ring into
+    /// `buf`; its length, or None when there is none (or garbage, dropped).
+    fn next_frame(&self, i: &mut LinkInner, buf: &mut [u8; ctrl::MAX_CONTROL_FRAME]) -> Option<usize> {
+        let mine = i.mine.as_mut()?;
+        let n = match mine.rx.readable() {
+            Ok(n) => n as usize,
+            Err(_) => {
+                pr_warn!("link to dom{}: corrupt control ring\n", self.peer);
+                return None;
+            }
+        };
+        if n < ctrl::HEADER_LEN {
+            return None;
+        }
+        let _ = mine.rx.peek(&mut buf[..ctrl::HEADER_LEN]);
+        let len = match ctrl::decode_header(&buf[..ctrl::HEADER_LEN], Channel::Link) {
+            Ok(h) => h.frame_len(),
+            Err(_) => usize::MAX,
+        };
+        if len > buf.len() {
+            pr_warn!("link to dom{}: bad control frame, dropping {} bytes\n", self.peer, n);
+            let _ = mine.rx.skip(n as u32);
+            return None;
+        }
+        if n < len {
+            return None;
+        }
+        let _ = mine.rx.peek(&mut buf[..len]);
+        let _ = mine.rx.skip(len as u32);
+        Some(len)
     }
 
     fn handle(self: &Arc<Self>, i: &mut LinkInner, m: &Message<'_>) {

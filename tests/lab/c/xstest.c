@@ -14,6 +14,14 @@
  *   xstest xserver [MiB]    cross-domain server (domu1): accepts the
  *                           connections xclient makes, in order
  *   xstest xclient PEER [MiB]  cross-domain client (domu2) to PEER's server
+ *   xstest xpending         connects that stay in progress: to dom0, which has
+ *                           a link directory but runs no module (EINPROGRESS,
+ *                           EALREADY, SO_SNDTIMEO, EINTR)
+ *   xstest xdeath           domu1: accepts xvictim's connections, waits until
+ *                           dom0 destroys domu2, checks the resets and that
+ *                           grants, mappings and irqs are given back
+ *   xstest xvictim PEER     domu2: one idle and one streaming connection to
+ *                           PEER, forever (until the domain is destroyed)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -95,6 +103,61 @@ static uint32_t own_domid(void)
 		pclose(p);
 	}
 	return d;
+}
+
+/* a counter of /proc/net/af_xen_stats, or -1 */
+static long long afx_stat(const char *name)
+{
+	FILE *f = fopen("/proc/net/af_xen_stats", "r");
+	char key[64];
+	long long v, r = -1;
+
+	if (!f)
+		return -1;
+	while (fscanf(f, "%63s %lld", key, &v) == 2)
+		if (!strcmp(key, name))
+			r = v;
+	fclose(f);
+	return r;
+}
+
+/* lines of /proc/interrupts naming our irq handler ("af_xen") */
+static int afx_irq_lines(void)
+{
+	FILE *f = fopen("/proc/interrupts", "r");
+	char line[512];
+	int n = 0;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, "af_xen"))
+			n++;
+	fclose(f);
+	return n;
+}
+
+/* whether the module was loaded with hostile_test=1 */
+static int hostile_mode(void)
+{
+	FILE *f = fopen("/sys/module/af_xen/parameters/hostile_test", "r");
+	int c = 'N';
+
+	if (f) {
+		c = fgetc(f);
+		fclose(f);
+	}
+	return c == 'Y' || c == '1';
+}
+
+static int so_error(int fd)
+{
+	int v = -1;
+	socklen_t l = sizeof(v);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l))
+		return -1;
+	return v;
 }
 
 static void test_local(void)
@@ -205,6 +268,24 @@ static void test_local(void)
 	EXPECT_ERR("connect-any-domid", connect(s2, (struct sockaddr *)&a, sizeof(a)), EINVAL);
 	a = xaddr(me, 5999);
 	EXPECT_ERR("connect-refused-self", connect(s2, (struct sockaddr *)&a, sizeof(a)), ECONNREFUSED);
+	close(s2);
+
+	/* AF_XEN socket options (level: the family number) */
+	s2 = xsock();
+	{
+		int v = XENSOCK_CORRUPT_PROD;
+
+		EXPECT_ERR("sockopt-unknown", setsockopt(s2, fam, 12345, &v, sizeof(v)), ENOPROTOOPT);
+		EXPECT_ERR("sockopt-other-level", setsockopt(s2, 6 /* SOL_TCP */, XENSOCK_TEST_CORRUPT, &v, sizeof(v)), ENOPROTOOPT);
+		if (hostile_mode()) {
+			/* test mode on: refused only because nothing is connected */
+			EXPECT_ERR("sockopt-corrupt-unconnected", setsockopt(s2, fam, XENSOCK_TEST_CORRUPT, &v, sizeof(v)), ENOTCONN);
+			EXPECT_ERR("sockopt-corrupt-short", setsockopt(s2, fam, XENSOCK_TEST_CORRUPT, &v, 2), EINVAL);
+		} else {
+			/* the hostile-peer test mode is off by default */
+			EXPECT_ERR("sockopt-corrupt-off", setsockopt(s2, fam, XENSOCK_TEST_CORRUPT, &v, sizeof(v)), EPERM);
+		}
+	}
 	close(s2);
 
 	/* the port is free again once its socket is closed */
@@ -382,6 +463,37 @@ static void test_loop(void)
 		close(c);
 	} else result("loop-sigpipe", 0, "pair failed");
 	close(l);
+	/* SO_SNDTIMEO: nobody reads, the ring fills, send waits then EAGAIN */
+	r = lpair(me, 6004, &c, &a, &l);
+	if (r == 0) {
+		struct timeval tv = { 0, 200000 };
+		long long total = 0;
+		ssize_t w = 0;
+		double t0 = 0;
+
+		setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+		while (total < (64 << 20)) {
+			t0 = now();
+			w = send(c, buf, sizeof(buf), MSG_NOSIGNAL);
+			if (w < 0)
+				break;
+			total += w;
+		}
+		int e = errno;
+		double dt = now() - t0;
+
+		result("loop-sndtimeo-eagain", w == -1 && e == EAGAIN && total > 0, "w=%zd errno=%s after %lld bytes", w, strerrorname_np(e) ?: "0", total);
+		result("loop-sndtimeo-time", dt >= 0.19 && dt < 2, "%.3fs", dt);
+		/* SO_LINGER 0: close resets; the peer's unread data is dropped */
+		struct linger lg = { 1, 0 };
+
+		send(a, "unread", 6, 0);
+		EXPECT_OK("loop-linger0-set", setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)));
+		close(c);
+		EXPECT_ERR("loop-linger0-peer-reset", recv(a, buf, 10, 0), ECONNRESET);
+		close(a);
+		close(l);
+	} else result("loop-sndtimeo-eagain", 0, "pair failed");
 	/* backlog: listen(1), two connects without accept */
 	{
 		int l2 = xsock(), c1 = xsock(), c2 = xsock();
@@ -491,6 +603,115 @@ static int64_t stream_in(int fd)
 	}
 }
 
+/* echo on every fd until each ends; st[i]: 0 EOF, else the errno it ended with */
+static void echo_until_end(int *fds, int n, int *st, int secs)
+{
+	struct pollfd p[8];
+	int left = n, i;
+	double t0 = now();
+	char buf[4096];
+
+	for (i = 0; i < n; i++)
+		st[i] = -1;
+	while (left > 0 && now() - t0 < secs) {
+		for (i = 0; i < n; i++) {
+			p[i].fd = st[i] == -1 ? fds[i] : -1;
+			p[i].events = POLLIN;
+			p[i].revents = 0;
+		}
+		if (poll(p, n, 1000) <= 0)
+			continue;
+		for (i = 0; i < n; i++) {
+			if (st[i] != -1 || !p[i].revents)
+				continue;
+			ssize_t r = recv(fds[i], buf, sizeof(buf), MSG_DONTWAIT);
+
+			if (r > 0) {
+				if (send(fds[i], buf, r, MSG_NOSIGNAL) != r) {
+					st[i] = errno;
+					left--;
+				}
+			} else if (r == 0 || errno != EAGAIN) {
+				st[i] = r == 0 ? 0 : errno;
+				left--;
+			}
+		}
+	}
+}
+
+/* server side of xclient's steps 5-9 */
+static void xserver_more(int l)
+{
+	char buf[65536];
+	int a, st[3], fds[3];
+
+	/* 5: the non-blocking connect: echo until EOF */
+	a = accept_one(l, 120);
+	result("x-accept-nb", a >= 0, NULL);
+	if (a < 0)
+		return;
+	echo_until_end(&a, 1, st, 120);
+	result("x-nb-echo-eof", st[0] == 0, "end=%s", st[0] ? strerrorname_np(st[0]) : "EOF");
+	close(a);
+	/* 7: SO_SNDTIMEO: read nothing until the client half-closes, then
+	 * everything, and tell it the count */
+	a = accept_one(l, 120);
+	result("x-accept-sndtimeo", a >= 0, NULL);
+	if (a < 0)
+		return;
+	{
+		struct pollfd p = { .fd = a, .events = POLLRDHUP };
+		long long total = 0;
+		ssize_t r;
+		int n = poll(&p, 1, 120000);
+
+		result("x-sndtimeo-pollrdhup", n == 1 && (p.revents & POLLRDHUP), "n=%d revents=%#x", n, p.revents);
+		while ((r = recv(a, buf, sizeof(buf), 0)) > 0)
+			total += r;
+		n = snprintf(buf, sizeof(buf), "%lld\n", total);
+		send(a, buf, n, MSG_NOSIGNAL);
+		close(a);
+	}
+	/* 8: SO_LINGER 0: the client's close resets the connection */
+	a = accept_one(l, 120);
+	result("x-accept-linger0", a >= 0, NULL);
+	if (a < 0)
+		return;
+	{
+		ssize_t r;
+		int e = 0;
+		double t0 = now();
+
+		while ((r = recv(a, buf, sizeof(buf), 0)) > 0 && now() - t0 < 60)
+			;
+		e = errno;
+		result("x-linger0-reset", r == -1 && e == ECONNRESET, "r=%zd errno=%s", r, r < 0 ? strerrorname_np(e) : "0");
+		close(a);
+	}
+	/* 9: hostile peer: the client corrupts the rings of its first and
+	 * third connection; only those are reset, the second one keeps echoing */
+	{
+		long long resets0 = afx_stat("proto_resets");
+		int i;
+
+		for (i = 0; i < 3; i++) {
+			fds[i] = accept_one(l, 120);
+			if (fds[i] < 0)
+				break;
+		}
+		result("x-accept-hostile", i == 3, "accepted %d", i);
+		if (i < 3)
+			return;
+		echo_until_end(fds, 3, st, 120);
+		result("x-hostile-prod-reset", st[0] == ECONNRESET, "end=%s", st[0] > 0 ? strerrorname_np(st[0]) : st[0] ? "timeout" : "EOF");
+		result("x-hostile-flags-reset", st[2] == ECONNRESET, "end=%s", st[2] > 0 ? strerrorname_np(st[2]) : st[2] ? "timeout" : "EOF");
+		result("x-hostile-other-conn-eof", st[1] == 0, "end=%s", st[1] > 0 ? strerrorname_np(st[1]) : st[1] ? "timeout" : "EOF");
+		result("x-hostile-counted", afx_stat("proto_resets") - resets0 == 2, "proto_resets %lld -> %lld", resets0, afx_stat("proto_resets"));
+		for (i = 0; i < 3; i++)
+			close(fds[i]);
+	}
+}
+
 static void test_xserver(uint64_t mib)
 {
 	struct sockaddr_xen x = xaddr(XEN_DOMID_ANY, XPORT);
@@ -561,6 +782,7 @@ static void test_xserver(uint64_t mib)
 		result("x-send-after-peer-close", w == -1 && errno == EPIPE, "w=%zd errno=%s", w, strerrorname_np(errno) ?: "0");
 		close(a);
 	}
+	xserver_more(l);
 	close(l);
 	system("cat /proc/net/af_xen");
 }
@@ -683,6 +905,160 @@ static void test_xclient(uint32_t peer, uint64_t mib)
 		send(c, "last!", 5, 0);
 		close(c);
 	}
+	/* 5: non-blocking connect: EINPROGRESS, POLLOUT, SO_ERROR 0, EISCONN;
+	 * then the data-path flags over it (the server echoes) */
+	c = xsock();
+	fcntl(c, F_SETFL, O_NONBLOCK);
+	EXPECT_ERR("x-nb-connect-einprogress", connect(c, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
+	{
+		struct pollfd p = { .fd = c, .events = POLLOUT };
+		int n = poll(&p, 1, 30000);
+
+		result("x-nb-connect-pollout", n == 1 && p.revents == POLLOUT, "n=%d revents=%#x", n, p.revents);
+		n = so_error(c);
+		result("x-nb-connect-so-error", n == 0, "SO_ERROR=%s", n ? strerrorname_np(n) : "0");
+	}
+	EXPECT_ERR("x-nb-connect-eisconn", connect(c, (struct sockaddr *)&x, sizeof(x)), EISCONN);
+	fcntl(c, F_SETFL, 0);
+	{
+		struct iovec iv[3] = { { "ab", 2 }, { "cde", 3 }, { "fghi", 4 } };
+		struct msghdr m = { .msg_iov = iv, .msg_iovlen = 3 };
+		char o1[4], o2[5];
+		struct iovec ov[2] = { { o1, 4 }, { o2, 5 } };
+		struct msghdr mo = { .msg_iov = ov, .msg_iovlen = 2 };
+		int n = -1, k;
+
+		result("x-sendmsg-iov", sendmsg(c, &m, 0) == 9, NULL);
+		/* the echo may come back in pieces: peek until all 9 are there */
+		for (k = 0; k < 200; k++) {
+			memset(o1, 0, 4); memset(o2, 0, 5);
+			n = recvmsg(c, &mo, MSG_PEEK);
+			if (n == 9)
+				break;
+			usleep(50000);
+		}
+		result("x-peek-iov", n == 9 && !memcmp(o1, "abcd", 4) && !memcmp(o2, "efghi", 5), "n=%d", n);
+		EXPECT_ERR("x-recv-efault", recv(c, (void *)8, 9, 0), EFAULT);
+		memset(o1, 0, 4); memset(o2, 0, 5);
+		n = recvmsg(c, &mo, MSG_WAITALL);
+		result("x-recvmsg-iov-after-efault", n == 9 && !memcmp(o1, "abcd", 4) && !memcmp(o2, "efghi", 5), "n=%d", n);
+		EXPECT_ERR("x-recv-dontwait-empty", recv(c, buf, 10, MSG_DONTWAIT), EAGAIN);
+		/* MSG_WAITALL spans two echoes sent 200 ms apart */
+		send(c, "12345", 5, 0);
+		usleep(200000);
+		send(c, "67890", 5, 0);
+		memset(buf, 0, 16);
+		n = recv(c, buf, 10, MSG_WAITALL);
+		result("x-recv-waitall", n == 10 && !memcmp(buf, "1234567890", 10), "n=%d", n);
+		EXPECT_ERR("x-send-efault", send(c, (void *)8, 100, MSG_NOSIGNAL), EFAULT);
+		{
+			struct timeval tv = { 0, 300000 };
+			double t1 = now();
+
+			setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+			EXPECT_ERR("x-recv-rcvtimeo", recv(c, buf, 10, 0), EAGAIN);
+			result("x-recv-rcvtimeo-time", now() - t1 >= 0.29 && now() - t1 < 3, "%.3fs", now() - t1);
+		}
+	}
+	close(c);
+	/* 6: non-blocking connect refused: POLLOUT|POLLERR|POLLHUP, SO_ERROR once */
+	c = xsock();
+	fcntl(c, F_SETFL, O_NONBLOCK);
+	x = xaddr(peer, 7999);
+	EXPECT_ERR("x-nb-refused-einprogress", connect(c, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
+	{
+		struct pollfd p = { .fd = c, .events = POLLOUT };
+		int n = poll(&p, 1, 30000), e1, e2;
+
+		result("x-nb-refused-pollerr", n == 1 && p.revents == (POLLOUT | POLLERR | POLLHUP), "n=%d revents=%#x", n, p.revents);
+		e1 = so_error(c);
+		e2 = so_error(c);
+		result("x-nb-refused-so-error", e1 == ECONNREFUSED && e2 == 0, "SO_ERROR=%s then %s", strerrorname_np(e1) ?: "0", strerrorname_np(e2) ?: "0");
+	}
+	close(c);
+	x = xaddr(peer, XPORT);
+	/* 7: SO_SNDTIMEO: the server reads nothing; sends fill the ring, then EAGAIN */
+	c = xsock();
+	r = connect(c, (struct sockaddr *)&x, sizeof(x));
+	result("x-connect-sndtimeo", r == 0, "errno=%s", r ? strerrorname_np(errno) : "0");
+	if (r == 0) {
+		static char blk[16384];
+		struct timeval tv = { 0, 300000 };
+		long long total = 0, told = -1;
+		ssize_t w = 0;
+		double t1 = 0, dt;
+		int e, n;
+
+		setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+		while (total < (64 << 20)) {
+			t1 = now();
+			w = send(c, blk, sizeof(blk), MSG_NOSIGNAL);
+			if (w < 0)
+				break;
+			total += w;
+		}
+		e = errno;
+		dt = now() - t1;
+		result("x-sndtimeo-eagain", w == -1 && e == EAGAIN && total > 0, "w=%zd errno=%s after %lld bytes", w, strerrorname_np(e) ?: "0", total);
+		result("x-sndtimeo-time", dt >= 0.29 && dt < 3, "%.3fs", dt);
+		shutdown(c, SHUT_WR);
+		n = read_all(c, buf, sizeof(buf) - 1);
+		buf[n > 0 ? n : 0] = 0;
+		sscanf(buf, "%lld", &told);
+		result("x-sndtimeo-delivered", told == total, "server read %lld, sent %lld", told, total);
+		close(c);
+	}
+	/* 8: SO_LINGER 0: close resets (the server's recv: ECONNRESET) */
+	c = xsock();
+	r = connect(c, (struct sockaddr *)&x, sizeof(x));
+	result("x-connect-linger0", r == 0, "errno=%s", r ? strerrorname_np(errno) : "0");
+	if (r == 0) {
+		struct linger lg = { 1, 0 };
+
+		send(c, "doomed", 6, 0);
+		EXPECT_OK("x-linger0-set", setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)));
+		close(c);
+	}
+	/* 9: hostile peer (module loaded with hostile_test=1 here): corrupt
+	 * the rings of connections 0 and 2; connection 1 must keep working */
+	{
+		int h[3], i, v, n;
+
+		/* one blocking connect at a time: the server accepts them in this order */
+		for (i = 0; i < 3; i++)
+			h[i] = -1;
+		for (i = 0; i < 3; i++) {
+			h[i] = xsock();
+			if (connect(h[i], (struct sockaddr *)&x, sizeof(x)))
+				break;
+		}
+		for (n = 0; i == 3 && n < 3; n++)
+			if (send(h[n], "hi", 2, 0) != 2 || recv(h[n], buf, 2, MSG_WAITALL) != 2)
+				i = n;
+		result("x-hostile-connect", i == 3, "connected+echoed %d errno=%s", i, strerrorname_np(errno) ?: "0");
+		if (i == 3) {
+			v = XENSOCK_CORRUPT_PROD;
+			EXPECT_OK("x-hostile-corrupt-prod", setsockopt(h[0], fam, XENSOCK_TEST_CORRUPT, &v, sizeof(v)));
+			v = XENSOCK_CORRUPT_FLAGS;
+			EXPECT_OK("x-hostile-corrupt-flags", setsockopt(h[2], fam, XENSOCK_TEST_CORRUPT, &v, sizeof(v)));
+			for (i = 0; i < 3; i += 2) {
+				struct pollfd p = { .fd = h[i], .events = POLLIN };
+				char nm[64];
+
+				n = poll(&p, 1, 30000);
+				snprintf(nm, sizeof(nm), "x-hostile-%s-sees-reset", i ? "flags" : "prod");
+				errno = 0;
+				r = recv(h[i], buf, sizeof(buf), MSG_DONTWAIT);
+				result(nm, n == 1 && (p.revents & POLLERR) && r == -1 && errno == ECONNRESET,
+				       "revents=%#x recv=%d errno=%s", p.revents, r, strerrorname_np(errno) ?: "0");
+			}
+			n = send(h[1], "still", 5, 0) == 5 && recv(h[1], buf, 5, MSG_WAITALL) == 5 && !memcmp(buf, "still", 5);
+			result("x-hostile-other-conn-echo", n, NULL);
+		}
+		for (i = 0; i < 3; i++)
+			if (h[i] >= 0)
+				close(h[i]);
+	}
 	/* nobody listens there */
 	c = xsock();
 	x = xaddr(peer, 7999);
@@ -694,6 +1070,210 @@ static void test_xclient(uint32_t peer, uint64_t mib)
 	EXPECT_ERR("x-connect-unknown-domid", connect(c, (struct sockaddr *)&x, sizeof(x)), EHOSTUNREACH);
 	close(c);
 	system("cat /proc/net/af_xen");
+}
+
+/* ---- connects that stay in progress (dom0 has a link directory for us but
+ * runs no module, so the link never comes up) ------------------------------ */
+static void on_alarm(int sig) { (void)sig; }
+
+static void test_xpending(void)
+{
+	struct sockaddr_xen x = xaddr(0, XPORT);
+	struct sockaddr_xen y;
+	socklen_t len;
+	int c;
+	double t0;
+
+	c = xsock();
+	fcntl(c, F_SETFL, O_NONBLOCK);
+	EXPECT_ERR("xp-nb-einprogress", connect(c, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
+	EXPECT_ERR("xp-nb-ealready", connect(c, (struct sockaddr *)&x, sizeof(x)), EALREADY);
+	{
+		struct pollfd p = { .fd = c, .events = POLLIN | POLLOUT };
+		int n = poll(&p, 1, 500);
+
+		result("xp-nb-poll-pending", n == 0 && p.revents == 0, "n=%d revents=%#x", n, p.revents);
+	}
+	len = sizeof(y);
+	EXPECT_ERR("xp-nb-getpeername", getpeername(c, (struct sockaddr *)&y, &len), ENOTCONN);
+	result("xp-nb-so-error-pending", so_error(c) == 0, NULL);
+	system("grep CONNECTING /proc/net/af_xen");
+	close(c);
+
+	/* SO_SNDTIMEO bounds a blocking connect: EINPROGRESS (TCP's
+	 * convention), and it stays in progress */
+	c = xsock();
+	{
+		struct timeval tv = { 0, 300000 };
+
+		setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	}
+	t0 = now();
+	EXPECT_ERR("xp-sndtimeo-einprogress", connect(c, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
+	result("xp-sndtimeo-time", now() - t0 >= 0.29 && now() - t0 < 5, "%.3fs", now() - t0);
+	EXPECT_ERR("xp-sndtimeo-then-ealready", connect(c, (struct sockaddr *)&x, sizeof(x)), EALREADY);
+	close(c);
+
+	/* a signal interrupts a blocking connect: EINTR, still in progress */
+	c = xsock();
+	{
+		struct sigaction sa = { .sa_handler = on_alarm };	/* no SA_RESTART */
+		struct itimerval it = { { 0, 0 }, { 0, 300000 } };
+
+		sigaction(SIGALRM, &sa, NULL);
+		setitimer(ITIMER_REAL, &it, NULL);
+		t0 = now();
+		EXPECT_ERR("xp-signal-eintr", connect(c, (struct sockaddr *)&x, sizeof(x)), EINTR);
+		result("xp-signal-time", now() - t0 >= 0.29 && now() - t0 < 5, "%.3fs", now() - t0);
+		EXPECT_ERR("xp-signal-then-ealready", connect(c, (struct sockaddr *)&x, sizeof(x)), EALREADY);
+		signal(SIGALRM, SIG_DFL);
+	}
+	close(c);
+	result("xp-no-socket-left", afx_stat("sockets") == 0, "sockets=%lld", afx_stat("sockets"));
+}
+
+/* ---- peer domain death (domu2 destroyed by dom0) --------------------------- */
+#define DPORT 7100
+
+static void test_xvictim(uint32_t peer)
+{
+	struct sockaddr_xen x = xaddr(peer, DPORT);
+	int idle = -1, s = -1, r = -1;
+	double t0 = now();
+	uint64_t i = 0;
+	static uint64_t blk[8192];
+
+	/* domu1 reloads its module and listens again: retry */
+	while (now() - t0 < 300) {
+		idle = xsock();
+		r = connect(idle, (struct sockaddr *)&x, sizeof(x));
+		if (r == 0)
+			break;
+		close(idle);
+		sleep(1);
+	}
+	if (r == 0) {
+		s = xsock();
+		r = connect(s, (struct sockaddr *)&x, sizeof(x));
+	}
+	result("xv-connected", r == 0, "errno=%s", r ? strerrorname_np(errno) : "0");
+	if (r)
+		return;
+	fflush(stdout);
+	/* stream until dom0 destroys this domain */
+	for (;;) {
+		uint64_t k;
+
+		for (k = 0; k < 8192; k++)
+			blk[k] = pattern(i + k);
+		if (send(s, blk, sizeof(blk), MSG_NOSIGNAL) != (ssize_t)sizeof(blk)) {
+			result("xv-stream", 0, "send failed: %s", strerrorname_np(errno) ?: "0");
+			return;
+		}
+		i += 8192;
+	}
+}
+
+static void test_xdeath(void)
+{
+	struct sockaddr_xen x = xaddr(XEN_DOMID_ANY, DPORT);
+	static uint64_t blk[8192];
+	int l, idle, s, k;
+	long long ev0, maps0, grants0, down0, ev1, maps1, grants1, socks1;
+	int irq0, irq1;
+	uint64_t got = 0, bad = 0;
+	double t_last, t_stream = 0, t_idle = 0;
+	int end_stream = -1, end_idle = -1;
+
+	l = xsock();
+	if (l < 0 || bind(l, (struct sockaddr *)&x, sizeof(x)) || listen(l, 4)) {
+		result("xd-listen", 0, "errno=%s", strerrorname_np(errno));
+		return;
+	}
+	idle = accept_one(l, 400);
+	s = idle >= 0 ? accept_one(l, 60) : -1;
+	result("xd-accept", idle >= 0 && s >= 0, NULL);
+	if (s < 0)
+		return;
+	/* 1 MiB of the stream first (it flows), then the snapshot */
+	while (got < (1 << 20)) {
+		ssize_t r = recv(s, blk, sizeof(blk), MSG_WAITALL);
+
+		if (r <= 0 || r % 8)
+			break;
+		for (k = 0; k < r / 8; k++)
+			if (blk[k] != pattern(got / 8 + k))
+				bad++;
+		got += r;
+	}
+	ev0 = afx_stat("evtchns"); maps0 = afx_stat("maps"); grants0 = afx_stat("grants"); down0 = afx_stat("links_down");
+	irq0 = afx_irq_lines();
+	system("cat /proc/net/af_xen_stats /proc/net/af_xen; grep af_xen /proc/interrupts");
+	result("xd-ready", got >= (1 << 20) && bad == 0, "streamed %llu bytes, bad %llu; evtchns %lld maps %lld grants %lld irq lines %d",
+	       (unsigned long long)got, (unsigned long long)bad, ev0, maps0, grants0, irq0);
+	/* dom0 destroys domu2 now: both connections must end */
+	t_last = now();
+	while ((end_stream == -1 || end_idle == -1) && now() - t_last < 120) {
+		struct pollfd p[2] = { { .fd = end_stream == -1 ? s : -1, .events = POLLIN },
+				       { .fd = end_idle == -1 ? idle : -1, .events = POLLIN } };
+
+		if (poll(p, 2, 1000) <= 0)
+			continue;
+		if (p[0].revents) {
+			ssize_t r = recv(s, blk, sizeof(blk), MSG_DONTWAIT);
+
+			if (r > 0) {
+				/* whole words only: the pattern check stays aligned */
+				if (r % 8) {
+					ssize_t r2 = recv(s, (char *)blk + r, 8 - r % 8, MSG_WAITALL);
+					r = r2 == 8 - r % 8 ? r + r2 : -1;
+				}
+				for (k = 0; r > 0 && k < r / 8; k++)
+					if (blk[k] != pattern(got / 8 + k))
+						bad++;
+				if (r > 0) {
+					got += r;
+					t_last = now();
+				}
+			}
+			if (r == 0 || (r < 0 && errno != EAGAIN)) {
+				end_stream = r == 0 ? 0 : errno;
+				t_stream = now();
+			}
+		}
+		if (p[1].revents) {
+			ssize_t r = recv(idle, blk, 8, MSG_DONTWAIT);
+
+			if (r == 0 || (r < 0 && errno != EAGAIN)) {
+				end_idle = r == 0 ? 0 : errno;
+				t_idle = now();
+			}
+		}
+	}
+	printf("peer death: stream ended %s %.1fs after its last data, idle ended %s (%llu bytes, %llu bad)\n",
+	       end_stream > 0 ? strerrorname_np(end_stream) : end_stream ? "never" : "EOF", t_stream - t_last,
+	       end_idle > 0 ? strerrorname_np(end_idle) : end_idle ? "never" : "EOF", (unsigned long long)got, (unsigned long long)bad);
+	result("xd-stream-reset", end_stream == ECONNRESET && t_stream - t_last < 30, "end=%s after %.1fs",
+	       end_stream > 0 ? strerrorname_np(end_stream) : end_stream ? "never" : "EOF", t_stream - t_last);
+	result("xd-idle-reset", end_idle == ECONNRESET && t_idle - t_last < 30, "end=%s after %.1fs",
+	       end_idle > 0 ? strerrorname_np(end_idle) : end_idle ? "never" : "EOF", t_idle - t_last);
+	result("xd-stream-intact", bad == 0, "%llu bad words", (unsigned long long)bad);
+	result("xd-link-down-counted", afx_stat("links_down") - down0 == 1, "links_down %lld -> %lld", down0, afx_stat("links_down"));
+	close(s);
+	close(idle);
+	close(l);
+	/* everything the connections and the link's peer half held is given
+	 * back; what stays is our own advertised half of each link (one
+	 * granted control page and one event channel each) */
+	ev1 = afx_stat("evtchns"); maps1 = afx_stat("maps"); grants1 = afx_stat("grants"); socks1 = afx_stat("sockets");
+	irq1 = afx_irq_lines();
+	system("cat /proc/net/af_xen_stats /proc/net/af_xen; grep af_xen /proc/interrupts");
+	result("xd-released-maps", maps1 == 0, "maps %lld -> %lld", maps0, maps1);
+	result("xd-released-evtchn", ev1 == ev0 - 1 && ev1 >= 1, "evtchns %lld -> %lld", ev0, ev1);
+	result("xd-released-grants", grants1 == ev1 && grants0 > grants1, "grants %lld -> %lld (links advertised %lld)", grants0, grants1, ev1);
+	result("xd-released-irqs", irq1 == ev1 && irq0 - irq1 == 1, "af_xen irq lines %d -> %d", irq0, irq1);
+	result("xd-released-sockets", socks1 == 0, "sockets %lld", socks1);
+	result("xd-closed", 1, NULL);	/* marker for dom0: mappings are gone */
 }
 
 int main(int argc, char **argv)
@@ -721,6 +1301,12 @@ int main(int argc, char **argv)
 		test_xserver(argc > 2 ? strtoull(argv[2], NULL, 0) : 64);
 	} else if (!strcmp(mode, "xclient") && argc > 2) {
 		test_xclient(strtoul(argv[2], NULL, 0), argc > 3 ? strtoull(argv[3], NULL, 0) : 64);
+	} else if (!strcmp(mode, "xpending")) {
+		test_xpending();
+	} else if (!strcmp(mode, "xdeath")) {
+		test_xdeath();
+	} else if (!strcmp(mode, "xvictim") && argc > 2) {
+		test_xvictim(strtoul(argv[2], NULL, 0));
 	} else if (!strcmp(mode, "hold")) {
 		/* keep one AF_XEN socket open for argv[2] seconds */
 		int s = xsock();

@@ -1,6 +1,8 @@
 # kmod: load af_xen.ko and run the single-domain C tests (sourced by domu*.sh).
 KO=/opt/xensock/af_xen.ko
-check kmod-insmod insmod $KO
+# KMOD_ARGS: module parameters of this guest (domu2: hostile_test=1)
+# shellcheck disable=SC2086
+check kmod-insmod insmod $KO ${KMOD_ARGS:-}
 check kmod-family-sysfs sh -c 'test "$(cat /sys/module/af_xen/parameters/family)" = 19'
 dmesg | grep -i af_xen
 # run_c NAME ARGS...: the C tests print their own @@RESULT c-* line per case

@@ -1,5 +1,6 @@
-# kmod, domu1: cross-domain server, then module lifecycle checks.
+# kmod, domu1: cross-domain server, module lifecycle, peer-domain death.
 . /scenario/common.sh
+check kmod-hostile-test-off sh -c 'test "$(cat /sys/module/af_xen/parameters/hostile_test)" = N'
 # the cross-domain server: domu2's xstest xclient connects to it
 run_c c-xserver xserver 64
 dmesg | grep af_xen | tail -n 20
@@ -7,7 +8,14 @@ dmesg | grep af_xen | tail -n 20
 check kmod-rmmod-busy sh -c 'xstest hold 3 & sleep 1; if rmmod af_xen; then echo "rmmod succeeded with a socket open"; exit 1; fi; wait'
 # rmmod with the link to domu2 up: retracts it (domu2 sees the link go down)
 check kmod-rmmod rmmod af_xen
-check kmod-reload sh -c "insmod $KO && test -d /sys/module/af_xen && sleep 5 && rmmod af_xen"
+# loaded again: the link comes back (domu2 reloads too), for the death test
+check kmod-reload sh -c "insmod $KO && test -d /sys/module/af_xen"
+# domu2 opens an idle and a streaming connection to us, dom0 destroys
+# domu2: both connections end with ECONNRESET, and the grants, mappings
+# and irqs of the connections and of the link's peer half are given back
+run_c c-xdeath xdeath
+check kmod-peer-death-link-down sh -c "dmesg | grep -q 'link to dom$(xlbench xsread data/peer 5) down'"
+check kmod-rmmod-after-death rmmod af_xen
 # socket(19, ...) with the module unloaded loads it by its alias net-pf-19
 mkdir -p /lib/modules/$(uname -r)/extra
 cp $KO /lib/modules/$(uname -r)/extra/
