@@ -10,6 +10,7 @@
  *   xstest loop             loopback connections (same domain): data path,
  *                           poll/epoll, shutdown, close, EPIPE/SIGPIPE
  *   xstest hold N           keep a socket open N seconds (rmmod refusal)
+ *   xstest pattern-file PATH MiB   write the stream pattern to a file (socat)
  *   xstest autoload         socket(19) with the module unloaded
  *   xstest xserver [MiB]    cross-domain server (domu1): accepts the
  *                           connections xclient makes, in order
@@ -1287,6 +1288,20 @@ int main(int argc, char **argv)
 
 		result("autoload-socket", s >= 0, "errno=%s", s < 0 ? strerrorname_np(errno) : "0");
 		return s < 0;
+	}
+	if (!strcmp(mode, "pattern-file") && argc > 3) {
+		/* the stream pattern as a file (socat test): same bytes in both domUs */
+		FILE *f = fopen(argv[2], "w");
+		uint64_t n = strtoull(argv[3], NULL, 0) << 17, i;
+
+		if (!f)
+			return 1;
+		for (i = 0; i < n; i++) {
+			uint64_t w = pattern(i);
+
+			fwrite(&w, 8, 1, f);
+		}
+		return fclose(f) != 0;
 	}
 	fam = xensock_family();
 	if (fam < 0) {

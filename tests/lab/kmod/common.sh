@@ -15,3 +15,6 @@ run_c c-local local
 run_c c-loop loop
 # /proc/net/af_xen lists every socket (a held one shows up as UNBOUND)
 check kmod-proc sh -c 'xstest hold 3 & sleep 1; cat /proc/net/af_xen; grep -q "^UNBOUND" /proc/net/af_xen; r=$?; wait; exit $r'
+# le32 N: N as 4 little-endian bytes in hex (socat's generic socket addresses)
+le32() { printf '%02x%02x%02x%02x' $(($1 & 255)) $(($1 >> 8 & 255)) $(($1 >> 16 & 255)) $(($1 >> 24 & 255)); }
+SOCAT_PORT=7200

@@ -4,6 +4,11 @@ check kmod-hostile-test-off sh -c 'test "$(cat /sys/module/af_xen/parameters/hos
 # the cross-domain server: domu2's xstest xclient connects to it
 run_c c-xserver xserver 64
 dmesg | grep af_xen | tail -n 20
+# Debian's socat, unmodified, with its generic socket addresses
+# (SOCKET-LISTEN:<family>:<protocol>:x<sockaddr after the family, hex>):
+# domu2 sends a file, we compare it with the same pattern made here
+xstest pattern-file /tmp/socat-want 8
+check socat-recv-file sh -c "timeout 300 socat -u SOCKET-LISTEN:19:0:x0000$(le32 $SOCAT_PORT)ffffffff00000000 OPEN:/tmp/socat-got,creat,trunc && cmp /tmp/socat-want /tmp/socat-got && md5sum /tmp/socat-want /tmp/socat-got"
 # rmmod with an open socket is refused (the socket holds a module reference)
 check kmod-rmmod-busy sh -c 'xstest hold 3 & sleep 1; if rmmod af_xen; then echo "rmmod succeeded with a socket open"; exit 1; fi; wait'
 # rmmod with the link to domu2 up: retracts it (domu2 sees the link go down)
