@@ -11,6 +11,12 @@
  *                           poll/epoll, shutdown, close, EPIPE/SIGPIPE
  *   xstest hold N           keep a socket open N seconds (rmmod refusal)
  *   xstest pattern-file PATH MiB   write the stream pattern to a file (socat)
+ *   xstest sserver MiB N    stress, domu1: a stream both ways at once with
+ *                           random partial reads/writes, then N concurrent
+ *                           connections echoed through one epoll set
+ *   xstest sclient PEER MiB N   stress, domu2: the other side
+ *   xstest churn            one loopback connection, 1 MiB checked, exit
+ *                           status only (load/unload loop)
  *   xstest autoload         socket(19) with the module unloaded
  *   xstest xserver [MiB]    cross-domain server (domu1): accepts the
  *                           connections xclient makes, in order
@@ -35,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -1277,6 +1284,270 @@ static void test_xdeath(void)
 	result("xd-closed", 1, NULL);	/* marker for dom0: mappings are gone */
 }
 
+/* ---- stress ----------------------------------------------------------------- */
+#define SPORT 7300
+
+static uint64_t rnd_state = 88172645463325252ull;
+static uint32_t rnd(void)
+{
+	rnd_state ^= rnd_state << 13;
+	rnd_state ^= rnd_state >> 7;
+	rnd_state ^= rnd_state << 17;
+	return (uint32_t)rnd_state;
+}
+
+/* the stress stream: byte `off` is ptab[off % PERIOD] (a prime period, so
+ * a lost, repeated or misplaced chunk shows); copied, not computed per byte */
+#define PERIOD 65521
+static uint8_t ptab[PERIOD + 65536];
+static void ptab_init(void)
+{
+	uint64_t st = 0x9e3779b97f4a7c15ull;
+	size_t k;
+
+	for (k = 0; k < PERIOD; k++) {
+		st ^= st << 13; st ^= st >> 7; st ^= st << 17;
+		ptab[k] = (uint8_t)st;
+	}
+	for (k = PERIOD; k < sizeof(ptab); k++)
+		ptab[k] = ptab[k - PERIOD];
+}
+/* the n <= 65536 stream bytes at off */
+static const uint8_t *pbytes(uint64_t off) { return ptab + off % PERIOD; }
+
+/* writes `total` pattern bytes in random sizes (1 B .. 64 KiB); 0 on success */
+static int rand_stream_out(int fd, uint64_t total)
+{
+	uint64_t off = 0;
+
+	ptab_init();
+	while (off < total) {
+		size_t n = 1 + rnd() % (rnd() % 4 ? 65536 : 64);
+		ssize_t w;
+
+		if (n > total - off)
+			n = total - off;
+		w = send(fd, pbytes(off), n, MSG_NOSIGNAL);	/* may be partial: the rest goes next round */
+		if (w <= 0)
+			return -1;
+		off += w;
+	}
+	return 0;
+}
+
+/* reads to EOF in random sizes; returns bytes read, or -1 on a mismatch/error */
+static int64_t rand_stream_in(int fd)
+{
+	static uint8_t b[65536];
+	uint64_t off = 0;
+
+	ptab_init();
+	for (;;) {
+		size_t n = 1 + rnd() % (rnd() % 4 ? 65536 : 64);
+		ssize_t r = recv(fd, b, n, rnd() % 8 ? 0 : MSG_WAITALL);
+
+		if (r < 0)
+			return -1;
+		if (r == 0)
+			return off;
+		if (memcmp(b, pbytes(off), r))
+			return -1;
+		off += r;
+	}
+}
+
+/* both directions at once on one connection: a child sends, we receive */
+static void stress_both_ways(int fd, uint64_t mib, const char *side)
+{
+	char nm[64];
+	uint64_t total = mib << 20;
+	pid_t pid;
+	int st = 0;
+	double t0 = now(), dt;
+	int64_t got;
+
+	rnd_state ^= (uint64_t)getpid() << 20;
+	pid = fork();
+	if (pid == 0) {
+		int r = rand_stream_out(fd, total);
+
+		shutdown(fd, SHUT_WR);
+		_exit(r ? 1 : 0);
+	}
+	got = rand_stream_in(fd);
+	waitpid(pid, &st, 0);
+	dt = now() - t0;
+	snprintf(nm, sizeof(nm), "s-both-ways-%s", side);
+	result(nm, got == (int64_t)total && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	       "%lld of %llu bytes in checked, writer rc=%d, %.1fs (%.2f MiB/s each way)", (long long)got,
+	       (unsigned long long)total, WIFEXITED(st) ? WEXITSTATUS(st) : -1, dt, mib / dt);
+}
+
+static void raise_nofile(void)
+{
+	struct rlimit r;
+
+	getrlimit(RLIMIT_NOFILE, &r);
+	r.rlim_cur = r.rlim_max;
+	setrlimit(RLIMIT_NOFILE, &r);
+}
+
+static void test_sserver(uint64_t mib, int nconn)
+{
+	struct sockaddr_xen x = xaddr(XEN_DOMID_ANY, SPORT);
+	int l = xsock(), a, small = 2048, ep, accepted = 0, ended = 0, bad = 0;
+	long long socks0;
+	int *fds;
+
+	raise_nofile();
+	if (l < 0 || bind(l, (struct sockaddr *)&x, sizeof(x)) || listen(l, 4096)) {
+		result("s-listen", 0, "errno=%s", strerrorname_np(errno));
+		return;
+	}
+	a = accept_one(l, 300);
+	result("s-accept", a >= 0, NULL);
+	if (a < 0)
+		return;
+	stress_both_ways(a, mib, "server");
+	close(a);
+	/* N connections at once, echoed through one epoll set; small rings
+	 * (the children inherit the listener's SO_RCVBUF: 2 KiB, one page) */
+	socks0 = afx_stat("sockets");
+	setsockopt(l, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+	fds = calloc(nconn + 1, sizeof(int));
+	ep = epoll_create1(0);
+	{
+		struct epoll_event ev = { .events = EPOLLIN, .data.u32 = 0xffffffff };
+
+		epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev);
+	}
+	fcntl(l, F_SETFL, O_NONBLOCK);
+	{
+		struct epoll_event evs[64];
+		double t0 = now();
+		int peak = 0;
+
+		while (ended < nconn && now() - t0 < 600) {
+			int n = epoll_wait(ep, evs, 64, 1000), k;
+
+			for (k = 0; k < n; k++) {
+				if (evs[k].data.u32 == 0xffffffff) {
+					int c;
+
+					while (accepted < nconn && (c = accept4(l, NULL, NULL, SOCK_NONBLOCK)) >= 0) {
+						struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP, .data.u32 = accepted };
+
+						fds[accepted++] = c;
+						if (epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev))
+							bad++;
+					}
+					continue;
+				}
+				{
+					int id = evs[k].data.u32;
+					char b[64];
+					ssize_t r = recv(fds[id], b, sizeof(b), 0);
+
+					if (r > 0) {
+						if (send(fds[id], b, r, MSG_NOSIGNAL) != r)
+							bad++;
+					} else if (r == 0 || errno != EAGAIN) {
+						if (r < 0)
+							bad++;
+						epoll_ctl(ep, EPOLL_CTL_DEL, fds[id], NULL);
+						close(fds[id]);
+						ended++;
+					}
+				}
+			}
+			if (accepted - ended > peak)
+				peak = accepted - ended;
+		}
+		result("s-epoll-conns", accepted == nconn && ended == nconn && bad == 0,
+		       "accepted %d, ended %d, errors %d, peak open %d, %.1fs", accepted, ended, bad, peak, now() - t0);
+		result("s-epoll-peak", peak == nconn, "peak %d of %d open at once", peak, nconn);
+	}
+	close(ep);
+	close(l);
+	free(fds);
+	result("s-server-sockets-released", afx_stat("sockets") == socks0 - 1, "sockets %lld -> %lld", socks0, afx_stat("sockets"));
+}
+
+static void test_sclient(uint32_t peer, uint64_t mib, int nconn)
+{
+	struct sockaddr_xen x = xaddr(peer, SPORT);
+	int c = -1, r = -1, i, ok = 0, small = 2048;
+	double t0 = now();
+	int *fds;
+
+	raise_nofile();
+	while (now() - t0 < 300) {
+		c = xsock();
+		r = connect(c, (struct sockaddr *)&x, sizeof(x));
+		if (r == 0)
+			break;
+		close(c);
+		sleep(1);
+	}
+	result("s-connect", r == 0, "errno=%s", r ? strerrorname_np(errno) : "0");
+	if (r)
+		return;
+	stress_both_ways(c, mib, "client");
+	close(c);
+	fds = calloc(nconn, sizeof(int));
+	t0 = now();
+	for (i = 0; i < nconn; i++) {
+		fds[i] = xsock();
+		setsockopt(fds[i], SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+		if (fds[i] < 0 || connect(fds[i], (struct sockaddr *)&x, sizeof(x)))
+			break;
+	}
+	result("s-conns-open", i == nconn, "%d of %d connected in %.1fs, errno=%s", i, nconn, now() - t0, i < nconn ? strerrorname_np(errno) : "0");
+	if (i == nconn) {
+		system("cat /proc/net/af_xen_stats");
+		/* every connection echoes its own id, all open at once */
+		for (i = 0; i < nconn; i++) {
+			uint32_t id = i ^ 0x5a5a0000;
+
+			if (send(fds[i], &id, 4, 0) != 4)
+				break;
+		}
+		for (i = 0; i < nconn; i++) {
+			uint32_t back = 0;
+
+			if (recv(fds[i], &back, 4, MSG_WAITALL) == 4 && back == ((uint32_t)i ^ 0x5a5a0000))
+				ok++;
+		}
+		result("s-conns-echo", ok == nconn, "%d of %d echoed their id", ok, nconn);
+	}
+	for (i = 0; i < nconn; i++)
+		if (fds[i] > 0)
+			close(fds[i]);
+	free(fds);
+}
+
+/* one loopback connection, 1 MiB checked both ways; exit status only */
+static int churn(void)
+{
+	uint32_t me = own_domid();
+	int l, c, a;
+	pid_t pid;
+	int st = 0;
+	int64_t got;
+
+	if (lpair(me, 6100, &c, &a, &l))
+		return 1;
+	pid = fork();
+	if (pid == 0)
+		_exit(rand_stream_out(c, 1 << 20) ? 1 : (shutdown(c, SHUT_WR), 0));
+	close(c);
+	got = rand_stream_in(a);
+	waitpid(pid, &st, 0);
+	close(a);
+	close(l);
+	return !(got == (1 << 20) && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "local";
@@ -1316,6 +1587,12 @@ int main(int argc, char **argv)
 		test_xserver(argc > 2 ? strtoull(argv[2], NULL, 0) : 64);
 	} else if (!strcmp(mode, "xclient") && argc > 2) {
 		test_xclient(strtoul(argv[2], NULL, 0), argc > 3 ? strtoull(argv[3], NULL, 0) : 64);
+	} else if (!strcmp(mode, "sserver") && argc > 3) {
+		test_sserver(strtoull(argv[2], NULL, 0), atoi(argv[3]));
+	} else if (!strcmp(mode, "sclient") && argc > 4) {
+		test_sclient(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0), atoi(argv[4]));
+	} else if (!strcmp(mode, "churn")) {
+		return churn();
 	} else if (!strcmp(mode, "xpending")) {
 		test_xpending();
 	} else if (!strcmp(mode, "xdeath")) {

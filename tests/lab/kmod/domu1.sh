@@ -9,6 +9,10 @@ dmesg | grep af_xen | tail -n 20
 # domu2 sends a file, we compare it with the same pattern made here
 xstest pattern-file /tmp/socat-want 8
 check socat-recv-file sh -c "timeout 300 socat -u SOCKET-LISTEN:19:0:x0000$(le32 $SOCAT_PORT)ffffffff00000000 OPEN:/tmp/socat-got,creat,trunc && cmp /tmp/socat-want /tmp/socat-got && md5sum /tmp/socat-want /tmp/socat-got"
+# stress: STRESS_MIB both ways at once with random partial reads/writes,
+# then STRESS_CONNS connections open at once, echoed through one epoll set
+run_c c-stress sserver $STRESS_MIB $STRESS_CONNS
+cat /proc/net/af_xen_stats
 # rmmod with an open socket is refused (the socket holds a module reference)
 check kmod-rmmod-busy sh -c 'xstest hold 3 & sleep 1; if rmmod af_xen; then echo "rmmod succeeded with a socket open"; exit 1; fi; wait'
 # rmmod with the link to domu2 up: retracts it (domu2 sees the link go down)
@@ -26,5 +30,8 @@ cp $KO /lib/modules/$(uname -r)/extra/
 depmod
 echo /bin/modprobe > /proc/sys/kernel/modprobe
 check kmod-autoload sh -c 'xstest autoload && test -d /sys/module/af_xen'
+# 100 loads and unloads with traffic in between: no leak (see churn.sh)
+rmmod af_xen
+check kmod-load-unload-100 sh /scenario/churn.sh $KO 100 256
 check kmod-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t|leak"'
 dmesg | tail -n 30
