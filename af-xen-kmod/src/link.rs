@@ -226,8 +226,19 @@ impl Link {
         }
         self.drain(&mut i);
         self.send_requests_locked(&mut i);
+        // Every readiness bit: we do not know what moved (data, space, a
+        // FIN, a reset), and poll's wait entries filter wakeups by the
+        // events they asked for (a POLLRDHUP-only poller missed FIN when
+        // this woke with POLLIN|POLLOUT only: run kmod-20261122-064018).
+        let all = sys::poll::POLLIN
+            | sys::poll::POLLOUT
+            | sys::poll::POLLRDNORM
+            | sys::poll::POLLWRNORM
+            | sys::poll::POLLRDHUP
+            | sys::poll::POLLHUP
+            | sys::poll::POLLERR;
         for (_, s) in i.conns.iter() {
-            s.sk.wake(sys::poll::POLLIN | sys::poll::POLLOUT | sys::poll::POLLRDNORM | sys::poll::POLLWRNORM);
+            s.sk.wake(all);
         }
     }
 
