@@ -472,7 +472,8 @@ unsafe extern "C" fn xs_getname(sock: *mut bindings::socket, addr: *mut bindings
             return err(e::ENOTCONN);
         }
         i.peer
-    } else if i.bound {
+    } else if i.bound || i.state == State::Connected {
+        // an accepted socket never bound, but has its listener's address
         i.local
     } else {
         Addr { port: PORT_ANY, domid: DOMID_ANY }
@@ -1383,7 +1384,7 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
         };
         let mut l = Line { buf: [0; 256], len: 0 };
         let _ = write!(l, "{:<11} ", st.name());
-        if bound {
+        if bound || st == State::Connected {
             let _ = write!(l, "{:>5}:{:<10} ", local.domid, local.port);
         } else {
             let _ = write!(l, "{:>5}:{:<10} ", "*", "*");

@@ -32,6 +32,7 @@ echo /bin/modprobe > /proc/sys/kernel/modprobe
 check kmod-autoload sh -c 'xstest autoload && test -d /sys/module/af_xen'
 # 100 loads and unloads with traffic in between: no leak (see churn.sh)
 rmmod af_xen
-check kmod-load-unload-100 sh /scenario/churn.sh $KO 100 256
+if sh /scenario/churn.sh $KO 100 256 > /tmp/churn.log 2>&1; then result kmod-load-unload-100 PASS; else result kmod-load-unload-100 FAIL "$(tail -n 1 /tmp/churn.log)"; fi
+cat /tmp/churn.log
 check kmod-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t|leak"'
 dmesg | tail -n 30
