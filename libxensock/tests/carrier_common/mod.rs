@@ -219,3 +219,34 @@ pub fn read_stream(e: &Engine, seed: u64, rng_seed: u64, max_chunk: u64) -> io::
         }
     }
 }
+
+/// An engine whose peer is not another engine: its rings are served by
+/// nobody and its peer's leg listener is `peer`.
+pub fn lone_engine(
+    local: u32,
+    peer_id: u32,
+    peer: Option<std::net::SocketAddr>,
+    listener: Arc<LegListener>,
+    on_ring: bool,
+    peer_lost_after: Duration,
+) -> Engine {
+    let rings = on_ring.then(|| {
+        let rx = MemfdRing::pair(11, identity(1, 2, local, 0)).unwrap();
+        let tx = MemfdRing::pair(11, identity(2, 1, peer_id, 0)).unwrap();
+        InitialRings {
+            rx: rx.local,
+            tx: tx.for_peer,
+        }
+    });
+    let mut cfg = EngineConfig::new(local, peer_id, COOKIE, peer);
+    cfg.peer_lost_after = peer_lost_after;
+    Engine::start(
+        cfg,
+        rings,
+        listener,
+        Doorbell::new().unwrap(),
+        Arc::new(|| {}),
+        alloc(11, 1, 2, local),
+    )
+    .unwrap()
+}
