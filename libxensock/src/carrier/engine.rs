@@ -12,7 +12,7 @@
 //! application is busy elsewhere. The two directions have separate locks
 //! and no code path holds both.
 
-use std::io::{self, Read};
+use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -138,6 +138,8 @@ struct Tx {
     pending_offer: Option<(u32, SharedRing)>,
     leg: Option<TcpStream>,
     leg_closed: bool,
+    /// The leg was asked for: keep retrying until it is up.
+    leg_wanted: bool,
     connecting: bool,
     retry_at: Option<Instant>,
     out: Outbox,
@@ -254,6 +256,7 @@ impl Engine {
                 pending_offer: None,
                 leg: None,
                 leg_closed: false,
+                leg_wanted: false,
                 connecting: false,
                 retry_at: None,
                 out: Outbox::default(),
@@ -563,12 +566,7 @@ impl Shared {
                                 t.path
                                     .record_sent(n as u64)
                                     .map_err(|e| self.breach(switch_error(e)))?;
-                                if !t.out.is_empty() {
-                                    // A partial frame is queued: the driver
-                                    // finishes it if we do not come back.
-                                    self.ctl.signal();
-                                }
-                                return Ok(n);
+                                return Ok(self.finish_partial(tx, n));
                             }
                         }
                         leg_events = libc::POLLOUT;
@@ -576,6 +574,28 @@ impl Shared {
                 }
             }
             tx = self.wait_tx(tx, leg_events);
+        }
+    }
+
+    /// A frame went out in part: finish it before returning, as a
+    /// blocking `write` would, rather than wake the driver for it. The
+    /// `n` bytes are committed whatever happens here.
+    fn finish_partial<'a>(&'a self, mut tx: MutexGuard<'a, Tx>, n: usize) -> usize {
+        loop {
+            if tx.out.is_empty() {
+                return n;
+            }
+            if self.failed.load(Ordering::SeqCst) != 0 || tx.path.state() != TxState::Tcp {
+                self.ctl.signal();
+                return n;
+            }
+            tx = self.wait_tx(tx, libc::POLLOUT);
+            let t = &mut *tx;
+            if let Some(leg) = t.leg.as_ref() {
+                if let Err(e) = t.out.flush(leg) {
+                    self.breach(e);
+                }
+            }
         }
     }
 
@@ -732,6 +752,7 @@ impl Shared {
 
     /// Starts connecting our leg if it is not up or on its way.
     fn ensure_tx_leg(&self, tx: &mut Tx) {
+        tx.leg_wanted = true;
         if tx.leg.is_some() || tx.connecting {
             return;
         }
@@ -839,10 +860,11 @@ impl Shared {
             } else if rx.payload_left > 0 {
                 let r = &mut *rx;
                 let want = (buf.len() - got).min(r.payload_left.min(usize::MAX as u64) as usize);
-                let Some(mut leg) = r.leg.as_ref() else {
+                let Some(leg) = r.leg.as_ref() else {
                     return Err(self.breach(protocol_error("data without a leg")));
                 };
-                match leg.read(&mut buf[got..got + want]) {
+                let left = r.payload_left;
+                match r.inbox.read_payload(leg, &mut buf[got..got + want], left) {
                     Ok(0) => return Err(self.breach(io::ErrorKind::UnexpectedEof.into())),
                     Ok(n) => {
                         got += n;
@@ -1204,7 +1226,7 @@ impl Shared {
 
     fn service_tx(&self, tx: &mut Tx) -> io::Result<()> {
         if tx.leg.is_none() {
-            if lock(&self.stall_since).is_some() {
+            if tx.leg_wanted {
                 self.ensure_tx_leg(tx);
             }
             return Ok(());

@@ -4,7 +4,7 @@
 //! so a `Data` payload can go straight from the socket into the caller's
 //! buffer) and decodes strictly.
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
 
 use xensock_proto::ctrl::{
@@ -73,9 +73,16 @@ impl Inbox {
                     _ => hdr.frame_len(),
                 }
             };
-            if self.have == want {
+            if self.have >= want {
+                // More than the frame only after `read_payload` took the
+                // next 16 bytes along: every frame but `Reset` is at least
+                // that long, and nothing may follow a `Reset`.
+                let frame = self.parse(want)?;
+                if self.have > want && frame != Frame::Reset {
+                    return Err(protocol_error("frame shorter than its header says"));
+                }
                 self.have = 0;
-                return self.parse(want).map(Incoming::Frame);
+                return Ok(Incoming::Frame(frame));
             }
             match sock.read(&mut self.buf[self.have..want]) {
                 Ok(0) => return Ok(Incoming::Closed),
@@ -85,6 +92,29 @@ impl Inbox {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Reads payload bytes of the current `Data` frame (`payload_left` of
+    /// them still in the socket) into `dst`. When `dst` takes the rest of
+    /// the payload, the next frame's first bytes come along in the same
+    /// system call. Returns the payload bytes read; 0 means the leg closed.
+    pub(super) fn read_payload(
+        &mut self,
+        mut sock: &TcpStream,
+        dst: &mut [u8],
+        payload_left: u64,
+    ) -> io::Result<usize> {
+        let left = usize::try_from(payload_left).unwrap_or(usize::MAX);
+        if self.have != 0 || dst.len() < left {
+            let n = dst.len().min(left);
+            return sock.read(&mut dst[..n]);
+        }
+        let (payload, prefix) = (&mut dst[..left], &mut self.buf[..DATA_PREFIX_LEN]);
+        let n = sock.read_vectored(&mut [IoSliceMut::new(payload), IoSliceMut::new(prefix)])?;
+        if n > left {
+            self.have = n - left;
+        }
+        Ok(n.min(left))
     }
 
     fn parse(&self, len: usize) -> io::Result<Frame> {
