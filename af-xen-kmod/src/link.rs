@@ -47,9 +47,22 @@ struct PeerHalf {
     _map: Mapping,
 }
 
+/// An encoded control frame waiting for room in the peer's control ring.
+struct Frame {
+    len: usize,
+    buf: [u8; ctrl::MAX_CONTROL_FRAME],
+}
+
+/// Frames queued while the peer's control ring is full, at most. The ring
+/// holds ~30 frames; a burst of connects, accepts or closes (1000
+/// non-blocking connects at once) must not lose any.
+const BACKLOG_MAX: usize = 8192;
+
 pub(crate) struct LinkInner {
     mine: Option<Half>,
     peer: Option<PeerHalf>,
+    /// frames for the peer, in order, that did not fit its ring yet
+    backlog: KVec<Frame>,
     watch: Option<xs::Watch>,
     /// our connection id -> socket (connecting or connected over this link)
     pub(crate) conns: RBTree<u32, Arc<XenSock>>,
@@ -133,6 +146,7 @@ impl Link {
                 inner <- new_mutex!(LinkInner {
                     mine: Some(Half { rx: Consumer::new(ring), _chan: chan, _grant: grant }),
                     peer: None,
+                    backlog: KVec::new(),
                     watch,
                     conns: RBTree::new(),
                 }, "af_xen_link"),
@@ -155,20 +169,66 @@ impl Link {
         Self::send_locked(&mut i, m)
     }
 
+    /// Sends one frame now, or queues it behind earlier ones when the
+    /// peer's ring is full (sent by the work item once the peer made room).
+    /// ENOBUFS only when the queue is full too.
     fn send_locked(i: &mut LinkInner, m: &Message<'_>) -> core::result::Result<(), i32> {
-        let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
-        let n = m.encode(&mut buf).map_err(|_| e::EINVAL)?;
-        let ph = i.peer.as_mut().ok_or(e::ENOTCONN)?;
-        let free = ph.tx.free_space().map_err(|_| e::ECONNRESET)?;
-        if (free as usize) < n {
+        let mut f = Frame { len: 0, buf: [0u8; ctrl::MAX_CONTROL_FRAME] };
+        f.len = m.encode(&mut f.buf).map_err(|_| e::EINVAL)?;
+        if i.peer.is_none() {
+            return Err(e::ENOTCONN);
+        }
+        Self::flush_backlog(i);
+        if i.backlog.is_empty() && Self::write_frame(i, &f.buf[..f.len])? {
+            return Ok(());
+        }
+        if i.backlog.len() >= BACKLOG_MAX {
             return Err(e::ENOBUFS);
         }
-        match ph.tx.write(&buf[..n]) {
-            Ok(w) if w == n => {}
+        i.backlog.push(f, GFP_KERNEL).map_err(|_| e::ENOBUFS)?;
+        Self::want_room(i);
+        Ok(())
+    }
+
+    /// Writes one frame if it fits: Ok(false) when the ring is full.
+    fn write_frame(i: &mut LinkInner, frame: &[u8]) -> core::result::Result<bool, i32> {
+        let ph = i.peer.as_mut().ok_or(e::ENOTCONN)?;
+        let free = ph.tx.free_space().map_err(|_| e::ECONNRESET)?;
+        if (free as usize) < frame.len() {
+            return Ok(false);
+        }
+        match ph.tx.write(frame) {
+            Ok(w) if w == frame.len() => {}
             _ => return Err(e::ECONNRESET),
         }
         ph.chan.notify();
-        Ok(())
+        Ok(true)
+    }
+
+    /// Sends queued frames, in order, as far as they fit.
+    fn flush_backlog(i: &mut LinkInner) {
+        while !i.backlog.is_empty() {
+            let (len, buf) = (i.backlog[0].len, i.backlog[0].buf);
+            match Self::write_frame(i, &buf[..len]) {
+                Ok(true) => drop(sys::vec_remove(&mut i.backlog, 0)),
+                Ok(false) => {
+                    Self::want_room(i);
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Asks the peer to kick us once it consumed from its control ring (its
+    /// work item then flushes the backlog); if there is room already, run
+    /// the work item again now.
+    fn want_room(i: &mut LinkInner) {
+        if let Some(ph) = i.peer.as_mut() {
+            if let Ok(false) = ph.tx.prepare_wait(ctrl::MAX_CONTROL_FRAME as u32) {
+                sys::schedule_work();
+            }
+        }
     }
 
     /// Maps the peer's control ring and binds its port.
@@ -207,6 +267,8 @@ impl Link {
         self.kick_port.store(0, Ordering::Release);
         let ph = i.peer.take();
         drop(ph);
+        // frames for the peer that went away
+        i.backlog = KVec::new();
         let conns = core::mem::replace(&mut i.conns, RBTree::new());
         for (_, s) in conns.iter() {
             sock::link_lost(s);
@@ -225,6 +287,7 @@ impl Link {
             self.follow_peer(&mut i);
         }
         self.drain(&mut i);
+        Self::flush_backlog(&mut i);
         self.send_requests_locked(&mut i);
         // Every readiness bit: we do not know what moved (data, space, a
         // FIN, a reset), and poll's wait entries filter wakeups by the
@@ -293,15 +356,8 @@ impl Link {
             };
             match Self::send_locked(i, &req) {
                 Ok(()) => sock::request_sent(s),
-                Err(x) if x == e::ENOBUFS => {
-                    // control ring full: ask the peer for a kick once it
-                    // consumed, and retry in the work item then
-                    let room = i.peer.as_mut().map(|ph| ph.tx.prepare_wait(ctrl::MAX_CONTROL_FRAME as u32));
-                    if let Some(Ok(false)) = room {
-                        sys::schedule_work();
-                    }
-                    return;
-                }
+                // the frame queue is full: retry when the work item runs next
+                Err(x) if x == e::ENOBUFS => return,
                 Err(_) => {
                     i.conns.remove(&conn_id);
                     sock::connect_failed(s, e::ECONNRESET);
