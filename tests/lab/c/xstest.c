@@ -654,7 +654,7 @@ static void echo_until_end(int *fds, int n, int *st, int secs)
 static void xserver_more(int l)
 {
 	char buf[65536];
-	int a, st[3], fds[3];
+	int a, st[4], fds[4];
 
 	/* 5: the non-blocking connect: echo until EOF */
 	a = accept_one(l, 120);
@@ -703,26 +703,28 @@ static void xserver_more(int l)
 		result("x-linger0-reset", r == -1 && e == ECONNRESET, "r=%zd errno=%s", r, r < 0 ? strerrorname_np(e) : "0");
 		close(a);
 	}
-	/* 9: hostile peer: the client corrupts the rings of its first and
-	 * third connection; only those are reset, the second one keeps echoing */
+	/* 9: hostile peer: the client corrupts the rings of its connections
+	 * 0, 2 and 3 (producer index, flags, consumer index); only those are
+	 * reset, connection 1 keeps echoing */
 	{
 		long long resets0 = afx_stat("proto_resets");
 		int i;
 
-		for (i = 0; i < 3; i++) {
+		for (i = 0; i < 4; i++) {
 			fds[i] = accept_one(l, 120);
 			if (fds[i] < 0)
 				break;
 		}
-		result("x-accept-hostile", i == 3, "accepted %d", i);
-		if (i < 3)
+		result("x-accept-hostile", i == 4, "accepted %d", i);
+		if (i < 4)
 			return;
-		echo_until_end(fds, 3, st, 120);
+		echo_until_end(fds, 4, st, 120);
 		result("x-hostile-prod-reset", st[0] == ECONNRESET, "end=%s", st[0] > 0 ? strerrorname_np(st[0]) : st[0] ? "timeout" : "EOF");
 		result("x-hostile-flags-reset", st[2] == ECONNRESET, "end=%s", st[2] > 0 ? strerrorname_np(st[2]) : st[2] ? "timeout" : "EOF");
+		result("x-hostile-cons-reset", st[3] == ECONNRESET, "end=%s", st[3] > 0 ? strerrorname_np(st[3]) : st[3] ? "timeout" : "EOF");
 		result("x-hostile-other-conn-eof", st[1] == 0, "end=%s", st[1] > 0 ? strerrorname_np(st[1]) : st[1] ? "timeout" : "EOF");
-		result("x-hostile-counted", afx_stat("proto_resets") - resets0 == 2, "proto_resets %lld -> %lld", resets0, afx_stat("proto_resets"));
-		for (i = 0; i < 3; i++)
+		result("x-hostile-counted", afx_stat("proto_resets") - resets0 == 3, "proto_resets %lld -> %lld", resets0, afx_stat("proto_resets"));
+		for (i = 0; i < 4; i++)
 			close(fds[i]);
 	}
 }
@@ -1038,23 +1040,23 @@ static void test_xclient(uint32_t peer, uint64_t mib)
 		close(c);
 	}
 	/* 9: hostile peer (module loaded with hostile_test=1 here): corrupt
-	 * the rings of connections 0 and 2; connection 1 must keep working */
+	 * the rings of connections 0, 2 and 3; connection 1 must keep working */
 	{
-		int h[3], i, v, n;
+		int h[4], i, v, n;
 
 		/* one blocking connect at a time: the server accepts them in this order */
-		for (i = 0; i < 3; i++)
+		for (i = 0; i < 4; i++)
 			h[i] = -1;
-		for (i = 0; i < 3; i++) {
+		for (i = 0; i < 4; i++) {
 			h[i] = xsock();
 			if (connect(h[i], (struct sockaddr *)&x, sizeof(x)))
 				break;
 		}
-		for (n = 0; i == 3 && n < 3; n++)
+		for (n = 0; i == 4 && n < 4; n++)
 			if (send(h[n], "hi", 2, 0) != 2 || recv(h[n], buf, 2, MSG_WAITALL) != 2)
 				i = n;
-		result("x-hostile-connect", i == 3, "connected+echoed %d errno=%s", i, strerrorname_np(errno) ?: "0");
-		if (i == 3) {
+		result("x-hostile-connect", i == 4, "connected+echoed %d errno=%s", i, strerrorname_np(errno) ?: "0");
+		if (i == 4) {
 			v = XENSOCK_CORRUPT_PROD;
 			EXPECT_OK("x-hostile-corrupt-prod", setsockopt(h[0], fam, XENSOCK_TEST_CORRUPT, &v, sizeof(v)));
 			v = XENSOCK_CORRUPT_FLAGS;
@@ -1070,10 +1072,24 @@ static void test_xclient(uint32_t peer, uint64_t mib)
 				result(nm, n == 1 && (p.revents & POLLERR) && r == -1 && errno == ECONNRESET,
 				       "revents=%#x recv=%d errno=%s", p.revents, r, strerrorname_np(errno) ?: "0");
 			}
+			/* the consumer index of the ring we read: the server's
+			 * producer trips over it when it echoes our next bytes */
+			v = XENSOCK_CORRUPT_CONS;
+			EXPECT_OK("x-hostile-corrupt-cons", setsockopt(h[3], fam, XENSOCK_TEST_CORRUPT, &v, sizeof(v)));
+			send(h[3], "x", 1, MSG_NOSIGNAL);
+			{
+				struct pollfd p = { .fd = h[3], .events = POLLIN };
+
+				n = poll(&p, 1, 30000);
+				errno = 0;
+				r = recv(h[3], buf, sizeof(buf), MSG_DONTWAIT);
+				result("x-hostile-cons-sees-reset", n == 1 && (p.revents & POLLERR) && r == -1 && errno == ECONNRESET,
+				       "revents=%#x recv=%d errno=%s", p.revents, r, strerrorname_np(errno) ?: "0");
+			}
 			n = send(h[1], "still", 5, 0) == 5 && recv(h[1], buf, 5, MSG_WAITALL) == 5 && !memcmp(buf, "still", 5);
 			result("x-hostile-other-conn-echo", n, NULL);
 		}
-		for (i = 0; i < 3; i++)
+		for (i = 0; i < 4; i++)
 			if (h[i] >= 0)
 				close(h[i]);
 	}
