@@ -1163,6 +1163,16 @@ static void test_xpending(void)
 		signal(SIGALRM, SIG_DFL);
 	}
 	close(c);
+
+	/* no SO_SNDTIMEO: the module's own bound (40 s) aborts it */
+	c = xsock();
+	t0 = now();
+	EXPECT_ERR("xp-bound-etimedout", connect(c, (struct sockaddr *)&x, sizeof(x)), ETIMEDOUT);
+	result("xp-bound-time", now() - t0 >= 39 && now() - t0 < 90, "%.1fs", now() - t0);
+	/* aborted, not pending: the next connect starts over */
+	fcntl(c, F_SETFL, O_NONBLOCK);
+	EXPECT_ERR("xp-bound-then-einprogress", connect(c, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
+	close(c);
 	result("xp-no-socket-left", afx_stat("sockets") == 0, "sockets=%lld", afx_stat("sockets"));
 }
 
