@@ -313,19 +313,22 @@ fn destroy(xs: &Arc<XenSock>) {
             rx.rx.lock().reset();
         }
     }
-    // Close: unsent data stays in the peer's ring and is still delivered
-    // (FIN after it); we read no more (the peer's writes get EPIPE).
-    if let Some(tx) = tx {
-        tx.tx.lock().finish();
-        tx.detach(xs);
-        tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
-        tx.kick();
-    }
+    // Close: we read no more (the peer's writes get EPIPE); unsent data
+    // stays in the peer's ring and is still delivered (FIN after it).
+    // CLOSED goes out before FIN: a peer that has seen our EOF must also
+    // see that we stopped reading (its next send: EPIPE, not a byte
+    // written into the void; run kmod-20261122-070518 caught the race).
     if let Some(rx) = rx {
         rx.rx.lock().close();
         rx.detach(xs);
         rx.wake_writer(POLLOUT | POLLERR);
         rx.kick();
+    }
+    if let Some(tx) = tx {
+        tx.tx.lock().finish();
+        tx.detach(xs);
+        tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
+        tx.kick();
     }
     // Over a link: tell the peer (its rings already carry FIN/CLOSED), and
     // forget the connection. Our ring's grant ends when the last reference
