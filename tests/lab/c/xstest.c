@@ -158,6 +158,16 @@ static int hostile_mode(void)
 	return c == 'Y' || c == '1';
 }
 
+/* with no AF_XEN socket left, only the links hold resources: each
+ * advertised link one grant and one event channel, each link that is up
+ * one mapping and one more event channel; so maps == evtchns - grants */
+static void check_released(const char *name)
+{
+	long long g = afx_stat("grants"), m = afx_stat("maps"), e = afx_stat("evtchns"), k = afx_stat("sockets");
+
+	result(name, k == 0 && g >= 0 && m == e - g && m >= 0, "sockets %lld grants %lld maps %lld evtchns %lld", k, g, m, e);
+}
+
 static int so_error(int fd)
 {
 	int v = -1;
@@ -1174,6 +1184,8 @@ static void test_xpending(void)
 	EXPECT_ERR("xp-bound-then-einprogress", connect(c, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
 	close(c);
 	result("xp-no-socket-left", afx_stat("sockets") == 0, "sockets=%lld", afx_stat("sockets"));
+	/* every connection of xclient's tests is gone too */
+	check_released("xp-released");
 }
 
 /* ---- peer domain death (domu2 destroyed by dom0) --------------------------- */
@@ -1508,6 +1520,7 @@ static void test_sserver(uint64_t mib, int nconn)
 	free(fds);
 	/* nothing else holds an AF_XEN socket in this domain now */
 	result("s-server-sockets-released", afx_stat("sockets") == 0, "sockets %lld while open, %lld after", socks0, afx_stat("sockets"));
+	check_released("s-server-released");
 }
 
 static void test_sclient(uint32_t peer, uint64_t mib, int nconn)
@@ -1590,6 +1603,7 @@ static void test_sclient(uint32_t peer, uint64_t mib, int nconn)
 		if (fds[i] > 0)
 			close(fds[i]);
 	free(fds);
+	check_released("s-client-released");
 }
 
 /* one loopback connection, 1 MiB checked both ways; exit status only */
