@@ -42,6 +42,7 @@ struct sockaddr_xen {
 #define XENSOCK_CORRUPT_PROD  1 /* producer index of the ring we write (the peer reads it) */
 #define XENSOCK_CORRUPT_CONS  2 /* consumer index of the ring we read (the peer's producer checks it) */
 #define XENSOCK_CORRUPT_FLAGS 3 /* undefined flag bits in the ring we write */
+#define XENSOCK_CORRUPT_DIRECTORY 4 /* before connect: our ring's grant directory names a bogus grant */
 
 /* The AF_XEN family number, or -1 if the module is not loaded (errno set). */
 static inline int xensock_family(void)

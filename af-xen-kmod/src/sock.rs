@@ -108,6 +108,8 @@ pub(crate) struct Inner {
     /// a connect over a link whose ConnectRequest is not sent yet (the link
     /// was not up, or its control ring was full): the work item sends it
     pub(crate) request: Option<crate::ctrl::RingGrant>,
+    /// test mode: the next connect names a bogus grant in its directory
+    pub(crate) test_bad_directory: bool,
 }
 
 #[pin_data(PinnedDrop)]
@@ -142,6 +144,7 @@ impl XenSock {
                     peer_conn: 0,
                     connect_err: 0,
                     request: None,
+                    test_bad_directory: false,
                 }, "af_xen_sock"),
             }),
             GFP_KERNEL,
@@ -573,6 +576,9 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
     let conn_id = crate::link::next_conn_id();
     let cap = xs.sk.rcvbuf().max(0) as usize / 2;
     let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap).map_err(|_| e::ENOMEM)?;
+    if xs.inner.lock().test_bad_directory {
+        rx.test_spoil_directory();
+    }
     {
         let mut i = xs.inner.lock();
         i.state = State::Connecting;
@@ -1309,6 +1315,16 @@ unsafe extern "C" fn xs_setsockopt(
 fn corrupt(xs: &XenSock, mode: i32) -> core::result::Result<(), i32> {
     use crate::ring::{Field, RingMemory};
     use core::sync::atomic::Ordering;
+    if mode == 4 {
+        // before connect: our ring's directory will name a bogus grant, so
+        // the peer's map of our data pages fails
+        let mut i = xs.inner.lock();
+        if i.state != State::Unbound && i.state != State::Bound {
+            return Err(e::EISCONN);
+        }
+        i.test_bad_directory = true;
+        return Ok(());
+    }
     let (st, tx, rx) = {
         let i = xs.inner.lock();
         (i.state, i.tx.clone(), i.rx.clone())

@@ -737,6 +737,17 @@ static void xserver_more(int l)
 		for (i = 0; i < 4; i++)
 			close(fds[i]);
 	}
+	/* the client's connect with a bogus grant in its ring directory (before
+	 * step 9's): our xenbus_map_ring_valloc failed (its xenbus_dev_fatal
+	 * logs "mapping in shared page" and writes error/af_xen/error under our
+	 * home) and the module removed that node again */
+	{
+		int logged = system("dmesg | grep -q 'mapping in shared page'") == 0;
+		int node = system("xenstore-read error/af_xen/error >/dev/null 2>&1") == 0;
+
+		result("x-baddir-map-failed", logged, "dmesg %s the map failure", logged ? "shows" : "lacks");
+		result("x-baddir-no-error-node", logged && !node, "error/af_xen/error %s", node ? "present" : "absent");
+	}
 }
 
 static void test_xserver(uint64_t mib)
@@ -1049,6 +1060,16 @@ static void test_xclient(uint32_t peer, uint64_t mib)
 		EXPECT_OK("x-linger0-set", setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)));
 		close(c);
 	}
+	/* a ring whose directory names a bogus grant: the server cannot map
+	 * it and refuses (it must also clean up after xenbus: see xserver) */
+	c = xsock();
+	{
+		int v = XENSOCK_CORRUPT_DIRECTORY;
+
+		EXPECT_OK("x-baddir-set", setsockopt(c, fam, XENSOCK_TEST_CORRUPT, &v, sizeof(v)));
+		EXPECT_ERR("x-baddir-refused", connect(c, (struct sockaddr *)&x, sizeof(x)), ECONNREFUSED);
+	}
+	close(c);
 	/* 9: hostile peer (module loaded with hostile_test=1 here): corrupt
 	 * the rings of connections 0, 2 and 3; connection 1 must keep working */
 	{
