@@ -88,31 +88,41 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Rounds alternate plain TCP, the engine's TCP leg and its ring, and the
+/// ratios are taken per round: on a shared machine the load drifts more
+/// between rounds than within one.
 fn throughput(total: usize, rounds: usize) {
     let mut plain = Vec::new();
-    let mut tcp = Vec::new();
-    let mut ring = Vec::new();
+    let mut tcp_ratio = Vec::new();
+    let mut ring_ratio = Vec::new();
     for _ in 0..rounds {
-        plain.push(plain_tcp(total));
+        let base = plain_tcp(total);
+        plain.push(base);
         let p = pair(&PairOptions {
             on_ring: false,
             ..PairOptions::default()
         })
         .unwrap();
-        tcp.push(engine_stream(p.a.clone(), p.b.clone(), total));
+        tcp_ratio.push(engine_stream(p.a.clone(), p.b.clone(), total) / base);
         let p = pair(&PairOptions {
             order: 20,
             ..PairOptions::default()
         })
         .unwrap();
-        ring.push(engine_stream(p.a.clone(), p.b.clone(), total));
+        ring_ratio.push(engine_stream(p.a.clone(), p.b.clone(), total) / base);
     }
-    let (plain, tcp, ring) = (median(plain), median(tcp), median(ring));
+    let spread = |v: &Vec<f64>| {
+        let mut v = v.clone();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        (v[0], v[v.len() - 1])
+    };
+    let (tlo, thi) = spread(&tcp_ratio);
     println!(
-        "throughput, {} MiB x {rounds} rounds (median MB/s): plain TCP {plain:.0}, engine on TCP leg {tcp:.0} (ratio {:.2}), engine on 1 MiB ring {ring:.0} (ratio {:.2})",
+        "throughput, {} MiB x {rounds} rounds: plain loopback TCP median {:.0} MB/s; engine on its TCP leg / plain: median {:.2} (min {tlo:.2}, max {thi:.2}); engine on a 1 MiB ring / plain: median {:.2}",
         total >> 20,
-        tcp / plain,
-        ring / plain
+        median(plain),
+        median(tcp_ratio.clone()),
+        median(ring_ratio),
     );
 }
 
@@ -238,6 +248,6 @@ fn main() {
         .collect();
     let mib = args.first().copied().unwrap_or(256);
     let switches = args.get(1).copied().unwrap_or(20);
-    throughput(mib << 20, 5);
+    throughput(mib << 20, 9);
     switch_pause(switches);
 }

@@ -423,8 +423,10 @@ fn sleep_on(wake: &EventFd, fd: Option<RawFd>, events: i16) {
     ];
     let n = if fd.is_some() { 2 } else { 1 };
     // SAFETY: `fds` is a valid array of at least `n` pollfds.
-    unsafe { libc::poll(fds.as_mut_ptr(), n, -1) };
-    wake.drain();
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), n, -1) };
+    if r < 0 || fds[0].revents != 0 {
+        wake.drain();
+    }
 }
 
 fn set_leg_options(sock: &TcpStream, timeout: Duration) -> io::Result<()> {
@@ -897,7 +899,22 @@ impl Shared {
             rx = self.wait_rx(rx, leg_events);
         }
         rx.delivered += got as u64;
-        if rx.payload_left == 0 && rx.held.is_none() && rx.leg.is_some() && !rx.driver_watches {
+        if rx.payload_left == 0 && rx.held.is_none() && rx.inbox.buffered() > 0 {
+            // The last payload read took the next frame's prefix along:
+            // take that frame now (no system call), so the driver is not
+            // woken for it. An error resets; the caller sees it next time.
+            if let Err(e) = self.pump_rx(&mut rx) {
+                self.breach(e);
+            }
+        }
+        // The driver takes over the leg when the reader leaves it at a frame
+        // boundary; bytes already read along with the last payload do not
+        // make the socket readable, so it must look without being asked.
+        if rx.payload_left == 0
+            && rx.held.is_none()
+            && rx.leg.is_some()
+            && (!rx.driver_watches || rx.inbox.buffered() > 0)
+        {
             self.ctl.signal();
         }
         Ok(got)
