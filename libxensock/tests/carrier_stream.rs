@@ -30,9 +30,13 @@ enum Event {
     MoveB,
     /// Both move at the same moment.
     MoveBoth,
-    /// A notices B gone from the ring (valid once B stopped writing).
+    /// B moves and A learns it from the link at once (before B's
+    /// TxFreeze arrives): A drains its ring as final.
+    MoveBNoticedByA,
+    MoveANoticedByB,
+    /// A notices B gone later (a no-op unless A still reads a ring B
+    /// stopped writing).
     PeerGoneA,
-    PeerGoneB,
     /// Co-resident again: each receiver offers a ring, the sender takes it.
     Back,
     /// B offers a ring, then A moves before the offer is delivered; the
@@ -45,8 +49,9 @@ fn event() -> impl Strategy<Value = Event> {
         3 => Just(Event::MoveA),
         3 => Just(Event::MoveB),
         2 => Just(Event::MoveBoth),
+        2 => Just(Event::MoveBNoticedByA),
+        2 => Just(Event::MoveANoticedByB),
         1 => Just(Event::PeerGoneA),
-        1 => Just(Event::PeerGoneB),
         4 => Just(Event::Back),
         1 => Just(Event::BackStale),
     ]
@@ -75,8 +80,15 @@ fn apply(p: &Pair, ev: Event) {
             p.a.freeze(Trigger::LocalMove).unwrap();
             t.join().unwrap();
         }
+        Event::MoveBNoticedByA => {
+            p.b.freeze(Trigger::LocalMove).unwrap();
+            peer_gone(&p.a, &p.b);
+        }
+        Event::MoveANoticedByB => {
+            p.a.freeze(Trigger::LocalMove).unwrap();
+            peer_gone(&p.b, &p.a);
+        }
         Event::PeerGoneA => peer_gone(&p.a, &p.b),
-        Event::PeerGoneB => peer_gone(&p.b, &p.a),
         Event::Back => {
             offer(&p.a, &p.b);
             offer(&p.b, &p.a);
