@@ -292,3 +292,58 @@ fn moves_switch_carriers_and_back() {
     assert_eq!((s.tx_to_tcp, s.tx_to_ring), (3, 3), "{s:?}");
     assert!(matches!(s.tx, TxState::Ring { epoch: 3, .. }), "{s:?}");
 }
+
+fn read_all(e: &Engine, seed: u64) -> u64 {
+    let (len, _) = read_stream(e, seed, 3, 7000).unwrap();
+    len
+}
+
+/// Half-close on every carrier: a FIN set on the ring and still unread
+/// when the sender moves, a FIN given while frozen, a FIN on TCP; the
+/// other direction keeps flowing after each.
+#[test]
+fn half_close_travels_on_whichever_carrier_is_current() {
+    for (case, mover_is_receiver) in [(0u64, false), (1, true)] {
+        let p = pair(&PairOptions {
+            order: 14,
+            ..PairOptions::default()
+        })
+        .unwrap();
+        // FIN on the ring, unread, then a move.
+        let mut sum = FNV_START;
+        write_range(&p.a, case, 0, 10_000, &mut sum);
+        p.a.shutdown_write().unwrap();
+        if mover_is_receiver {
+            p.b.freeze(Trigger::LocalMove).unwrap();
+        } else {
+            p.a.freeze(Trigger::LocalMove).unwrap();
+        }
+        assert_eq!(read_all(&p.b, case), 10_000);
+        // The other direction, after the half-close and the move.
+        let a = p.a.clone();
+        let reader = std::thread::spawn(move || read_all(&a, 99));
+        let mut sum = FNV_START;
+        write_range(&p.b, 99, 0, 50_000, &mut sum);
+        // FIN given while B's direction may still be frozen.
+        p.b.freeze(Trigger::LocalMove).unwrap();
+        p.b.shutdown_write().unwrap();
+        assert_eq!(reader.join().unwrap(), 50_000);
+        assert_eq!(
+            p.b.write(b"late").unwrap_err().raw_os_error(),
+            Some(libc::EPIPE)
+        );
+    }
+    // FIN on TCP.
+    let p = pair(&PairOptions {
+        on_ring: false,
+        ..PairOptions::default()
+    })
+    .unwrap();
+    let mut sum = FNV_START;
+    write_range(&p.a, 4, 0, 20_000, &mut sum);
+    p.a.shutdown_write().unwrap();
+    assert_eq!(read_all(&p.b, 4), 20_000);
+    // Reading past the end stays at end of stream.
+    let mut b = [0u8; 8];
+    assert_eq!(p.b.read(&mut b).unwrap(), 0);
+}
