@@ -714,18 +714,13 @@ impl Shared {
     }
 
     fn apply_offer(&self, tx: &mut Tx, epoch: u32, ring: SharedRing) -> io::Result<bool> {
-        match tx.path.state() {
-            // The receiver offers only once it left the ring we use; its
-            // Consumed is still on the way. Keep the newest offer for then.
-            TxState::Ring { epoch: cur, .. } | TxState::Frozen { epoch: cur, .. }
-                if epoch > cur =>
-            {
-                if tx.pending_offer.as_ref().map_or(true, |(e, _)| *e < epoch) {
-                    tx.pending_offer = Some((epoch, ring));
-                }
-                return Ok(false);
+        if tx.path.offer_waits_for_consumed(epoch) {
+            // The offer overtook the Consumed for the ring we use: keep the
+            // newest one and hand it in after the resend.
+            if tx.pending_offer.as_ref().map_or(true, |(e, _)| *e < epoch) {
+                tx.pending_offer = Some((epoch, ring));
             }
-            _ => {}
+            return Ok(false);
         }
         match tx.path.on_ring_offer(epoch).map_err(switch_error)? {
             Some(marker) => {
