@@ -88,22 +88,46 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// CPU time (user + system, all threads) this process used so far.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage fills the struct we pass; zeroed is a valid value.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a local rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// Runs `f` (returning MB/s) and also reports the CPU it cost per MiB.
+fn measured(total: usize, f: impl FnOnce() -> f64) -> (f64, f64) {
+    let c0 = cpu_time();
+    let rate = f();
+    let cpu = (cpu_time() - c0).as_secs_f64() * 1e6 / (total >> 20) as f64;
+    (rate, cpu)
+}
+
 /// Rounds alternate plain TCP, the engine's TCP leg and its ring, and the
 /// ratios are taken per round: on a shared machine the load drifts more
-/// between rounds than within one.
+/// between rounds than within one. CPU per MiB (user + system, both ends)
+/// is much less sensitive to other load than wall-clock throughput.
 fn throughput(total: usize, rounds: usize) {
     let mut plain = Vec::new();
     let mut tcp_ratio = Vec::new();
     let mut ring_ratio = Vec::new();
+    let mut cpu_plain = Vec::new();
+    let mut cpu_ratio = Vec::new();
     for _ in 0..rounds {
-        let base = plain_tcp(total);
+        let (base, base_cpu) = measured(total, || plain_tcp(total));
         plain.push(base);
+        cpu_plain.push(base_cpu);
         let p = pair(&PairOptions {
             on_ring: false,
             ..PairOptions::default()
         })
         .unwrap();
-        tcp_ratio.push(engine_stream(p.a.clone(), p.b.clone(), total) / base);
+        let (rate, cpu) = measured(total, || engine_stream(p.a.clone(), p.b.clone(), total));
+        tcp_ratio.push(rate / base);
+        cpu_ratio.push(cpu / base_cpu);
         let p = pair(&PairOptions {
             order: 20,
             ..PairOptions::default()
@@ -123,6 +147,11 @@ fn throughput(total: usize, rounds: usize) {
         median(plain),
         median(tcp_ratio.clone()),
         median(ring_ratio),
+    );
+    println!(
+        "CPU per MiB moved (user + system, both ends): plain TCP median {:.0} us; engine on its TCP leg / plain: median {:.2}",
+        median(cpu_plain),
+        median(cpu_ratio),
     );
 }
 
@@ -242,6 +271,25 @@ fn switch_pause(switches: usize) {
 }
 
 fn main() {
+    // `-- plain N` / `-- leg N`: one stream of N MiB only, for profilers.
+    let mode: Vec<String> = std::env::args().skip(1).collect();
+    if let [m, n] = &mode[..] {
+        if let (m @ ("plain" | "leg"), Ok(mib)) = (m.as_str(), n.parse::<usize>()) {
+            let total = mib << 20;
+            let rate = if m == "plain" {
+                plain_tcp(total)
+            } else {
+                let p = pair(&PairOptions {
+                    on_ring: false,
+                    ..PairOptions::default()
+                })
+                .unwrap();
+                engine_stream(p.a.clone(), p.b.clone(), total)
+            };
+            println!("{m}: {rate:.0} MB/s");
+            return;
+        }
+    }
     let args: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())

@@ -167,6 +167,24 @@ struct Rx {
     driver_watches: bool,
 }
 
+impl Rx {
+    /// Whether the driver must take frames off the leg without a reader.
+    ///
+    /// Only on a ring: the sender may freeze it and waits for our
+    /// `Consumed`. On TCP every frame either waits in order behind data
+    /// the application has not read (`Data`, `RingFrom`, `Fin`) or needs no
+    /// prompt answer (a `TxFreeze` voiding an offer), so the reader takes
+    /// them, and a streaming reader never has to hand the leg back and
+    /// forth with the driver.
+    fn driver_must_watch(&self) -> bool {
+        self.leg.is_some()
+            && !self.leg_closed
+            && self.payload_left == 0
+            && self.held.is_none()
+            && matches!(self.path.state(), RxState::Ring { .. })
+    }
+}
+
 #[derive(Default)]
 struct Counters {
     tx_to_tcp: AtomicU64,
@@ -902,14 +920,11 @@ impl Shared {
                 self.breach(e);
             }
         }
-        // The driver takes over the leg when the reader leaves it at a frame
-        // boundary; bytes already read along with the last payload do not
-        // make the socket readable, so it must look without being asked.
-        if rx.payload_left == 0
-            && rx.held.is_none()
-            && rx.leg.is_some()
-            && (!rx.driver_watches || rx.inbox.buffered() > 0)
-        {
+        // The driver watches the leg while this direction is on a ring (see
+        // `Rx::driver_must_watch`); bytes already read along with the last
+        // payload do not make the socket readable, so it must look without
+        // being asked.
+        if rx.driver_must_watch() && (!rx.driver_watches || rx.inbox.buffered() > 0) {
             self.ctl.signal();
         }
         Ok(got)
@@ -922,6 +937,11 @@ impl Shared {
         };
         rx.waiting = true;
         rx.reader_polls = fd.is_some();
+        if !rx.reader_polls && rx.driver_must_watch() && !rx.driver_watches {
+            // E.g. we just switched onto a ring: a TxFreeze for it must be
+            // answered while we sleep on the ring.
+            self.ctl.signal();
+        }
         drop(rx);
         sleep_on(&self.rx_wake, fd, leg_events);
         let mut rx = lock(&self.rx);
@@ -1144,7 +1164,7 @@ impl Shared {
                     rx.driver_watches = false;
                     if let (Some(leg), false) = (&rx.leg, rx.leg_closed) {
                         let mut events = 0;
-                        if rx.payload_left == 0 && rx.held.is_none() && !rx.reader_polls {
+                        if rx.driver_must_watch() && !rx.reader_polls {
                             events |= libc::POLLIN;
                         }
                         if !rx.out.is_empty() {
@@ -1278,7 +1298,7 @@ impl Shared {
         if rx.leg.is_none() {
             return Ok(());
         }
-        if !rx.reader_polls && rx.payload_left == 0 && rx.held.is_none() {
+        if rx.driver_must_watch() && !rx.reader_polls {
             self.pump_rx(rx)?;
         }
         if !rx.out.is_empty() {
