@@ -848,6 +848,11 @@ impl Shared {
                 if got > 0 {
                     break;
                 }
+                if let RxState::Draining { .. } = r.path.state() {
+                    // Its trusted bytes were readable when it froze; a ring
+                    // that shrank since is the peer's doing.
+                    return Err(self.breach(protocol_error("draining ring lost its bytes")));
+                }
                 if let RxState::Ring { .. } = r.path.state() {
                     let end = c.peer_end().map_err(|e| self.breach(ring_error(e)))?;
                     if end.reset {
