@@ -160,6 +160,9 @@ struct Rx {
     held: Option<Frame>,
     /// Payload bytes of the current `Data` frame still in the socket.
     payload_left: u64,
+    /// We left ring `epoch` on our own (move, peer gone) and have not seen
+    /// the sender's `TxFreeze` for it yet.
+    awaiting_freeze: Option<u32>,
     out: Outbox,
     delivered: u64,
     waiting: bool,
@@ -170,18 +173,20 @@ struct Rx {
 impl Rx {
     /// Whether the driver must take frames off the leg without a reader.
     ///
-    /// Only on a ring: the sender may freeze it and waits for our
-    /// `Consumed`. On TCP every frame either waits in order behind data
-    /// the application has not read (`Data`, `RingFrom`, `Fin`) or needs no
-    /// prompt answer (a `TxFreeze` voiding an offer), so the reader takes
-    /// them, and a streaming reader never has to hand the leg back and
-    /// forth with the driver.
+    /// On a ring: the sender may freeze it and waits for our `Consumed`.
+    /// Also while the `TxFreeze` for a ring we left is awaited (it is the
+    /// next frame on the leg, and offers wait for it). Otherwise, on TCP,
+    /// every frame either waits in order behind data the application has
+    /// not read (`Data`, `RingFrom`, `Fin`) or needs no prompt answer (a
+    /// `TxFreeze` voiding an offer), so the reader takes them, and a
+    /// streaming reader never has to hand the leg back and forth with the
+    /// driver.
     fn driver_must_watch(&self) -> bool {
         self.leg.is_some()
             && !self.leg_closed
             && self.payload_left == 0
             && self.held.is_none()
-            && matches!(self.path.state(), RxState::Ring { .. })
+            && (matches!(self.path.state(), RxState::Ring { .. }) || self.awaiting_freeze.is_some())
     }
 }
 
@@ -296,6 +301,7 @@ impl Engine {
                 inbox: Inbox::new(),
                 held: None,
                 payload_left: 0,
+                awaiting_freeze: None,
                 out: Outbox::default(),
                 delivered: 0,
                 waiting: false,
@@ -1047,6 +1053,9 @@ impl Shared {
                     }
                 }
                 Frame::TxFreeze { epoch, offset } => {
+                    if rx.awaiting_freeze.is_some_and(|e| epoch >= e) {
+                        rx.awaiting_freeze = None;
+                    }
                     let readable = match (rx.path.state(), rx.consumer.as_ref()) {
                         (RxState::Ring { .. }, Some(c)) => c.readable().map_err(ring_error)?,
                         _ => 0,
@@ -1075,7 +1084,16 @@ impl Shared {
     fn offer_ring(&self) -> io::Result<Option<(u32, SharedRing)>> {
         self.check_failed()?;
         let mut rx = lock(&self.rx);
-        if rx.path.state() != RxState::Tcp {
+        // Take the control frames already here first: a TxFreeze sent
+        // before this offer must not be read as voiding it.
+        if rx.payload_left == 0 && rx.held.is_none() {
+            self.pump_rx(&mut rx).map_err(|e| self.breach(e))?;
+        }
+        // Not before the sender's TxFreeze for the ring we left: arriving
+        // after the offer, it would void it (proto cannot tell it from a
+        // freeze after the offer) and cost a switch to the new ring and
+        // straight back.
+        if rx.path.state() != RxState::Tcp || rx.awaiting_freeze.is_some() {
             return Ok(None);
         }
         let mut next = rx.path.clone();
@@ -1099,6 +1117,10 @@ impl Shared {
         }
         {
             let mut rx = lock(&self.rx);
+            let left_ring = match rx.path.state() {
+                RxState::Ring { epoch, .. } => Some(epoch),
+                _ => None,
+            };
             let notice = match trigger {
                 Trigger::LocalMove => rx.path.freeze_local(),
                 Trigger::PeerGone => match (rx.path.state(), rx.consumer.as_ref()) {
@@ -1113,6 +1135,11 @@ impl Shared {
             };
             if let Some(c) = notice {
                 self.queue_consumed(&mut rx, c.epoch, c.offset);
+                if left_ring == Some(c.epoch) {
+                    // The sender froze (or will freeze, on our Consumed)
+                    // this ring: its TxFreeze is on the way.
+                    rx.awaiting_freeze = Some(c.epoch);
+                }
             }
             Self::settle_rx_rings(&mut rx);
             self.notify_rx(&rx);
