@@ -233,7 +233,13 @@ fn switch_pause(switches: usize) {
             std::thread::sleep(Duration::from_micros(100));
         }
         to_ring.push(Instant::now());
-        let (e, r) = p.b.offer_ring().unwrap().expect("B receives on TCP");
+        // B offers once it is on TCP and has seen A's freeze notice.
+        let (e, r) = loop {
+            if let Some(offer) = p.b.offer_ring().unwrap() {
+                break offer;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        };
         assert!(p.a.accept_ring_offer(e, r).unwrap());
         if let Some((e, r)) = p.a.offer_ring().unwrap() {
             p.b.accept_ring_offer(e, r).unwrap();
