@@ -9,6 +9,9 @@ dmesg | grep af_xen | tail -n 20
 # domu2 sends a file, we compare it with the same pattern made here
 xstest pattern-file /tmp/socat-want 8
 check socat-recv-file sh -c "timeout 300 socat -u SOCKET-LISTEN:19:0:x0000$(le32 $SOCAT_PORT)ffffffff00000000 OPEN:/tmp/socat-got,creat,trunc && cmp /tmp/socat-want /tmp/socat-got && md5sum /tmp/socat-want /tmp/socat-got"
+# and back: we connect to domu2's socat listener (retried until it listens)
+PEER=$(xlbench xsread data/peer 60)
+check socat-send-file-back sh -c "n=0; while [ \$n -lt 120 ]; do socat -u OPEN:/tmp/socat-want SOCKET-CONNECT:19:0:x0000$(le32 $((SOCAT_PORT + 1)))$(le32 "$PEER")00000000 && exit 0; n=\$((n + 1)); sleep 1; done; exit 1"
 # stress: STRESS_MIB both ways at once with random partial reads/writes,
 # then STRESS_CONNS connections open at once, echoed through one epoll set
 run_c c-stress sserver $STRESS_MIB $STRESS_CONNS

@@ -12,6 +12,8 @@ run_c c-xpending xpending
 # which checks it; retried until domu1's socat listens
 xstest pattern-file /tmp/socat-send 8
 check socat-send-file sh -c "n=0; while [ \$n -lt 120 ]; do socat -u OPEN:/tmp/socat-send SOCKET-CONNECT:19:0:x0000$(le32 $SOCAT_PORT)$(le32 "$PEER")00000000 && exit 0; n=\$((n + 1)); sleep 1; done; exit 1"
+# and back, domu1 -> us, compared with the pattern made here
+check socat-recv-file-back sh -c "timeout 300 socat -u SOCKET-LISTEN:19:0:x0000$(le32 $((SOCAT_PORT + 1)))ffffffff00000000 OPEN:/tmp/socat-got,creat,trunc && cmp /tmp/socat-send /tmp/socat-got && md5sum /tmp/socat-send /tmp/socat-got"
 # stress client (domu1 runs the server side)
 run_c c-stress sclient "$PEER" $STRESS_MIB $STRESS_CONNS
 # domu1 unloads its module after its tests: the link goes down here, with
