@@ -35,6 +35,7 @@ uptime_s()  { cut -d' ' -f1 /proc/uptime; }
 
 # Lab network (static; exists only inside the emulated machine).
 LAB_NET_DOM0=10.0.0.1
+LAB_NET_DOM0B=10.0.0.2      # host b's dom0 (two-host lab)
 LAB_NET_DOMU1=10.0.0.11
 LAB_NET_DOMU2=10.0.0.12
 
@@ -54,6 +55,17 @@ wait_domu() {
 }
 # lines of the domU console log (for "did anything new appear since X")
 domu_lines() { wc -l < "$(domu_log "$1")" 2>/dev/null || echo 0; }
+# forward NAME: copy the domU's console log(s) to stdout, prefixed "NAME| ",
+# as they grow. A dom0 scenario script that receives a domU (restore on the
+# other host) starts one with stdout and stderr on /dev/console, so the lines
+# are not prefixed with its own name.
+forward() {
+  for _f in $(domu_logs "$1"); do forward_file "$1" "$_f" & done
+}
+forward_file() {
+  while [ ! -e "$2" ]; do usleep 200000; done
+  tail -n +1 -F "$2" 2>/dev/null | tr -d '\r' | while IFS= read -r l; do echo "$1| $l"; done
+}
 
 # check_wait NAME PID [LOG]   wait for a background job of this shell and
 # report it (its log's tail on failure). Start such jobs under `timeout`.

@@ -35,7 +35,7 @@ common_root() {
   if [[ -n ${SCENARIO_FILES:-} ]]; then cp -a "$SCENARIO_FILES/." "$root/opt/xensock/"; fi
   echo "root:x:0:0:root:/root:/bin/sh" > "$root/etc/passwd"
   echo "root:x:0:" > "$root/etc/group"
-  printf '127.0.0.1 localhost\n10.0.0.1 dom0\n10.0.0.11 domu1\n10.0.0.12 domu2\n' > "$root/etc/hosts"
+  printf '127.0.0.1 localhost\n10.0.0.1 dom0\n10.0.0.2 dom0b\n10.0.0.11 domu1\n10.0.0.12 domu2\n' > "$root/etc/hosts"
 }
 
 pack_cpio() { # pack_cpio ROOT OUT.cpio.gz
@@ -71,6 +71,8 @@ run_hotplug_scripts=1
 XL
   cp "$LAB_DIR/guest/vif-lab" "$root/etc/xen/scripts/vif-lab"
   cp "$KDIR/bzImage" "$root/lab/bzImage"
+  local ko
+  for ko in "${DOM0_KOS[@]}"; do cp "$ko" "$root/lab/modules/"; done
   cp "$RUN/domu.cpio.gz" "$root/lab/domu.cpio.gz"
   pack_cpio "$root" "$RUN/dom0.cpio.gz"
 }

@@ -5,10 +5,26 @@
 
 # parse_console: writes $RUN/results.tsv (guest check status detail),
 # $RUN/metrics.tsv (guest name value unit), $RUN/gphases.tsv (name start end).
+# With two hosts, both consoles: guest names differ (host b's dom0 is
+# "dom0b"; a domU reports under its own name on whichever host it runs), and
+# host b's phases are labelled "b:".
 parse_console() {
-  local log=$RUN/console.log
+  : > "$RUN/results.tsv"; : > "$RUN/metrics.tsv"; : > "$RUN/gphases.tsv"
+  parse_host_console "$RUN/console.log" "" "${BOOT_RCS[a]:-$BOOT_RC}"
+  if (( ${HOSTS:-1} > 1 )); then parse_host_console "$RUN/console-b.log" "b" "${BOOT_RCS[b]:-?}"; fi
+  local e g c
+  for e in "${EXPECT[@]}"; do
+    g=${e%%:*}; c=${e#*:}
+    awk -F'\t' -v g="$g" -v c="$c" '$1 == g && $2 == c {f=1} END {exit !f}' "$RUN/results.tsv" \
+      || printf '%s\t%s\tFAIL\t%s\n' "$g" "$c" "expected result never reported" >> "$RUN/results.tsv"
+  done
+}
+
+# parse_host_console LOG LABEL QEMU_RC: appends to the three files.
+parse_host_console() {
+  local log=$1 label=$2 qrc=$3
   [[ -f $log ]] || : > "$log"
-  awk -v res="$RUN/results.tsv" -v met="$RUN/metrics.tsv" -v ph="$RUN/gphases.tsv" '
+  awk -v res="$RUN/results.tsv" -v met="$RUN/metrics.tsv" -v ph="$RUN/gphases.tsv" -v lbl="${label:+$label: }" '
     function ts(line) { return substr(line, 2, index(line, "]") - 2) + 0 }
     {
       line = $0; t = ts(line)
@@ -22,11 +38,11 @@ parse_console() {
         kind = f[1]
         if (kind == "RESULT") {
           detail = ""; for (i = 4; i <= n; i++) detail = detail (i > 4 ? " " : "") f[i]
-          printf "%s\t%s\t%s\t%s\n", guest, f[2], f[3], detail > res
+          printf "%s\t%s\t%s\t%s\n", guest, f[2], f[3], detail >> res
         } else if (kind == "METRIC") {
-          printf "%s\t%s\t%s\t%s\n", guest, f[2], f[3], f[4] > met
+          printf "%s\t%s\t%s\t%s\n", guest, f[2], f[3], f[4] >> met
         } else if (kind == "EXIT") {
-          printf "%s\t%s\t%s\t%s\n", guest, "exit", (f[2] == "0" ? "PASS" : "FAIL"), "rc=" f[2] > res
+          printf "%s\t%s\t%s\t%s\n", guest, "exit", (f[2] == "0" ? "PASS" : "FAIL"), "rc=" f[2] >> res
         } else if (kind == "PHASE") {
           mark[f[2]] = t
         } else if (kind == "READY") {
@@ -40,28 +56,22 @@ parse_console() {
     END {
       # guest-side phases: name, from, to (seconds since QEMU start)
       p0 = 0
-      if (xen != "")   { printf "xen: qemu start -> xen banner\t%s\t%s\n", p0, xen > ph; p0 = xen }
-      if ("dom0-userspace" in mark) { printf "xen + dom0 kernel boot -> dom0 /init\t%s\t%s\n", p0, mark["dom0-userspace"] > ph; p0 = mark["dom0-userspace"] }
-      if ("toolstack-ready" in mark) { printf "dom0 toolstack + bridge\t%s\t%s\n", p0, mark["toolstack-ready"] > ph; p0 = mark["toolstack-ready"] }
-      if ("domus-created" in mark) { printf "xl create domUs\t%s\t%s\n", p0, mark["domus-created"] > ph; p0 = mark["domus-created"] }
-      if ("domus-ready" in mark) { printf "domUs boot -> @@READY\t%s\t%s\n", p0, mark["domus-ready"] > ph; p0 = mark["domus-ready"] }
-      if ("scenario-done" in mark) { printf "scenario\t%s\t%s\n", p0, mark["scenario-done"] > ph; p0 = mark["scenario-done"] }
-      if (done != "") { printf "teardown -> @@DONE\t%s\t%s\n", p0, done > ph; p0 = done }
-      printf "shutdown -> QEMU exit\t%s\t%s\n", p0, last > ph
+      if (xen != "")   { printf lbl "xen: qemu start -> xen banner\t%s\t%s\n", p0, xen >> ph; p0 = xen }
+      if ("dom0-userspace" in mark) { printf lbl "xen + dom0 kernel boot -> dom0 /init\t%s\t%s\n", p0, mark["dom0-userspace"] >> ph; p0 = mark["dom0-userspace"] }
+      if ("toolstack-ready" in mark) { printf lbl "dom0 toolstack + bridge\t%s\t%s\n", p0, mark["toolstack-ready"] >> ph; p0 = mark["toolstack-ready"] }
+      if ("domus-created" in mark) { printf lbl "xl create domUs\t%s\t%s\n", p0, mark["domus-created"] >> ph; p0 = mark["domus-created"] }
+      if ("domus-ready" in mark) { printf lbl "domUs boot -> @@READY\t%s\t%s\n", p0, mark["domus-ready"] >> ph; p0 = mark["domus-ready"] }
+      if ("scenario-done" in mark) { printf lbl "scenario\t%s\t%s\n", p0, mark["scenario-done"] >> ph; p0 = mark["scenario-done"] }
+      if ("moves-done" in mark) { printf lbl "domU moves between hosts\t%s\t%s\n", mark["moves-start"], mark["moves-done"] >> ph }
+      if (done != "") { printf lbl "teardown -> @@DONE\t%s\t%s\n", p0, done >> ph; p0 = done }
+      printf lbl "shutdown -> QEMU exit\t%s\t%s\n", p0, last >> ph
     }' "$log"
-  touch "$RUN/results.tsv" "$RUN/metrics.tsv" "$RUN/gphases.tsv"
-  # host-side checks
+  local check=boot-and-teardown${label:+-$label}
   if grep -aq '@@DONE' "$log"; then
-    printf 'host\tboot-and-teardown\tPASS\t%s\n' "qemu rc=$BOOT_RC" >> "$RUN/results.tsv"
+    printf 'host\t%s\tPASS\t%s\n' "$check" "qemu rc=$qrc" >> "$RUN/results.tsv"
   else
-    printf 'host\tboot-and-teardown\tFAIL\t%s\n' "no @@DONE (qemu rc=$BOOT_RC)" >> "$RUN/results.tsv"
+    printf 'host\t%s\tFAIL\t%s\n' "$check" "no @@DONE (qemu rc=$qrc)" >> "$RUN/results.tsv"
   fi
-  local e g c
-  for e in "${EXPECT[@]}"; do
-    g=${e%%:*}; c=${e#*:}
-    awk -F'\t' -v g="$g" -v c="$c" '$1 == g && $2 == c {f=1} END {exit !f}' "$RUN/results.tsv" \
-      || printf '%s\t%s\tFAIL\t%s\n' "$g" "$c" "expected result never reported" >> "$RUN/results.tsv"
-  done
 }
 
 print_summary() {
@@ -90,6 +100,10 @@ print_summary() {
   printf '%-44s %9s\n' "total wall time" "$(elapsed | tr -d ' ')"
   [[ -z ${LOAD_START:-} ]] || printf 'host load average (1 min) at boot start/end: %s / %s on %s CPUs (QEMU itself adds ~2; more means other work slowed the guests)\n' \
     "$LOAD_START" "${LOAD_END:-?}" "$(nproc)"
+  local h
+  for h in "${!QEMU_HWM_KB[@]}"; do
+    printf 'QEMU%s peak RSS: %s MiB\n' "$( (( ${HOSTS:-1} > 1 )) && echo " (host $h)")" "$(( QEMU_HWM_KB[$h] / 1024 ))"
+  done
   pass=$(awk -F'\t' '$3=="PASS"' "$RUN/results.tsv" | wc -l)
   fail=$(awk -F'\t' '$3!="PASS" && $3!="SKIP"' "$RUN/results.tsv" | wc -l)
   skip=$(awk -F'\t' '$3=="SKIP"' "$RUN/results.tsv" | wc -l)

@@ -1,0 +1,51 @@
+# twohost, host a's dom0: moves domu2 to host b and back while domu1 streams
+# to it. The two dom0s coordinate through files served by busybox httpd on
+# port 8080 (/tmp/share): the save images travel the same way, over the
+# inter-host network.
+D1=$(xl domid domu1)
+mkdir -p /tmp/share
+httpd -p 8080 -h /tmp/share
+since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}'; }
+on_b() { wget -q -O "${2:-/dev/null}" "http://$LAB_NET_DOM0B:8080/$1"; }
+check interhost-ping-dom0b wait_until 180 ping -c 1 -W 2 "$LAB_NET_DOM0B"
+check hostb-ready wait_until 240 on_b b-ready
+ls /sys/class/net/xenbr0/brif
+check stream-started wait_until 300 xenstore-read "/local/domain/$D1/data/stream-started"
+sleep 3
+
+# ---- a -> b -------------------------------------------------------------------------
+echo "@@PHASE moves-start up=$(uptime_s)"
+t0=$(uptime_s)
+check xl-save-on-a timeout 180 xl save domu2 /tmp/share/domu2.save.part
+ls -l /tmp/share
+mv /tmp/share/domu2.save.part /tmp/share/domu2.save && touch /tmp/share/domu2.save.ready
+metric move_a_to_b.save_s "$(since "$t0")" s
+check domain-gone-from-a sh -c '! xl domid domu2'
+check restored-on-b wait_until 400 on_b restored-1
+metric move_a_to_b.total_s "$(since "$t0")" s
+rm -f /tmp/share/domu2.save /tmp/share/domu2.save.ready
+check ping-domu2-on-b wait_until 60 ping -c 1 -W 2 "$LAB_NET_DOMU2"
+sleep 5                                   # the stream runs with domu2 on b
+
+# ---- b -> a -------------------------------------------------------------------------
+t0=$(uptime_s)
+touch /tmp/share/go-back
+check hostb-saved wait_until 400 on_b domu2-back.save.ready
+t1=$(uptime_s)
+check fetch-save-from-b timeout 300 on_b domu2-back.save /tmp/domu2-back.save
+metric move_b_to_a.fetch_s "$(since "$t1")" s
+ls -l /tmp/domu2-back.save
+t1=$(uptime_s)
+check xl-restore-on-a timeout 180 xl restore /tmp/domu2-back.save
+metric move_b_to_a.restore_s "$(since "$t1")" s
+metric move_b_to_a.total_s "$(since "$t0")" s
+rm -f /tmp/domu2-back.save
+NEW=$(xl domid domu2 2>/dev/null || echo none)
+log "domu2 is dom$NEW on host a again"
+check new-domid test "$NEW" != none
+check vif-on-bridge-after-return wait_until 30 test -e "/sys/class/net/xenbr0/brif/vif$NEW.0"
+check ping-domu2-after-return wait_until 60 ping -c 1 -W 2 "$LAB_NET_DOMU2"
+echo "@@PHASE moves-done up=$(uptime_s)"
+xl list
+xenstore-write "/local/domain/$D1/data/lab-stop" 1 "/local/domain/$NEW/data/lab-done" 1
+touch /tmp/share/a-done

@@ -1,0 +1,41 @@
+# twohost, host b's dom0 (no domU of its own): the server of domu1's
+# cross-host TCP test; receives domu2 from host a, and gives it back.
+mkdir -p /tmp/share
+httpd -p 8080 -h /tmp/share
+since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}'; }
+on_a() { wget -q -O "${2:-/dev/null}" "http://$LAB_NET_DOM0:8080/$1"; }
+timeout 400 xlbench tcp server 7100 4 100 > /tmp/tcp.log 2>&1 &
+TCP=$!
+touch /tmp/share/b-ready
+check interhost-ping-dom0 wait_until 180 ping -c 1 -W 2 "$LAB_NET_DOM0"
+check_wait cross-host-tcp-server "$TCP" /tmp/tcp.log
+cat /tmp/tcp.log
+
+# ---- a -> b -------------------------------------------------------------------------
+wait_until 500 on_a domu2.save.ready || log "host a never offered domu2's image"
+t0=$(uptime_s)
+check fetch-save-from-a timeout 300 on_a domu2.save /tmp/domu2.save
+metric move_a_to_b.fetch_s "$(since "$t0")" s
+ls -l /tmp/domu2.save
+free
+t0=$(uptime_s)
+check xl-restore-on-b timeout 180 xl restore /tmp/domu2.save
+metric move_a_to_b.restore_s "$(since "$t0")" s
+rm -f /tmp/domu2.save
+# its console on ours, not prefixed "dom0b| "
+forward domu2 > /dev/console 2>&1
+ID=$(xl domid domu2 2>/dev/null || echo none)
+log "domu2 is dom$ID on host b"
+check vif-on-bridge-b wait_until 30 test -e "/sys/class/net/xenbr0/brif/vif$ID.0"
+touch /tmp/share/restored-1
+check runs-on-b wait_domu domu2 "^tick [0-9]+ domid=$ID" 60
+xl list
+
+# ---- b -> a -------------------------------------------------------------------------
+wait_until 300 on_a go-back || log "host a never asked for domu2 back"
+t0=$(uptime_s)
+check xl-save-on-b timeout 180 xl save domu2 /tmp/share/domu2-back.save.part
+mv /tmp/share/domu2-back.save.part /tmp/share/domu2-back.save && touch /tmp/share/domu2-back.save.ready
+metric move_b_to_a.save_s "$(since "$t0")" s
+check domain-gone-from-b sh -c '! xl domid domu2'
+wait_until 400 on_a a-done || log "host a never said it was done"
