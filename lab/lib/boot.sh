@@ -50,13 +50,13 @@ progress_filter() {
 # host_qemu_cmd HOST [interactive]: sets QEMU_CMD (array) and QEMU_MEM for HOST.
 host_qemu_cmd() {
   local h=$1 interactive=${2:-} sfx; sfx=$(host_sfx "$h")
-  local ndomus=$NDOMUS dom0_mem=$DOM0_MEM domus name=dom0 dom0_ip=10.0.0.1 uplink=
+  local ndomus=$NDOMUS dom0_mem=$DOM0_MEM domus name=dom0 dom0_ip=10.0.0.1 uplink= spare=0
   if [[ $h == b ]]; then
-    ndomus=$HOSTB_NDOMUS; dom0_mem=$HOSTB_DOM0_MEM; name=dom0b; dom0_ip=10.0.0.2
+    ndomus=$HOSTB_NDOMUS; dom0_mem=$HOSTB_DOM0_MEM; name=dom0b; dom0_ip=10.0.0.2; spare=$HOSTB_SPARE_MEM
   fi
   domus=$( ((ndomus > 0)) && seq -s: -f 'domu%g' 1 "$ndomus" || true)
   # memory: dom0 + the domUs it boots + room for domUs it receives + Xen and slack
-  QEMU_MEM=$(( dom0_mem + ndomus * DOMU_MEM + (h == b ? HOSTB_SPARE_MEM : 0) + 512 ))
+  QEMU_MEM=$(( dom0_mem + ndomus * DOMU_MEM + spare + 512 ))
   local xencmd="console=com1 com1=115200,8n1 dom0_mem=${dom0_mem}M,max:${dom0_mem}M dom0_max_vcpus=2 bootscrub=0 console_timestamps=boot loglvl=${XEN_LOGLVL:-warning} guest_loglvl=${XEN_LOGLVL:-warning}"
   ((HOSTS > 1)) && uplink=" lab_uplink=1"
   local dom0cmd="console=hvc0 earlyprintk=xen loglevel=${GUEST_LOGLEVEL:-4} rdinit=/init lab_name=$name lab_dom0_ip=$dom0_ip lab_domus=$domus lab_domu_mem=$DOMU_MEM lab_timeout=$GUEST_TIMEOUT$uplink${interactive:+ lab_shell=1}"
