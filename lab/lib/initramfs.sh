@@ -71,6 +71,9 @@ run_hotplug_scripts=1
 XL
   cp "$LAB_DIR/guest/vif-lab" "$root/etc/xen/scripts/vif-lab"
   cp "$KDIR/bzImage" "$root/lab/bzImage"
+  # which hypervisor this is (debian|shadow): scenarios that need log-dirty
+  # (xl migrate) report SKIP on Debian's
+  echo "$XEN_FLAVOUR" > "$root/lab/xen-flavour"
   local ko
   for ko in "${DOM0_KOS[@]}"; do cp "$ko" "$root/lab/modules/"; done
   cp "$RUN/domu.cpio.gz" "$root/lab/domu.cpio.gz"

@@ -45,6 +45,34 @@ log "domu2 is dom$NEW on host a again"
 check new-domid test "$NEW" != none
 check vif-on-bridge-after-return wait_until 30 test -e "/sys/class/net/xenbr0/brif/vif$NEW.0"
 check ping-domu2-after-return wait_until 60 ping -c 1 -W 2 "$LAB_NET_DOMU2"
+
+# ---- live: xl migrate a -> b -> a (needs log-dirty: lab/run --xen shadow twohost) ---
+# xl migrate -s "" runs its "host" argument as the channel to the receiver:
+# here nc to the other dom0, whose nc runs `xl migrate-receive`.
+if [ "$(cat /lab/xen-flavour 2>/dev/null)" = shadow ]; then
+  printf '#!/bin/sh\nexec xl migrate-receive\n' > /tmp/migrate-receive; chmod +x /tmp/migrate-receive
+  touch /tmp/share/go-migrate
+  check hostb-receiving wait_until 300 on_b receiver-ready
+  t0=$(uptime_s)
+  check xl-migrate-a-to-b timeout 300 xl migrate -s "" domu2 "nc $LAB_NET_DOM0B 8002"
+  metric migrate_a_to_b.total_s "$(since "$t0")" s
+  check gone-from-a-after-migrate sh -c '! xl domid domu2'
+  check ping-domu2-migrated-to-b wait_until 60 ping -c 1 -W 2 "$LAB_NET_DOMU2"
+  sleep 3
+  timeout 300 nc -l -p 8003 -e /tmp/migrate-receive > /tmp/migrate-receive.log 2>&1 &
+  RECV=$!
+  t0=$(uptime_s)
+  touch /tmp/share/go-migrate-back
+  check_wait xl-migrate-receive-on-a "$RECV" /tmp/migrate-receive.log
+  metric migrate_b_to_a.total_s "$(since "$t0")" s
+  cat /tmp/migrate-receive.log
+  NEW=$(xl domid domu2 2>/dev/null || echo none)
+  log "domu2 is dom$NEW on host a after migrating back"
+  check vif-on-bridge-after-migrate-back wait_until 30 test -e "/sys/class/net/xenbr0/brif/vif$NEW.0"
+  check ping-domu2-after-migrate-back wait_until 60 ping -c 1 -W 2 "$LAB_NET_DOMU2"
+else
+  result xl-migrate-a-to-b SKIP "Debian's Xen has no shadow paging for log-dirty: lab/run --xen shadow twohost"
+fi
 echo "@@PHASE moves-done up=$(uptime_s)"
 xl list
 xenstore-write "/local/domain/$D1/data/lab-stop" 1 "/local/domain/$NEW/data/lab-done" 1

@@ -38,4 +38,23 @@ check xl-save-on-b timeout 180 xl save domu2 /tmp/share/domu2-back.save.part
 mv /tmp/share/domu2-back.save.part /tmp/share/domu2-back.save && touch /tmp/share/domu2-back.save.ready
 metric move_b_to_a.save_s "$(since "$t0")" s
 check domain-gone-from-b sh -c '! xl domid domu2'
+
+# ---- live: xl migrate a -> b -> a (only with --xen shadow; dom0.sh decides) ---------
+asked() { on_a go-migrate || on_a a-done; }
+wait_until 500 asked || log "host a never asked for a migration nor said it was done"
+if on_a go-migrate; then
+  printf '#!/bin/sh\nexec xl migrate-receive\n' > /tmp/migrate-receive; chmod +x /tmp/migrate-receive
+  timeout 300 nc -l -p 8002 -e /tmp/migrate-receive > /tmp/migrate-receive.log 2>&1 &
+  RECV=$!
+  touch /tmp/share/receiver-ready
+  check_wait xl-migrate-receive-on-b "$RECV" /tmp/migrate-receive.log
+  cat /tmp/migrate-receive.log
+  ID=$(xl domid domu2 2>/dev/null || echo none)
+  log "domu2 is dom$ID on host b after xl migrate"
+  check runs-on-b-after-migrate wait_domu domu2 "^tick [0-9]+ domid=$ID" 60
+  wait_until 300 on_a go-migrate-back || log "host a never asked for domu2 back"
+  t0=$(uptime_s)
+  check xl-migrate-b-to-a timeout 300 xl migrate -s "" domu2 "nc $LAB_NET_DOM0 8003"
+  metric migrate_b_to_a.sender_s "$(since "$t0")" s
+fi
 wait_until 400 on_a a-done || log "host a never said it was done"
