@@ -853,6 +853,27 @@ impl XsClient {
         Ok(parse_list(&p).into_iter().next().unwrap_or_default())
     }
 
+    /// Whether xenstored knows domain `domid` (`IS_DOMAIN_INTRODUCED`).
+    /// Privileged: guests get `EACCES` from xenstored since XSA-115.
+    pub fn is_domain_introduced(&self, domid: u32) -> Result<bool, XsError> {
+        let arg = domid.to_string();
+        let p = self.core.call(
+            MsgType::IsDomainIntroduced,
+            0,
+            &one(&arg)?,
+            "is_domain_introduced",
+            &arg,
+        )?;
+        match parse_list(&p).first().map(String::as_str) {
+            Some("T") => Ok(true),
+            Some("F") => Ok(false),
+            _ => Err(XsError::Protocol(format!(
+                "IS_DOMAIN_INTRODUCED answered {:?}",
+                String::from_utf8_lossy(&p)
+            ))),
+        }
+    }
+
     /// Watches `path` (and everything below it; `@introduceDomain` and
     /// `@releaseDomain` for domain events). The first event arrives at once,
     /// as xenstored fires every new watch. Dropping the [`Watch`] removes it.
