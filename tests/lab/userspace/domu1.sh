@@ -31,5 +31,8 @@ lab_echo server 7 > /tmp/server2.log 2>&1 &
 SRV2=$!
 tail -f /tmp/server2.log &
 check server-restart wait_until 120 grep -q 'conn 7\.[0-9]* done' /tmp/server2.log
-kill $SRV2 2>/dev/null
+kill $SRV2 2>/dev/null; wait $SRV2 2>/dev/null
 xensock-discover peers
+# every process exited: this domain's XenStore still answers (the xenbus
+# deadlock left it hung in xs_talkv)
+check xenbus-alive timeout 20 xenstore-read domid
