@@ -1079,6 +1079,11 @@ impl Inner {
             return;
         }
         let _ = self.xs.transaction(|tx| {
+            // Gone already (dom0 removed it: the pair ended): writing
+            // `state` would recreate it.
+            if tx.try_read(&node)?.is_none() {
+                return Ok(());
+            }
             for name in ["ring-ref", "event-channel", "generation", "peer-generation"] {
                 match tx.rm(&format!("{node}/{name}")) {
                     Ok(()) => {}
