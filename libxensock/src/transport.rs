@@ -762,10 +762,10 @@ impl Inner {
         Ok(())
     }
 
-    /// Whether discovery allows a link to `peer`: `Some(false)` when the
-    /// agent's table (or the static list) exists and names neither it nor
-    /// a link directory dom0 made for it, or when dom0 learns from
-    /// xenstored that no such domain exists. Reads XenStore afresh: a
+    /// Whether discovery allows a link to `peer`: false when the agent's
+    /// table (or the static list) exists and names neither it nor a link
+    /// directory dom0 made for it, or when dom0 learns from xenstored that
+    /// no such domain exists. Reads XenStore afresh: a
     /// connect must not fail on a table event not yet processed.
     fn may_link(&self, st: &State, peer: DomId) -> bool {
         if self.domid == 0 {
