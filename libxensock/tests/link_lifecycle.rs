@@ -233,3 +233,20 @@ fn a_killed_predecessor_is_superseded() {
     s2.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"again");
 }
+
+#[test]
+fn dom0_learns_from_xenstored_that_a_domain_does_not_exist() {
+    // No agent and no static list, but dom0 may ask IS_DOMAIN_INTRODUCED.
+    let host = SimHost::start().unwrap();
+    let cfg = Config {
+        link_timeout: Duration::from_secs(60),
+        ..config()
+    };
+    let t = Transport::sim_with(host.dir(), 0, cfg).unwrap();
+    let t0 = Instant::now();
+    assert_eq!(
+        errno(&t.connect((4000u32, 1)).unwrap_err()),
+        libc::EHOSTUNREACH
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
