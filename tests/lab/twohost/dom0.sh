@@ -21,7 +21,8 @@ ls -l /tmp/share
 mv /tmp/share/domu2.save.part /tmp/share/domu2.save && touch /tmp/share/domu2.save.ready
 metric move_a_to_b.save_s "$(since "$t0")" s
 check domain-gone-from-a sh -c '! xl domid domu2'
-check restored-on-b wait_until 400 on_b restored-1
+wait_until 400 on_b restore-1.status || log "host b never said how its xl restore went"
+check restored-on-b test "$(wget -q -O - "http://$LAB_NET_DOM0B:8080/restore-1.status")" = 0
 metric move_a_to_b.total_s "$(since "$t0")" s
 rm -f /tmp/share/domu2.save /tmp/share/domu2.save.ready
 check ping-domu2-on-b wait_until 60 ping -c 1 -W 2 "$LAB_NET_DOMU2"
@@ -32,7 +33,7 @@ t0=$(uptime_s)
 touch /tmp/share/go-back
 check hostb-saved wait_until 400 on_b domu2-back.save.ready
 t1=$(uptime_s)
-check fetch-save-from-b timeout 300 on_b domu2-back.save /tmp/domu2-back.save
+check fetch-save-from-b timeout 300 wget -q -O /tmp/domu2-back.save "http://$LAB_NET_DOM0B:8080/domu2-back.save"
 metric move_b_to_a.fetch_s "$(since "$t1")" s
 ls -l /tmp/domu2-back.save
 t1=$(uptime_s)

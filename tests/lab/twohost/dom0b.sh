@@ -14,12 +14,13 @@ cat /tmp/tcp.log
 # ---- a -> b -------------------------------------------------------------------------
 wait_until 500 on_a domu2.save.ready || log "host a never offered domu2's image"
 t0=$(uptime_s)
-check fetch-save-from-a timeout 300 on_a domu2.save /tmp/domu2.save
+check fetch-save-from-a timeout 300 wget -q -O /tmp/domu2.save "http://$LAB_NET_DOM0:8080/domu2.save"
 metric move_a_to_b.fetch_s "$(since "$t0")" s
 ls -l /tmp/domu2.save
 free
 t0=$(uptime_s)
 check xl-restore-on-b timeout 180 xl restore /tmp/domu2.save
+xl domid domu2 >/dev/null 2>&1; echo $? > /tmp/share/restore-1.status   # host a waits for this, pass or fail
 metric move_a_to_b.restore_s "$(since "$t0")" s
 rm -f /tmp/domu2.save
 # its console on ours, not prefixed "dom0b| "
@@ -27,7 +28,6 @@ forward domu2 > /dev/console 2>&1
 ID=$(xl domid domu2 2>/dev/null || echo none)
 log "domu2 is dom$ID on host b"
 check vif-on-bridge-b wait_until 30 test -e "/sys/class/net/xenbr0/brif/vif$ID.0"
-touch /tmp/share/restored-1
 check runs-on-b wait_domu domu2 "^tick [0-9]+ domid=$ID" 60
 xl list
 
@@ -35,7 +35,8 @@ xl list
 wait_until 300 on_a go-back || log "host a never asked for domu2 back"
 t0=$(uptime_s)
 check xl-save-on-b timeout 180 xl save domu2 /tmp/share/domu2-back.save.part
-mv /tmp/share/domu2-back.save.part /tmp/share/domu2-back.save && touch /tmp/share/domu2-back.save.ready
+mv /tmp/share/domu2-back.save.part /tmp/share/domu2-back.save
+touch /tmp/share/domu2-back.save.ready    # also after a failed save: host a's fetch then fails fast
 metric move_b_to_a.save_s "$(since "$t0")" s
 check domain-gone-from-b sh -c '! xl domid domu2'
 

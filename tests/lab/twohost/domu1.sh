@@ -20,7 +20,7 @@ stamp() { while IFS= read -r l; do echo "$(cut -d' ' -f1 /proc/uptime) $l"; done
 ( produce | tee /tmp/sent | timeout 900 nc "$LAB_NET_DOMU2" 7002 | stamp > /tmp/echo.ts ) &
 wait_until 60 test -s /tmp/echo.ts || log "no echo from domu2 within 60 s"
 xenstore-write data/stream-started 1
-wait_until 800 xenstore-read data/lab-stop || log "dom0 never said stop"
+wait_until 380 xenstore-read data/lab-stop || log "dom0 never said stop"
 sleep 2
 # everything sent must come back (TCP retransmits what the move delayed)
 wait_until 180 sh -c '[ "$(wc -l < /tmp/echo.ts)" -ge "$(wc -l < /tmp/sent)" ]'

@@ -3,7 +3,7 @@
 START=$(own_domid)
 timeout 900 nc -l -p 7002 -e cat > /tmp/echo-server.log 2>&1 &
 i=0
-while [ -z "$(xenstore-read data/lab-done 2>/dev/null)" ] && [ $i -lt 800 ]; do
+while [ -z "$(xenstore-read data/lab-done 2>/dev/null)" ] && [ $i -lt 380 ]; do
   i=$((i + 1)); echo "tick $i domid=$(own_domid)"; sleep 1
 done
 NOW=$(own_domid)
