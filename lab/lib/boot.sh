@@ -141,6 +141,11 @@ boot() {
       tag=; ((HOSTS > 1)) && tag="$h "
       alive=0; [[ -n ${QEMU_WRAP_PIDS[$h]:-} ]] && kill -0 "${QEMU_WRAP_PIDS[$h]}" 2>/dev/null && alive=1
       ((alive)) && any=1
+      # host a runs the scenario: once it is gone, the others get 30 s
+      if [[ $h == a ]] && ((!alive)) && [[ -z ${done_at[gone-a]:-} ]]; then done_at[gone-a]=$SECONDS; fi
+      if [[ $h != a ]] && ((alive)) && [[ -n ${done_at[gone-a]:-} ]] && (( SECONDS - done_at[gone-a] > 30 )); then
+        warn "machine $h still up 30 s after host a ended: killing its QEMU"; kill_host "$h"; done_at[gone-a]=$((SECONDS + 100000))
+      fi
       [[ -f $log ]] || continue
       total=$(wc -l < "$log")
       if (( total > ${shown[$h]:-0} )); then

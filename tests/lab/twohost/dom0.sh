@@ -4,7 +4,7 @@
 # inter-host network.
 D1=$(xl domid domu1)
 mkdir -p /tmp/share
-httpd -p 8080 -h /tmp/share
+httpd -p 8080 -h /tmp/share < /dev/null > /dev/null 2>&1
 since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}'; }
 on_b() { wget -q -O "${2:-/dev/null}" "http://$LAB_NET_DOM0B:8080/$1"; }
 check interhost-ping-dom0b wait_until 180 ping -c 1 -W 2 "$LAB_NET_DOM0B"
@@ -55,12 +55,12 @@ if [ "$(cat /lab/xen-flavour 2>/dev/null)" = shadow ]; then
   touch /tmp/share/go-migrate
   check hostb-receiving wait_until 300 on_b receiver-ready
   t0=$(uptime_s)
-  check xl-migrate-a-to-b timeout 300 xl migrate -s "" domu2 "nc $LAB_NET_DOM0B 8002"
+  check xl-migrate-a-to-b timeout 450 xl migrate -s "" domu2 "nc $LAB_NET_DOM0B 8002"
   metric migrate_a_to_b.total_s "$(since "$t0")" s
   check gone-from-a-after-migrate sh -c '! xl domid domu2'
   check ping-domu2-migrated-to-b wait_until 60 ping -c 1 -W 2 "$LAB_NET_DOMU2"
   sleep 3
-  timeout 300 nc -l -p 8003 -e /tmp/migrate-receive > /tmp/migrate-receive.log 2>&1 &
+  timeout 450 nc -l -p 8003 -e /tmp/migrate-receive > /tmp/migrate-receive.log 2>&1 &
   RECV=$!
   t0=$(uptime_s)
   touch /tmp/share/go-migrate-back

@@ -1,7 +1,7 @@
 # twohost, host b's dom0 (no domU of its own): the server of domu1's
 # cross-host TCP test; receives domu2 from host a, and gives it back.
 mkdir -p /tmp/share
-httpd -p 8080 -h /tmp/share
+httpd -p 8080 -h /tmp/share < /dev/null > /dev/null 2>&1
 since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}'; }
 on_a() { wget -q -O "${2:-/dev/null}" "http://$LAB_NET_DOM0:8080/$1"; }
 timeout 400 xlbench tcp server 7100 4 100 > /tmp/tcp.log 2>&1 &
@@ -24,7 +24,7 @@ xl domid domu2 >/dev/null 2>&1; echo $? > /tmp/share/restore-1.status   # host a
 metric move_a_to_b.restore_s "$(since "$t0")" s
 rm -f /tmp/domu2.save
 # its console on ours, not prefixed "dom0b| "
-forward domu2 > /dev/console 2>&1
+forward domu2 < /dev/null > /dev/console 2>&1
 ID=$(xl domid domu2 2>/dev/null || echo none)
 log "domu2 is dom$ID on host b"
 check vif-on-bridge-b wait_until 30 test -e "/sys/class/net/xenbr0/brif/vif$ID.0"
@@ -45,7 +45,7 @@ asked() { on_a go-migrate || on_a a-done; }
 wait_until 500 asked || log "host a never asked for a migration nor said it was done"
 if on_a go-migrate; then
   printf '#!/bin/sh\nexec xl migrate-receive\n' > /tmp/migrate-receive; chmod +x /tmp/migrate-receive
-  timeout 300 nc -l -p 8002 -e /tmp/migrate-receive > /tmp/migrate-receive.log 2>&1 &
+  timeout 450 nc -l -p 8002 -e /tmp/migrate-receive > /tmp/migrate-receive.log 2>&1 &
   RECV=$!
   touch /tmp/share/receiver-ready
   check_wait xl-migrate-receive-on-b "$RECV" /tmp/migrate-receive.log
@@ -55,7 +55,10 @@ if on_a go-migrate; then
   check runs-on-b-after-migrate wait_domu domu2 "^tick [0-9]+ domid=$ID" 60
   wait_until 300 on_a go-migrate-back || log "host a never asked for domu2 back"
   t0=$(uptime_s)
-  check xl-migrate-b-to-a timeout 300 xl migrate -s "" domu2 "nc $LAB_NET_DOM0 8003"
+  check xl-migrate-b-to-a timeout 450 xl migrate -s "" domu2 "nc $LAB_NET_DOM0 8003"
   metric migrate_b_to_a.sender_s "$(since "$t0")" s
 fi
 wait_until 400 on_a a-done || log "host a never said it was done"
+# what is still running when this script ends (a background job left on the
+# scenario pipe keeps dom0-init from reaching @@DONE)
+ps | sed "s/^/  ps: /"

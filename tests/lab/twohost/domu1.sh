@@ -10,17 +10,17 @@ check ping-domu2 wait_until 60 ping -c 1 -W 2 "$LAB_NET_DOMU2"
 PAD=$(printf '%0100d' 0)
 produce() {
   i=0
-  while [ $i -lt 9000 ]; do
+  while [ $i -lt 12000 ]; do
     i=$((i + 1)); printf 'seq %06d %s\n' $i "$PAD"
     if [ $((i % 10)) -eq 0 ] && xenstore-read data/lab-stop >/dev/null 2>&1; then break; fi
     usleep 100000
   done
 }
 stamp() { while IFS= read -r l; do echo "$(cut -d' ' -f1 /proc/uptime) $l"; done; }
-( produce | tee /tmp/sent | timeout 900 nc "$LAB_NET_DOMU2" 7002 | stamp > /tmp/echo.ts ) &
+( produce | tee /tmp/sent | timeout 1100 nc "$LAB_NET_DOMU2" 7002 | stamp > /tmp/echo.ts ) &
 wait_until 60 test -s /tmp/echo.ts || log "no echo from domu2 within 60 s"
 xenstore-write data/stream-started 1
-wait_until 380 xenstore-read data/lab-stop || log "dom0 never said stop"
+wait_until 950 xenstore-read data/lab-stop || log "dom0 never said stop"
 sleep 2
 # everything sent must come back (TCP retransmits what the move delayed)
 wait_until 180 sh -c '[ "$(wc -l < /tmp/echo.ts)" -ge "$(wc -l < /tmp/sent)" ]'

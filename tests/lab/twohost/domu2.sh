@@ -1,9 +1,9 @@
 # twohost, domu2 (moves a -> b -> a): echoes domu1's stream; ticks with its
 # domid until host a's dom0 says the moves are done.
 START=$(own_domid)
-timeout 900 nc -l -p 7002 -e cat > /tmp/echo-server.log 2>&1 &
+timeout 1100 nc -l -p 7002 -e cat > /tmp/echo-server.log 2>&1 &
 i=0
-while [ -z "$(xenstore-read data/lab-done 2>/dev/null)" ] && [ $i -lt 380 ]; do
+while [ -z "$(xenstore-read data/lab-done 2>/dev/null)" ] && [ $i -lt 950 ]; do
   i=$((i + 1)); echo "tick $i domid=$(own_domid)"; sleep 1
 done
 NOW=$(own_domid)
