@@ -50,7 +50,7 @@ progress_filter() {
 # host_qemu_cmd HOST [interactive]: sets QEMU_CMD (array) and QEMU_MEM for HOST.
 host_qemu_cmd() {
   local h=$1 interactive=${2:-} sfx; sfx=$(host_sfx "$h")
-  local ndomus=$NDOMUS dom0_mem=$DOM0_MEM domus name=dom0 dom0_ip=10.0.0.1 uplink= spare=0
+  local ndomus=$NDOMUS dom0_mem=$DOM0_MEM domus name=dom0 dom0_ip=10.0.0.1 uplink='' spare=0
   if [[ $h == b ]]; then
     ndomus=$HOSTB_NDOMUS; dom0_mem=$HOSTB_DOM0_MEM; name=dom0b; dom0_ip=10.0.0.2; spare=$HOSTB_SPARE_MEM
   fi
