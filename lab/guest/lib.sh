@@ -57,8 +57,9 @@ wait_domu() {
 domu_lines() { wc -l < "$(domu_log "$1")" 2>/dev/null || echo 0; }
 # forward NAME: copy the domU's console log(s) to stdout, prefixed "NAME| ",
 # as they grow. A dom0 scenario script that receives a domU (restore on the
-# other host) starts one with stdout and stderr on /dev/console, so the lines
-# are not prefixed with its own name.
+# other host) starts one as `( forward NAME ) </dev/null >/dev/console 2>&1`,
+# so the lines are not prefixed with its own name; the subshell matters (see
+# tests/lab/twohost/dom0b.sh).
 forward() {
   for _f in $(domu_logs "$1"); do forward_file "$1" "$_f" & done
 }

@@ -23,8 +23,11 @@ check xl-restore-on-b timeout 180 xl restore /tmp/domu2.save
 xl domid domu2 >/dev/null 2>&1; echo $? > /tmp/share/restore-1.status   # host a waits for this, pass or fail
 metric move_a_to_b.restore_s "$(since "$t0")" s
 rm -f /tmp/domu2.save
-# its console on ours, not prefixed "dom0b| "
-forward domu2 < /dev/null > /dev/console 2>&1
+# its console on ours, not prefixed "dom0b| ". In a subshell: redirecting a
+# function call makes ash keep a copy of the old stdout (the scenario pipe)
+# that the forwarder's subshells inherit, and dom0-init then never sees the
+# pipe close (host b never reached @@DONE in run twohost-20261122-075233).
+( forward domu2 ) < /dev/null > /dev/console 2>&1
 ID=$(xl domid domu2 2>/dev/null || echo none)
 log "domu2 is dom$ID on host b"
 check vif-on-bridge-b wait_until 30 test -e "/sys/class/net/xenbr0/brif/vif$ID.0"
