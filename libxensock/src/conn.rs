@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
+use xensock_proto::ctrl::RingGrant;
 use xensock_proto::mem::RawRing;
 use xensock_proto::ring::{Consumer, Producer, RingError};
 use xensock_proto::switch::{RxPath, TxPath};
@@ -58,6 +59,9 @@ pub(crate) struct RxSide {
 pub(crate) struct TxSide {
     pub p: Producer<RawRing>,
     pub mapped: MappedRing,
+    /// How the peer offered the ring: the key under which the mapping is
+    /// kept for reuse after the connection (docs/protocol.md 6.6).
+    pub grant: RingGrant,
 }
 
 pub(crate) struct ConnIo {
@@ -72,6 +76,9 @@ pub(crate) struct ConnIo {
     pub shut_wr: bool,
     pub peer_closed: bool,
     pub close_received: bool,
+    /// Our `Close` went out (on a ring-reuse link it is also sent as the
+    /// answer to the peer's, so each side sends exactly one).
+    pub close_sent: bool,
     pub bytes_in: u64,
     pub bytes_out: u64,
     /// Ring error waiting to be turned into a Reset frame by the caller.
@@ -92,6 +99,7 @@ impl ConnIo {
             shut_wr: false,
             peer_closed: false,
             close_received: false,
+            close_sent: false,
             bytes_in: 0,
             bytes_out: 0,
             violation: None,
@@ -140,7 +148,8 @@ impl ConnIo {
     fn dead_state_error(&mut self, write: bool) -> Option<io::Result<usize>> {
         match self.phase {
             ConnPhase::Open => None,
-            ConnPhase::Connecting => Some(Err(errno(libc::ENOTCONN))),
+            // A non-blocking connect in progress: wait for the handshake.
+            ConnPhase::Connecting => Some(Err(io::ErrorKind::WouldBlock.into())),
             ConnPhase::Failed(e) => Some(Err(errno(e))),
             ConnPhase::Reset { reported: false } => {
                 self.phase = ConnPhase::Reset { reported: true };
@@ -239,8 +248,11 @@ impl ConnIo {
     /// Publishes the event indices for `want` and re-checks. Returns
     /// whether the caller may sleep (nothing it waits for is there yet).
     pub(crate) fn prepare_wait(&mut self, want: u8, write_want: u32) -> bool {
-        if self.phase != ConnPhase::Open {
-            return false;
+        match self.phase {
+            ConnPhase::Open => {}
+            // The answer to the request signals the connection.
+            ConnPhase::Connecting => return true,
+            _ => return false,
         }
         let mut sleep = true;
         if want & WANT_READ != 0 && !self.shut_rd {
@@ -293,6 +305,12 @@ impl ConnIo {
 
     /// `shutdown(Write)`: FIN after the bytes written so far.
     pub(crate) fn shutdown_write(&mut self) {
+        self.shutdown_write_kick(true);
+    }
+
+    /// [`ConnIo::shutdown_write`], kicking the peer only if `kick` (a
+    /// caller that sends a control frame right after lets that kick).
+    pub(crate) fn shutdown_write_kick(&mut self, kick: bool) {
         if self.shut_wr {
             return;
         }
@@ -301,19 +319,28 @@ impl ConnIo {
         if let Some(tx) = &mut self.tx {
             tx.p.finish();
             let _ = tx.p.flush();
-            self.kick();
+            if kick {
+                self.kick();
+            }
         }
     }
 
     /// `shutdown(Read)`: the writer gets `EPIPE`.
     pub(crate) fn shutdown_read(&mut self) {
+        self.shutdown_read_kick(true);
+    }
+
+    /// [`ConnIo::shutdown_read`], kicking the peer only if `kick`.
+    pub(crate) fn shutdown_read_kick(&mut self, kick: bool) {
         if self.shut_rd {
             return;
         }
         self.shut_rd = true;
         if let Some(rx) = &mut self.rx {
             rx.c.close();
-            self.kick();
+            if kick {
+                self.kick();
+            }
         }
     }
 }

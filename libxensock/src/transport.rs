@@ -16,7 +16,7 @@ use xensock_discovery::xs::{XsClient, XsError};
 use xensock_proto::ctrl::{
     self, Channel, Message, RejectReason, ResetReason, SockType, TcpEndpoint,
 };
-use xensock_proto::layout::{RingGeometry, LINK_RING_ORDER};
+use xensock_proto::layout::{RingGeometry, RingIdentity, LINK_RING_ORDER};
 use xensock_proto::mem::RawRing;
 use xensock_proto::ring::{Consumer, Producer};
 use xensock_xenif::xs_wire::{Perm, PermAccess, XsErrno};
@@ -29,8 +29,8 @@ use crate::error::{errno, Error};
 use crate::evfd::EventFd;
 use crate::listener::{ListenerShared, XenListener};
 use crate::rings::{
-    data_identity, get_byte, grant_ring, link_identity, map_ring, set_byte, MappedRing, OwnedRing,
-    LINK_MAPPER_ALIVE_OFFSET, LINK_OWNER_ALIVE_OFFSET,
+    data_identity, get_byte, grant_ring, link_identity, map_ring, reinit_ring, set_byte,
+    verify_fresh, MappedRing, OwnedRing, LINK_MAPPER_ALIVE_OFFSET, LINK_OWNER_ALIVE_OFFSET,
 };
 use crate::stream::XenStream;
 
@@ -44,6 +44,23 @@ pub const STATE_INITIALISED: &str = "3";
 pub const STATE_CONNECTED: &str = "4";
 /// `state` of a withdrawn half-link in a directory dom0 made (`XenbusStateClosed`).
 pub const STATE_CLOSED: &str = "6";
+
+/// Key of a link node that advertises ring reuse (`docs/protocol.md` 6.6):
+/// "1" when this side keeps rings granted and mapped across connections
+/// and speaks `RingRetire`. Absent (the kernel module today): no reuse.
+pub const FEATURE_RING_REUSE: &str = "feature-ring-reuse";
+
+/// Idle receive rings kept per ring order on a link, at most.
+const POOL_PER_ORDER: usize = 8;
+/// Bytes of idle receive rings kept per ring order on a link, at most (one
+/// ring is always kept).
+const POOL_BYTES_PER_ORDER: usize = 4 << 20;
+/// Peer rings kept mapped after their connection, per link, at most.
+const MAPPED_KEPT_MAX: usize = 64;
+
+/// A blocking connect spins for this many times `Config::busy_poll` for
+/// the answer before sleeping: the peer's manager has to wake up first.
+const CONNECT_SPIN_FACTOR: u32 = 4;
 
 /// First port handed out for `PORT_ANY`.
 pub const EPHEMERAL_PORT_FIRST: u32 = 49152;
@@ -63,6 +80,11 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// How long a blocking read or write spins on the ring before sleeping.
     pub busy_poll: Duration,
+    /// Keep data rings granted and mapped across connections on links whose
+    /// peer advertises it too (`feature-ring-reuse`): a connect then costs
+    /// no grant, map or unmap. Off, this transport behaves like a peer that
+    /// does not know the feature (as the kernel module today).
+    pub ring_reuse: bool,
 }
 
 impl Default for Config {
@@ -73,6 +95,7 @@ impl Default for Config {
             link_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(10),
             busy_poll: Duration::from_micros(50),
+            ring_reuse: true,
         }
     }
 }
@@ -108,6 +131,9 @@ struct Link {
     peer_seen_alive: bool,
     owner_seen_alive: bool,
     created_dir: bool,
+    /// Both sides advertise `feature-ring-reuse`.
+    reuse: bool,
+    rings: RingCache,
     /// Stops the watch on the peer's node (its removal when the peer's
     /// domain is destroyed is only reported to watchers of that path).
     watch_stop: Arc<AtomicBool>,
@@ -117,6 +143,19 @@ impl Drop for Link {
     fn drop(&mut self) {
         self.watch_stop.store(true, Ordering::Release);
     }
+}
+
+/// Rings kept across connections on one link (docs/protocol.md 6.6).
+#[derive(Default)]
+struct RingCache {
+    /// Our receive rings that no connection uses and that the peer no
+    /// longer writes, by ring order: re-offered at the next connect/accept.
+    pool: HashMap<u8, Vec<OwnedRing>>,
+    /// Our receive rings whose connection closed here before the peer's
+    /// `Close` came (until then it may still write), by our connection id.
+    lent: HashMap<u32, OwnedRing>,
+    /// Peer rings we stopped writing and keep mapped, oldest first.
+    mapped: VecDeque<(ctrl::RingGrant, MappedRing)>,
 }
 
 /// Where watch threads put the paths that fired; not tied to the
@@ -227,8 +266,14 @@ static GLOBAL: OnceLock<Transport> = OnceLock::new();
 
 fn random_u32() -> u32 {
     let mut b = [0u8; 4];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = io::Read::read_exact(&mut f, &mut b);
+    // getrandom(2) rather than opening /dev/urandom: this runs on every
+    // connect (the cookie), where an open and a close showed up in profiles.
+    // SAFETY: writes at most 4 bytes into `b`.
+    let got = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if got != b.len() as isize {
+        if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+            let _ = io::Read::read_exact(&mut f, &mut b);
+        }
     }
     let v = u32::from_ne_bytes(b);
     if v == 0 {
@@ -464,6 +509,10 @@ impl Transport {
         let deadline = Instant::now() + timeout.unwrap_or(inner.cfg.connect_timeout);
         let link_deadline = deadline.min(Instant::now() + inner.cfg.link_timeout);
         let conn = inner.start_connect(peer, addr.port, opts, link_deadline)?;
+        // The answer usually comes back within microseconds: spin a little,
+        // taking it off the control ring ourselves, before sleeping until
+        // the manager thread signals it.
+        let spin_end = Instant::now() + inner.cfg.busy_poll * CONNECT_SPIN_FACTOR;
         // Wait for Accept / Reject.
         loop {
             let g0 = conn.generation();
@@ -479,6 +528,11 @@ impl Transport {
                     inner.forget_conn(&conn);
                     return Err(errno(libc::ECONNREFUSED));
                 }
+            }
+            if Instant::now() < spin_end {
+                inner.poll_link(peer);
+                std::thread::yield_now();
+                continue;
             }
             if !conn.wait_since(g0, Some(deadline)) && conn.io().phase == ConnPhase::Connecting {
                 {
@@ -514,6 +568,14 @@ pub struct LinkStatus {
     pub connections: usize,
     /// Control frames waiting for ring space.
     pub pending_frames: usize,
+    /// Both sides keep rings across connections (`feature-ring-reuse`).
+    pub ring_reuse: bool,
+    /// Our idle receive rings, kept granted for the next connections.
+    pub pooled_rings: usize,
+    /// Our receive rings of closed connections the peer may still write.
+    pub lent_rings: usize,
+    /// Peer rings we keep mapped for the next connections.
+    pub kept_mappings: usize,
 }
 
 /// A connection, as reported by [`Transport::status`].
@@ -680,6 +742,131 @@ impl Inner {
         }
     }
 
+    /// Services `peer`'s link from the calling thread when a frame is
+    /// waiting and the manager thread is not at it: a waiter that takes its
+    /// own answer off the control ring saves two thread wake-ups.
+    pub(crate) fn poll_link(&self, peer: DomId) {
+        let mut st = match self.state.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        let waiting = st
+            .links
+            .get(&peer)
+            .is_some_and(|l| l.c.readable().is_ok_and(|n| n as usize >= ctrl::HEADER_LEN));
+        if waiting {
+            self.service_link(&mut st, peer);
+        }
+    }
+
+    // ---- rings kept across connections (docs/protocol.md 6.6) -----------
+
+    /// A receive ring for our connection `conn_id`: an idle one of the
+    /// link's pool, re-initialised, else a fresh grant.
+    fn take_rx_ring(
+        &self,
+        st: &mut State,
+        peer: DomId,
+        geometry: RingGeometry,
+        conn_id: u32,
+    ) -> Result<OwnedRing, Error> {
+        let order = geometry.order() as u8;
+        let pooled = st
+            .links
+            .get_mut(&peer)
+            .filter(|l| l.reuse)
+            .and_then(|l| l.rings.pool.get_mut(&order)?.pop());
+        if let Some(ring) = pooled {
+            reinit_ring(&ring, self.domid, peer, conn_id);
+            return Ok(ring);
+        }
+        grant_ring(
+            self.xen.as_ref(),
+            self.domid,
+            peer,
+            geometry,
+            conn_id,
+            false,
+        )
+    }
+
+    /// Maps the ring `peer` offered in `grant`, reusing a mapping kept from
+    /// an earlier connection if it names the same pages. A kept mapping is
+    /// checked like a fresh one (identity) and must start from zero.
+    fn map_peer_ring(
+        &self,
+        st: &mut State,
+        peer: DomId,
+        grant: &ctrl::RingGrant,
+        expected: &RingIdentity,
+    ) -> Result<MappedRing, Error> {
+        let kept = st.links.get_mut(&peer).and_then(|l| {
+            let i = l
+                .rings
+                .mapped
+                .iter()
+                .position(|(g, _)| g.header_ref == grant.header_ref)?;
+            l.rings.mapped.remove(i)
+        });
+        if let Some((g, m)) = kept {
+            if g.order == grant.order && g.dir_ref == grant.dir_ref {
+                m.ring.header().verify(expected).map_err(Error::Layout)?;
+                verify_fresh(&m.ring)?;
+                return Ok(m);
+            }
+            // Same header page, other geometry: the peer is confused; map
+            // what it says now (and let the identity check decide).
+        }
+        map_ring(self.xen.as_ref(), peer, grant, expected)
+    }
+
+    /// Keeps our mapping of a peer ring we will not write any more, for
+    /// the peer to re-offer. Dropped (unmapped) when reuse is off.
+    fn keep_mapping(&self, st: &mut State, peer: DomId, tx: TxSide) {
+        let Some(link) = st.links.get_mut(&peer).filter(|l| l.reuse) else {
+            return;
+        };
+        link.rings.mapped.push_back((tx.grant, tx.mapped));
+        while link.rings.mapped.len() > MAPPED_KEPT_MAX {
+            link.rings.mapped.pop_front();
+        }
+    }
+
+    /// Our receive ring is idle and the peer no longer writes it: into the
+    /// pool, or, past the pool's bound, retired (the peer is told to unmap
+    /// it, and our grant ends; Xen defers that until the peer has unmapped).
+    fn pool_rx_ring(&self, st: &mut State, peer: DomId, ring: OwnedRing) {
+        let Some(link) = st.links.get_mut(&peer).filter(|l| l.reuse) else {
+            return;
+        };
+        let size = ring.ring.geometry().data_size();
+        let cap = (POOL_BYTES_PER_ORDER / size.max(1)).clamp(1, POOL_PER_ORDER);
+        let pool = link.rings.pool.entry(ring.grant.order).or_default();
+        if pool.len() < cap {
+            pool.push(ring);
+            return;
+        }
+        let grant = ring.grant;
+        drop(ring);
+        self.send_frame(st, peer, &Message::RingRetire { ring: grant });
+    }
+
+    /// Where our receive ring goes when our side of a cleanly closed
+    /// connection is done: the pool if the peer already said it stopped
+    /// writing (its `Close`), else lent until it does.
+    fn release_rx_ring(&self, st: &mut State, conn: &Conn, ring: OwnedRing, peer_done: bool) {
+        if peer_done {
+            self.pool_rx_ring(st, conn.peer, ring);
+        } else if let Some(link) = st.links.get_mut(&conn.peer).filter(|l| l.reuse) {
+            link.rings.lent.insert(conn.id, ring);
+        }
+    }
+
+    fn link_reuses_rings(&self, st: &State, peer: DomId) -> bool {
+        st.links.get(&peer).is_some_and(|l| l.reuse)
+    }
+
     // ---- links ----------------------------------------------------------
 
     /// Creates our half of a link to `peer` (grant, port, XenStore node).
@@ -730,6 +917,9 @@ impl Inner {
                 &format!("{node}/peer-generation"),
                 peer_gen.unwrap_or(0).to_string(),
             )?;
+            if self.cfg.ring_reuse {
+                tx.write(&format!("{node}/{FEATURE_RING_REUSE}"), "1")?;
+            }
             tx.write(&format!("{node}/state"), STATE_INITIALISED)?;
             Ok(!exists)
         })?;
@@ -760,6 +950,8 @@ impl Inner {
                 peer_seen_alive: false,
                 owner_seen_alive: false,
                 created_dir,
+                reuse: false,
+                rings: RingCache::default(),
                 watch_stop,
             },
         );
@@ -792,6 +984,7 @@ impl Inner {
         let p = Producer::new(ring.ring);
         link.tx = Some(LinkTx { ring, p, chan });
         link.peer_gen = Some(info.gen);
+        link.reuse = self.cfg.ring_reuse && info.ring_reuse;
         let _ = self
             .xs
             .write(&format!("{}/state", self.my_node(peer)), STATE_CONNECTED);
@@ -829,6 +1022,7 @@ impl Inner {
                 ring_ref,
                 port,
                 peer_gen: num("peer-generation")?.unwrap_or(0),
+                ring_reuse: num(FEATURE_RING_REUSE)? == Some(1),
             }))
         };
         match read() {
@@ -922,7 +1116,13 @@ impl Inner {
             return;
         }
         let _ = self.xs.transaction(|tx| {
-            for name in ["ring-ref", "event-channel", "generation", "peer-generation"] {
+            for name in [
+                "ring-ref",
+                "event-channel",
+                "generation",
+                "peer-generation",
+                FEATURE_RING_REUSE,
+            ] {
                 match tx.rm(&format!("{node}/{name}")) {
                     Ok(()) => {}
                     Err(e) if e.is(XsErrno::NoEnt) => {}
@@ -1131,37 +1331,42 @@ impl Inner {
                 rx,
                 ..
             } => {
+                let _ = cookie;
                 let conn = st.conns.get(&conn_id).filter(|c| c.peer == peer).cloned();
-                let ok = conn.as_ref().is_some_and(|c| {
-                    let mut io = c.io();
-                    if io.phase != ConnPhase::Connecting {
-                        return false;
-                    }
-                    let _ = cookie;
-                    match map_ring(
-                        self.xen.as_ref(),
-                        peer,
-                        &rx,
-                        &data_identity(peer, self.domid, acceptor_id, rx.order),
-                    ) {
-                        Ok(mapped) => {
-                            let p = Producer::new(mapped.ring);
-                            io.tx = Some(TxSide { p, mapped });
-                            io.peer_id = acceptor_id;
-                            io.kicker = st
-                                .links
-                                .get(&peer)
-                                .and_then(|l| l.tx.as_ref().map(|t| t.chan.clone()));
-                            io.phase = ConnPhase::Open;
-                            true
-                        }
-                        Err(_) => {
-                            io.release();
-                            io.phase = ConnPhase::Failed(libc::EPROTO);
+                let kicker = st
+                    .links
+                    .get(&peer)
+                    .and_then(|l| l.tx.as_ref().map(|t| t.chan.clone()));
+                let ok = match &conn {
+                    Some(c) => {
+                        let mut io = c.io();
+                        if io.phase != ConnPhase::Connecting {
                             false
+                        } else {
+                            let expected = data_identity(peer, self.domid, acceptor_id, rx.order);
+                            match self.map_peer_ring(st, peer, &rx, &expected) {
+                                Ok(mapped) => {
+                                    let p = Producer::new(mapped.ring);
+                                    io.tx = Some(TxSide {
+                                        p,
+                                        mapped,
+                                        grant: rx,
+                                    });
+                                    io.peer_id = acceptor_id;
+                                    io.kicker = kicker;
+                                    io.phase = ConnPhase::Open;
+                                    true
+                                }
+                                Err(_) => {
+                                    io.release();
+                                    io.phase = ConnPhase::Failed(libc::EPROTO);
+                                    false
+                                }
+                            }
                         }
                     }
-                });
+                    None => false,
+                };
                 if let Some(c) = &conn {
                     c.signal();
                 }
@@ -1197,16 +1402,38 @@ impl Inner {
                 }
             }
             Message::Close { conn_id } => {
+                let reuse = self.link_reuses_rings(st, peer);
                 if let Some(c) = st.conns.get(&conn_id).filter(|c| c.peer == peer).cloned() {
-                    {
+                    let (tx, answer) = {
                         let mut io = c.io();
                         io.peer_closed = true;
                         io.close_received = true;
-                        // The peer no longer reads: drop our mapping of its
-                        // ring. Our own ring stays until the data is read.
-                        io.tx = None;
+                        // The peer no longer reads: stop writing its ring
+                        // (kept mapped for reuse, else unmapped). Our own
+                        // ring stays until the data is read.
+                        let tx = io.tx.take();
+                        // On a reuse link our Close tells the peer that we
+                        // no longer write its ring, so it may pool it.
+                        let answer = reuse && !io.close_sent && io.phase == ConnPhase::Open;
+                        if answer {
+                            io.close_sent = true;
+                        }
+                        (tx, answer.then_some(io.peer_id))
+                    };
+                    if let Some(tx) = tx {
+                        self.keep_mapping(st, peer, tx);
+                    }
+                    if let Some(peer_id) = answer {
+                        self.send_frame(st, peer, &Message::Close { conn_id: peer_id });
                     }
                     c.signal();
+                } else if let Some(ring) = st
+                    .links
+                    .get_mut(&peer)
+                    .and_then(|l| l.rings.lent.remove(&conn_id))
+                {
+                    // Closed here first; now the peer stopped writing too.
+                    self.pool_rx_ring(st, peer, ring);
                 }
             }
             Message::Reset { conn_id, .. } => {
@@ -1221,6 +1448,17 @@ impl Inner {
                     }
                     c.signal();
                     self.unregister(st, &c);
+                } else if let Some(link) = st.links.get_mut(&peer) {
+                    // A ring lent after a clean close: the peer's state is
+                    // unknown, so it is not reused.
+                    link.rings.lent.remove(&conn_id);
+                }
+            }
+            Message::RingRetire { ring } => {
+                if let Some(link) = st.links.get_mut(&peer) {
+                    link.rings
+                        .mapped
+                        .retain(|(g, _)| g.header_ref != ring.header_ref);
                 }
             }
             // Carrier switching (RingOffer, Suspend, Resume) is the next
@@ -1245,25 +1483,18 @@ impl Inner {
         let kicker = link.tx.as_ref().map(|t| t.chan.clone());
         let shared = link.shared.clone();
         let id = self.next_conn_id();
-        let mapped = map_ring(
-            self.xen.as_ref(),
-            peer,
-            rx,
-            &data_identity(peer, self.domid, their_id, rx.order),
-        )?;
-        let owned = grant_ring(
-            self.xen.as_ref(),
-            self.domid,
-            peer,
-            RingGeometry::for_capacity(l.recv_buffer),
-            id,
-            false,
-        )?;
+        let expected = data_identity(peer, self.domid, their_id, rx.order);
+        let mapped = self.map_peer_ring(st, peer, rx, &expected)?;
+        let owned = self.take_rx_ring(st, peer, RingGeometry::for_capacity(l.recv_buffer), id)?;
         let grant = owned.grant;
         let c = Consumer::new(owned.ring);
         let mut io = ConnIo::new(Some(RxSide { c, owned }));
         let p = Producer::new(mapped.ring);
-        io.tx = Some(TxSide { p, mapped });
+        io.tx = Some(TxSide {
+            p,
+            mapped,
+            grant: *rx,
+        });
         io.peer_id = their_id;
         io.kicker = kicker;
         io.phase = ConnPhase::Open;
@@ -1335,7 +1566,7 @@ impl Inner {
         let mut st = self.ensure_link(st, peer, link_deadline)?;
         let id = self.next_conn_id();
         let geometry = RingGeometry::for_capacity(opts.recv_buffer.unwrap_or(self.cfg.recv_buffer));
-        let owned = grant_ring(self.xen.as_ref(), self.domid, peer, geometry, id, false)?;
+        let owned = self.take_rx_ring(&mut st, peer, geometry, id)?;
         let grant = owned.grant;
         let src_port = self.ephemeral_port(&mut st)?;
         let link = st
@@ -1384,21 +1615,43 @@ impl Inner {
     /// The last handle of a connection went away: FIN, CLOSED, Close frame,
     /// release.
     pub(crate) fn close_conn(&self, conn: &Arc<Conn>) {
-        let (send_close, send_reset, peer_id) = {
+        let mut st = self.state();
+        let reuse = self.link_reuses_rings(&st, conn.peer);
+        let (send_close, send_reset, peer_id, kept) = {
             let mut io = conn.io();
             let open = io.phase == ConnPhase::Open;
             let violation = io.violation.take().is_some();
             if open {
-                io.shutdown_write();
-                io.shutdown_read();
+                // The Close frame that follows kicks the peer's link when
+                // it is asleep: no separate kick for the flags then.
+                let quiet = !violation && !io.close_sent && (reuse || !io.close_received);
+                io.shutdown_write_kick(!quiet);
+                io.shutdown_read_kick(!quiet);
             }
+            // A clean close on a reuse link keeps both rings (docs/protocol.md
+            // 6.6); anything else releases them.
+            let kept = (open && reuse && !violation).then(|| {
+                let peer_done = io.close_received;
+                (io.tx.take(), io.rx.take().map(|r| (r.owned, peer_done)))
+            });
             io.release();
             if open {
                 io.phase = ConnPhase::Closed;
             }
-            (open && !io.close_received, violation, io.peer_id)
+            let send_close = open && !io.close_sent && (reuse || !io.close_received);
+            if send_close {
+                io.close_sent = true;
+            }
+            (send_close, violation, io.peer_id, kept)
         };
-        let mut st = self.state();
+        if let Some((tx, rx)) = kept {
+            if let Some(tx) = tx {
+                self.keep_mapping(&mut st, conn.peer, tx);
+            }
+            if let Some((ring, peer_done)) = rx {
+                self.release_rx_ring(&mut st, conn, ring, peer_done);
+            }
+        }
         if send_reset {
             self.counters.resets_sent.fetch_add(1, Ordering::Relaxed);
             self.send_frame(
@@ -1462,6 +1715,10 @@ impl Inner {
                 up: l.tx.is_some(),
                 connections: l.conns.len(),
                 pending_frames: l.pending.len(),
+                ring_reuse: l.reuse,
+                pooled_rings: l.rings.pool.values().map(Vec::len).sum(),
+                lent_rings: l.rings.lent.len(),
+                kept_mappings: l.rings.mapped.len(),
             })
             .collect();
         let mut connections: Vec<ConnStatus> = st
@@ -1512,4 +1769,5 @@ struct PeerNode {
     ring_ref: u32,
     port: u32,
     peer_gen: u32,
+    ring_reuse: bool,
 }
