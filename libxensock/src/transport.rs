@@ -499,13 +499,7 @@ impl Transport {
     ) -> io::Result<XenStream> {
         let addr = addr.to_xen_addr()?;
         let inner = &self.owner.inner;
-        if addr.domid >= DOMID_FIRST_RESERVED
-            || addr.port == PORT_ANY
-            || addr.domid == u32::from(inner.domid)
-        {
-            return Err(errno(libc::EINVAL));
-        }
-        let peer = addr.domid as DomId;
+        let peer = self.check_connect_addr(&addr)?;
         let deadline = Instant::now() + timeout.unwrap_or(inner.cfg.connect_timeout);
         let link_deadline = deadline.min(Instant::now() + inner.cfg.link_timeout);
         let conn = inner.start_connect(peer, addr.port, opts, link_deadline)?;
@@ -545,6 +539,70 @@ impl Transport {
             }
         }
         Ok(XenStream::new(self.clone(), conn))
+    }
+
+    /// Starts a connect and returns at once, as a non-blocking `connect`
+    /// returning `EINPROGRESS`: the stream is in non-blocking mode and
+    /// still connecting. Its descriptor becomes readable when the answer
+    /// comes; [`XenStream::finish_connect`] then reports the outcome
+    /// (`WouldBlock` while still in progress), and
+    /// [`XenStream::take_error`] the failure. Reads and writes return
+    /// `WouldBlock` until the connection is open. There is no timeout:
+    /// drop the stream to abandon the attempt.
+    ///
+    /// The only blocking part is bringing up the link to a domain this
+    /// transport has no link with yet (XenStore, up to
+    /// `Config::link_timeout`); an async caller runs
+    /// [`Transport::prepare_link`] on a thread that may block first when
+    /// [`Transport::link_ready`] is false.
+    pub fn connect_nonblocking(
+        &self,
+        addr: impl crate::ToXenAddr,
+        opts: SocketOptions,
+    ) -> io::Result<XenStream> {
+        let addr = addr.to_xen_addr()?;
+        let peer = self.check_connect_addr(&addr)?;
+        let inner = &self.owner.inner;
+        let link_deadline = Instant::now() + inner.cfg.link_timeout;
+        let conn = inner.start_connect(peer, addr.port, opts, link_deadline)?;
+        conn.nonblocking.store(true, Ordering::Release);
+        Ok(XenStream::new(self.clone(), conn))
+    }
+
+    /// Whether the link to `domid` is up, so that
+    /// [`Transport::connect_nonblocking`] will not block.
+    pub fn link_ready(&self, domid: u32) -> bool {
+        let Ok(peer) = DomId::try_from(domid) else {
+            return false;
+        };
+        self.owner
+            .inner
+            .state()
+            .links
+            .get(&peer)
+            .is_some_and(|l| l.tx.is_some())
+    }
+
+    /// Brings the link to `domid` up (through XenStore, the first time),
+    /// waiting at most `timeout` and `Config::link_timeout`: `EHOSTUNREACH`
+    /// if the domain does not answer. Blocks; see [`Transport::connect_nonblocking`].
+    pub fn prepare_link(&self, domid: u32, timeout: Duration) -> io::Result<()> {
+        let addr = SockAddrXen::new(domid, 1);
+        let peer = self.check_connect_addr(&addr)?;
+        let inner = &self.owner.inner;
+        let st = inner.state();
+        let deadline = Instant::now() + timeout.min(inner.cfg.link_timeout);
+        inner.ensure_link(st, peer, deadline).map(drop)
+    }
+
+    fn check_connect_addr(&self, addr: &SockAddrXen) -> io::Result<DomId> {
+        if addr.domid >= DOMID_FIRST_RESERVED
+            || addr.port == PORT_ANY
+            || addr.domid == u32::from(self.owner.inner.domid)
+        {
+            return Err(errno(libc::EINVAL));
+        }
+        DomId::try_from(addr.domid).map_err(|_| errno(libc::EINVAL))
     }
 
     /// A snapshot of links and connections, for `xensock status`.
