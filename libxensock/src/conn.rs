@@ -3,6 +3,7 @@
 //! the link manager.
 
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Instant;
@@ -47,6 +48,22 @@ pub enum ConnPhase {
 /// of connections waiting for a kick.
 pub(crate) struct LinkShared {
     pub armed: Mutex<Vec<Weak<Conn>>>,
+    /// A second descriptor of the link's inbound event channel: one
+    /// blocked reader or writer at a time sleeps on it directly, so the
+    /// peer's kick wakes it without a hop through the manager thread.
+    pub kick_fd: Option<OwnedFd>,
+    /// Whether a waiter holds the direct slot on `kick_fd`.
+    pub direct: AtomicBool,
+}
+
+impl LinkShared {
+    pub(crate) fn new(kick_fd: Option<OwnedFd>) -> LinkShared {
+        LinkShared {
+            armed: Mutex::new(Vec::new()),
+            kick_fd,
+            direct: AtomicBool::new(false),
+        }
+    }
 }
 
 pub(crate) struct RxSide {
@@ -439,12 +456,89 @@ impl Conn {
         write_want: u32,
         deadline: Option<Instant>,
     ) -> bool {
+        // One waiter per link sleeps on the link's event channel itself:
+        // the peer's kick wakes it directly, where the others (and this one,
+        // after a kick meant for another connection) wait for the manager
+        // thread to check their rings and signal them: two wake-ups.
+        let direct = self.link.kick_fd.is_some()
+            && self
+                .link
+                .direct
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        if direct {
+            // Signals after this drain make it readable again; the
+            // generation read below is at least as new as any before it.
+            self.evfd.drain();
+        }
         let g0 = self.generation();
         self.arm(want);
         if !self.io().prepare_wait(want, write_want) {
+            if direct {
+                self.link.direct.store(false, Ordering::Release);
+            }
             return true;
         }
-        self.wait_since(g0, deadline)
+        if !direct {
+            return self.wait_since(g0, deadline);
+        }
+        let r = self.wait_direct(want, g0, deadline);
+        self.link.direct.store(false, Ordering::Release);
+        match r {
+            Some(r) => r,
+            None => self.wait_since(g0, deadline),
+        }
+    }
+
+    /// Sleeps on the connection's eventfd and the link's kick descriptor.
+    /// `Some(false)` on timeout, `Some(true)` when signalled or when a kick
+    /// made `want` ready, `None` after a kick for another connection (the
+    /// caller then waits for the manager, which has that kick to ack).
+    fn wait_direct(&self, want: u8, g0: u64, deadline: Option<Instant>) -> Option<bool> {
+        let kick = self.link.kick_fd.as_ref()?;
+        loop {
+            if self.generation() != g0 {
+                return Some(true);
+            }
+            let ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Some(false);
+                    }
+                    let left = d - now;
+                    i32::try_from(left.as_millis() + 1).unwrap_or(i32::MAX)
+                }
+            };
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.evfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: kick.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds for the duration of the call; both
+            // descriptors stay open (this connection and its link share
+            // hold them).
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+            if n <= 0 {
+                continue;
+            }
+            if fds[0].revents != 0 || self.generation() != g0 {
+                return Some(true);
+            }
+            return if self.io().ready_for(want) {
+                Some(true)
+            } else {
+                None
+            };
+        }
     }
 
     /// The signal counter, read before checking a condition that

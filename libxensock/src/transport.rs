@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -990,6 +990,7 @@ impl Inner {
                 .spawn(move || sink.run(w, stop));
         }
         let c = Consumer::new(rx.ring);
+        let shared = Arc::new(LinkShared::new(rx_chan.as_fd().try_clone_to_owned().ok()));
         st.links.insert(
             peer,
             Link {
@@ -1001,9 +1002,7 @@ impl Inner {
                 rx_chan,
                 tx: None,
                 pending: VecDeque::new(),
-                shared: Arc::new(LinkShared {
-                    armed: Mutex::new(Vec::new()),
-                }),
+                shared,
                 conns: HashSet::new(),
                 peer_seen_alive: false,
                 owner_seen_alive: false,
