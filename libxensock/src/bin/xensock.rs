@@ -55,6 +55,10 @@ enum Cmd {
         /// Write a PNG chart of the throughput table to this path.
         #[arg(long)]
         plot: Option<PathBuf>,
+        /// Repetitions of every measurement; the table shows the median
+        /// (and xensock's min..max).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
     },
     /// Backend, links and connections of the calling domain.
     Status,
@@ -69,7 +73,7 @@ fn main() {
             ring,
             quiet,
         } => demo(mib, write_size.max(1), ring, quiet),
-        Cmd::Bench { scale, plot } => bench(scale, plot),
+        Cmd::Bench { scale, plot, reps } => bench(scale, plot, reps.max(1)),
         Cmd::Status => status(),
     };
     if let Err(e) = r {
@@ -499,7 +503,25 @@ fn idle_memory(env: &mut Env, kind: Kind, n: usize) -> Res<f64> {
     Ok(after.saturating_sub(before) as f64 / n as f64)
 }
 
-fn bench(scale: f64, plot: Option<PathBuf>) -> Res<()> {
+/// Median and spread of repeated measurements.
+#[derive(Clone, Copy, Default)]
+struct Stat {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Stat {
+    fn of(mut v: Vec<f64>) -> Stat {
+        v.sort_by(|a, b| a.total_cmp(b));
+        match (v.first(), v.get(v.len() / 2), v.last()) {
+            (Some(&min), Some(&median), Some(&max)) => Stat { median, min, max },
+            _ => Stat::default(),
+        }
+    }
+}
+
+fn bench(scale: f64, plot: Option<PathBuf>, reps: usize) -> Res<()> {
     let host = SimHost::start()?;
     let da = host.create_domain(DomainConfig::new("bench-a"))?;
     let db = host.create_domain(DomainConfig::new("bench-b"))?;
@@ -511,58 +533,58 @@ fn bench(scale: f64, plot: Option<PathBuf>) -> Res<()> {
         _host: host,
     };
     println!("{}", libxensock::backend());
-    println!("xensock on the simulated host vs AF_UNIX vs TCP loopback (same run, same machine)\n");
-    let sizes = [64usize, 1024, 16 * 1024, 64 * 1024, 1 << 20];
-    println!("stream throughput, MB/s (one writer, one reader)");
+    println!("xensock on the simulated host vs AF_UNIX vs TCP loopback (same run, same machine)");
     println!(
-        "{:>10} {:>10} {:>10} {:>10} {:>9} {:>9}",
-        "write", "xensock", "AF_UNIX", "TCP lo", "x/unix", "x/tcp"
+        "every figure is the median of {reps} runs, interleaved by kind; xensock's min..max in brackets\n"
+    );
+    let sizes = [64usize, 1024, 16 * 1024, 64 * 1024, 1 << 20];
+    println!("stream throughput, MB/s (one writer, one reader, 1 MiB rings)");
+    println!(
+        "{:>10} {:>10} {:>13} {:>10} {:>10} {:>9} {:>9}",
+        "write", "xensock", "(min..max)", "AF_UNIX", "TCP lo", "x/unix", "x/tcp"
     );
     let mut rows = Vec::new();
     for &w in &sizes {
         let total = ((if w < 1024 { 16u64 << 20 } else { 256u64 << 20 }) as f64 * scale) as u64;
         let total = total.max(w as u64);
-        let mut r = [0f64; 3];
-        for (i, k) in KINDS.iter().enumerate() {
-            r[i] = throughput(&mut env, *k, w, total)?;
-        }
+        let r = interleaved(reps, |k| throughput(&mut env, k, w, total))?;
         println!(
-            "{:>10} {:>10.0} {:>10.0} {:>10.0} {:>8.2}x {:>8.2}x",
+            "{:>10} {:>10.0} {:>13} {:>10.0} {:>10.0} {:>8.2}x {:>8.2}x",
             human(w),
-            r[0],
-            r[1],
-            r[2],
-            r[0] / r[1],
-            r[0] / r[2]
+            r[0].median,
+            format!("({:.0}..{:.0})", r[0].min, r[0].max),
+            r[1].median,
+            r[2].median,
+            r[0].median / r[1].median,
+            r[0].median / r[2].median
         );
-        rows.push((w, r));
+        rows.push((w, r.map(|s| s.median)));
     }
     let rounds = ((20_000f64 * scale) as u32).max(100);
-    let mut lat = [0f64; 3];
-    for (i, k) in KINDS.iter().enumerate() {
-        lat[i] = pingpong(&mut env, *k, rounds)?;
-    }
+    let lat = interleaved(reps, |k| pingpong(&mut env, k, rounds))?;
     println!("\n1-byte ping-pong, one-way latency (us)");
+    println!("{:>10} {:>10} {:>10}", "xensock", "AF_UNIX", "TCP lo");
     println!(
-        "{:>10.2} {:>10.2} {:>10.2}   xensock/TCP {:.2}x  xensock/unix {:.2}x",
-        lat[0],
-        lat[1],
-        lat[2],
-        lat[0] / lat[2],
-        lat[0] / lat[1]
+        "{:>10.2} {:>10.2} {:>10.2}   xensock/TCP {:.2}x  xensock/unix {:.2}x  (xensock {:.2}..{:.2})",
+        lat[0].median,
+        lat[1].median,
+        lat[2].median,
+        lat[0].median / lat[2].median,
+        lat[0].median / lat[1].median,
+        lat[0].min,
+        lat[0].max
     );
     let n = ((2000f64 * scale) as u32).max(10);
-    let mut rate = [0f64; 3];
-    for (i, k) in KINDS.iter().enumerate() {
-        rate[i] = connect_rate(&mut env, *k, n)?;
-    }
-    println!("\nconnect+accept+close per second");
+    let rate = interleaved(reps, |k| connect_rate(&mut env, k, n))?;
+    println!("\nconnect+accept+close per second ({n} in a row, one thread)");
     println!(
-        "{:>10.0} {:>10.0} {:>10.0}   xensock/TCP {:.2}x",
-        rate[0],
-        rate[1],
-        rate[2],
-        rate[0] / rate[2]
+        "{:>10.0} {:>10.0} {:>10.0}   xensock/TCP {:.2}x  (xensock {:.0}..{:.0})",
+        rate[0].median,
+        rate[1].median,
+        rate[2].median,
+        rate[0].median / rate[2].median,
+        rate[0].min,
+        rate[0].max
     );
     let idle = ((1000f64 * scale) as usize).max(10);
     let mut mem = [0f64; 3];
@@ -577,6 +599,18 @@ fn bench(scale: f64, plot: Option<PathBuf>) -> Res<()> {
         println!("wrote {}", p.display());
     }
     Ok(())
+}
+
+/// Runs `f` for every kind, `reps` times, interleaving the kinds so that a
+/// slow period of the machine hits all three alike.
+fn interleaved(reps: usize, mut f: impl FnMut(Kind) -> Res<f64>) -> Res<[Stat; 3]> {
+    let mut v: [Vec<f64>; 3] = Default::default();
+    for _ in 0..reps {
+        for (i, k) in KINDS.iter().enumerate() {
+            v[i].push(f(*k)?);
+        }
+    }
+    Ok(v.map(Stat::of))
 }
 
 fn human(n: usize) -> String {
