@@ -623,86 +623,80 @@ fn human(n: usize) -> String {
     }
 }
 
-/// A minimal PNG bar chart (no font dependencies): one group of three bars
-/// per write size, heights proportional to MB/s; colours: xensock blue,
-/// AF_UNIX green, TCP red.
+/// A PNG chart of the throughput table (plotters): MB/s per write size,
+/// log scale, one line per kind. Labels need a TrueType font; the usual
+/// DejaVu/Liberation paths are tried.
 fn write_plot(path: &std::path::Path, rows: &[(usize, [f64; 3])]) -> Res<()> {
-    let (w, h) = (640usize, 360usize);
-    let mut img = vec![255u8; w * h * 3];
-    let max = rows
-        .iter()
-        .flat_map(|(_, r)| r.iter().copied())
-        .fold(1.0f64, f64::max);
-    let colours = [[40u8, 90, 200], [40, 160, 70], [200, 50, 50]];
-    let group = w / rows.len().max(1);
-    for (g, (_, r)) in rows.iter().enumerate() {
-        for (i, v) in r.iter().enumerate() {
-            let bar_h = ((v / max) * (h as f64 - 20.0)) as usize;
-            let x0 = g * group + 10 + i * (group - 20) / 3;
-            let x1 = x0 + (group - 20) / 3 - 4;
-            for y in (h - bar_h)..h {
-                for x in x0..x1.min(w) {
-                    let p = (y * w + x) * 3;
-                    img[p..p + 3].copy_from_slice(&colours[i]);
-                }
+    use plotters::prelude::*;
+    register_font()?;
+    let root = BitMapBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let all = || rows.iter().flat_map(|(_, r)| r.iter().copied());
+    let ymax = all().fold(1.0f64, f64::max) * 1.5;
+    let ymin = (all().fold(f64::INFINITY, f64::min) / 1.5).clamp(0.1, ymax / 2.0);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "stream throughput: xensock (sim) vs AF_UNIX vs TCP loopback",
+            ("sans-serif", 22),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(80)
+        .build_cartesian_2d(
+            (0..rows.len() - 1).into_segmented(),
+            (ymin..ymax).log_scale(),
+        )?;
+    chart
+        .configure_mesh()
+        .x_labels(rows.len())
+        .x_label_formatter(&|x| match x {
+            SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => {
+                rows.get(*i).map(|(w, _)| human(*w)).unwrap_or_default()
             }
-        }
+            SegmentValue::Last => String::new(),
+        })
+        .x_desc("write size")
+        .y_desc("MB/s (log scale)")
+        .draw()?;
+    for (k, colour) in [(0usize, BLUE), (1, GREEN), (2, RED)] {
+        let points = || {
+            rows.iter()
+                .enumerate()
+                .map(move |(i, (_, r))| (SegmentValue::CenterOf(i), r[k]))
+        };
+        chart
+            .draw_series(LineSeries::new(points(), colour.stroke_width(2)))?
+            .label(KINDS[k].name())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
+        chart.draw_series(points().map(|p| Circle::new(p, 4, colour.filled())))?;
     }
-    std::fs::write(path, png(w, h, &img))?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
     Ok(())
 }
 
-/// Encodes an RGB image as a PNG with stored (uncompressed) deflate blocks.
-fn png(w: usize, h: usize, rgb: &[u8]) -> Vec<u8> {
-    fn crc(data: &[u8]) -> u32 {
-        let mut c = 0xFFFF_FFFFu32;
-        for &b in data {
-            c ^= u32::from(b);
-            for _ in 0..8 {
-                c = if c & 1 != 0 {
-                    0xEDB8_8320 ^ (c >> 1)
-                } else {
-                    c >> 1
-                };
-            }
-        }
-        !c
-    }
-    fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
-        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        let mut c = kind.to_vec();
-        c.extend_from_slice(data);
-        out.extend_from_slice(&c);
-        out.extend_from_slice(&crc(&c).to_be_bytes());
-    }
-    let mut raw = Vec::with_capacity((w * 3 + 1) * h);
-    for y in 0..h {
-        raw.push(0);
-        raw.extend_from_slice(&rgb[y * w * 3..(y + 1) * w * 3]);
-    }
-    let mut z = vec![0x78, 0x01];
-    let blocks: Vec<&[u8]> = raw.chunks(65535).collect();
-    for (i, b) in blocks.iter().enumerate() {
-        z.push(u8::from(i + 1 == blocks.len()));
-        z.extend_from_slice(&(b.len() as u16).to_le_bytes());
-        z.extend_from_slice(&(!(b.len() as u16)).to_le_bytes());
-        z.extend_from_slice(b);
-    }
-    let (mut a, mut b) = (1u32, 0u32);
-    for &x in &raw {
-        a = (a + u32::from(x)) % 65521;
-        b = (b + a) % 65521;
-    }
-    z.extend_from_slice(&((b << 16) | a).to_be_bytes());
-    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
-    let mut ihdr = Vec::new();
-    ihdr.extend_from_slice(&(w as u32).to_be_bytes());
-    ihdr.extend_from_slice(&(h as u32).to_be_bytes());
-    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
-    chunk(&mut out, b"IHDR", &ihdr);
-    chunk(&mut out, b"IDAT", &z);
-    chunk(&mut out, b"IEND", &[]);
-    out
+/// Registers a system TrueType font as plotters' "sans-serif" (its
+/// `ab_glyph` backend has no font lookup of its own).
+fn register_font() -> Res<()> {
+    const CANDIDATES: [&str; 3] = [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    ];
+    let bytes = CANDIDATES
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .ok_or("no TrueType font for the chart's labels (apt-get install fonts-dejavu-core)")?;
+    // plotters keeps the font for the rest of the process.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, bytes)
+        .map_err(|_| "the font file is not a usable TrueType font")?;
+    Ok(())
 }
 
 // ---- status -------------------------------------------------------------
