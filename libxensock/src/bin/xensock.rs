@@ -59,6 +59,12 @@ enum Cmd {
         /// (and xensock's min..max).
         #[arg(long, default_value_t = 5)]
         reps: usize,
+        /// Where the stream test's writer and reader run: `spread` pins
+        /// them to different CPUs (as two domains on two vCPUs), `same`
+        /// to one CPU, `any` lets the scheduler choose (then the figures
+        /// jump between the two regimes from run to run).
+        #[arg(long, value_enum, default_value_t = Placement::Spread)]
+        placement: Placement,
     },
     /// Backend, links and connections of the calling domain.
     Status,
@@ -73,7 +79,12 @@ fn main() {
             ring,
             quiet,
         } => demo(mib, write_size.max(1), ring, quiet),
-        Cmd::Bench { scale, plot, reps } => bench(scale, plot, reps.max(1)),
+        Cmd::Bench {
+            scale,
+            plot,
+            reps,
+            placement,
+        } => bench(scale, plot, reps.max(1), placement),
         Cmd::Status => status(),
     };
     if let Err(e) = r {
@@ -389,11 +400,55 @@ fn make_pair(env: &mut Env, kind: Kind, ring: Option<usize>) -> Res<Pair> {
     })
 }
 
-fn throughput(env: &mut Env, kind: Kind, write: usize, total: u64) -> Res<f64> {
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+enum Placement {
+    /// Writer on CPU 0, reader on CPU 1.
+    Spread,
+    /// Both on CPU 0.
+    Same,
+    /// Wherever the scheduler puts them.
+    Any,
+}
+
+impl Placement {
+    /// CPUs for (writer, reader), if pinned.
+    fn cpus(self) -> Option<(usize, usize)> {
+        match self {
+            Placement::Spread => Some((0, 1)),
+            Placement::Same => Some((0, 0)),
+            Placement::Any => None,
+        }
+    }
+}
+
+/// Restricts the calling thread to `cpu`, or lets it run anywhere again.
+fn pin_to(cpu: Option<usize>) {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // Not available_parallelism(): that follows our own affinity mask.
+    // SAFETY: sysconf has no pointer arguments.
+    let online = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) })
+        .unwrap_or(1)
+        .max(1);
+    for c in 0..online.min(libc::CPU_SETSIZE as usize) {
+        if cpu.map_or(true, |p| p % online == c) {
+            // SAFETY: c < CPU_SETSIZE, inside the set.
+            unsafe { libc::CPU_SET(c, &mut set) };
+        }
+    }
+    // SAFETY: a valid set of the size passed; 0 is the calling thread. A
+    // failure leaves the thread where it was, which only costs accuracy.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+}
+
+fn throughput(env: &mut Env, kind: Kind, write: usize, total: u64, place: Placement) -> Res<f64> {
     let (mut c, mut s) = make_pair(env, kind, Some(1 << 20))?;
     let block = pattern(write);
+    let cpus = place.cpus();
+    pin_to(cpus.map(|c| c.1));
     let start = Instant::now();
     let w = thread::spawn(move || -> io::Result<()> {
+        pin_to(cpus.map(|c| c.0));
         let mut sent = 0;
         while sent < total {
             c.write_all(&block)?;
@@ -411,6 +466,7 @@ fn throughput(env: &mut Env, kind: Kind, write: usize, total: u64) -> Res<f64> {
         got += n as u64;
     }
     let t = start.elapsed();
+    pin_to(None);
     w.join().map_err(|_| "writer panicked")??;
     Ok(mbps(got, t))
 }
@@ -521,7 +577,7 @@ impl Stat {
     }
 }
 
-fn bench(scale: f64, plot: Option<PathBuf>, reps: usize) -> Res<()> {
+fn bench(scale: f64, plot: Option<PathBuf>, reps: usize, placement: Placement) -> Res<()> {
     let host = SimHost::start()?;
     let da = host.create_domain(DomainConfig::new("bench-a"))?;
     let db = host.create_domain(DomainConfig::new("bench-b"))?;
@@ -538,7 +594,14 @@ fn bench(scale: f64, plot: Option<PathBuf>, reps: usize) -> Res<()> {
         "every figure is the median of {reps} runs, interleaved by kind; xensock's min..max in brackets\n"
     );
     let sizes = [64usize, 1024, 16 * 1024, 64 * 1024, 1 << 20];
-    println!("stream throughput, MB/s (one writer, one reader, 1 MiB rings)");
+    println!(
+        "stream throughput, MB/s (one writer, one reader, 1 MiB rings; placement {})",
+        match placement {
+            Placement::Spread => "spread: writer on CPU 0, reader on CPU 1",
+            Placement::Same => "same: writer and reader on CPU 0",
+            Placement::Any => "any: wherever the scheduler puts them",
+        }
+    );
     println!(
         "{:>10} {:>10} {:>13} {:>10} {:>10} {:>9} {:>9}",
         "write", "xensock", "(min..max)", "AF_UNIX", "TCP lo", "x/unix", "x/tcp"
@@ -547,7 +610,7 @@ fn bench(scale: f64, plot: Option<PathBuf>, reps: usize) -> Res<()> {
     for &w in &sizes {
         let total = ((if w < 1024 { 16u64 << 20 } else { 256u64 << 20 }) as f64 * scale) as u64;
         let total = total.max(w as u64);
-        let r = interleaved(reps, |k| throughput(&mut env, k, w, total))?;
+        let r = interleaved(reps, |k| throughput(&mut env, k, w, total, placement))?;
         println!(
             "{:>10} {:>10.0} {:>13} {:>10.0} {:>10.0} {:>8.2}x {:>8.2}x",
             human(w),
