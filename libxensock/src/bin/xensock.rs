@@ -363,7 +363,7 @@ impl Kind {
 }
 
 struct Env {
-    _host: SimHost,
+    host: SimHost,
     a: Transport,
     b: Transport,
     bid: u32,
@@ -548,15 +548,27 @@ fn rss_bytes() -> u64 {
 /// Resident memory per idle connection (both ends, user space only: the
 /// sim's shared pages are counted when touched, kernel socket buffers of
 /// AF_UNIX/TCP are not in RSS).
-fn idle_memory(env: &mut Env, kind: Kind, n: usize) -> Res<f64> {
+///
+/// Returns (RSS per connection, the part of it that is the peer's ring
+/// pages mapped a second time: both domains live in this one process, so
+/// each shared page is resident twice here, once in a real deployment).
+fn idle_memory(env: &mut Env, kind: Kind, n: usize) -> Res<(f64, f64)> {
+    let maps_before = env.host.stats().mappings;
     let before = rss_bytes();
     let mut keep = Vec::with_capacity(n);
     for _ in 0..n {
         keep.push(make_pair(env, kind, Some(2048))?);
     }
     let after = rss_bytes();
+    let mapped_twice = env.host.stats().mappings.saturating_sub(maps_before) * 4096;
     drop(keep);
-    Ok(after.saturating_sub(before) as f64 / n as f64)
+    let per = |b: u64| b as f64 / n as f64;
+    let twice = if kind == Kind::Xen {
+        per(mapped_twice as u64)
+    } else {
+        0.0
+    };
+    Ok((per(after.saturating_sub(before)), twice))
 }
 
 /// Median and spread of repeated measurements.
@@ -586,7 +598,7 @@ fn bench(scale: f64, plot: Option<PathBuf>, reps: usize, placement: Placement) -
         b: Transport::sim(host.dir(), db.domid)?,
         bid: db.domid.into(),
         port: 1000,
-        _host: host,
+        host,
     };
     println!("{}", libxensock::backend());
     println!("xensock on the simulated host vs AF_UNIX vs TCP loopback (same run, same machine)");
@@ -650,12 +662,17 @@ fn bench(scale: f64, plot: Option<PathBuf>, reps: usize, placement: Placement) -
         rate[0].max
     );
     let idle = ((1000f64 * scale) as usize).max(10);
-    let mut mem = [0f64; 3];
+    let mut mem = [(0f64, 0f64); 3];
     for (i, k) in KINDS.iter().enumerate() {
         mem[i] = idle_memory(&mut env, *k, idle)?;
     }
     println!("\nresident memory per idle connection, both ends, {idle} connections (bytes; xensock with 2 KiB rings; kernel socket memory is not in RSS)");
-    println!("{:>10.0} {:>10.0} {:>10.0}", mem[0], mem[1], mem[2]);
+    println!("{:>10.0} {:>10.0} {:>10.0}", mem[0].0, mem[1].0, mem[2].0);
+    println!(
+        "  xensock: {:.0} of it is each ring page resident a second time as the peer's mapping (both domains are this one process); one copy each: {:.0}",
+        mem[0].1,
+        mem[0].0 - mem[0].1
+    );
     println!("\ncolumns: {}", KINDS.map(|k| k.name()).join(", "));
     if let Some(p) = plot {
         write_plot(&p, &rows)?;
