@@ -362,6 +362,16 @@ impl ConnIo {
     }
 }
 
+/// How [`Conn::wait_kick`] ended.
+pub(crate) enum KickWait {
+    /// The connection was signalled (its state changed).
+    Signalled,
+    /// The link was kicked: look at the control ring.
+    Kicked,
+    /// The deadline passed.
+    TimedOut,
+}
+
 /// A connection, shared by its stream handles, the transport's tables and
 /// the link's armed list.
 pub(crate) struct Conn {
@@ -488,6 +498,53 @@ impl Conn {
             Some(r) => r,
             None => self.wait_since(g0, deadline),
         }
+    }
+
+    /// For a blocking connect waiting for its answer: sleeps on the
+    /// connection's eventfd and the link's kick descriptor, if the link's
+    /// direct slot is free (`None` otherwise). The eventfd must have been
+    /// drained before `g0` was read.
+    pub(crate) fn wait_kick(&self, g0: u64, deadline: Instant) -> Option<KickWait> {
+        let kick = self.link.kick_fd.as_ref()?;
+        self.link
+            .direct
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        let r = loop {
+            if self.generation() != g0 {
+                break KickWait::Signalled;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break KickWait::TimedOut;
+            }
+            let ms = i32::try_from((deadline - now).as_millis() + 1).unwrap_or(i32::MAX);
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.evfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: kick.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds for the duration of the call; both
+            // descriptors stay open (this connection and its link share
+            // hold them).
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+            if n <= 0 {
+                continue;
+            }
+            if fds[0].revents != 0 || self.generation() != g0 {
+                break KickWait::Signalled;
+            }
+            break KickWait::Kicked;
+        };
+        self.link.direct.store(false, Ordering::Release);
+        Some(r)
     }
 
     /// Sleeps on the connection's eventfd and the link's kick descriptor.

@@ -24,7 +24,7 @@ use xensock_xenif::{DomId, EventChannel, UnmapNotify, XenBackend};
 
 use crate::addr::{SockAddrXen, DOMID_ANY, DOMID_FIRST_RESERVED, DOMID_SELF, PORT_ANY};
 use crate::backend::{BackendKind, Dyn, DynXen};
-use crate::conn::{lock, Conn, ConnIo, ConnPhase, LinkShared, RxSide, TxSide};
+use crate::conn::{lock, Conn, ConnIo, ConnPhase, KickWait, LinkShared, RxSide, TxSide};
 use crate::error::{errno, Error};
 use crate::evfd::EventFd;
 use crate::listener::{ListenerShared, XenListener};
@@ -507,8 +507,16 @@ impl Transport {
         // taking it off the control ring ourselves, before sleeping until
         // the manager thread signals it.
         let spin_end = Instant::now() + inner.cfg.busy_poll * CONNECT_SPIN_FACTOR;
+        // After the spin, sleep on the link's event channel and take the
+        // answer ourselves when it kicks; after a kick that was not our
+        // answer, wait for the manager's signal instead.
+        let mut direct = true;
         // Wait for Accept / Reject.
         loop {
+            if direct {
+                // Not handed out yet: nobody else watches this eventfd.
+                conn.evfd.drain();
+            }
             let g0 = conn.generation();
             let phase = conn.io().phase;
             match phase {
@@ -528,7 +536,20 @@ impl Transport {
                 std::thread::yield_now();
                 continue;
             }
-            if !conn.wait_since(g0, Some(deadline)) && conn.io().phase == ConnPhase::Connecting {
+            let woke = match direct.then(|| conn.wait_kick(g0, deadline)).flatten() {
+                Some(KickWait::Kicked) => {
+                    inner.poll_link(peer);
+                    direct = false;
+                    true
+                }
+                Some(KickWait::Signalled) => true,
+                Some(KickWait::TimedOut) => false,
+                None => {
+                    direct = false;
+                    conn.wait_since(g0, Some(deadline))
+                }
+            };
+            if !woke && conn.io().phase == ConnPhase::Connecting {
                 {
                     let mut io = conn.io();
                     io.release();
