@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use xensock_proto::ctrl::RingGrant;
 use xensock_proto::mem::RawRing;
-use xensock_proto::ring::{Consumer, Producer, RingError};
+use xensock_proto::ring::{Consumer, Field, Producer, RingError, RingMemory};
 use xensock_proto::switch::{RxPath, TxPath};
 use xensock_xenif::{DomId, EventChannel};
 
@@ -19,6 +19,13 @@ use crate::evfd::EventFd;
 use crate::rings::{MappedRing, OwnedRing};
 
 pub(crate) const WANT_READ: u8 = 1;
+/// Event-index value of a side that has not waited yet. A fresh header has
+/// 0 there, which would read as "waiting at position 0"; each side stores
+/// this into its own event index when it attaches, so that a close can
+/// tell whether the peer sleeps on the ring (`ConnIo::peer_waiting`).
+/// Kicks are unaffected: `need_event` never fires for it before 4 GiB
+/// have passed, and a side publishes a real index before it sleeps.
+pub(crate) const NOT_WAITING: u32 = u32::MAX;
 pub(crate) const WANT_WRITE: u8 = 2;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -318,6 +325,26 @@ impl ConnIo {
             }
         }
         false
+    }
+
+    /// After FIN and CLOSED were set without a kick: whether the peer may
+    /// sleep on one of our rings (its reader waiting for data at our
+    /// `prod`, or its writer for space we would free), so that a kick is
+    /// due now. Each side's re-check after publishing its event index (and
+    /// the fence here) means one of the two sees the other.
+    pub(crate) fn peer_waiting(&self) -> bool {
+        let reader = self.tx.as_ref().is_some_and(|tx| {
+            let m = tx.p.memory();
+            m.fence();
+            m.load(Field::DataEvent, Ordering::Relaxed) == tx.p.position()
+        });
+        let writer = self.rx.as_ref().is_some_and(|rx| {
+            let m = rx.c.memory();
+            m.fence();
+            let ev = m.load(Field::SpaceEvent, Ordering::Relaxed);
+            ev.wrapping_sub(rx.c.position()) < rx.c.capacity()
+        });
+        reader || writer
     }
 
     /// `shutdown(Write)`: FIN after the bytes written so far.

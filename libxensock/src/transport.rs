@@ -18,13 +18,15 @@ use xensock_proto::ctrl::{
 };
 use xensock_proto::layout::{RingGeometry, RingIdentity, LINK_RING_ORDER};
 use xensock_proto::mem::RawRing;
-use xensock_proto::ring::{Consumer, Producer};
+use xensock_proto::ring::{Consumer, Field, Producer, RingMemory};
 use xensock_xenif::xs_wire::{Perm, PermAccess, XsErrno};
 use xensock_xenif::{DomId, EventChannel, UnmapNotify, XenBackend};
 
 use crate::addr::{SockAddrXen, DOMID_ANY, DOMID_FIRST_RESERVED, DOMID_SELF, PORT_ANY};
 use crate::backend::{BackendKind, Dyn, DynXen};
-use crate::conn::{lock, Conn, ConnIo, ConnPhase, KickWait, LinkShared, RxSide, TxSide};
+use crate::conn::{
+    lock, Conn, ConnIo, ConnPhase, KickWait, LinkShared, RxSide, TxSide, NOT_WAITING,
+};
 use crate::error::{errno, Error};
 use crate::evfd::EventFd;
 use crate::listener::{ListenerShared, XenListener};
@@ -61,6 +63,15 @@ const MAPPED_KEPT_MAX: usize = 64;
 /// A blocking connect spins for this many times `Config::busy_poll` for
 /// the answer before sleeping: the peer's manager has to wake up first.
 const CONNECT_SPIN_FACTOR: u32 = 4;
+
+/// How long a `Close` may wait in the control ring for a kick: it only
+/// does bookkeeping at the peer (the rings' FIN and CLOSED flags carry the
+/// end of stream, and are kicked at once when the peer waits on them), and
+/// the next frame on the link usually carries the kick, so closing a
+/// connection does not wake the peer's manager thread.
+const CLOSE_KICK_DELAY: Duration = Duration::from_millis(2);
+/// epoll token of the transport's kick timer.
+const KICK_TIMER_TOKEN: u64 = u64::MAX;
 
 /// First port handed out for `PORT_ANY`.
 pub const EPHEMERAL_PORT_FIRST: u32 = 49152;
@@ -133,6 +144,8 @@ struct Link {
     created_dir: bool,
     /// Both sides advertise `feature-ring-reuse`.
     reuse: bool,
+    /// Frames were written without deciding on a kick.
+    kick_owed: bool,
     rings: RingCache,
     /// Stops the watch on the peer's node (its removal when the peer's
     /// domain is destroyed is only reported to watchers of that path).
@@ -213,6 +226,10 @@ pub(crate) struct Inner {
     stop: AtomicBool,
     next_conn: AtomicU32,
     counters: Counters,
+    /// Fires `CLOSE_KICK_DELAY` after a `Close` went out without a kick,
+    /// so that the peer processes it even if nothing else follows.
+    kick_timer: OwnedFd,
+    kick_timer_armed: AtomicBool,
 }
 
 /// Keeps the transport running; dropped when the last handle goes.
@@ -330,6 +347,19 @@ impl Transport {
             stop: AtomicBool::new(false),
         });
         epoll_add(&epoll, sink.wake.as_raw_fd(), 0)?;
+        // SAFETY: timerfd_create has no pointer arguments.
+        let tfd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if tfd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        let kick_timer = unsafe { OwnedFd::from_raw_fd(tfd) };
+        epoll_add(&epoll, kick_timer.as_raw_fd(), KICK_TIMER_TOKEN)?;
         let inner = Arc::new(Inner {
             xen: Box::new(Dyn(backend)),
             xs,
@@ -350,6 +380,8 @@ impl Transport {
             stop: AtomicBool::new(false),
             next_conn: AtomicU32::new(1),
             counters: Counters::default(),
+            kick_timer,
+            kick_timer_armed: AtomicBool::new(false),
         });
         // Links of an earlier process of this domain are dead.
         if let Ok(peers) = inner.xs.directory(&inner.link_dir_abs()) {
@@ -744,10 +776,18 @@ fn manager_thread(inner: Arc<Inner>) {
             break;
         }
         let mut ready = Vec::new();
+        let mut owed = false;
         for ev in &events[..n as usize] {
             let token = ev.u64;
             if token == 0 {
                 inner.sink.wake.drain();
+            } else if token == KICK_TIMER_TOKEN {
+                let mut v = 0u64;
+                // SAFETY: reads 8 bytes into a local u64; non-blocking.
+                unsafe { libc::read(inner.kick_timer.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+                // Before scanning: a Close sent after this re-arms it.
+                inner.kick_timer_armed.store(false, Ordering::Release);
+                owed = true;
             } else {
                 ready.push((token - 1) as DomId);
             }
@@ -762,6 +802,21 @@ fn manager_thread(inner: Arc<Inner>) {
         }
         for p in ready {
             inner.service_link(&mut st, p);
+        }
+        if owed {
+            let peers: Vec<DomId> = st
+                .links
+                .iter()
+                .filter(|(_, l)| l.kick_owed)
+                .map(|(p, _)| *p)
+                .collect();
+            for p in peers {
+                if let Some(link) = st.links.get_mut(&p) {
+                    if inner.flush_link(link).is_err() {
+                        inner.link_down(&mut st, p, true);
+                    }
+                }
+            }
         }
     }
 }
@@ -856,18 +911,25 @@ impl Inner {
             .get_mut(&peer)
             .filter(|l| l.reuse)
             .and_then(|l| l.rings.pool.get_mut(&order)?.pop());
-        if let Some(ring) = pooled {
-            reinit_ring(&ring, self.domid, peer, conn_id);
-            return Ok(ring);
-        }
-        grant_ring(
-            self.xen.as_ref(),
-            self.domid,
-            peer,
-            geometry,
-            conn_id,
-            false,
-        )
+        let ring = match pooled {
+            Some(ring) => {
+                reinit_ring(&ring, self.domid, peer, conn_id);
+                ring
+            }
+            None => grant_ring(
+                self.xen.as_ref(),
+                self.domid,
+                peer,
+                geometry,
+                conn_id,
+                false,
+            )?,
+        };
+        // Our reader has not waited yet: say so, rather than leave the
+        // event index at 0, which reads as "waiting at 0" (see close_conn).
+        ring.ring
+            .store(Field::DataEvent, NOT_WAITING, Ordering::Release);
+        Ok(ring)
     }
 
     /// Maps the ring `peer` offered in `grant`, reusing a mapping kept from
@@ -1029,6 +1091,7 @@ impl Inner {
                 owner_seen_alive: false,
                 created_dir,
                 reuse: false,
+                kick_owed: false,
                 rings: RingCache::default(),
                 watch_stop,
             },
@@ -1232,6 +1295,12 @@ impl Inner {
 
     /// Writes queued frames while they fit; kicks once.
     fn flush_link(&self, link: &mut Link) -> Result<(), Error> {
+        self.flush_link_with(link, true)
+    }
+
+    /// [`Inner::flush_link`]; with `kick` false the kick decision is left
+    /// to the next flush (which covers these frames too) or the kick timer.
+    fn flush_link_with(&self, link: &mut Link, kick: bool) -> Result<(), Error> {
         let Some(tx) = link.tx.as_mut() else {
             return Ok(());
         };
@@ -1248,10 +1317,48 @@ impl Inner {
             tx.p.write(&buf[..*len]).map_err(Error::Ring)?;
             link.pending.pop_front();
         }
+        if !kick {
+            link.kick_owed = true;
+            return Ok(());
+        }
+        link.kick_owed = false;
         if tx.p.flush() {
             let _ = tx.chan.notify();
         }
         Ok(())
+    }
+
+    /// Sends `msg` without a kick of its own (see `CLOSE_KICK_DELAY`).
+    fn send_frame_lazy(&self, st: &mut State, peer: DomId, msg: &Message<'_>) {
+        let Some(link) = st.links.get_mut(&peer) else {
+            return;
+        };
+        let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
+        let Ok(len) = msg.encode(&mut buf) else {
+            return;
+        };
+        link.pending.push_back((buf, len));
+        if self.flush_link_with(link, false).is_err() {
+            self.counters.ring_errors.fetch_add(1, Ordering::Relaxed);
+            self.link_down(st, peer, true);
+            return;
+        }
+        if !self.kick_timer_armed.swap(true, Ordering::AcqRel) {
+            let spec = libc::itimerspec {
+                it_interval: libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                },
+                it_value: libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: CLOSE_KICK_DELAY.as_nanos() as libc::c_long,
+                },
+            };
+            // SAFETY: a valid timer descriptor and spec; no old value wanted.
+            unsafe {
+                libc::timerfd_settime(self.kick_timer.as_raw_fd(), 0, &spec, std::ptr::null_mut())
+            };
+        }
     }
 
     fn send_frame(&self, st: &mut State, peer: DomId, msg: &Message<'_>) {
@@ -1425,6 +1532,11 @@ impl Inner {
                             match self.map_peer_ring(st, peer, &rx, &expected) {
                                 Ok(mapped) => {
                                     let p = Producer::new(mapped.ring);
+                                    p.memory().store(
+                                        Field::SpaceEvent,
+                                        NOT_WAITING,
+                                        Ordering::Release,
+                                    );
                                     io.tx = Some(TxSide {
                                         p,
                                         mapped,
@@ -1502,7 +1614,7 @@ impl Inner {
                         self.keep_mapping(st, peer, tx);
                     }
                     if let Some(peer_id) = answer {
-                        self.send_frame(st, peer, &Message::Close { conn_id: peer_id });
+                        self.send_frame_lazy(st, peer, &Message::Close { conn_id: peer_id });
                     }
                     c.signal();
                 } else if let Some(ring) = st
@@ -1568,6 +1680,8 @@ impl Inner {
         let c = Consumer::new(owned.ring);
         let mut io = ConnIo::new(Some(RxSide { c, owned }));
         let p = Producer::new(mapped.ring);
+        p.memory()
+            .store(Field::SpaceEvent, NOT_WAITING, Ordering::Release);
         io.tx = Some(TxSide {
             p,
             mapped,
@@ -1695,6 +1809,7 @@ impl Inner {
     pub(crate) fn close_conn(&self, conn: &Arc<Conn>) {
         let mut st = self.state();
         let reuse = self.link_reuses_rings(&st, conn.peer);
+        let mut lazy = false;
         let (send_close, send_reset, peer_id, kept) = {
             let mut io = conn.io();
             let open = io.phase == ConnPhase::Open;
@@ -1705,6 +1820,9 @@ impl Inner {
                 let quiet = !violation && !io.close_sent && (reuse || !io.close_received);
                 io.shutdown_write_kick(!quiet);
                 io.shutdown_read_kick(!quiet);
+                // On a reuse link the Close itself need not kick unless the
+                // peer sleeps on one of the rings.
+                lazy = quiet && reuse && !io.peer_waiting();
             }
             // A clean close on a reuse link keeps both rings (docs/protocol.md
             // 6.6); anything else releases them.
@@ -1740,6 +1858,8 @@ impl Inner {
                     reason: ResetReason::ProtocolError,
                 },
             );
+        } else if send_close && lazy {
+            self.send_frame_lazy(&mut st, conn.peer, &Message::Close { conn_id: peer_id });
         } else if send_close {
             self.send_frame(&mut st, conn.peer, &Message::Close { conn_id: peer_id });
         }
