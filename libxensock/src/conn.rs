@@ -19,6 +19,8 @@ use crate::evfd::EventFd;
 use crate::rings::{MappedRing, OwnedRing};
 
 pub(crate) const WANT_READ: u8 = 1;
+pub(crate) const WANT_WRITE: u8 = 2;
+
 /// Event-index value of a side that has not waited yet. A fresh header has
 /// 0 there, which would read as "waiting at position 0"; each side stores
 /// this into its own event index when it attaches, so that a close can
@@ -26,7 +28,6 @@ pub(crate) const WANT_READ: u8 = 1;
 /// Kicks are unaffected: `need_event` never fires for it before 4 GiB
 /// have passed, and a side publishes a real index before it sleeps.
 pub(crate) const NOT_WAITING: u32 = u32::MAX;
-pub(crate) const WANT_WRITE: u8 = 2;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -389,7 +390,8 @@ impl ConnIo {
     }
 }
 
-/// How [`Conn::wait_kick`] ended.
+/// What ended a sleep on a connection's eventfd and its link's kick
+/// descriptor ([`Conn::wait_kick`]).
 pub(crate) enum KickWait {
     /// The connection was signalled (its state changed).
     Signalled,
@@ -537,39 +539,7 @@ impl Conn {
             .direct
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .ok()?;
-        let r = loop {
-            if self.generation() != g0 {
-                break KickWait::Signalled;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break KickWait::TimedOut;
-            }
-            let ms = i32::try_from((deadline - now).as_millis() + 1).unwrap_or(i32::MAX);
-            let mut fds = [
-                libc::pollfd {
-                    fd: self.evfd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: kick.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            // SAFETY: two valid pollfds for the duration of the call; both
-            // descriptors stay open (this connection and its link share
-            // hold them).
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-            if n <= 0 {
-                continue;
-            }
-            if fds[0].revents != 0 || self.generation() != g0 {
-                break KickWait::Signalled;
-            }
-            break KickWait::Kicked;
-        };
+        let r = self.poll_signal_or_kick(kick, g0, Some(deadline));
         self.link.direct.store(false, Ordering::Release);
         Some(r)
     }
@@ -580,19 +550,30 @@ impl Conn {
     /// caller then waits for the manager, which has that kick to ack).
     fn wait_direct(&self, want: u8, g0: u64, deadline: Option<Instant>) -> Option<bool> {
         let kick = self.link.kick_fd.as_ref()?;
+        match self.poll_signal_or_kick(kick, g0, deadline) {
+            KickWait::Signalled => Some(true),
+            KickWait::TimedOut => Some(false),
+            KickWait::Kicked if self.io().ready_for(want) => Some(true),
+            KickWait::Kicked => None,
+        }
+    }
+
+    /// Sleeps in `poll` on our eventfd and the link's kick descriptor until
+    /// either is readable (or the generation moved past `g0`, or the
+    /// deadline passed).
+    fn poll_signal_or_kick(&self, kick: &OwnedFd, g0: u64, deadline: Option<Instant>) -> KickWait {
         loop {
             if self.generation() != g0 {
-                return Some(true);
+                return KickWait::Signalled;
             }
             let ms = match deadline {
                 None => -1,
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
-                        return Some(false);
+                        return KickWait::TimedOut;
                     }
-                    let left = d - now;
-                    i32::try_from(left.as_millis() + 1).unwrap_or(i32::MAX)
+                    i32::try_from((d - now).as_millis() + 1).unwrap_or(i32::MAX)
                 }
             };
             let mut fds = [
@@ -612,16 +593,13 @@ impl Conn {
             // hold them).
             let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
             if n <= 0 {
+                // EINTR or the timeout: the checks above decide.
                 continue;
             }
             if fds[0].revents != 0 || self.generation() != g0 {
-                return Some(true);
+                return KickWait::Signalled;
             }
-            return if self.io().ready_for(want) {
-                Some(true)
-            } else {
-                None
-            };
+            return KickWait::Kicked;
         }
     }
 
