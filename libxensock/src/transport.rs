@@ -545,8 +545,9 @@ impl Transport {
         let mut direct = true;
         // Wait for Accept / Reject.
         loop {
-            if direct {
-                // Not handed out yet: nobody else watches this eventfd.
+            if direct && Instant::now() >= spin_end {
+                // Before reading the generation for the sleep below. Not
+                // handed out yet: nobody else watches this eventfd.
                 conn.evfd.drain();
             }
             let g0 = conn.generation();
