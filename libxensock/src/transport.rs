@@ -801,6 +801,7 @@ fn manager_thread(inner: Arc<Inner>) {
         for p in peers {
             inner.on_peer_node(&mut st, p);
         }
+        let active = !ready.is_empty();
         for p in ready {
             inner.service_link(&mut st, p);
         }
@@ -818,6 +819,10 @@ fn manager_thread(inner: Arc<Inner>) {
                     }
                 }
             }
+        }
+        drop(st);
+        if active {
+            inner.spin_links();
         }
     }
 }
@@ -873,6 +878,32 @@ impl Inner {
             let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
             if id != 0 {
                 return id;
+            }
+        }
+    }
+
+    /// After a kick, watches the control rings for `Config::busy_poll`
+    /// (renewed by every frame) before the manager sleeps in epoll again:
+    /// the next frame (an answer, a client's next connect) often follows
+    /// within microseconds, and a sleeping manager costs a scheduler
+    /// wake-up per frame. Yields between looks, as blocked readers do.
+    fn spin_links(&self) {
+        let mut end = Instant::now() + self.cfg.busy_poll;
+        while Instant::now() < end && !self.stop.load(Ordering::Acquire) {
+            std::thread::yield_now();
+            let mut st = match self.state.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => continue,
+            };
+            let next = st
+                .links
+                .iter()
+                .find(|(_, l)| l.c.readable().is_ok_and(|n| n as usize >= ctrl::HEADER_LEN))
+                .map(|(p, _)| *p);
+            if let Some(p) = next {
+                self.service_link(&mut st, p);
+                end = Instant::now() + self.cfg.busy_poll;
             }
         }
     }
