@@ -88,31 +88,70 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// CPU time (user + system, all threads) this process used so far.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage fills the struct we pass; zeroed is a valid value.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a local rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// Runs `f` (returning MB/s) and also reports the CPU it cost per MiB.
+fn measured(total: usize, f: impl FnOnce() -> f64) -> (f64, f64) {
+    let c0 = cpu_time();
+    let rate = f();
+    let cpu = (cpu_time() - c0).as_secs_f64() * 1e6 / (total >> 20) as f64;
+    (rate, cpu)
+}
+
+/// Rounds alternate plain TCP, the engine's TCP leg and its ring, and the
+/// ratios are taken per round: on a shared machine the load drifts more
+/// between rounds than within one. CPU per MiB (user + system, both ends)
+/// is much less sensitive to other load than wall-clock throughput.
 fn throughput(total: usize, rounds: usize) {
     let mut plain = Vec::new();
-    let mut tcp = Vec::new();
-    let mut ring = Vec::new();
+    let mut tcp_ratio = Vec::new();
+    let mut ring_ratio = Vec::new();
+    let mut cpu_plain = Vec::new();
+    let mut cpu_ratio = Vec::new();
     for _ in 0..rounds {
-        plain.push(plain_tcp(total));
+        let (base, base_cpu) = measured(total, || plain_tcp(total));
+        plain.push(base);
+        cpu_plain.push(base_cpu);
         let p = pair(&PairOptions {
             on_ring: false,
             ..PairOptions::default()
         })
         .unwrap();
-        tcp.push(engine_stream(p.a.clone(), p.b.clone(), total));
+        let (rate, cpu) = measured(total, || engine_stream(p.a.clone(), p.b.clone(), total));
+        tcp_ratio.push(rate / base);
+        cpu_ratio.push(cpu / base_cpu);
         let p = pair(&PairOptions {
             order: 20,
             ..PairOptions::default()
         })
         .unwrap();
-        ring.push(engine_stream(p.a.clone(), p.b.clone(), total));
+        ring_ratio.push(engine_stream(p.a.clone(), p.b.clone(), total) / base);
     }
-    let (plain, tcp, ring) = (median(plain), median(tcp), median(ring));
+    let spread = |v: &Vec<f64>| {
+        let mut v = v.clone();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        (v[0], v[v.len() - 1])
+    };
+    let (tlo, thi) = spread(&tcp_ratio);
     println!(
-        "throughput, {} MiB x {rounds} rounds (median MB/s): plain TCP {plain:.0}, engine on TCP leg {tcp:.0} (ratio {:.2}), engine on 1 MiB ring {ring:.0} (ratio {:.2})",
+        "throughput, {} MiB x {rounds} rounds: plain loopback TCP median {:.0} MB/s; engine on its TCP leg / plain: median {:.2} (min {tlo:.2}, max {thi:.2}); engine on a 1 MiB ring / plain: median {:.2}",
         total >> 20,
-        tcp / plain,
-        ring / plain
+        median(plain),
+        median(tcp_ratio.clone()),
+        median(ring_ratio),
+    );
+    println!(
+        "CPU per MiB moved (user + system, both ends): plain TCP median {:.0} us; engine on its TCP leg / plain: median {:.2}",
+        median(cpu_plain),
+        median(cpu_ratio),
     );
 }
 
@@ -194,7 +233,13 @@ fn switch_pause(switches: usize) {
             std::thread::sleep(Duration::from_micros(100));
         }
         to_ring.push(Instant::now());
-        let (e, r) = p.b.offer_ring().unwrap().expect("B receives on TCP");
+        // B offers once it is on TCP and has seen A's freeze notice.
+        let (e, r) = loop {
+            if let Some(offer) = p.b.offer_ring().unwrap() {
+                break offer;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        };
         assert!(p.a.accept_ring_offer(e, r).unwrap());
         if let Some((e, r)) = p.a.offer_ring().unwrap() {
             p.b.accept_ring_offer(e, r).unwrap();
@@ -232,12 +277,31 @@ fn switch_pause(switches: usize) {
 }
 
 fn main() {
+    // `-- plain N` / `-- leg N`: one stream of N MiB only, for profilers.
+    let mode: Vec<String> = std::env::args().skip(1).collect();
+    if let [m, n] = &mode[..] {
+        if let (m @ ("plain" | "leg"), Ok(mib)) = (m.as_str(), n.parse::<usize>()) {
+            let total = mib << 20;
+            let rate = if m == "plain" {
+                plain_tcp(total)
+            } else {
+                let p = pair(&PairOptions {
+                    on_ring: false,
+                    ..PairOptions::default()
+                })
+                .unwrap();
+                engine_stream(p.a.clone(), p.b.clone(), total)
+            };
+            println!("{m}: {rate:.0} MB/s");
+            return;
+        }
+    }
     let args: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
         .collect();
     let mib = args.first().copied().unwrap_or(256);
     let switches = args.get(1).copied().unwrap_or(20);
-    throughput(mib << 20, 5);
+    throughput(mib << 20, 9);
     switch_pause(switches);
 }

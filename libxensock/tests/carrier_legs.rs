@@ -268,3 +268,28 @@ fn malformed_frame_resets_only_its_connection() {
     let sum = write_stream(&healthy.a, 3, 200_000, 5, 4096).unwrap();
     assert_eq!(reader.join().unwrap(), (200_000, sum));
 }
+
+/// The peer's engine is gone (its process died) but its host still runs
+/// the leg listener: the leg is parked, never claimed, and the connection
+/// resets within the bound.
+#[test]
+fn vanished_peer_engine_resets_within_bound() {
+    let p = pair(&PairOptions {
+        peer_lost_after: Duration::from_millis(300),
+        ..PairOptions::default()
+    })
+    .unwrap();
+    assert_eq!(p.a.write(b"hello").unwrap(), 5);
+    let Pair { a, b, la: _la, lb } = p;
+    drop(b);
+    let t0 = Instant::now();
+    a.freeze(Trigger::PeerGone).unwrap();
+    let mut buf = [0u8; 8];
+    assert_eq!(
+        a.read(&mut buf).unwrap_err().raw_os_error(),
+        Some(libc::ECONNRESET)
+    );
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    // Parked until its hello deadline, then refused as unknown.
+    wait_stats(&lb, |s| s.unknown_conn == 1);
+}

@@ -160,11 +160,34 @@ struct Rx {
     held: Option<Frame>,
     /// Payload bytes of the current `Data` frame still in the socket.
     payload_left: u64,
+    /// We left ring `epoch` on our own (move, peer gone) and have not seen
+    /// the sender's `TxFreeze` for it yet.
+    awaiting_freeze: Option<u32>,
     out: Outbox,
     delivered: u64,
     waiting: bool,
     reader_polls: bool,
     driver_watches: bool,
+}
+
+impl Rx {
+    /// Whether the driver must take frames off the leg without a reader.
+    ///
+    /// On a ring: the sender may freeze it and waits for our `Consumed`.
+    /// Also while the `TxFreeze` for a ring we left is awaited (it is the
+    /// next frame on the leg, and offers wait for it). Otherwise, on TCP,
+    /// every frame either waits in order behind data the application has
+    /// not read (`Data`, `RingFrom`, `Fin`) or needs no prompt answer (a
+    /// `TxFreeze` voiding an offer), so the reader takes them, and a
+    /// streaming reader never has to hand the leg back and forth with the
+    /// driver.
+    fn driver_must_watch(&self) -> bool {
+        self.leg.is_some()
+            && !self.leg_closed
+            && self.payload_left == 0
+            && self.held.is_none()
+            && (matches!(self.path.state(), RxState::Ring { .. }) || self.awaiting_freeze.is_some())
+    }
 }
 
 #[derive(Default)]
@@ -278,6 +301,7 @@ impl Engine {
                 inbox: Inbox::new(),
                 held: None,
                 payload_left: 0,
+                awaiting_freeze: None,
                 out: Outbox::default(),
                 delivered: 0,
                 waiting: false,
@@ -423,8 +447,10 @@ fn sleep_on(wake: &EventFd, fd: Option<RawFd>, events: i16) {
     ];
     let n = if fd.is_some() { 2 } else { 1 };
     // SAFETY: `fds` is a valid array of at least `n` pollfds.
-    unsafe { libc::poll(fds.as_mut_ptr(), n, -1) };
-    wake.drain();
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), n, -1) };
+    if r < 0 || fds[0].revents != 0 {
+        wake.drain();
+    }
 }
 
 fn set_leg_options(sock: &TcpStream, timeout: Duration) -> io::Result<()> {
@@ -712,18 +738,13 @@ impl Shared {
     }
 
     fn apply_offer(&self, tx: &mut Tx, epoch: u32, ring: SharedRing) -> io::Result<bool> {
-        match tx.path.state() {
-            // The receiver offers only once it left the ring we use; its
-            // Consumed is still on the way. Keep the newest offer for then.
-            TxState::Ring { epoch: cur, .. } | TxState::Frozen { epoch: cur, .. }
-                if epoch > cur =>
-            {
-                if tx.pending_offer.as_ref().map_or(true, |(e, _)| *e < epoch) {
-                    tx.pending_offer = Some((epoch, ring));
-                }
-                return Ok(false);
+        if tx.path.offer_waits_for_consumed(epoch) {
+            // The offer overtook the Consumed for the ring we use: keep the
+            // newest one and hand it in after the resend.
+            if tx.pending_offer.as_ref().map_or(true, |(e, _)| *e < epoch) {
+                tx.pending_offer = Some((epoch, ring));
             }
-            _ => {}
+            return Ok(false);
         }
         match tx.path.on_ring_offer(epoch).map_err(switch_error)? {
             Some(marker) => {
@@ -833,6 +854,11 @@ impl Shared {
                 if got > 0 {
                     break;
                 }
+                if let RxState::Draining { .. } = r.path.state() {
+                    // Its trusted bytes were readable when it froze; a ring
+                    // that shrank since is the peer's doing.
+                    return Err(self.breach(protocol_error("draining ring lost its bytes")));
+                }
                 if let RxState::Ring { .. } = r.path.state() {
                     let end = c.peer_end().map_err(|e| self.breach(ring_error(e)))?;
                     if end.reset {
@@ -897,7 +923,19 @@ impl Shared {
             rx = self.wait_rx(rx, leg_events);
         }
         rx.delivered += got as u64;
-        if rx.payload_left == 0 && rx.held.is_none() && rx.leg.is_some() && !rx.driver_watches {
+        if rx.payload_left == 0 && rx.held.is_none() && rx.inbox.buffered() > 0 {
+            // The last payload read took the next frame's prefix along:
+            // take that frame now (no system call), so the driver is not
+            // woken for it. An error resets; the caller sees it next time.
+            if let Err(e) = self.pump_rx(&mut rx) {
+                self.breach(e);
+            }
+        }
+        // The driver watches the leg while this direction is on a ring (see
+        // `Rx::driver_must_watch`); bytes already read along with the last
+        // payload do not make the socket readable, so it must look without
+        // being asked.
+        if rx.driver_must_watch() && (!rx.driver_watches || rx.inbox.buffered() > 0) {
             self.ctl.signal();
         }
         Ok(got)
@@ -910,6 +948,11 @@ impl Shared {
         };
         rx.waiting = true;
         rx.reader_polls = fd.is_some();
+        if !rx.reader_polls && rx.driver_must_watch() && !rx.driver_watches {
+            // E.g. we just switched onto a ring: a TxFreeze for it must be
+            // answered while we sleep on the ring.
+            self.ctl.signal();
+        }
         drop(rx);
         sleep_on(&self.rx_wake, fd, leg_events);
         let mut rx = lock(&self.rx);
@@ -1010,6 +1053,9 @@ impl Shared {
                     }
                 }
                 Frame::TxFreeze { epoch, offset } => {
+                    if rx.awaiting_freeze.is_some_and(|e| epoch >= e) {
+                        rx.awaiting_freeze = None;
+                    }
                     let readable = match (rx.path.state(), rx.consumer.as_ref()) {
                         (RxState::Ring { .. }, Some(c)) => c.readable().map_err(ring_error)?,
                         _ => 0,
@@ -1038,7 +1084,16 @@ impl Shared {
     fn offer_ring(&self) -> io::Result<Option<(u32, SharedRing)>> {
         self.check_failed()?;
         let mut rx = lock(&self.rx);
-        if rx.path.state() != RxState::Tcp {
+        // Take the control frames already here first: a TxFreeze sent
+        // before this offer must not be read as voiding it.
+        if rx.payload_left == 0 && rx.held.is_none() {
+            self.pump_rx(&mut rx).map_err(|e| self.breach(e))?;
+        }
+        // Not before the sender's TxFreeze for the ring we left: arriving
+        // after the offer, it would void it (proto cannot tell it from a
+        // freeze after the offer) and cost a switch to the new ring and
+        // straight back.
+        if rx.path.state() != RxState::Tcp || rx.awaiting_freeze.is_some() {
             return Ok(None);
         }
         let mut next = rx.path.clone();
@@ -1062,6 +1117,10 @@ impl Shared {
         }
         {
             let mut rx = lock(&self.rx);
+            let left_ring = match rx.path.state() {
+                RxState::Ring { epoch, .. } => Some(epoch),
+                _ => None,
+            };
             let notice = match trigger {
                 Trigger::LocalMove => rx.path.freeze_local(),
                 Trigger::PeerGone => match (rx.path.state(), rx.consumer.as_ref()) {
@@ -1076,6 +1135,11 @@ impl Shared {
             };
             if let Some(c) = notice {
                 self.queue_consumed(&mut rx, c.epoch, c.offset);
+                if left_ring == Some(c.epoch) {
+                    // The sender froze (or will freeze, on our Consumed)
+                    // this ring: its TxFreeze is on the way.
+                    rx.awaiting_freeze = Some(c.epoch);
+                }
             }
             Self::settle_rx_rings(&mut rx);
             self.notify_rx(&rx);
@@ -1132,7 +1196,7 @@ impl Shared {
                     rx.driver_watches = false;
                     if let (Some(leg), false) = (&rx.leg, rx.leg_closed) {
                         let mut events = 0;
-                        if rx.payload_left == 0 && rx.held.is_none() && !rx.reader_polls {
+                        if rx.driver_must_watch() && !rx.reader_polls {
                             events |= libc::POLLIN;
                         }
                         if !rx.out.is_empty() {
@@ -1266,7 +1330,7 @@ impl Shared {
         if rx.leg.is_none() {
             return Ok(());
         }
-        if !rx.reader_polls && rx.payload_left == 0 && rx.held.is_none() {
+        if rx.driver_must_watch() && !rx.reader_polls {
             self.pump_rx(rx)?;
         }
         if !rx.out.is_empty() {

@@ -51,6 +51,11 @@ impl Inbox {
         }
     }
 
+    /// Bytes of the next frame already read from the socket.
+    pub(super) fn buffered(&self) -> usize {
+        self.have
+    }
+
     /// The next frame addressed to `conn_id`, reading no byte past it.
     /// Malformed frames, frames for another connection and `TcpHello` after
     /// authentication are `InvalidData`.

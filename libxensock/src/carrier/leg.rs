@@ -312,9 +312,13 @@ fn serve(listener: TcpListener, shared: Arc<Shared>, config: LegListenerConfig) 
                         });
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    // WouldBlock, or a per-connection error (ECONNABORTED,
-                    // EMFILE): try again on the next readiness.
-                    Err(_) => break,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    // ECONNABORTED, EMFILE, ENOBUFS: the listener stays
+                    // readable, so back off instead of spinning on it.
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(10));
+                        break;
+                    }
                 }
             }
         }
