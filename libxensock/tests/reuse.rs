@@ -155,3 +155,48 @@ fn pools_are_bounded_and_retired_rings_are_unmapped() {
         p.host.stats()
     );
 }
+
+/// On a reuse link a close sends its `Close` without a kick unless the peer
+/// sleeps on a ring; a peer that does sleep must still see the end at
+/// once: a reader blocked on a connection that never carried a byte gets
+/// EOF, a writer blocked on a full ring gets EPIPE.
+#[test]
+fn a_blocked_peer_sees_the_close_of_a_reuse_connection() {
+    let p = pair();
+    let small = SocketOptions {
+        recv_buffer: Some(2048),
+        backlog: Some(4),
+    };
+    let l = p.b.bind_with("xen:self:7103", small).unwrap();
+    let addr = (u32::from(p.db.domid), 7103);
+    for round in 0..3 {
+        // Reader blocked on a fresh connection; the other end closes.
+        let c = p.a.connect_with(addr, None, small).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut b = [0u8; 16];
+            (&s).read(&mut b).map(|n| (n, s))
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        drop(c);
+        let (n, s) = reader.join().unwrap().unwrap();
+        assert_eq!(n, 0, "round {round}: EOF");
+        drop(s);
+
+        // Writer blocked on the peer's full ring; the reader closes.
+        let c = p.a.connect_with(addr, None, small).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let writer = std::thread::spawn(move || {
+            let chunk = [7u8; 1024];
+            loop {
+                if let Err(e) = (&c).write(&chunk) {
+                    return e.raw_os_error();
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        drop(s);
+        assert_eq!(writer.join().unwrap(), Some(libc::EPIPE), "round {round}");
+        assert!(link(&p.a).ring_reuse);
+    }
+}
