@@ -843,6 +843,19 @@ fn status() -> Res<()> {
         st.links_lost,
         st.rejected
     );
+    for l in &st.links {
+        println!(
+            "  link to domain {}: {}, {} connections, {} frames queued; ring reuse {}: {} rings pooled, {} lent, {} peer rings kept mapped",
+            l.peer,
+            if l.up { "up" } else { "offered" },
+            l.connections,
+            l.pending_frames,
+            if l.ring_reuse { "on" } else { "off" },
+            l.pooled_rings,
+            l.lent_rings,
+            l.kept_mappings
+        );
+    }
     for c in st.connections {
         println!(
             "  {} -> {} {:?} rx {}/{} tx {}/{} in {} out {}",
