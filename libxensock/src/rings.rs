@@ -147,7 +147,8 @@ pub(crate) fn verify_fresh(ring: &RawRing) -> Result<(), Error> {
 
 /// Re-initialises the header of a ring we own for its next connection:
 /// identity with the new connection id, every index, event index and flag
-/// back to zero. The data area keeps stale bytes, which no reader can see
+/// back to zero (the caller then marks its own event index "not waiting").
+/// The data area keeps stale bytes, which no reader can see
 /// (`prod == cons`), and which came from the same peer anyway.
 pub(crate) fn reinit_ring(ring: &OwnedRing, me: DomId, peer: DomId, conn_id: u32) {
     ring.ring
