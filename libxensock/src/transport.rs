@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use xensock_discovery::xs::{XsClient, XsError};
+use xensock_discovery::xs::{CallbackWatch, XsClient, XsError};
 use xensock_proto::ctrl::{
     self, Channel, Message, RejectReason, ResetReason, SockType, TcpEndpoint,
 };
@@ -38,7 +38,7 @@ use crate::stream::XenStream;
 
 /// XenStore directory, relative to a domain's home, under which a domain
 /// publishes one node per peer it has a link with: `data/xensock/link/<peer>`.
-pub const LINK_DIR: &str = "data/xensock/link";
+pub const LINK_DIR: &str = xensock_discovery::layout::LINK_DIR;
 
 /// `state` of a link node once our half is advertised (`XenbusStateInitialised`).
 pub const STATE_INITIALISED: &str = "3";
@@ -84,10 +84,15 @@ pub struct Config {
     pub recv_buffer: usize,
     /// Listener backlog default.
     pub backlog: usize,
-    /// How long `connect` waits for a new link to come up before failing
-    /// with `EHOSTUNREACH`.
+    /// How long `connect` waits for a new link to a known peer to come up
+    /// before failing with `EHOSTUNREACH` (a domain discovery does not know
+    /// fails at once). 30 s by default, or `XENSOCK_LINK_TIMEOUT_MS`: a
+    /// first link takes milliseconds on hardware but 5-10 s between guests
+    /// emulated by QEMU TCG (the lab), where xenstored and both guests
+    /// share two host CPUs.
     pub link_timeout: Duration,
-    /// How long `connect` waits for the answer when no timeout is given.
+    /// How long `connect` waits for the link and the answer together when
+    /// no timeout is given. 60 s by default, or `XENSOCK_CONNECT_TIMEOUT_MS`.
     pub connect_timeout: Duration,
     /// How long a blocking read or write spins on the ring before sleeping.
     pub busy_poll: Duration,
@@ -96,17 +101,43 @@ pub struct Config {
     /// no grant, map or unmap. Off, this transport behaves like a peer that
     /// does not know the feature (as the kernel module today).
     pub ring_reuse: bool,
+    /// Domids this transport may link with when the dom0 agent publishes
+    /// no co-residency table for this domain. `None`: the domids of the
+    /// static peer list named by `XENSOCK_PEERS`, if set. With neither a
+    /// table nor a list, any domid is tried (and only the link timeout
+    /// tells that nobody answers).
+    pub static_peers: Option<Vec<DomId>>,
+}
+
+/// Environment variable overriding [`Config::link_timeout`] (milliseconds).
+pub const ENV_LINK_TIMEOUT_MS: &str = "XENSOCK_LINK_TIMEOUT_MS";
+/// Environment variable overriding [`Config::connect_timeout`] (milliseconds).
+pub const ENV_CONNECT_TIMEOUT_MS: &str = "XENSOCK_CONNECT_TIMEOUT_MS";
+
+fn env_ms(name: &str) -> Option<Duration> {
+    let v = std::env::var(name).ok()?;
+    v.trim().parse::<u64>().ok().map(Duration::from_millis)
+}
+
+/// The domids of the static peer list `XENSOCK_PEERS` names, if any.
+fn env_static_peers() -> Option<Vec<DomId>> {
+    let f = std::env::var_os(xensock_discovery::peers::ENV_PEERS_FILE)?;
+    let list = xensock_discovery::peers::StaticPeers::load(f).ok()?;
+    Some(list.peers.iter().filter_map(|p| p.domid).collect())
 }
 
 impl Default for Config {
+    /// The defaults, with `XENSOCK_LINK_TIMEOUT_MS`,
+    /// `XENSOCK_CONNECT_TIMEOUT_MS` and `XENSOCK_PEERS` applied.
     fn default() -> Config {
         Config {
             recv_buffer: 256 * 1024,
             backlog: 128,
-            link_timeout: Duration::from_secs(2),
-            connect_timeout: Duration::from_secs(10),
+            link_timeout: env_ms(ENV_LINK_TIMEOUT_MS).unwrap_or(Duration::from_secs(30)),
+            connect_timeout: env_ms(ENV_CONNECT_TIMEOUT_MS).unwrap_or(Duration::from_secs(60)),
             busy_poll: Duration::from_micros(50),
             ring_reuse: true,
+            static_peers: None,
         }
     }
 }
@@ -147,15 +178,6 @@ struct Link {
     /// Frames were written without deciding on a kick.
     kick_owed: bool,
     rings: RingCache,
-    /// Stops the watch on the peer's node (its removal when the peer's
-    /// domain is destroyed is only reported to watchers of that path).
-    watch_stop: Arc<AtomicBool>,
-}
-
-impl Drop for Link {
-    fn drop(&mut self) {
-        self.watch_stop.store(true, Ordering::Release);
-    }
 }
 
 /// Rings kept across connections on one link (docs/protocol.md 6.6).
@@ -171,27 +193,31 @@ struct RingCache {
     mapped: VecDeque<(ctrl::RingGrant, MappedRing)>,
 }
 
-/// Where watch threads put the paths that fired; not tied to the
-/// transport's lifetime, so a watch thread never keeps it alive.
+/// Where the XenStore client's reader thread puts the paths that fired
+/// (a callback per watch); the manager thread takes them. Not tied to the
+/// transport's lifetime, so a callback never keeps it alive.
 struct WatchSink {
     events: Mutex<Vec<String>>,
     wake: EventFd,
-    stop: AtomicBool,
 }
 
 impl WatchSink {
-    fn run(self: Arc<Self>, mut watch: xensock_discovery::xs::Watch, stop: Arc<AtomicBool>) {
-        while !self.stop.load(Ordering::Acquire) && !stop.load(Ordering::Acquire) {
-            match watch.recv_timeout(Duration::from_millis(100)) {
-                Ok(Some(ev)) => {
-                    lock(&self.events).push(ev.path);
-                    self.wake.signal();
-                }
-                Ok(None) => {}
-                Err(_) => break,
-            }
-        }
+    fn push(&self, path: String) {
+        lock(&self.events).push(path);
+        self.wake.signal();
     }
+}
+
+/// What the transport knows about which domains it may link with, and the
+/// XenStore watches that follow them (`docs/protocol.md` 6.2).
+#[derive(Default)]
+struct Watches {
+    /// Registered watches by path.
+    by_path: HashMap<String, CallbackWatch>,
+    /// The agent's table for us (`xensock/peers`), if it publishes one.
+    table: Option<HashSet<DomId>>,
+    /// Link directories dom0 made for us (`data/xensock/link/<P>`).
+    dom0_dirs: HashSet<DomId>,
 }
 
 pub(crate) struct State {
@@ -223,6 +249,9 @@ pub(crate) struct Inner {
     link_cv: Condvar,
     epoll: OwnedFd,
     sink: Arc<WatchSink>,
+    watches: Mutex<Watches>,
+    /// [`Config::static_peers`], resolved.
+    static_peers: Option<HashSet<DomId>>,
     stop: AtomicBool,
     next_conn: AtomicU32,
     counters: Counters,
@@ -239,9 +268,11 @@ pub(crate) struct Owner {
 }
 
 impl Drop for Owner {
+    /// Orderly shutdown: every link is torn down (connections reset, our
+    /// XenStore nodes withdrawn) and every watch removed, so that nothing
+    /// of this transport stays in XenStore.
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
-        self.inner.sink.stop.store(true, Ordering::Release);
         self.inner.sink.wake.signal();
         for t in lock(&self.threads).drain(..) {
             let _ = t.join();
@@ -252,6 +283,8 @@ impl Drop for Owner {
             self.inner.link_down(&mut st, p, false);
         }
         st.listeners.clear();
+        drop(st);
+        lock(&self.inner.watches).by_path.clear();
     }
 }
 
@@ -344,7 +377,6 @@ impl Transport {
         let sink = Arc::new(WatchSink {
             events: Mutex::new(Vec::new()),
             wake: EventFd::new()?,
-            stop: AtomicBool::new(false),
         });
         epoll_add(&epoll, sink.wake.as_raw_fd(), 0)?;
         // SAFETY: timerfd_create has no pointer arguments.
@@ -360,12 +392,19 @@ impl Transport {
         // SAFETY: a fresh descriptor we own.
         let kick_timer = unsafe { OwnedFd::from_raw_fd(tfd) };
         epoll_add(&epoll, kick_timer.as_raw_fd(), KICK_TIMER_TOKEN)?;
+        let static_peers = cfg
+            .static_peers
+            .clone()
+            .or_else(env_static_peers)
+            .map(|v| v.into_iter().collect());
         let inner = Arc::new(Inner {
             xen: Box::new(Dyn(backend)),
             xs,
             domid,
             kind,
             cfg,
+            watches: Mutex::new(Watches::default()),
+            static_peers,
             state: Mutex::new(State {
                 links: HashMap::new(),
                 listeners: HashMap::new(),
@@ -389,15 +428,13 @@ impl Transport {
                 inner.withdraw_node(p, false);
             }
         }
-        let watch = inner.xs.watch("/local/domain").map_err(Error::from)?;
+        // The agent's table for us: its changes change whom we watch.
+        inner.add_watch(&inner.table_dir()).map_err(Error::from)?;
+        {
+            let st = inner.state();
+            inner.refresh_peers(&st).map_err(Error::from)?;
+        }
         let mut threads = Vec::new();
-        let sink = inner.sink.clone();
-        let never = Arc::new(AtomicBool::new(false));
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("xensock-watch-{domid}"))
-                .spawn(move || sink.run(watch, never))?,
-        );
         let i3 = inner.clone();
         threads.push(
             std::thread::Builder::new()
@@ -734,6 +771,8 @@ pub struct Status {
     pub links_lost: u64,
     /// Connection requests refused.
     pub rejected: u64,
+    /// XenStore paths the transport watches (sorted).
+    pub watched: Vec<String>,
 }
 
 fn epoll_add(ep: &OwnedFd, fd: i32, token: u64) -> io::Result<()> {
@@ -795,6 +834,11 @@ fn manager_thread(inner: Arc<Inner>) {
         }
         let mut st = inner.state();
         let evs = std::mem::take(&mut *lock(&inner.sink.events));
+        if evs.iter().any(|p| inner.is_table_event(p)) {
+            // Failures leave the watches as they were; the next table
+            // event (or connect) tries again.
+            let _ = inner.refresh_peers(&st);
+        }
         let mut peers: Vec<DomId> = evs.iter().filter_map(|p| inner.is_link_event(p)).collect();
         peers.sort_unstable();
         peers.dedup();
@@ -842,6 +886,109 @@ impl Inner {
 
     fn peer_node(&self, peer: DomId) -> String {
         format!("/local/domain/{peer}/{LINK_DIR}/{}", self.domid)
+    }
+
+    /// The agent's co-residency table for us.
+    fn table_dir(&self) -> String {
+        format!(
+            "/local/domain/{}/{}/{}",
+            self.domid,
+            xensock_discovery::layout::XENSOCK,
+            xensock_discovery::layout::PEERS
+        )
+    }
+
+    /// Whether `path` is our table or an entry of it.
+    fn is_table_event(&self, path: &str) -> bool {
+        path.strip_prefix(&self.table_dir())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
+
+    // ---- discovery and watches -------------------------------------------
+
+    /// Registers a watch on `path` whose events go to the manager thread.
+    fn add_watch(&self, path: &str) -> Result<(), XsError> {
+        let mut w = lock(&self.watches);
+        if w.by_path.contains_key(path) {
+            return Ok(());
+        }
+        let sink = self.sink.clone();
+        let watch = self.xs.watch_with(path, move |ev| sink.push(ev.path))?;
+        w.by_path.insert(path.to_string(), watch);
+        Ok(())
+    }
+
+    /// Re-reads whom we may link with (the agent's table, link directories
+    /// dom0 made for us, the static list) and makes the watches follow:
+    /// one on each candidate peer's `link/<me>` node (its offers, and its
+    /// removal when the peer's domain dies), plus, only when neither a
+    /// table nor a static list exists, `/local/domain`, the one way to hear
+    /// an offer from a domain we know nothing about.
+    fn refresh_peers(&self, st: &State) -> Result<(), XsError> {
+        let ids = |path: &str| -> Result<Option<HashSet<DomId>>, XsError> {
+            match self.xs.directory(path) {
+                Ok(v) => Ok(Some(v.iter().filter_map(|d| d.parse().ok()).collect())),
+                Err(e) if e.is(XsErrno::NoEnt) || e.is(XsErrno::Acces) => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        let table = ids(&self.table_dir())?;
+        let dom0_dirs = ids(&self.link_dir_abs())?.unwrap_or_default();
+        let candidates: HashSet<DomId> = table
+            .iter()
+            .flatten()
+            .chain(self.static_peers.iter().flatten())
+            .chain(dom0_dirs.iter())
+            .chain(st.links.keys())
+            .copied()
+            .filter(|&p| p != self.domid)
+            .collect();
+        let broad = table.is_none() && self.static_peers.is_none();
+        let mut wanted: HashSet<String> = candidates.iter().map(|&p| self.peer_node(p)).collect();
+        wanted.insert(self.table_dir());
+        if broad {
+            wanted.insert("/local/domain".to_string());
+        }
+        {
+            let mut w = lock(&self.watches);
+            w.table = table;
+            w.dom0_dirs = dom0_dirs;
+            // Dropping a watch unregisters it.
+            w.by_path.retain(|path, _| wanted.contains(path));
+        }
+        let mut sorted: Vec<&String> = wanted.iter().collect();
+        sorted.sort();
+        for path in sorted {
+            self.add_watch(path)?;
+        }
+        Ok(())
+    }
+
+    /// Whether discovery allows a link to `peer`: false when the agent's
+    /// table (or the static list) exists and names neither it nor a link
+    /// directory dom0 made for it, or when dom0 learns from xenstored that
+    /// no such domain exists. Reads XenStore afresh: a
+    /// connect must not fail on a table event not yet processed.
+    fn may_link(&self, st: &State, peer: DomId) -> bool {
+        if self.domid == 0 {
+            if let Ok(false) = self.xs.is_domain_introduced(u32::from(peer)) {
+                return false;
+            }
+        }
+        if self.refresh_peers(st).is_err() {
+            // XenStore trouble is no evidence against the peer.
+            return true;
+        }
+        let w = lock(&self.watches);
+        if w.table.is_none() && self.static_peers.is_none() {
+            return true;
+        }
+        w.table.as_ref().is_some_and(|t| t.contains(&peer))
+            || self
+                .static_peers
+                .as_ref()
+                .is_some_and(|s| s.contains(&peer))
+            || w.dom0_dirs.contains(&peer)
     }
 
     /// `Some(peer)` if `path` is (inside) a peer's link node for us.
@@ -1121,13 +1268,10 @@ impl Inner {
             Ok(!exists)
         })?;
         epoll_add(&self.epoll, rx_chan.as_raw_fd(), u64::from(peer) + 1)?;
-        let watch_stop = Arc::new(AtomicBool::new(false));
-        if let Ok(w) = self.xs.watch(&self.peer_node(peer)) {
-            let (sink, stop) = (self.sink.clone(), watch_stop.clone());
-            let _ = std::thread::Builder::new()
-                .name(format!("xensock-watch-{}-{peer}", self.domid))
-                .spawn(move || sink.run(w, stop));
-        }
+        // When the peer's domain is destroyed, xenstored reports the removal
+        // of its node only to watchers of that path (it may already be
+        // watched: a candidate peer).
+        let _ = self.add_watch(&self.peer_node(peer));
         let c = Consumer::new(rx.ring);
         let shared = Arc::new(LinkShared::new(rx_chan.as_fd().try_clone_to_owned().ok()));
         st.links.insert(
@@ -1149,7 +1293,6 @@ impl Inner {
                 reuse: false,
                 kick_owed: false,
                 rings: RingCache::default(),
-                watch_stop,
             },
         );
         Ok(())
@@ -1301,6 +1444,20 @@ impl Inner {
         let created = link.created_dir;
         drop(link);
         self.withdraw_node(peer, created);
+        // Stop watching a peer that is no candidate any more (a link it
+        // offered while only the broad watch knew it).
+        let keep = {
+            let w = lock(&self.watches);
+            w.table.as_ref().is_some_and(|t| t.contains(&peer))
+                || w.dom0_dirs.contains(&peer)
+                || self
+                    .static_peers
+                    .as_ref()
+                    .is_some_and(|s| s.contains(&peer))
+        };
+        if !keep {
+            lock(&self.watches).by_path.remove(&self.peer_node(peer));
+        }
         self.link_cv.notify_all();
     }
 
@@ -1313,6 +1470,11 @@ impl Inner {
             return;
         }
         let _ = self.xs.transaction(|tx| {
+            // Gone already (dom0 removed it: the pair ended): writing
+            // `state` would recreate it.
+            if tx.try_read(&node)?.is_none() {
+                return Ok(());
+            }
             for name in [
                 "ring-ref",
                 "event-channel",
@@ -1773,6 +1935,11 @@ impl Inner {
         deadline: Instant,
     ) -> io::Result<MutexGuard<'a, State>> {
         if !st.links.contains_key(&peer) {
+            // A domain discovery does not know is unreachable now, not
+            // after the link timeout.
+            if !self.may_link(&st, peer) {
+                return Err(errno(libc::EHOSTUNREACH));
+            }
             self.create_link(&mut st, peer, None)?;
             // The peer may have offered first; pick its node up if so.
             self.on_peer_node(&mut st, peer);
@@ -2014,6 +2181,11 @@ impl Inner {
             ring_errors: self.counters.ring_errors.load(Ordering::Relaxed),
             links_lost: self.counters.links_lost.load(Ordering::Relaxed),
             rejected: self.counters.rejected.load(Ordering::Relaxed),
+            watched: {
+                let mut v: Vec<String> = lock(&self.watches).by_path.keys().cloned().collect();
+                v.sort();
+                v
+            },
         }
     }
 }

@@ -284,7 +284,29 @@ fn connect_to_a_port_nobody_listens_on_is_refused() {
 }
 
 #[test]
-fn connect_to_an_unknown_domain_is_unreachable() {
+fn connect_to_an_unknown_domain_is_unreachable_at_once() {
+    // With the agent's table, a domid it does not list fails at once, not
+    // after the link timeout (a minute here).
+    let w = agent_world(libxensock::Config {
+        link_timeout: Duration::from_secs(60),
+        ..config()
+    });
+    let t0 = std::time::Instant::now();
+    let e = w.pair.a.connect((4000u32, 80)).unwrap_err();
+    assert_eq!(errno(&e), libc::EHOSTUNREACH);
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // Nothing was offered, nothing is left behind.
+    assert!(w.pair.a.status().links.is_empty());
+    // The listed peer is reachable.
+    let l = w.pair.b.bind("xen:self:80").unwrap();
+    let _c = w.pair.a.connect((u32::from(w.pair.db.domid), 80)).unwrap();
+    let _s = l.accept().unwrap();
+}
+
+#[test]
+fn without_discovery_an_unknown_domain_is_unreachable_after_the_link_timeout() {
+    // No agent and no static list: nothing tells that domain 4000 does not
+    // exist (guests cannot ask xenstored), so the link timeout decides.
     let p = pair_with(libxensock::Config {
         link_timeout: Duration::from_millis(300),
         ..config()
