@@ -387,3 +387,71 @@ fn timeouts() {
         Some(libc::ETIMEDOUT)
     ));
 }
+
+fn poll_readable(fd: std::os::fd::RawFd, ms: i32) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut pfd, 1, ms) == 1 }
+}
+
+/// `connect_nonblocking` returns at once in the connecting state (as
+/// `EINPROGRESS`); the descriptor becomes readable with the answer and
+/// `finish_connect` / `take_error` report it.
+#[test]
+fn nonblocking_connect_completes_through_the_descriptor() {
+    use std::os::fd::AsRawFd;
+    let p = pair();
+    let l = p.b.bind("xen:self:7010").unwrap();
+    let bid = u32::from(p.db.domid);
+    p.a.prepare_link(bid, Duration::from_secs(5)).unwrap();
+    assert!(p.a.link_ready(bid));
+    let c =
+        p.a.connect_nonblocking((bid, 7010), SocketOptions::default())
+            .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.finish_connect() {
+            Ok(()) => break,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Nothing to read or write before the connection is open.
+                assert_eq!(
+                    (&c).read(&mut [0u8; 1]).unwrap_err().kind(),
+                    io::ErrorKind::WouldBlock
+                );
+                assert!(Instant::now() < deadline, "no answer");
+                poll_readable(c.as_raw_fd(), 1000);
+            }
+            Err(e) => panic!("connect failed: {e}"),
+        }
+    }
+    assert!(c.take_error().unwrap().is_none());
+    let (s, _) = l.accept().unwrap();
+    (&c).write_all(b"nb").unwrap();
+    let mut b = [0u8; 2];
+    (&s).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"nb");
+
+    // Nobody listens: the answer is a refusal, reported once it is in.
+    let r =
+        p.a.connect_nonblocking((bid, 7011), SocketOptions::default())
+            .unwrap();
+    let err = loop {
+        match r.finish_connect() {
+            Ok(()) => panic!("connected to a port nobody listens on"),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "no answer");
+                poll_readable(r.as_raw_fd(), 1000);
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(errno(&err), libc::ECONNREFUSED);
+    assert_eq!(
+        r.take_error().unwrap().map(|e| errno(&e)),
+        Some(libc::ECONNREFUSED)
+    );
+}
