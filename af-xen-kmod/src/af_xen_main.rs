@@ -26,6 +26,8 @@ mod conn;
 mod link;
 mod sock;
 mod sys;
+mod sys_net;
+mod tcp;
 
 use kernel::prelude::*;
 
@@ -40,6 +42,7 @@ module! {
 struct AfXen {
     reg: Option<sys::Registration>,
     proc_: Option<sys::ProcEntry>,
+    tcp: Option<tcp::TcpCarrier>,
     _ops: Pin<KBox<sys::Ops>>,
     _globals: Pin<KBox<sock::Globals>>,
 }
@@ -85,9 +88,11 @@ impl kernel::Module for AfXen {
                 None
             }
         };
+        // before the links: their handshakes advertise its endpoint
+        let tcp = tcp::start().ok();
         link::start();
         pr_info!("AF_XEN registered as family {} (domid {})\n", family, own);
-        Ok(AfXen { reg: Some(reg), proc_, _ops: ops, _globals: globals })
+        Ok(AfXen { reg: Some(reg), proc_, tcp, _ops: ops, _globals: globals })
     }
 }
 
@@ -98,6 +103,7 @@ impl Drop for AfXen {
         drop(self.proc_.take());
         drop(self.reg.take());
         link::shutdown_all();
+        drop(self.tcp.take());
         sys::proto_unregister();
         sock::unpublish();
         pr_info!("AF_XEN (family {}) unloaded\n", sys::family());
