@@ -18,6 +18,7 @@
 #include <linux/workqueue.h>
 #include <net/sock.h>
 #include <net/net_namespace.h>
+#include "af_xen_net.h"
 
 /*
  * 7919: unassigned by IANA, below the ephemeral range (so no outgoing
@@ -82,7 +83,6 @@ u64 afx_random_u64(void)
 }
 
 /* All TCP legs' socket events run one work item (Rust: afx_rs_tcp_work). */
-void afx_rs_tcp_work(void);
 static void afx_tcp_work_fn(struct work_struct *w) { afx_rs_tcp_work(); }
 static DECLARE_WORK(afx_tcp_work, afx_tcp_work_fn);
 
