@@ -308,6 +308,10 @@ fn destroy(xs: &Arc<XenSock>) {
             i.reset,
         )
     };
+    if link.is_some() {
+        // its TCP legs go with it
+        crate::tcp::connection_ended();
+    }
     // SO_LINGER with l_linger 0: abortive close, the peer sees
     // ECONNRESET (unread data is dropped), as TCP's RST.
     let abort = was == State::Connected && !reset && xs.sk.linger_abort();

@@ -239,6 +239,13 @@ fn is_hello_header(h: &[u8]) -> bool {
     matches!(ctrl::decode_header(h, Channel::Tcp), Ok(hd) if hd.kind == ctrl::Kind::TcpHello)
 }
 
+/// A connection ended: the work item releases its legs.
+pub(crate) fn connection_ended() {
+    if LISTENING.load(Ordering::Relaxed) || HELD.load(Ordering::Relaxed) > 0 {
+        sys_net::schedule();
+    }
+}
+
 /// Legs of connections that ended are released.
 fn reap(g: &mut Legs) {
     let old = core::mem::replace(&mut g.held, KVec::new());
