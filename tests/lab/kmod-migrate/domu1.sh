@@ -7,5 +7,5 @@ cat /proc/net/af_xen_stats
 # an unconnected socket's setsockopt must be EPERM before anything else
 rmmod af_xen
 insmod $KO
-check kmod-open-leg-refused-without-test-mode sh -c 'xstest_migrate eperm'
+run_c kmod-open-leg-refused-without-test-mode eperm
 finish
