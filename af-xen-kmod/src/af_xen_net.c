@@ -85,6 +85,9 @@ u64 afx_random_u64(void)
 /* All TCP legs' socket events run one work item (Rust: afx_rs_tcp_work). */
 static void afx_tcp_work_fn(struct work_struct *w) { afx_rs_tcp_work(); }
 static DECLARE_WORK(afx_tcp_work, afx_tcp_work_fn);
+/* the same work, later: hello deadlines */
+static void afx_tcp_dwork_fn(struct work_struct *w) { afx_rs_tcp_work(); }
+static DECLARE_DELAYED_WORK(afx_tcp_dwork, afx_tcp_dwork_fn);
 
 static void afx_tcp_data_ready(struct sock *sk) { schedule_work(&afx_tcp_work); }
 static void afx_tcp_state_change(struct sock *sk) { schedule_work(&afx_tcp_work); }
@@ -94,7 +97,13 @@ static void (*orig_data_ready)(struct sock *sk);
 static void (*orig_state_change)(struct sock *sk);
 
 void afx_tcp_schedule(void) { schedule_work(&afx_tcp_work); }
-void afx_tcp_flush(void) { cancel_work_sync(&afx_tcp_work); }
+void afx_tcp_schedule_after_ms(unsigned int ms) { schedule_delayed_work(&afx_tcp_dwork, msecs_to_jiffies(ms)); }
+u64 afx_now_ms(void) { return ktime_get_boottime_ns() / NSEC_PER_MSEC; }
+void afx_tcp_flush(void)
+{
+	cancel_delayed_work_sync(&afx_tcp_dwork);
+	cancel_work_sync(&afx_tcp_work);
+}
 
 static void afx_hook(struct sock *sk)
 {

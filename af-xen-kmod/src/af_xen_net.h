@@ -10,6 +10,8 @@ u64 afx_random_u64(void);
 void afx_rs_tcp_work(void);
 void afx_tcp_schedule(void);
 void afx_tcp_flush(void);
+void afx_tcp_schedule_after_ms(unsigned int ms);
+u64 afx_now_ms(void);
 int afx_tcp_listen(int port, struct socket **out);
 int afx_tcp_accept(struct socket *l, struct socket **out);
 int afx_tcp_connect(const u8 *addr, int port, struct socket **out);

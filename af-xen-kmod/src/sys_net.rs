@@ -11,6 +11,8 @@ extern "C" {
     fn afx_random_u64() -> u64;
     fn afx_tcp_schedule();
     fn afx_tcp_flush();
+    fn afx_tcp_schedule_after_ms(ms: kernel::ffi::c_uint);
+    fn afx_now_ms() -> u64;
     fn afx_tcp_listen(port: c_int, out: *mut *mut bindings::socket) -> c_int;
     fn afx_tcp_accept(l: *mut bindings::socket, out: *mut *mut bindings::socket) -> c_int;
     fn afx_tcp_connect(addr: *const u8, port: c_int, out: *mut *mut bindings::socket) -> c_int;
@@ -44,6 +46,18 @@ pub(crate) fn random_u64() -> u64 {
 pub(crate) fn schedule() {
     // SAFETY: schedules a static work item.
     unsafe { afx_tcp_schedule() }
+}
+
+/// Runs the TCP work item again in `ms` milliseconds (deadlines).
+pub(crate) fn schedule_after_ms(ms: u32) {
+    // SAFETY: schedules a static delayed work item.
+    unsafe { afx_tcp_schedule_after_ms(ms) }
+}
+
+/// A monotonic clock in milliseconds (boot time).
+pub(crate) fn now_ms() -> u64 {
+    // SAFETY: reads the clock.
+    unsafe { afx_now_ms() }
 }
 
 /// Waits for a running TCP work item and cancels a queued one (unload,

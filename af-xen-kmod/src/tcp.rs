@@ -17,8 +17,11 @@ use kernel::new_mutex;
 
 /// Bytes of a `TcpHello` frame (header + cookie).
 const HELLO_LEN: usize = ctrl::HEADER_LEN + 8;
-/// Unauthenticated legs held at once; the oldest is dropped beyond it.
+/// Unauthenticated legs held at once; more are closed at once.
 const MAX_PENDING: usize = 64;
+/// A leg whose hello has not arrived within this is closed (as
+/// libxensock's `hello_timeout`).
+const HELLO_TIMEOUT_MS: u64 = 5000;
 
 /// What travels with each stream connection for its TCP carrier.
 #[derive(Clone, Copy)]
@@ -45,6 +48,7 @@ mod counters {
     pub(super) static UNKNOWN_CONN: AtomicI64 = AtomicI64::new(0);
     pub(super) static MALFORMED: AtomicI64 = AtomicI64::new(0);
     pub(super) static DROPPED: AtomicI64 = AtomicI64::new(0);
+    pub(super) static TIMED_OUT: AtomicI64 = AtomicI64::new(0);
     pub(super) static HELD: AtomicI64 = AtomicI64::new(0);
 }
 use counters::*;
@@ -58,6 +62,7 @@ struct Pending {
     sock: TcpSock,
     hello: [u8; HELLO_LEN],
     got: usize,
+    deadline_ms: u64,
 }
 
 /// An authenticated leg, held for its connection.
@@ -193,12 +198,14 @@ pub(crate) fn work() {
             inc(&DROPPED);
             continue;
         }
-        if g.pending.push(Pending { sock: c, hello: [0; HELLO_LEN], got: 0 }, GFP_KERNEL).is_err() {
+        let deadline_ms = sys_net::now_ms() + HELLO_TIMEOUT_MS;
+        if g.pending.push(Pending { sock: c, hello: [0; HELLO_LEN], got: 0, deadline_ms }, GFP_KERNEL).is_err() {
             inc(&DROPPED);
         }
     }
     // hellos: read at most HELLO_LEN bytes from each, never past it
     let old = core::mem::replace(&mut g.pending, KVec::new());
+    let mut next: Option<u64> = None;
     for mut p in old.into_iter() {
         let verdict = match p.sock.recv(&mut p.hello[p.got..]) {
             Ok(0) => Some(Err(&MALFORMED)),
@@ -216,8 +223,11 @@ pub(crate) fn work() {
             Err(x) if x == crate::sys::errno::EAGAIN => None,
             Err(_) => Some(Err(&MALFORMED)),
         };
+        let now = sys_net::now_ms();
         match verdict {
+            None if now >= p.deadline_ms => inc(&TIMED_OUT),
             None => {
+                next = Some(next.map_or(p.deadline_ms, |d: u64| d.min(p.deadline_ms)));
                 if g.pending.push(p, GFP_KERNEL).is_err() {
                     inc(&DROPPED);
                 }
@@ -231,6 +241,11 @@ pub(crate) fn work() {
             // refused: closed (dropping releases it) and counted
             Some(Err(c)) => inc(c),
         }
+    }
+    // come back at the earliest hello deadline
+    if let Some(d) = next {
+        let wait = d.saturating_sub(sys_net::now_ms()).clamp(10, HELLO_TIMEOUT_MS);
+        sys_net::schedule_after_ms(wait as u32);
     }
     reap(&mut g);
 }
@@ -302,7 +317,7 @@ pub(crate) fn stats(l: &mut crate::sock::Line) {
     let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
     let _ = write!(
         l,
-        "tcp_port {}\ntcp_legs_in {}\ntcp_legs_out {}\ntcp_legs_held {}\ntcp_bad_cookie {}\ntcp_unknown_conn {}\ntcp_malformed {}\ntcp_dropped {}\n",
+        "tcp_port {}\ntcp_legs_in {}\ntcp_legs_out {}\ntcp_legs_held {}\ntcp_bad_cookie {}\ntcp_unknown_conn {}\ntcp_malformed {}\ntcp_timed_out {}\ntcp_dropped {}\n",
         if LISTENING.load(Ordering::Relaxed) { sys_net::tcp_port() } else { 0 },
         g(&LEGS_IN),
         g(&LEGS_OUT),
@@ -310,6 +325,7 @@ pub(crate) fn stats(l: &mut crate::sock::Line) {
         g(&BAD_COOKIE),
         g(&UNKNOWN_CONN),
         g(&MALFORMED),
+        g(&TIMED_OUT),
         g(&DROPPED)
     );
 }

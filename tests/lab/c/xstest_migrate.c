@@ -12,10 +12,10 @@
  *       peer mid-stream (XENSOCK_TEST_OPEN_LEG, right cookie), then check
  *       the TCP counters: the client's good leg authenticated, its
  *       wrong-cookie leg, the raw malformed and unknown-connection hellos
- *       refused and counted
+ *       refused and counted, the silent one closed at its hello deadline
  *   xstest_migrate client PEER PORT MiB LEGIP LEGPORT
- *       domu2: first the raw TCP hellos to LEGIP:LEGPORT (garbage, an
- *       unknown connection id: both closed by the peer), then connect to
+ *       domu2: first raw TCP connections to LEGIP:LEGPORT (silent,
+ *       garbage, an unknown connection id: all closed by the peer), then connect to
  *       PEER:PORT and stream as above; mid-stream open our TCP leg with the
  *       right cookie and one with a wrong cookie
  *   xstest_migrate eperm
@@ -233,6 +233,8 @@ static int cmd_server(uint32_t port, uint64_t mib)
 	result("m-server-garbage-refused", v == 1, "tcp_malformed %ld (want 1)", v);
 	v = wait_stat("tcp_unknown_conn", 1, 20);
 	result("m-server-unknown-conn-refused", v == 1, "tcp_unknown_conn %ld (want 1)", v);
+	v = wait_stat("tcp_timed_out", 1, 20);
+	result("m-server-silent-timed-out", v == 1, "tcp_timed_out %ld (want 1)", v);
 	v = stat_of("tcp_legs_out");
 	result("m-server-leg-out", v == 1, "tcp_legs_out %ld (want 1)", v);
 	v = stat_of("tcp_legs_held");
@@ -276,7 +278,7 @@ static void raw_hello(const char *name, const char *ip, int port, const uint8_t 
 		sleep(1);
 		s = socket(AF_INET, SOCK_STREAM, 0);
 	}
-	if (send(s, msg, n, MSG_NOSIGNAL) != (ssize_t)n) {
+	if (n && send(s, msg, n, MSG_NOSIGNAL) != (ssize_t)n) {
 		result(name, 0, "send: %s", strerror(errno));
 		close(s);
 		return;
@@ -298,6 +300,13 @@ static int cmd_client(uint32_t peer, uint32_t port, uint64_t mib, const char *le
 	int c = -1;
 
 	memset(garbage, 0x5a, sizeof(garbage));
+	/* a leg that never says hello: closed at the peer's 5 s hello deadline */
+	{
+		double t0 = now();
+
+		raw_hello("m-client-silent-closed", legip, legport, garbage, 0);
+		printf("silent leg closed after %.1f s\n", now() - t0);
+	}
 	raw_hello("m-client-garbage-closed", legip, legport, garbage, sizeof(garbage));
 	raw_hello("m-client-unknown-conn-closed", legip, legport, unknown, sizeof(unknown));
 	while (now() < end) {
