@@ -25,7 +25,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Each socket's readiness is libxensock's eventfd, registered with
+//! Over the kernel family (`af_xen.ko` loaded) each socket is an AF_XEN
+//! socket descriptor with ordinary socket readiness. Over the user-space
+//! transport, each socket's readiness is libxensock's eventfd, registered with
 //! tokio's reactor through [`AsyncFd::register_with_interest`]. The
 //! descriptor gets an edge whenever either direction may make progress;
 //! every write to an eventfd reports both `EPOLLIN` and `EPOLLOUT`, so
@@ -49,7 +51,8 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 pub use libxensock;
 
 fn register<T: std::os::fd::AsRawFd>(inner: T) -> io::Result<AsyncFd<T>> {
-    // SAFETY: `inner` is a libxensock socket that owns its eventfd; the
+    // SAFETY: `inner` is a libxensock socket that owns its descriptor (an
+    // AF_XEN socket or the transport's eventfd); the
     // descriptor stays open and unchanged until the socket is dropped,
     // which happens only when the AsyncFd (its owner) is dropped or
     // `into_inner` is called.
@@ -149,14 +152,16 @@ pub struct XenStream {
 }
 
 impl XenStream {
-    /// Connects through the process-wide transport. The handshake runs on
-    /// tokio's blocking pool.
+    /// Connects with the backend [`libxensock::backend()`] picks (the
+    /// kernel family where `af_xen.ko` is loaded, else the process-wide
+    /// user-space transport), as [`libxensock::XenStream::connect`]. The
+    /// handshake runs on tokio's blocking pool.
     pub async fn connect(addr: impl ToXenAddr) -> io::Result<XenStream> {
         let addr = addr.to_xen_addr()?;
-        let t = tokio::task::spawn_blocking(Transport::global)
+        let s = tokio::task::spawn_blocking(move || libxensock::XenStream::connect(addr))
             .await
             .map_err(io::Error::other)??;
-        XenStream::connect_on(&t, addr).await
+        XenStream::from_std(s)
     }
 
     /// Connects through `transport`.
