@@ -419,7 +419,7 @@ fn wait_fd(fd: &impl AsRawFd, events: i16, ms: i32) -> Res<()> {
     )
 }
 
-/// Edge-triggered epoll, as mio and tokio use it: no event while idle,
+/// Edge-triggered epoll, as mio and tokio use it: no EPOLLIN while idle,
 /// EPOLLOUT at once, EPOLLIN after the echo, a new edge for new data.
 fn epoll_check(echo: SockAddrXen) -> Res<String> {
     let s = XenStream::connect(echo)?;
@@ -454,10 +454,12 @@ fn epoll_check(echo: SockAddrXen) -> Res<String> {
             first & libc::EPOLLIN as u32 == 0,
             format!("EPOLLIN before any data: {first:#x}"),
         )?;
+        // epoll may report a spurious edge (mio and tokio tolerate them);
+        // what matters is that no EPOLLIN shows up without data
         let idle = wait(200);
         ensure(
-            idle == 0,
-            format!("edge-triggered: event while idle {idle:#x}"),
+            idle & libc::EPOLLIN as u32 == 0,
+            format!("EPOLLIN while idle: {idle:#x}"),
         )?;
         for round in 0..3 {
             (&s).write_all(b"ping")?;
@@ -495,7 +497,9 @@ fn epoll_check(echo: SockAddrXen) -> Res<String> {
             (&s).read(&mut [0u8; 8])? == 0,
             "read after RDHUP is not EOF",
         )?;
-        Ok("EPOLLOUT, quiet while idle, 3 EPOLLIN edges, EPOLLRDHUP + EOF".into())
+        Ok(format!(
+            "EPOLLOUT, idle {idle:#x}, 3 EPOLLIN edges, EPOLLRDHUP + EOF"
+        ))
     })();
     // SAFETY: closing the epoll descriptor we created.
     unsafe { libc::close(ep) };
