@@ -25,9 +25,15 @@ check_wait vchan-1m-server "$VCHAN1M" /tmp/vchan1m.log
 cat /tmp/tcp.log /tmp/vchan.log /tmp/vchan1m.log
 
 # ---- AF_XEN: the kernel family, from C (xlbench) and through libxensock ----------
+# event-channel interrupts of the module around the AF_XEN runs: how many
+# notifications the 64 MiB cost (docs/design.md, lab benchmark)
+irqs() { awk '/af_xen/ {n = 0; for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) n += $i; else break; t += n} END {print t + 0}' /proc/interrupts; }
+IRQ0=$(irqs)
 timeout 300 xlbench-xs xen server 7301 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/afxen.log 2>&1 &
 check_wait afxen-server $! /tmp/afxen.log
 cat /tmp/afxen.log
+log "af_xen interrupts during the C AF_XEN run (server side): $(( $(irqs) - IRQ0 ))"
+grep af_xen /proc/interrupts
 timeout 300 lab_bench server kernel 7302 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/afxen-rust.log 2>&1 &
 check_wait afxen-libxensock-server $! /tmp/afxen-rust.log
 cat /tmp/afxen-rust.log

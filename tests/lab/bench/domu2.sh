@@ -37,9 +37,12 @@ if XLBENCH_LABEL=vchan-1m xlbench vchan client "$PEER" "/local/domain/$PEER/data
 else result vchan-1m-client FAIL "rc=$?"; fi
 
 log "AF_XEN (af_xen.ko) from C: $BENCH_MIB MiB + $BENCH_PINGS round trips"
+irqs() { awk '/af_xen/ {n = 0; for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) n += $i; else break; t += n} END {print t + 0}' /proc/interrupts; }
+IRQ0=$(irqs)
 if XLBENCH_LABEL=afxen timeout 300 xlbench-xs xen client "$PEER" 7301 "$BENCH_MIB" "$BENCH_PINGS" 120; then
   result afxen-client PASS
 else result afxen-client FAIL "rc=$?"; fi
+log "af_xen interrupts during the C AF_XEN run (client side): $(( $(irqs) - IRQ0 ))"
 
 log "AF_XEN through libxensock (kernel backend)"
 if XLBENCH_LABEL=afxen-libxensock timeout 300 lab_bench client kernel "$PEER" 7302 "$BENCH_MIB" "$BENCH_PINGS" 120; then
