@@ -235,16 +235,13 @@ impl KernelStream {
         self.sock.send_buffer_size().map_or(0, |n| n / 2)
     }
 
-    /// `FIONREAD`, or, if the module does not implement it, a
-    /// non-consuming `MSG_PEEK | MSG_DONTWAIT` of up to 64 KiB.
+    /// A non-consuming `MSG_PEEK | MSG_DONTWAIT` of up to 64 KiB (the
+    /// module's largest ring). Not `FIONREAD`: af_xen leaves
+    /// `proto_ops.ioctl` NULL and the kernel calls it unchecked, so any
+    /// ioctl on an AF_XEN socket oopses the guest (lab run
+    /// `kmod-rust-20261122-064825`: "BUG: kernel NULL pointer
+    /// dereference", RIP 0, from `sock_ioctl`, cmd 0x541b).
     pub(crate) fn bytes_readable(&self) -> usize {
-        let mut n: libc::c_int = 0;
-        // SAFETY: FIONREAD writes one int through the pointer, which
-        // points at `n`, alive for the call.
-        let r = unsafe { libc::ioctl(self.sock.as_raw_fd(), libc::FIONREAD, &mut n) };
-        if r == 0 {
-            return n.max(0) as usize;
-        }
         let mut buf = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];
         self.sock
             .recv_with_flags(&mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT)
