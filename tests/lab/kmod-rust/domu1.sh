@@ -1,9 +1,9 @@
 # kmod-rust, domu1: the servers (libxensock and tokio-xensock, both over
 # af_xen.ko); domu2's clients stop them when they are done.
 . /scenario/common.sh
-timeout 500 lab_kernel server > /tmp/lab_kernel.log 2>&1 &
+timeout 240 lab_kernel server > /tmp/lab_kernel.log 2>&1 &
 RS=$!
-timeout 500 lab_tokio server > /tmp/lab_tokio.log 2>&1 &
+timeout 240 lab_tokio server > /tmp/lab_tokio.log 2>&1 &
 TK=$!
 check_wait rust-server $RS /tmp/lab_kernel.log
 sed 's/^/  [lab_kernel server] /' /tmp/lab_kernel.log

@@ -3,9 +3,9 @@
 . /scenario/common.sh
 PEER=$(xlbench xsread data/peer 60)
 log "peer domu1 is dom$PEER"
-if timeout 400 lab_kernel client "$PEER"; then result lab-kernel-client PASS
+if timeout 200 lab_kernel client "$PEER"; then result lab-kernel-client PASS
 else result lab-kernel-client FAIL "rc=$?"; fi
-if timeout 300 lab_tokio client "$PEER"; then result lab-tokio-client PASS
+if timeout 200 lab_tokio client "$PEER"; then result lab-tokio-client PASS
 else result lab-tokio-client FAIL "rc=$?"; fi
 cat /proc/net/af_xen
 check dmesg-clean dmesg_clean
