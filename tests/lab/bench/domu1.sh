@@ -29,12 +29,12 @@ cat /tmp/tcp.log /tmp/vchan.log /tmp/vchan1m.log
 # notifications the 64 MiB cost (docs/design.md, lab benchmark)
 irqs() { awk '/af_xen/ {n = 0; for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) n += $i; else break; t += n} END {print t + 0}' /proc/interrupts; }
 IRQ0=$(irqs)
-timeout 300 xlbench-xs xen server 7301 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/afxen.log 2>&1 &
+timeout 200 xlbench-xs xen server 7301 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/afxen.log 2>&1 &
 check_wait afxen-server $! /tmp/afxen.log
 cat /tmp/afxen.log
 log "af_xen interrupts during the C AF_XEN run (server side): $(( $(irqs) - IRQ0 ))"
 grep af_xen /proc/interrupts
-timeout 300 lab_bench server kernel 7302 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/afxen-rust.log 2>&1 &
+timeout 200 lab_bench server kernel 7302 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/afxen-rust.log 2>&1 &
 check_wait afxen-libxensock-server $! /tmp/afxen-rust.log
 cat /tmp/afxen-rust.log
 cat /proc/net/af_xen
@@ -46,6 +46,6 @@ check afxen-rmmod rmmod af_xen
 # ---- libxensock's user-space transport over /dev/xen -----------------------------
 # dom0 clears the link directories once both modules are gone, then says go
 xlbench xsread data/bench-user-go 400 > /dev/null || log "no go from dom0 after 400 s"
-timeout 300 lab_bench server user 7303 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/user.log 2>&1 &
+timeout 200 lab_bench server user 7303 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/user.log 2>&1 &
 check_wait xensock-user-server $! /tmp/user.log
 cat /tmp/user.log
