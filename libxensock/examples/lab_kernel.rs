@@ -9,7 +9,8 @@
 //! ```
 //!
 //! Ports: 7101 echo (one thread per connection), 7102 half-close ("got N"
-//! after EOF), 7199 stop. Each check prints one lab marker,
+//! after EOF), 7103 accept-and-close at once, 7199 stop (the server reads
+//! the stop connection to EOF, then exits). Each check prints one lab marker,
 //! `@@RESULT rust-<name> PASS|FAIL <detail>`; the exit status is the
 //! number of failures (capped at 100).
 
@@ -23,6 +24,7 @@ use libxensock::{BackendKind, SockAddrXen, SocketOptions, XenListener, XenStream
 
 const ECHO: u32 = 7101;
 const HALF_CLOSE: u32 = 7102;
+const ACCEPT_CLOSE: u32 = 7103;
 const STOP: u32 = 7199;
 const BIG_MIB: usize = 32;
 
@@ -61,14 +63,23 @@ fn main() {
 fn server() -> Res<()> {
     let echo = XenListener::bind(SockAddrXen::new(libxensock::DOMID_ANY, ECHO))?;
     let half = XenListener::bind(SockAddrXen::new(libxensock::DOMID_ANY, HALF_CLOSE))?;
+    let quick = XenListener::bind(SockAddrXen::new(libxensock::DOMID_ANY, ACCEPT_CLOSE))?;
     let stop = XenListener::bind(SockAddrXen::new(libxensock::DOMID_ANY, STOP))?;
     println!(
-        "lab_kernel server: {:?} on {}, {}, {}",
+        "lab_kernel server: {:?} on {}, {}, {}, {}",
         echo.backend_kind(),
         echo.local_addr()?,
         half.local_addr()?,
+        quick.local_addr()?,
         stop.local_addr()?
     );
+    thread::spawn(move || {
+        // accept and close at once: the connector must still see its
+        // connect succeed (then EOF)
+        for s in quick.incoming() {
+            drop(s);
+        }
+    });
     thread::spawn(move || {
         for s in echo.incoming() {
             match s {
@@ -93,7 +104,10 @@ fn server() -> Res<()> {
             }
         }
     });
-    let (_s, who) = stop.accept()?;
+    let (mut s, who) = stop.accept()?;
+    // closing at once would race the client's connect (see the
+    // accept-close check); wait for its EOF
+    let _ = s.read_to_end(&mut Vec::new());
     println!("lab_kernel server: stop from {who}");
     Ok(())
 }
@@ -395,6 +409,29 @@ fn client(server: u32) -> u32 {
             "accept_timeout without a connection",
         )?;
         Ok(format!("{addr}: POLLIN, accept, ETIMEDOUT"))
+    });
+
+    // A server that accepts and closes at once: connect must succeed (the
+    // connection existed), then read EOF or ECONNRESET. af_xen in run
+    // kmod-rust-20261122-070226 answered such a connect with ECONNREFUSED.
+    c.run("accept-close", || {
+        let mut refused = 0;
+        for _ in 0..20 {
+            match XenStream::connect(SockAddrXen::new(server, ACCEPT_CLOSE)) {
+                Ok(mut s) => match s.read(&mut [0u8; 8]) {
+                    Ok(0) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => {}
+                    other => return Err(format!("read after the peer closed: {other:?}").into()),
+                },
+                Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => refused += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        ensure(
+            refused == 0,
+            format!("{refused} of 20 connects to an accept-and-close server: ECONNREFUSED"),
+        )?;
+        Ok("20 connects, each then EOF/ECONNRESET".into())
     });
 
     // stop the server

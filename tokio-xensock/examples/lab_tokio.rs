@@ -89,7 +89,10 @@ async fn server() -> Res<()> {
             });
         }
     });
-    let (_s, who) = stop.accept().await?;
+    let (mut s, who) = stop.accept().await?;
+    // closing at once races the client's connect in af_xen (lab_kernel's
+    // accept-close check): wait for its EOF
+    let _ = s.read_to_end(&mut Vec::new()).await;
     println!("lab_tokio server: stop from {who}");
     Ok(())
 }
