@@ -37,6 +37,15 @@ grep af_xen /proc/interrupts
 timeout 200 lab_bench server kernel 7302 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/afxen-rust.log 2>&1 &
 check_wait afxen-libxensock-server $! /tmp/afxen-rust.log
 cat /tmp/afxen-rust.log
+# diagnostics: libxensock over AF_XEN came out 3-6x slower than C over it
+# (runs bench-20261122-065701, bench-20261122-070841); cross the two
+# programs to find the slow side, and repeat C to see order effects
+timeout 200 lab_bench server kernel 7304 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/x1.log 2>&1 &
+check_wait afxen-c-to-rust-server $! /tmp/x1.log
+timeout 200 xlbench-xs xen server 7305 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/x2.log 2>&1 &
+check_wait afxen-rust-to-c-server $! /tmp/x2.log
+timeout 200 xlbench-xs xen server 7306 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/x3.log 2>&1 &
+check_wait afxen-again-server $! /tmp/x3.log
 cat /proc/net/af_xen
 check afxen-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t"'
 dmesg | grep af_xen | tail -n 5

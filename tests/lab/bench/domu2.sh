@@ -48,6 +48,17 @@ log "AF_XEN through libxensock (kernel backend)"
 if XLBENCH_LABEL=afxen-libxensock timeout 300 lab_bench client kernel "$PEER" 7302 "$BENCH_MIB" "$BENCH_PINGS" 120; then
   result afxen-libxensock-client PASS
 else result afxen-libxensock-client FAIL "rc=$?"; fi
+# diagnostics (see domu1.sh): C client -> libxensock server, libxensock
+# client -> C server, C -> C again
+if XLBENCH_LABEL=afxen-c-to-rust timeout 200 xlbench-xs xen client "$PEER" 7304 "$BENCH_MIB" "$BENCH_PINGS" 120; then
+  result afxen-c-to-rust-client PASS
+else result afxen-c-to-rust-client FAIL "rc=$?"; fi
+if XLBENCH_LABEL=afxen-rust-to-c timeout 200 lab_bench client kernel "$PEER" 7305 "$BENCH_MIB" "$BENCH_PINGS" 120; then
+  result afxen-rust-to-c-client PASS
+else result afxen-rust-to-c-client FAIL "rc=$?"; fi
+if XLBENCH_LABEL=afxen-again timeout 200 xlbench-xs xen client "$PEER" 7306 "$BENCH_MIB" "$BENCH_PINGS" 120; then
+  result afxen-again-client PASS
+else result afxen-again-client FAIL "rc=$?"; fi
 cat /proc/net/af_xen
 check afxen-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t"'
 check afxen-rmmod rmmod af_xen
