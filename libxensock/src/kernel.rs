@@ -318,7 +318,10 @@ impl KernelListener {
     }
 
     /// `poll(POLLIN)` for up to `timeout`, then a non-blocking accept
-    /// (another thread may have taken the connection: poll again).
+    /// (another thread may have taken the connection: poll again). The
+    /// listener is switched to `O_NONBLOCK` for that one call; a blocking
+    /// `accept` on the same listener in another thread at that instant
+    /// may see `WouldBlock`.
     pub(crate) fn accept_timeout(
         &self,
         timeout: Duration,
