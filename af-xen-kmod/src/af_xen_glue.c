@@ -29,6 +29,17 @@ MODULE_ALIAS("net-pf-19");
 
 int afx_family(void) { return family; }
 
+/*
+ * Test mode for the lab's hostile-peer tests: with hostile_test=1 a socket
+ * accepts setsockopt(fd, <family>, XENSOCK_TEST_CORRUPT, ...), which
+ * scribbles over its connection's shared ring header. Off by default, and
+ * read-only once loaded (an unprivileged program cannot switch it on).
+ */
+static bool hostile_test;
+module_param(hostile_test, bool, 0444);
+MODULE_PARM_DESC(hostile_test, "lab only: allow XENSOCK_TEST_CORRUPT (corrupt a connection's shared ring on purpose)");
+int afx_hostile_test(void) { return hostile_test; }
+
 struct afx_sock {
 	struct sock sk;		/* must be first */
 	void *priv;		/* Rust: Arc<XenSock> */
@@ -81,6 +92,19 @@ int afx_rcvbuf(struct sock *sk) { return READ_ONCE(sk->sk_rcvbuf); }
 int afx_sndbuf(struct sock *sk) { return READ_ONCE(sk->sk_sndbuf); }
 void afx_set_err(struct sock *sk, int err) { WRITE_ONCE(sk->sk_err, err); sk_error_report(sk); }
 int afx_sock_error(struct sock *sk) { return sock_error(sk); }
+/* pending error without consuming it (poll) */
+int afx_sk_err_pending(struct sock *sk) { return READ_ONCE(sk->sk_err); }
+/* SO_LINGER set with l_linger == 0: close() aborts (reset, unsent data dropped) */
+int afx_linger_abort(struct sock *sk) { return sock_flag(sk, SOCK_LINGER) && !READ_ONCE(sk->sk_lingertime); }
+/* an int option value from setsockopt */
+int afx_sockopt_int(sockptr_t optval, unsigned int optlen, int *out)
+{
+	if (optlen < sizeof(int))
+		return -EINVAL;
+	if (copy_from_sockptr(out, optval, sizeof(int)))
+		return -EFAULT;
+	return 0;
+}
 
 /*
  * Sleep on the socket's wait queue until cond(arg) != 0, the timeout runs
@@ -157,12 +181,25 @@ void afx_vfree(void *p) { vfree(p); }
 #include <linux/seq_file.h>
 #include <net/net_namespace.h>
 int afx_rs_proc_show(struct seq_file *m);	/* Rust (sock.rs) */
+int afx_rs_stats_show(struct seq_file *m);	/* Rust (sys.rs) */
 static int afx_proc_show(struct seq_file *m, void *v) { return afx_rs_proc_show(m); }
+static int afx_stats_show(struct seq_file *m, void *v) { return afx_rs_stats_show(m); }
+/* /proc/net/af_xen_stats: the module's resource counters (leak checks) */
 int afx_proc_init(void)
 {
-	return proc_create_single("af_xen", 0444, init_net.proc_net, afx_proc_show) ? 0 : -ENOMEM;
+	if (!proc_create_single("af_xen", 0444, init_net.proc_net, afx_proc_show))
+		return -ENOMEM;
+	if (!proc_create_single("af_xen_stats", 0444, init_net.proc_net, afx_stats_show)) {
+		remove_proc_entry("af_xen", init_net.proc_net);
+		return -ENOMEM;
+	}
+	return 0;
 }
-void afx_proc_exit(void) { remove_proc_entry("af_xen", init_net.proc_net); }
+void afx_proc_exit(void)
+{
+	remove_proc_entry("af_xen_stats", init_net.proc_net);
+	remove_proc_entry("af_xen", init_net.proc_net);
+}
 void afx_seq_write(struct seq_file *m, const void *p, size_t n) { seq_write(m, p, n); }
 
 /*
@@ -442,6 +479,12 @@ void *afx_map_pages(unsigned int domid, unsigned int n, const unsigned int *refs
 	m->dev.state = XenbusStateClosing;
 	m->dev.dev.init_name = "af_xen";
 	if (xenbus_map_ring_valloc(&m->dev, gr, n, &m->addr)) {
+		/*
+		 * The failure path reports through xenbus_dev_fatal(), which
+		 * writes error/<nodename>/error under our home: remove it, the
+		 * map failure is ours to report (the connection is refused).
+		 */
+		xenbus_rm(XBT_NIL, "error", m->dev.nodename);
 		kfree(m);
 		return NULL;
 	}

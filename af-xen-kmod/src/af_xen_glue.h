@@ -33,3 +33,6 @@ struct seq_file;
 int afx_proc_init(void);
 void afx_proc_exit(void);
 void afx_seq_write(struct seq_file *m, const void *p, size_t n);
+int afx_hostile_test(void);
+int afx_sk_err_pending(struct sock *sk);
+int afx_linger_abort(struct sock *sk);
