@@ -194,6 +194,11 @@ impl KernelStream {
         self.sock.shutdown(how)
     }
 
+    /// `SO_ERROR`.
+    pub(crate) fn take_error(&self) -> io::Result<Option<io::Error>> {
+        self.sock.take_error()
+    }
+
     pub(crate) fn try_clone(&self) -> io::Result<KernelStream> {
         Ok(KernelStream {
             sock: self.sock.try_clone()?,
