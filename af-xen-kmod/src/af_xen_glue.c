@@ -29,6 +29,17 @@ MODULE_ALIAS("net-pf-19");
 
 int afx_family(void) { return family; }
 
+/*
+ * Receive ring size of a connection whose socket did not set SO_RCVBUF
+ * (with SO_RCVBUF, the ring is the size asked for, rounded up to a power of
+ * two, 2 KiB..4 MiB). 128 KiB: two 64 KiB writes in flight at once, 34
+ * grants per direction. See af-xen-kmod/README.md, "Ring sizes".
+ */
+static unsigned int default_ring_kib = 128;
+module_param(default_ring_kib, uint, 0644);
+MODULE_PARM_DESC(default_ring_kib, "receive ring size in KiB for sockets without SO_RCVBUF (rounded up to a power of two, 2..4096; default 128)");
+unsigned int afx_default_ring_kib(void) { return READ_ONCE(default_ring_kib); }
+
 struct afx_sock {
 	struct sock sk;		/* must be first */
 	void *priv;		/* Rust: Arc<XenSock> */
@@ -78,6 +89,7 @@ void afx_sk_graft(struct sock *sk, struct socket *sock)
 long afx_rcvtimeo(struct sock *sk, int nonblock) { return sock_rcvtimeo(sk, nonblock); }
 long afx_sndtimeo(struct sock *sk, int nonblock) { return sock_sndtimeo(sk, nonblock); }
 int afx_rcvbuf(struct sock *sk) { return READ_ONCE(sk->sk_rcvbuf); }
+int afx_rcvbuf_locked(struct sock *sk) { return !!(READ_ONCE(sk->sk_userlocks) & SOCK_RCVBUF_LOCK); }
 int afx_sndbuf(struct sock *sk) { return READ_ONCE(sk->sk_sndbuf); }
 void afx_set_err(struct sock *sk, int err) { WRITE_ONCE(sk->sk_err, err); sk_error_report(sk); }
 int afx_sock_error(struct sock *sk) { return sock_error(sk); }
@@ -143,6 +155,7 @@ struct sock *afx_sk_alloc_child(struct sock *parent, void *priv)
 	sock_init_data(NULL, sk);
 	sk->sk_rcvbuf = READ_ONCE(parent->sk_rcvbuf);
 	sk->sk_sndbuf = READ_ONCE(parent->sk_sndbuf);
+	sk->sk_userlocks = READ_ONCE(parent->sk_userlocks) & (SOCK_RCVBUF_LOCK | SOCK_SNDBUF_LOCK);
 	sk->sk_rcvtimeo = parent->sk_rcvtimeo;
 	sk->sk_sndtimeo = parent->sk_sndtimeo;
 	((struct afx_sock *)sk)->priv = priv;
@@ -158,11 +171,23 @@ void afx_vfree(void *p) { vfree(p); }
 #include <net/net_namespace.h>
 int afx_rs_proc_show(struct seq_file *m);	/* Rust (sock.rs) */
 static int afx_proc_show(struct seq_file *m, void *v) { return afx_rs_proc_show(m); }
+int afx_stats_init(void);
+void afx_stats_exit(void);
 int afx_proc_init(void)
 {
-	return proc_create_single("af_xen", 0444, init_net.proc_net, afx_proc_show) ? 0 : -ENOMEM;
+	if (!proc_create_single("af_xen", 0444, init_net.proc_net, afx_proc_show))
+		return -ENOMEM;
+	if (afx_stats_init()) {
+		remove_proc_entry("af_xen", init_net.proc_net);
+		return -ENOMEM;
+	}
+	return 0;
 }
-void afx_proc_exit(void) { remove_proc_entry("af_xen", init_net.proc_net); }
+void afx_proc_exit(void)
+{
+	afx_stats_exit();
+	remove_proc_entry("af_xen", init_net.proc_net);
+}
 void afx_seq_write(struct seq_file *m, const void *p, size_t n) { seq_write(m, p, n); }
 
 /*
@@ -178,6 +203,15 @@ void afx_seq_write(struct seq_file *m, const void *p, size_t n) { seq_write(m, p
 #include <xen/xenbus.h>
 #include <xen/interface/event_channel.h>
 #include <asm/xen/hypercall.h>
+#include <asm/xen/page.h>
+#include <asm/pgtable_types.h>
+#include <xen/page.h>
+
+/* grants we hold and foreign pages we map (/proc/net/af_xen_stats) */
+static atomic_t afx_grants_live = ATOMIC_INIT(0);
+static atomic_t afx_maps_live = ATOMIC_INIT(0);
+/* the largest ring: 4 MiB of data pages (proto's MAX_RING_ORDER 22) */
+#define AFX_MAX_RING_PAGES 1024
 
 void afx_rs_work(void);	/* Rust (link.rs) */
 static void afx_work_fn(struct work_struct *w) { afx_rs_work(); }
@@ -232,11 +266,16 @@ void *afx_grant_page(unsigned int domid, unsigned int *ref)
 		return NULL;
 	}
 	*ref = r;
+	atomic_inc(&afx_grants_live);
 	return p;
 }
 
 /* revoke and free (deferred by the grant table code while the peer maps it) */
-void afx_end_grant(unsigned int ref, void *p) { gnttab_end_foreign_access(ref, virt_to_page(p)); }
+void afx_end_grant(unsigned int ref, void *p)
+{
+	gnttab_end_foreign_access(ref, virt_to_page(p));
+	atomic_dec(&afx_grants_live);
+}
 
 struct afx_map {
 	struct page *page;
@@ -264,6 +303,7 @@ void *afx_map_page(unsigned int domid, unsigned int ref, void **cookie)
 		return NULL;
 	}
 	m->handle = op.handle;
+	atomic_inc(&afx_maps_live);
 	*cookie = m;
 	return m->addr;
 }
@@ -276,6 +316,8 @@ void afx_unmap_page(void *cookie)
 	gnttab_set_unmap_op(&u, (unsigned long)m->addr, GNTMAP_host_map, m->handle);
 	if (gnttab_unmap_refs(&u, NULL, &m->page, 1) || u.status != GNTST_okay)
 		pr_warn("af_xen: unmap failed (status %d)\n", u.status);
+	else
+		atomic_dec(&afx_maps_live);
 	gnttab_free_pages(1, &m->page);
 	kfree(m);
 }
@@ -382,77 +424,296 @@ void afx_watch_del(void *p)
 }
 
 /*
- * Rings larger than one page: the receiver's data pages are one contiguous
- * allocation, each page granted; the sender maps them contiguously with
- * xenbus_map_ring_valloc (at most XENBUS_MAX_RING_GRANTS pages). That API
- * wants a xenbus_device only for otherend_id and error reports, so we hand
- * it a private one (state Closing: an error report never switches a state).
+ * Rings larger than one page (up to 1024 data pages, 4 MiB).
+ *
+ * Granting: the receiver's data pages are allocated one by one (a 4 MiB
+ * physically contiguous allocation fails on a fragmented guest), each
+ * granted to the peer, and vmap()ed for a contiguous view of our own pages.
+ * On release each page goes back through gnttab_end_foreign_access(),
+ * which frees it once the peer no longer maps it.
+ *
+ * Mapping: xenbus_map_ring_valloc() stops at XENBUS_MAX_RING_GRANTS (16)
+ * pages, so we map the peer's pages ourselves, the way it does inside:
+ *  - PV (the lab's domUs): a PV guest may not point an ordinary PTE at a
+ *    foreign frame, so vmap() of grant-mapped pages is refused by Xen. We
+ *    reserve the virtual range with a vmap() of PAGE_NONE (non-present)
+ *    PTEs of a scratch page -- which also allocates the page tables, as
+ *    alloc_vm_area() used to -- and let Xen write the grant mappings into
+ *    those PTEs (GNTMAP_contains_pte with each PTE's machine address:
+ *    xenbus_map_ring_pv's method; get_vm_area() is not exported). Nothing
+ *    was ever present there, so no stale TLB entry can exist.
+ *  - HVM/PVH: grant-map into ballooned pages (gnttab_alloc_pages +
+ *    gnttab_map_refs) and vmap() them, as xenbus_map_ring_hvm does.
+ * Every failure path unmaps what was mapped and frees what was allocated.
+ *
+ * Counters (/proc/net/af_xen_stats): grants we hold and foreign pages we
+ * map, so tests can check that closing releases everything.
  */
-void *afx_grant_pages(unsigned int domid, unsigned int n, unsigned int *refs)
-{
-	void *p = alloc_pages_exact(n * PAGE_SIZE, GFP_KERNEL | __GFP_ZERO);
-	unsigned int i, j;
-
-	if (!p)
-		return NULL;
-	for (i = 0; i < n; i++) {
-		int r = gnttab_grant_foreign_access(domid, virt_to_gfn(p + i * PAGE_SIZE), 0);
-
-		if (r < 0) {
-			for (j = 0; j < i; j++)
-				gnttab_end_foreign_access(refs[j], virt_to_page(p + j * PAGE_SIZE));
-			free_pages_exact(p + i * PAGE_SIZE, (n - i) * PAGE_SIZE);
-			return NULL;
-		}
-		refs[i] = r;
-	}
-	return p;
-}
-
-void afx_end_grants(unsigned int n, const unsigned int *refs, void *p)
-{
-	unsigned int i;
-
-	for (i = 0; i < n; i++)
-		gnttab_end_foreign_access(refs[i], virt_to_page(p + i * PAGE_SIZE));
-}
-
-struct afx_vmap {
-	struct xenbus_device dev;
+struct afx_gpages {
+	unsigned int n;
 	void *addr;
+	struct page *pages[];
 };
 
-unsigned int afx_max_map_pages(void) { return XENBUS_MAX_RING_GRANTS; }
+void *afx_grant_pages(unsigned int domid, unsigned int n, unsigned int *refs, void **cookie)
+{
+	struct afx_gpages *g;
+	unsigned int i, granted = 0;
+
+	if (n == 0 || n > AFX_MAX_RING_PAGES)
+		return NULL;
+	g = kvzalloc(struct_size(g, pages, n), GFP_KERNEL);
+	if (!g)
+		return NULL;
+	g->n = n;
+	for (i = 0; i < n; i++) {
+		g->pages[i] = alloc_page(GFP_KERNEL | __GFP_ZERO);
+		if (!g->pages[i])
+			goto fail;
+	}
+	for (granted = 0; granted < n; granted++) {
+		int r = gnttab_grant_foreign_access(domid, xen_page_to_gfn(g->pages[granted]), 0);
+
+		if (r < 0)
+			goto fail;
+		refs[granted] = r;
+	}
+	g->addr = vmap(g->pages, n, VM_MAP, PAGE_KERNEL);
+	if (!g->addr)
+		goto fail;
+	atomic_add(n, &afx_grants_live);
+	*cookie = g;
+	return g->addr;
+fail:
+	for (i = 0; i < n; i++) {
+		if (!g->pages[i])
+			continue;
+		if (i < granted)
+			gnttab_end_foreign_access(refs[i], g->pages[i]);	/* frees the page */
+		else
+			__free_page(g->pages[i]);
+	}
+	kvfree(g);
+	return NULL;
+}
+
+void afx_end_grants(const unsigned int *refs, void *cookie)
+{
+	struct afx_gpages *g = cookie;
+	unsigned int i;
+
+	vunmap(g->addr);
+	for (i = 0; i < g->n; i++)
+		gnttab_end_foreign_access(refs[i], g->pages[i]);
+	atomic_sub(g->n, &afx_grants_live);
+	kvfree(g);
+}
+
+struct afx_fmap {
+	unsigned int n;
+	void *addr;
+	struct page *scratch;	/* PV: backs the PAGE_NONE reservation */
+	struct page **pages;	/* HVM: ballooned pages */
+	grant_handle_t handles[];
+};
+
+unsigned int afx_max_map_pages(void) { return AFX_MAX_RING_PAGES; }
+
+/* PV: machine address of the PTE that maps kernel address va */
+static int afx_pte_maddr(unsigned long va, phys_addr_t *maddr)
+{
+	unsigned int level;
+	pte_t *pte = lookup_address(va, &level);
+
+	if (!pte || level != PG_LEVEL_4K)
+		return -EFAULT;
+	*maddr = arbitrary_virt_to_machine(pte).maddr;
+	return 0;
+}
+
+/* unmap every grant of m that has a valid handle; returns how many failed */
+static unsigned int afx_unmap_grants(struct afx_fmap *m)
+{
+	struct gnttab_unmap_grant_ref *u;
+	struct page **pp = NULL;
+	unsigned int i, k = 0, bad = 0;
+
+	u = kvcalloc(m->n, sizeof(*u), GFP_KERNEL);
+	if (!m->scratch)
+		pp = kvcalloc(m->n, sizeof(*pp), GFP_KERNEL);
+	if (!u || (!m->scratch && !pp)) {
+		kvfree(u);
+		kvfree(pp);
+		pr_alert("af_xen: no memory to unmap %u ring page(s): leaking them\n", m->n);
+		return m->n;
+	}
+	for (i = 0; i < m->n; i++) {
+		phys_addr_t maddr;
+
+		if (m->handles[i] == INVALID_GRANT_HANDLE)
+			continue;
+		if (m->scratch) {
+			if (afx_pte_maddr((unsigned long)m->addr + i * PAGE_SIZE, &maddr)) {
+				bad++;
+				continue;
+			}
+			gnttab_set_unmap_op(&u[k], maddr, GNTMAP_host_map | GNTMAP_contains_pte, m->handles[i]);
+		} else {
+			gnttab_set_unmap_op(&u[k], (unsigned long)pfn_to_kaddr(page_to_pfn(m->pages[i])),
+					    GNTMAP_host_map, m->handles[i]);
+			pp[k] = m->pages[i];
+		}
+		k++;
+	}
+	if (k) {
+		int r = m->scratch ? HYPERVISOR_grant_table_op(GNTTABOP_unmap_grant_ref, u, k)
+				   : gnttab_unmap_refs(u, NULL, pp, k);
+
+		if (r) {
+			pr_alert("af_xen: unmapping %u ring page(s) failed (%d)\n", k, r);
+			bad += k;
+		} else {
+			for (i = 0; i < k; i++) {
+				if (u[i].status != GNTST_okay) {
+					pr_warn("af_xen: unmap of a ring page failed (status %d)\n", u[i].status);
+					bad++;
+				} else {
+					atomic_dec(&afx_maps_live);
+				}
+			}
+		}
+	}
+	kvfree(pp);
+	kvfree(u);
+	return bad;
+}
+
+/* frees m; with leak set, a page may still be mapped: keep its memory */
+static void afx_fmap_free(struct afx_fmap *m, bool leak)
+{
+	if (leak) {
+		pr_alert("af_xen: leaking a ring mapping of %u page(s)\n", m->n);
+		return;
+	}
+	if (m->addr)
+		vunmap(m->addr);
+	if (m->scratch)
+		__free_page(m->scratch);
+	if (m->pages) {
+		gnttab_free_pages(m->n, m->pages);
+		kvfree(m->pages);
+	}
+	kvfree(m);
+}
 
 void *afx_map_pages(unsigned int domid, unsigned int n, const unsigned int *refs, void **cookie)
 {
-	struct afx_vmap *m;
-	grant_ref_t gr[XENBUS_MAX_RING_GRANTS];
+	struct gnttab_map_grant_ref *ops;
+	struct afx_fmap *m;
 	unsigned int i;
+	bool ok = true;
 
-	if (n == 0 || n > XENBUS_MAX_RING_GRANTS)
+	if (n == 0 || n > AFX_MAX_RING_PAGES)
 		return NULL;
-	m = kzalloc(sizeof(*m), GFP_KERNEL);
-	if (!m)
-		return NULL;
+	m = kvzalloc(struct_size(m, handles, n), GFP_KERNEL);
+	ops = kvcalloc(n, sizeof(*ops), GFP_KERNEL);
+	if (!m || !ops)
+		goto nomem;
+	m->n = n;
 	for (i = 0; i < n; i++)
-		gr[i] = refs[i];
-	m->dev.nodename = "af_xen";
-	m->dev.otherend_id = domid;
-	m->dev.state = XenbusStateClosing;
-	m->dev.dev.init_name = "af_xen";
-	if (xenbus_map_ring_valloc(&m->dev, gr, n, &m->addr)) {
-		kfree(m);
-		return NULL;
+		m->handles[i] = INVALID_GRANT_HANDLE;
+
+	if (xen_pv_domain()) {
+		struct page **tmp = kvmalloc_array(n, sizeof(*tmp), GFP_KERNEL);
+
+		m->scratch = alloc_page(GFP_KERNEL);
+		if (!tmp || !m->scratch) {
+			kvfree(tmp);
+			goto nomem;
+		}
+		for (i = 0; i < n; i++)
+			tmp[i] = m->scratch;
+		m->addr = vmap(tmp, n, VM_MAP, PAGE_NONE);
+		kvfree(tmp);
+		if (!m->addr)
+			goto nomem;
+		for (i = 0; i < n; i++) {
+			phys_addr_t maddr;
+
+			if (afx_pte_maddr((unsigned long)m->addr + i * PAGE_SIZE, &maddr))
+				goto nomem;
+			gnttab_set_map_op(&ops[i], maddr, GNTMAP_host_map | GNTMAP_contains_pte, refs[i], domid);
+		}
+		gnttab_batch_map(ops, n);
+	} else {
+		m->pages = kvcalloc(n, sizeof(*m->pages), GFP_KERNEL);
+		if (!m->pages)
+			goto nomem;
+		if (gnttab_alloc_pages(n, m->pages)) {
+			kvfree(m->pages);
+			m->pages = NULL;
+			goto nomem;
+		}
+		for (i = 0; i < n; i++)
+			gnttab_set_map_op(&ops[i], (unsigned long)pfn_to_kaddr(page_to_pfn(m->pages[i])),
+					  GNTMAP_host_map, refs[i], domid);
+		if (gnttab_map_refs(ops, NULL, m->pages, n))
+			ok = false;
 	}
+	for (i = 0; i < n; i++) {
+		if (ops[i].status == GNTST_okay) {
+			m->handles[i] = ops[i].handle;
+			atomic_inc(&afx_maps_live);
+		} else {
+			if (ok)
+				pr_warn("af_xen: map of ring page %u (grant %u) from dom%u failed (status %d)\n",
+					i, refs[i], domid, ops[i].status);
+			ok = false;
+		}
+	}
+	if (!ok)
+		goto unmap;
+	if (!m->scratch) {
+		m->addr = vmap(m->pages, n, VM_MAP | VM_IOREMAP, PAGE_KERNEL);
+		if (!m->addr)
+			goto unmap;
+	}
+	kvfree(ops);
 	*cookie = m;
 	return m->addr;
+unmap:
+	kvfree(ops);
+	afx_fmap_free(m, afx_unmap_grants(m) != 0);
+	return NULL;
+nomem:
+	kvfree(ops);
+	if (m)
+		afx_fmap_free(m, false);
+	return NULL;
 }
 
 void afx_unmap_pages(void *cookie)
 {
-	struct afx_vmap *m = cookie;
+	struct afx_fmap *m = cookie;
 
-	xenbus_unmap_ring_vfree(&m->dev, m->addr);
-	kfree(m);
+	/* HVM: take our contiguous view away before the pages go */
+	if (!m->scratch && m->addr) {
+		vunmap(m->addr);
+		m->addr = NULL;
+	}
+	afx_fmap_free(m, afx_unmap_grants(m) != 0);
 }
+
+/* /proc/net/af_xen_stats: what the module holds, for leak checks */
+static int afx_stats_show(struct seq_file *m, void *v)
+{
+	seq_printf(m, "grants %d\nmapped_pages %d\n",
+		   atomic_read(&afx_grants_live), atomic_read(&afx_maps_live));
+	return 0;
+}
+
+int afx_stats_init(void)
+{
+	return proc_create_single("af_xen_stats", 0444, init_net.proc_net, afx_stats_show) ? 0 : -ENOMEM;
+}
+void afx_stats_exit(void) { remove_proc_entry("af_xen_stats", init_net.proc_net); }

@@ -48,13 +48,27 @@ pub(crate) enum Carrier {
     MappedLarge(Mapping, MappedPages),
 }
 
-/// Largest ring order we map: header page + at most max_map_pages() data pages.
+/// Largest ring order we grant or map: header page + at most
+/// max_map_pages() data pages (proto's MAX_RING_ORDER, 4 MiB).
 fn max_order() -> u32 {
     let mut o = 12;
     while (1usize << (o + 1 - 12)) <= crate::sys::max_map_pages() && o < crate::layout::MAX_RING_ORDER {
         o += 1;
     }
     o
+}
+
+/// Receive ring size for a socket: what SO_RCVBUF asked for (the kernel
+/// stores twice the requested value, as for every family), or the
+/// `default_ring_kib` module parameter when SO_RCVBUF was never set. Rounded
+/// up to a power of two and clamped to proto's 2 KiB..4 MiB by
+/// `RingGeometry::for_capacity`.
+pub(crate) fn rx_ring_capacity(sk: &crate::sys::Sk) -> usize {
+    if sk.rcvbuf_locked() {
+        sk.rcvbuf().max(0) as usize / 2
+    } else {
+        crate::sys::default_ring_bytes()
+    }
 }
 
 impl Pipe {
@@ -146,9 +160,9 @@ impl Pipe {
             (ring, Carrier::Mapped(map))
         } else {
             let n = g.data_pages();
-            let mut refs = [0u32; 64];
-            if n > refs.len() {
-                return Err(EINVAL);
+            let mut refs = KVec::with_capacity(n, GFP_KERNEL)?;
+            for _ in 0..n {
+                refs.push(0u32, GFP_KERNEL)?;
             }
             {
                 // the directory is read once, then unmapped

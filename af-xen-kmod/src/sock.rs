@@ -524,7 +524,7 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr) -> core::result::Result<(), i32> {
         do_bind(xs, PORT_ANY)?;
     }
     let conn_id = crate::link::next_conn_id();
-    let cap = xs.sk.rcvbuf().max(0) as usize / 2;
+    let cap = crate::conn::rx_ring_capacity(&xs.sk);
     let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap).map_err(|_| e::ENOMEM)?;
     let src_port = {
         let mut i = xs.inner.lock();
@@ -622,7 +622,7 @@ pub(crate) fn accept_remote(
         x
     };
     let my_id = crate::link::next_conn_id();
-    let cap = child_sk.rcvbuf().max(0) as usize / 2;
+    let cap = crate::conn::rx_ring_capacity(&child_sk);
     let (rx, rx_grant) = match Pipe::new_granted(link, me, my_id, cap) {
         Ok(v) => v,
         Err(_) => return Err(fail(R::NoResources)),
@@ -774,8 +774,8 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
         x
     };
     // to_child is read by the child (its SO_RCVBUF), to_me by us.
-    let to_child = Pipe::new_local(child_sk.rcvbuf().max(0) as usize / 2, me, port).map_err(|_| fail(e::ENOMEM))?;
-    let to_me = Pipe::new_local(xs.sk.rcvbuf().max(0) as usize / 2, me, port).map_err(|_| fail(e::ENOMEM))?;
+    let to_child = Pipe::new_local(crate::conn::rx_ring_capacity(&child_sk), me, port).map_err(|_| fail(e::ENOMEM))?;
+    let to_me = Pipe::new_local(crate::conn::rx_ring_capacity(&xs.sk), me, port).map_err(|_| fail(e::ENOMEM))?;
     to_child.set_ends(Some(child.clone()), Some(xs.clone()));
     to_me.set_ends(Some(xs.clone()), Some(child.clone()));
     let my_addr = xs.inner.lock().local;

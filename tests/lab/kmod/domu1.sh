@@ -2,6 +2,10 @@
 . /scenario/common.sh
 # the cross-domain server: domu2's xstest xclient connects to it
 run_c c-xserver xserver 64
+# ring sizes, 4 MiB rings, SOCK_SEQPACKET (tests/lab/c/xstest_seqpacket.c)
+for _m in seq-local server; do
+  if xstest-seqpacket $_m; then result c-sp-$_m PASS; else result c-sp-$_m FAIL "rc=$?"; fi
+done
 dmesg | grep af_xen | tail -n 20
 # rmmod with an open socket is refused (the socket holds a module reference)
 check kmod-rmmod-busy sh -c 'xstest hold 3 & sleep 1; if rmmod af_xen; then echo "rmmod succeeded with a socket open"; exit 1; fi; wait'

@@ -3,6 +3,7 @@
 PEER=$(xlbench xsread data/peer 60)
 log "peer domu1 is dom$PEER"
 run_c c-xclient xclient "$PEER" 64
+if xstest-seqpacket client "$PEER" 256; then result c-sp-client PASS; else result c-sp-client FAIL "rc=$?"; fi
 # domu1 unloads its module after its tests: the link goes down here, with
 # no socket left on it
 check kmod-peer-unload-link-down wait_until 300 sh -c "dmesg | grep -q 'link to dom$PEER down'"
