@@ -105,6 +105,8 @@ pub(crate) struct Inner {
     pub(crate) peer_conn: u32,
     /// why a connect over a link failed (0: none)
     pub(crate) connect_err: i32,
+    /// SOCK_SEQPACKET: messages travel as proto records (see seq_sendmsg)
+    pub(crate) seqpacket: bool,
 }
 
 #[pin_data]
@@ -138,6 +140,7 @@ impl XenSock {
                     conn_id: 0,
                     peer_conn: 0,
                     connect_err: 0,
+                    seqpacket: false,
                 }, "af_xen_sock"),
             }),
             GFP_KERNEL,
@@ -243,7 +246,8 @@ pub(crate) unsafe extern "C" fn xs_create(
     if protocol != 0 {
         return err(e::EPROTONOSUPPORT);
     }
-    if sock.type_() != bindings::sock_type_SOCK_STREAM as i32 {
+    let seqpacket = sock.type_() == bindings::sock_type_SOCK_SEQPACKET as i32;
+    if sock.type_() != bindings::sock_type_SOCK_STREAM as i32 && !seqpacket {
         return err(e::ESOCKTNOSUPPORT);
     }
     sock.set_ops(ops());
@@ -258,6 +262,7 @@ pub(crate) unsafe extern "C" fn xs_create(
             return err(e::ENOMEM);
         }
     };
+    xs.inner.lock().seqpacket = seqpacket;
     {
         let mut p = globals().ports.lock();
         let key = &*xs as *const XenSock as usize;
@@ -526,7 +531,7 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr) -> core::result::Result<(), i32> {
     let conn_id = crate::link::next_conn_id();
     let cap = crate::conn::rx_ring_capacity(&xs.sk);
     let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap).map_err(|_| e::ENOMEM)?;
-    let src_port = {
+    let (src_port, seqpacket) = {
         let mut i = xs.inner.lock();
         i.state = State::Connecting;
         i.peer = a;
@@ -535,7 +540,7 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr) -> core::result::Result<(), i32> {
         i.conn_id = conn_id;
         i.connect_err = 0;
         i.reset = false;
-        i.local.port
+        (i.local.port, i.seqpacket)
     };
     if link.inner.lock().conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL).is_err() {
         connect_abort(xs, &link, conn_id);
@@ -553,7 +558,7 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr) -> core::result::Result<(), i32> {
         conn_id,
         src_port,
         dst_port: a.port,
-        sock_type: crate::ctrl::SockType::Stream,
+        sock_type: if seqpacket { crate::ctrl::SockType::SeqPacket } else { crate::ctrl::SockType::Stream },
         cookie: 0,
         rx: rx_grant,
         tcp: crate::ctrl::TcpEndpoint::NONE,
@@ -587,6 +592,7 @@ pub(crate) fn accept_remote(
     peer_conn: u32,
     src_port: u32,
     dst_port: u32,
+    seqpacket: bool,
     rg: &crate::ctrl::RingGrant,
 ) -> core::result::Result<(Arc<XenSock>, u32, crate::ctrl::RingGrant), crate::ctrl::RejectReason> {
     use crate::ctrl::RejectReason as R;
@@ -600,6 +606,9 @@ pub(crate) fn accept_remote(
         let li = l.inner.lock();
         if li.state != State::Listening {
             return Err(R::NoListener);
+        }
+        if li.seqpacket != seqpacket {
+            return Err(R::WrongType);
         }
         if li.accept_q.len() >= li.backlog as usize {
             return Err(R::BacklogFull);
@@ -634,6 +643,7 @@ pub(crate) fn accept_remote(
     {
         let mut c = child.inner.lock();
         c.state = State::Connected;
+        c.seqpacket = seqpacket;
         c.local = Addr { port: dst_port, domid: me };
         c.peer = Addr { port: src_port, domid: link.peer };
         c.tx = Some(tx);
@@ -754,6 +764,11 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
     if Arc::ptr_eq(&l, xs) {
         return Err(e::ECONNREFUSED);
     }
+    // a stream cannot connect to a seqpacket listener nor back (WrongType)
+    let seqpacket = xs.inner.lock().seqpacket;
+    if l.inner.lock().seqpacket != seqpacket {
+        return Err(e::ECONNREFUSED);
+    }
     if !xs.inner.lock().bound {
         do_bind(xs, PORT_ANY)?;
     }
@@ -782,6 +797,7 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
     {
         let mut c = child.inner.lock();
         c.state = State::Connected;
+        c.seqpacket = seqpacket;
         c.local = Addr { port, domid: me };
         c.peer = Addr { port: my_addr.port, domid: me };
         c.tx = Some(to_me.clone());
@@ -882,6 +898,7 @@ unsafe extern "C" fn xs_poll(
         let i = xs.inner.lock();
         (i.state, i.accept_q.len(), i.shut_rd, i.shut_wr, i.reset, i.tx.clone(), i.rx.clone())
     };
+    let seqpacket = xs.inner.lock().seqpacket;
     let mut mask = 0;
     match state {
         State::Listening => {
@@ -902,7 +919,16 @@ unsafe extern "C" fn xs_poll(
                 }
                 match rx.rx_state() {
                     Ok((n, end)) => {
-                        if n > 0 {
+                        // seqpacket: readable once a whole message is there
+                        let ready = if seqpacket {
+                            crate::seqpacket::rx_ready(&rx).unwrap_or_else(|_| {
+                                err_ = true;
+                                false
+                            })
+                        } else {
+                            n > 0
+                        };
+                        if ready {
                             mask |= POLLIN | POLLRDNORM;
                         }
                         if end.fin {
@@ -924,7 +950,7 @@ unsafe extern "C" fn xs_poll(
                     Ok((free, end)) => {
                         if end.closed || end.reset {
                             wr_hup = true;
-                        } else if free > 0 && !shut_wr {
+                        } else if !shut_wr && (if seqpacket { crate::seqpacket::tx_writable(free) } else { free > 0 }) {
                             mask |= POLLOUT | POLLWRNORM;
                         }
                         if end.reset {
@@ -983,8 +1009,8 @@ unsafe extern "C" fn xs_shutdown(sock: *mut bindings::socket, how: c_int) -> c_i
     0
 }
 
-/// A proto ring violation: the connection is reset (never a panic).
-fn conn_reset(xs: &XenSock, why: crate::ring::RingError) -> i32 {
+/// A proto ring (or record) violation: the connection is reset (never a panic).
+pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
     pr_warn!("connection reset: {}\n", why);
     let (tx, rx) = {
         let mut i = xs.inner.lock();
@@ -1036,6 +1062,9 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
         return epipe(0);
     }
     let Some(tx) = tx else { return err(e::ENOTCONN) };
+    if xs.inner.lock().seqpacket {
+        return crate::seqpacket::sendmsg(&xs, &mut msg, &tx);
+    }
     let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;
     let mut timeo: c_long = xs.sk.sndtimeo(nonblock);
     let total = msg.left();
@@ -1118,6 +1147,9 @@ unsafe extern "C" fn xs_recvmsg(
         _ => return err(e::ENOTCONN),
     }
     let Some(rx) = rx else { return err(e::ENOTCONN) };
+    if xs.inner.lock().seqpacket {
+        return crate::seqpacket::recvmsg(&xs, &mut msg, &rx, flags, peer);
+    }
     let peek = flags & bindings::MSG_PEEK as i32 != 0;
     let waitall = flags & bindings::MSG_WAITALL as i32 != 0 && !peek;
     let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;

@@ -78,6 +78,7 @@ pub(crate) mod errno {
     pub(crate) const EPIPE: i32 = 32;
     pub(crate) const ENOTSOCK: i32 = 88;
     pub(crate) const EDESTADDRREQ: i32 = 89;
+    pub(crate) const EMSGSIZE: i32 = 90;
     pub(crate) const EPROTOTYPE: i32 = 91;
     pub(crate) const EPROTONOSUPPORT: i32 = 93;
     pub(crate) const ESOCKTNOSUPPORT: i32 = 94;
@@ -339,6 +340,11 @@ impl Msg {
     pub(crate) fn flags(&self) -> i32 {
         // SAFETY: live msghdr.
         unsafe { (*self.0).msg_flags as i32 }
+    }
+    /// ORs `f` into `msg_flags` (what recvmsg reports: MSG_TRUNC, MSG_EOR).
+    pub(crate) fn add_flags(&mut self, f: i32) {
+        // SAFETY: live msghdr of this call; a plain field.
+        unsafe { (*self.0).msg_flags |= f as core::ffi::c_uint };
     }
     pub(crate) fn left(&self) -> usize {
         // SAFETY: live msghdr.

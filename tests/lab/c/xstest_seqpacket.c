@@ -618,13 +618,15 @@ static void test_server(void)
 		int l = socket(fam, listeners[i].type, 0);
 
 		if (l < 0 || set_rcvbuf(l, listeners[i].rcvbuf) || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 8)) {
+			/* one failed listener fails the check; the others still serve */
 			result("srv-listen", 0, "port=%u errno=%s", listeners[i].port, en(errno));
-			return;
+			if (l >= 0)
+				close(l);
+			l = -1;
 		}
 		p[i].fd = l;
 		p[i].events = POLLIN;
 	}
-	result("srv-listen", 1, "%d listeners", NLISTEN);
 	alarm(1500);
 	while (!quit) {
 		if (poll(p, NLISTEN, 600000) <= 0) {
@@ -661,7 +663,8 @@ static void test_server(void)
 	}
 	result("srv-connections", conns > 0, "%d", conns);
 	for (i = 0; i < NLISTEN; i++)
-		close(p[i].fd);
+		if (p[i].fd >= 0)
+			close(p[i].fd);
 	/* every grant and mapping of those connections is gone again */
 	i = wait_stats(base, 30, &seen);
 	result("srv-grants-released", i == 0, "grants=%ld/%ld mapped_pages=%ld/%ld", seen.grants, base.grants,
