@@ -40,6 +40,18 @@ module_param(default_ring_kib, uint, 0644);
 MODULE_PARM_DESC(default_ring_kib, "receive ring size in KiB for sockets without SO_RCVBUF (rounded up to a power of two, 2..4096; default 128)");
 unsigned int afx_default_ring_kib(void) { return READ_ONCE(default_ring_kib); }
 
+/*
+ * Test hook: play a hostile peer once. Writing 1 makes the next SEQPACKET
+ * message sent from this domain carry a record header whose length exceeds
+ * the ring; the receiving domain must reset the connection. Used by the lab
+ * (tests/lab/c/xstest_seqpacket.c) to check the receiver's validation
+ * against a real kernel peer.
+ */
+static int inject_bad_record;
+module_param(inject_bad_record, int, 0600);
+MODULE_PARM_DESC(inject_bad_record, "test hook: 1 = corrupt the header of the next SOCK_SEQPACKET message sent (the peer must reset)");
+int afx_take_inject_bad_record(void) { return xchg(&inject_bad_record, 0); }
+
 struct afx_sock {
 	struct sock sk;		/* must be first */
 	void *priv;		/* Rust: Arc<XenSock> */

@@ -22,6 +22,7 @@ use crate::sock::{conn_reset, Addr, XenSock};
 use crate::sys::{self, errno as e, Msg};
 use kernel::bindings;
 use kernel::ffi::{c_int, c_long};
+use kernel::prelude::*;
 
 const CHUNK: usize = 4096;
 const MSG_NOSIGNAL: i32 = 0x4000;
@@ -98,7 +99,16 @@ pub(crate) fn sendmsg(xs: &XenSock, msg: &mut Msg, tx: &Pipe) -> c_int {
             len,
             flags: if flags & MSG_EOR != 0 { RECORD_FLAG_EOR } else { 0 },
         };
-        ok && record::commit(&mut p, h)
+        if ok && sys::take_inject_bad_record() {
+            // test hook: a header claiming more than the ring holds, the
+            // record's real bytes published behind it
+            let bad = RecordHeader { len: tx.capacity(), flags: 0 };
+            pr_warn!("inject_bad_record: sending a record header of length {}\n", bad.len);
+            ok = p.stage(0, &bad.encode()) && p.commit(h.total());
+            ok
+        } else {
+            ok && record::commit(&mut p, h)
+        }
     };
     if !staged {
         // the space was checked under the same producer: never lose a

@@ -46,6 +46,7 @@ extern "C" {
     fn afx_rcvbuf(sk: *mut bindings::sock) -> c_int;
     fn afx_rcvbuf_locked(sk: *mut bindings::sock) -> c_int;
     fn afx_default_ring_kib() -> c_uint;
+    fn afx_take_inject_bad_record() -> c_int;
     fn afx_sndbuf(sk: *mut bindings::sock) -> c_int;
     fn afx_set_err(sk: *mut bindings::sock, err: c_int);
     fn afx_sock_error(sk: *mut bindings::sock) -> c_int;
@@ -321,6 +322,13 @@ impl Sk {
 pub(crate) fn default_ring_bytes() -> usize {
     // SAFETY: reads a module parameter.
     (unsafe { afx_default_ring_kib() } as usize).saturating_mul(1024)
+}
+
+/// Test hook (module parameter `inject_bad_record`): whether to corrupt the
+/// next SEQPACKET record header sent; clears the request.
+pub(crate) fn take_inject_bad_record() -> bool {
+    // SAFETY: atomic exchange on a module parameter.
+    unsafe { afx_take_inject_bad_record() != 0 }
 }
 
 pub(crate) fn send_sigpipe() {

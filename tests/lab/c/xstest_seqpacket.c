@@ -793,6 +793,29 @@ static void test_client(uint32_t peer, uint64_t mib)
 		       "n=%zd", n);
 		close(s);
 	}
+	/* a hostile peer: our module's test hook sends a record header longer
+	 * than the ring; the receiving kernel must reset the connection */
+	s = connect_retry(SOCK_SEQPACKET, peer, PORT_SEQ_DEFAULT, 0, 30);
+	if (s >= 0) {
+		FILE *f = fopen("/sys/module/af_xen/parameters/inject_bad_record", "w");
+		struct pollfd p = { .fd = s, .events = POLLIN };
+		char b[64];
+		ssize_t n = -1;
+		int r, armed = f && fputs("1", f) >= 0;
+
+		if (f)
+			armed = (fclose(f) == 0) && armed;
+		if (armed && send(s, "hostile", 7, MSG_NOSIGNAL) == 7) {
+			r = poll(&p, 1, 10000);
+			errno = 0;
+			n = recv(s, b, sizeof(b), MSG_DONTWAIT);
+			result("xseq-bad-record-resets", r == 1 && n == -1 && errno == ECONNRESET,
+			       "poll=%d revents=%#x recv=%zd errno=%s", r, p.revents, n, en(errno));
+		} else {
+			result("xseq-bad-record-resets", 0, "cannot arm inject_bad_record: %s", en(errno));
+		}
+		close(s);
+	}
 	{
 		struct sockaddr_xen a = xaddr(peer, PORT_STREAM_DEFAULT);
 		int q = socket(fam, SOCK_SEQPACKET, 0);
