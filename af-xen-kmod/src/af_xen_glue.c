@@ -165,6 +165,7 @@ struct sock *afx_sk_alloc_child(struct sock *parent, void *priv)
 	if (!sk)
 		return NULL;
 	sock_init_data(NULL, sk);
+	sk->sk_type = parent->sk_type;	/* SO_TYPE on the accepted socket */
 	sk->sk_rcvbuf = READ_ONCE(parent->sk_rcvbuf);
 	sk->sk_sndbuf = READ_ONCE(parent->sk_sndbuf);
 	sk->sk_userlocks = READ_ONCE(parent->sk_userlocks) & (SOCK_RCVBUF_LOCK | SOCK_SNDBUF_LOCK);

@@ -528,7 +528,7 @@ static void test_seq_local(void)
 {
 	uint32_t me = own_domid();
 	struct sockaddr_xen a = xaddr(XEN_DOMID_ANY, 7200);
-	int l, s, c, st = 0, ring;
+	int l, s, c, r, st = 0, ring;
 	pid_t pid;
 
 	l = socket(fam, SOCK_SEQPACKET, 0);
@@ -554,6 +554,13 @@ static void test_seq_local(void)
 	}
 	c = accept(l, NULL, NULL);
 	result("seq-connect-accept", c >= 0, "errno=%s", en(c < 0 ? errno : 0));
+	{
+		int v = 0;
+		socklen_t len = sizeof(v);
+
+		r = getsockopt(c, SOL_SOCKET, SO_TYPE, &v, &len);
+		result("seq-accepted-so-type", r == 0 && v == SOCK_SEQPACKET, "v=%d", v);
+	}
 	/* nonblocking send of a message that does not fit the space left: EAGAIN */
 	{
 		static unsigned char big[64 << 10];
