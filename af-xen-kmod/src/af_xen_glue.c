@@ -720,7 +720,7 @@ void afx_unmap_pages(void *cookie)
 /* /proc/net/af_xen_stats: what the module holds, for leak checks */
 static int afx_stats_show(struct seq_file *m, void *v)
 {
-	seq_printf(m, "grants %d\nmapped_pages %d\n",
+	seq_printf(m, "grants %d\nmaps %d\n",
 		   atomic_read(&afx_grants_live), atomic_read(&afx_maps_live));
 	return 0;
 }

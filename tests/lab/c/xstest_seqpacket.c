@@ -234,16 +234,27 @@ static int64_t stream_in(int fd)
 
 struct stats { long grants, maps; };
 
+/* "grants N" and "maps N" lines of /proc/net/af_xen_stats (others ignored) */
 static int read_stats(struct stats *s)
 {
 	FILE *f = fopen("/proc/net/af_xen_stats", "r");
-	int n;
+	char key[64];
+	long v;
+	int seen = 0;
 
 	if (!f)
 		return -1;
-	n = fscanf(f, "grants %ld mapped_pages %ld", &s->grants, &s->maps);
+	while (fscanf(f, "%63s %ld", key, &v) == 2) {
+		if (!strcmp(key, "grants")) {
+			s->grants = v;
+			seen |= 1;
+		} else if (!strcmp(key, "maps")) {
+			s->maps = v;
+			seen |= 2;
+		}
+	}
 	fclose(f);
-	return n == 2 ? 0 : -1;
+	return seen == 3 ? 0 : -1;
 }
 
 /* counters once they stopped moving for 2 s (closes finish asynchronously) */
@@ -619,7 +630,7 @@ static void test_server(void)
 	int i, quit = 0, conns = 0;
 
 	base = settled_stats();
-	printf("server: baseline grants=%ld mapped_pages=%ld\n", base.grants, base.maps);
+	printf("server: baseline grants=%ld maps=%ld\n", base.grants, base.maps);
 	for (i = 0; i < NLISTEN; i++) {
 		struct sockaddr_xen a = xaddr(XEN_DOMID_ANY, listeners[i].port);
 		int l = socket(fam, listeners[i].type, 0);
@@ -674,7 +685,7 @@ static void test_server(void)
 			close(p[i].fd);
 	/* every grant and mapping of those connections is gone again */
 	i = wait_stats(base, 30, &seen);
-	result("srv-grants-released", i == 0, "grants=%ld/%ld mapped_pages=%ld/%ld", seen.grants, base.grants,
+	result("srv-grants-released", i == 0, "grants=%ld/%ld maps=%ld/%ld", seen.grants, base.grants,
 	       seen.maps, base.maps);
 }
 
@@ -714,7 +725,7 @@ static void test_client(uint32_t peer, uint64_t mib)
 	close(s);
 
 	base = settled_stats();
-	printf("client: baseline grants=%ld mapped_pages=%ld\n", base.grants, base.maps);
+	printf("client: baseline grants=%ld maps=%ld\n", base.grants, base.maps);
 
 	/* SO_RCVBUF decides our receive ring: small, then 1 MiB */
 	s = connect_retry(SOCK_STREAM, peer, PORT_STREAM_DEFAULT, 4096, 30);
@@ -738,7 +749,7 @@ static void test_client(uint32_t peer, uint64_t mib)
 	/* ours: header + directory + 1024 data pages granted; theirs: header +
 	 * 1024 data pages mapped (the directory is unmapped once read) */
 	result("xring-4m-grants", during.grants - base.grants == 1026 && during.maps - base.maps == 1025,
-	       "grants +%ld mapped_pages +%ld", during.grants - base.grants, during.maps - base.maps);
+	       "grants +%ld maps +%ld", during.grants - base.grants, during.maps - base.maps);
 	mbs = sink_to(s, mib << 20, 64 << 10);
 	result("xring-4m-stream", mbs > 0, "%llu MiB checksummed, 64 KiB writes: %.1f MiB/s",
 	       (unsigned long long)mib, mbs);
@@ -835,7 +846,7 @@ static void test_client(uint32_t peer, uint64_t mib)
 
 	/* everything closed: our grants and mappings are back to the baseline */
 	s = wait_stats(base, 30, &seen);
-	result("xring-grants-released", s == 0, "grants=%ld/%ld mapped_pages=%ld/%ld", seen.grants, base.grants,
+	result("xring-grants-released", s == 0, "grants=%ld/%ld maps=%ld/%ld", seen.grants, base.grants,
 	       seen.maps, base.maps);
 
 	s = connect_retry(SOCK_STREAM, peer, PORT_STREAM_DEFAULT, 0, 30);
