@@ -316,6 +316,25 @@ impl TxPath {
         }
     }
 
+    /// Whether a `RingOffer{epoch}` must wait for the receiver's `Consumed`
+    /// before it is handed to [`TxPath::on_ring_offer`].
+    ///
+    /// A receiver offers a ring only once it is on TCP, i.e. after it sent
+    /// `Consumed` for the ring this side may still be writing. That
+    /// `Consumed` travels on TCP and the offer on the link, so the offer can
+    /// arrive first: this side is then still on (or frozen on) an older
+    /// ring. The host keeps the newest such offer and hands it in once a
+    /// `Consumed` moved this direction to TCP. (Handing it in at once is a
+    /// protocol error: an offer while a ring is in use.)
+    pub fn offer_waits_for_consumed(&self, epoch: Epoch) -> bool {
+        match self.state {
+            TxState::Ring { epoch: current, .. } | TxState::Frozen { epoch: current, .. } => {
+                epoch > current
+            }
+            TxState::Tcp => false,
+        }
+    }
+
     /// Handles the receiver's `RingOffer{epoch}` from the link. Returns the
     /// stream offset `M` for the marker `RingFrom{epoch, M}`, which the host
     /// sends on TCP *before* writing into the new ring; `None` means the
@@ -810,6 +829,36 @@ mod tests {
         );
         // The stale offer arriving late is declined.
         assert_eq!(tx.on_ring_offer(e).unwrap(), None);
+    }
+
+    #[test]
+    fn offer_overtaking_its_consumed_waits() {
+        let mut tx = TxPath::on_ring();
+        let mut rx = RxPath::on_ring();
+        tx.record_sent(10).unwrap();
+        rx.record_ring_taken(4).unwrap();
+        // The receiver moves and at once offers a new ring.
+        let c = rx.freeze_local().unwrap();
+        let e = rx.offer_ring().unwrap();
+        // The offer reaches the sender before the Consumed.
+        assert!(tx.offer_waits_for_consumed(e));
+        assert!(tx.on_ring_offer(e).is_err());
+        assert!(!tx.offer_waits_for_consumed(0), "stale offers never wait");
+        assert_eq!(
+            tx.on_consumed(c.epoch, c.offset).unwrap(),
+            ConsumedOutcome::FreezeFirst
+        );
+        tx.freeze(6).unwrap();
+        assert!(tx.offer_waits_for_consumed(e), "still frozen on ring 0");
+        assert!(matches!(
+            tx.on_consumed(c.epoch, c.offset).unwrap(),
+            ConsumedOutcome::Resend(_)
+        ));
+        // Now on TCP: the kept offer is handed in and taken.
+        assert!(!tx.offer_waits_for_consumed(e));
+        assert_eq!(tx.on_ring_offer(e).unwrap(), Some(10));
+        rx.on_data(4, 6).unwrap();
+        assert_eq!(rx.on_ring_from(e, 10).unwrap(), RingFromOutcome::Switch);
     }
 
     #[test]

@@ -1,0 +1,1410 @@
+//! One connection's carrier engine: the I/O around proto's `TxPath` (our
+//! sending direction) and `RxPath` (our receiving direction).
+//!
+//! Every decision (may I write, where do the next bytes come from, what to
+//! answer, what to resend) is the state machine's; this file moves bytes
+//! between the application, the ring and the TCP legs, and keeps waiting
+//! threads and the driver thread informed.
+//!
+//! Threads: the application's reader and writer (one of each at a time),
+//! and one driver thread per engine that watches the TCP legs, the ring
+//! doorbell and the deadlines, so control frames are answered while the
+//! application is busy elsewhere. The two directions have separate locks
+//! and no code path holds both.
+
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use xensock_proto::ctrl::{Message, ResetReason};
+use xensock_proto::mem::RawRing;
+use xensock_proto::ring::{Consumer, Producer, RingError};
+use xensock_proto::switch::{
+    ConsumedOutcome, RingFromOutcome, RxPath, RxState, SwitchError, TxPath, TxState,
+};
+
+use super::frames::{protocol_error, send_data_direct, Frame, Inbox, Incoming, Outbox};
+use super::leg::{lock, LegListener};
+use super::ring::{NewRing, SharedRing};
+use crate::evfd::EventFd;
+
+/// Why the engine leaves the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Trigger {
+    /// This side is moving (suspend): its receive ring may be a torn copy,
+    /// so nothing in it beyond what was consumed is trusted.
+    LocalMove,
+    /// The peer is gone from the ring (it moved or its link died) and this
+    /// side stayed: the receive ring's contents are final and are drained.
+    /// Only valid once the peer has really stopped writing into it.
+    PeerGone,
+}
+
+/// Settings of one connection's engine.
+#[derive(Clone, Debug)]
+pub(crate) struct EngineConfig {
+    /// Our id for the connection (legs to us present it).
+    pub local_id: u32,
+    /// The peer's id (frames we send carry it).
+    pub peer_id: u32,
+    /// The connection's secret from the handshake.
+    pub cookie: u64,
+    /// The peer's leg listener; `None` when it has no TCP fallback.
+    pub peer_tcp: Option<SocketAddr>,
+    /// After the ring dies, how long both legs may take to come up before
+    /// the connection fails with `ECONNRESET`. Also the legs' TCP user
+    /// timeout (unacknowledged data).
+    pub peer_lost_after: Duration,
+    /// One connection attempt's timeout.
+    pub connect_timeout: Duration,
+}
+
+impl EngineConfig {
+    /// Defaults for the timing fields.
+    pub(crate) fn new(local_id: u32, peer_id: u32, cookie: u64, peer: Option<SocketAddr>) -> Self {
+        EngineConfig {
+            local_id,
+            peer_id,
+            cookie,
+            peer_tcp: peer,
+            peer_lost_after: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The rings a connection starts on.
+pub(crate) struct InitialRings {
+    /// The ring we read (we own it).
+    pub rx: SharedRing,
+    /// The peer's ring we write.
+    pub tx: SharedRing,
+}
+
+/// Notifies the peer's engine that a ring changed (an event channel).
+pub(crate) type Kick = Arc<dyn Fn() + Send + Sync>;
+/// Makes a new receive ring of the given epoch for an offer.
+pub(crate) type RingAlloc = Box<dyn Fn(u32) -> io::Result<NewRing> + Send + Sync>;
+
+/// Where the peer's ring notifications arrive (our end of the event
+/// channel).
+#[derive(Clone)]
+pub(crate) struct Doorbell(Arc<EventFd>);
+
+impl Doorbell {
+    pub(crate) fn new() -> io::Result<Doorbell> {
+        Ok(Doorbell(Arc::new(EventFd::new()?)))
+    }
+
+    /// Rings it (what the peer's kick does).
+    pub(crate) fn ring(&self) {
+        self.0.signal();
+    }
+}
+
+/// What the engine reports about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct EngineStatus {
+    pub tx: TxState,
+    pub rx: RxState,
+    /// Bytes the application wrote / read.
+    pub sent: u64,
+    pub delivered: u64,
+    /// Our sending direction moved to TCP / onto a new ring.
+    pub tx_to_tcp: u64,
+    pub tx_to_ring: u64,
+    /// Our receiving direction switched onto a new ring.
+    pub rx_to_ring: u64,
+    /// Both legs are up.
+    pub legs_up: bool,
+    /// Why the connection failed, if it did.
+    pub failure: Option<String>,
+}
+
+/// Wait for something on a leg while sleeping.
+const NO_LEG: i16 = 0;
+
+struct Tx {
+    path: TxPath,
+    producer: Option<Producer<RawRing>>,
+    ring: Option<SharedRing>,
+    /// Unconsumed bytes copied out of the frozen ring.
+    resend: Vec<u8>,
+    /// An offer that arrived before the `Consumed` for the ring in use.
+    pending_offer: Option<(u32, SharedRing)>,
+    leg: Option<TcpStream>,
+    leg_closed: bool,
+    /// The leg was asked for: keep retrying until it is up.
+    leg_wanted: bool,
+    connecting: bool,
+    retry_at: Option<Instant>,
+    out: Outbox,
+    inbox: Inbox,
+    waiting: bool,
+    writer_polls: bool,
+}
+
+struct Rx {
+    path: RxPath,
+    consumer: Option<Consumer<RawRing>>,
+    ring: Option<SharedRing>,
+    offered: Option<SharedRing>,
+    leg: Option<TcpStream>,
+    leg_closed: bool,
+    inbox: Inbox,
+    /// A frame read but not yet processable (data behind a draining ring).
+    held: Option<Frame>,
+    /// Payload bytes of the current `Data` frame still in the socket.
+    payload_left: u64,
+    /// We left ring `epoch` on our own (move, peer gone) and have not seen
+    /// the sender's `TxFreeze` for it yet.
+    awaiting_freeze: Option<u32>,
+    out: Outbox,
+    delivered: u64,
+    waiting: bool,
+    reader_polls: bool,
+    driver_watches: bool,
+}
+
+impl Rx {
+    /// Whether the driver must take frames off the leg without a reader.
+    ///
+    /// On a ring: the sender may freeze it and waits for our `Consumed`.
+    /// Also while the `TxFreeze` for a ring we left is awaited (it is the
+    /// next frame on the leg, and offers wait for it). Otherwise, on TCP,
+    /// every frame either waits in order behind data the application has
+    /// not read (`Data`, `RingFrom`, `Fin`) or needs no prompt answer (a
+    /// `TxFreeze` voiding an offer), so the reader takes them, and a
+    /// streaming reader never has to hand the leg back and forth with the
+    /// driver.
+    fn driver_must_watch(&self) -> bool {
+        self.leg.is_some()
+            && !self.leg_closed
+            && self.payload_left == 0
+            && self.held.is_none()
+            && (matches!(self.path.state(), RxState::Ring { .. }) || self.awaiting_freeze.is_some())
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    tx_to_tcp: AtomicU64,
+    tx_to_ring: AtomicU64,
+    rx_to_ring: AtomicU64,
+}
+
+struct Shared {
+    /// Ourselves, for helper threads that must not keep us alive.
+    me: Weak<Shared>,
+    cfg: EngineConfig,
+    tx: Mutex<Tx>,
+    rx: Mutex<Rx>,
+    /// Serialise readers and writers: one waiter per side.
+    read_lock: Mutex<()>,
+    write_lock: Mutex<()>,
+    tx_wake: EventFd,
+    rx_wake: EventFd,
+    /// Wakes the driver.
+    ctl: EventFd,
+    doorbell: Doorbell,
+    kick_peer: Kick,
+    alloc: RingAlloc,
+    inbound: Mutex<Vec<TcpStream>>,
+    connected: Mutex<Option<io::Result<TcpStream>>>,
+    /// Since when the connection has needed its legs and not had both.
+    stall_since: Mutex<Option<Instant>>,
+    /// errno of the failure, 0 while healthy.
+    failed: AtomicI32,
+    failure_reason: Mutex<ResetReason>,
+    /// What broke the connection, for status displays.
+    failure: Mutex<Option<String>>,
+    stop: AtomicBool,
+    counters: Counters,
+}
+
+/// One connection's carrier engine.
+pub(crate) struct Engine {
+    shared: Arc<Shared>,
+    listener: Arc<LegListener>,
+    driver: Option<JoinHandle<()>>,
+}
+
+fn switch_error(e: SwitchError) -> io::Error {
+    protocol_error(format!("carrier switch: {e}"))
+}
+
+fn ring_error(e: RingError) -> io::Error {
+    protocol_error(format!("ring: {e}"))
+}
+
+fn errno(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::ECONNRESET)
+}
+
+impl Engine {
+    /// Starts a connection's engine: on `rings` when given, else on TCP.
+    /// Legs presenting `cfg.local_id` and `cfg.cookie` at `listener` are
+    /// routed here; `doorbell` is where the peer's kicks arrive and
+    /// `kick_peer` rings the peer's; `alloc` makes receive rings for
+    /// [`Engine::offer_ring`].
+    pub(crate) fn start(
+        cfg: EngineConfig,
+        rings: Option<InitialRings>,
+        listener: Arc<LegListener>,
+        doorbell: Doorbell,
+        kick_peer: Kick,
+        alloc: RingAlloc,
+    ) -> io::Result<Engine> {
+        let on_ring = rings.is_some();
+        let (tx_ring, rx_ring) = match rings {
+            Some(r) => (Some(r.tx), Some(r.rx)),
+            None => (None, None),
+        };
+        let (tx_wake, rx_wake, ctl) = (EventFd::new()?, EventFd::new()?, EventFd::new()?);
+        let shared = Arc::new_cyclic(|me| Shared {
+            me: me.clone(),
+            tx: Mutex::new(Tx {
+                path: if on_ring {
+                    TxPath::on_ring()
+                } else {
+                    TxPath::on_tcp()
+                },
+                producer: tx_ring.as_ref().map(|r| Producer::new(r.ring())),
+                ring: tx_ring,
+                resend: Vec::new(),
+                pending_offer: None,
+                leg: None,
+                leg_closed: false,
+                leg_wanted: false,
+                connecting: false,
+                retry_at: None,
+                out: Outbox::default(),
+                inbox: Inbox::new(),
+                waiting: false,
+                writer_polls: false,
+            }),
+            rx: Mutex::new(Rx {
+                path: if on_ring {
+                    RxPath::on_ring()
+                } else {
+                    RxPath::on_tcp()
+                },
+                consumer: rx_ring.as_ref().map(|r| Consumer::new(r.ring())),
+                ring: rx_ring,
+                offered: None,
+                leg: None,
+                leg_closed: false,
+                inbox: Inbox::new(),
+                held: None,
+                payload_left: 0,
+                awaiting_freeze: None,
+                out: Outbox::default(),
+                delivered: 0,
+                waiting: false,
+                reader_polls: false,
+                driver_watches: false,
+            }),
+            read_lock: Mutex::new(()),
+            write_lock: Mutex::new(()),
+            tx_wake,
+            rx_wake,
+            ctl,
+            doorbell,
+            kick_peer,
+            alloc,
+            inbound: Mutex::new(Vec::new()),
+            connected: Mutex::new(None),
+            stall_since: Mutex::new(if on_ring { None } else { Some(Instant::now()) }),
+            failed: AtomicI32::new(0),
+            failure_reason: Mutex::new(ResetReason::ProtocolError),
+            failure: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            counters: Counters::default(),
+            cfg,
+        });
+        let weak = Arc::downgrade(&shared);
+        listener.register(
+            shared.cfg.local_id,
+            shared.cfg.cookie,
+            Arc::new(move |sock| {
+                if let Some(s) = weak.upgrade() {
+                    lock(&s.inbound).push(sock);
+                    s.ctl.signal();
+                }
+            }),
+        );
+        if !on_ring {
+            shared.ensure_tx_leg(&mut lock(&shared.tx));
+        }
+        let s = shared.clone();
+        let driver = std::thread::Builder::new()
+            .name("xensock-carrier".into())
+            .spawn(move || s.drive());
+        let driver = match driver {
+            Ok(d) => d,
+            Err(e) => {
+                listener.unregister(shared.cfg.local_id);
+                return Err(e);
+            }
+        };
+        Ok(Engine {
+            shared,
+            listener,
+            driver: Some(driver),
+        })
+    }
+
+    /// Writes some of `buf` to the current carrier; blocks while the ring
+    /// is full, the leg does not take more, or a switch is in progress.
+    pub(crate) fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        self.shared.write(buf)
+    }
+
+    /// Reads stream bytes in order; 0 at end of stream. Blocks until at
+    /// least one byte (or the end) is there.
+    pub(crate) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.shared.read(buf)
+    }
+
+    /// `shutdown(SHUT_WR)`: end of stream after the bytes written so far,
+    /// on whichever carrier is current.
+    pub(crate) fn shutdown_write(&self) -> io::Result<()> {
+        self.shared.shutdown_write()
+    }
+
+    /// Leaves the ring for TCP (see [`Trigger`]). Returns at once; readers
+    /// and writers pause until the offsets are agreed.
+    pub(crate) fn freeze(&self, trigger: Trigger) -> io::Result<()> {
+        self.shared.freeze(trigger)
+    }
+
+    /// The peers are co-resident again: makes a new receive ring for our
+    /// receiving direction and returns its epoch and the sender's view, for
+    /// the link's `RingOffer`. `None` when that direction is not on TCP.
+    pub(crate) fn offer_ring(&self) -> io::Result<Option<(u32, SharedRing)>> {
+        self.shared.offer_ring()
+    }
+
+    /// The peer's `RingOffer` for our sending direction. Returns whether
+    /// this side switches to it (`false`: stale offer, declined).
+    pub(crate) fn accept_ring_offer(&self, epoch: u32, ring: SharedRing) -> io::Result<bool> {
+        self.shared.accept_ring_offer(epoch, ring)
+    }
+
+    /// A snapshot for tests and status displays.
+    pub(crate) fn status(&self) -> EngineStatus {
+        let s = &self.shared;
+        let (tx, sent, tx_leg) = {
+            let t = lock(&s.tx);
+            (t.path.state(), t.path.sent(), t.leg.is_some())
+        };
+        let (rx, delivered, rx_leg) = {
+            let r = lock(&s.rx);
+            (r.path.state(), r.delivered, r.leg.is_some())
+        };
+        EngineStatus {
+            tx,
+            rx,
+            sent,
+            delivered,
+            tx_to_tcp: s.counters.tx_to_tcp.load(Ordering::Relaxed),
+            tx_to_ring: s.counters.tx_to_ring.load(Ordering::Relaxed),
+            rx_to_ring: s.counters.rx_to_ring.load(Ordering::Relaxed),
+            legs_up: tx_leg && rx_leg,
+            failure: lock(&s.failure).clone(),
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.listener.unregister(self.shared.cfg.local_id);
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.ctl.signal();
+        if let Some(d) = self.driver.take() {
+            let _ = d.join();
+        }
+    }
+}
+
+/// Polls `wake` and optionally `fd` for `events`, no timeout.
+fn sleep_on(wake: &EventFd, fd: Option<RawFd>, events: i16) {
+    let mut fds = [
+        libc::pollfd {
+            fd: wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: fd.unwrap_or(-1),
+            events,
+            revents: 0,
+        },
+    ];
+    let n = if fd.is_some() { 2 } else { 1 };
+    // SAFETY: `fds` is a valid array of at least `n` pollfds.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), n, -1) };
+    if r < 0 || fds[0].revents != 0 {
+        wake.drain();
+    }
+}
+
+fn set_leg_options(sock: &TcpStream, timeout: Duration) -> io::Result<()> {
+    sock.set_nonblocking(true)?;
+    sock.set_nodelay(true)?;
+    let ms = timeout.as_millis().min(u32::MAX as u128) as libc::c_uint;
+    // SAFETY: setsockopt with a pointer to a local c_uint and its size.
+    // Unacknowledged data for longer than the bound fails the leg: a peer
+    // that died after the legs came up is noticed too.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&ms as *const libc::c_uint).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        );
+    }
+    Ok(())
+}
+
+impl Shared {
+    fn check_failed(&self) -> io::Result<()> {
+        match self.failed.load(Ordering::SeqCst) {
+            0 => Ok(()),
+            e => Err(io::Error::from_raw_os_error(e)),
+        }
+    }
+
+    /// Fails the connection (once); readers and writers get `errno`.
+    fn fail(&self, errno: i32, reason: ResetReason) {
+        if self
+            .failed
+            .compare_exchange(0, errno, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            *lock(&self.failure_reason) = reason;
+        }
+        self.ctl.signal();
+        self.tx_wake.signal();
+        self.rx_wake.signal();
+    }
+
+    /// Fails on a protocol or I/O error and returns it as ECONNRESET.
+    fn breach(&self, e: io::Error) -> io::Error {
+        {
+            let mut why = lock(&self.failure);
+            if why.is_none() {
+                *why = Some(e.to_string());
+            }
+        }
+        let reason = if e.kind() == io::ErrorKind::InvalidData {
+            ResetReason::ProtocolError
+        } else {
+            ResetReason::PeerLost
+        };
+        self.fail(libc::ECONNRESET, reason);
+        io::Error::from_raw_os_error(libc::ECONNRESET)
+    }
+
+    fn notify_tx(&self, tx: &Tx) {
+        if tx.waiting {
+            self.tx_wake.signal();
+        }
+    }
+
+    fn notify_rx(&self, rx: &Rx) {
+        if rx.waiting {
+            self.rx_wake.signal();
+        }
+    }
+
+    fn kick(&self) {
+        (self.kick_peer)()
+    }
+
+    fn start_stall_clock(&self) {
+        let mut s = lock(&self.stall_since);
+        if s.is_none() {
+            *s = Some(Instant::now());
+        }
+    }
+
+    // ---- sending direction ------------------------------------------
+
+    fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let _one_writer = lock(&self.write_lock);
+        let mut tx = lock(&self.tx);
+        loop {
+            self.check_failed()?;
+            if tx.path.is_finished() {
+                return Err(io::Error::from_raw_os_error(libc::EPIPE));
+            }
+            let mut leg_events = NO_LEG;
+            match tx.path.state() {
+                TxState::Frozen { .. } => {}
+                TxState::Ring { .. } => {
+                    let Some(p) = tx.producer.as_mut() else {
+                        return Err(self.breach(protocol_error("ring state without a ring")));
+                    };
+                    let end = p.reader_end().map_err(|e| self.breach(ring_error(e)))?;
+                    if end.reset {
+                        return Err(self.breach(io::ErrorKind::ConnectionReset.into()));
+                    }
+                    if end.closed {
+                        return Err(io::Error::from_raw_os_error(libc::EPIPE));
+                    }
+                    let n = p.write(buf).map_err(|e| self.breach(ring_error(e)))?;
+                    if n > 0 {
+                        let kick = p.flush();
+                        tx.path
+                            .record_sent(n as u64)
+                            .map_err(|e| self.breach(switch_error(e)))?;
+                        if kick {
+                            self.kick();
+                        }
+                        return Ok(n);
+                    }
+                    let want = buf.len().min(p.capacity() as usize / 2).max(1) as u32;
+                    if !p
+                        .prepare_wait(want)
+                        .map_err(|e| self.breach(ring_error(e)))?
+                    {
+                        continue;
+                    }
+                }
+                TxState::Tcp => {
+                    let t = &mut *tx;
+                    if let Some(leg) = t.leg.as_ref() {
+                        t.out.flush(leg).map_err(|e| self.breach(e))?;
+                        if t.out.is_empty() {
+                            let from = t.path.sent();
+                            let n = send_data_direct(leg, &mut t.out, self.cfg.peer_id, from, buf)
+                                .map_err(|e| self.breach(e))?;
+                            if n > 0 {
+                                t.path
+                                    .record_sent(n as u64)
+                                    .map_err(|e| self.breach(switch_error(e)))?;
+                                return Ok(self.finish_partial(tx, n));
+                            }
+                        }
+                        leg_events = libc::POLLOUT;
+                    }
+                }
+            }
+            tx = self.wait_tx(tx, leg_events);
+        }
+    }
+
+    /// A frame went out in part: finish it before returning, as a
+    /// blocking `write` would, rather than wake the driver for it. The
+    /// `n` bytes are committed whatever happens here.
+    fn finish_partial<'a>(&'a self, mut tx: MutexGuard<'a, Tx>, n: usize) -> usize {
+        loop {
+            if tx.out.is_empty() {
+                return n;
+            }
+            if self.failed.load(Ordering::SeqCst) != 0 || tx.path.state() != TxState::Tcp {
+                self.ctl.signal();
+                return n;
+            }
+            tx = self.wait_tx(tx, libc::POLLOUT);
+            let t = &mut *tx;
+            if let Some(leg) = t.leg.as_ref() {
+                if let Err(e) = t.out.flush(leg) {
+                    self.breach(e);
+                }
+            }
+        }
+    }
+
+    fn wait_tx<'a>(&'a self, mut tx: MutexGuard<'a, Tx>, leg_events: i16) -> MutexGuard<'a, Tx> {
+        let fd = match (&tx.leg, leg_events) {
+            (Some(l), ev) if ev != NO_LEG => Some(l.as_raw_fd()),
+            _ => None,
+        };
+        tx.waiting = true;
+        tx.writer_polls = fd.is_some();
+        drop(tx);
+        // The leg is never closed while the engine lives, so `fd` stays ours.
+        sleep_on(&self.tx_wake, fd, leg_events);
+        let mut tx = lock(&self.tx);
+        tx.waiting = false;
+        tx.writer_polls = false;
+        tx
+    }
+
+    fn shutdown_write(&self) -> io::Result<()> {
+        self.check_failed()?;
+        let mut tx = lock(&self.tx);
+        if tx.path.is_finished() {
+            return Ok(());
+        }
+        tx.path.finish();
+        match tx.path.state() {
+            TxState::Ring { .. } => {
+                if let Some(p) = tx.producer.as_mut() {
+                    p.finish();
+                }
+                self.kick();
+            }
+            TxState::Tcp => {
+                let sent = tx.path.sent();
+                tx.out.push(&Message::Fin {
+                    conn_id: self.cfg.peer_id,
+                    offset: sent,
+                });
+                self.flush_tx(&mut tx);
+            }
+            // Sent after the resend.
+            TxState::Frozen { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// Writes queued frames if the leg is up; the driver finishes the rest.
+    fn flush_tx(&self, tx: &mut Tx) {
+        if let Some(leg) = tx.leg.as_ref() {
+            if let Err(e) = tx.out.flush(leg) {
+                self.breach(e);
+            }
+        }
+        if !tx.out.is_empty() {
+            self.ctl.signal();
+        }
+    }
+
+    /// Stops producing into the ring in use, copies back what the receiver
+    /// has not consumed and queues the `TxFreeze`.
+    fn freeze_tx(&self, tx: &mut Tx) -> io::Result<()> {
+        let mut unconsumed = 0;
+        if let (TxState::Ring { .. }, Some(p)) = (tx.path.state(), tx.producer.as_mut()) {
+            p.freeze();
+            let mut copy = vec![0u8; p.capacity() as usize];
+            let n = p.read_back(&mut copy).map_err(ring_error)?;
+            copy.truncate(n);
+            tx.resend = copy;
+            unconsumed = n as u64;
+            self.kick();
+        }
+        let notice = tx.path.freeze(unconsumed).map_err(switch_error)?;
+        tx.producer = None;
+        tx.ring = None;
+        tx.out.push(&Message::TxFreeze {
+            conn_id: self.cfg.peer_id,
+            epoch: notice.epoch,
+            offset: notice.offset,
+        });
+        Ok(())
+    }
+
+    fn handle_consumed(&self, tx: &mut Tx, epoch: u32, offset: u64) -> io::Result<()> {
+        let mut outcome = tx.path.on_consumed(epoch, offset).map_err(switch_error)?;
+        if outcome == ConsumedOutcome::FreezeFirst {
+            self.freeze_tx(tx)?;
+            self.start_stall_clock();
+            outcome = tx.path.on_consumed(epoch, offset).map_err(switch_error)?;
+        }
+        if let ConsumedOutcome::Resend(r) = outcome {
+            let copy = std::mem::take(&mut tx.resend);
+            let bytes = usize::try_from(r.skip)
+                .ok()
+                .zip(usize::try_from(r.skip + r.len).ok())
+                .and_then(|(a, b)| copy.get(a..b))
+                .ok_or_else(|| protocol_error("resend outside the copy"))?;
+            tx.out.push_data(self.cfg.peer_id, r.from, bytes);
+            if tx.path.is_finished() {
+                let sent = tx.path.sent();
+                tx.out.push(&Message::Fin {
+                    conn_id: self.cfg.peer_id,
+                    offset: sent,
+                });
+            }
+            self.counters.tx_to_tcp.fetch_add(1, Ordering::Relaxed);
+            // An offer that overtook this Consumed can be taken now.
+            if let Some((e, ring)) = tx.pending_offer.take() {
+                self.apply_offer(tx, e, ring)?;
+            }
+            self.notify_tx(tx);
+        }
+        Ok(())
+    }
+
+    fn apply_offer(&self, tx: &mut Tx, epoch: u32, ring: SharedRing) -> io::Result<bool> {
+        if tx.path.offer_waits_for_consumed(epoch) {
+            // The offer overtook the Consumed for the ring we use: keep the
+            // newest one and hand it in after the resend.
+            if tx.pending_offer.as_ref().map_or(true, |(e, _)| *e < epoch) {
+                tx.pending_offer = Some((epoch, ring));
+            }
+            return Ok(false);
+        }
+        match tx.path.on_ring_offer(epoch).map_err(switch_error)? {
+            Some(marker) => {
+                tx.out.push(&Message::RingFrom {
+                    conn_id: self.cfg.peer_id,
+                    epoch,
+                    offset: marker,
+                });
+                tx.producer = Some(Producer::new(ring.ring()));
+                tx.ring = Some(ring);
+                self.flush_tx(tx);
+                self.counters.tx_to_ring.fetch_add(1, Ordering::Relaxed);
+                self.notify_tx(tx);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn accept_ring_offer(&self, epoch: u32, ring: SharedRing) -> io::Result<bool> {
+        self.check_failed()?;
+        let mut tx = lock(&self.tx);
+        self.apply_offer(&mut tx, epoch, ring)
+            .map_err(|e| self.breach(e))
+    }
+
+    /// Starts connecting our leg if it is not up or on its way.
+    fn ensure_tx_leg(&self, tx: &mut Tx) {
+        tx.leg_wanted = true;
+        if tx.leg.is_some() || tx.connecting {
+            return;
+        }
+        if tx.retry_at.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        let Some(addr) = self.cfg.peer_tcp else {
+            return;
+        };
+        tx.connecting = true;
+        let timeout = self.cfg.connect_timeout;
+        let me = self.me.clone();
+        let spawned = std::thread::Builder::new()
+            .name("xensock-leg-connect".into())
+            .spawn(move || {
+                let r = TcpStream::connect_timeout(&addr, timeout);
+                if let Some(s) = me.upgrade() {
+                    *lock(&s.connected) = Some(r);
+                    s.ctl.signal();
+                }
+            });
+        if spawned.is_err() {
+            tx.connecting = false;
+            tx.retry_at = Some(Instant::now() + Duration::from_millis(50));
+        }
+    }
+
+    // ---- receiving direction ----------------------------------------
+
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let _one_reader = lock(&self.read_lock);
+        let mut rx = lock(&self.rx);
+        let mut got = 0;
+        loop {
+            if let Err(e) = self.check_failed() {
+                if got > 0 {
+                    break;
+                }
+                return Err(e);
+            }
+            if got == buf.len() {
+                break;
+            }
+            if rx.payload_left == 0 && rx.path.eof_at() == Some(rx.path.taken()) {
+                break;
+            }
+            let mut leg_events = NO_LEG;
+            if rx.path.reads_ring() {
+                let r = &mut *rx;
+                let Some(c) = r.consumer.as_mut() else {
+                    return Err(self.breach(protocol_error("ring state without a ring")));
+                };
+                let mut limit = buf.len() - got;
+                if let RxState::Draining { .. } = r.path.state() {
+                    limit = limit.min(r.path.ring_remaining() as usize);
+                }
+                let n = c
+                    .read(&mut buf[got..got + limit])
+                    .map_err(|e| self.breach(ring_error(e)))?;
+                if n > 0 {
+                    got += n;
+                    if c.flush() {
+                        self.kick();
+                    }
+                    r.path
+                        .record_ring_taken(n as u64)
+                        .map_err(|e| self.breach(switch_error(e)))?;
+                    if !r.path.reads_ring() {
+                        // Drained: the old ring is released, TCP follows.
+                        r.consumer = None;
+                        r.ring = None;
+                    }
+                    continue;
+                }
+                if got > 0 {
+                    break;
+                }
+                if let RxState::Draining { .. } = r.path.state() {
+                    // Its trusted bytes were readable when it froze; a ring
+                    // that shrank since is the peer's doing.
+                    return Err(self.breach(protocol_error("draining ring lost its bytes")));
+                }
+                if let RxState::Ring { .. } = r.path.state() {
+                    let end = c.peer_end().map_err(|e| self.breach(ring_error(e)))?;
+                    if end.reset {
+                        return Err(self.breach(io::ErrorKind::ConnectionReset.into()));
+                    }
+                    let readable = c.readable().map_err(|e| self.breach(ring_error(e)))?;
+                    if end.fin && readable == 0 {
+                        let taken = r.path.taken();
+                        r.path
+                            .on_fin(taken)
+                            .map_err(|e| self.breach(switch_error(e)))?;
+                        continue;
+                    }
+                    // A frozen ring: its TxFreeze is on the way over TCP.
+                    if !end.frozen
+                        && readable == 0
+                        && !c.prepare_wait().map_err(|e| self.breach(ring_error(e)))?
+                    {
+                        continue;
+                    }
+                    if readable > 0 {
+                        continue;
+                    }
+                }
+            } else if rx.payload_left > 0 {
+                let r = &mut *rx;
+                let want = (buf.len() - got).min(r.payload_left.min(usize::MAX as u64) as usize);
+                let Some(leg) = r.leg.as_ref() else {
+                    return Err(self.breach(protocol_error("data without a leg")));
+                };
+                let left = r.payload_left;
+                match r.inbox.read_payload(leg, &mut buf[got..got + want], left) {
+                    Ok(0) => return Err(self.breach(io::ErrorKind::UnexpectedEof.into())),
+                    Ok(n) => {
+                        got += n;
+                        r.payload_left -= n as u64;
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        if got > 0 {
+                            break;
+                        }
+                        leg_events = libc::POLLIN;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(self.breach(e)),
+                }
+            } else {
+                match self.pump_rx(&mut rx) {
+                    Ok(Pump::Progress) => continue,
+                    Ok(Pump::Idle) | Ok(Pump::Blocked) => {
+                        if got > 0 {
+                            break;
+                        }
+                        if rx.leg.is_some() && !rx.leg_closed {
+                            leg_events = libc::POLLIN;
+                        }
+                    }
+                    Err(e) => return Err(self.breach(e)),
+                }
+            }
+            rx = self.wait_rx(rx, leg_events);
+        }
+        rx.delivered += got as u64;
+        if rx.payload_left == 0 && rx.held.is_none() && rx.inbox.buffered() > 0 {
+            // The last payload read took the next frame's prefix along:
+            // take that frame now (no system call), so the driver is not
+            // woken for it. An error resets; the caller sees it next time.
+            if let Err(e) = self.pump_rx(&mut rx) {
+                self.breach(e);
+            }
+        }
+        // The driver watches the leg while this direction is on a ring (see
+        // `Rx::driver_must_watch`); bytes already read along with the last
+        // payload do not make the socket readable, so it must look without
+        // being asked.
+        if rx.driver_must_watch() && (!rx.driver_watches || rx.inbox.buffered() > 0) {
+            self.ctl.signal();
+        }
+        Ok(got)
+    }
+
+    fn wait_rx<'a>(&'a self, mut rx: MutexGuard<'a, Rx>, leg_events: i16) -> MutexGuard<'a, Rx> {
+        let fd = match (&rx.leg, leg_events) {
+            (Some(l), ev) if ev != NO_LEG => Some(l.as_raw_fd()),
+            _ => None,
+        };
+        rx.waiting = true;
+        rx.reader_polls = fd.is_some();
+        if !rx.reader_polls && rx.driver_must_watch() && !rx.driver_watches {
+            // E.g. we just switched onto a ring: a TxFreeze for it must be
+            // answered while we sleep on the ring.
+            self.ctl.signal();
+        }
+        drop(rx);
+        sleep_on(&self.rx_wake, fd, leg_events);
+        let mut rx = lock(&self.rx);
+        rx.waiting = false;
+        rx.reader_polls = false;
+        rx
+    }
+
+    fn queue_consumed(&self, rx: &mut Rx, epoch: u32, offset: u64) {
+        rx.out.push(&Message::Consumed {
+            conn_id: self.cfg.peer_id,
+            epoch,
+            offset,
+        });
+        if let Some(leg) = rx.leg.as_ref() {
+            if let Err(e) = rx.out.flush(leg) {
+                self.breach(e);
+            }
+        }
+        if !rx.out.is_empty() {
+            self.ctl.signal();
+        }
+    }
+
+    /// Drops the ring(s) the receiving state no longer reads.
+    fn settle_rx_rings(rx: &mut Rx) {
+        if !rx.path.reads_ring() {
+            rx.consumer = None;
+            rx.ring = None;
+        }
+        if rx.path.state() == RxState::Tcp {
+            rx.offered = None;
+        }
+    }
+
+    /// Takes frames off the leg until a `Data` payload is next, the leg
+    /// has nothing more, or a frame must wait for the ring to drain.
+    fn pump_rx(&self, rx: &mut Rx) -> io::Result<Pump> {
+        let mut progress = false;
+        let idle = |p: bool| Ok(if p { Pump::Progress } else { Pump::Idle });
+        loop {
+            if rx.payload_left > 0 {
+                return Ok(Pump::Progress);
+            }
+            let frame = match rx.held.take() {
+                Some(f) => f,
+                None => {
+                    let Some(leg) = rx.leg.as_ref() else {
+                        return idle(progress);
+                    };
+                    if rx.leg_closed {
+                        return idle(progress);
+                    }
+                    match rx.inbox.next(leg, self.cfg.local_id)? {
+                        Incoming::Frame(f) => f,
+                        Incoming::WouldBlock => return idle(progress),
+                        Incoming::Closed => {
+                            rx.leg_closed = true;
+                            let done = rx.path.eof_at() == Some(rx.path.taken());
+                            if done || rx.path.reads_ring() {
+                                // Nothing more needed from it (yet).
+                                return idle(progress);
+                            }
+                            return Err(io::ErrorKind::UnexpectedEof.into());
+                        }
+                    }
+                }
+            };
+            let in_order = matches!(
+                frame,
+                Frame::Data { .. } | Frame::RingFrom { .. } | Frame::Fin { .. }
+            );
+            if in_order && !rx.path.tcp_data_takeable() {
+                rx.held = Some(frame);
+                return Ok(if progress {
+                    Pump::Progress
+                } else {
+                    Pump::Blocked
+                });
+            }
+            progress = true;
+            match frame {
+                Frame::Data { offset, len } => {
+                    rx.path.on_data(offset, len).map_err(switch_error)?;
+                    rx.payload_left = len;
+                }
+                Frame::RingFrom { epoch, offset } => {
+                    if rx.path.on_ring_from(epoch, offset).map_err(switch_error)?
+                        == RingFromOutcome::Switch
+                    {
+                        let ring = rx
+                            .offered
+                            .take()
+                            .ok_or_else(|| protocol_error("RingFrom without an offered ring"))?;
+                        rx.consumer = Some(Consumer::new(ring.ring()));
+                        rx.ring = Some(ring);
+                        self.counters.rx_to_ring.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Frame::TxFreeze { epoch, offset } => {
+                    if rx.awaiting_freeze.is_some_and(|e| epoch >= e) {
+                        rx.awaiting_freeze = None;
+                    }
+                    let readable = match (rx.path.state(), rx.consumer.as_ref()) {
+                        (RxState::Ring { .. }, Some(c)) => c.readable().map_err(ring_error)?,
+                        _ => 0,
+                    };
+                    if let Some(c) = rx
+                        .path
+                        .on_tx_freeze(epoch, Some(offset), u64::from(readable))
+                        .map_err(switch_error)?
+                    {
+                        self.queue_consumed(rx, c.epoch, c.offset);
+                    }
+                    Self::settle_rx_rings(rx);
+                }
+                Frame::Fin { offset } => {
+                    rx.path.on_fin(offset).map_err(switch_error)?;
+                }
+                Frame::Consumed { .. } => {
+                    return Err(protocol_error("Consumed on a receiving leg"));
+                }
+                Frame::Reset => return Err(io::ErrorKind::ConnectionReset.into()),
+            }
+            self.notify_rx(rx);
+        }
+    }
+
+    fn offer_ring(&self) -> io::Result<Option<(u32, SharedRing)>> {
+        self.check_failed()?;
+        let mut rx = lock(&self.rx);
+        // Take the control frames already here first: a TxFreeze sent
+        // before this offer must not be read as voiding it.
+        if rx.payload_left == 0 && rx.held.is_none() {
+            self.pump_rx(&mut rx).map_err(|e| self.breach(e))?;
+        }
+        // Not before the sender's TxFreeze for the ring we left: arriving
+        // after the offer, it would void it (proto cannot tell it from a
+        // freeze after the offer) and cost a switch to the new ring and
+        // straight back.
+        if rx.path.state() != RxState::Tcp || rx.awaiting_freeze.is_some() {
+            return Ok(None);
+        }
+        let mut next = rx.path.clone();
+        let epoch = next.offer_ring().map_err(switch_error)?;
+        let ring = (self.alloc)(epoch)?;
+        rx.path = next;
+        rx.offered = Some(ring.local);
+        Ok(Some((epoch, ring.for_peer)))
+    }
+
+    // ---- both --------------------------------------------------------
+
+    fn freeze(&self, trigger: Trigger) -> io::Result<()> {
+        self.check_failed()?;
+        {
+            let mut tx = lock(&self.tx);
+            self.freeze_tx(&mut tx).map_err(|e| self.breach(e))?;
+            self.flush_tx(&mut tx);
+            self.ensure_tx_leg(&mut tx);
+            self.notify_tx(&tx);
+        }
+        {
+            let mut rx = lock(&self.rx);
+            let left_ring = match rx.path.state() {
+                RxState::Ring { epoch, .. } => Some(epoch),
+                _ => None,
+            };
+            let notice = match trigger {
+                Trigger::LocalMove => rx.path.freeze_local(),
+                Trigger::PeerGone => match (rx.path.state(), rx.consumer.as_ref()) {
+                    (RxState::Ring { epoch, .. }, Some(c)) => {
+                        let readable = c.readable().map_err(|e| self.breach(ring_error(e)))?;
+                        rx.path
+                            .on_tx_freeze(epoch, None, u64::from(readable))
+                            .map_err(|e| self.breach(switch_error(e)))?
+                    }
+                    _ => None,
+                },
+            };
+            if let Some(c) = notice {
+                self.queue_consumed(&mut rx, c.epoch, c.offset);
+                if left_ring == Some(c.epoch) {
+                    // The sender froze (or will freeze, on our Consumed)
+                    // this ring: its TxFreeze is on the way.
+                    rx.awaiting_freeze = Some(c.epoch);
+                }
+            }
+            Self::settle_rx_rings(&mut rx);
+            self.notify_rx(&rx);
+        }
+        self.start_stall_clock();
+        self.ctl.signal();
+        Ok(())
+    }
+}
+
+impl Shared {
+    /// The driver thread: legs, doorbell, deadlines.
+    fn drive(self: Arc<Self>) {
+        let mut propagated = false;
+        while !self.stop.load(Ordering::SeqCst) {
+            let failed = self.failed.load(Ordering::SeqCst) != 0;
+            if failed && !propagated {
+                self.propagate_failure();
+                propagated = true;
+            }
+            let mut fds = vec![
+                libc::pollfd {
+                    fd: self.ctl.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.doorbell.0.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            let mut wake_at: Option<Instant> = None;
+            if !failed {
+                {
+                    let tx = lock(&self.tx);
+                    if let (Some(leg), false) = (&tx.leg, tx.leg_closed) {
+                        let mut events = libc::POLLIN;
+                        if !tx.out.is_empty() && !tx.writer_polls {
+                            events |= libc::POLLOUT;
+                        }
+                        fds.push(libc::pollfd {
+                            fd: leg.as_raw_fd(),
+                            events,
+                            revents: 0,
+                        });
+                    }
+                    if tx.leg.is_none() {
+                        wake_at = earliest(wake_at, tx.retry_at);
+                    }
+                }
+                {
+                    let mut rx = lock(&self.rx);
+                    rx.driver_watches = false;
+                    if let (Some(leg), false) = (&rx.leg, rx.leg_closed) {
+                        let mut events = 0;
+                        if rx.driver_must_watch() && !rx.reader_polls {
+                            events |= libc::POLLIN;
+                        }
+                        if !rx.out.is_empty() {
+                            events |= libc::POLLOUT;
+                        }
+                        if events != 0 {
+                            let fd = leg.as_raw_fd();
+                            rx.driver_watches = events & libc::POLLIN != 0;
+                            fds.push(libc::pollfd {
+                                fd,
+                                events,
+                                revents: 0,
+                            });
+                        }
+                    }
+                }
+                let stall = *lock(&self.stall_since);
+                wake_at = earliest(wake_at, stall.map(|t| t + self.cfg.peer_lost_after));
+            }
+            let timeout = wake_at.map_or(-1, |t| {
+                let d = t.saturating_duration_since(Instant::now());
+                (d.as_millis() + 1).min(i32::MAX as u128) as i32
+            });
+            // SAFETY: `fds` is a valid array of pollfds of that length.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+            self.ctl.drain();
+            if fds[1].revents != 0 {
+                self.doorbell.0.drain();
+                // A ring moved: whoever waits on it looks again.
+                self.notify_tx(&lock(&self.tx));
+                self.notify_rx(&lock(&self.rx));
+            }
+            if self.stop.load(Ordering::SeqCst) || failed {
+                continue;
+            }
+            self.install_legs();
+            let r = self.service_tx(&mut lock(&self.tx));
+            if let Err(e) = r {
+                self.breach(e);
+                continue;
+            }
+            let r = self.service_rx(&mut lock(&self.rx));
+            if let Err(e) = r {
+                self.breach(e);
+                continue;
+            }
+            self.check_stall();
+        }
+    }
+
+    fn install_legs(&self) {
+        let legs = std::mem::take(&mut *lock(&self.inbound));
+        for sock in legs {
+            {
+                let mut rx = lock(&self.rx);
+                // One leg per direction; a second one is not ours to trust.
+                if rx.leg.is_some() || set_leg_options(&sock, self.cfg.peer_lost_after).is_err() {
+                    continue;
+                }
+                rx.leg = Some(sock);
+                let r = &mut *rx;
+                if let Some(leg) = r.leg.as_ref() {
+                    if let Err(e) = r.out.flush(leg) {
+                        self.breach(e);
+                    }
+                }
+                self.notify_rx(&rx);
+            }
+            // The peer is on TCP: bring our leg up too, so answers for our
+            // sending direction have a way back.
+            self.ensure_tx_leg(&mut lock(&self.tx));
+        }
+        let connected = lock(&self.connected).take();
+        if let Some(result) = connected {
+            let mut tx = lock(&self.tx);
+            tx.connecting = false;
+            match result.and_then(|s| set_leg_options(&s, self.cfg.peer_lost_after).map(|()| s)) {
+                Ok(sock) => {
+                    tx.out.push_front(&Message::TcpHello {
+                        conn_id: self.cfg.peer_id,
+                        cookie: self.cfg.cookie,
+                    });
+                    tx.leg = Some(sock);
+                    self.flush_tx(&mut tx);
+                    self.notify_tx(&tx);
+                }
+                Err(_) => tx.retry_at = Some(Instant::now() + Duration::from_millis(100)),
+            }
+        }
+    }
+
+    fn service_tx(&self, tx: &mut Tx) -> io::Result<()> {
+        if tx.leg.is_none() {
+            if tx.leg_wanted {
+                self.ensure_tx_leg(tx);
+            }
+            return Ok(());
+        }
+        while !tx.leg_closed {
+            let t = &mut *tx;
+            let Some(leg) = t.leg.as_ref() else { break };
+            match t.inbox.next(leg, self.cfg.local_id)? {
+                Incoming::Frame(Frame::Consumed { epoch, offset }) => {
+                    self.handle_consumed(tx, epoch, offset)?;
+                }
+                Incoming::Frame(Frame::Reset) => return Err(io::ErrorKind::ConnectionReset.into()),
+                Incoming::Frame(other) => {
+                    return Err(protocol_error(format!("{other:?} on a sending leg")));
+                }
+                Incoming::WouldBlock => break,
+                Incoming::Closed => {
+                    tx.leg_closed = true;
+                    let done = tx.path.is_finished()
+                        && tx.path.state() == TxState::Tcp
+                        && tx.out.is_empty();
+                    if !done && !matches!(tx.path.state(), TxState::Ring { .. }) {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                }
+            }
+        }
+        if !tx.writer_polls && !tx.out.is_empty() {
+            if let Some(leg) = tx.leg.as_ref() {
+                tx.out.flush(leg)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn service_rx(&self, rx: &mut Rx) -> io::Result<()> {
+        if rx.leg.is_none() {
+            return Ok(());
+        }
+        if rx.driver_must_watch() && !rx.reader_polls {
+            self.pump_rx(rx)?;
+        }
+        if !rx.out.is_empty() {
+            if let Some(leg) = rx.leg.as_ref() {
+                rx.out.flush(leg)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails the connection if the legs it needs did not come up in time.
+    fn check_stall(&self) {
+        let up = lock(&self.tx).leg.is_some() && lock(&self.rx).leg.is_some();
+        let mut since = lock(&self.stall_since);
+        match *since {
+            Some(_) if up => *since = None,
+            Some(t) if t.elapsed() >= self.cfg.peer_lost_after => {
+                drop(since);
+                lock(&self.failure).get_or_insert_with(|| "peer not reachable on TCP".into());
+                self.fail(libc::ECONNRESET, ResetReason::PeerLost);
+            }
+            _ => {}
+        }
+    }
+
+    /// Tells the peer, on every carrier we still have, that we are gone.
+    fn propagate_failure(&self) {
+        let reason = *lock(&self.failure_reason);
+        let reset = Message::Reset {
+            conn_id: self.cfg.peer_id,
+            reason,
+        };
+        {
+            let mut tx = lock(&self.tx);
+            if let Some(p) = tx.producer.as_mut() {
+                p.reset();
+            }
+            tx.out.push(&reset);
+            let t = &mut *tx;
+            if let Some(leg) = t.leg.as_ref() {
+                let _ = t.out.flush(leg);
+            }
+        }
+        {
+            let mut rx = lock(&self.rx);
+            if let Some(c) = rx.consumer.as_mut() {
+                c.reset();
+            }
+            rx.out.push(&reset);
+            let r = &mut *rx;
+            if let Some(leg) = r.leg.as_ref() {
+                let _ = r.out.flush(leg);
+            }
+        }
+        self.kick();
+        self.tx_wake.signal();
+        self.rx_wake.signal();
+    }
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// What taking frames off the receiving leg achieved.
+#[derive(Debug, PartialEq, Eq)]
+enum Pump {
+    /// State changed or a payload is next: look again.
+    Progress,
+    /// Nothing more on the leg now.
+    Idle,
+    /// The next frame waits for the ring to drain.
+    Blocked,
+}

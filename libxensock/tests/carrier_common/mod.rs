@@ -1,0 +1,252 @@
+//! Two carrier engines wired together as two domains would be: rings in
+//! memfd memory mapped separately by owner and sender, doorbells for event
+//! channels, one leg listener per side on loopback TCP.
+#![allow(dead_code)]
+
+use std::io;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use xensock_proto::layout::RingIdentity;
+
+use crate::carrier::{
+    Doorbell, Engine, EngineConfig, InitialRings, LegListener, LegListenerConfig, MemfdRing,
+    RingAlloc,
+};
+
+pub const A_ID: u32 = 11;
+pub const B_ID: u32 = 22;
+pub const COOKIE: u64 = 0x5eed_c00c_1e00_0001;
+
+pub fn identity(owner: u32, peer: u32, conn_id: u32, epoch: u32) -> RingIdentity {
+    RingIdentity {
+        magic: 0,
+        order: 0,
+        owner_domid: owner,
+        peer_domid: peer,
+        conn_id,
+        epoch,
+    }
+}
+
+fn alloc(order: u32, owner: u32, peer: u32, conn_id: u32) -> RingAlloc {
+    Box::new(move |epoch| MemfdRing::pair(order, identity(owner, peer, conn_id, epoch)))
+}
+
+pub struct Pair {
+    pub a: Arc<Engine>,
+    pub b: Arc<Engine>,
+    pub la: Arc<LegListener>,
+    pub lb: Arc<LegListener>,
+}
+
+pub struct PairOptions {
+    pub order: u32,
+    pub ip: IpAddr,
+    pub on_ring: bool,
+    pub peer_lost_after: Duration,
+}
+
+impl Default for PairOptions {
+    fn default() -> Self {
+        PairOptions {
+            order: 12,
+            ip: "127.0.0.1".parse().unwrap(),
+            on_ring: true,
+            peer_lost_after: Duration::from_secs(20),
+        }
+    }
+}
+
+pub fn listener(ip: IpAddr) -> Arc<LegListener> {
+    Arc::new(LegListener::bind(ip, LegListenerConfig::default()).unwrap())
+}
+
+/// Engines A (id 11, domain 1) and B (id 22, domain 2).
+pub fn pair(opts: &PairOptions) -> io::Result<Pair> {
+    let la = listener(opts.ip);
+    let lb = listener(opts.ip);
+    pair_on(opts, la, lb, A_ID, B_ID)
+}
+
+pub fn pair_on(
+    opts: &PairOptions,
+    la: Arc<LegListener>,
+    lb: Arc<LegListener>,
+    a_id: u32,
+    b_id: u32,
+) -> io::Result<Pair> {
+    let (da, db) = (Doorbell::new()?, Doorbell::new()?);
+    let (rings_a, rings_b) = if opts.on_ring {
+        // A -> B ring: B owns it; B -> A ring: A owns it.
+        let ab = MemfdRing::pair(opts.order, identity(2, 1, b_id, 0))?;
+        let ba = MemfdRing::pair(opts.order, identity(1, 2, a_id, 0))?;
+        (
+            Some(InitialRings {
+                rx: ba.local,
+                tx: ab.for_peer,
+            }),
+            Some(InitialRings {
+                rx: ab.local,
+                tx: ba.for_peer,
+            }),
+        )
+    } else {
+        (None, None)
+    };
+    let mut ca = EngineConfig::new(a_id, b_id, COOKIE, Some(lb.local_addr()));
+    ca.peer_lost_after = opts.peer_lost_after;
+    let mut cb = EngineConfig::new(b_id, a_id, COOKIE, Some(la.local_addr()));
+    cb.peer_lost_after = opts.peer_lost_after;
+    let kick_b = db.clone();
+    let kick_a = da.clone();
+    let a = Engine::start(
+        ca,
+        rings_a,
+        la.clone(),
+        da,
+        Arc::new(move || kick_b.ring()),
+        alloc(opts.order, 1, 2, a_id),
+    )?;
+    let b = Engine::start(
+        cb,
+        rings_b,
+        lb.clone(),
+        db,
+        Arc::new(move || kick_a.ring()),
+        alloc(opts.order, 2, 1, b_id),
+    )?;
+    Ok(Pair {
+        a: Arc::new(a),
+        b: Arc::new(b),
+        la,
+        lb,
+    })
+}
+
+/// The byte at stream offset `i` of the stream seeded `seed`: position
+/// dependent, so a lost, duplicated or reordered byte shows.
+pub fn pattern(seed: u64, i: u64) -> u8 {
+    let x = ((i / 8) ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (x >> (8 * (i % 8))) as u8 ^ (i as u8)
+}
+
+/// A small deterministic generator for chunk sizes and pauses.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+}
+
+/// FNV-1a, the stream checksum both ends compute.
+pub fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+pub const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Writes `len` pattern bytes in random chunks, then shuts down writing.
+/// Returns the checksum of what was written.
+pub fn write_stream(
+    e: &Engine,
+    seed: u64,
+    len: u64,
+    rng_seed: u64,
+    max_chunk: u64,
+) -> io::Result<u64> {
+    let mut rng = Rng(rng_seed | 1);
+    let mut off = 0u64;
+    let mut sum = FNV_START;
+    let mut buf = Vec::new();
+    while off < len {
+        let n = (1 + rng.below(max_chunk)).min(len - off);
+        buf.clear();
+        buf.extend((off..off + n).map(|i| pattern(seed, i)));
+        let mut done = 0;
+        while done < buf.len() {
+            done += e.write(&buf[done..])?;
+        }
+        sum = fnv(sum, &buf);
+        off += n;
+    }
+    e.shutdown_write()?;
+    Ok(sum)
+}
+
+/// Reads to end of stream in random chunks with occasional pauses (so
+/// rings fill up), checking every byte. Returns (length, checksum).
+pub fn read_stream(e: &Engine, seed: u64, rng_seed: u64, max_chunk: u64) -> io::Result<(u64, u64)> {
+    let mut rng = Rng(rng_seed | 1);
+    let mut off = 0u64;
+    let mut sum = FNV_START;
+    let mut buf = vec![0u8; max_chunk as usize + 1];
+    loop {
+        let want = 1 + rng.below(max_chunk) as usize;
+        let n = e.read(&mut buf[..want])?;
+        if n == 0 {
+            return Ok((off, sum));
+        }
+        for (k, b) in buf[..n].iter().enumerate() {
+            let i = off + k as u64;
+            if *b != pattern(seed, i) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("stream byte {i}: got {b:#x}, want {:#x}", pattern(seed, i)),
+                ));
+            }
+        }
+        sum = fnv(sum, &buf[..n]);
+        off += n as u64;
+        if rng.below(64) == 0 {
+            std::thread::sleep(Duration::from_micros(rng.below(1500)));
+        }
+    }
+}
+
+/// An engine whose peer is not another engine: its rings are served by
+/// nobody and its peer's leg listener is `peer`.
+pub fn lone_engine(
+    local: u32,
+    peer_id: u32,
+    peer: Option<std::net::SocketAddr>,
+    listener: Arc<LegListener>,
+    on_ring: bool,
+    peer_lost_after: Duration,
+) -> Engine {
+    let rings = on_ring.then(|| {
+        let rx = MemfdRing::pair(11, identity(1, 2, local, 0)).unwrap();
+        let tx = MemfdRing::pair(11, identity(2, 1, peer_id, 0)).unwrap();
+        InitialRings {
+            rx: rx.local,
+            tx: tx.for_peer,
+        }
+    });
+    let mut cfg = EngineConfig::new(local, peer_id, COOKIE, peer);
+    cfg.peer_lost_after = peer_lost_after;
+    Engine::start(
+        cfg,
+        rings,
+        listener,
+        Doorbell::new().unwrap(),
+        Arc::new(|| {}),
+        alloc(11, 1, 2, local),
+    )
+    .unwrap()
+}
