@@ -52,6 +52,17 @@ module_param(inject_bad_record, int, 0600);
 MODULE_PARM_DESC(inject_bad_record, "test hook: 1 = corrupt the header of the next SOCK_SEQPACKET message sent (the peer must reset)");
 int afx_take_inject_bad_record(void) { return xchg(&inject_bad_record, 0); }
 
+/*
+ * Test hook: writing 1 makes the grant directory of the next large receive
+ * ring this domain offers name an invalid grant ref as its last data page,
+ * so the peer's mapping fails part way and must undo the pages it mapped
+ * (the lab checks both domains' counters come back and connect fails).
+ */
+static int inject_bad_dir;
+module_param(inject_bad_dir, int, 0600);
+MODULE_PARM_DESC(inject_bad_dir, "test hook: 1 = the next large ring's grant directory names an invalid grant (the peer's map must fail cleanly)");
+int afx_take_inject_bad_dir(void) { return xchg(&inject_bad_dir, 0); }
+
 struct afx_sock {
 	struct sock sk;		/* must be first */
 	void *priv;		/* Rust: Arc<XenSock> */

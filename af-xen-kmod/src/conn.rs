@@ -124,6 +124,18 @@ impl Pipe {
             let dir = Grant::new(link.peer)?;
             let data = GrantedPages::new(link.peer, g.data_pages())?;
             dir.directory().write_refs(&data.refs).map_err(|_| EINVAL)?;
+            if crate::sys::take_inject_bad_dir() {
+                // test hook: the last data page's ref is one Xen will refuse
+                let mut refs = KVec::with_capacity(data.refs.len(), GFP_KERNEL)?;
+                for r in data.refs.iter() {
+                    refs.push(*r, GFP_KERNEL)?;
+                }
+                if let Some(last) = refs.last_mut() {
+                    *last = 0xffff_fff0;
+                }
+                pr_warn!("inject_bad_dir: offering a grant directory with an invalid ref\n");
+                dir.directory().write_refs(&refs).map_err(|_| EINVAL)?;
+            }
             let ring = header.large_ring(&data, g).ok_or(EINVAL)?;
             let rg = crate::ctrl::RingGrant { order: g.order() as u8, epoch: 0, header_ref: header.gref, dir_ref: dir.gref };
             (ring, rg, Carrier::GrantedLarge(header, dir, data))

@@ -47,6 +47,7 @@ extern "C" {
     fn afx_rcvbuf_locked(sk: *mut bindings::sock) -> c_int;
     fn afx_default_ring_kib() -> c_uint;
     fn afx_take_inject_bad_record() -> c_int;
+    fn afx_take_inject_bad_dir() -> c_int;
     fn afx_sndbuf(sk: *mut bindings::sock) -> c_int;
     fn afx_set_err(sk: *mut bindings::sock, err: c_int);
     fn afx_sock_error(sk: *mut bindings::sock) -> c_int;
@@ -329,6 +330,13 @@ pub(crate) fn default_ring_bytes() -> usize {
 pub(crate) fn take_inject_bad_record() -> bool {
     // SAFETY: atomic exchange on a module parameter.
     unsafe { afx_take_inject_bad_record() != 0 }
+}
+
+/// Test hook (module parameter `inject_bad_dir`): whether the next large
+/// ring's grant directory should name an invalid grant; clears the request.
+pub(crate) fn take_inject_bad_dir() -> bool {
+    // SAFETY: atomic exchange on a module parameter.
+    unsafe { afx_take_inject_bad_dir() != 0 }
 }
 
 pub(crate) fn send_sigpipe() {

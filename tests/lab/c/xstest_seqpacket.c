@@ -768,6 +768,28 @@ static void test_client(uint32_t peer, uint64_t mib)
 	}
 	close(s);
 
+	/* a directory naming a bad grant (test hook): the server's map of our
+	 * 4 MiB ring fails after mapping 1023 pages, it undoes them and
+	 * refuses; we get ECONNREFUSED and nothing stays granted or mapped */
+	{
+		FILE *f = fopen("/sys/module/af_xen/parameters/inject_bad_dir", "w");
+		int armed = f && fputs("1", f) >= 0;
+		struct sockaddr_xen a = xaddr(peer, PORT_STREAM_DEFAULT);
+		int q = socket(fam, SOCK_STREAM, 0), r;
+
+		if (f)
+			armed = (fclose(f) == 0) && armed;
+		set_rcvbuf(q, 4 << 20);
+		errno = 0;
+		r = armed ? connect(q, (struct sockaddr *)&a, sizeof(a)) : 0;
+		result("xring-bad-directory-refused", armed && r == -1 && errno == ECONNREFUSED, "armed=%d rc=%d errno=%s",
+		       armed, r, en(errno));
+		close(q);
+		r = wait_stats(base, 30, &seen);
+		result("xring-bad-directory-released", r == 0, "grants=%ld/%ld maps=%ld/%ld", seen.grants, base.grants,
+		       seen.maps, base.maps);
+	}
+
 	/* throughput by ring size, 64 KiB writes (printed, not asserted) */
 	{
 		static const struct { uint32_t port; const char *name; } t[] = {
