@@ -30,6 +30,20 @@ struct sockaddr_xen {
 	uint8_t sxen_zero[4];     /* 0 */
 };
 
+/*
+ * setsockopt() level for AF_XEN options: the family number itself (as
+ * vsock uses AF_VSOCK), i.e. setsockopt(fd, xensock_family(), ...).
+ *
+ * XENSOCK_TEST_CORRUPT (int): lab test mode, refused with EPERM unless the
+ * module was loaded with hostile_test=1. Makes this end behave as a hostile
+ * peer: scribbles over the shared ring header of this one connection.
+ */
+#define XENSOCK_TEST_CORRUPT 0x7e57
+#define XENSOCK_CORRUPT_PROD  1 /* producer index of the ring we write (the peer reads it) */
+#define XENSOCK_CORRUPT_CONS  2 /* consumer index of the ring we read (the peer's producer checks it) */
+#define XENSOCK_CORRUPT_FLAGS 3 /* undefined flag bits in the ring we write */
+#define XENSOCK_CORRUPT_DIRECTORY 4 /* before connect: our ring's grant directory names a bogus grant */
+
 /* The AF_XEN family number, or -1 if the module is not loaded (errno set). */
 static inline int xensock_family(void)
 {

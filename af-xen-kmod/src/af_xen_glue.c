@@ -63,6 +63,17 @@ module_param(inject_bad_dir, int, 0600);
 MODULE_PARM_DESC(inject_bad_dir, "test hook: 1 = the next large ring's grant directory names an invalid grant (the peer's map must fail cleanly)");
 int afx_take_inject_bad_dir(void) { return xchg(&inject_bad_dir, 0); }
 
+/*
+ * Test mode for the lab's hostile-peer tests: with hostile_test=1 a socket
+ * accepts setsockopt(fd, <family>, XENSOCK_TEST_CORRUPT, ...), which
+ * scribbles over its connection's shared ring header. Off by default, and
+ * read-only once loaded (an unprivileged program cannot switch it on).
+ */
+static bool hostile_test;
+module_param(hostile_test, bool, 0444);
+MODULE_PARM_DESC(hostile_test, "lab only: allow XENSOCK_TEST_CORRUPT (corrupt a connection's shared ring on purpose)");
+int afx_hostile_test(void) { return hostile_test; }
+
 struct afx_sock {
 	struct sock sk;		/* must be first */
 	void *priv;		/* Rust: Arc<XenSock> */
@@ -116,6 +127,19 @@ int afx_rcvbuf_locked(struct sock *sk) { return !!(READ_ONCE(sk->sk_userlocks) &
 int afx_sndbuf(struct sock *sk) { return READ_ONCE(sk->sk_sndbuf); }
 void afx_set_err(struct sock *sk, int err) { WRITE_ONCE(sk->sk_err, err); sk_error_report(sk); }
 int afx_sock_error(struct sock *sk) { return sock_error(sk); }
+/* pending error without consuming it (poll) */
+int afx_sk_err_pending(struct sock *sk) { return READ_ONCE(sk->sk_err); }
+/* SO_LINGER set with l_linger == 0: close() aborts (reset, unsent data dropped) */
+int afx_linger_abort(struct sock *sk) { return sock_flag(sk, SOCK_LINGER) && !READ_ONCE(sk->sk_lingertime); }
+/* an int option value from setsockopt */
+int afx_sockopt_int(sockptr_t optval, unsigned int optlen, int *out)
+{
+	if (optlen < sizeof(int))
+		return -EINVAL;
+	if (copy_from_sockptr(out, optval, sizeof(int)))
+		return -EFAULT;
+	return 0;
+}
 
 /*
  * Sleep on the socket's wait queue until cond(arg) != 0, the timeout runs
@@ -194,14 +218,15 @@ void afx_vfree(void *p) { vfree(p); }
 #include <linux/seq_file.h>
 #include <net/net_namespace.h>
 int afx_rs_proc_show(struct seq_file *m);	/* Rust (sock.rs) */
+int afx_rs_stats_show(struct seq_file *m);	/* Rust (sys.rs) */
 static int afx_proc_show(struct seq_file *m, void *v) { return afx_rs_proc_show(m); }
-int afx_stats_init(void);
-void afx_stats_exit(void);
+static int afx_stats_show(struct seq_file *m, void *v) { return afx_rs_stats_show(m); }
+/* /proc/net/af_xen_stats: the module's resource counters (leak checks) */
 int afx_proc_init(void)
 {
 	if (!proc_create_single("af_xen", 0444, init_net.proc_net, afx_proc_show))
 		return -ENOMEM;
-	if (afx_stats_init()) {
+	if (!proc_create_single("af_xen_stats", 0444, init_net.proc_net, afx_stats_show)) {
 		remove_proc_entry("af_xen", init_net.proc_net);
 		return -ENOMEM;
 	}
@@ -209,7 +234,7 @@ int afx_proc_init(void)
 }
 void afx_proc_exit(void)
 {
-	afx_stats_exit();
+	remove_proc_entry("af_xen_stats", init_net.proc_net);
 	remove_proc_entry("af_xen", init_net.proc_net);
 }
 void afx_seq_write(struct seq_file *m, const void *p, size_t n) { seq_write(m, p, n); }
@@ -231,9 +256,6 @@ void afx_seq_write(struct seq_file *m, const void *p, size_t n) { seq_write(m, p
 #include <asm/pgtable_types.h>
 #include <xen/page.h>
 
-/* grants we hold and foreign pages we map (/proc/net/af_xen_stats) */
-static atomic_t afx_grants_live = ATOMIC_INIT(0);
-static atomic_t afx_maps_live = ATOMIC_INIT(0);
 /* the largest ring: 4 MiB of data pages (proto's MAX_RING_ORDER 22) */
 #define AFX_MAX_RING_PAGES 1024
 
@@ -290,7 +312,6 @@ void *afx_grant_page(unsigned int domid, unsigned int *ref)
 		return NULL;
 	}
 	*ref = r;
-	atomic_inc(&afx_grants_live);
 	return p;
 }
 
@@ -298,7 +319,6 @@ void *afx_grant_page(unsigned int domid, unsigned int *ref)
 void afx_end_grant(unsigned int ref, void *p)
 {
 	gnttab_end_foreign_access(ref, virt_to_page(p));
-	atomic_dec(&afx_grants_live);
 }
 
 struct afx_map {
@@ -327,7 +347,6 @@ void *afx_map_page(unsigned int domid, unsigned int ref, void **cookie)
 		return NULL;
 	}
 	m->handle = op.handle;
-	atomic_inc(&afx_maps_live);
 	*cookie = m;
 	return m->addr;
 }
@@ -340,8 +359,6 @@ void afx_unmap_page(void *cookie)
 	gnttab_set_unmap_op(&u, (unsigned long)m->addr, GNTMAP_host_map, m->handle);
 	if (gnttab_unmap_refs(&u, NULL, &m->page, 1) || u.status != GNTST_okay)
 		pr_warn("af_xen: unmap failed (status %d)\n", u.status);
-	else
-		atomic_dec(&afx_maps_live);
 	gnttab_free_pages(1, &m->page);
 	kfree(m);
 }
@@ -470,8 +487,9 @@ void afx_watch_del(void *p)
  *    gnttab_map_refs) and vmap() them, as xenbus_map_ring_hvm does.
  * Every failure path unmaps what was mapped and frees what was allocated.
  *
- * Counters (/proc/net/af_xen_stats): grants we hold and foreign pages we
- * map, so tests can check that closing releases everything.
+ * The grant and mapping counters of /proc/net/af_xen_stats are kept by the
+ * Rust wrappers (sys.rs counters); a mapping that fails part way counts
+ * nothing.
  */
 struct afx_gpages {
 	unsigned int n;
@@ -505,7 +523,6 @@ void *afx_grant_pages(unsigned int domid, unsigned int n, unsigned int *refs, vo
 	g->addr = vmap(g->pages, n, VM_MAP, PAGE_KERNEL);
 	if (!g->addr)
 		goto fail;
-	atomic_add(n, &afx_grants_live);
 	*cookie = g;
 	return g->addr;
 fail:
@@ -529,7 +546,6 @@ void afx_end_grants(const unsigned int *refs, void *cookie)
 	vunmap(g->addr);
 	for (i = 0; i < g->n; i++)
 		gnttab_end_foreign_access(refs[i], g->pages[i]);
-	atomic_sub(g->n, &afx_grants_live);
 	kvfree(g);
 }
 
@@ -601,8 +617,6 @@ static unsigned int afx_unmap_grants(struct afx_fmap *m)
 				if (u[i].status != GNTST_okay) {
 					pr_warn("af_xen: unmap of a ring page failed (status %d)\n", u[i].status);
 					bad++;
-				} else {
-					atomic_dec(&afx_maps_live);
 				}
 			}
 		}
@@ -687,8 +701,7 @@ void *afx_map_pages(unsigned int domid, unsigned int n, const unsigned int *refs
 	for (i = 0; i < n; i++) {
 		if (ops[i].status == GNTST_okay) {
 			m->handles[i] = ops[i].handle;
-			atomic_inc(&afx_maps_live);
-		} else {
+				} else {
 			if (ok)
 				pr_warn("af_xen: map of ring page %u (grant %u) from dom%u failed (status %d)\n",
 					i, refs[i], domid, ops[i].status);
@@ -727,17 +740,3 @@ void afx_unmap_pages(void *cookie)
 	}
 	afx_fmap_free(m, afx_unmap_grants(m) != 0);
 }
-
-/* /proc/net/af_xen_stats: what the module holds, for leak checks */
-static int afx_stats_show(struct seq_file *m, void *v)
-{
-	seq_printf(m, "grants %d\nmaps %d\n",
-		   atomic_read(&afx_grants_live), atomic_read(&afx_maps_live));
-	return 0;
-}
-
-int afx_stats_init(void)
-{
-	return proc_create_single("af_xen_stats", 0444, init_net.proc_net, afx_stats_show) ? 0 : -ENOMEM;
-}
-void afx_stats_exit(void) { remove_proc_entry("af_xen_stats", init_net.proc_net); }

@@ -42,5 +42,6 @@ void afx_end_grants(const unsigned int *refs, void *cookie);
 unsigned int afx_max_map_pages(void);
 void *afx_map_pages(unsigned int domid, unsigned int n, const unsigned int *refs, void **cookie);
 void afx_unmap_pages(void *cookie);
-int afx_stats_init(void);
-void afx_stats_exit(void);
+int afx_hostile_test(void);
+int afx_sk_err_pending(struct sock *sk);
+int afx_linger_abort(struct sock *sk);

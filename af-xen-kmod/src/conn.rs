@@ -209,6 +209,14 @@ impl Pipe {
         )
     }
 
+    /// Test mode (hostile_test): a bogus grant reference in the first
+    /// directory slot of our large ring, so the peer cannot map it.
+    pub(crate) fn test_spoil_directory(&self) {
+        if let Carrier::GrantedLarge(_, dir, _) = &self._mem {
+            dir.directory().refs[0].store(0xFFFF_FFF0, core::sync::atomic::Ordering::Release);
+        }
+    }
+
     pub(crate) fn is_remote(&self) -> bool {
         self.link.is_some()
     }

@@ -24,6 +24,9 @@ use kernel::sync::{Arc, Mutex};
 
 const STATE_INITIALISED: i32 = 3;
 const STATE_CONNECTED: i32 = 4;
+/// Control frames handled per run of the work item before it requeues
+/// itself (a busy link must not starve the other work of the system).
+const DRAIN_BATCH: usize = 1024;
 
 /// Our advertised half: the control ring the peer writes into, and the
 /// port it kicks.
@@ -44,9 +47,22 @@ struct PeerHalf {
     _map: Mapping,
 }
 
+/// An encoded control frame waiting for room in the peer's control ring.
+struct Frame {
+    len: usize,
+    buf: [u8; ctrl::MAX_CONTROL_FRAME],
+}
+
+/// Frames queued while the peer's control ring is full, at most. The ring
+/// holds ~30 frames; a burst of connects, accepts or closes (1000
+/// non-blocking connects at once) must not lose any.
+const BACKLOG_MAX: usize = 8192;
+
 pub(crate) struct LinkInner {
     mine: Option<Half>,
     peer: Option<PeerHalf>,
+    /// frames for the peer, in order, that did not fit its ring yet
+    backlog: KVec<Frame>,
     watch: Option<xs::Watch>,
     /// our connection id -> socket (connecting or connected over this link)
     pub(crate) conns: RBTree<u32, Arc<XenSock>>,
@@ -130,16 +146,13 @@ impl Link {
                 inner <- new_mutex!(LinkInner {
                     mine: Some(Half { rx: Consumer::new(ring), _chan: chan, _grant: grant }),
                     peer: None,
+                    backlog: KVec::new(),
                     watch,
                     conns: RBTree::new(),
                 }, "af_xen_link"),
             }),
             GFP_KERNEL,
         )
-    }
-
-    pub(crate) fn is_up(&self) -> bool {
-        self.up.load(Ordering::Acquire)
     }
 
     /// Kicks the peer (its rings moved or their flags changed).
@@ -156,20 +169,66 @@ impl Link {
         Self::send_locked(&mut i, m)
     }
 
+    /// Sends one frame now, or queues it behind earlier ones when the
+    /// peer's ring is full (sent by the work item once the peer made room).
+    /// ENOBUFS only when the queue is full too.
     fn send_locked(i: &mut LinkInner, m: &Message<'_>) -> core::result::Result<(), i32> {
-        let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
-        let n = m.encode(&mut buf).map_err(|_| e::EINVAL)?;
-        let ph = i.peer.as_mut().ok_or(e::ENOTCONN)?;
-        let free = ph.tx.free_space().map_err(|_| e::ECONNRESET)?;
-        if (free as usize) < n {
+        let mut f = Frame { len: 0, buf: [0u8; ctrl::MAX_CONTROL_FRAME] };
+        f.len = m.encode(&mut f.buf).map_err(|_| e::EINVAL)?;
+        if i.peer.is_none() {
+            return Err(e::ENOTCONN);
+        }
+        Self::flush_backlog(i);
+        if i.backlog.is_empty() && Self::write_frame(i, &f.buf[..f.len])? {
+            return Ok(());
+        }
+        if i.backlog.len() >= BACKLOG_MAX {
             return Err(e::ENOBUFS);
         }
-        match ph.tx.write(&buf[..n]) {
-            Ok(w) if w == n => {}
+        i.backlog.push(f, GFP_KERNEL).map_err(|_| e::ENOBUFS)?;
+        Self::want_room(i);
+        Ok(())
+    }
+
+    /// Writes one frame if it fits: Ok(false) when the ring is full.
+    fn write_frame(i: &mut LinkInner, frame: &[u8]) -> core::result::Result<bool, i32> {
+        let ph = i.peer.as_mut().ok_or(e::ENOTCONN)?;
+        let free = ph.tx.free_space().map_err(|_| e::ECONNRESET)?;
+        if (free as usize) < frame.len() {
+            return Ok(false);
+        }
+        match ph.tx.write(frame) {
+            Ok(w) if w == frame.len() => {}
             _ => return Err(e::ECONNRESET),
         }
         ph.chan.notify();
-        Ok(())
+        Ok(true)
+    }
+
+    /// Sends queued frames, in order, as far as they fit.
+    fn flush_backlog(i: &mut LinkInner) {
+        while !i.backlog.is_empty() {
+            let (len, buf) = (i.backlog[0].len, i.backlog[0].buf);
+            match Self::write_frame(i, &buf[..len]) {
+                Ok(true) => drop(sys::vec_remove(&mut i.backlog, 0)),
+                Ok(false) => {
+                    Self::want_room(i);
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Asks the peer to kick us once it consumed from its control ring (its
+    /// work item then flushes the backlog); if there is room already, run
+    /// the work item again now.
+    fn want_room(i: &mut LinkInner) {
+        if let Some(ph) = i.peer.as_mut() {
+            if let Ok(false) = ph.tx.prepare_wait(ctrl::MAX_CONTROL_FRAME as u32) {
+                sys::schedule_work();
+            }
+        }
     }
 
     /// Maps the peer's control ring and binds its port.
@@ -203,10 +262,13 @@ impl Link {
 
     /// The peer went away: every connection over the link is reset.
     fn detach(&self, i: &mut LinkInner, why: &str) {
+        sys::counters::add(&sys::counters::LINKS_DOWN, 1);
         self.up.store(false, Ordering::Release);
         self.kick_port.store(0, Ordering::Release);
         let ph = i.peer.take();
         drop(ph);
+        // frames for the peer that went away
+        i.backlog = KVec::new();
         let conns = core::mem::replace(&mut i.conns, RBTree::new());
         for (_, s) in conns.iter() {
             sock::link_lost(s);
@@ -225,8 +287,21 @@ impl Link {
             self.follow_peer(&mut i);
         }
         self.drain(&mut i);
+        Self::flush_backlog(&mut i);
+        self.send_requests_locked(&mut i);
+        // Every readiness bit: we do not know what moved (data, space, a
+        // FIN, a reset), and poll's wait entries filter wakeups by the
+        // events they asked for (a POLLRDHUP-only poller missed FIN when
+        // this woke with POLLIN|POLLOUT only: run kmod-20261122-064018).
+        let all = sys::poll::POLLIN
+            | sys::poll::POLLOUT
+            | sys::poll::POLLRDNORM
+            | sys::poll::POLLWRNORM
+            | sys::poll::POLLRDHUP
+            | sys::poll::POLLHUP
+            | sys::poll::POLLERR;
         for (_, s) in i.conns.iter() {
-            s.sk.wake(sys::poll::POLLIN | sys::poll::POLLOUT | sys::poll::POLLRDNORM | sys::poll::POLLWRNORM);
+            s.sk.wake(all);
         }
     }
 
@@ -251,41 +326,103 @@ impl Link {
         }
     }
 
+    /// Sends the ConnectRequests of pending connects over this link, if it
+    /// is up (process context).
+    pub(crate) fn send_requests(&self) {
+        let mut i = self.inner.lock();
+        self.send_requests_locked(&mut i);
+    }
+
+    fn send_requests_locked(&self, i: &mut LinkInner) {
+        if i.peer.is_none() {
+            return;
+        }
+        let mut todo: KVec<Arc<XenSock>> = KVec::new();
+        for (_, s) in i.conns.iter() {
+            if sock::pending_request(s).is_some() && todo.push(s.clone(), GFP_KERNEL).is_err() {
+                break;
+            }
+        }
+        for s in todo.iter() {
+            let Some((conn_id, src_port, dst_port, rx)) = sock::pending_request(s) else { continue };
+            let req = Message::ConnectRequest {
+                conn_id,
+                src_port,
+                dst_port,
+                sock_type: if sock::is_seqpacket(s) { SockType::SeqPacket } else { SockType::Stream },
+                cookie: 0,
+                rx,
+                tcp: TcpEndpoint::NONE,
+            };
+            match Self::send_locked(i, &req) {
+                Ok(()) => sock::request_sent(s),
+                // the frame queue is full: retry when the work item runs next
+                Err(x) if x == e::ENOBUFS => return,
+                Err(_) => {
+                    i.conns.remove(&conn_id);
+                    sock::connect_failed(s, e::ECONNRESET);
+                }
+            }
+        }
+    }
+
     fn drain(self: &Arc<Self>, i: &mut LinkInner) {
         let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
-        for _ in 0..1024 {
-            let Some(mine) = i.mine.as_mut() else { return };
-            let n = match mine.rx.readable() {
-                Ok(n) => n as usize,
-                Err(_) => {
-                    pr_warn!("link to dom{}: corrupt control ring\n", self.peer);
-                    return;
-                }
+        for _ in 0..DRAIN_BATCH {
+            let Some(len) = self.next_frame(i, &mut buf) else {
+                self.after_drain(i);
+                return;
             };
-            if n < ctrl::HEADER_LEN {
-                return;
-            }
-            let _ = mine.rx.peek(&mut buf[..ctrl::HEADER_LEN]);
-            let len = match ctrl::decode_header(&buf[..ctrl::HEADER_LEN], Channel::Link) {
-                Ok(h) => h.frame_len(),
-                Err(_) => usize::MAX,
-            };
-            if len > buf.len() {
-                pr_warn!("link to dom{}: bad control frame, dropping {} bytes\n", self.peer, n);
-                let _ = mine.rx.skip(n as u32);
-                return;
-            }
-            if n < len {
-                return;
-            }
-            let _ = mine.rx.peek(&mut buf[..len]);
-            let _ = mine.rx.skip(len as u32);
             let frame = buf;
             match ctrl::decode(&frame[..len], Channel::Link) {
                 Ok((m, _)) => self.handle(i, &m),
                 Err(_) => pr_warn!("link to dom{}: undecodable control frame dropped\n", self.peer),
             }
         }
+        // more frames than one batch: let other work run, then continue
+        self.after_drain(i);
+        sys::schedule_work();
+    }
+
+    /// The peer may wait for room in our control ring (its event index).
+    fn after_drain(&self, i: &mut LinkInner) {
+        if let Some(mine) = i.mine.as_mut() {
+            if mine.rx.flush() {
+                self.kick();
+            }
+        }
+    }
+
+    /// Takes the next whole control frame out of our receive ring into
+    /// `buf`; its length, or None when there is none (or garbage, dropped).
+    fn next_frame(&self, i: &mut LinkInner, buf: &mut [u8; ctrl::MAX_CONTROL_FRAME]) -> Option<usize> {
+        let mine = i.mine.as_mut()?;
+        let n = match mine.rx.readable() {
+            Ok(n) => n as usize,
+            Err(_) => {
+                pr_warn!("link to dom{}: corrupt control ring\n", self.peer);
+                return None;
+            }
+        };
+        if n < ctrl::HEADER_LEN {
+            return None;
+        }
+        let _ = mine.rx.peek(&mut buf[..ctrl::HEADER_LEN]);
+        let len = match ctrl::decode_header(&buf[..ctrl::HEADER_LEN], Channel::Link) {
+            Ok(h) => h.frame_len(),
+            Err(_) => usize::MAX,
+        };
+        if len > buf.len() {
+            pr_warn!("link to dom{}: bad control frame, dropping {} bytes\n", self.peer, n);
+            let _ = mine.rx.skip(n as u32);
+            return None;
+        }
+        if n < len {
+            return None;
+        }
+        let _ = mine.rx.peek(&mut buf[..len]);
+        let _ = mine.rx.skip(len as u32);
+        Some(len)
     }
 
     fn handle(self: &Arc<Self>, i: &mut LinkInner, m: &Message<'_>) {

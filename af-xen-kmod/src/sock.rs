@@ -107,9 +107,14 @@ pub(crate) struct Inner {
     pub(crate) connect_err: i32,
     /// SOCK_SEQPACKET: messages travel as proto records (see seq_sendmsg)
     pub(crate) seqpacket: bool,
+    /// a connect over a link whose ConnectRequest is not sent yet (the link
+    /// was not up, or its control ring was full): the work item sends it
+    pub(crate) request: Option<crate::ctrl::RingGrant>,
+    /// test mode: the next connect names a bogus grant in its directory
+    pub(crate) test_bad_directory: bool,
 }
 
-#[pin_data]
+#[pin_data(PinnedDrop)]
 pub(crate) struct XenSock {
     pub(crate) sk: Sk,
     #[pin]
@@ -141,10 +146,20 @@ impl XenSock {
                     peer_conn: 0,
                     connect_err: 0,
                     seqpacket: false,
+                    request: None,
+                    test_bad_directory: false,
                 }, "af_xen_sock"),
             }),
             GFP_KERNEL,
         )
+        .inspect(|_| sys::counters::add(&sys::counters::SOCKS, 1))
+    }
+}
+
+#[pinned_drop]
+impl PinnedDrop for XenSock {
+    fn drop(self: Pin<&mut Self>) {
+        sys::counters::add(&sys::counters::SOCKS, -1);
     }
 }
 
@@ -220,6 +235,7 @@ pub(crate) fn build_ops(module: &'static ThisModule, family: i32) -> sys::Ops {
     o.shutdown = Some(xs_shutdown);
     o.sendmsg = Some(xs_sendmsg);
     o.recvmsg = Some(xs_recvmsg);
+    o.setsockopt = Some(xs_setsockopt);
     sys::Ops(o)
 }
 
@@ -294,25 +310,44 @@ fn destroy(xs: &Arc<XenSock>) {
             i.reset,
         )
     };
-    // Close: unsent data stays in the peer's ring and is still delivered
-    // (FIN after it); we read no more (the peer's writes get EPIPE).
-    if let Some(tx) = tx {
-        tx.tx.lock().finish();
-        tx.detach(xs);
-        tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
-        tx.kick();
+    // SO_LINGER with l_linger 0: abortive close, the peer sees
+    // ECONNRESET (unread data is dropped), as TCP's RST.
+    let abort = was == State::Connected && !reset && xs.sk.linger_abort();
+    if abort {
+        if let Some(tx) = &tx {
+            tx.tx.lock().reset();
+        }
+        if let Some(rx) = &rx {
+            rx.rx.lock().reset();
+        }
     }
+    // Close: we read no more (the peer's writes get EPIPE); unsent data
+    // stays in the peer's ring and is still delivered (FIN after it).
+    // CLOSED goes out before FIN: a peer that has seen our EOF must also
+    // see that we stopped reading (its next send: EPIPE, not a byte
+    // written into the void; run kmod-20261122-070518 caught the race).
     if let Some(rx) = rx {
         rx.rx.lock().close();
         rx.detach(xs);
         rx.wake_writer(POLLOUT | POLLERR);
         rx.kick();
     }
+    if let Some(tx) = tx {
+        tx.tx.lock().finish();
+        tx.detach(xs);
+        tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
+        tx.kick();
+    }
     // Over a link: tell the peer (its rings already carry FIN/CLOSED), and
     // forget the connection. Our ring's grant ends when the last reference
     // to its pipe goes (deferred by Xen while the peer still maps it).
     if let Some(link) = link {
-        if was == State::Connected && !reset {
+        if abort {
+            let _ = link.send(&crate::ctrl::Message::Reset {
+                conn_id: peer_conn,
+                reason: crate::ctrl::ResetReason::Abort,
+            });
+        } else if was == State::Connected && !reset {
             let _ = link.send(&crate::ctrl::Message::Close { conn_id: peer_conn });
         }
         let gone = link.inner.lock().conns.remove(&conn_id);
@@ -448,7 +483,8 @@ unsafe extern "C" fn xs_getname(sock: *mut bindings::socket, addr: *mut bindings
             return err(e::ENOTCONN);
         }
         i.peer
-    } else if i.bound {
+    } else if i.bound || i.state == State::Connected {
+        // an accepted socket never bound, but has its listener's address
         i.local
     } else {
         Addr { port: PORT_ANY, domid: DOMID_ANY }
@@ -464,7 +500,7 @@ unsafe extern "C" fn xs_connect(
     sock: *mut bindings::socket,
     addr: *mut bindings::sockaddr,
     len: c_int,
-    _flags: c_int,
+    flags: c_int,
 ) -> c_int {
     // SAFETY: live socket.
     let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
@@ -482,6 +518,13 @@ unsafe extern "C" fn xs_connect(
     if a.port == PORT_ANY || a.domid == DOMID_ANY {
         return err(e::EINVAL);
     }
+    // A failed non-blocking connect whose error nobody fetched with
+    // SO_ERROR: this call reports it (as TCP does), the next one starts over.
+    let pending = xs.sk.take_error();
+    if pending != 0 {
+        return pending;
+    }
+    let nonblock = flags & bindings::O_NONBLOCK as c_int != 0;
     if a.domid == DOMID_SELF || a.domid == globals().own_domid {
         let xs: Arc<XenSock> = xs.into();
         return match connect_local(&xs, a.port) {
@@ -494,7 +537,7 @@ unsafe extern "C" fn xs_connect(
         };
     }
     let xs: Arc<XenSock> = xs.into();
-    match connect_remote(&xs, a) {
+    match connect_remote(&xs, a, nonblock) {
         Ok(()) => {
             // SAFETY: live socket.
             unsafe { Socket::from_raw(sock) }.set_connected(true);
@@ -519,10 +562,17 @@ fn connect_abort(xs: &Arc<XenSock>, link: &Arc<Link>, conn_id: u32) {
     drop((rx, tx));
 }
 
+/// A blocking connect over a link gives up after this long (link setup
+/// plus the peer's answer) with ETIMEDOUT, unless SO_SNDTIMEO is shorter.
+const CONNECT_TIMEOUT_MS: u32 = 40_000;
+
 /// Connect to a listener in another domain: ConnectRequest naming our
-/// receive ring, then wait for ConnectAccept/ConnectReject (blocking, also
-/// for non-blocking sockets).
-fn connect_remote(xs: &Arc<XenSock>, a: Addr) -> core::result::Result<(), i32> {
+/// receive ring (sent now if the link is up, else by the work item once it
+/// is), then ConnectAccept/ConnectReject completes it. Non-blocking:
+/// EINPROGRESS, completion seen through POLLOUT and SO_ERROR. Blocking:
+/// waits; SO_SNDTIMEO running out is EINPROGRESS and a signal EINTR (the
+/// connect stays in progress, as TCP's), our own bound ETIMEDOUT (aborted).
+fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::Result<(), i32> {
     let me = globals().own_domid;
     let link = crate::link::get_or_create(a.domid)?;
     if !xs.inner.lock().bound {
@@ -531,7 +581,10 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr) -> core::result::Result<(), i32> {
     let conn_id = crate::link::next_conn_id();
     let cap = crate::conn::rx_ring_capacity(&xs.sk);
     let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap).map_err(|_| e::ENOMEM)?;
-    let (src_port, seqpacket) = {
+    if xs.inner.lock().test_bad_directory {
+        rx.test_spoil_directory();
+    }
+    {
         let mut i = xs.inner.lock();
         i.state = State::Connecting;
         i.peer = a;
@@ -540,38 +593,30 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr) -> core::result::Result<(), i32> {
         i.conn_id = conn_id;
         i.connect_err = 0;
         i.reset = false;
-        (i.local.port, i.seqpacket)
-    };
+        i.request = Some(rx_grant);
+    }
     if link.inner.lock().conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL).is_err() {
         connect_abort(xs, &link, conn_id);
         return Err(e::ENOMEM);
     }
-    // The link comes up once the peer has advertised its half (the work
-    // item wakes every socket of the link).
-    let mut t: c_long = kernel::time::msecs_to_jiffies(10_000) as c_long;
-    let r = xs.sk.wait(&mut t, || link.is_up() || xs.inner.lock().state != State::Connecting);
-    if let Err(x) = r {
-        connect_abort(xs, &link, conn_id);
-        return Err(if x == e::EAGAIN { e::ETIMEDOUT } else { x });
+    link.send_requests();
+    if nonblock {
+        return Err(e::EINPROGRESS);
     }
-    let req = crate::ctrl::Message::ConnectRequest {
-        conn_id,
-        src_port,
-        dst_port: a.port,
-        sock_type: if seqpacket { crate::ctrl::SockType::SeqPacket } else { crate::ctrl::SockType::Stream },
-        cookie: 0,
-        rx: rx_grant,
-        tcp: crate::ctrl::TcpEndpoint::NONE,
-    };
-    if let Err(x) = link.send(&req) {
-        connect_abort(xs, &link, conn_id);
-        return Err(if x == e::ENOTCONN { e::EHOSTUNREACH } else { x });
-    }
-    let mut t: c_long = kernel::time::msecs_to_jiffies(30_000) as c_long;
+    let user = xs.sk.sndtimeo(false);
+    let limit = kernel::time::msecs_to_jiffies(CONNECT_TIMEOUT_MS) as c_long;
+    let (mut t, user_bound) = if user < limit { (user, true) } else { (limit, false) };
     let r = xs.sk.wait(&mut t, || xs.inner.lock().state != State::Connecting);
-    if let Err(x) = r {
-        connect_abort(xs, &link, conn_id);
-        return Err(if x == e::EAGAIN { e::ETIMEDOUT } else { x });
+    match r {
+        Err(x) if x == e::EAGAIN => {
+            if user_bound {
+                return Err(e::EINPROGRESS);
+            }
+            connect_abort(xs, &link, conn_id);
+            return Err(e::ETIMEDOUT);
+        }
+        Err(x) => return Err(x),
+        Ok(()) => {}
     }
     let (st, cerr) = {
         let i = xs.inner.lock();
@@ -580,8 +625,29 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr) -> core::result::Result<(), i32> {
     if st == State::Connected {
         return Ok(());
     }
-    connect_abort(xs, &link, conn_id);
+    // reported here: SO_ERROR must not report it a second time
+    let _ = xs.sk.take_error();
     Err(if cerr != 0 { cerr } else { e::ECONNREFUSED })
+}
+
+/// Work item: the ConnectRequest of a pending connect over `link`, if it
+/// still has to go out: (our conn id, src port, dst port, our ring).
+pub(crate) fn pending_request(xs: &XenSock) -> Option<(u32, u32, u32, crate::ctrl::RingGrant)> {
+    let i = xs.inner.lock();
+    if i.state != State::Connecting {
+        return None;
+    }
+    i.request.map(|rg| (i.conn_id, i.local.port, i.peer.port, rg))
+}
+
+/// Work item: the ConnectRequest went out.
+pub(crate) fn request_sent(xs: &XenSock) {
+    xs.inner.lock().request = None;
+}
+
+/// Whether `xs` is a SOCK_SEQPACKET socket (its ConnectRequest says so).
+pub(crate) fn is_seqpacket(xs: &XenSock) -> bool {
+    xs.inner.lock().seqpacket
 }
 
 /// Work item, ConnectRequest from `link`'s peer: a child of the listener on
@@ -726,29 +792,33 @@ pub(crate) fn connect_accepted(
     }
 }
 
-/// Work item: our connect was refused (or could not complete).
+/// Work item: our connect was refused (or could not complete). The
+/// socket is unconnected again, its ring given back; the error is pending
+/// for SO_ERROR (a non-blocking connect) or returned by the waiting connect.
 pub(crate) fn connect_failed(xs: &Arc<XenSock>, errno: i32) {
-    {
+    let (rx, link) = {
         let mut i = xs.inner.lock();
-        if i.state == State::Connecting {
-            i.connect_err = errno;
-            i.state = State::Bound;
+        if i.state != State::Connecting {
+            return;
         }
-    }
-    xs.sk.wake(POLLOUT | POLLERR);
+        i.connect_err = errno;
+        i.state = State::Bound;
+        i.request = None;
+        (i.rx.take(), i.link.take())
+    };
+    // outside the spinlock: ending a grant may sleep
+    drop((rx, link));
+    xs.sk.set_err(errno);
+    xs.sk.wake(POLLOUT | POLLWRNORM | POLLERR | POLLHUP);
 }
 
 /// Work item: the link died or the peer reset the connection.
 pub(crate) fn link_lost(xs: &Arc<XenSock>) {
-    {
-        let mut i = xs.inner.lock();
-        if i.state == State::Connecting {
-            i.connect_err = e::ECONNRESET;
-            i.state = State::Bound;
-        } else {
-            i.reset = true;
-        }
+    if xs.inner.lock().state == State::Connecting {
+        connect_failed(xs, e::ECONNRESET);
+        return;
     }
+    xs.inner.lock().reset = true;
     xs.sk.wake(POLLIN | POLLOUT | POLLERR | POLLHUP);
 }
 
@@ -906,7 +976,13 @@ unsafe extern "C" fn xs_poll(
                 mask |= POLLIN | POLLRDNORM;
             }
         }
-        State::Unbound | State::Bound => mask |= POLLOUT | POLLWRNORM | POLLHUP,
+        State::Unbound | State::Bound => {
+            mask |= POLLOUT | POLLWRNORM | POLLHUP;
+            // a failed non-blocking connect
+            if xs.sk.err_pending() {
+                mask |= POLLERR;
+            }
+        }
         State::Closed => mask |= POLLHUP | POLLIN | POLLRDNORM | POLLRDHUP,
         State::Connecting => {}
         State::Connected => {
@@ -1012,6 +1088,7 @@ unsafe extern "C" fn xs_shutdown(sock: *mut bindings::socket, how: c_int) -> c_i
 /// A proto ring (or record) violation: the connection is reset (never a panic).
 pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
     pr_warn!("connection reset: {}\n", why);
+    sys::counters::add(&sys::counters::PROTO_RESETS, 1);
     let (tx, rx) = {
         let mut i = xs.inner.lock();
         i.reset = true;
@@ -1165,6 +1242,11 @@ unsafe extern "C" fn xs_recvmsg(
             Ok(v) => v,
             Err(why) => return err(conn_reset(&xs, why)),
         };
+        // a reset drops what was not read yet (TCP's RST does too)
+        if end.reset {
+            xs.inner.lock().reset = true;
+            return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
+        }
         if n > 0 {
             let mut c = rx.rx.lock();
             if peek {
@@ -1211,10 +1293,6 @@ unsafe extern "C" fn xs_recvmsg(
             continue;
         }
         // ring empty
-        if end.reset {
-            xs.inner.lock().reset = true;
-            return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
-        }
         if end.fin || shut_rd || (copied > 0 && !waitall) {
             break;
         }
@@ -1237,10 +1315,107 @@ unsafe extern "C" fn xs_recvmsg(
     copied as c_int
 }
 
+/// setsockopt() option names at level `family` (xensock.h).
+const XENSOCK_TEST_CORRUPT: c_int = 0x7e57;
+
+unsafe extern "C" fn xs_setsockopt(
+    sock: *mut bindings::socket,
+    level: c_int,
+    optname: c_int,
+    optval: bindings::sockptr_t,
+    optlen: kernel::ffi::c_uint,
+) -> c_int {
+    // SAFETY: live socket.
+    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
+    if level != sys::family() {
+        return err(e::ENOPROTOOPT);
+    }
+    match optname {
+        XENSOCK_TEST_CORRUPT => {
+            if !sys::hostile_test() {
+                return err(e::EPERM);
+            }
+            match sys::sockopt_int(optval, optlen) {
+                Ok(mode) => match corrupt(&xs, mode) {
+                    Ok(()) => 0,
+                    Err(x) => err(x),
+                },
+                Err(x) => err(x),
+            }
+        }
+        _ => err(e::ENOPROTOOPT),
+    }
+}
+
+/// Test mode (hostile_test=1): behave as a hostile peer on this one
+/// connection by writing garbage into its shared ring header, then kick.
+fn corrupt(xs: &XenSock, mode: i32) -> core::result::Result<(), i32> {
+    use crate::ring::{Field, RingMemory};
+    use core::sync::atomic::Ordering;
+    if mode == 4 {
+        // before connect: our ring's directory will name a bogus grant, so
+        // the peer's map of our data pages fails
+        let mut i = xs.inner.lock();
+        if i.state != State::Unbound && i.state != State::Bound {
+            return Err(e::EISCONN);
+        }
+        i.test_bad_directory = true;
+        return Ok(());
+    }
+    let (st, tx, rx) = {
+        let i = xs.inner.lock();
+        (i.state, i.tx.clone(), i.rx.clone())
+    };
+    if st != State::Connected {
+        return Err(e::ENOTCONN);
+    }
+    let (Some(tx), Some(rx)) = (tx, rx) else { return Err(e::ENOTCONN) };
+    match mode {
+        1 => {
+            // the peer reads this ring: a producer index far past its consumer
+            let p = tx.tx.lock();
+            let m = p.memory();
+            let v = m.load(Field::Prod, Ordering::Relaxed).wrapping_add(0x4000_0000);
+            m.store(Field::Prod, v, Ordering::Release);
+            drop(p);
+            tx.kick();
+        }
+        2 => {
+            // the peer writes this ring: a consumer index it never produced
+            let c = rx.rx.lock();
+            let m = c.memory();
+            let v = m.load(Field::Cons, Ordering::Relaxed).wrapping_sub(0x4000_0000);
+            m.store(Field::Cons, v, Ordering::Release);
+            drop(c);
+            rx.kick();
+        }
+        3 => {
+            let p = tx.tx.lock();
+            let m = p.memory();
+            let v = m.load(Field::ProdFlags, Ordering::Relaxed) | 0x8000_0000;
+            m.store(Field::ProdFlags, v, Ordering::Release);
+            drop(p);
+            tx.kick();
+        }
+        _ => return Err(e::EINVAL),
+    }
+    pr_info!("test mode: corrupted the shared ring header of a connection (mode {})\n", mode);
+    Ok(())
+}
+
 /// A line buffer for /proc output.
-struct Line {
+pub(crate) struct Line {
     buf: [u8; 256],
     len: usize,
+}
+
+impl Line {
+    pub(crate) fn new() -> Self {
+        Line { buf: [0; 256], len: 0 }
+    }
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
 }
 
 impl core::fmt::Write for Line {
@@ -1265,7 +1440,7 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
         };
         let mut l = Line { buf: [0; 256], len: 0 };
         let _ = write!(l, "{:<11} ", st.name());
-        if bound {
+        if bound || st == State::Connected {
             let _ = write!(l, "{:>5}:{:<10} ", local.domid, local.port);
         } else {
             let _ = write!(l, "{:>5}:{:<10} ", "*", "*");

@@ -67,6 +67,71 @@ extern "C" {
     fn afx_xen_domain() -> c_int;
     fn afx_msg_left(msg: *mut bindings::msghdr) -> usize;
     fn afx_accept_flags(arg: *mut bindings::proto_accept_arg) -> c_int;
+    fn afx_hostile_test() -> c_int;
+    fn afx_sk_err_pending(sk: *mut bindings::sock) -> c_int;
+    fn afx_linger_abort(sk: *mut bindings::sock) -> c_int;
+    fn afx_sockopt_int(optval: bindings::sockptr_t, optlen: c_uint, out: *mut c_int) -> c_int;
+}
+
+/// Whether the lab's hostile-peer test mode (module parameter) is on.
+pub(crate) fn hostile_test() -> bool {
+    // SAFETY: reads a bool module parameter.
+    unsafe { afx_hostile_test() != 0 }
+}
+
+/// An int setsockopt() value: Ok(v), or the positive errno (EINVAL short, EFAULT).
+pub(crate) fn sockopt_int(optval: bindings::sockptr_t, optlen: c_uint) -> core::result::Result<i32, i32> {
+    let mut v: c_int = 0;
+    // SAFETY: optval/optlen are the setsockopt() callback's arguments; the
+    // glue checks the length and copies with copy_from_sockptr.
+    let r = unsafe { afx_sockopt_int(optval, optlen, &mut v) };
+    if r != 0 {
+        Err(-r)
+    } else {
+        Ok(v)
+    }
+}
+
+/// Resource counters of the module, for leak checks (/proc/net/af_xen_stats).
+pub(crate) mod counters {
+    use core::sync::atomic::{AtomicI64, Ordering};
+    /// pages of ours granted to another domain (grant not ended yet)
+    pub(crate) static GRANTS: AtomicI64 = AtomicI64::new(0);
+    /// foreign pages mapped
+    pub(crate) static MAPS: AtomicI64 = AtomicI64::new(0);
+    /// event-channel ports bound to an irq
+    pub(crate) static EVTCHNS: AtomicI64 = AtomicI64::new(0);
+    /// sockets (struct sock of ours with a XenSock)
+    pub(crate) static SOCKS: AtomicI64 = AtomicI64::new(0);
+    /// connections reset because the peer broke the ring protocol
+    pub(crate) static PROTO_RESETS: AtomicI64 = AtomicI64::new(0);
+    /// links brought down (peer gone, restarted or unload)
+    pub(crate) static LINKS_DOWN: AtomicI64 = AtomicI64::new(0);
+    pub(crate) fn add(c: &AtomicI64, n: i64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+    pub(crate) fn get(c: &AtomicI64) -> i64 {
+        c.load(Ordering::Relaxed)
+    }
+}
+
+#[no_mangle]
+unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
+    use core::fmt::Write;
+    use counters::*;
+    let mut l = crate::sock::Line::new();
+    let _ = write!(
+        l,
+        "grants {}\nmaps {}\nevtchns {}\nsockets {}\nproto_resets {}\nlinks_down {}\n",
+        get(&GRANTS),
+        get(&MAPS),
+        get(&EVTCHNS),
+        get(&SOCKS),
+        get(&PROTO_RESETS),
+        get(&LINKS_DOWN)
+    );
+    Seq(m).write(l.bytes());
+    0
 }
 
 /// errno values (positive), as the socket layer returns them negated.
@@ -82,6 +147,7 @@ pub(crate) mod errno {
     pub(crate) const EDESTADDRREQ: i32 = 89;
     pub(crate) const EMSGSIZE: i32 = 90;
     pub(crate) const EPROTOTYPE: i32 = 91;
+    pub(crate) const ENOPROTOOPT: i32 = 92;
     pub(crate) const EPROTONOSUPPORT: i32 = 93;
     pub(crate) const ESOCKTNOSUPPORT: i32 = 94;
     pub(crate) const EOPNOTSUPP: i32 = 95;
@@ -289,6 +355,16 @@ impl Sk {
     pub(crate) fn set_err(&self, err: i32) {
         // SAFETY: live sock.
         unsafe { afx_set_err(self.0, err) }
+    }
+    /// Whether an error is pending (poll: POLLERR), without taking it.
+    pub(crate) fn err_pending(&self) -> bool {
+        // SAFETY: live sock.
+        unsafe { afx_sk_err_pending(self.0) != 0 }
+    }
+    /// SO_LINGER with a zero timeout: close() must reset the connection.
+    pub(crate) fn linger_abort(&self) -> bool {
+        // SAFETY: live sock.
+        unsafe { afx_linger_abort(self.0) != 0 }
     }
     /// Takes the pending error (SO_ERROR semantics): 0 or a negative errno.
     pub(crate) fn take_error(&self) -> i32 {
@@ -664,6 +740,7 @@ impl Evtchn {
             unsafe { afx_evtchn_close(port) };
             return Err(Error::from_errno(irq));
         }
+        counters::add(&counters::EVTCHNS, 1);
         Ok(Evtchn { port, irq })
     }
     /// A fresh unbound port that `remote` may bind.
@@ -701,7 +778,8 @@ impl Drop for Evtchn {
     fn drop(&mut self) {
         // SAFETY: irq bound in bind(); frees it (waits for a running
         // handler) and closes the port.
-        unsafe { afx_unbind_irq(self.irq) }
+        unsafe { afx_unbind_irq(self.irq) };
+        counters::add(&counters::EVTCHNS, -1);
     }
 }
 
@@ -724,6 +802,7 @@ impl Grant {
         // SAFETY: allocates and grants a page; out parameter.
         let p = unsafe { afx_grant_page(domid, &mut gref) } as *mut u8;
         let base = core::ptr::NonNull::new(p).ok_or(ENOMEM)?;
+        counters::add(&counters::GRANTS, 1);
         Ok(Grant { base, gref })
     }
     pub(crate) fn ring(&self, geometry: crate::layout::RingGeometry) -> Option<crate::mem::RawRing> {
@@ -736,7 +815,8 @@ impl Grant {
 impl Drop for Grant {
     fn drop(&mut self) {
         // SAFETY: page and ref from afx_grant_page; no ring over it is used any more.
-        unsafe { afx_end_grant(self.gref, self.base.as_ptr().cast()) }
+        unsafe { afx_end_grant(self.gref, self.base.as_ptr().cast()) };
+        counters::add(&counters::GRANTS, -1);
     }
 }
 
@@ -758,6 +838,7 @@ impl Mapping {
         // SAFETY: out parameter; the glue checks the map status.
         let p = unsafe { afx_map_page(domid, gref, &mut cookie) } as *mut u8;
         let base = core::ptr::NonNull::new(p).ok_or(ENXIO)?;
+        counters::add(&counters::MAPS, 1);
         Ok(Mapping { base, cookie })
     }
     pub(crate) fn ring(&self, geometry: crate::layout::RingGeometry) -> Option<crate::mem::RawRing> {
@@ -770,7 +851,8 @@ impl Mapping {
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: cookie from afx_map_page; no ring over it is used any more.
-        unsafe { afx_unmap_page(self.cookie) }
+        unsafe { afx_unmap_page(self.cookie) };
+        counters::add(&counters::MAPS, -1);
     }
 }
 
@@ -930,6 +1012,7 @@ impl GrantedPages {
         // SAFETY: refs has room for n entries; cookie is an out parameter.
         let p = unsafe { afx_grant_pages(domid, n as c_uint, refs.as_mut_ptr(), &mut cookie) } as *mut u8;
         let base = core::ptr::NonNull::new(p).ok_or(ENOMEM)?;
+        counters::add(&counters::GRANTS, n as i64);
         Ok(GrantedPages { base, n, cookie, refs })
     }
 }
@@ -938,7 +1021,8 @@ impl Drop for GrantedPages {
     fn drop(&mut self) {
         // SAFETY: refs and cookie from afx_grant_pages (refs unchanged since);
         // no ring uses the pages any more.
-        unsafe { afx_end_grants(self.refs.as_ptr(), self.cookie) }
+        unsafe { afx_end_grants(self.refs.as_ptr(), self.cookie) };
+        counters::add(&counters::GRANTS, -(self.n as i64));
     }
 }
 
@@ -964,6 +1048,7 @@ impl MappedPages {
         // SAFETY: refs valid for its length; out parameter.
         let p = unsafe { afx_map_pages(domid, refs.len() as c_uint, refs.as_ptr(), &mut cookie) } as *mut u8;
         let base = core::ptr::NonNull::new(p).ok_or(ENXIO)?;
+        counters::add(&counters::MAPS, refs.len() as i64);
         Ok(MappedPages { base, n: refs.len(), cookie })
     }
 }
@@ -971,6 +1056,7 @@ impl MappedPages {
 impl Drop for MappedPages {
     fn drop(&mut self) {
         // SAFETY: cookie from afx_map_pages; no ring uses the pages any more.
-        unsafe { afx_unmap_pages(self.cookie) }
+        unsafe { afx_unmap_pages(self.cookie) };
+        counters::add(&counters::MAPS, -(self.n as i64));
     }
 }

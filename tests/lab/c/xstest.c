@@ -10,10 +10,25 @@
  *   xstest loop             loopback connections (same domain): data path,
  *                           poll/epoll, shutdown, close, EPIPE/SIGPIPE
  *   xstest hold N           keep a socket open N seconds (rmmod refusal)
+ *   xstest pattern-file PATH MiB   write the stream pattern to a file (socat)
+ *   xstest sserver MiB N    stress, domu1: a stream both ways at once with
+ *                           random partial reads/writes, then N concurrent
+ *                           connections echoed through one epoll set
+ *   xstest sclient PEER MiB N   stress, domu2: the other side
+ *   xstest churn            one loopback connection, 1 MiB checked, exit
+ *                           status only (load/unload loop)
  *   xstest autoload         socket(19) with the module unloaded
  *   xstest xserver [MiB]    cross-domain server (domu1): accepts the
  *                           connections xclient makes, in order
  *   xstest xclient PEER [MiB]  cross-domain client (domu2) to PEER's server
+ *   xstest xpending         connects that stay in progress: to dom0, which has
+ *                           a link directory but runs no module (EINPROGRESS,
+ *                           EALREADY, SO_SNDTIMEO, EINTR)
+ *   xstest xdeath           domu1: accepts xvictim's connections, waits until
+ *                           dom0 destroys domu2, checks the resets and that
+ *                           grants, mappings and irqs are given back
+ *   xstest xvictim PEER     domu2: one idle and one streaming connection to
+ *                           PEER, forever (until the domain is destroyed)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -26,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -95,6 +111,71 @@ static uint32_t own_domid(void)
 		pclose(p);
 	}
 	return d;
+}
+
+/* a counter of /proc/net/af_xen_stats, or -1 */
+static long long afx_stat(const char *name)
+{
+	FILE *f = fopen("/proc/net/af_xen_stats", "r");
+	char key[64];
+	long long v, r = -1;
+
+	if (!f)
+		return -1;
+	while (fscanf(f, "%63s %lld", key, &v) == 2)
+		if (!strcmp(key, name))
+			r = v;
+	fclose(f);
+	return r;
+}
+
+/* lines of /proc/interrupts naming our irq handler ("af_xen") */
+static int afx_irq_lines(void)
+{
+	FILE *f = fopen("/proc/interrupts", "r");
+	char line[512];
+	int n = 0;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, "af_xen"))
+			n++;
+	fclose(f);
+	return n;
+}
+
+/* whether the module was loaded with hostile_test=1 */
+static int hostile_mode(void)
+{
+	FILE *f = fopen("/sys/module/af_xen/parameters/hostile_test", "r");
+	int c = 'N';
+
+	if (f) {
+		c = fgetc(f);
+		fclose(f);
+	}
+	return c == 'Y' || c == '1';
+}
+
+/* with no AF_XEN socket left, only the links hold resources: each
+ * advertised link one grant and one event channel, each link that is up
+ * one mapping and one more event channel; so maps == evtchns - grants */
+static void check_released(const char *name)
+{
+	long long g = afx_stat("grants"), m = afx_stat("maps"), e = afx_stat("evtchns"), k = afx_stat("sockets");
+
+	result(name, k == 0 && g >= 0 && m == e - g && m >= 0, "sockets %lld grants %lld maps %lld evtchns %lld", k, g, m, e);
+}
+
+static int so_error(int fd)
+{
+	int v = -1;
+	socklen_t l = sizeof(v);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l))
+		return -1;
+	return v;
 }
 
 static void test_local(void)
@@ -207,6 +288,24 @@ static void test_local(void)
 	EXPECT_ERR("connect-refused-self", connect(s2, (struct sockaddr *)&a, sizeof(a)), ECONNREFUSED);
 	close(s2);
 
+	/* AF_XEN socket options (level: the family number) */
+	s2 = xsock();
+	{
+		int v = XENSOCK_CORRUPT_PROD;
+
+		EXPECT_ERR("sockopt-unknown", setsockopt(s2, fam, 12345, &v, sizeof(v)), ENOPROTOOPT);
+		EXPECT_ERR("sockopt-other-level", setsockopt(s2, 6 /* SOL_TCP */, XENSOCK_TEST_CORRUPT, &v, sizeof(v)), ENOPROTOOPT);
+		if (hostile_mode()) {
+			/* test mode on: refused only because nothing is connected */
+			EXPECT_ERR("sockopt-corrupt-unconnected", setsockopt(s2, fam, XENSOCK_TEST_CORRUPT, &v, sizeof(v)), ENOTCONN);
+			EXPECT_ERR("sockopt-corrupt-short", setsockopt(s2, fam, XENSOCK_TEST_CORRUPT, &v, 2), EINVAL);
+		} else {
+			/* the hostile-peer test mode is off by default */
+			EXPECT_ERR("sockopt-corrupt-off", setsockopt(s2, fam, XENSOCK_TEST_CORRUPT, &v, sizeof(v)), EPERM);
+		}
+	}
+	close(s2);
+
 	/* the port is free again once its socket is closed */
 	close(s);
 	s = xsock();
@@ -257,6 +356,9 @@ static void test_loop(void)
 	len = sizeof(y);
 	getpeername(a, (struct sockaddr *)&y, &len);
 	result("loop-getpeername-accepted", y.sxen_port == x.sxen_port && y.sxen_domid == me, "port=%u want=%u", y.sxen_port, x.sxen_port);
+	len = sizeof(y);
+	getsockname(a, (struct sockaddr *)&y, &len);
+	result("loop-getsockname-accepted", y.sxen_port == 6000 && y.sxen_domid == me, "port=%u domid=%u", y.sxen_port, y.sxen_domid);
 	x = xaddr(me, 6000);
 	EXPECT_ERR("loop-connect-isconn", connect(c, (struct sockaddr *)&x, sizeof(x)), EISCONN);
 	{
@@ -382,6 +484,37 @@ static void test_loop(void)
 		close(c);
 	} else result("loop-sigpipe", 0, "pair failed");
 	close(l);
+	/* SO_SNDTIMEO: nobody reads, the ring fills, send waits then EAGAIN */
+	r = lpair(me, 6004, &c, &a, &l);
+	if (r == 0) {
+		struct timeval tv = { 0, 200000 };
+		long long total = 0;
+		ssize_t w = 0;
+		double t0 = 0;
+
+		setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+		while (total < (64 << 20)) {
+			t0 = now();
+			w = send(c, buf, sizeof(buf), MSG_NOSIGNAL);
+			if (w < 0)
+				break;
+			total += w;
+		}
+		int e = errno;
+		double dt = now() - t0;
+
+		result("loop-sndtimeo-eagain", w == -1 && e == EAGAIN && total > 0, "w=%zd errno=%s after %lld bytes", w, strerrorname_np(e) ?: "0", total);
+		result("loop-sndtimeo-time", dt >= 0.19 && dt < 2, "%.3fs", dt);
+		/* SO_LINGER 0: close resets; the peer's unread data is dropped */
+		struct linger lg = { 1, 0 };
+
+		send(a, "unread", 6, 0);
+		EXPECT_OK("loop-linger0-set", setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)));
+		close(c);
+		EXPECT_ERR("loop-linger0-peer-reset", recv(a, buf, 10, 0), ECONNRESET);
+		close(a);
+		close(l);
+	} else result("loop-sndtimeo-eagain", 0, "pair failed");
 	/* backlog: listen(1), two connects without accept */
 	{
 		int l2 = xsock(), c1 = xsock(), c2 = xsock();
@@ -491,6 +624,133 @@ static int64_t stream_in(int fd)
 	}
 }
 
+/* echo on every fd until each ends; st[i]: 0 EOF, else the errno it ended with */
+static void echo_until_end(int *fds, int n, int *st, int secs)
+{
+	struct pollfd p[8];
+	int left = n, i;
+	double t0 = now();
+	char buf[4096];
+
+	for (i = 0; i < n; i++)
+		st[i] = -1;
+	while (left > 0 && now() - t0 < secs) {
+		for (i = 0; i < n; i++) {
+			p[i].fd = st[i] == -1 ? fds[i] : -1;
+			p[i].events = POLLIN;
+			p[i].revents = 0;
+		}
+		if (poll(p, n, 1000) <= 0)
+			continue;
+		for (i = 0; i < n; i++) {
+			if (st[i] != -1 || !p[i].revents)
+				continue;
+			ssize_t r = recv(fds[i], buf, sizeof(buf), MSG_DONTWAIT);
+
+			if (r > 0) {
+				if (send(fds[i], buf, r, MSG_NOSIGNAL) != r) {
+					st[i] = errno;
+					left--;
+				}
+			} else if (r == 0 || errno != EAGAIN) {
+				st[i] = r == 0 ? 0 : errno;
+				left--;
+			}
+		}
+	}
+}
+
+/* server side of xclient's steps 5-9 */
+static void xserver_more(int l)
+{
+	char buf[65536];
+	int a, st[4], fds[4];
+
+	/* 5: the non-blocking connect: echo until EOF */
+	a = accept_one(l, 120);
+	result("x-accept-nb", a >= 0, NULL);
+	if (a < 0)
+		return;
+	echo_until_end(&a, 1, st, 120);
+	result("x-nb-echo-eof", st[0] == 0, "end=%s", st[0] ? strerrorname_np(st[0]) : "EOF");
+	close(a);
+	/* 7: SO_SNDTIMEO: read nothing until the client half-closes, then
+	 * everything, and tell it the count */
+	a = accept_one(l, 120);
+	result("x-accept-sndtimeo", a >= 0, NULL);
+	if (a < 0)
+		return;
+	{
+		struct pollfd p = { .fd = a, .events = POLLRDHUP };
+		long long total = 0;
+		ssize_t r;
+		double t0 = now();
+		int n = poll(&p, 1, 120000);
+
+		/* the client half-closes about a second after connecting: the FIN
+		 * must wake a POLLRDHUP-only poller (generous bound) */
+		result("x-sndtimeo-pollrdhup", n == 1 && (p.revents & POLLRDHUP) && now() - t0 < 30, "n=%d revents=%#x after %.1fs",
+		       n, p.revents, now() - t0);
+		while ((r = recv(a, buf, sizeof(buf), 0)) > 0)
+			total += r;
+		n = snprintf(buf, sizeof(buf), "%lld\n", total);
+		send(a, buf, n, MSG_NOSIGNAL);
+		close(a);
+	}
+	/* 8: SO_LINGER 0: the client's close resets the connection */
+	a = accept_one(l, 120);
+	result("x-accept-linger0", a >= 0, NULL);
+	if (a < 0)
+		return;
+	{
+		ssize_t r;
+		int e = 0;
+		double t0 = now();
+
+		while ((r = recv(a, buf, sizeof(buf), 0)) > 0 && now() - t0 < 60)
+			;
+		e = errno;
+		result("x-linger0-reset", r == -1 && e == ECONNRESET, "r=%zd errno=%s", r, r < 0 ? strerrorname_np(e) : "0");
+		close(a);
+	}
+	/* 9: hostile peer: the client corrupts the rings of its connections
+	 * 0, 2 and 3 (producer index, flags, consumer index); only those are
+	 * reset, connection 1 keeps echoing */
+	{
+		long long resets0 = afx_stat("proto_resets");
+		int i;
+
+		for (i = 0; i < 4; i++) {
+			fds[i] = accept_one(l, 120);
+			if (fds[i] < 0)
+				break;
+		}
+		result("x-accept-hostile", i == 4, "accepted %d", i);
+		if (i < 4)
+			return;
+		echo_until_end(fds, 4, st, 120);
+		result("x-hostile-prod-reset", st[0] == ECONNRESET, "end=%s", st[0] > 0 ? strerrorname_np(st[0]) : st[0] ? "timeout" : "EOF");
+		result("x-hostile-flags-reset", st[2] == ECONNRESET, "end=%s", st[2] > 0 ? strerrorname_np(st[2]) : st[2] ? "timeout" : "EOF");
+		result("x-hostile-cons-reset", st[3] == ECONNRESET, "end=%s", st[3] > 0 ? strerrorname_np(st[3]) : st[3] ? "timeout" : "EOF");
+		result("x-hostile-other-conn-eof", st[1] == 0, "end=%s", st[1] > 0 ? strerrorname_np(st[1]) : st[1] ? "timeout" : "EOF");
+		result("x-hostile-counted", afx_stat("proto_resets") - resets0 == 3, "proto_resets %lld -> %lld", resets0, afx_stat("proto_resets"));
+		for (i = 0; i < 4; i++)
+			close(fds[i]);
+	}
+	/* the client's connect with a bogus grant in its ring directory (before
+	 * step 9's): our map of its data pages failed (the glue logs "map of
+	 * ring page N ... failed"; with xenbus_map_ring_valloc, as before rings
+	 * over 16 pages, xenbus_dev_fatal logged "mapping in shared page" and
+	 * wrote error/af_xen/error under our home) and no error node is left */
+	{
+		int logged = system("dmesg | grep -q -e 'mapping in shared page' -e 'af_xen: map of ring page'") == 0;
+		int node = system("xenstore-read error/af_xen/error >/dev/null 2>&1") == 0;
+
+		result("x-baddir-map-failed", logged, "dmesg %s the map failure", logged ? "shows" : "lacks");
+		result("x-baddir-no-error-node", logged && !node, "error/af_xen/error %s", node ? "present" : "absent");
+	}
+}
+
 static void test_xserver(uint64_t mib)
 {
 	struct sockaddr_xen x = xaddr(XEN_DOMID_ANY, XPORT);
@@ -514,6 +774,9 @@ static void test_xserver(uint64_t mib)
 
 		getpeername(a, (struct sockaddr *)&y, &len);
 		result("x-server-getpeername", y.sxen_domid != own_domid() && y.sxen_domid != 0, "domid=%u port=%u", y.sxen_domid, y.sxen_port);
+		len = sizeof(y);
+		getsockname(a, (struct sockaddr *)&y, &len);
+		result("x-server-getsockname", y.sxen_domid == own_domid() && y.sxen_port == XPORT, "domid=%u port=%u", y.sxen_domid, y.sxen_port);
 	}
 	{
 		int total = 0, ok = 1;
@@ -561,6 +824,7 @@ static void test_xserver(uint64_t mib)
 		result("x-send-after-peer-close", w == -1 && errno == EPIPE, "w=%zd errno=%s", w, strerrorname_np(errno) ?: "0");
 		close(a);
 	}
+	xserver_more(l);
 	close(l);
 	system("cat /proc/net/af_xen");
 }
@@ -683,6 +947,184 @@ static void test_xclient(uint32_t peer, uint64_t mib)
 		send(c, "last!", 5, 0);
 		close(c);
 	}
+	/* 5: non-blocking connect: EINPROGRESS, POLLOUT, SO_ERROR 0, EISCONN;
+	 * then the data-path flags over it (the server echoes) */
+	c = xsock();
+	fcntl(c, F_SETFL, O_NONBLOCK);
+	EXPECT_ERR("x-nb-connect-einprogress", connect(c, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
+	{
+		struct pollfd p = { .fd = c, .events = POLLOUT };
+		int n = poll(&p, 1, 30000);
+
+		result("x-nb-connect-pollout", n == 1 && p.revents == POLLOUT, "n=%d revents=%#x", n, p.revents);
+		n = so_error(c);
+		result("x-nb-connect-so-error", n == 0, "SO_ERROR=%s", n ? strerrorname_np(n) : "0");
+	}
+	EXPECT_ERR("x-nb-connect-eisconn", connect(c, (struct sockaddr *)&x, sizeof(x)), EISCONN);
+	fcntl(c, F_SETFL, 0);
+	{
+		struct iovec iv[3] = { { "ab", 2 }, { "cde", 3 }, { "fghi", 4 } };
+		struct msghdr m = { .msg_iov = iv, .msg_iovlen = 3 };
+		char o1[4], o2[5];
+		struct iovec ov[2] = { { o1, 4 }, { o2, 5 } };
+		struct msghdr mo = { .msg_iov = ov, .msg_iovlen = 2 };
+		int n = -1, k;
+
+		result("x-sendmsg-iov", sendmsg(c, &m, 0) == 9, NULL);
+		/* the echo may come back in pieces: peek until all 9 are there */
+		for (k = 0; k < 200; k++) {
+			memset(o1, 0, 4); memset(o2, 0, 5);
+			n = recvmsg(c, &mo, MSG_PEEK);
+			if (n == 9)
+				break;
+			usleep(50000);
+		}
+		result("x-peek-iov", n == 9 && !memcmp(o1, "abcd", 4) && !memcmp(o2, "efghi", 5), "n=%d", n);
+		EXPECT_ERR("x-recv-efault", recv(c, (void *)8, 9, 0), EFAULT);
+		memset(o1, 0, 4); memset(o2, 0, 5);
+		n = recvmsg(c, &mo, MSG_WAITALL);
+		result("x-recvmsg-iov-after-efault", n == 9 && !memcmp(o1, "abcd", 4) && !memcmp(o2, "efghi", 5), "n=%d", n);
+		EXPECT_ERR("x-recv-dontwait-empty", recv(c, buf, 10, MSG_DONTWAIT), EAGAIN);
+		/* MSG_WAITALL spans two echoes sent 200 ms apart */
+		send(c, "12345", 5, 0);
+		usleep(200000);
+		send(c, "67890", 5, 0);
+		memset(buf, 0, 16);
+		n = recv(c, buf, 10, MSG_WAITALL);
+		result("x-recv-waitall", n == 10 && !memcmp(buf, "1234567890", 10), "n=%d", n);
+		EXPECT_ERR("x-send-efault", send(c, (void *)8, 100, MSG_NOSIGNAL), EFAULT);
+		{
+			struct timeval tv = { 0, 300000 };
+			double t1 = now();
+
+			setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+			EXPECT_ERR("x-recv-rcvtimeo", recv(c, buf, 10, 0), EAGAIN);
+			result("x-recv-rcvtimeo-time", now() - t1 >= 0.29 && now() - t1 < 3, "%.3fs", now() - t1);
+		}
+	}
+	close(c);
+	/* 6: non-blocking connect refused: POLLOUT|POLLERR|POLLHUP, SO_ERROR once */
+	c = xsock();
+	fcntl(c, F_SETFL, O_NONBLOCK);
+	x = xaddr(peer, 7999);
+	EXPECT_ERR("x-nb-refused-einprogress", connect(c, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
+	{
+		struct pollfd p = { .fd = c, .events = POLLOUT };
+		int n = poll(&p, 1, 30000), e1, e2;
+
+		result("x-nb-refused-pollerr", n == 1 && p.revents == (POLLOUT | POLLERR | POLLHUP), "n=%d revents=%#x", n, p.revents);
+		e1 = so_error(c);
+		e2 = so_error(c);
+		result("x-nb-refused-so-error", e1 == ECONNREFUSED && e2 == 0, "SO_ERROR=%s then %s", strerrorname_np(e1) ?: "0", strerrorname_np(e2) ?: "0");
+	}
+	close(c);
+	x = xaddr(peer, XPORT);
+	/* 7: SO_SNDTIMEO: the server reads nothing; sends fill the ring, then EAGAIN */
+	c = xsock();
+	r = connect(c, (struct sockaddr *)&x, sizeof(x));
+	result("x-connect-sndtimeo", r == 0, "errno=%s", r ? strerrorname_np(errno) : "0");
+	if (r == 0) {
+		static char blk[16384];
+		struct timeval tv = { 0, 300000 };
+		long long total = 0, told = -1;
+		ssize_t w = 0;
+		double t1 = 0, dt;
+		int e, n;
+
+		setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+		while (total < (64 << 20)) {
+			t1 = now();
+			w = send(c, blk, sizeof(blk), MSG_NOSIGNAL);
+			if (w < 0)
+				break;
+			total += w;
+		}
+		e = errno;
+		dt = now() - t1;
+		result("x-sndtimeo-eagain", w == -1 && e == EAGAIN && total > 0, "w=%zd errno=%s after %lld bytes", w, strerrorname_np(e) ?: "0", total);
+		result("x-sndtimeo-time", dt >= 0.29 && dt < 3, "%.3fs", dt);
+		shutdown(c, SHUT_WR);
+		n = read_all(c, buf, sizeof(buf) - 1);
+		buf[n > 0 ? n : 0] = 0;
+		sscanf(buf, "%lld", &told);
+		result("x-sndtimeo-delivered", told == total, "server read %lld, sent %lld", told, total);
+		close(c);
+	}
+	/* 8: SO_LINGER 0: close resets (the server's recv: ECONNRESET) */
+	c = xsock();
+	r = connect(c, (struct sockaddr *)&x, sizeof(x));
+	result("x-connect-linger0", r == 0, "errno=%s", r ? strerrorname_np(errno) : "0");
+	if (r == 0) {
+		struct linger lg = { 1, 0 };
+
+		send(c, "doomed", 6, 0);
+		EXPECT_OK("x-linger0-set", setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)));
+		close(c);
+	}
+	/* a ring whose directory names a bogus grant: the server cannot map
+	 * it and refuses (it must also clean up after xenbus: see xserver) */
+	c = xsock();
+	{
+		int v = XENSOCK_CORRUPT_DIRECTORY;
+
+		EXPECT_OK("x-baddir-set", setsockopt(c, fam, XENSOCK_TEST_CORRUPT, &v, sizeof(v)));
+		EXPECT_ERR("x-baddir-refused", connect(c, (struct sockaddr *)&x, sizeof(x)), ECONNREFUSED);
+	}
+	close(c);
+	/* 9: hostile peer (module loaded with hostile_test=1 here): corrupt
+	 * the rings of connections 0, 2 and 3; connection 1 must keep working */
+	{
+		int h[4], i, v, n;
+
+		/* one blocking connect at a time: the server accepts them in this order */
+		for (i = 0; i < 4; i++)
+			h[i] = -1;
+		for (i = 0; i < 4; i++) {
+			h[i] = xsock();
+			if (connect(h[i], (struct sockaddr *)&x, sizeof(x)))
+				break;
+		}
+		for (n = 0; i == 4 && n < 4; n++)
+			if (send(h[n], "hi", 2, 0) != 2 || recv(h[n], buf, 2, MSG_WAITALL) != 2)
+				i = n;
+		result("x-hostile-connect", i == 4, "connected+echoed %d errno=%s", i, strerrorname_np(errno) ?: "0");
+		if (i == 4) {
+			v = XENSOCK_CORRUPT_PROD;
+			EXPECT_OK("x-hostile-corrupt-prod", setsockopt(h[0], fam, XENSOCK_TEST_CORRUPT, &v, sizeof(v)));
+			v = XENSOCK_CORRUPT_FLAGS;
+			EXPECT_OK("x-hostile-corrupt-flags", setsockopt(h[2], fam, XENSOCK_TEST_CORRUPT, &v, sizeof(v)));
+			for (i = 0; i < 3; i += 2) {
+				struct pollfd p = { .fd = h[i], .events = POLLIN };
+				char nm[64];
+
+				n = poll(&p, 1, 30000);
+				snprintf(nm, sizeof(nm), "x-hostile-%s-sees-reset", i ? "flags" : "prod");
+				errno = 0;
+				r = recv(h[i], buf, sizeof(buf), MSG_DONTWAIT);
+				result(nm, n == 1 && (p.revents & POLLERR) && r == -1 && errno == ECONNRESET,
+				       "revents=%#x recv=%d errno=%s", p.revents, r, strerrorname_np(errno) ?: "0");
+			}
+			/* the consumer index of the ring we read: the server's
+			 * producer trips over it when it echoes our next bytes */
+			v = XENSOCK_CORRUPT_CONS;
+			EXPECT_OK("x-hostile-corrupt-cons", setsockopt(h[3], fam, XENSOCK_TEST_CORRUPT, &v, sizeof(v)));
+			send(h[3], "x", 1, MSG_NOSIGNAL);
+			{
+				struct pollfd p = { .fd = h[3], .events = POLLIN };
+
+				n = poll(&p, 1, 30000);
+				errno = 0;
+				r = recv(h[3], buf, sizeof(buf), MSG_DONTWAIT);
+				result("x-hostile-cons-sees-reset", n == 1 && (p.revents & POLLERR) && r == -1 && errno == ECONNRESET,
+				       "revents=%#x recv=%d errno=%s", p.revents, r, strerrorname_np(errno) ?: "0");
+			}
+			n = send(h[1], "still", 5, 0) == 5 && recv(h[1], buf, 5, MSG_WAITALL) == 5 && !memcmp(buf, "still", 5);
+			result("x-hostile-other-conn-echo", n, NULL);
+		}
+		for (i = 0; i < 4; i++)
+			if (h[i] >= 0)
+				close(h[i]);
+	}
 	/* nobody listens there */
 	c = xsock();
 	x = xaddr(peer, 7999);
@@ -694,6 +1136,519 @@ static void test_xclient(uint32_t peer, uint64_t mib)
 	EXPECT_ERR("x-connect-unknown-domid", connect(c, (struct sockaddr *)&x, sizeof(x)), EHOSTUNREACH);
 	close(c);
 	system("cat /proc/net/af_xen");
+}
+
+/* ---- connects that stay in progress (dom0 has a link directory for us but
+ * runs no module, so the link never comes up) ------------------------------ */
+static void on_alarm(int sig) { (void)sig; }
+
+static void test_xpending(void)
+{
+	struct sockaddr_xen x = xaddr(0, XPORT);
+	struct sockaddr_xen y;
+	socklen_t len;
+	int c;
+	double t0;
+
+	c = xsock();
+	fcntl(c, F_SETFL, O_NONBLOCK);
+	EXPECT_ERR("xp-nb-einprogress", connect(c, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
+	EXPECT_ERR("xp-nb-ealready", connect(c, (struct sockaddr *)&x, sizeof(x)), EALREADY);
+	{
+		struct pollfd p = { .fd = c, .events = POLLIN | POLLOUT };
+		int n = poll(&p, 1, 500);
+
+		result("xp-nb-poll-pending", n == 0 && p.revents == 0, "n=%d revents=%#x", n, p.revents);
+	}
+	len = sizeof(y);
+	EXPECT_ERR("xp-nb-getpeername", getpeername(c, (struct sockaddr *)&y, &len), ENOTCONN);
+	result("xp-nb-so-error-pending", so_error(c) == 0, NULL);
+	system("grep CONNECTING /proc/net/af_xen");
+	close(c);
+
+	/* SO_SNDTIMEO bounds a blocking connect: EINPROGRESS (TCP's
+	 * convention), and it stays in progress */
+	c = xsock();
+	{
+		struct timeval tv = { 0, 300000 };
+
+		setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	}
+	t0 = now();
+	EXPECT_ERR("xp-sndtimeo-einprogress", connect(c, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
+	result("xp-sndtimeo-time", now() - t0 >= 0.29 && now() - t0 < 5, "%.3fs", now() - t0);
+	EXPECT_ERR("xp-sndtimeo-then-ealready", connect(c, (struct sockaddr *)&x, sizeof(x)), EALREADY);
+	close(c);
+
+	/* a signal interrupts a blocking connect: EINTR, still in progress */
+	c = xsock();
+	{
+		struct sigaction sa = { .sa_handler = on_alarm };	/* no SA_RESTART */
+		struct itimerval it = { { 0, 0 }, { 0, 300000 } };
+
+		sigaction(SIGALRM, &sa, NULL);
+		setitimer(ITIMER_REAL, &it, NULL);
+		t0 = now();
+		EXPECT_ERR("xp-signal-eintr", connect(c, (struct sockaddr *)&x, sizeof(x)), EINTR);
+		result("xp-signal-time", now() - t0 >= 0.29 && now() - t0 < 5, "%.3fs", now() - t0);
+		EXPECT_ERR("xp-signal-then-ealready", connect(c, (struct sockaddr *)&x, sizeof(x)), EALREADY);
+		signal(SIGALRM, SIG_DFL);
+	}
+	close(c);
+
+	/* no SO_SNDTIMEO: the module's own bound (40 s) aborts it */
+	c = xsock();
+	t0 = now();
+	EXPECT_ERR("xp-bound-etimedout", connect(c, (struct sockaddr *)&x, sizeof(x)), ETIMEDOUT);
+	result("xp-bound-time", now() - t0 >= 39 && now() - t0 < 90, "%.1fs", now() - t0);
+	/* aborted, not pending: the next connect starts over */
+	fcntl(c, F_SETFL, O_NONBLOCK);
+	EXPECT_ERR("xp-bound-then-einprogress", connect(c, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
+	close(c);
+	result("xp-no-socket-left", afx_stat("sockets") == 0, "sockets=%lld", afx_stat("sockets"));
+	/* every connection of xclient's tests is gone too */
+	check_released("xp-released");
+}
+
+/* ---- peer domain death (domu2 destroyed by dom0) --------------------------- */
+#define DPORT 7100
+
+static void test_xvictim(uint32_t peer)
+{
+	struct sockaddr_xen x = xaddr(peer, DPORT);
+	int idle = -1, s = -1, r = -1;
+	double t0 = now();
+	uint64_t i = 0;
+	static uint64_t blk[8192];
+
+	/* domu1 reloads its module and listens again: retry */
+	while (now() - t0 < 300) {
+		idle = xsock();
+		r = connect(idle, (struct sockaddr *)&x, sizeof(x));
+		if (r == 0)
+			break;
+		close(idle);
+		sleep(1);
+	}
+	if (r == 0) {
+		s = xsock();
+		r = connect(s, (struct sockaddr *)&x, sizeof(x));
+	}
+	result("xv-connected", r == 0, "errno=%s", r ? strerrorname_np(errno) : "0");
+	if (r)
+		return;
+	fflush(stdout);
+	/* stream until dom0 destroys this domain */
+	for (;;) {
+		uint64_t k;
+
+		for (k = 0; k < 8192; k++)
+			blk[k] = pattern(i + k);
+		if (send(s, blk, sizeof(blk), MSG_NOSIGNAL) != (ssize_t)sizeof(blk)) {
+			result("xv-stream", 0, "send failed: %s", strerrorname_np(errno) ?: "0");
+			return;
+		}
+		i += 8192;
+	}
+}
+
+static void test_xdeath(void)
+{
+	struct sockaddr_xen x = xaddr(XEN_DOMID_ANY, DPORT);
+	static uint64_t blk[8192];
+	int l, idle, s, k;
+	long long ev0, maps0, grants0, down0, ev1, maps1, grants1, socks1;
+	int irq0, irq1;
+	uint64_t got = 0, bad = 0;
+	double t_last, t_stream = 0, t_idle = 0;
+	int end_stream = -1, end_idle = -1;
+
+	l = xsock();
+	if (l < 0 || bind(l, (struct sockaddr *)&x, sizeof(x)) || listen(l, 4)) {
+		result("xd-listen", 0, "errno=%s", strerrorname_np(errno));
+		return;
+	}
+	idle = accept_one(l, 400);
+	s = idle >= 0 ? accept_one(l, 60) : -1;
+	result("xd-accept", idle >= 0 && s >= 0, NULL);
+	if (s < 0)
+		return;
+	/* 1 MiB of the stream first (it flows), then the snapshot */
+	while (got < (1 << 20)) {
+		ssize_t r = recv(s, blk, sizeof(blk), MSG_WAITALL);
+
+		if (r <= 0 || r % 8)
+			break;
+		for (k = 0; k < r / 8; k++)
+			if (blk[k] != pattern(got / 8 + k))
+				bad++;
+		got += r;
+	}
+	ev0 = afx_stat("evtchns"); maps0 = afx_stat("maps"); grants0 = afx_stat("grants"); down0 = afx_stat("links_down");
+	irq0 = afx_irq_lines();
+	system("cat /proc/net/af_xen_stats /proc/net/af_xen; grep af_xen /proc/interrupts");
+	result("xd-ready", got >= (1 << 20) && bad == 0, "streamed %llu bytes, bad %llu; evtchns %lld maps %lld grants %lld irq lines %d",
+	       (unsigned long long)got, (unsigned long long)bad, ev0, maps0, grants0, irq0);
+	/* dom0 destroys domu2 now: both connections must end */
+	t_last = now();
+	while ((end_stream == -1 || end_idle == -1) && now() - t_last < 120) {
+		struct pollfd p[2] = { { .fd = end_stream == -1 ? s : -1, .events = POLLIN },
+				       { .fd = end_idle == -1 ? idle : -1, .events = POLLIN } };
+
+		if (poll(p, 2, 1000) <= 0)
+			continue;
+		if (p[0].revents) {
+			ssize_t r = recv(s, blk, sizeof(blk), MSG_DONTWAIT);
+
+			if (r > 0) {
+				/* whole words only: the pattern check stays aligned */
+				if (r % 8) {
+					ssize_t r2 = recv(s, (char *)blk + r, 8 - r % 8, MSG_WAITALL);
+					r = r2 == 8 - r % 8 ? r + r2 : -1;
+				}
+				for (k = 0; r > 0 && k < r / 8; k++)
+					if (blk[k] != pattern(got / 8 + k))
+						bad++;
+				if (r > 0) {
+					got += r;
+					t_last = now();
+				}
+			}
+			if (r == 0 || (r < 0 && errno != EAGAIN)) {
+				end_stream = r == 0 ? 0 : errno;
+				t_stream = now();
+			}
+		}
+		if (p[1].revents) {
+			ssize_t r = recv(idle, blk, 8, MSG_DONTWAIT);
+
+			if (r == 0 || (r < 0 && errno != EAGAIN)) {
+				end_idle = r == 0 ? 0 : errno;
+				t_idle = now();
+			}
+		}
+	}
+	printf("peer death: stream ended %s %.1fs after its last data, idle ended %s (%llu bytes, %llu bad)\n",
+	       end_stream > 0 ? strerrorname_np(end_stream) : end_stream ? "never" : "EOF", t_stream - t_last,
+	       end_idle > 0 ? strerrorname_np(end_idle) : end_idle ? "never" : "EOF", (unsigned long long)got, (unsigned long long)bad);
+	result("xd-stream-reset", end_stream == ECONNRESET && t_stream - t_last < 30, "end=%s after %.1fs",
+	       end_stream > 0 ? strerrorname_np(end_stream) : end_stream ? "never" : "EOF", t_stream - t_last);
+	result("xd-idle-reset", end_idle == ECONNRESET && t_idle - t_last < 30, "end=%s after %.1fs",
+	       end_idle > 0 ? strerrorname_np(end_idle) : end_idle ? "never" : "EOF", t_idle - t_last);
+	result("xd-stream-intact", bad == 0, "%llu bad words", (unsigned long long)bad);
+	result("xd-link-down-counted", afx_stat("links_down") - down0 == 1, "links_down %lld -> %lld", down0, afx_stat("links_down"));
+	close(s);
+	close(idle);
+	close(l);
+	/* everything the connections and the link's peer half held is given
+	 * back; what stays is our own advertised half of each link (one
+	 * granted control page and one event channel each) */
+	ev1 = afx_stat("evtchns"); maps1 = afx_stat("maps"); grants1 = afx_stat("grants"); socks1 = afx_stat("sockets");
+	irq1 = afx_irq_lines();
+	system("cat /proc/net/af_xen_stats /proc/net/af_xen; grep af_xen /proc/interrupts");
+	result("xd-released-maps", maps1 == 0, "maps %lld -> %lld", maps0, maps1);
+	result("xd-released-evtchn", ev1 == ev0 - 1 && ev1 >= 1, "evtchns %lld -> %lld", ev0, ev1);
+	result("xd-released-grants", grants1 == ev1 && grants0 > grants1, "grants %lld -> %lld (links advertised %lld)", grants0, grants1, ev1);
+	result("xd-released-irqs", irq1 == ev1 && irq0 - irq1 == 1, "af_xen irq lines %d -> %d", irq0, irq1);
+	result("xd-released-sockets", socks1 == 0, "sockets %lld", socks1);
+	/* also dom0's cue: with no page of domu2 mapped here, Xen can free it */
+	result("xd-closed", maps1 == 0 && socks1 == 0, "maps %lld sockets %lld", maps1, socks1);
+}
+
+/* ---- stress ----------------------------------------------------------------- */
+#define SPORT 7300
+
+static uint64_t rnd_state = 88172645463325252ull;
+static uint32_t rnd(void)
+{
+	rnd_state ^= rnd_state << 13;
+	rnd_state ^= rnd_state >> 7;
+	rnd_state ^= rnd_state << 17;
+	return (uint32_t)rnd_state;
+}
+
+/* the stress stream: byte `off` is ptab[off % PERIOD] (a prime period, so
+ * a lost, repeated or misplaced chunk shows); copied, not computed per byte */
+#define PERIOD 65521
+static uint8_t ptab[PERIOD + 65536];
+static void ptab_init(void)
+{
+	uint64_t st = 0x9e3779b97f4a7c15ull;
+	size_t k;
+
+	for (k = 0; k < PERIOD; k++) {
+		st ^= st << 13; st ^= st >> 7; st ^= st << 17;
+		ptab[k] = (uint8_t)st;
+	}
+	for (k = PERIOD; k < sizeof(ptab); k++)
+		ptab[k] = ptab[k - PERIOD];
+}
+/* the n <= 65536 stream bytes at off */
+static const uint8_t *pbytes(uint64_t off) { return ptab + off % PERIOD; }
+
+/* writes `total` pattern bytes in random sizes (1 B .. 64 KiB); 0 on success */
+static int rand_stream_out(int fd, uint64_t total)
+{
+	uint64_t off = 0;
+
+	ptab_init();
+	while (off < total) {
+		size_t n = 1 + rnd() % (rnd() % 4 ? 65536 : 64);
+		ssize_t w;
+
+		if (n > total - off)
+			n = total - off;
+		w = send(fd, pbytes(off), n, MSG_NOSIGNAL);	/* may be partial: the rest goes next round */
+		if (w <= 0)
+			return -1;
+		off += w;
+	}
+	return 0;
+}
+
+/* reads to EOF in random sizes; returns bytes read, or -1 on a mismatch/error */
+static int64_t rand_stream_in(int fd)
+{
+	static uint8_t b[65536];
+	uint64_t off = 0;
+
+	ptab_init();
+	for (;;) {
+		size_t n = 1 + rnd() % (rnd() % 4 ? 65536 : 64);
+		ssize_t r = recv(fd, b, n, rnd() % 8 ? 0 : MSG_WAITALL);
+
+		if (r < 0)
+			return -1;
+		if (r == 0)
+			return off;
+		if (memcmp(b, pbytes(off), r))
+			return -1;
+		off += r;
+	}
+}
+
+/* both directions at once on one connection: a child sends, we receive */
+static void stress_both_ways(int fd, uint64_t mib, const char *side)
+{
+	char nm[64];
+	uint64_t total = mib << 20;
+	pid_t pid;
+	int st = 0;
+	double t0 = now(), dt;
+	int64_t got;
+
+	rnd_state ^= (uint64_t)getpid() << 20;
+	pid = fork();
+	if (pid == 0) {
+		int r = rand_stream_out(fd, total);
+
+		shutdown(fd, SHUT_WR);
+		_exit(r ? 1 : 0);
+	}
+	got = rand_stream_in(fd);
+	waitpid(pid, &st, 0);
+	dt = now() - t0;
+	snprintf(nm, sizeof(nm), "s-both-ways-%s", side);
+	result(nm, got == (int64_t)total && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	       "%lld of %llu bytes in checked, writer rc=%d, %.1fs (%.2f MiB/s each way)", (long long)got,
+	       (unsigned long long)total, WIFEXITED(st) ? WEXITSTATUS(st) : -1, dt, mib / dt);
+}
+
+static void raise_nofile(void)
+{
+	struct rlimit r;
+
+	getrlimit(RLIMIT_NOFILE, &r);
+	r.rlim_cur = r.rlim_max;
+	setrlimit(RLIMIT_NOFILE, &r);
+}
+
+static void test_sserver(uint64_t mib, int nconn)
+{
+	struct sockaddr_xen x = xaddr(XEN_DOMID_ANY, SPORT);
+	int l = xsock(), a, small = 2048, ep, accepted = 0, ended = 0, bad = 0;
+	long long socks0;
+	int *fds;
+
+	raise_nofile();
+	if (l < 0 || bind(l, (struct sockaddr *)&x, sizeof(x)) || listen(l, 4096)) {
+		result("s-listen", 0, "errno=%s", strerrorname_np(errno));
+		return;
+	}
+	a = accept_one(l, 300);
+	result("s-accept", a >= 0, NULL);
+	if (a < 0)
+		return;
+	stress_both_ways(a, mib, "server");
+	close(a);
+	/* N connections at once, echoed through one epoll set; small rings
+	 * (the children inherit the listener's SO_RCVBUF: 2 KiB, one page) */
+	setsockopt(l, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+	fds = calloc(nconn + 1, sizeof(int));
+	ep = epoll_create1(0);
+	{
+		struct epoll_event ev = { .events = EPOLLIN, .data.u32 = 0xffffffff };
+
+		epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev);
+	}
+	fcntl(l, F_SETFL, O_NONBLOCK);
+	{
+		struct epoll_event evs[64];
+		double t0 = now();
+		int peak = 0;
+
+		while (ended < nconn && now() - t0 < 600) {
+			int n = epoll_wait(ep, evs, 64, 1000), k;
+
+			for (k = 0; k < n; k++) {
+				if (evs[k].data.u32 == 0xffffffff) {
+					int c;
+
+					while (accepted < nconn && (c = accept4(l, NULL, NULL, SOCK_NONBLOCK)) >= 0) {
+						struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP, .data.u32 = accepted };
+
+						fds[accepted++] = c;
+						if (epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev))
+							bad++;
+					}
+					continue;
+				}
+				{
+					int id = evs[k].data.u32;
+					char b[64];
+					ssize_t r = recv(fds[id], b, sizeof(b), 0);
+
+					if (r > 0) {
+						if (send(fds[id], b, r, MSG_NOSIGNAL) != r)
+							bad++;
+					} else if (r == 0 || errno != EAGAIN) {
+						if (r < 0)
+							bad++;
+						epoll_ctl(ep, EPOLL_CTL_DEL, fds[id], NULL);
+						close(fds[id]);
+						ended++;
+					}
+				}
+			}
+			if (accepted - ended > peak)
+				peak = accepted - ended;
+		}
+		result("s-epoll-conns", accepted == nconn && ended == nconn && bad == 0,
+		       "accepted %d, ended %d, errors %d, peak open %d, %.1fs", accepted, ended, bad, peak, now() - t0);
+		result("s-epoll-peak", peak == nconn, "peak %d of %d open at once", peak, nconn);
+		socks0 = afx_stat("sockets");
+	}
+	close(ep);
+	close(l);
+	free(fds);
+	/* nothing else holds an AF_XEN socket in this domain now */
+	result("s-server-sockets-released", afx_stat("sockets") == 0, "sockets %lld while open, %lld after", socks0, afx_stat("sockets"));
+	check_released("s-server-released");
+}
+
+static void test_sclient(uint32_t peer, uint64_t mib, int nconn)
+{
+	struct sockaddr_xen x = xaddr(peer, SPORT);
+	int c = -1, r = -1, i, ok = 0, small = 2048;
+	double t0 = now();
+	int *fds;
+
+	raise_nofile();
+	while (now() - t0 < 300) {
+		c = xsock();
+		r = connect(c, (struct sockaddr *)&x, sizeof(x));
+		if (r == 0)
+			break;
+		close(c);
+		sleep(1);
+	}
+	result("s-connect", r == 0, "errno=%s", r ? strerrorname_np(errno) : "0");
+	if (r)
+		return;
+	stress_both_ways(c, mib, "client");
+	close(c);
+	fds = calloc(nconn, sizeof(int));
+	t0 = now();
+	/* all connects at once, non-blocking: far more ConnectRequests (and
+	 * the server's answers) than a control ring holds */
+	for (i = 0; i < nconn; i++) {
+		fds[i] = xsock();
+		setsockopt(fds[i], SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+		fcntl(fds[i], F_SETFL, O_NONBLOCK);
+		if (fds[i] < 0 || connect(fds[i], (struct sockaddr *)&x, sizeof(x)) == 0 || errno != EINPROGRESS)
+			break;
+	}
+	result("s-conns-nb-einprogress", i == nconn, "%d of %d EINPROGRESS, errno=%s", i, nconn, strerrorname_np(errno) ?: "0");
+	if (i == nconn) {
+		int ep = epoll_create1(0), done = 0, bad = 0;
+		struct epoll_event evs[64];
+
+		for (i = 0; i < nconn; i++) {
+			struct epoll_event ev = { .events = EPOLLOUT, .data.u32 = i };
+
+			epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev);
+		}
+		while (done < nconn && now() - t0 < 600) {
+			int n = epoll_wait(ep, evs, 64, 1000), k;
+
+			for (k = 0; k < n; k++) {
+				int id = evs[k].data.u32;
+
+				if (so_error(fds[id]) != 0)
+					bad++;
+				epoll_ctl(ep, EPOLL_CTL_DEL, fds[id], NULL);
+				fcntl(fds[id], F_SETFL, 0);
+				done++;
+			}
+		}
+		close(ep);
+		i = done == nconn && bad == 0 ? nconn : 0;
+		result("s-conns-open", i == nconn, "%d of %d completed (POLLOUT) in %.1fs, %d with SO_ERROR", done, nconn, now() - t0, bad);
+	}
+	if (i == nconn) {
+		system("cat /proc/net/af_xen_stats");
+		/* every connection echoes its own id, all open at once */
+		for (i = 0; i < nconn; i++) {
+			uint32_t id = i ^ 0x5a5a0000;
+
+			if (send(fds[i], &id, 4, 0) != 4)
+				break;
+		}
+		for (i = 0; i < nconn; i++) {
+			uint32_t back = 0;
+
+			if (recv(fds[i], &back, 4, MSG_WAITALL) == 4 && back == ((uint32_t)i ^ 0x5a5a0000))
+				ok++;
+		}
+		result("s-conns-echo", ok == nconn, "%d of %d echoed their id", ok, nconn);
+	}
+	for (i = 0; i < nconn; i++)
+		if (fds[i] > 0)
+			close(fds[i]);
+	free(fds);
+	check_released("s-client-released");
+}
+
+/* one loopback connection, 1 MiB checked both ways; exit status only */
+static int churn(void)
+{
+	uint32_t me = own_domid();
+	int l, c, a;
+	pid_t pid;
+	int st = 0;
+	int64_t got;
+
+	if (lpair(me, 6100, &c, &a, &l))
+		return 1;
+	pid = fork();
+	if (pid == 0)
+		_exit(rand_stream_out(c, 1 << 20) ? 1 : (shutdown(c, SHUT_WR), 0));
+	close(c);
+	got = rand_stream_in(a);
+	waitpid(pid, &st, 0);
+	close(a);
+	close(l);
+	return !(got == (1 << 20) && WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
 int main(int argc, char **argv)
@@ -708,6 +1663,20 @@ int main(int argc, char **argv)
 		result("autoload-socket", s >= 0, "errno=%s", s < 0 ? strerrorname_np(errno) : "0");
 		return s < 0;
 	}
+	if (!strcmp(mode, "pattern-file") && argc > 3) {
+		/* the stream pattern as a file (socat test): same bytes in both domUs */
+		FILE *f = fopen(argv[2], "w");
+		uint64_t n = strtoull(argv[3], NULL, 0) << 17, i;
+
+		if (!f)
+			return 1;
+		for (i = 0; i < n; i++) {
+			uint64_t w = pattern(i);
+
+			fwrite(&w, 8, 1, f);
+		}
+		return fclose(f) != 0;
+	}
 	fam = xensock_family();
 	if (fam < 0) {
 		result("family-sysfs", 0, "cannot read %s: %s", XENSOCK_FAMILY_SYSFS, strerror(errno));
@@ -721,6 +1690,18 @@ int main(int argc, char **argv)
 		test_xserver(argc > 2 ? strtoull(argv[2], NULL, 0) : 64);
 	} else if (!strcmp(mode, "xclient") && argc > 2) {
 		test_xclient(strtoul(argv[2], NULL, 0), argc > 3 ? strtoull(argv[3], NULL, 0) : 64);
+	} else if (!strcmp(mode, "sserver") && argc > 3) {
+		test_sserver(strtoull(argv[2], NULL, 0), atoi(argv[3]));
+	} else if (!strcmp(mode, "sclient") && argc > 4) {
+		test_sclient(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0), atoi(argv[4]));
+	} else if (!strcmp(mode, "churn")) {
+		return churn();
+	} else if (!strcmp(mode, "xpending")) {
+		test_xpending();
+	} else if (!strcmp(mode, "xdeath")) {
+		test_xdeath();
+	} else if (!strcmp(mode, "xvictim") && argc > 2) {
+		test_xvictim(strtoul(argv[2], NULL, 0));
 	} else if (!strcmp(mode, "hold")) {
 		/* keep one AF_XEN socket open for argv[2] seconds */
 		int s = xsock();

@@ -1,6 +1,8 @@
 # kmod: load af_xen.ko and run the single-domain C tests (sourced by domu*.sh).
 KO=/opt/xensock/af_xen.ko
-check kmod-insmod insmod $KO
+# KMOD_ARGS: module parameters of this guest (domu2: hostile_test=1)
+# shellcheck disable=SC2086
+check kmod-insmod insmod $KO ${KMOD_ARGS:-}
 check kmod-family-sysfs sh -c 'test "$(cat /sys/module/af_xen/parameters/family)" = 19'
 dmesg | grep -i af_xen
 # run_c NAME ARGS...: the C tests print their own @@RESULT c-* line per case
@@ -13,3 +15,9 @@ run_c c-local local
 run_c c-loop loop
 # /proc/net/af_xen lists every socket (a held one shows up as UNBOUND)
 check kmod-proc sh -c 'xstest hold 3 & sleep 1; cat /proc/net/af_xen; grep -q "^UNBOUND" /proc/net/af_xen; r=$?; wait; exit $r'
+# le32 N: N as 4 little-endian bytes in hex (socat's generic socket addresses)
+le32() { printf '%02x%02x%02x%02x' $(($1 & 255)) $(($1 >> 8 & 255)) $(($1 >> 16 & 255)) $(($1 >> 24 & 255)); }
+SOCAT_PORT=7200
+# stress sizes: MiB each way at once, concurrent connections
+STRESS_MIB=1024
+STRESS_CONNS=1000

@@ -20,9 +20,24 @@ mklink() {
   /tmp/xenstore-chmod "$_l" "n$1"
 }
 mklink "$D1" "$D2" && mklink "$D2" "$D1"
+# a link from domu2 to dom0, which runs no module: connects over it stay in
+# progress (xstest xpending)
+mklink "$D2" 0
 check xs-link-perms sh -c "xenstore-ls -p /local/domain/$D1/data/xensock | grep -q 'n$D1,r$D2' && xenstore-ls -p /local/domain/$D2/data/xensock | grep -q 'n$D2,r$D1'"
 xenstore-ls -p /local/domain/$D1/data/xensock
 # both modules advertise their half, then map the peer's: state 4 on both sides
 check xs-link-connected wait_until 240 sh -c "test \"\$(xenstore-read /local/domain/$D1/data/xensock/link/$D2/state)\" = 4 && test \"\$(xenstore-read /local/domain/$D2/data/xensock/link/$D1/state)\" = 4"
 xenstore-ls /local/domain/$D1/data/xensock
 xenstore-ls /local/domain/$D2/data/xensock
+
+# peer-domain death: domu2 finished its script and left its victim
+# streaming to domu1; once domu1 has both connections, destroy domu2
+check domu2-script-done wait_domu domu2 '^@@EXIT' 1000
+check domu1-death-ready wait_domu domu1 '^@@RESULT c-xd-ready ' 600
+check xl-destroy-domu2 xl destroy domu2
+check domu2-gone sh -c '! xl list domu2 >/dev/null 2>&1'
+# once domu1 closed its sockets no page of domu2 stays mapped, so Xen can
+# free the dead domain completely (no "(null)" zombie in xl list)
+check domu1-death-closed wait_domu domu1 '^@@RESULT c-xd-closed ' 300
+check xen-domu2-freed wait_until 120 sh -c '! xl list | grep -q "(null)"'
+xl list

@@ -1,9 +1,22 @@
-# kmod, domu2: single-domain tests, then the cross-domain client.
+# kmod, domu2: single-domain tests, the cross-domain client (with the
+# hostile-peer test mode on), connects that stay pending, then the victim
+# of the peer-death test: dom0 destroys this domain while it streams.
+KMOD_ARGS=hostile_test=1
 . /scenario/common.sh
 PEER=$(xlbench xsread data/peer 60)
 log "peer domu1 is dom$PEER"
 run_c c-xclient xclient "$PEER" 64
 if xstest-seqpacket client "$PEER" 256; then result c-sp-client PASS; else result c-sp-client FAIL "rc=$?"; fi
+# dom0 made a link directory to itself for us, and runs no module
+run_c c-xpending xpending
+# socat (SOCKET-CONNECT to domu1's SOCKET-LISTEN) carries a file to domu1,
+# which checks it; retried until domu1's socat listens
+xstest pattern-file /tmp/socat-send 8
+check socat-send-file sh -c "n=0; while [ \$n -lt 120 ]; do socat -u OPEN:/tmp/socat-send SOCKET-CONNECT:19:0:x0000$(le32 $SOCAT_PORT)$(le32 "$PEER")00000000 && exit 0; n=\$((n + 1)); sleep 1; done; exit 1"
+# and back, domu1 -> us, compared with the pattern made here
+check socat-recv-file-back sh -c "timeout 300 socat -u SOCKET-LISTEN:19:0:x0000$(le32 $((SOCAT_PORT + 1)))ffffffff00000000 OPEN:/tmp/socat-got,creat,trunc && cmp /tmp/socat-send /tmp/socat-got && md5sum /tmp/socat-send /tmp/socat-got"
+# stress client (domu1 runs the server side)
+run_c c-stress sclient "$PEER" $STRESS_MIB $STRESS_CONNS
 # domu1 unloads its module after its tests: the link goes down here, with
 # no socket left on it
 check kmod-peer-unload-link-down wait_until 300 sh -c "dmesg | grep -q 'link to dom$PEER down'"
@@ -11,3 +24,8 @@ dmesg | grep af_xen | tail -n 20
 check kmod-rmmod-domu2 rmmod af_xen
 check kmod-dmesg-clean-domu2 sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t|leak"'
 dmesg | tail -n 20
+check kmod-reload-domu2 insmod $KO
+# the victim outlives this script (this domain stays up after @@EXIT);
+# dom0 destroys the domain once domu1 reports c-xd-ready
+xstest xvictim "$PEER" &
+sleep 1
