@@ -806,10 +806,14 @@ pub(crate) fn connect_failed(xs: &Arc<XenSock>, errno: i32) {
         i.request = None;
         (i.rx.take(), i.link.take())
     };
-    // outside the spinlock: ending a grant may sleep
-    drop((rx, link));
+    // The error before anything slow: a poll woken in between must not see
+    // the socket unconnected without its error (releasing a large ring's
+    // vmap and grants takes long enough under TCG; lab run
+    // kmod-20261122-074730 caught POLLOUT|POLLHUP without POLLERR).
     xs.sk.set_err(errno);
     xs.sk.wake(POLLOUT | POLLWRNORM | POLLERR | POLLHUP);
+    // outside the spinlock: ending a grant may sleep
+    drop((rx, link));
 }
 
 /// Work item: the link died or the peer reset the connection.
