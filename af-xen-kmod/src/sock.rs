@@ -802,15 +802,16 @@ pub(crate) fn connect_failed(xs: &Arc<XenSock>, errno: i32) {
             return;
         }
         i.connect_err = errno;
+        // The error is pending before the state says "not connecting": a
+        // poll in between must not see the socket unconnected without it
+        // (lab run kmod-20261122-074730 caught POLLOUT|POLLHUP, SO_ERROR 0
+        // while the failed connect's large ring was being released).
+        // sk_error_report only wakes: fine under the spinlock.
+        xs.sk.set_err(errno);
         i.state = State::Bound;
         i.request = None;
         (i.rx.take(), i.link.take())
     };
-    // The error before anything slow: a poll woken in between must not see
-    // the socket unconnected without its error (releasing a large ring's
-    // vmap and grants takes long enough under TCG; lab run
-    // kmod-20261122-074730 caught POLLOUT|POLLHUP without POLLERR).
-    xs.sk.set_err(errno);
     xs.sk.wake(POLLOUT | POLLWRNORM | POLLERR | POLLHUP);
     // outside the spinlock: ending a grant may sleep
     drop((rx, link));
