@@ -21,6 +21,7 @@ frames = {
     "ring_offer": frame(6, 7, grant),
     "suspend": frame(7, 0, b""),
     "resume": frame(8, 0, struct.pack("<I", 12)),
+    "ring_retire": frame(9, 0, grant),
     "tcp_hello": frame(16, 7, struct.pack("<Q", 0x1122334455667788)),
     "data": frame(17, 7, struct.pack("<Q", 4096) + b"hello, ring"),
     "ring_from": frame(18, 7, struct.pack("<I4xQ", 2, 1 << 32)),

@@ -16,7 +16,7 @@
 //! writes `/tool/xensock/moved/<uuid>`; the agent then records
 //! `xensock/moved/<uuid>` in its peers' tables.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -68,10 +68,19 @@ pub struct Agent {
     seen: HashMap<String, DomId>,
     /// Adverts carried to a migrated instance until it advertises itself.
     carried: HashMap<DomId, AdvertRaw>,
+    /// Co-resident pairs (lower domid first) whose link directories this
+    /// agent made.
+    links: BTreeSet<(DomId, DomId)>,
 }
 
 fn lossy(v: Vec<u8>) -> String {
     String::from_utf8_lossy(&v).into_owned()
+}
+
+/// `/local/domain/<owner>/data/xensock/link/<peer>`: where `owner`
+/// publishes its half of the link with `peer` (`docs/protocol.md` 6.1).
+pub fn link_dir(owner: DomId, peer: DomId) -> String {
+    format!("{}/{}/{peer}", layout::home(owner), layout::LINK_DIR)
 }
 
 /// Whether a watch event can change any table.
@@ -83,11 +92,14 @@ fn relevant(path: &str) -> bool {
         return false;
     };
     let (_, sub) = rest.split_once('/').unwrap_or((rest, ""));
+    // Link nodes (`data/xensock/link/...`) change with every link a guest
+    // sets up or tears down; they are not part of any table.
     sub.is_empty()
         || sub == "vm"
         || sub == layout::LABEL
         || sub == layout::ADVERT
-        || sub.starts_with("data/xensock/")
+        || sub == layout::ADVERT_ADDRS
+        || sub == layout::ADVERT_VERSION
         || sub == "data"
         || sub == layout::XENSOCK
 }
@@ -102,6 +114,7 @@ impl Agent {
             adverts: HashMap::new(),
             seen: HashMap::new(),
             carried: HashMap::new(),
+            links: BTreeSet::new(),
         }
     }
 
@@ -197,6 +210,7 @@ impl Agent {
             }
         }
         let mut written = 0;
+        let mut tables: HashMap<DomId, BTreeSet<DomId>> = HashMap::new();
         for g in &doms {
             let mut t = Table::default();
             for p in newest.values() {
@@ -206,6 +220,9 @@ impl Agent {
                 if let Some(a) = &p.advert {
                     t.entries.insert(p.domid, (p.uuid.clone(), a.clone()));
                 }
+            }
+            if g.advert.is_some() {
+                tables.insert(g.domid, t.entries.keys().copied().collect());
             }
             let old = self.published.get(&g.domid).cloned();
             // Peers that left for another host.
@@ -240,7 +257,83 @@ impl Agent {
         }
         self.published.retain(|d, _| live.contains_key(d));
         self.seen = doms.iter().map(|d| (d.uuid.clone(), d.domid)).collect();
+        self.sync_links(&tables)?;
         Ok(written)
+    }
+
+    /// Link directories: for every pair of advertised guests that list
+    /// each other, `/local/domain/<A>/data/xensock/link/<B>` owned by A and
+    /// readable by B, and the same the other way, both made in one
+    /// transaction. A guest's kernel cannot set XenStore permissions (the
+    /// AF_XEN module relies on these), and a guest acts as soon as the
+    /// directory appears, so it must be born with its final permissions
+    /// and its counterpart. Directories of pairs that are no longer
+    /// co-resident are removed (the guests see their links withdrawn).
+    fn sync_links(&mut self, tables: &HashMap<DomId, BTreeSet<DomId>>) -> Result<(), XsError> {
+        let mut pairs = BTreeSet::new();
+        for (&a, peers) in tables {
+            for &b in peers {
+                if a < b && tables.get(&b).is_some_and(|t| t.contains(&a)) {
+                    pairs.insert((a, b));
+                }
+            }
+        }
+        for &(a, b) in pairs.difference(&self.links.clone()) {
+            match self.make_link_dirs(a, b) {
+                Ok(()) => {
+                    self.links.insert((a, b));
+                }
+                // One of the two went away meanwhile.
+                Err(e) if e.is(XsErrno::NoEnt) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        for &(a, b) in self.links.clone().difference(&pairs) {
+            self.xs.transaction(|tx| {
+                for (owner, peer) in [(a, b), (b, a)] {
+                    match tx.rm(&link_dir(owner, peer)) {
+                        Ok(()) => {}
+                        Err(e) if e.is(XsErrno::NoEnt) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            })?;
+            self.links.remove(&(a, b));
+        }
+        Ok(())
+    }
+
+    fn make_link_dirs(&self, a: DomId, b: DomId) -> Result<(), XsError> {
+        self.xs.transaction(|tx| {
+            for (owner, peer) in [(a, b), (b, a)] {
+                // Only in a live guest's advert directory: never recreate a
+                // released home.
+                let advert = format!("{}/{}", layout::home(owner), layout::ADVERT);
+                if tx.try_read(&advert)?.is_none() {
+                    return Err(XsError::Daemon {
+                        errno: XsErrno::NoEnt,
+                        op: "link directory",
+                        path: advert,
+                    });
+                }
+                let dir = link_dir(owner, peer);
+                if tx.try_read(&dir)?.is_some() {
+                    // Made earlier (by us before a restart, or by the guest
+                    // itself, with the same permissions): keep it.
+                    continue;
+                }
+                tx.mkdir(&dir)?;
+                tx.set_perms(
+                    &dir,
+                    &[
+                        Perm::new(PermAccess::None, u32::from(owner)),
+                        Perm::new(PermAccess::Read, u32::from(peer)),
+                    ],
+                )?;
+            }
+            Ok(())
+        })
     }
 
     fn publish(&self, g: DomId, old: Option<&Table>, new: &Table) -> Result<(), XsError> {
@@ -390,6 +483,8 @@ mod tests {
             "/local/domain/3/xensock/peers/4/addrs",
             "/local/domain/3/xensock/moved/x",
             "/local/domain/3/data/other",
+            "/local/domain/3/data/xensock/link",
+            "/local/domain/3/data/xensock/link/4/state",
             "/tool/xensock",
         ] {
             assert!(!relevant(p), "{p}");

@@ -13,6 +13,11 @@ pub const ADVERT_ADDRS: &str = "data/xensock/addrs";
 /// The guest's xensock version.
 pub const ADVERT_VERSION: &str = "data/xensock/version";
 
+/// Below a guest's home: one directory per peer it has a link with,
+/// `data/xensock/link/<peer>` (`docs/protocol.md` 6.1). The agent makes
+/// them for co-resident pairs.
+pub const LINK_DIR: &str = "data/xensock/link";
+
 /// Dom0-owned, guest-readable xensock directory of a guest.
 pub const XENSOCK: &str = "xensock";
 /// The guest's tenant label, set by dom0 (`xensock/label`).

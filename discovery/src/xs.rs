@@ -4,7 +4,10 @@
 //!
 //! One reader thread per connection routes replies to their requests by
 //! request id and watch events to their watches by token, so any number of
-//! threads or tasks may have requests in flight while events arrive.
+//! threads or tasks may have requests in flight while events arrive. On
+//! `/dev/xen/xenbus` a WATCH or UNWATCH is written only while no other
+//! request waits for its reply: Linux's xenbus device deadlocks the whole
+//! guest's XenStore otherwise (see `Core::send`).
 //!
 //! ```no_run
 //! use xensock_discovery::xs::XsClient;
@@ -29,7 +32,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -104,6 +107,9 @@ pub struct WatchEvent {
 enum ReplySink {
     Blocking(mpsc::SyncSender<Result<Vec<u8>, XsError>>),
     Async(tokio::sync::oneshot::Sender<Result<Vec<u8>, XsError>>),
+    /// A request sent from `Drop` (unwatch, transaction abort): the reply
+    /// is only counted, so that the connection knows it is quiet.
+    Discard,
 }
 
 impl ReplySink {
@@ -115,6 +121,7 @@ impl ReplySink {
             ReplySink::Async(s) => {
                 let _ = s.send(r);
             }
+            ReplySink::Discard => {}
         }
     }
 }
@@ -126,9 +133,14 @@ struct Pending {
     sink: ReplySink,
 }
 
+/// A callback run on the connection's reader thread for each event of a
+/// [`CallbackWatch`].
+type EventCallback = Arc<dyn Fn(WatchEvent) + Send + Sync>;
+
 enum EventSink {
     Blocking(mpsc::Sender<WatchEvent>),
     Async(tokio::sync::mpsc::UnboundedSender<WatchEvent>),
+    Callback(EventCallback),
 }
 
 impl EventSink {
@@ -140,6 +152,7 @@ impl EventSink {
             EventSink::Async(s) => {
                 let _ = s.send(e);
             }
+            EventSink::Callback(f) => f(e),
         }
     }
 }
@@ -147,14 +160,21 @@ impl EventSink {
 #[derive(Default)]
 struct Routes {
     pending: HashMap<u32, Pending>,
-    watches: HashMap<String, EventSink>,
+    watches: HashMap<String, Arc<EventSink>>,
     closed: bool,
+    /// A WATCH or UNWATCH is being written on a quiescing connection:
+    /// nothing else may be sent until its write returns.
+    watch_in_progress: bool,
 }
 
 struct Core {
     fd: OwnedFd,
     write_lock: Mutex<()>,
     routes: Mutex<Routes>,
+    /// Signalled when `routes.pending` shrinks or a watch write ends.
+    quiet: Condvar,
+    /// Linux's `/dev/xen/xenbus` rules (see [`Core::quiesce_watches`]).
+    quiesce_watches: bool,
     next_req: AtomicU32,
     next_token: AtomicU64,
     wake: OwnedFd,
@@ -196,10 +216,14 @@ fn reply_error(p: &Pending, payload: &[u8]) -> XsError {
 }
 
 impl Core {
-    fn connect(path: &Path) -> Result<Arc<Core>, XsError> {
+    /// Connects to a socket or a device. `quiesce_watches` applies Linux's
+    /// `/dev/xen/xenbus` rules (see [`Core::quiesce_watches`]); `None`
+    /// decides by the file type (a character device gets them).
+    fn connect(path: &Path, quiesce_watches: Option<bool>) -> Result<Arc<Core>, XsError> {
         let meta = std::fs::metadata(path)
             .map_err(|e| XsError::NotAvailable(format!("{}: {e}", path.display())))?;
-        let fd: OwnedFd = if meta.file_type().is_socket() {
+        let is_socket = meta.file_type().is_socket();
+        let fd: OwnedFd = if is_socket {
             UnixStream::connect(path)?.into()
         } else {
             let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
@@ -223,6 +247,8 @@ impl Core {
             fd,
             write_lock: Mutex::new(()),
             routes: Mutex::new(Routes::default()),
+            quiet: Condvar::new(),
+            quiesce_watches: quiesce_watches.unwrap_or(!is_socket),
             next_req: AtomicU32::new(1),
             next_token: AtomicU64::new(1),
             wake,
@@ -239,41 +265,78 @@ impl Core {
         Ok(core)
     }
 
-    fn send(&self, ty: MsgType, tx: u32, payload: &[u8], p: Pending) -> Result<(), XsError> {
+    fn next_req_id(&self) -> u32 {
         let mut req = self.next_req.fetch_add(1, Ordering::Relaxed);
         if req == 0 {
             req = self.next_req.fetch_add(1, Ordering::Relaxed);
         }
+        req
+    }
+
+    /// Sends one request; its reply goes to `p.sink`.
+    ///
+    /// On a quiescing connection (Linux's `/dev/xen/xenbus`), WATCH and
+    /// UNWATCH are written only when no other request of this connection
+    /// is waiting for its reply, and nothing else is written until the
+    /// watch's write returns. The kernel handles a WATCH written to the
+    /// device synchronously: `xenbus_file_write` holds the file's
+    /// `msgbuffer_mutex` while it waits for xenstored's answer, and the
+    /// domain's single `xenbus` thread, delivering the reply to an earlier
+    /// request of the same file, needs that mutex too
+    /// (`xenbus_dev_queue_reply`). A reply that arrives in between would
+    /// therefore block the xenbus thread for good, and with it every
+    /// XenStore request of the whole guest (threads sleep in `xs_talkv`).
+    fn send(&self, ty: MsgType, tx: u32, payload: &[u8], p: Pending) -> Result<(), XsError> {
+        let req = self.next_req_id();
         let msg = encode_message(ty, req, tx, payload)
             .map_err(|e| XsError::InvalidArgument(e.to_string()))?;
+        let is_watch = self.quiesce_watches && matches!(ty, MsgType::Watch | MsgType::Unwatch);
         {
             let mut r = lock(&self.routes);
+            if self.quiesce_watches {
+                while !r.closed && (r.watch_in_progress || (is_watch && !r.pending.is_empty())) {
+                    r = self.quiet.wait(r).unwrap_or_else(|p| p.into_inner());
+                }
+            }
             if r.closed {
                 return Err(XsError::Closed);
             }
             r.pending.insert(req, p);
+            if is_watch {
+                r.watch_in_progress = true;
+            }
         }
-        let _w = lock(&self.write_lock);
-        if let Err(e) = write_all(self.fd.as_raw_fd(), &msg) {
-            lock(&self.routes).pending.remove(&req);
-            return Err(e.into());
+        let written = {
+            let _w = lock(&self.write_lock);
+            write_all(self.fd.as_raw_fd(), &msg)
+        };
+        if is_watch || written.is_err() {
+            let mut r = lock(&self.routes);
+            if is_watch {
+                r.watch_in_progress = false;
+            }
+            if written.is_err() {
+                r.pending.remove(&req);
+            }
+            drop(r);
+            self.quiet.notify_all();
         }
-        Ok(())
+        written.map_err(XsError::from)
     }
 
     /// Sends without waiting for the reply (used from Drop).
     fn send_detached(&self, ty: MsgType, tx: u32, payload: &[u8]) {
-        let mut req = self.next_req.fetch_add(1, Ordering::Relaxed);
-        if req == 0 {
-            req = self.next_req.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Ok(msg) = encode_message(ty, req, tx, payload) {
-            if lock(&self.routes).closed {
-                return;
-            }
-            let _w = lock(&self.write_lock);
-            let _ = write_all(self.fd.as_raw_fd(), &msg);
-        }
+        let _ = self.send(
+            ty,
+            tx,
+            payload,
+            Pending {
+                ty,
+                op: "detached",
+                arg: String::new(),
+                sink: ReplySink::Discard,
+            },
+        );
     }
 
     fn call(
@@ -426,6 +489,7 @@ fn read_loop(core: std::sync::Weak<Core>, fd: i32, wake: i32) {
                 std::mem::take(&mut r.watches),
             )
         };
+        core.quiet.notify_all();
         for (_, p) in pending {
             let e = match &reason {
                 XsError::Protocol(s) => XsError::Protocol(s.clone()),
@@ -444,7 +508,9 @@ fn dispatch(core: &Core, h: Header, payload: Vec<u8>) {
                 path: String::from_utf8_lossy(parts[0]).into_owned(),
                 token: String::from_utf8_lossy(parts[1]).into_owned(),
             };
-            if let Some(s) = lock(&core.routes).watches.get(&ev.token) {
+            // Outside the lock: a callback may take its own locks.
+            let sink = lock(&core.routes).watches.get(&ev.token).cloned();
+            if let Some(s) = sink {
                 s.send(ev);
             }
         }
@@ -453,6 +519,9 @@ fn dispatch(core: &Core, h: Header, payload: Vec<u8>) {
     let Some(p) = lock(&core.routes).pending.remove(&h.req_id) else {
         return;
     };
+    if core.quiesce_watches {
+        core.quiet.notify_all();
+    }
     let r = if h.msg_type() == Some(MsgType::Error) {
         Err(reply_error(&p, &payload))
     } else if h.msg_type() != Some(p.ty) {
@@ -715,7 +784,18 @@ impl XsClient {
     /// Connects to a xenstored unix socket or a xenbus device.
     pub fn open_path(path: impl AsRef<Path>) -> Result<XsClient, XsError> {
         Ok(XsClient {
-            core: Core::connect(path.as_ref())?,
+            core: Core::connect(path.as_ref(), None)?,
+        })
+    }
+
+    /// Connects to `path` with the rules of Linux's `/dev/xen/xenbus`
+    /// whatever it is: a WATCH or UNWATCH is written only while no other
+    /// request of the connection waits for its reply (see the module
+    /// notes). [`XsClient::open_path`] applies them to character devices
+    /// by itself; this is for tests that play the device over a socket.
+    pub fn open_path_quiescing_watches(path: impl AsRef<Path>) -> Result<XsClient, XsError> {
+        Ok(XsClient {
+            core: Core::connect(path.as_ref(), Some(true))?,
         })
     }
 
@@ -725,6 +805,32 @@ impl XsClient {
 
     fn tx(&self) -> u32 {
         0
+    }
+
+    /// Watches `path` and hands each event to `f`, which runs on the
+    /// connection's reader thread: it must be quick and must not use this
+    /// connection (queue the event and wake a thread of your own). The
+    /// first event arrives at once. Dropping the [`CallbackWatch`] removes
+    /// the watch; never drop it from inside `f`.
+    pub fn watch_with(
+        &self,
+        path: &str,
+        f: impl Fn(WatchEvent) + Send + Sync + 'static,
+    ) -> Result<CallbackWatch, XsError> {
+        let token = self.core.new_token();
+        let payload = watch_payload(path, &token)?;
+        lock(&self.core.routes)
+            .watches
+            .insert(token.clone(), Arc::new(EventSink::Callback(Arc::new(f))));
+        if let Err(e) = self.core.call(MsgType::Watch, 0, &payload, "watch", path) {
+            lock(&self.core.routes).watches.remove(&token);
+            return Err(e);
+        }
+        Ok(CallbackWatch {
+            core: self.core.clone(),
+            path: path.to_string(),
+            token,
+        })
     }
 
     /// The async API on the same connection.
@@ -745,6 +851,27 @@ impl XsClient {
             &arg,
         )?;
         Ok(parse_list(&p).into_iter().next().unwrap_or_default())
+    }
+
+    /// Whether xenstored knows domain `domid` (`IS_DOMAIN_INTRODUCED`).
+    /// Privileged: guests get `EACCES` from xenstored since XSA-115.
+    pub fn is_domain_introduced(&self, domid: u32) -> Result<bool, XsError> {
+        let arg = domid.to_string();
+        let p = self.core.call(
+            MsgType::IsDomainIntroduced,
+            0,
+            &one(&arg)?,
+            "is_domain_introduced",
+            &arg,
+        )?;
+        match parse_list(&p).first().map(String::as_str) {
+            Some("T") => Ok(true),
+            Some("F") => Ok(false),
+            _ => Err(XsError::Protocol(format!(
+                "IS_DOMAIN_INTRODUCED answered {:?}",
+                String::from_utf8_lossy(&p)
+            ))),
+        }
     }
 
     /// Watches `path` (and everything below it; `@introduceDomain` and
@@ -768,7 +895,7 @@ impl XsClient {
             let payload = watch_payload(path, &token)?;
             lock(&self.core.routes)
                 .watches
-                .insert(token.clone(), EventSink::Blocking(s.clone()));
+                .insert(token.clone(), Arc::new(EventSink::Blocking(s.clone())));
             if let Err(e) = self.core.call(MsgType::Watch, 0, &payload, "watch", path) {
                 lock(&self.core.routes).watches.remove(&token);
                 return Err(e);
@@ -974,6 +1101,43 @@ impl Drop for Watch {
     }
 }
 
+/// A watch registered with [`XsClient::watch_with`]. Dropping it
+/// unregisters it.
+pub struct CallbackWatch {
+    core: Arc<Core>,
+    path: String,
+    token: String,
+}
+
+impl std::fmt::Debug for CallbackWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallbackWatch")
+            .field("path", &self.path)
+            .field("token", &self.token)
+            .finish()
+    }
+}
+
+impl CallbackWatch {
+    /// The watched path.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+    /// The watch's token ([`WatchEvent::token`] of its events).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+}
+
+impl Drop for CallbackWatch {
+    fn drop(&mut self) {
+        lock(&self.core.routes).watches.remove(&self.token);
+        if let Ok(p) = watch_payload(&self.path, &self.token) {
+            self.core.send_detached(MsgType::Unwatch, 0, &p);
+        }
+    }
+}
+
 /// An async XenStore connection. Cheap to clone. Works on any executor:
 /// the connection's reader is a thread, replies complete futures.
 ///
@@ -1024,7 +1188,7 @@ impl AsyncXsClient {
         let (s, r) = tokio::sync::mpsc::unbounded_channel();
         lock(&self.core.routes)
             .watches
-            .insert(token.clone(), EventSink::Async(s));
+            .insert(token.clone(), Arc::new(EventSink::Async(s)));
         let p = watch_payload(path, &token)?;
         let res = self
             .core

@@ -312,3 +312,65 @@ fn peer_events_as_an_async_stream() {
         other => panic!("expected Gone, got {other:?}"),
     }
 }
+
+fn perms_string(p: &[Perm]) -> String {
+    p.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The agent makes both link directories of a co-resident pair, each
+/// owned by its guest and readable by the other only, in one transaction:
+/// when a guest first sees its directory, its permissions are final and
+/// its counterpart exists. Another tenant's guest gets none; a peer that
+/// goes away takes the pair's directories with it.
+#[test]
+fn the_agent_makes_each_pairs_link_directories_at_once() {
+    let host = SimHost::start().unwrap();
+    let dom0 = XsClient::open_path(host.dom0().xenstored_path()).unwrap();
+    let a = guest(&host, "a", "blue", "10.0.0.1");
+    let b = guest(&host, "b", "blue", "10.0.0.2");
+    let c = guest(&host, "c", "red", "10.0.0.3");
+    let (da, db, dc) = (a.dom.domid, b.dom.domid, c.dom.domid);
+    let mine = format!("/local/domain/{da}/data/xensock/link/{db}");
+    let theirs = format!("/local/domain/{db}/data/xensock/link/{da}");
+    // A watches its link directory before the agent starts.
+    let mut w =
+        a.xs.watch(&format!("/local/domain/{da}/data/xensock/link"))
+            .unwrap();
+    let _agent = Agent::spawn(dom0.clone(), AgentConfig::default()).unwrap();
+    let deadline = Instant::now() + T;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "link/{db} never appeared for dom{da}");
+        let ev = w.recv_timeout(left).unwrap();
+        if ev.is_some_and(|e| e.path == mine) {
+            break;
+        }
+    }
+    // Seen for the first time: already final, and B's half is there too.
+    assert_eq!(
+        perms_string(&a.xs.get_perms(&mine).unwrap()),
+        format!("n{da},r{db}")
+    );
+    assert_eq!(
+        perms_string(&a.xs.get_perms(&theirs).unwrap()),
+        format!("n{db},r{da}")
+    );
+    // B may read A's, C may read neither; A can write its own.
+    assert!(b.xs.directory(&mine).is_ok());
+    assert_eq!(errno(c.xs.directory(&mine)), XsErrno::Acces);
+    a.xs.write(&format!("{mine}/state"), "3").unwrap();
+    for (x, y) in [(da, dc), (dc, da), (db, dc)] {
+        let d = format!("/local/domain/{x}/data/xensock/link/{y}");
+        assert!(dom0.try_read(&d).unwrap().is_none(), "{d}");
+    }
+    // B goes away: A's directory for it goes too.
+    host.destroy_domain(db).unwrap();
+    let deadline = Instant::now() + T;
+    while dom0.try_read(&mine).unwrap().is_some() {
+        assert!(Instant::now() < deadline, "{mine} outlived dom{db}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

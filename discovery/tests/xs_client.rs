@@ -307,3 +307,170 @@ fn special_watches_are_for_dom0() {
         "g"
     );
 }
+
+/// A stand-in for xenstored that answers READ after `read_delay`, WATCH at
+/// once (plus the initial event), anything else with "OK", and logs what
+/// it received and sent, in order.
+fn fake_xenstored(
+    read_delay: Duration,
+) -> (
+    tempdir_like::Dir,
+    std::path::PathBuf,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixListener;
+    use std::sync::{Arc, Mutex};
+    use xensock_xenif::xs_wire::{encode_message, split_strings, Header, MsgType, HEADER_LEN};
+    let dir = tempdir_like::Dir::new();
+    let path = dir.path().join("xenbus");
+    let listener = UnixListener::bind(&path).unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let log2 = log.clone();
+    std::thread::spawn(move || {
+        let (mut sock, _) = listener.accept().unwrap();
+        let out = Arc::new(Mutex::new(sock.try_clone().unwrap()));
+        loop {
+            let mut h = [0u8; HEADER_LEN];
+            if sock.read_exact(&mut h).is_err() {
+                return;
+            }
+            let h = Header::decode(&h);
+            let mut body = vec![0u8; h.len as usize];
+            sock.read_exact(&mut body).unwrap();
+            let ty = h.msg_type().unwrap();
+            log2.lock().unwrap().push(format!("recv {ty:?}"));
+            let reply = |ty: MsgType, payload: &[u8]| {
+                encode_message(ty, h.req_id, h.tx_id, payload).unwrap()
+            };
+            match ty {
+                MsgType::Read => {
+                    let (out, log) = (out.clone(), log2.clone());
+                    let msg = reply(ty, b"value");
+                    std::thread::spawn(move || {
+                        std::thread::sleep(read_delay);
+                        let mut o = out.lock().unwrap();
+                        log.lock().unwrap().push("reply Read".into());
+                        o.write_all(&msg).unwrap();
+                    });
+                }
+                MsgType::Watch | MsgType::Unwatch => {
+                    let (parts, _) = split_strings(&body);
+                    let mut o = out.lock().unwrap();
+                    log2.lock().unwrap().push(format!("reply {ty:?}"));
+                    o.write_all(&reply(ty, b"OK\0")).unwrap();
+                    if ty == MsgType::Watch {
+                        let mut ev = parts[0].to_vec();
+                        ev.push(0);
+                        ev.extend_from_slice(parts[1]);
+                        ev.push(0);
+                        o.write_all(&encode_message(MsgType::WatchEvent, 0, 0, &ev).unwrap())
+                            .unwrap();
+                    }
+                }
+                _ => {
+                    let mut o = out.lock().unwrap();
+                    log2.lock().unwrap().push(format!("reply {ty:?}"));
+                    o.write_all(&reply(ty, b"OK\0")).unwrap();
+                }
+            }
+        }
+    });
+    (dir, path, log)
+}
+
+/// A private temporary directory (removed on drop).
+mod tempdir_like {
+    pub struct Dir(std::path::PathBuf);
+    impl Dir {
+        pub fn new() -> Dir {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static N: AtomicU32 = AtomicU32::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "xs-fake-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&p).unwrap();
+            Dir(p)
+        }
+        pub fn path(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Linux's /dev/xen/xenbus deadlocks the guest's whole XenStore if a reply
+/// to another request of the same file arrives while a WATCH or UNWATCH
+/// written to it waits for xenstored (see `Core::send`). On such a
+/// connection the client must hold watch registration back until every
+/// earlier request has its reply.
+#[test]
+fn watches_wait_for_a_quiet_xenbus_connection() {
+    let (_dir, path, log) = fake_xenstored(Duration::from_millis(300));
+    let xs = XsClient::open_path_quiescing_watches(&path).unwrap();
+    let reader = {
+        let xs = xs.clone();
+        std::thread::spawn(move || xs.read("/slow").unwrap())
+    };
+    // The read is in flight (its reply is 300 ms away) when we watch.
+    let t0 = std::time::Instant::now();
+    while !log.lock().unwrap().iter().any(|l| l == "recv Read") {
+        assert!(t0.elapsed() < T, "the read never reached the daemon");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut w = xs.watch("/w").unwrap();
+    assert_eq!(w.recv_timeout(T).unwrap().unwrap().path, "/w");
+    assert_eq!(reader.join().unwrap(), b"value");
+    drop(w);
+    // Unwatch is sent from Drop; wait for it, then a read behind it.
+    assert_eq!(xs.read("/slow").unwrap(), b"value");
+    let log = log.lock().unwrap().clone();
+    let pos = |s: &str| log.iter().position(|l| l == s).unwrap_or(usize::MAX);
+    assert!(
+        pos("reply Read") < pos("recv Watch"),
+        "WATCH written while a READ was in flight: {log:?}"
+    );
+    assert!(pos("recv Unwatch") < log.len(), "no UNWATCH: {log:?}");
+    // A socket connection keeps requests concurrent: the same sequence
+    // writes the WATCH at once.
+    let (_dir2, path2, log2) = fake_xenstored(Duration::from_millis(300));
+    let xs2 = XsClient::open_path(&path2).unwrap();
+    let reader = {
+        let xs2 = xs2.clone();
+        std::thread::spawn(move || xs2.read("/slow").unwrap())
+    };
+    while !log2.lock().unwrap().iter().any(|l| l == "recv Read") {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _w2 = xs2.watch("/w").unwrap();
+    reader.join().unwrap();
+    let log2 = log2.lock().unwrap().clone();
+    let pos2 = |s: &str| log2.iter().position(|l| l == s).unwrap_or(usize::MAX);
+    assert!(pos2("recv Watch") < pos2("reply Read"), "{log2:?}");
+}
+
+/// `watch_with` hands events to a callback and unregisters on drop.
+#[test]
+fn callback_watches_deliver_events_and_unregister() {
+    let (_h, dom0, _g, _) = host_with_guest();
+    let (s, r) = std::sync::mpsc::channel();
+    let w = dom0
+        .watch_with("/cb", move |ev| {
+            let _ = s.send(ev.path);
+        })
+        .unwrap();
+    assert_eq!(r.recv_timeout(T).unwrap(), "/cb");
+    dom0.write("/cb/x", "1").unwrap();
+    assert_eq!(r.recv_timeout(T).unwrap(), "/cb/x");
+    drop(w);
+    dom0.write("/cb/y", "1").unwrap();
+    // A read behind the unwatch: any event for /cb/y would precede its reply.
+    dom0.read("/cb/y").unwrap();
+    assert!(r.recv_timeout(Duration::from_millis(200)).is_err());
+}

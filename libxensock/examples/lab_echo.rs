@@ -9,7 +9,8 @@
 //! ```
 //!
 //! Uses only the public API: `Transport::from_env()` (real `/dev/xen` when
-//! present) and `xensock_discovery::xs::XsClient`. No library code changes.
+//! present) and `xensock_discovery::xs::XsClient`. A failed connect exits
+//! with status 2 and prints the errno (`os error 113` is `EHOSTUNREACH`).
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -60,34 +61,18 @@ fn main() {
     }
 }
 
-/// `Transport::from_env()`, or, with `LAB_LINK_TIMEOUT=<secs>` on real
-/// `/dev/xen`, the same transport with a longer link timeout (the default
-/// is 2 s).
+/// `Transport::from_env()`: real `/dev/xen` when present, with the
+/// library's settings (`XENSOCK_LINK_TIMEOUT_MS` etc. apply).
 fn transport() -> Res<Transport> {
     let report = libxensock::backend();
     println!("{report}");
-    let lt: Option<f64> = std::env::var("LAB_LINK_TIMEOUT")
-        .ok()
-        .and_then(|v| v.parse().ok());
-    let t = match lt {
-        Some(secs) if report.kind == libxensock::BackendKind::DevXen => {
-            let xs = XsClient::open()?;
-            let domid = xs.read_string("domid")?.trim().parse()?;
-            let cfg = libxensock::Config {
-                link_timeout: Duration::from_secs_f64(secs),
-                ..Default::default()
-            };
-            println!("link timeout {secs} s");
-            Transport::with_backend(
-                xensock_xenif::dev::DevXen::open()?,
-                xs,
-                domid,
-                libxensock::BackendKind::DevXen,
-                cfg,
-            )?
-        }
-        _ => Transport::from_env()?,
-    };
+    let cfg = libxensock::Config::default();
+    println!(
+        "link timeout {:.1} s, connect timeout {:.1} s",
+        cfg.link_timeout.as_secs_f64(),
+        cfg.connect_timeout.as_secs_f64()
+    );
+    let t = Transport::from_env()?;
     println!(
         "transport up: domain {} backend {}",
         t.domid(),

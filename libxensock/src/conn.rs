@@ -3,12 +3,14 @@
 //! the link manager.
 
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
+use xensock_proto::ctrl::RingGrant;
 use xensock_proto::mem::RawRing;
-use xensock_proto::ring::{Consumer, Producer, RingError};
+use xensock_proto::ring::{Consumer, Field, Producer, RingError, RingMemory};
 use xensock_proto::switch::{RxPath, TxPath};
 use xensock_xenif::{DomId, EventChannel};
 
@@ -18,6 +20,14 @@ use crate::rings::{MappedRing, OwnedRing};
 
 pub(crate) const WANT_READ: u8 = 1;
 pub(crate) const WANT_WRITE: u8 = 2;
+
+/// Event-index value of a side that has not waited yet. A fresh header has
+/// 0 there, which would read as "waiting at position 0"; each side stores
+/// this into its own event index when it attaches, so that a close can
+/// tell whether the peer sleeps on the ring (`ConnIo::peer_waiting`).
+/// Kicks are unaffected: `need_event` never fires for it before 4 GiB
+/// have passed, and a side publishes a real index before it sleeps.
+pub(crate) const NOT_WAITING: u32 = u32::MAX;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -46,6 +56,22 @@ pub enum ConnPhase {
 /// of connections waiting for a kick.
 pub(crate) struct LinkShared {
     pub armed: Mutex<Vec<Weak<Conn>>>,
+    /// A second descriptor of the link's inbound event channel: one
+    /// blocked reader or writer at a time sleeps on it directly, so the
+    /// peer's kick wakes it without a hop through the manager thread.
+    pub kick_fd: Option<OwnedFd>,
+    /// Whether a waiter holds the direct slot on `kick_fd`.
+    pub direct: AtomicBool,
+}
+
+impl LinkShared {
+    pub(crate) fn new(kick_fd: Option<OwnedFd>) -> LinkShared {
+        LinkShared {
+            armed: Mutex::new(Vec::new()),
+            kick_fd,
+            direct: AtomicBool::new(false),
+        }
+    }
 }
 
 pub(crate) struct RxSide {
@@ -58,6 +84,9 @@ pub(crate) struct RxSide {
 pub(crate) struct TxSide {
     pub p: Producer<RawRing>,
     pub mapped: MappedRing,
+    /// How the peer offered the ring: the key under which the mapping is
+    /// kept for reuse after the connection (docs/protocol.md 6.6).
+    pub grant: RingGrant,
 }
 
 pub(crate) struct ConnIo {
@@ -72,6 +101,9 @@ pub(crate) struct ConnIo {
     pub shut_wr: bool,
     pub peer_closed: bool,
     pub close_received: bool,
+    /// Our `Close` went out (on a ring-reuse link it is also sent as the
+    /// answer to the peer's, so each side sends exactly one).
+    pub close_sent: bool,
     pub bytes_in: u64,
     pub bytes_out: u64,
     /// Ring error waiting to be turned into a Reset frame by the caller.
@@ -92,6 +124,7 @@ impl ConnIo {
             shut_wr: false,
             peer_closed: false,
             close_received: false,
+            close_sent: false,
             bytes_in: 0,
             bytes_out: 0,
             violation: None,
@@ -140,7 +173,8 @@ impl ConnIo {
     fn dead_state_error(&mut self, write: bool) -> Option<io::Result<usize>> {
         match self.phase {
             ConnPhase::Open => None,
-            ConnPhase::Connecting => Some(Err(errno(libc::ENOTCONN))),
+            // A non-blocking connect in progress: wait for the handshake.
+            ConnPhase::Connecting => Some(Err(io::ErrorKind::WouldBlock.into())),
             ConnPhase::Failed(e) => Some(Err(errno(e))),
             ConnPhase::Reset { reported: false } => {
                 self.phase = ConnPhase::Reset { reported: true };
@@ -239,8 +273,11 @@ impl ConnIo {
     /// Publishes the event indices for `want` and re-checks. Returns
     /// whether the caller may sleep (nothing it waits for is there yet).
     pub(crate) fn prepare_wait(&mut self, want: u8, write_want: u32) -> bool {
-        if self.phase != ConnPhase::Open {
-            return false;
+        match self.phase {
+            ConnPhase::Open => {}
+            // The answer to the request signals the connection.
+            ConnPhase::Connecting => return true,
+            _ => return false,
         }
         let mut sleep = true;
         if want & WANT_READ != 0 && !self.shut_rd {
@@ -291,8 +328,34 @@ impl ConnIo {
         false
     }
 
+    /// After FIN and CLOSED were set without a kick: whether the peer may
+    /// sleep on one of our rings (its reader waiting for data at our
+    /// `prod`, or its writer for space we would free), so that a kick is
+    /// due now. Each side's re-check after publishing its event index (and
+    /// the fence here) means one of the two sees the other.
+    pub(crate) fn peer_waiting(&self) -> bool {
+        let reader = self.tx.as_ref().is_some_and(|tx| {
+            let m = tx.p.memory();
+            m.fence();
+            m.load(Field::DataEvent, Ordering::Relaxed) == tx.p.position()
+        });
+        let writer = self.rx.as_ref().is_some_and(|rx| {
+            let m = rx.c.memory();
+            m.fence();
+            let ev = m.load(Field::SpaceEvent, Ordering::Relaxed);
+            ev.wrapping_sub(rx.c.position()) < rx.c.capacity()
+        });
+        reader || writer
+    }
+
     /// `shutdown(Write)`: FIN after the bytes written so far.
     pub(crate) fn shutdown_write(&mut self) {
+        self.shutdown_write_kick(true);
+    }
+
+    /// [`ConnIo::shutdown_write`], kicking the peer only if `kick` (a
+    /// caller that sends a control frame right after lets that kick).
+    pub(crate) fn shutdown_write_kick(&mut self, kick: bool) {
         if self.shut_wr {
             return;
         }
@@ -301,21 +364,41 @@ impl ConnIo {
         if let Some(tx) = &mut self.tx {
             tx.p.finish();
             let _ = tx.p.flush();
-            self.kick();
+            if kick {
+                self.kick();
+            }
         }
     }
 
     /// `shutdown(Read)`: the writer gets `EPIPE`.
     pub(crate) fn shutdown_read(&mut self) {
+        self.shutdown_read_kick(true);
+    }
+
+    /// [`ConnIo::shutdown_read`], kicking the peer only if `kick`.
+    pub(crate) fn shutdown_read_kick(&mut self, kick: bool) {
         if self.shut_rd {
             return;
         }
         self.shut_rd = true;
         if let Some(rx) = &mut self.rx {
             rx.c.close();
-            self.kick();
+            if kick {
+                self.kick();
+            }
         }
     }
+}
+
+/// What ended a sleep on a connection's eventfd and its link's kick
+/// descriptor ([`Conn::wait_kick`]).
+pub(crate) enum KickWait {
+    /// The connection was signalled (its state changed).
+    Signalled,
+    /// The link was kicked: look at the control ring.
+    Kicked,
+    /// The deadline passed.
+    TimedOut,
 }
 
 /// A connection, shared by its stream handles, the transport's tables and
@@ -412,12 +495,112 @@ impl Conn {
         write_want: u32,
         deadline: Option<Instant>,
     ) -> bool {
+        // One waiter per link sleeps on the link's event channel itself:
+        // the peer's kick wakes it directly, where the others (and this one,
+        // after a kick meant for another connection) wait for the manager
+        // thread to check their rings and signal them: two wake-ups.
+        let direct = self.link.kick_fd.is_some()
+            && self
+                .link
+                .direct
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        if direct {
+            // Signals after this drain make it readable again; the
+            // generation read below is at least as new as any before it.
+            self.evfd.drain();
+        }
         let g0 = self.generation();
         self.arm(want);
         if !self.io().prepare_wait(want, write_want) {
+            if direct {
+                self.link.direct.store(false, Ordering::Release);
+            }
             return true;
         }
-        self.wait_since(g0, deadline)
+        if !direct {
+            return self.wait_since(g0, deadline);
+        }
+        let r = self.wait_direct(want, g0, deadline);
+        self.link.direct.store(false, Ordering::Release);
+        match r {
+            Some(r) => r,
+            None => self.wait_since(g0, deadline),
+        }
+    }
+
+    /// For a blocking connect waiting for its answer: sleeps on the
+    /// connection's eventfd and the link's kick descriptor, if the link's
+    /// direct slot is free (`None` otherwise). The eventfd must have been
+    /// drained before `g0` was read.
+    pub(crate) fn wait_kick(&self, g0: u64, deadline: Instant) -> Option<KickWait> {
+        let kick = self.link.kick_fd.as_ref()?;
+        self.link
+            .direct
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        let r = self.poll_signal_or_kick(kick, g0, Some(deadline));
+        self.link.direct.store(false, Ordering::Release);
+        Some(r)
+    }
+
+    /// Sleeps on the connection's eventfd and the link's kick descriptor.
+    /// `Some(false)` on timeout, `Some(true)` when signalled or when a kick
+    /// made `want` ready, `None` after a kick for another connection (the
+    /// caller then waits for the manager, which has that kick to ack).
+    fn wait_direct(&self, want: u8, g0: u64, deadline: Option<Instant>) -> Option<bool> {
+        let kick = self.link.kick_fd.as_ref()?;
+        match self.poll_signal_or_kick(kick, g0, deadline) {
+            KickWait::Signalled => Some(true),
+            KickWait::TimedOut => Some(false),
+            KickWait::Kicked if self.io().ready_for(want) => Some(true),
+            KickWait::Kicked => None,
+        }
+    }
+
+    /// Sleeps in `poll` on our eventfd and the link's kick descriptor until
+    /// either is readable (or the generation moved past `g0`, or the
+    /// deadline passed).
+    fn poll_signal_or_kick(&self, kick: &OwnedFd, g0: u64, deadline: Option<Instant>) -> KickWait {
+        loop {
+            if self.generation() != g0 {
+                return KickWait::Signalled;
+            }
+            let ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return KickWait::TimedOut;
+                    }
+                    i32::try_from((d - now).as_millis() + 1).unwrap_or(i32::MAX)
+                }
+            };
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.evfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: kick.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds for the duration of the call; both
+            // descriptors stay open (this connection and its link share
+            // hold them).
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+            if n <= 0 {
+                // EINTR or the timeout: the checks above decide.
+                continue;
+            }
+            if fds[0].revents != 0 || self.generation() != g0 {
+                return KickWait::Signalled;
+            }
+            return KickWait::Kicked;
+        }
     }
 
     /// The signal counter, read before checking a condition that

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use xensock_proto::ctrl::RingGrant;
 use xensock_proto::layout::{
-    GrantDirectory, RingGeometry, RingIdentity, DATA_RING_MAGIC, LINK_RING_MAGIC, LINK_RING_ORDER,
-    PAGE_SIZE,
+    GrantDirectory, LayoutError, RingGeometry, RingIdentity, DATA_RING_MAGIC, LINK_RING_MAGIC,
+    LINK_RING_ORDER, PAGE_SIZE,
 };
 use xensock_proto::mem::RawRing;
 use xensock_xenif::{Access, DomId, GrantedRegion, MappedRegion, SharedRegion};
@@ -128,6 +128,34 @@ pub(crate) fn map_ring(
     Ok(MappedRing { ring, region })
 }
 
+/// Checks, once, that a ring re-offered for a new connection starts from
+/// scratch: both counters at zero and no flags. A mapping kept from an
+/// earlier connection must never carry its indices into the next one.
+pub(crate) fn verify_fresh(ring: &RawRing) -> Result<(), Error> {
+    let h = ring.header();
+    let words = [
+        h.producer.prod.load(Ordering::Acquire),
+        h.producer.flags.load(Ordering::Acquire),
+        h.consumer.cons.load(Ordering::Acquire),
+        h.consumer.flags.load(Ordering::Acquire),
+    ];
+    if words.iter().any(|&w| w != 0) {
+        return Err(Error::Layout(LayoutError::NotFresh));
+    }
+    Ok(())
+}
+
+/// Re-initialises the header of a ring we own for its next connection:
+/// identity with the new connection id, every index, event index and flag
+/// back to zero (the caller then marks its own event index "not waiting").
+/// The data area keeps stale bytes, which no reader can see
+/// (`prod == cons`), and which came from the same peer anyway.
+pub(crate) fn reinit_ring(ring: &OwnedRing, me: DomId, peer: DomId, conn_id: u32) {
+    ring.ring
+        .header()
+        .init(&data_identity(me, peer, conn_id, ring.grant.order));
+}
+
 /// Identity of a data ring owned by `owner` for `peer`.
 pub(crate) fn data_identity(owner: DomId, peer: DomId, conn_id: u32, order: u8) -> RingIdentity {
     RingIdentity {
@@ -176,4 +204,49 @@ pub(crate) fn set_byte<R: SharedRegion + ?Sized>(region: &R, offset: usize, v: u
 /// Reads a liveness byte once.
 pub(crate) fn get_byte<R: SharedRegion + ?Sized>(region: &R, offset: usize) -> u8 {
     shared_byte(region, offset).map_or(0, |b| b.load(Ordering::Acquire))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[repr(C, align(4096))]
+    struct Page([u8; PAGE_SIZE]);
+
+    #[test]
+    fn a_reused_ring_must_start_from_zero() {
+        let mut page = Box::new(Page([0; PAGE_SIZE]));
+        let geometry = RingGeometry::new(11).unwrap();
+        let base = NonNull::new(page.0.as_mut_ptr()).unwrap();
+        // SAFETY: a private, page-aligned page that outlives `ring`.
+        let ring = unsafe { RawRing::from_region(base, PAGE_SIZE, geometry) }.unwrap();
+        ring.header().init(&data_identity(1, 2, 7, 11));
+        assert!(verify_fresh(&ring).is_ok());
+        // What the last connection leaves behind: counters, FIN, CLOSED.
+        let h = ring.header();
+        for (cell, v) in [
+            (&h.producer.prod, 300u32),
+            (&h.producer.flags, 1),
+            (&h.consumer.cons, 300),
+            (&h.consumer.flags, 1),
+        ] {
+            cell.store(v, Ordering::Release);
+            assert!(
+                matches!(
+                    verify_fresh(&ring),
+                    Err(Error::Layout(LayoutError::NotFresh))
+                ),
+                "a stale value must be refused"
+            );
+            cell.store(0, Ordering::Release);
+        }
+        h.producer.prod.store(300, Ordering::Release);
+        h.consumer.flags.store(1, Ordering::Release);
+        // The owner's re-initialisation for the next connection clears them
+        // and carries the new connection id.
+        h.init(&data_identity(1, 2, 8, 11));
+        assert!(verify_fresh(&ring).is_ok());
+        assert!(h.verify(&data_identity(1, 2, 8, 11)).is_ok());
+        assert!(h.verify(&data_identity(1, 2, 7, 11)).is_err());
+    }
 }

@@ -110,6 +110,37 @@ impl XenStream {
         ))
     }
 
+    /// Completes a connect started with [`Transport::connect_nonblocking`]:
+    /// `Ok` once the connection is open (and on every later call), the
+    /// connect's error if it failed (`ECONNREFUSED`, ...), `WouldBlock`
+    /// while the answer has not come. After `WouldBlock` the descriptor is
+    /// reset and becomes readable when the answer arrives.
+    pub fn finish_connect(&self) -> io::Result<()> {
+        let c = self.conn();
+        let check = || match c.io().phase {
+            ConnPhase::Connecting => Err(io::Error::from(io::ErrorKind::WouldBlock)),
+            ConnPhase::Failed(e) => Err(errno(e)),
+            _ => Ok(()),
+        };
+        match check() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return r,
+        }
+        // The manager sets the phase, then signals: a signal after this
+        // drain is a new edge; one before it left a phase we see below.
+        c.evfd.drain();
+        check()
+    }
+
+    /// The error of a failed non-blocking connect (`SO_ERROR`), `None`
+    /// while connecting or once connected. The stream stays failed.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        Ok(match self.conn().io().phase {
+            ConnPhase::Failed(e) => Some(errno(e)),
+            _ => None,
+        })
+    }
+
     /// Shuts down one or both directions: `Write` sends end-of-stream
     /// after the bytes written so far; `Read` makes reads return 0 and the
     /// peer's writes fail with `EPIPE`.

@@ -5,38 +5,40 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use xensock_discovery::xs::{XsClient, XsError};
+use xensock_discovery::xs::{CallbackWatch, XsClient, XsError};
 use xensock_proto::ctrl::{
     self, Channel, Message, RejectReason, ResetReason, SockType, TcpEndpoint,
 };
-use xensock_proto::layout::{RingGeometry, LINK_RING_ORDER};
+use xensock_proto::layout::{RingGeometry, RingIdentity, LINK_RING_ORDER};
 use xensock_proto::mem::RawRing;
-use xensock_proto::ring::{Consumer, Producer};
+use xensock_proto::ring::{Consumer, Field, Producer, RingMemory};
 use xensock_xenif::xs_wire::{Perm, PermAccess, XsErrno};
 use xensock_xenif::{DomId, EventChannel, UnmapNotify, XenBackend};
 
 use crate::addr::{SockAddrXen, DOMID_ANY, DOMID_FIRST_RESERVED, DOMID_SELF, PORT_ANY};
 use crate::backend::{BackendKind, Dyn, DynXen};
-use crate::conn::{lock, Conn, ConnIo, ConnPhase, LinkShared, RxSide, TxSide};
+use crate::conn::{
+    lock, Conn, ConnIo, ConnPhase, KickWait, LinkShared, RxSide, TxSide, NOT_WAITING,
+};
 use crate::error::{errno, Error};
 use crate::evfd::EventFd;
 use crate::listener::{ListenerShared, XenListener};
 use crate::rings::{
-    data_identity, get_byte, grant_ring, link_identity, map_ring, set_byte, MappedRing, OwnedRing,
-    LINK_MAPPER_ALIVE_OFFSET, LINK_OWNER_ALIVE_OFFSET,
+    data_identity, get_byte, grant_ring, link_identity, map_ring, reinit_ring, set_byte,
+    verify_fresh, MappedRing, OwnedRing, LINK_MAPPER_ALIVE_OFFSET, LINK_OWNER_ALIVE_OFFSET,
 };
 use crate::stream::XenStream;
 
 /// XenStore directory, relative to a domain's home, under which a domain
 /// publishes one node per peer it has a link with: `data/xensock/link/<peer>`.
-pub const LINK_DIR: &str = "data/xensock/link";
+pub const LINK_DIR: &str = xensock_discovery::layout::LINK_DIR;
 
 /// `state` of a link node once our half is advertised (`XenbusStateInitialised`).
 pub const STATE_INITIALISED: &str = "3";
@@ -44,6 +46,32 @@ pub const STATE_INITIALISED: &str = "3";
 pub const STATE_CONNECTED: &str = "4";
 /// `state` of a withdrawn half-link in a directory dom0 made (`XenbusStateClosed`).
 pub const STATE_CLOSED: &str = "6";
+
+/// Key of a link node that advertises ring reuse (`docs/protocol.md` 6.6):
+/// "1" when this side keeps rings granted and mapped across connections
+/// and speaks `RingRetire`. Absent (the kernel module today): no reuse.
+pub const FEATURE_RING_REUSE: &str = "feature-ring-reuse";
+
+/// Idle receive rings kept per ring order on a link, at most.
+const POOL_PER_ORDER: usize = 8;
+/// Bytes of idle receive rings kept per ring order on a link, at most (one
+/// ring is always kept).
+const POOL_BYTES_PER_ORDER: usize = 4 << 20;
+/// Peer rings kept mapped after their connection, per link, at most.
+const MAPPED_KEPT_MAX: usize = 64;
+
+/// A blocking connect spins for this many times `Config::busy_poll` for
+/// the answer before sleeping: the peer's manager has to wake up first.
+const CONNECT_SPIN_FACTOR: u32 = 4;
+
+/// How long a `Close` may wait in the control ring for a kick: it only
+/// does bookkeeping at the peer (the rings' FIN and CLOSED flags carry the
+/// end of stream, and are kicked at once when the peer waits on them), and
+/// the next frame on the link usually carries the kick, so closing a
+/// connection does not wake the peer's manager thread.
+const CLOSE_KICK_DELAY: Duration = Duration::from_millis(2);
+/// epoll token of the transport's kick timer.
+const KICK_TIMER_TOKEN: u64 = u64::MAX;
 
 /// First port handed out for `PORT_ANY`.
 pub const EPHEMERAL_PORT_FIRST: u32 = 49152;
@@ -56,23 +84,60 @@ pub struct Config {
     pub recv_buffer: usize,
     /// Listener backlog default.
     pub backlog: usize,
-    /// How long `connect` waits for a new link to come up before failing
-    /// with `EHOSTUNREACH`.
+    /// How long `connect` waits for a new link to a known peer to come up
+    /// before failing with `EHOSTUNREACH` (a domain discovery does not know
+    /// fails at once). 30 s by default, or `XENSOCK_LINK_TIMEOUT_MS`: a
+    /// first link takes milliseconds on hardware but 5-10 s between guests
+    /// emulated by QEMU TCG (the lab), where xenstored and both guests
+    /// share two host CPUs.
     pub link_timeout: Duration,
-    /// How long `connect` waits for the answer when no timeout is given.
+    /// How long `connect` waits for the link and the answer together when
+    /// no timeout is given. 60 s by default, or `XENSOCK_CONNECT_TIMEOUT_MS`.
     pub connect_timeout: Duration,
     /// How long a blocking read or write spins on the ring before sleeping.
     pub busy_poll: Duration,
+    /// Keep data rings granted and mapped across connections on links whose
+    /// peer advertises it too (`feature-ring-reuse`): a connect then costs
+    /// no grant, map or unmap. Off, this transport behaves like a peer that
+    /// does not know the feature (as the kernel module today).
+    pub ring_reuse: bool,
+    /// Domids this transport may link with when the dom0 agent publishes
+    /// no co-residency table for this domain. `None`: the domids of the
+    /// static peer list named by `XENSOCK_PEERS`, if set. With neither a
+    /// table nor a list, any domid is tried (and only the link timeout
+    /// tells that nobody answers).
+    pub static_peers: Option<Vec<DomId>>,
+}
+
+/// Environment variable overriding [`Config::link_timeout`] (milliseconds).
+pub const ENV_LINK_TIMEOUT_MS: &str = "XENSOCK_LINK_TIMEOUT_MS";
+/// Environment variable overriding [`Config::connect_timeout`] (milliseconds).
+pub const ENV_CONNECT_TIMEOUT_MS: &str = "XENSOCK_CONNECT_TIMEOUT_MS";
+
+fn env_ms(name: &str) -> Option<Duration> {
+    let v = std::env::var(name).ok()?;
+    v.trim().parse::<u64>().ok().map(Duration::from_millis)
+}
+
+/// The domids of the static peer list `XENSOCK_PEERS` names, if any.
+fn env_static_peers() -> Option<Vec<DomId>> {
+    let f = std::env::var_os(xensock_discovery::peers::ENV_PEERS_FILE)?;
+    let list = xensock_discovery::peers::StaticPeers::load(f).ok()?;
+    Some(list.peers.iter().filter_map(|p| p.domid).collect())
 }
 
 impl Default for Config {
+    /// The defaults, with `XENSOCK_LINK_TIMEOUT_MS`,
+    /// `XENSOCK_CONNECT_TIMEOUT_MS` and `XENSOCK_PEERS` applied.
     fn default() -> Config {
         Config {
             recv_buffer: 256 * 1024,
             backlog: 128,
-            link_timeout: Duration::from_secs(2),
-            connect_timeout: Duration::from_secs(10),
+            link_timeout: env_ms(ENV_LINK_TIMEOUT_MS).unwrap_or(Duration::from_secs(30)),
+            connect_timeout: env_ms(ENV_CONNECT_TIMEOUT_MS).unwrap_or(Duration::from_secs(60)),
             busy_poll: Duration::from_micros(50),
+            ring_reuse: true,
+            static_peers: None,
         }
     }
 }
@@ -108,38 +173,51 @@ struct Link {
     peer_seen_alive: bool,
     owner_seen_alive: bool,
     created_dir: bool,
-    /// Stops the watch on the peer's node (its removal when the peer's
-    /// domain is destroyed is only reported to watchers of that path).
-    watch_stop: Arc<AtomicBool>,
+    /// Both sides advertise `feature-ring-reuse`.
+    reuse: bool,
+    /// Frames were written without deciding on a kick.
+    kick_owed: bool,
+    rings: RingCache,
 }
 
-impl Drop for Link {
-    fn drop(&mut self) {
-        self.watch_stop.store(true, Ordering::Release);
-    }
+/// Rings kept across connections on one link (docs/protocol.md 6.6).
+#[derive(Default)]
+struct RingCache {
+    /// Our receive rings that no connection uses and that the peer no
+    /// longer writes, by ring order: re-offered at the next connect/accept.
+    pool: HashMap<u8, Vec<OwnedRing>>,
+    /// Our receive rings whose connection closed here before the peer's
+    /// `Close` came (until then it may still write), by our connection id.
+    lent: HashMap<u32, OwnedRing>,
+    /// Peer rings we stopped writing and keep mapped, oldest first.
+    mapped: VecDeque<(ctrl::RingGrant, MappedRing)>,
 }
 
-/// Where watch threads put the paths that fired; not tied to the
-/// transport's lifetime, so a watch thread never keeps it alive.
+/// Where the XenStore client's reader thread puts the paths that fired
+/// (a callback per watch); the manager thread takes them. Not tied to the
+/// transport's lifetime, so a callback never keeps it alive.
 struct WatchSink {
     events: Mutex<Vec<String>>,
     wake: EventFd,
-    stop: AtomicBool,
 }
 
 impl WatchSink {
-    fn run(self: Arc<Self>, mut watch: xensock_discovery::xs::Watch, stop: Arc<AtomicBool>) {
-        while !self.stop.load(Ordering::Acquire) && !stop.load(Ordering::Acquire) {
-            match watch.recv_timeout(Duration::from_millis(100)) {
-                Ok(Some(ev)) => {
-                    lock(&self.events).push(ev.path);
-                    self.wake.signal();
-                }
-                Ok(None) => {}
-                Err(_) => break,
-            }
-        }
+    fn push(&self, path: String) {
+        lock(&self.events).push(path);
+        self.wake.signal();
     }
+}
+
+/// What the transport knows about which domains it may link with, and the
+/// XenStore watches that follow them (`docs/protocol.md` 6.2).
+#[derive(Default)]
+struct Watches {
+    /// Registered watches by path.
+    by_path: HashMap<String, CallbackWatch>,
+    /// The agent's table for us (`xensock/peers`), if it publishes one.
+    table: Option<HashSet<DomId>>,
+    /// Link directories dom0 made for us (`data/xensock/link/<P>`).
+    dom0_dirs: HashSet<DomId>,
 }
 
 pub(crate) struct State {
@@ -171,9 +249,16 @@ pub(crate) struct Inner {
     link_cv: Condvar,
     epoll: OwnedFd,
     sink: Arc<WatchSink>,
+    watches: Mutex<Watches>,
+    /// [`Config::static_peers`], resolved.
+    static_peers: Option<HashSet<DomId>>,
     stop: AtomicBool,
     next_conn: AtomicU32,
     counters: Counters,
+    /// Fires `CLOSE_KICK_DELAY` after a `Close` went out without a kick,
+    /// so that the peer processes it even if nothing else follows.
+    kick_timer: OwnedFd,
+    kick_timer_armed: AtomicBool,
 }
 
 /// Keeps the transport running; dropped when the last handle goes.
@@ -183,9 +268,11 @@ pub(crate) struct Owner {
 }
 
 impl Drop for Owner {
+    /// Orderly shutdown: every link is torn down (connections reset, our
+    /// XenStore nodes withdrawn) and every watch removed, so that nothing
+    /// of this transport stays in XenStore.
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
-        self.inner.sink.stop.store(true, Ordering::Release);
         self.inner.sink.wake.signal();
         for t in lock(&self.threads).drain(..) {
             let _ = t.join();
@@ -196,6 +283,8 @@ impl Drop for Owner {
             self.inner.link_down(&mut st, p, false);
         }
         st.listeners.clear();
+        drop(st);
+        lock(&self.inner.watches).by_path.clear();
     }
 }
 
@@ -227,8 +316,14 @@ static GLOBAL: OnceLock<Transport> = OnceLock::new();
 
 fn random_u32() -> u32 {
     let mut b = [0u8; 4];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = io::Read::read_exact(&mut f, &mut b);
+    // getrandom(2) rather than opening /dev/urandom: this runs on every
+    // connect (the cookie), where an open and a close showed up in profiles.
+    // SAFETY: writes at most 4 bytes into `b`.
+    let got = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if got != b.len() as isize {
+        if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+            let _ = io::Read::read_exact(&mut f, &mut b);
+        }
     }
     let v = u32::from_ne_bytes(b);
     if v == 0 {
@@ -282,15 +377,34 @@ impl Transport {
         let sink = Arc::new(WatchSink {
             events: Mutex::new(Vec::new()),
             wake: EventFd::new()?,
-            stop: AtomicBool::new(false),
         });
         epoll_add(&epoll, sink.wake.as_raw_fd(), 0)?;
+        // SAFETY: timerfd_create has no pointer arguments.
+        let tfd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if tfd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        let kick_timer = unsafe { OwnedFd::from_raw_fd(tfd) };
+        epoll_add(&epoll, kick_timer.as_raw_fd(), KICK_TIMER_TOKEN)?;
+        let static_peers = cfg
+            .static_peers
+            .clone()
+            .or_else(env_static_peers)
+            .map(|v| v.into_iter().collect());
         let inner = Arc::new(Inner {
             xen: Box::new(Dyn(backend)),
             xs,
             domid,
             kind,
             cfg,
+            watches: Mutex::new(Watches::default()),
+            static_peers,
             state: Mutex::new(State {
                 links: HashMap::new(),
                 listeners: HashMap::new(),
@@ -305,6 +419,8 @@ impl Transport {
             stop: AtomicBool::new(false),
             next_conn: AtomicU32::new(1),
             counters: Counters::default(),
+            kick_timer,
+            kick_timer_armed: AtomicBool::new(false),
         });
         // Links of an earlier process of this domain are dead.
         if let Ok(peers) = inner.xs.directory(&inner.link_dir_abs()) {
@@ -312,15 +428,13 @@ impl Transport {
                 inner.withdraw_node(p, false);
             }
         }
-        let watch = inner.xs.watch("/local/domain").map_err(Error::from)?;
+        // The agent's table for us: its changes change whom we watch.
+        inner.add_watch(&inner.table_dir()).map_err(Error::from)?;
+        {
+            let st = inner.state();
+            inner.refresh_peers(&st).map_err(Error::from)?;
+        }
         let mut threads = Vec::new();
-        let sink = inner.sink.clone();
-        let never = Arc::new(AtomicBool::new(false));
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("xensock-watch-{domid}"))
-                .spawn(move || sink.run(watch, never))?,
-        );
         let i3 = inner.clone();
         threads.push(
             std::thread::Builder::new()
@@ -454,18 +568,25 @@ impl Transport {
     ) -> io::Result<XenStream> {
         let addr = addr.to_xen_addr()?;
         let inner = &self.owner.inner;
-        if addr.domid >= DOMID_FIRST_RESERVED
-            || addr.port == PORT_ANY
-            || addr.domid == u32::from(inner.domid)
-        {
-            return Err(errno(libc::EINVAL));
-        }
-        let peer = addr.domid as DomId;
+        let peer = self.check_connect_addr(&addr)?;
         let deadline = Instant::now() + timeout.unwrap_or(inner.cfg.connect_timeout);
         let link_deadline = deadline.min(Instant::now() + inner.cfg.link_timeout);
         let conn = inner.start_connect(peer, addr.port, opts, link_deadline)?;
+        // The answer usually comes back within microseconds: spin a little,
+        // taking it off the control ring ourselves, before sleeping until
+        // the manager thread signals it.
+        let spin_end = Instant::now() + inner.cfg.busy_poll * CONNECT_SPIN_FACTOR;
+        // After the spin, sleep on the link's event channel and take the
+        // answer ourselves when it kicks; after a kick that was not our
+        // answer, wait for the manager's signal instead.
+        let mut direct = true;
         // Wait for Accept / Reject.
         loop {
+            if direct && Instant::now() >= spin_end {
+                // Before reading the generation for the sleep below. Not
+                // handed out yet: nobody else watches this eventfd.
+                conn.evfd.drain();
+            }
             let g0 = conn.generation();
             let phase = conn.io().phase;
             match phase {
@@ -480,7 +601,25 @@ impl Transport {
                     return Err(errno(libc::ECONNREFUSED));
                 }
             }
-            if !conn.wait_since(g0, Some(deadline)) && conn.io().phase == ConnPhase::Connecting {
+            if Instant::now() < spin_end {
+                inner.poll_link(peer);
+                std::thread::yield_now();
+                continue;
+            }
+            let woke = match direct.then(|| conn.wait_kick(g0, deadline)).flatten() {
+                Some(KickWait::Kicked) => {
+                    inner.poll_link(peer);
+                    direct = false;
+                    true
+                }
+                Some(KickWait::Signalled) => true,
+                Some(KickWait::TimedOut) => false,
+                None => {
+                    direct = false;
+                    conn.wait_since(g0, Some(deadline))
+                }
+            };
+            if !woke && conn.io().phase == ConnPhase::Connecting {
                 {
                     let mut io = conn.io();
                     io.release();
@@ -491,6 +630,70 @@ impl Transport {
             }
         }
         Ok(XenStream::new(self.clone(), conn))
+    }
+
+    /// Starts a connect and returns at once, as a non-blocking `connect`
+    /// returning `EINPROGRESS`: the stream is in non-blocking mode and
+    /// still connecting. Its descriptor becomes readable when the answer
+    /// comes; [`XenStream::finish_connect`] then reports the outcome
+    /// (`WouldBlock` while still in progress), and
+    /// [`XenStream::take_error`] the failure. Reads and writes return
+    /// `WouldBlock` until the connection is open. There is no timeout:
+    /// drop the stream to abandon the attempt.
+    ///
+    /// The only blocking part is bringing up the link to a domain this
+    /// transport has no link with yet (XenStore, up to
+    /// `Config::link_timeout`); an async caller runs
+    /// [`Transport::prepare_link`] on a thread that may block first when
+    /// [`Transport::link_ready`] is false.
+    pub fn connect_nonblocking(
+        &self,
+        addr: impl crate::ToXenAddr,
+        opts: SocketOptions,
+    ) -> io::Result<XenStream> {
+        let addr = addr.to_xen_addr()?;
+        let peer = self.check_connect_addr(&addr)?;
+        let inner = &self.owner.inner;
+        let link_deadline = Instant::now() + inner.cfg.link_timeout;
+        let conn = inner.start_connect(peer, addr.port, opts, link_deadline)?;
+        conn.nonblocking.store(true, Ordering::Release);
+        Ok(XenStream::new(self.clone(), conn))
+    }
+
+    /// Whether the link to `domid` is up, so that
+    /// [`Transport::connect_nonblocking`] will not block.
+    pub fn link_ready(&self, domid: u32) -> bool {
+        let Ok(peer) = DomId::try_from(domid) else {
+            return false;
+        };
+        self.owner
+            .inner
+            .state()
+            .links
+            .get(&peer)
+            .is_some_and(|l| l.tx.is_some())
+    }
+
+    /// Brings the link to `domid` up (through XenStore, the first time),
+    /// waiting at most `timeout` and `Config::link_timeout`: `EHOSTUNREACH`
+    /// if the domain does not answer. Blocks; see [`Transport::connect_nonblocking`].
+    pub fn prepare_link(&self, domid: u32, timeout: Duration) -> io::Result<()> {
+        let addr = SockAddrXen::new(domid, 1);
+        let peer = self.check_connect_addr(&addr)?;
+        let inner = &self.owner.inner;
+        let st = inner.state();
+        let deadline = Instant::now() + timeout.min(inner.cfg.link_timeout);
+        inner.ensure_link(st, peer, deadline).map(drop)
+    }
+
+    fn check_connect_addr(&self, addr: &SockAddrXen) -> io::Result<DomId> {
+        if addr.domid >= DOMID_FIRST_RESERVED
+            || addr.port == PORT_ANY
+            || addr.domid == u32::from(self.owner.inner.domid)
+        {
+            return Err(errno(libc::EINVAL));
+        }
+        DomId::try_from(addr.domid).map_err(|_| errno(libc::EINVAL))
     }
 
     /// A snapshot of links and connections, for `xensock status`.
@@ -514,6 +717,14 @@ pub struct LinkStatus {
     pub connections: usize,
     /// Control frames waiting for ring space.
     pub pending_frames: usize,
+    /// Both sides keep rings across connections (`feature-ring-reuse`).
+    pub ring_reuse: bool,
+    /// Our idle receive rings, kept granted for the next connections.
+    pub pooled_rings: usize,
+    /// Our receive rings of closed connections the peer may still write.
+    pub lent_rings: usize,
+    /// Peer rings we keep mapped for the next connections.
+    pub kept_mappings: usize,
 }
 
 /// A connection, as reported by [`Transport::status`].
@@ -560,6 +771,8 @@ pub struct Status {
     pub links_lost: u64,
     /// Connection requests refused.
     pub rejected: u64,
+    /// XenStore paths the transport watches (sorted).
+    pub watched: Vec<String>,
 }
 
 fn epoll_add(ep: &OwnedFd, fd: i32, token: u64) -> io::Result<()> {
@@ -603,24 +816,57 @@ fn manager_thread(inner: Arc<Inner>) {
             break;
         }
         let mut ready = Vec::new();
+        let mut owed = false;
         for ev in &events[..n as usize] {
             let token = ev.u64;
             if token == 0 {
                 inner.sink.wake.drain();
+            } else if token == KICK_TIMER_TOKEN {
+                let mut v = 0u64;
+                // SAFETY: reads 8 bytes into a local u64; non-blocking.
+                unsafe { libc::read(inner.kick_timer.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+                // Before scanning: a Close sent after this re-arms it.
+                inner.kick_timer_armed.store(false, Ordering::Release);
+                owed = true;
             } else {
                 ready.push((token - 1) as DomId);
             }
         }
         let mut st = inner.state();
         let evs = std::mem::take(&mut *lock(&inner.sink.events));
+        if evs.iter().any(|p| inner.is_table_event(p)) {
+            // Failures leave the watches as they were; the next table
+            // event (or connect) tries again.
+            let _ = inner.refresh_peers(&st);
+        }
         let mut peers: Vec<DomId> = evs.iter().filter_map(|p| inner.is_link_event(p)).collect();
         peers.sort_unstable();
         peers.dedup();
         for p in peers {
             inner.on_peer_node(&mut st, p);
         }
+        let active = !ready.is_empty();
         for p in ready {
             inner.service_link(&mut st, p);
+        }
+        if owed {
+            let peers: Vec<DomId> = st
+                .links
+                .iter()
+                .filter(|(_, l)| l.kick_owed)
+                .map(|(p, _)| *p)
+                .collect();
+            for p in peers {
+                if let Some(link) = st.links.get_mut(&p) {
+                    if inner.flush_link(link).is_err() {
+                        inner.link_down(&mut st, p, true);
+                    }
+                }
+            }
+        }
+        drop(st);
+        if active {
+            inner.spin_links();
         }
     }
 }
@@ -640,6 +886,109 @@ impl Inner {
 
     fn peer_node(&self, peer: DomId) -> String {
         format!("/local/domain/{peer}/{LINK_DIR}/{}", self.domid)
+    }
+
+    /// The agent's co-residency table for us.
+    fn table_dir(&self) -> String {
+        format!(
+            "/local/domain/{}/{}/{}",
+            self.domid,
+            xensock_discovery::layout::XENSOCK,
+            xensock_discovery::layout::PEERS
+        )
+    }
+
+    /// Whether `path` is our table or an entry of it.
+    fn is_table_event(&self, path: &str) -> bool {
+        path.strip_prefix(&self.table_dir())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
+
+    // ---- discovery and watches -------------------------------------------
+
+    /// Registers a watch on `path` whose events go to the manager thread.
+    fn add_watch(&self, path: &str) -> Result<(), XsError> {
+        let mut w = lock(&self.watches);
+        if w.by_path.contains_key(path) {
+            return Ok(());
+        }
+        let sink = self.sink.clone();
+        let watch = self.xs.watch_with(path, move |ev| sink.push(ev.path))?;
+        w.by_path.insert(path.to_string(), watch);
+        Ok(())
+    }
+
+    /// Re-reads whom we may link with (the agent's table, link directories
+    /// dom0 made for us, the static list) and makes the watches follow:
+    /// one on each candidate peer's `link/<me>` node (its offers, and its
+    /// removal when the peer's domain dies), plus, only when neither a
+    /// table nor a static list exists, `/local/domain`, the one way to hear
+    /// an offer from a domain we know nothing about.
+    fn refresh_peers(&self, st: &State) -> Result<(), XsError> {
+        let ids = |path: &str| -> Result<Option<HashSet<DomId>>, XsError> {
+            match self.xs.directory(path) {
+                Ok(v) => Ok(Some(v.iter().filter_map(|d| d.parse().ok()).collect())),
+                Err(e) if e.is(XsErrno::NoEnt) || e.is(XsErrno::Acces) => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        let table = ids(&self.table_dir())?;
+        let dom0_dirs = ids(&self.link_dir_abs())?.unwrap_or_default();
+        let candidates: HashSet<DomId> = table
+            .iter()
+            .flatten()
+            .chain(self.static_peers.iter().flatten())
+            .chain(dom0_dirs.iter())
+            .chain(st.links.keys())
+            .copied()
+            .filter(|&p| p != self.domid)
+            .collect();
+        let broad = table.is_none() && self.static_peers.is_none();
+        let mut wanted: HashSet<String> = candidates.iter().map(|&p| self.peer_node(p)).collect();
+        wanted.insert(self.table_dir());
+        if broad {
+            wanted.insert("/local/domain".to_string());
+        }
+        {
+            let mut w = lock(&self.watches);
+            w.table = table;
+            w.dom0_dirs = dom0_dirs;
+            // Dropping a watch unregisters it.
+            w.by_path.retain(|path, _| wanted.contains(path));
+        }
+        let mut sorted: Vec<&String> = wanted.iter().collect();
+        sorted.sort();
+        for path in sorted {
+            self.add_watch(path)?;
+        }
+        Ok(())
+    }
+
+    /// Whether discovery allows a link to `peer`: false when the agent's
+    /// table (or the static list) exists and names neither it nor a link
+    /// directory dom0 made for it, or when dom0 learns from xenstored that
+    /// no such domain exists. Reads XenStore afresh: a
+    /// connect must not fail on a table event not yet processed.
+    fn may_link(&self, st: &State, peer: DomId) -> bool {
+        if self.domid == 0 {
+            if let Ok(false) = self.xs.is_domain_introduced(u32::from(peer)) {
+                return false;
+            }
+        }
+        if self.refresh_peers(st).is_err() {
+            // XenStore trouble is no evidence against the peer.
+            return true;
+        }
+        let w = lock(&self.watches);
+        if w.table.is_none() && self.static_peers.is_none() {
+            return true;
+        }
+        w.table.as_ref().is_some_and(|t| t.contains(&peer))
+            || self
+                .static_peers
+                .as_ref()
+                .is_some_and(|s| s.contains(&peer))
+            || w.dom0_dirs.contains(&peer)
     }
 
     /// `Some(peer)` if `path` is (inside) a peer's link node for us.
@@ -678,6 +1027,188 @@ impl Inner {
                 return id;
             }
         }
+    }
+
+    /// After a kick, keeps servicing links for `Config::busy_poll` (renewed
+    /// by every frame) before the manager sleeps in epoll again: the next
+    /// frame (an answer, a client's next connect) often follows within
+    /// microseconds, and a sleeping manager costs a scheduler wake-up per
+    /// frame. Yields between looks, as blocked readers do, and takes the
+    /// state lock only when it is free. Kicks (for control or data rings)
+    /// are taken from epoll without sleeping, so no link waits for another;
+    /// a XenStore watch or the kick timer ends the spin (the main loop
+    /// handles those).
+    fn spin_links(&self) {
+        let mut end = Instant::now() + self.cfg.busy_poll;
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        while Instant::now() < end && !self.stop.load(Ordering::Acquire) {
+            std::thread::yield_now();
+            // SAFETY: room for 8 events; the epoll fd is ours; no sleep.
+            let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), evs.as_mut_ptr(), 8, 0) };
+            let Ok(n) = usize::try_from(n) else {
+                return;
+            };
+            let kicked = &evs[..n];
+            if kicked
+                .iter()
+                .any(|e| e.u64 == 0 || e.u64 == KICK_TIMER_TOKEN)
+            {
+                // Level-triggered: the main loop's epoll_wait sees it again.
+                return;
+            }
+            let mut st = match self.state.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => continue,
+            };
+            let mut peers: Vec<DomId> = kicked.iter().map(|e| (e.u64 - 1) as DomId).collect();
+            peers.extend(
+                st.links
+                    .iter()
+                    .filter(|(_, l)| l.c.readable().is_ok_and(|n| n as usize >= ctrl::HEADER_LEN))
+                    .map(|(p, _)| *p),
+            );
+            peers.sort_unstable();
+            peers.dedup();
+            for p in &peers {
+                self.service_link(&mut st, *p);
+            }
+            if !peers.is_empty() {
+                end = Instant::now() + self.cfg.busy_poll;
+            }
+        }
+    }
+
+    /// Services `peer`'s link from the calling thread when a frame is
+    /// waiting and the manager thread is not at it: a waiter that takes its
+    /// own answer off the control ring saves two thread wake-ups.
+    pub(crate) fn poll_link(&self, peer: DomId) {
+        let mut st = match self.state.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        let waiting = st
+            .links
+            .get(&peer)
+            .is_some_and(|l| l.c.readable().is_ok_and(|n| n as usize >= ctrl::HEADER_LEN));
+        if waiting {
+            self.service_link(&mut st, peer);
+        }
+    }
+
+    // ---- rings kept across connections (docs/protocol.md 6.6) -----------
+
+    /// A receive ring for our connection `conn_id`: an idle one of the
+    /// link's pool, re-initialised, else a fresh grant.
+    fn take_rx_ring(
+        &self,
+        st: &mut State,
+        peer: DomId,
+        geometry: RingGeometry,
+        conn_id: u32,
+    ) -> Result<OwnedRing, Error> {
+        let order = geometry.order() as u8;
+        let pooled = st
+            .links
+            .get_mut(&peer)
+            .filter(|l| l.reuse)
+            .and_then(|l| l.rings.pool.get_mut(&order)?.pop());
+        let ring = match pooled {
+            Some(ring) => {
+                reinit_ring(&ring, self.domid, peer, conn_id);
+                ring
+            }
+            None => grant_ring(
+                self.xen.as_ref(),
+                self.domid,
+                peer,
+                geometry,
+                conn_id,
+                false,
+            )?,
+        };
+        // Our reader has not waited yet: say so, rather than leave the
+        // event index at 0, which reads as "waiting at 0" (see close_conn).
+        ring.ring
+            .store(Field::DataEvent, NOT_WAITING, Ordering::Release);
+        Ok(ring)
+    }
+
+    /// Maps the ring `peer` offered in `grant`, reusing a mapping kept from
+    /// an earlier connection if it names the same pages. A kept mapping is
+    /// checked like a fresh one (identity) and must start from zero.
+    fn map_peer_ring(
+        &self,
+        st: &mut State,
+        peer: DomId,
+        grant: &ctrl::RingGrant,
+        expected: &RingIdentity,
+    ) -> Result<MappedRing, Error> {
+        let kept = st.links.get_mut(&peer).and_then(|l| {
+            let i = l
+                .rings
+                .mapped
+                .iter()
+                .position(|(g, _)| g.header_ref == grant.header_ref)?;
+            l.rings.mapped.remove(i)
+        });
+        if let Some((g, m)) = kept {
+            if g.order == grant.order && g.dir_ref == grant.dir_ref {
+                m.ring.header().verify(expected).map_err(Error::Layout)?;
+                verify_fresh(&m.ring)?;
+                return Ok(m);
+            }
+            // Same header page, other geometry: the peer is confused; map
+            // what it says now (and let the identity check decide).
+        }
+        map_ring(self.xen.as_ref(), peer, grant, expected)
+    }
+
+    /// Keeps our mapping of a peer ring we will not write any more, for
+    /// the peer to re-offer. Dropped (unmapped) when reuse is off.
+    fn keep_mapping(&self, st: &mut State, peer: DomId, tx: TxSide) {
+        let Some(link) = st.links.get_mut(&peer).filter(|l| l.reuse) else {
+            return;
+        };
+        link.rings.mapped.push_back((tx.grant, tx.mapped));
+        while link.rings.mapped.len() > MAPPED_KEPT_MAX {
+            link.rings.mapped.pop_front();
+        }
+    }
+
+    /// Our receive ring is idle and the peer no longer writes it: into the
+    /// pool, or, past the pool's bound, retired (the peer is told to unmap
+    /// it, and our grant ends; Xen defers that until the peer has unmapped).
+    fn pool_rx_ring(&self, st: &mut State, peer: DomId, ring: OwnedRing) {
+        let Some(link) = st.links.get_mut(&peer).filter(|l| l.reuse) else {
+            return;
+        };
+        let size = ring.ring.geometry().data_size();
+        let cap = (POOL_BYTES_PER_ORDER / size.max(1)).clamp(1, POOL_PER_ORDER);
+        let pool = link.rings.pool.entry(ring.grant.order).or_default();
+        if pool.len() < cap {
+            pool.push(ring);
+            return;
+        }
+        let grant = ring.grant;
+        drop(ring);
+        self.send_frame(st, peer, &Message::RingRetire { ring: grant });
+    }
+
+    /// Where our receive ring goes when our side of a cleanly closed
+    /// connection is done: the pool if the peer already said it stopped
+    /// writing (its `Close`), else lent until it does.
+    fn release_rx_ring(&self, st: &mut State, conn: &Conn, ring: OwnedRing, peer_done: bool) {
+        if peer_done {
+            self.pool_rx_ring(st, conn.peer, ring);
+        } else if let Some(link) = st.links.get_mut(&conn.peer).filter(|l| l.reuse) {
+            link.rings.lent.insert(conn.id, ring);
+        }
+    }
+
+    fn link_reuses_rings(&self, st: &State, peer: DomId) -> bool {
+        st.links.get(&peer).is_some_and(|l| l.reuse)
     }
 
     // ---- links ----------------------------------------------------------
@@ -730,18 +1261,19 @@ impl Inner {
                 &format!("{node}/peer-generation"),
                 peer_gen.unwrap_or(0).to_string(),
             )?;
+            if self.cfg.ring_reuse {
+                tx.write(&format!("{node}/{FEATURE_RING_REUSE}"), "1")?;
+            }
             tx.write(&format!("{node}/state"), STATE_INITIALISED)?;
             Ok(!exists)
         })?;
         epoll_add(&self.epoll, rx_chan.as_raw_fd(), u64::from(peer) + 1)?;
-        let watch_stop = Arc::new(AtomicBool::new(false));
-        if let Ok(w) = self.xs.watch(&self.peer_node(peer)) {
-            let (sink, stop) = (self.sink.clone(), watch_stop.clone());
-            let _ = std::thread::Builder::new()
-                .name(format!("xensock-watch-{}-{peer}", self.domid))
-                .spawn(move || sink.run(w, stop));
-        }
+        // When the peer's domain is destroyed, xenstored reports the removal
+        // of its node only to watchers of that path (it may already be
+        // watched: a candidate peer).
+        let _ = self.add_watch(&self.peer_node(peer));
         let c = Consumer::new(rx.ring);
+        let shared = Arc::new(LinkShared::new(rx_chan.as_fd().try_clone_to_owned().ok()));
         st.links.insert(
             peer,
             Link {
@@ -753,14 +1285,14 @@ impl Inner {
                 rx_chan,
                 tx: None,
                 pending: VecDeque::new(),
-                shared: Arc::new(LinkShared {
-                    armed: Mutex::new(Vec::new()),
-                }),
+                shared,
                 conns: HashSet::new(),
                 peer_seen_alive: false,
                 owner_seen_alive: false,
                 created_dir,
-                watch_stop,
+                reuse: false,
+                kick_owed: false,
+                rings: RingCache::default(),
             },
         );
         Ok(())
@@ -792,6 +1324,7 @@ impl Inner {
         let p = Producer::new(ring.ring);
         link.tx = Some(LinkTx { ring, p, chan });
         link.peer_gen = Some(info.gen);
+        link.reuse = self.cfg.ring_reuse && info.ring_reuse;
         let _ = self
             .xs
             .write(&format!("{}/state", self.my_node(peer)), STATE_CONNECTED);
@@ -829,6 +1362,7 @@ impl Inner {
                 ring_ref,
                 port,
                 peer_gen: num("peer-generation")?.unwrap_or(0),
+                ring_reuse: num(FEATURE_RING_REUSE)? == Some(1),
             }))
         };
         match read() {
@@ -910,6 +1444,20 @@ impl Inner {
         let created = link.created_dir;
         drop(link);
         self.withdraw_node(peer, created);
+        // Stop watching a peer that is no candidate any more (a link it
+        // offered while only the broad watch knew it).
+        let keep = {
+            let w = lock(&self.watches);
+            w.table.as_ref().is_some_and(|t| t.contains(&peer))
+                || w.dom0_dirs.contains(&peer)
+                || self
+                    .static_peers
+                    .as_ref()
+                    .is_some_and(|s| s.contains(&peer))
+        };
+        if !keep {
+            lock(&self.watches).by_path.remove(&self.peer_node(peer));
+        }
         self.link_cv.notify_all();
     }
 
@@ -922,7 +1470,18 @@ impl Inner {
             return;
         }
         let _ = self.xs.transaction(|tx| {
-            for name in ["ring-ref", "event-channel", "generation", "peer-generation"] {
+            // Gone already (dom0 removed it: the pair ended): writing
+            // `state` would recreate it.
+            if tx.try_read(&node)?.is_none() {
+                return Ok(());
+            }
+            for name in [
+                "ring-ref",
+                "event-channel",
+                "generation",
+                "peer-generation",
+                FEATURE_RING_REUSE,
+            ] {
                 match tx.rm(&format!("{node}/{name}")) {
                     Ok(()) => {}
                     Err(e) if e.is(XsErrno::NoEnt) => {}
@@ -954,6 +1513,12 @@ impl Inner {
 
     /// Writes queued frames while they fit; kicks once.
     fn flush_link(&self, link: &mut Link) -> Result<(), Error> {
+        self.flush_link_with(link, true)
+    }
+
+    /// [`Inner::flush_link`]; with `kick` false the kick decision is left
+    /// to the next flush (which covers these frames too) or the kick timer.
+    fn flush_link_with(&self, link: &mut Link, kick: bool) -> Result<(), Error> {
         let Some(tx) = link.tx.as_mut() else {
             return Ok(());
         };
@@ -970,10 +1535,48 @@ impl Inner {
             tx.p.write(&buf[..*len]).map_err(Error::Ring)?;
             link.pending.pop_front();
         }
+        if !kick {
+            link.kick_owed = true;
+            return Ok(());
+        }
+        link.kick_owed = false;
         if tx.p.flush() {
             let _ = tx.chan.notify();
         }
         Ok(())
+    }
+
+    /// Sends `msg` without a kick of its own (see `CLOSE_KICK_DELAY`).
+    fn send_frame_lazy(&self, st: &mut State, peer: DomId, msg: &Message<'_>) {
+        let Some(link) = st.links.get_mut(&peer) else {
+            return;
+        };
+        let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
+        let Ok(len) = msg.encode(&mut buf) else {
+            return;
+        };
+        link.pending.push_back((buf, len));
+        if self.flush_link_with(link, false).is_err() {
+            self.counters.ring_errors.fetch_add(1, Ordering::Relaxed);
+            self.link_down(st, peer, true);
+            return;
+        }
+        if !self.kick_timer_armed.swap(true, Ordering::AcqRel) {
+            let spec = libc::itimerspec {
+                it_interval: libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                },
+                it_value: libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: CLOSE_KICK_DELAY.as_nanos() as libc::c_long,
+                },
+            };
+            // SAFETY: a valid timer descriptor and spec; no old value wanted.
+            unsafe {
+                libc::timerfd_settime(self.kick_timer.as_raw_fd(), 0, &spec, std::ptr::null_mut())
+            };
+        }
     }
 
     fn send_frame(&self, st: &mut State, peer: DomId, msg: &Message<'_>) {
@@ -1131,37 +1734,47 @@ impl Inner {
                 rx,
                 ..
             } => {
+                let _ = cookie;
                 let conn = st.conns.get(&conn_id).filter(|c| c.peer == peer).cloned();
-                let ok = conn.as_ref().is_some_and(|c| {
-                    let mut io = c.io();
-                    if io.phase != ConnPhase::Connecting {
-                        return false;
-                    }
-                    let _ = cookie;
-                    match map_ring(
-                        self.xen.as_ref(),
-                        peer,
-                        &rx,
-                        &data_identity(peer, self.domid, acceptor_id, rx.order),
-                    ) {
-                        Ok(mapped) => {
-                            let p = Producer::new(mapped.ring);
-                            io.tx = Some(TxSide { p, mapped });
-                            io.peer_id = acceptor_id;
-                            io.kicker = st
-                                .links
-                                .get(&peer)
-                                .and_then(|l| l.tx.as_ref().map(|t| t.chan.clone()));
-                            io.phase = ConnPhase::Open;
-                            true
-                        }
-                        Err(_) => {
-                            io.release();
-                            io.phase = ConnPhase::Failed(libc::EPROTO);
+                let kicker = st
+                    .links
+                    .get(&peer)
+                    .and_then(|l| l.tx.as_ref().map(|t| t.chan.clone()));
+                let ok = match &conn {
+                    Some(c) => {
+                        let mut io = c.io();
+                        if io.phase != ConnPhase::Connecting {
                             false
+                        } else {
+                            let expected = data_identity(peer, self.domid, acceptor_id, rx.order);
+                            match self.map_peer_ring(st, peer, &rx, &expected) {
+                                Ok(mapped) => {
+                                    let p = Producer::new(mapped.ring);
+                                    p.memory().store(
+                                        Field::SpaceEvent,
+                                        NOT_WAITING,
+                                        Ordering::Release,
+                                    );
+                                    io.tx = Some(TxSide {
+                                        p,
+                                        mapped,
+                                        grant: rx,
+                                    });
+                                    io.peer_id = acceptor_id;
+                                    io.kicker = kicker;
+                                    io.phase = ConnPhase::Open;
+                                    true
+                                }
+                                Err(_) => {
+                                    io.release();
+                                    io.phase = ConnPhase::Failed(libc::EPROTO);
+                                    false
+                                }
+                            }
                         }
                     }
-                });
+                    None => false,
+                };
                 if let Some(c) = &conn {
                     c.signal();
                 }
@@ -1197,16 +1810,38 @@ impl Inner {
                 }
             }
             Message::Close { conn_id } => {
+                let reuse = self.link_reuses_rings(st, peer);
                 if let Some(c) = st.conns.get(&conn_id).filter(|c| c.peer == peer).cloned() {
-                    {
+                    let (tx, answer) = {
                         let mut io = c.io();
                         io.peer_closed = true;
                         io.close_received = true;
-                        // The peer no longer reads: drop our mapping of its
-                        // ring. Our own ring stays until the data is read.
-                        io.tx = None;
+                        // The peer no longer reads: stop writing its ring
+                        // (kept mapped for reuse, else unmapped). Our own
+                        // ring stays until the data is read.
+                        let tx = io.tx.take();
+                        // On a reuse link our Close tells the peer that we
+                        // no longer write its ring, so it may pool it.
+                        let answer = reuse && !io.close_sent && io.phase == ConnPhase::Open;
+                        if answer {
+                            io.close_sent = true;
+                        }
+                        (tx, answer.then_some(io.peer_id))
+                    };
+                    if let Some(tx) = tx {
+                        self.keep_mapping(st, peer, tx);
+                    }
+                    if let Some(peer_id) = answer {
+                        self.send_frame_lazy(st, peer, &Message::Close { conn_id: peer_id });
                     }
                     c.signal();
+                } else if let Some(ring) = st
+                    .links
+                    .get_mut(&peer)
+                    .and_then(|l| l.rings.lent.remove(&conn_id))
+                {
+                    // Closed here first; now the peer stopped writing too.
+                    self.pool_rx_ring(st, peer, ring);
                 }
             }
             Message::Reset { conn_id, .. } => {
@@ -1221,6 +1856,17 @@ impl Inner {
                     }
                     c.signal();
                     self.unregister(st, &c);
+                } else if let Some(link) = st.links.get_mut(&peer) {
+                    // A ring lent after a clean close: the peer's state is
+                    // unknown, so it is not reused.
+                    link.rings.lent.remove(&conn_id);
+                }
+            }
+            Message::RingRetire { ring } => {
+                if let Some(link) = st.links.get_mut(&peer) {
+                    link.rings
+                        .mapped
+                        .retain(|(g, _)| g.header_ref != ring.header_ref);
                 }
             }
             // Carrier switching (RingOffer, Suspend, Resume) is the next
@@ -1245,25 +1891,20 @@ impl Inner {
         let kicker = link.tx.as_ref().map(|t| t.chan.clone());
         let shared = link.shared.clone();
         let id = self.next_conn_id();
-        let mapped = map_ring(
-            self.xen.as_ref(),
-            peer,
-            rx,
-            &data_identity(peer, self.domid, their_id, rx.order),
-        )?;
-        let owned = grant_ring(
-            self.xen.as_ref(),
-            self.domid,
-            peer,
-            RingGeometry::for_capacity(l.recv_buffer),
-            id,
-            false,
-        )?;
+        let expected = data_identity(peer, self.domid, their_id, rx.order);
+        let mapped = self.map_peer_ring(st, peer, rx, &expected)?;
+        let owned = self.take_rx_ring(st, peer, RingGeometry::for_capacity(l.recv_buffer), id)?;
         let grant = owned.grant;
         let c = Consumer::new(owned.ring);
         let mut io = ConnIo::new(Some(RxSide { c, owned }));
         let p = Producer::new(mapped.ring);
-        io.tx = Some(TxSide { p, mapped });
+        p.memory()
+            .store(Field::SpaceEvent, NOT_WAITING, Ordering::Release);
+        io.tx = Some(TxSide {
+            p,
+            mapped,
+            grant: *rx,
+        });
         io.peer_id = their_id;
         io.kicker = kicker;
         io.phase = ConnPhase::Open;
@@ -1294,6 +1935,11 @@ impl Inner {
         deadline: Instant,
     ) -> io::Result<MutexGuard<'a, State>> {
         if !st.links.contains_key(&peer) {
+            // A domain discovery does not know is unreachable now, not
+            // after the link timeout.
+            if !self.may_link(&st, peer) {
+                return Err(errno(libc::EHOSTUNREACH));
+            }
             self.create_link(&mut st, peer, None)?;
             // The peer may have offered first; pick its node up if so.
             self.on_peer_node(&mut st, peer);
@@ -1335,7 +1981,7 @@ impl Inner {
         let mut st = self.ensure_link(st, peer, link_deadline)?;
         let id = self.next_conn_id();
         let geometry = RingGeometry::for_capacity(opts.recv_buffer.unwrap_or(self.cfg.recv_buffer));
-        let owned = grant_ring(self.xen.as_ref(), self.domid, peer, geometry, id, false)?;
+        let owned = self.take_rx_ring(&mut st, peer, geometry, id)?;
         let grant = owned.grant;
         let src_port = self.ephemeral_port(&mut st)?;
         let link = st
@@ -1384,21 +2030,47 @@ impl Inner {
     /// The last handle of a connection went away: FIN, CLOSED, Close frame,
     /// release.
     pub(crate) fn close_conn(&self, conn: &Arc<Conn>) {
-        let (send_close, send_reset, peer_id) = {
+        let mut st = self.state();
+        let reuse = self.link_reuses_rings(&st, conn.peer);
+        let mut lazy = false;
+        let (send_close, send_reset, peer_id, kept) = {
             let mut io = conn.io();
             let open = io.phase == ConnPhase::Open;
             let violation = io.violation.take().is_some();
             if open {
-                io.shutdown_write();
-                io.shutdown_read();
+                // The Close frame that follows kicks the peer's link when
+                // it is asleep: no separate kick for the flags then.
+                let quiet = !violation && !io.close_sent && (reuse || !io.close_received);
+                io.shutdown_write_kick(!quiet);
+                io.shutdown_read_kick(!quiet);
+                // On a reuse link the Close itself need not kick unless the
+                // peer sleeps on one of the rings.
+                lazy = quiet && reuse && !io.peer_waiting();
             }
+            // A clean close on a reuse link keeps both rings (docs/protocol.md
+            // 6.6); anything else releases them.
+            let kept = (open && reuse && !violation).then(|| {
+                let peer_done = io.close_received;
+                (io.tx.take(), io.rx.take().map(|r| (r.owned, peer_done)))
+            });
             io.release();
             if open {
                 io.phase = ConnPhase::Closed;
             }
-            (open && !io.close_received, violation, io.peer_id)
+            let send_close = open && !io.close_sent && (reuse || !io.close_received);
+            if send_close {
+                io.close_sent = true;
+            }
+            (send_close, violation, io.peer_id, kept)
         };
-        let mut st = self.state();
+        if let Some((tx, rx)) = kept {
+            if let Some(tx) = tx {
+                self.keep_mapping(&mut st, conn.peer, tx);
+            }
+            if let Some((ring, peer_done)) = rx {
+                self.release_rx_ring(&mut st, conn, ring, peer_done);
+            }
+        }
         if send_reset {
             self.counters.resets_sent.fetch_add(1, Ordering::Relaxed);
             self.send_frame(
@@ -1409,6 +2081,8 @@ impl Inner {
                     reason: ResetReason::ProtocolError,
                 },
             );
+        } else if send_close && lazy {
+            self.send_frame_lazy(&mut st, conn.peer, &Message::Close { conn_id: peer_id });
         } else if send_close {
             self.send_frame(&mut st, conn.peer, &Message::Close { conn_id: peer_id });
         }
@@ -1462,6 +2136,10 @@ impl Inner {
                 up: l.tx.is_some(),
                 connections: l.conns.len(),
                 pending_frames: l.pending.len(),
+                ring_reuse: l.reuse,
+                pooled_rings: l.rings.pool.values().map(Vec::len).sum(),
+                lent_rings: l.rings.lent.len(),
+                kept_mappings: l.rings.mapped.len(),
             })
             .collect();
         let mut connections: Vec<ConnStatus> = st
@@ -1503,6 +2181,11 @@ impl Inner {
             ring_errors: self.counters.ring_errors.load(Ordering::Relaxed),
             links_lost: self.counters.links_lost.load(Ordering::Relaxed),
             rejected: self.counters.rejected.load(Ordering::Relaxed),
+            watched: {
+                let mut v: Vec<String> = lock(&self.watches).by_path.keys().cloned().collect();
+                v.sort();
+                v
+            },
         }
     }
 }
@@ -1512,4 +2195,5 @@ struct PeerNode {
     ring_ref: u32,
     port: u32,
     peer_gen: u32,
+    ring_reuse: bool,
 }

@@ -284,7 +284,29 @@ fn connect_to_a_port_nobody_listens_on_is_refused() {
 }
 
 #[test]
-fn connect_to_an_unknown_domain_is_unreachable() {
+fn connect_to_an_unknown_domain_is_unreachable_at_once() {
+    // With the agent's table, a domid it does not list fails at once, not
+    // after the link timeout (a minute here).
+    let w = agent_world(libxensock::Config {
+        link_timeout: Duration::from_secs(60),
+        ..config()
+    });
+    let t0 = std::time::Instant::now();
+    let e = w.pair.a.connect((4000u32, 80)).unwrap_err();
+    assert_eq!(errno(&e), libc::EHOSTUNREACH);
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // Nothing was offered, nothing is left behind.
+    assert!(w.pair.a.status().links.is_empty());
+    // The listed peer is reachable.
+    let l = w.pair.b.bind("xen:self:80").unwrap();
+    let _c = w.pair.a.connect((u32::from(w.pair.db.domid), 80)).unwrap();
+    let _s = l.accept().unwrap();
+}
+
+#[test]
+fn without_discovery_an_unknown_domain_is_unreachable_after_the_link_timeout() {
+    // No agent and no static list: nothing tells that domain 4000 does not
+    // exist (guests cannot ask xenstored), so the link timeout decides.
     let p = pair_with(libxensock::Config {
         link_timeout: Duration::from_millis(300),
         ..config()
@@ -364,4 +386,72 @@ fn timeouts() {
             .raw_os_error(),
         Some(libc::ETIMEDOUT)
     ));
+}
+
+fn poll_readable(fd: std::os::fd::RawFd, ms: i32) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut pfd, 1, ms) == 1 }
+}
+
+/// `connect_nonblocking` returns at once in the connecting state (as
+/// `EINPROGRESS`); the descriptor becomes readable with the answer and
+/// `finish_connect` / `take_error` report it.
+#[test]
+fn nonblocking_connect_completes_through_the_descriptor() {
+    use std::os::fd::AsRawFd;
+    let p = pair();
+    let l = p.b.bind("xen:self:7010").unwrap();
+    let bid = u32::from(p.db.domid);
+    p.a.prepare_link(bid, Duration::from_secs(5)).unwrap();
+    assert!(p.a.link_ready(bid));
+    let c =
+        p.a.connect_nonblocking((bid, 7010), SocketOptions::default())
+            .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.finish_connect() {
+            Ok(()) => break,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Nothing to read or write before the connection is open.
+                assert_eq!(
+                    (&c).read(&mut [0u8; 1]).unwrap_err().kind(),
+                    io::ErrorKind::WouldBlock
+                );
+                assert!(Instant::now() < deadline, "no answer");
+                poll_readable(c.as_raw_fd(), 1000);
+            }
+            Err(e) => panic!("connect failed: {e}"),
+        }
+    }
+    assert!(c.take_error().unwrap().is_none());
+    let (s, _) = l.accept().unwrap();
+    (&c).write_all(b"nb").unwrap();
+    let mut b = [0u8; 2];
+    (&s).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"nb");
+
+    // Nobody listens: the answer is a refusal, reported once it is in.
+    let r =
+        p.a.connect_nonblocking((bid, 7011), SocketOptions::default())
+            .unwrap();
+    let err = loop {
+        match r.finish_connect() {
+            Ok(()) => panic!("connected to a port nobody listens on"),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "no answer");
+                poll_readable(r.as_raw_fd(), 1000);
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(errno(&err), libc::ECONNREFUSED);
+    assert_eq!(
+        r.take_error().unwrap().map(|e| errno(&e)),
+        Some(libc::ECONNREFUSED)
+    );
 }

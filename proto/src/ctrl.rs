@@ -58,6 +58,10 @@ pub enum Kind {
     Suspend = 7,
     /// The sender resumed under a new domid (link).
     Resume = 8,
+    /// The sender ends its grant of a ring it kept for reuse; the recipient
+    /// unmaps it if it kept it mapped (link; only on links where both sides
+    /// advertise ring reuse).
+    RingRetire = 9,
     /// First frame on a TCP leg: authenticates it (TCP).
     TcpHello = 16,
     /// Stream bytes at an offset (TCP).
@@ -83,6 +87,7 @@ impl Kind {
             6 => Kind::RingOffer,
             7 => Kind::Suspend,
             8 => Kind::Resume,
+            9 => Kind::RingRetire,
             16 => Kind::TcpHello,
             17 => Kind::Data,
             18 => Kind::RingFrom,
@@ -104,6 +109,7 @@ impl Kind {
             Kind::RingOffer => RING_GRANT_LEN,
             Kind::Suspend => 0,
             Kind::Resume => 4,
+            Kind::RingRetire => RING_GRANT_LEN,
             Kind::TcpHello => 8,
             Kind::Data => return None,
             Kind::RingFrom | Kind::TxFreeze | Kind::Consumed => 16,
@@ -121,7 +127,8 @@ impl Kind {
             | Kind::Close
             | Kind::RingOffer
             | Kind::Suspend
-            | Kind::Resume => matches!(channel, Channel::Link),
+            | Kind::Resume
+            | Kind::RingRetire => matches!(channel, Channel::Link),
             Kind::TcpHello
             | Kind::Data
             | Kind::RingFrom
@@ -363,6 +370,13 @@ pub enum Message<'a> {
         /// Its domain id after the move.
         new_domid: u32,
     },
+    /// The sender ends its grant of `ring`, a receive ring it had kept for
+    /// reuse after its connection closed; the recipient unmaps it if it
+    /// kept its mapping. Link-wide (connection id 0).
+    RingRetire {
+        /// The ring as it was last offered.
+        ring: RingGrant,
+    },
     /// Authenticates a TCP leg.
     TcpHello {
         /// The recipient's connection id.
@@ -574,7 +588,7 @@ pub fn decode_header(buf: &[u8], channel: Channel) -> Result<FrameHeader, Decode
             len: body_len,
         });
     }
-    let link_wide = matches!(kind, Kind::Suspend | Kind::Resume);
+    let link_wide = matches!(kind, Kind::Suspend | Kind::Resume | Kind::RingRetire);
     if link_wide && conn_id != 0 {
         return Err(DecodeError::BadField(
             "connection id of a link-wide message",
@@ -668,6 +682,7 @@ pub fn decode(buf: &[u8], channel: Channel) -> Result<(Message<'_>, usize), Deco
         Kind::Resume => Message::Resume {
             new_domid: r.u32()?,
         },
+        Kind::RingRetire => Message::RingRetire { ring: r.grant()? },
         Kind::TcpHello => Message::TcpHello {
             conn_id,
             cookie: r.u64()?,
@@ -722,6 +737,7 @@ impl Message<'_> {
             Message::RingOffer { .. } => Kind::RingOffer,
             Message::Suspend => Kind::Suspend,
             Message::Resume { .. } => Kind::Resume,
+            Message::RingRetire { .. } => Kind::RingRetire,
             Message::TcpHello { .. } => Kind::TcpHello,
             Message::Data { .. } => Kind::Data,
             Message::RingFrom { .. } => Kind::RingFrom,
@@ -745,7 +761,7 @@ impl Message<'_> {
             | Message::TxFreeze { conn_id, .. }
             | Message::Consumed { conn_id, .. }
             | Message::Fin { conn_id, .. } => conn_id,
-            Message::Suspend | Message::Resume { .. } => 0,
+            Message::Suspend | Message::Resume { .. } | Message::RingRetire { .. } => 0,
         }
     }
 
@@ -814,6 +830,7 @@ impl Message<'_> {
             Message::RingOffer { rx, .. } => w.grant(rx),
             Message::Close { .. } | Message::Suspend => {}
             Message::Resume { new_domid } => w.u32(*new_domid),
+            Message::RingRetire { ring } => w.grant(ring),
             Message::TcpHello { cookie, .. } => w.u64(*cookie),
             Message::Data {
                 offset, payload, ..
@@ -954,6 +971,39 @@ mod tests {
             decode(&buf[..n], Channel::Link),
             Err(DecodeError::BadField(_))
         ));
+    }
+
+    #[test]
+    fn ring_retire_round_trips_and_is_link_wide() {
+        let msg = Message::RingRetire { ring: grant() };
+        let mut buf = [0u8; 64];
+        let n = msg.encode(&mut buf).unwrap();
+        assert_eq!(n, HEADER_LEN + 16);
+        assert_eq!(buf[1], 9);
+        assert_eq!(&buf[4..8], &[0; 4], "link-wide: connection id 0");
+        assert_eq!(decode(&buf[..n], Channel::Link), Ok((msg, n)));
+        for cut in 0..n {
+            assert!(matches!(
+                decode(&buf[..cut], Channel::Link),
+                Err(DecodeError::Incomplete { .. })
+            ));
+        }
+        assert_eq!(
+            decode(&buf[..n], Channel::Tcp),
+            Err(DecodeError::WrongChannel(Kind::RingRetire))
+        );
+        let mut bad = buf;
+        bad[4] = 1;
+        assert!(matches!(
+            decode(&bad[..n], Channel::Link),
+            Err(DecodeError::BadField(_))
+        ));
+        let mut bad = buf;
+        bad[HEADER_LEN + 1] = 1; // reserved byte of the grant
+        assert_eq!(
+            decode(&bad[..n], Channel::Link),
+            Err(DecodeError::ReservedNonZero)
+        );
     }
 
     #[test]

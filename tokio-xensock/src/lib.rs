@@ -149,8 +149,8 @@ pub struct XenStream {
 }
 
 impl XenStream {
-    /// Connects through the process-wide transport. The handshake runs on
-    /// tokio's blocking pool.
+    /// Connects through the process-wide transport (created on tokio's
+    /// blocking pool the first time: it talks to XenStore).
     pub async fn connect(addr: impl ToXenAddr) -> io::Result<XenStream> {
         let addr = addr.to_xen_addr()?;
         let t = tokio::task::spawn_blocking(Transport::global)
@@ -165,17 +165,44 @@ impl XenStream {
     }
 
     /// Connects through `transport` with socket options.
+    ///
+    /// The handshake never blocks a runtime thread: the request goes out
+    /// with [`Transport::connect_nonblocking`] and the future waits for the
+    /// stream's descriptor, like a non-blocking TCP connect. Only the first
+    /// connect to a domain, which brings the link up through XenStore,
+    /// runs that part on tokio's blocking pool. Like tokio's
+    /// `TcpStream::connect` it has no timeout of its own: wrap it in
+    /// `tokio::time::timeout` (dropping it abandons the attempt).
     pub async fn connect_with(
         transport: &Transport,
         addr: impl ToXenAddr,
         opts: SocketOptions,
     ) -> io::Result<XenStream> {
         let addr = addr.to_xen_addr()?;
-        let t = transport.clone();
-        let s = tokio::task::spawn_blocking(move || t.connect_with(addr, None, opts))
-            .await
-            .map_err(io::Error::other)??;
-        XenStream::from_std(s)
+        if !transport.link_ready(addr.domid) {
+            let t = transport.clone();
+            // Bounded by the transport's `Config::link_timeout`.
+            let timeout = std::time::Duration::MAX;
+            tokio::task::spawn_blocking(move || t.prepare_link(addr.domid, timeout))
+                .await
+                .map_err(io::Error::other)??;
+        }
+        let s = XenStream::from_std(transport.connect_nonblocking(addr, opts)?)?;
+        std::future::poll_fn(|cx| s.poll_connected(cx)).await?;
+        Ok(s)
+    }
+
+    /// Waits for the answer to a non-blocking connect.
+    fn poll_connected(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            // Readiness first, so that clearing it below cannot lose an
+            // edge that came after `finish_connect` looked.
+            let mut guard = ready!(self.inner.poll_write_ready(cx))?;
+            match self.inner.get_ref().finish_connect() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
+                r => return Poll::Ready(r),
+            }
+        }
     }
 
     /// Wraps a blocking stream (switching it to non-blocking mode).

@@ -185,3 +185,92 @@ async fn framed_codecs_and_incoming_stream() {
         6
     );
 }
+
+/// Many connects in flight at once on one runtime thread: the handshake is
+/// a non-blocking connect completed through the stream's descriptor, so
+/// every task gets to send its request before the first answer is in. A
+/// connect that blocked the thread (or ran one at a time on the blocking
+/// pool) would never have two in flight, and would start blocking-pool
+/// threads.
+#[test]
+fn concurrent_connects_on_a_current_thread_runtime() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let p = pair();
+    let n = 64;
+    // The first connect to a domain sets the link up through XenStore (on
+    // the blocking pool); do it before counting.
+    p.a.prepare_link(p.bid, Duration::from_secs(5)).unwrap();
+    let blocking_threads = Arc::new(AtomicUsize::new(0));
+    let started = blocking_threads.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .on_thread_start(move || {
+            started.fetch_add(1, Ordering::Relaxed);
+        })
+        .build()
+        .unwrap();
+    let (max_in_flight, echoed) = rt.block_on(async {
+        let l = XenListener::bind_with(
+            &p.b,
+            "xen:self:120",
+            libxensock::SocketOptions {
+                backlog: Some(n + 1),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let server = tokio::spawn(async move {
+            let mut served = Vec::new();
+            for _ in 0..n {
+                let (mut s, _) = l.accept().await.unwrap();
+                served.push(tokio::spawn(async move {
+                    let mut b = [0u8; 4];
+                    s.read_exact(&mut b).await.unwrap();
+                    s.write_all(&b).await.unwrap();
+                }));
+            }
+            for t in served {
+                t.await.unwrap();
+            }
+        });
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let max = Arc::new(AtomicUsize::new(0));
+        let mut clients = Vec::new();
+        for i in 0..n as u32 {
+            let (t, bid) = (p.a.clone(), p.bid);
+            let (in_flight, max) = (in_flight.clone(), max.clone());
+            clients.push(tokio::spawn(async move {
+                in_flight.fetch_add(1, Ordering::SeqCst);
+                let connect = XenStream::connect_on(&t, (bid, 120));
+                let mut s = tokio::time::timeout(Duration::from_secs(10), connect)
+                    .await
+                    .expect("connect timed out")
+                    .unwrap();
+                max.fetch_max(in_flight.load(Ordering::SeqCst), Ordering::SeqCst);
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                s.write_all(&i.to_le_bytes()).await.unwrap();
+                let mut b = [0u8; 4];
+                s.read_exact(&mut b).await.unwrap();
+                u32::from_le_bytes(b) == i
+            }));
+        }
+        let mut echoed = 0;
+        for c in clients {
+            echoed += usize::from(c.await.unwrap());
+        }
+        server.await.unwrap();
+        (max.load(Ordering::SeqCst), echoed)
+    });
+    assert_eq!(echoed, n, "every connection carries its own bytes");
+    assert!(
+        max_in_flight > 1,
+        "connects ran one at a time (at most {max_in_flight} in flight)"
+    );
+    assert_eq!(
+        blocking_threads.load(Ordering::Relaxed),
+        0,
+        "a connect used tokio's blocking pool"
+    );
+}

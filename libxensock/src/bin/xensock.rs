@@ -55,6 +55,16 @@ enum Cmd {
         /// Write a PNG chart of the throughput table to this path.
         #[arg(long)]
         plot: Option<PathBuf>,
+        /// Repetitions of every measurement; the table shows the median
+        /// (and xensock's min..max).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Where the stream test's writer and reader run: `spread` pins
+        /// them to different CPUs (as two domains on two vCPUs), `same`
+        /// to one CPU, `any` lets the scheduler choose (then the figures
+        /// jump between the two regimes from run to run).
+        #[arg(long, value_enum, default_value_t = Placement::Spread)]
+        placement: Placement,
     },
     /// Backend, links and connections of the calling domain.
     Status,
@@ -69,7 +79,12 @@ fn main() {
             ring,
             quiet,
         } => demo(mib, write_size.max(1), ring, quiet),
-        Cmd::Bench { scale, plot } => bench(scale, plot),
+        Cmd::Bench {
+            scale,
+            plot,
+            reps,
+            placement,
+        } => bench(scale, plot, reps.max(1), placement),
         Cmd::Status => status(),
     };
     if let Err(e) = r {
@@ -348,7 +363,7 @@ impl Kind {
 }
 
 struct Env {
-    _host: SimHost,
+    host: SimHost,
     a: Transport,
     b: Transport,
     bid: u32,
@@ -385,11 +400,55 @@ fn make_pair(env: &mut Env, kind: Kind, ring: Option<usize>) -> Res<Pair> {
     })
 }
 
-fn throughput(env: &mut Env, kind: Kind, write: usize, total: u64) -> Res<f64> {
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+enum Placement {
+    /// Writer on CPU 0, reader on CPU 1.
+    Spread,
+    /// Both on CPU 0.
+    Same,
+    /// Wherever the scheduler puts them.
+    Any,
+}
+
+impl Placement {
+    /// CPUs for (writer, reader), if pinned.
+    fn cpus(self) -> Option<(usize, usize)> {
+        match self {
+            Placement::Spread => Some((0, 1)),
+            Placement::Same => Some((0, 0)),
+            Placement::Any => None,
+        }
+    }
+}
+
+/// Restricts the calling thread to `cpu`, or lets it run anywhere again.
+fn pin_to(cpu: Option<usize>) {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // Not available_parallelism(): that follows our own affinity mask.
+    // SAFETY: sysconf has no pointer arguments.
+    let online = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) })
+        .unwrap_or(1)
+        .max(1);
+    for c in 0..online.min(libc::CPU_SETSIZE as usize) {
+        if cpu.map_or(true, |p| p % online == c) {
+            // SAFETY: c < CPU_SETSIZE, inside the set.
+            unsafe { libc::CPU_SET(c, &mut set) };
+        }
+    }
+    // SAFETY: a valid set of the size passed; 0 is the calling thread. A
+    // failure leaves the thread where it was, which only costs accuracy.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+}
+
+fn throughput(env: &mut Env, kind: Kind, write: usize, total: u64, place: Placement) -> Res<f64> {
     let (mut c, mut s) = make_pair(env, kind, Some(1 << 20))?;
     let block = pattern(write);
+    let cpus = place.cpus();
+    pin_to(cpus.map(|c| c.1));
     let start = Instant::now();
     let w = thread::spawn(move || -> io::Result<()> {
+        pin_to(cpus.map(|c| c.0));
         let mut sent = 0;
         while sent < total {
             c.write_all(&block)?;
@@ -407,6 +466,7 @@ fn throughput(env: &mut Env, kind: Kind, write: usize, total: u64) -> Res<f64> {
         got += n as u64;
     }
     let t = start.elapsed();
+    pin_to(None);
     w.join().map_err(|_| "writer panicked")??;
     Ok(mbps(got, t))
 }
@@ -488,18 +548,48 @@ fn rss_bytes() -> u64 {
 /// Resident memory per idle connection (both ends, user space only: the
 /// sim's shared pages are counted when touched, kernel socket buffers of
 /// AF_UNIX/TCP are not in RSS).
-fn idle_memory(env: &mut Env, kind: Kind, n: usize) -> Res<f64> {
+///
+/// Returns (RSS per connection, the part of it that is the peer's ring
+/// pages mapped a second time: both domains live in this one process, so
+/// each shared page is resident twice here, once in a real deployment).
+fn idle_memory(env: &mut Env, kind: Kind, n: usize) -> Res<(f64, f64)> {
+    let maps_before = env.host.stats().mappings;
     let before = rss_bytes();
     let mut keep = Vec::with_capacity(n);
     for _ in 0..n {
         keep.push(make_pair(env, kind, Some(2048))?);
     }
     let after = rss_bytes();
+    let mapped_twice = env.host.stats().mappings.saturating_sub(maps_before) * 4096;
     drop(keep);
-    Ok(after.saturating_sub(before) as f64 / n as f64)
+    let per = |b: u64| b as f64 / n as f64;
+    let twice = if kind == Kind::Xen {
+        per(mapped_twice as u64)
+    } else {
+        0.0
+    };
+    Ok((per(after.saturating_sub(before)), twice))
 }
 
-fn bench(scale: f64, plot: Option<PathBuf>) -> Res<()> {
+/// Median and spread of repeated measurements.
+#[derive(Clone, Copy, Default)]
+struct Stat {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Stat {
+    fn of(mut v: Vec<f64>) -> Stat {
+        v.sort_by(|a, b| a.total_cmp(b));
+        match (v.first(), v.get(v.len() / 2), v.last()) {
+            (Some(&min), Some(&median), Some(&max)) => Stat { median, min, max },
+            _ => Stat::default(),
+        }
+    }
+}
+
+fn bench(scale: f64, plot: Option<PathBuf>, reps: usize, placement: Placement) -> Res<()> {
     let host = SimHost::start()?;
     let da = host.create_domain(DomainConfig::new("bench-a"))?;
     let db = host.create_domain(DomainConfig::new("bench-b"))?;
@@ -508,75 +598,99 @@ fn bench(scale: f64, plot: Option<PathBuf>) -> Res<()> {
         b: Transport::sim(host.dir(), db.domid)?,
         bid: db.domid.into(),
         port: 1000,
-        _host: host,
+        host,
     };
     println!("{}", libxensock::backend());
-    println!("xensock on the simulated host vs AF_UNIX vs TCP loopback (same run, same machine)\n");
-    let sizes = [64usize, 1024, 16 * 1024, 64 * 1024, 1 << 20];
-    println!("stream throughput, MB/s (one writer, one reader)");
+    println!("xensock on the simulated host vs AF_UNIX vs TCP loopback (same run, same machine)");
     println!(
-        "{:>10} {:>10} {:>10} {:>10} {:>9} {:>9}",
-        "write", "xensock", "AF_UNIX", "TCP lo", "x/unix", "x/tcp"
+        "every figure is the median of {reps} runs, interleaved by kind; xensock's min..max in brackets\n"
+    );
+    let sizes = [64usize, 1024, 16 * 1024, 64 * 1024, 1 << 20];
+    println!(
+        "stream throughput, MB/s (one writer, one reader, 1 MiB rings; placement {})",
+        match placement {
+            Placement::Spread => "spread: writer on CPU 0, reader on CPU 1",
+            Placement::Same => "same: writer and reader on CPU 0",
+            Placement::Any => "any: wherever the scheduler puts them",
+        }
+    );
+    println!(
+        "{:>10} {:>10} {:>13} {:>10} {:>10} {:>9} {:>9}",
+        "write", "xensock", "(min..max)", "AF_UNIX", "TCP lo", "x/unix", "x/tcp"
     );
     let mut rows = Vec::new();
     for &w in &sizes {
         let total = ((if w < 1024 { 16u64 << 20 } else { 256u64 << 20 }) as f64 * scale) as u64;
         let total = total.max(w as u64);
-        let mut r = [0f64; 3];
-        for (i, k) in KINDS.iter().enumerate() {
-            r[i] = throughput(&mut env, *k, w, total)?;
-        }
+        let r = interleaved(reps, |k| throughput(&mut env, k, w, total, placement))?;
         println!(
-            "{:>10} {:>10.0} {:>10.0} {:>10.0} {:>8.2}x {:>8.2}x",
+            "{:>10} {:>10.0} {:>13} {:>10.0} {:>10.0} {:>8.2}x {:>8.2}x",
             human(w),
-            r[0],
-            r[1],
-            r[2],
-            r[0] / r[1],
-            r[0] / r[2]
+            r[0].median,
+            format!("({:.0}..{:.0})", r[0].min, r[0].max),
+            r[1].median,
+            r[2].median,
+            r[0].median / r[1].median,
+            r[0].median / r[2].median
         );
-        rows.push((w, r));
+        rows.push((w, r.map(|s| s.median)));
     }
     let rounds = ((20_000f64 * scale) as u32).max(100);
-    let mut lat = [0f64; 3];
-    for (i, k) in KINDS.iter().enumerate() {
-        lat[i] = pingpong(&mut env, *k, rounds)?;
-    }
+    let lat = interleaved(reps, |k| pingpong(&mut env, k, rounds))?;
     println!("\n1-byte ping-pong, one-way latency (us)");
+    println!("{:>10} {:>10} {:>10}", "xensock", "AF_UNIX", "TCP lo");
     println!(
-        "{:>10.2} {:>10.2} {:>10.2}   xensock/TCP {:.2}x  xensock/unix {:.2}x",
-        lat[0],
-        lat[1],
-        lat[2],
-        lat[0] / lat[2],
-        lat[0] / lat[1]
+        "{:>10.2} {:>10.2} {:>10.2}   xensock/TCP {:.2}x  xensock/unix {:.2}x  (xensock {:.2}..{:.2})",
+        lat[0].median,
+        lat[1].median,
+        lat[2].median,
+        lat[0].median / lat[2].median,
+        lat[0].median / lat[1].median,
+        lat[0].min,
+        lat[0].max
     );
     let n = ((2000f64 * scale) as u32).max(10);
-    let mut rate = [0f64; 3];
-    for (i, k) in KINDS.iter().enumerate() {
-        rate[i] = connect_rate(&mut env, *k, n)?;
-    }
-    println!("\nconnect+accept+close per second");
+    let rate = interleaved(reps, |k| connect_rate(&mut env, k, n))?;
+    println!("\nconnect+accept+close per second ({n} in a row, one thread)");
     println!(
-        "{:>10.0} {:>10.0} {:>10.0}   xensock/TCP {:.2}x",
-        rate[0],
-        rate[1],
-        rate[2],
-        rate[0] / rate[2]
+        "{:>10.0} {:>10.0} {:>10.0}   xensock/TCP {:.2}x  (xensock {:.0}..{:.0})",
+        rate[0].median,
+        rate[1].median,
+        rate[2].median,
+        rate[0].median / rate[2].median,
+        rate[0].min,
+        rate[0].max
     );
     let idle = ((1000f64 * scale) as usize).max(10);
-    let mut mem = [0f64; 3];
+    let mut mem = [(0f64, 0f64); 3];
     for (i, k) in KINDS.iter().enumerate() {
         mem[i] = idle_memory(&mut env, *k, idle)?;
     }
     println!("\nresident memory per idle connection, both ends, {idle} connections (bytes; xensock with 2 KiB rings; kernel socket memory is not in RSS)");
-    println!("{:>10.0} {:>10.0} {:>10.0}", mem[0], mem[1], mem[2]);
+    println!("{:>10.0} {:>10.0} {:>10.0}", mem[0].0, mem[1].0, mem[2].0);
+    println!(
+        "  xensock: {:.0} of it is each ring page resident a second time as the peer's mapping (both domains are this one process); one copy each: {:.0}",
+        mem[0].1,
+        mem[0].0 - mem[0].1
+    );
     println!("\ncolumns: {}", KINDS.map(|k| k.name()).join(", "));
     if let Some(p) = plot {
         write_plot(&p, &rows)?;
         println!("wrote {}", p.display());
     }
     Ok(())
+}
+
+/// Runs `f` for every kind, `reps` times, interleaving the kinds so that a
+/// slow period of the machine hits all three alike.
+fn interleaved(reps: usize, mut f: impl FnMut(Kind) -> Res<f64>) -> Res<[Stat; 3]> {
+    let mut v: [Vec<f64>; 3] = Default::default();
+    for _ in 0..reps {
+        for (i, k) in KINDS.iter().enumerate() {
+            v[i].push(f(*k)?);
+        }
+    }
+    Ok(v.map(Stat::of))
 }
 
 fn human(n: usize) -> String {
@@ -589,86 +703,96 @@ fn human(n: usize) -> String {
     }
 }
 
-/// A minimal PNG bar chart (no font dependencies): one group of three bars
-/// per write size, heights proportional to MB/s; colours: xensock blue,
-/// AF_UNIX green, TCP red.
+/// A PNG chart of the throughput table (plotters): MB/s per write size,
+/// log scale, one line per kind (blue xensock, green AF_UNIX, red TCP).
+/// Labels need a TrueType font (the usual DejaVu/Liberation paths are
+/// tried); without one the chart has no text.
 fn write_plot(path: &std::path::Path, rows: &[(usize, [f64; 3])]) -> Res<()> {
-    let (w, h) = (640usize, 360usize);
-    let mut img = vec![255u8; w * h * 3];
-    let max = rows
-        .iter()
-        .flat_map(|(_, r)| r.iter().copied())
-        .fold(1.0f64, f64::max);
-    let colours = [[40u8, 90, 200], [40, 160, 70], [200, 50, 50]];
-    let group = w / rows.len().max(1);
-    for (g, (_, r)) in rows.iter().enumerate() {
-        for (i, v) in r.iter().enumerate() {
-            let bar_h = ((v / max) * (h as f64 - 20.0)) as usize;
-            let x0 = g * group + 10 + i * (group - 20) / 3;
-            let x1 = x0 + (group - 20) / 3 - 4;
-            for y in (h - bar_h)..h {
-                for x in x0..x1.min(w) {
-                    let p = (y * w + x) * 3;
-                    img[p..p + 3].copy_from_slice(&colours[i]);
-                }
-            }
+    use plotters::prelude::*;
+    let text = match register_font() {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("xensock: chart without labels: {e}");
+            false
         }
+    };
+    let root = BitMapBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let all = || rows.iter().flat_map(|(_, r)| r.iter().copied());
+    let ymax = all().fold(1.0f64, f64::max) * 1.5;
+    let ymin = (all().fold(f64::INFINITY, f64::min) / 1.5).clamp(0.1, ymax / 2.0);
+    let mut builder = ChartBuilder::on(&root);
+    if text {
+        builder.caption(
+            "stream throughput: xensock (sim) vs AF_UNIX vs TCP loopback",
+            ("sans-serif", 22),
+        );
     }
-    std::fs::write(path, png(w, h, &img))?;
+    let mut chart = builder
+        .margin(15)
+        .x_label_area_size(if text { 45 } else { 0 })
+        .y_label_area_size(if text { 80 } else { 0 })
+        .build_cartesian_2d(
+            (0..rows.len().saturating_sub(1)).into_segmented(),
+            (ymin..ymax).log_scale(),
+        )?;
+    let label = |x: &SegmentValue<usize>| match x {
+        SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => {
+            rows.get(*i).map(|(w, _)| human(*w)).unwrap_or_default()
+        }
+        SegmentValue::Last => String::new(),
+    };
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_labels(rows.len())
+            .x_label_formatter(&label)
+            .x_desc("write size")
+            .y_desc("MB/s (log scale)");
+    } else {
+        mesh.disable_x_axis().disable_y_axis();
+    }
+    mesh.draw()?;
+    for (k, colour) in [(0usize, BLUE), (1, GREEN), (2, RED)] {
+        let points = || {
+            rows.iter()
+                .enumerate()
+                .map(move |(i, (_, r))| (SegmentValue::CenterOf(i), r[k]))
+        };
+        chart
+            .draw_series(LineSeries::new(points(), colour.stroke_width(2)))?
+            .label(KINDS[k].name())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
+        chart.draw_series(points().map(|p| Circle::new(p, 4, colour.filled())))?;
+    }
+    if text {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()?;
     Ok(())
 }
 
-/// Encodes an RGB image as a PNG with stored (uncompressed) deflate blocks.
-fn png(w: usize, h: usize, rgb: &[u8]) -> Vec<u8> {
-    fn crc(data: &[u8]) -> u32 {
-        let mut c = 0xFFFF_FFFFu32;
-        for &b in data {
-            c ^= u32::from(b);
-            for _ in 0..8 {
-                c = if c & 1 != 0 {
-                    0xEDB8_8320 ^ (c >> 1)
-                } else {
-                    c >> 1
-                };
-            }
-        }
-        !c
-    }
-    fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
-        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        let mut c = kind.to_vec();
-        c.extend_from_slice(data);
-        out.extend_from_slice(&c);
-        out.extend_from_slice(&crc(&c).to_be_bytes());
-    }
-    let mut raw = Vec::with_capacity((w * 3 + 1) * h);
-    for y in 0..h {
-        raw.push(0);
-        raw.extend_from_slice(&rgb[y * w * 3..(y + 1) * w * 3]);
-    }
-    let mut z = vec![0x78, 0x01];
-    let blocks: Vec<&[u8]> = raw.chunks(65535).collect();
-    for (i, b) in blocks.iter().enumerate() {
-        z.push(u8::from(i + 1 == blocks.len()));
-        z.extend_from_slice(&(b.len() as u16).to_le_bytes());
-        z.extend_from_slice(&(!(b.len() as u16)).to_le_bytes());
-        z.extend_from_slice(b);
-    }
-    let (mut a, mut b) = (1u32, 0u32);
-    for &x in &raw {
-        a = (a + u32::from(x)) % 65521;
-        b = (b + a) % 65521;
-    }
-    z.extend_from_slice(&((b << 16) | a).to_be_bytes());
-    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
-    let mut ihdr = Vec::new();
-    ihdr.extend_from_slice(&(w as u32).to_be_bytes());
-    ihdr.extend_from_slice(&(h as u32).to_be_bytes());
-    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
-    chunk(&mut out, b"IHDR", &ihdr);
-    chunk(&mut out, b"IDAT", &z);
-    chunk(&mut out, b"IEND", &[]);
-    out
+/// Registers a system TrueType font as plotters' "sans-serif" (its
+/// `ab_glyph` backend has no font lookup of its own).
+fn register_font() -> Res<()> {
+    const CANDIDATES: [&str; 3] = [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    ];
+    let bytes = CANDIDATES
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .ok_or("no TrueType font for the chart's labels (apt-get install fonts-dejavu-core)")?;
+    // plotters keeps the font for the rest of the process.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, bytes)
+        .map_err(|_| "the font file is not a usable TrueType font")?;
+    Ok(())
 }
 
 // ---- status -------------------------------------------------------------
@@ -719,6 +843,19 @@ fn status() -> Res<()> {
         st.links_lost,
         st.rejected
     );
+    for l in &st.links {
+        println!(
+            "  link to domain {}: {}, {} connections, {} frames queued; ring reuse {}: {} rings pooled, {} lent, {} peer rings kept mapped",
+            l.peer,
+            if l.up { "up" } else { "offered" },
+            l.connections,
+            l.pending_frames,
+            if l.ring_reuse { "on" } else { "off" },
+            l.pooled_rings,
+            l.lent_rings,
+            l.kept_mappings
+        );
+    }
     for c in st.connections {
         println!(
             "  {} -> {} {:?} rx {}/{} tx {}/{} in {} out {}",

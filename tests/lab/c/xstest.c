@@ -925,19 +925,38 @@ static void test_xclient(uint32_t peer, uint64_t mib)
 	}
 	/* a process killed with the connection open: the server sees EOF */
 	{
-		pid_t pid = fork();
+		int ready[2];
+		pid_t pid;
+		char ok = 0;
+		int status = 0;
 
+		if (pipe(ready) != 0)
+			ready[0] = ready[1] = -1;
+		pid = fork();
 		if (pid == 0) {
 			int k = xsock();
 
-			if (connect(k, (struct sockaddr *)&x, sizeof(x)) == 0)
+			if (connect(k, (struct sockaddr *)&x, sizeof(x)) == 0) {
+				(void)!write(ready[1], "c", 1);
 				pause();
+			}
 			_exit(1);
 		}
-		sleep(3);
+		close(ready[1]);
+		{
+			struct pollfd p = { .fd = ready[0], .events = POLLIN };
+
+			if (poll(&p, 1, 30000) == 1 && read(ready[0], &ok, 1) != 1)
+				ok = 0;
+		}
+		close(ready[0]);
+		sleep(3); /* let the server accept and block in read first */
 		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
-		result("x-victim-killed", 1, NULL);
+		waitpid(pid, &status, 0);
+		/* the server's x-peer-killed checks what the peer saw; this checks the
+		 * victim really was connected when it died */
+		result("x-victim-killed", ok == 'c' && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+		       "connected=%d signalled=%d", ok == 'c', WIFSIGNALED(status));
 	}
 	/* data then close without reading */
 	c = xsock();

@@ -21,7 +21,8 @@ check xenstored-alive-1 pidof xenstored
 # part (c): Debian's xenstore tools against the real xenstored
 . /scenario/xsutils.sh
 check xenstored-alive-3 pidof xenstored
-# the user-space transport makes its link directories itself (section 6.1)
+# the agent makes each co-resident pair's link directories, nA,rB both ways
+# (docs/protocol.md 6.1); the transports keep them
 check link-perms wait_until 120 sh -c "xenstore-ls -p /local/domain/$D2/data/xensock/link | grep -q 'n$D2,r$D1' && xenstore-ls -p /local/domain/$D1/data/xensock/link | grep -q 'n$D1,r$D2'"
 for d in $D1 $D2; do echo "--- dom$d link"; xenstore-ls -p /local/domain/$d/data/xensock/link; done
 # keep the agent up until the domUs are done

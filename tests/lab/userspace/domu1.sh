@@ -21,7 +21,9 @@ xenstore-ls /local/domain/$ME/data/xensock/link 2>&1 | sed 's/^/  [links] own: /
 log "waiting for a connection on port 8 to pass 2 MiB, then kill -9 the server"
 if wait_until 120 grep -q "conn 8\.[0-9]* passed 2 MiB" /tmp/server.log; then
   kill -9 $SRV; log "killed the echo server (pid $SRV) at $(date +%s)"
-  check server-killed sh -c "! kill -0 $SRV 2>/dev/null"
+  # reap it (a zombie still answers kill -0): 137 is death by SIGKILL
+  wait $SRV 2>/dev/null; rc=$?
+  if [ $rc = 137 ]; then result server-killed PASS; else result server-killed FAIL "exit status $rc"; fi
 else
   result server-killed FAIL "no connection on port 8 reached 2 MiB"
   kill -9 $SRV
@@ -31,5 +33,8 @@ lab_echo server 7 > /tmp/server2.log 2>&1 &
 SRV2=$!
 tail -f /tmp/server2.log &
 check server-restart wait_until 120 grep -q 'conn 7\.[0-9]* done' /tmp/server2.log
-kill $SRV2 2>/dev/null
+kill $SRV2 2>/dev/null; wait $SRV2 2>/dev/null
 xensock-discover peers
+# every process exited: this domain's XenStore still answers (the xenbus
+# deadlock left it hung in xs_talkv)
+check xenbus-alive timeout 20 xenstore-read domid
