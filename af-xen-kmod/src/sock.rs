@@ -105,11 +105,15 @@ pub(crate) struct Inner {
     pub(crate) peer_conn: u32,
     /// why a connect over a link failed (0: none)
     pub(crate) connect_err: i32,
+    /// SOCK_SEQPACKET: messages travel as proto records (see seq_sendmsg)
+    pub(crate) seqpacket: bool,
     /// a connect over a link whose ConnectRequest is not sent yet (the link
     /// was not up, or its control ring was full): the work item sends it
     pub(crate) request: Option<crate::ctrl::RingGrant>,
     /// test mode: the next connect names a bogus grant in its directory
     pub(crate) test_bad_directory: bool,
+    /// inter-domain: cookie and peer endpoint of the TCP carrier (tcp.rs)
+    pub(crate) tcp: crate::tcp::ConnTcp,
 }
 
 #[pin_data(PinnedDrop)]
@@ -143,8 +147,10 @@ impl XenSock {
                     conn_id: 0,
                     peer_conn: 0,
                     connect_err: 0,
+                    seqpacket: false,
                     request: None,
                     test_bad_directory: false,
+                    tcp: crate::tcp::ConnTcp::default(),
                 }, "af_xen_sock"),
             }),
             GFP_KERNEL,
@@ -259,7 +265,8 @@ pub(crate) unsafe extern "C" fn xs_create(
     if protocol != 0 {
         return err(e::EPROTONOSUPPORT);
     }
-    if sock.type_() != bindings::sock_type_SOCK_STREAM as i32 {
+    let seqpacket = sock.type_() == bindings::sock_type_SOCK_SEQPACKET as i32;
+    if sock.type_() != bindings::sock_type_SOCK_STREAM as i32 && !seqpacket {
         return err(e::ESOCKTNOSUPPORT);
     }
     sock.set_ops(ops());
@@ -274,6 +281,7 @@ pub(crate) unsafe extern "C" fn xs_create(
             return err(e::ENOMEM);
         }
     };
+    xs.inner.lock().seqpacket = seqpacket;
     {
         let mut p = globals().ports.lock();
         let key = &*xs as *const XenSock as usize;
@@ -305,6 +313,10 @@ fn destroy(xs: &Arc<XenSock>) {
             i.reset,
         )
     };
+    if link.is_some() {
+        // its TCP legs go with it
+        crate::tcp::connection_ended();
+    }
     // SO_LINGER with l_linger 0: abortive close, the peer sees
     // ECONNRESET (unread data is dropped), as TCP's RST.
     let abort = was == State::Connected && !reset && xs.sk.linger_abort();
@@ -574,7 +586,7 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
         do_bind(xs, PORT_ANY)?;
     }
     let conn_id = crate::link::next_conn_id();
-    let cap = xs.sk.rcvbuf().max(0) as usize / 2;
+    let cap = crate::conn::rx_ring_capacity(&xs.sk);
     let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap).map_err(|_| e::ENOMEM)?;
     if xs.inner.lock().test_bad_directory {
         rx.test_spoil_directory();
@@ -589,6 +601,7 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
         i.connect_err = 0;
         i.reset = false;
         i.request = Some(rx_grant);
+        i.tcp = crate::tcp::ConnTcp { cookie: crate::tcp::new_cookie(), peer: crate::ctrl::TcpEndpoint::NONE };
     }
     if link.inner.lock().conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL).is_err() {
         connect_abort(xs, &link, conn_id);
@@ -640,6 +653,11 @@ pub(crate) fn request_sent(xs: &XenSock) {
     xs.inner.lock().request = None;
 }
 
+/// Whether `xs` is a SOCK_SEQPACKET socket (its ConnectRequest says so).
+pub(crate) fn is_seqpacket(xs: &XenSock) -> bool {
+    xs.inner.lock().seqpacket
+}
+
 /// Work item, ConnectRequest from `link`'s peer: a child of the listener on
 /// `dst_port` with our receive ring granted and the requester's mapped.
 /// The caller lists it on the link, answers, then calls `accepted_remote`.
@@ -648,6 +666,7 @@ pub(crate) fn accept_remote(
     peer_conn: u32,
     src_port: u32,
     dst_port: u32,
+    seqpacket: bool,
     rg: &crate::ctrl::RingGrant,
 ) -> core::result::Result<(Arc<XenSock>, u32, crate::ctrl::RingGrant), crate::ctrl::RejectReason> {
     use crate::ctrl::RejectReason as R;
@@ -661,6 +680,9 @@ pub(crate) fn accept_remote(
         let li = l.inner.lock();
         if li.state != State::Listening {
             return Err(R::NoListener);
+        }
+        if li.seqpacket != seqpacket {
+            return Err(R::WrongType);
         }
         if li.accept_q.len() >= li.backlog as usize {
             return Err(R::BacklogFull);
@@ -683,7 +705,7 @@ pub(crate) fn accept_remote(
         x
     };
     let my_id = crate::link::next_conn_id();
-    let cap = child_sk.rcvbuf().max(0) as usize / 2;
+    let cap = crate::conn::rx_ring_capacity(&child_sk);
     let (rx, rx_grant) = match Pipe::new_granted(link, me, my_id, cap) {
         Ok(v) => v,
         Err(_) => return Err(fail(R::NoResources)),
@@ -695,6 +717,7 @@ pub(crate) fn accept_remote(
     {
         let mut c = child.inner.lock();
         c.state = State::Connected;
+        c.seqpacket = seqpacket;
         c.local = Addr { port: dst_port, domid: me };
         c.peer = Addr { port: src_port, domid: link.peer };
         c.tx = Some(tx);
@@ -787,14 +810,19 @@ pub(crate) fn connect_failed(xs: &Arc<XenSock>, errno: i32) {
             return;
         }
         i.connect_err = errno;
+        // The error is pending before the state says "not connecting": a
+        // poll in between must not see the socket unconnected without it
+        // (lab run kmod-20261122-074730 caught POLLOUT|POLLHUP, SO_ERROR 0
+        // while the failed connect's large ring was being released).
+        // sk_error_report only wakes: fine under the spinlock.
+        xs.sk.set_err(errno);
         i.state = State::Bound;
         i.request = None;
         (i.rx.take(), i.link.take())
     };
+    xs.sk.wake(POLLOUT | POLLWRNORM | POLLERR | POLLHUP);
     // outside the spinlock: ending a grant may sleep
     drop((rx, link));
-    xs.sk.set_err(errno);
-    xs.sk.wake(POLLOUT | POLLWRNORM | POLLERR | POLLHUP);
 }
 
 /// Work item: the link died or the peer reset the connection.
@@ -819,6 +847,11 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
     if Arc::ptr_eq(&l, xs) {
         return Err(e::ECONNREFUSED);
     }
+    // a stream cannot connect to a seqpacket listener nor back (WrongType)
+    let seqpacket = xs.inner.lock().seqpacket;
+    if l.inner.lock().seqpacket != seqpacket {
+        return Err(e::ECONNREFUSED);
+    }
     if !xs.inner.lock().bound {
         do_bind(xs, PORT_ANY)?;
     }
@@ -839,14 +872,15 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
         x
     };
     // to_child is read by the child (its SO_RCVBUF), to_me by us.
-    let to_child = Pipe::new_local(child_sk.rcvbuf().max(0) as usize / 2, me, port).map_err(|_| fail(e::ENOMEM))?;
-    let to_me = Pipe::new_local(xs.sk.rcvbuf().max(0) as usize / 2, me, port).map_err(|_| fail(e::ENOMEM))?;
+    let to_child = Pipe::new_local(crate::conn::rx_ring_capacity(&child_sk), me, port).map_err(|_| fail(e::ENOMEM))?;
+    let to_me = Pipe::new_local(crate::conn::rx_ring_capacity(&xs.sk), me, port).map_err(|_| fail(e::ENOMEM))?;
     to_child.set_ends(Some(child.clone()), Some(xs.clone()));
     to_me.set_ends(Some(xs.clone()), Some(child.clone()));
     let my_addr = xs.inner.lock().local;
     {
         let mut c = child.inner.lock();
         c.state = State::Connected;
+        c.seqpacket = seqpacket;
         c.local = Addr { port, domid: me };
         c.peer = Addr { port: my_addr.port, domid: me };
         c.tx = Some(to_me.clone());
@@ -947,6 +981,7 @@ unsafe extern "C" fn xs_poll(
         let i = xs.inner.lock();
         (i.state, i.accept_q.len(), i.shut_rd, i.shut_wr, i.reset, i.tx.clone(), i.rx.clone())
     };
+    let seqpacket = xs.inner.lock().seqpacket;
     let mut mask = 0;
     match state {
         State::Listening => {
@@ -973,7 +1008,16 @@ unsafe extern "C" fn xs_poll(
                 }
                 match rx.rx_state() {
                     Ok((n, end)) => {
-                        if n > 0 {
+                        // seqpacket: readable once a whole message is there
+                        let ready = if seqpacket {
+                            crate::seqpacket::rx_ready(&rx).unwrap_or_else(|_| {
+                                err_ = true;
+                                false
+                            })
+                        } else {
+                            n > 0
+                        };
+                        if ready {
                             mask |= POLLIN | POLLRDNORM;
                         }
                         if end.fin {
@@ -995,7 +1039,7 @@ unsafe extern "C" fn xs_poll(
                     Ok((free, end)) => {
                         if end.closed || end.reset {
                             wr_hup = true;
-                        } else if free > 0 && !shut_wr {
+                        } else if !shut_wr && (if seqpacket { crate::seqpacket::tx_writable(free) } else { free > 0 }) {
                             mask |= POLLOUT | POLLWRNORM;
                         }
                         if end.reset {
@@ -1054,8 +1098,8 @@ unsafe extern "C" fn xs_shutdown(sock: *mut bindings::socket, how: c_int) -> c_i
     0
 }
 
-/// A proto ring violation: the connection is reset (never a panic).
-fn conn_reset(xs: &XenSock, why: crate::ring::RingError) -> i32 {
+/// A proto ring (or record) violation: the connection is reset (never a panic).
+pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
     pr_warn!("connection reset: {}\n", why);
     sys::counters::add(&sys::counters::PROTO_RESETS, 1);
     let (tx, rx) = {
@@ -1108,6 +1152,9 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
         return epipe(0);
     }
     let Some(tx) = tx else { return err(e::ENOTCONN) };
+    if xs.inner.lock().seqpacket {
+        return crate::seqpacket::sendmsg(&xs, &mut msg, &tx);
+    }
     let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;
     let mut timeo: c_long = xs.sk.sndtimeo(nonblock);
     let total = msg.left();
@@ -1190,6 +1237,9 @@ unsafe extern "C" fn xs_recvmsg(
         _ => return err(e::ENOTCONN),
     }
     let Some(rx) = rx else { return err(e::ENOTCONN) };
+    if xs.inner.lock().seqpacket {
+        return crate::seqpacket::recvmsg(&xs, &mut msg, &rx, flags, peer);
+    }
     let peek = flags & bindings::MSG_PEEK as i32 != 0;
     let waitall = flags & bindings::MSG_WAITALL as i32 != 0 && !peek;
     let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;
@@ -1280,6 +1330,8 @@ unsafe extern "C" fn xs_recvmsg(
 
 /// setsockopt() option names at level `family` (xensock.h).
 const XENSOCK_TEST_CORRUPT: c_int = 0x7e57;
+/// test mode: open this connection's outbound TCP leg (1: right cookie, 2: wrong)
+const XENSOCK_TEST_OPEN_LEG: c_int = 0x7e58;
 
 unsafe extern "C" fn xs_setsockopt(
     sock: *mut bindings::socket,
@@ -1303,6 +1355,19 @@ unsafe extern "C" fn xs_setsockopt(
                     Ok(()) => 0,
                     Err(x) => err(x),
                 },
+                Err(x) => err(x),
+            }
+        }
+        XENSOCK_TEST_OPEN_LEG => {
+            if !sys::hostile_test() {
+                return err(e::EPERM);
+            }
+            match sys::sockopt_int(optval, optlen) {
+                Ok(m @ (1 | 2)) => match crate::tcp::test_open_leg(&Arc::from(xs), m == 2) {
+                    Ok(()) => 0,
+                    Err(x) => err(x),
+                },
+                Ok(_) => err(e::EINVAL),
                 Err(x) => err(x),
             }
         }

@@ -14,11 +14,19 @@
  *   vchan  libxenvchan: grant-mapped ring + event channel, the closest
  *          existing thing to what xensock does; statically linked against
  *          libxen-dev.
+ *   unix   AF_UNIX stream socket (both ends in one domain: the ceiling a
+ *          socket between two domains is compared with)
+ *   xen    AF_XEN, the af_xen.ko kernel family; only when built with
+ *          -I af-xen-kmod/include (xensock.h), as tests/lab/bench does
  *
  *   xlbench tcp server <port> <MiB> <N>
  *   xlbench tcp client <ip> <port> <MiB> <N> [connect-timeout-s]
  *   xlbench vchan server <peer-domid> <xs-path> <MiB> <N> [ring-bytes]
  *   xlbench vchan client <server-domid> <xs-path> <MiB> <N> [connect-timeout-s]
+ *   xlbench unix server <path> <MiB> <N>
+ *   xlbench unix client <path> <MiB> <N> [connect-timeout-s]
+ *   xlbench xen server <port> <MiB> <N>
+ *   xlbench xen client <server-domid> <port> <MiB> <N> [connect-timeout-s]
  *   xlbench domid                  (own domid from xenstore)
  *
  * XLBENCH_LABEL=<name> in the client's environment renames the metric row
@@ -38,10 +46,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include <libxenvchan.h>
 #include <xenstore.h>
+#if __has_include("xensock.h")
+#include "xensock.h"
+#define XLBENCH_AF_XEN 1
+#endif
 
 #define CHUNK (64 * 1024)
 /* The stream carries pat[pos % PATLEN]: a prime period, so a lost, repeated
@@ -241,50 +254,118 @@ static int xsread(const char *path, int timeout)
 	return 0;
 }
 
-static int tcp_main(int argc, char **argv)
+/* Listen on a, accept one connection, serve it. */
+static int sock_server(int fam, const struct sockaddr *a, socklen_t alen, int nodelay, long mib, long n)
 {
 	struct conn c = { .fd = -1 };
 	int one = 1;
+	int l = socket(fam, SOCK_STREAM, 0);
+
+	if (l < 0)
+		die("socket");
+	if (fam == AF_INET)
+		setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(l, a, alen) || listen(l, 1))
+		die("bind/listen");
+	printf("xlbench %s server: listening\n", transport);
+	fflush(stdout);
+	c.fd = accept(l, NULL, NULL);
+	if (c.fd < 0)
+		die("accept");
+	if (nodelay)
+		setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	int rc = serve(&c, mib, n);
+	close(c.fd);
+	close(l);
+	return rc;
+}
+
+/* Connect to a, retrying for up to timeout seconds (the server may not be
+ * listening yet), then drive the workload. */
+static int sock_client(int fam, const struct sockaddr *a, socklen_t alen, int nodelay, long mib, long n,
+		       int timeout)
+{
+	struct conn c = { .fd = -1 };
+	double end = now() + timeout;
+	int one = 1;
+
+	for (;;) {
+		c.fd = socket(fam, SOCK_STREAM, 0);
+		if (c.fd < 0)
+			die("socket");
+		if (!connect(c.fd, a, alen))
+			break;
+		if (now() > end)
+			die("connect");
+		close(c.fd);
+		usleep(500000);
+	}
+	if (nodelay)
+		setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	int rc = drive(&c, mib, n);
+	close(c.fd);
+	return rc;
+}
+
+static int tcp_main(int argc, char **argv)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET };
 
 	if (argc >= 6 && !strcmp(argv[2], "server")) {
-		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(atoi(argv[3])) };
-		int l = socket(AF_INET, SOCK_STREAM, 0);
-		if (l < 0)
-			die("socket");
-		setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-		if (bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 1))
-			die("bind/listen");
-		printf("xlbench tcp server: listening on port %s\n", argv[3]);
-		fflush(stdout);
-		c.fd = accept(l, NULL, NULL);
-		if (c.fd < 0)
-			die("accept");
-		setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		return serve(&c, atol(argv[4]), atol(argv[5]));
+		a.sin_port = htons(atoi(argv[3]));
+		return sock_server(AF_INET, (struct sockaddr *)&a, sizeof(a), 1, atol(argv[4]), atol(argv[5]));
 	}
 	if (argc >= 7 && !strcmp(argv[2], "client")) {
-		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(atoi(argv[4])) };
-		double end = now() + (argc > 7 ? atoi(argv[7]) : 120);
+		a.sin_port = htons(atoi(argv[4]));
 		if (inet_pton(AF_INET, argv[3], &a.sin_addr) != 1) {
 			fprintf(stderr, "bad address %s\n", argv[3]);
 			return 2;
 		}
-		for (;;) {
-			c.fd = socket(AF_INET, SOCK_STREAM, 0);
-			if (c.fd < 0)
-				die("socket");
-			if (!connect(c.fd, (struct sockaddr *)&a, sizeof(a)))
-				break;
-			if (now() > end)
-				die("connect");
-			close(c.fd);
-			usleep(200000);
-		}
-		setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		return drive(&c, atol(argv[5]), atol(argv[6]));
+		return sock_client(AF_INET, (struct sockaddr *)&a, sizeof(a), 1, atol(argv[5]), atol(argv[6]),
+				   argc > 7 ? atoi(argv[7]) : 120);
 	}
 	return 2;
 }
+
+static int unix_main(int argc, char **argv)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+
+	if (argc < 6 || strlen(argv[3]) >= sizeof(a.sun_path))
+		return 2;
+	strcpy(a.sun_path, argv[3]);
+	if (!strcmp(argv[2], "server")) {
+		unlink(argv[3]);
+		return sock_server(AF_UNIX, (struct sockaddr *)&a, sizeof(a), 0, atol(argv[4]), atol(argv[5]));
+	}
+	if (!strcmp(argv[2], "client"))
+		return sock_client(AF_UNIX, (struct sockaddr *)&a, sizeof(a), 0, atol(argv[4]), atol(argv[5]),
+				   argc > 6 ? atoi(argv[6]) : 120);
+	return 2;
+}
+
+#ifdef XLBENCH_AF_XEN
+static int xen_main(int argc, char **argv)
+{
+	int fam = xensock_family();
+	struct sockaddr_xen a = { .sxen_family = fam };
+
+	if (fam < 0)
+		die("xensock_family (is af_xen.ko loaded?)");
+	if (argc >= 6 && !strcmp(argv[2], "server")) {
+		a.sxen_domid = XEN_DOMID_ANY;
+		a.sxen_port = strtoul(argv[3], NULL, 0);
+		return sock_server(fam, (struct sockaddr *)&a, sizeof(a), 0, atol(argv[4]), atol(argv[5]));
+	}
+	if (argc >= 7 && !strcmp(argv[2], "client")) {
+		a.sxen_domid = strtoul(argv[3], NULL, 0);
+		a.sxen_port = strtoul(argv[4], NULL, 0);
+		return sock_client(fam, (struct sockaddr *)&a, sizeof(a), 0, atol(argv[5]), atol(argv[6]),
+				   argc > 7 ? atoi(argv[7]) : 120);
+	}
+	return 2;
+}
+#endif
 
 static int vchan_main(int argc, char **argv)
 {
@@ -336,12 +417,21 @@ int main(int argc, char **argv)
 			return tcp_main(argc, argv);
 		if (!strcmp(argv[1], "vchan"))
 			return vchan_main(argc, argv);
+		if (!strcmp(argv[1], "unix"))
+			return unix_main(argc, argv);
+#ifdef XLBENCH_AF_XEN
+		if (!strcmp(argv[1], "xen"))
+			return xen_main(argc, argv);
+#endif
 	}
 	fprintf(stderr,
 		"usage: xlbench tcp server <port> <MiB> <N>\n"
 		"       xlbench tcp client <ip> <port> <MiB> <N> [timeout-s]\n"
 		"       xlbench vchan server <peer-domid> <xs-path> <MiB> <N> [ring-bytes]\n"
 		"       xlbench vchan client <server-domid> <xs-path> <MiB> <N> [timeout-s]\n"
+		"       xlbench unix server|client <path> <MiB> <N> [timeout-s]\n"
+		"       xlbench xen server <port> <MiB> <N>   (built with xensock.h)\n"
+		"       xlbench xen client <server-domid> <port> <MiB> <N> [timeout-s]\n"
 		"       xlbench domid | xsread <path> [timeout-s]\n");
 	return 2;
 }

@@ -2,14 +2,24 @@
 //!
 //! Order of preference (see [`backend`]):
 //! 1. the AF_XEN kernel family, when `af_xen.ko` is loaded
-//!    (`/sys/module/af_xen/parameters/family` exists) -- not implemented by
-//!    this version of the library: it is reported, and the user-space
-//!    transport is used anyway;
-//! 2. the real `/dev/xen/{gntalloc,gntdev,evtchn}` devices;
-//! 3. the simulated host named by `XENSOCK_SIM` / `XENSOCK_SIM_DOMID`.
+//!    (`/sys/module/af_xen/parameters/family` holds its family number):
+//!    `XenStream::connect` and `XenListener::bind` then make plain AF_XEN
+//!    sockets;
+//! 2. the user-space transport ([`crate::Transport`]) over the real
+//!    `/dev/xen/{gntalloc,gntdev,evtchn}` devices;
+//! 3. the user-space transport over the simulated host named by
+//!    `XENSOCK_SIM` / `XENSOCK_SIM_DOMID`.
+//!
+//! A [`crate::Transport`] is always the user-space transport (2 or 3, see
+//! [`BackendReport::user_space`]), even where the module is loaded: a
+//! program can still choose it explicitly (the lab benchmark measures both
+//! in one boot). The two must not run in one domain at the same time:
+//! both own the domain's `data/xensock/link` nodes in XenStore.
 
 use std::fmt;
 use std::path::Path;
+
+use crate::kernel::{probe_family, FamilyProbe, FAMILY_PARAM_IN_SYSFS};
 
 use xensock_xenif::{
     Access, DomId, EventChannel, GrantRef, GrantedRegion, MappedRegion, Port, XenBackend, XenError,
@@ -21,7 +31,7 @@ pub const KERNEL_FAMILY_PARAM: &str = "/sys/module/af_xen/parameters/family";
 /// The kind of backend in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
-    /// The AF_XEN kernel family (a later issue; never chosen today).
+    /// The AF_XEN kernel family (`af_xen.ko`).
     Kernel,
     /// The user-space transport over the real `/dev/xen` devices.
     DevXen,
@@ -46,8 +56,14 @@ impl fmt::Display for BackendKind {
 /// candidate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendReport {
-    /// The backend that will be used.
+    /// The backend `XenStream::connect` / `XenListener::bind` will use.
     pub kind: BackendKind,
+    /// The kernel family number, when `kind` is [`BackendKind::Kernel`].
+    pub family: Option<i32>,
+    /// What [`crate::Transport::from_env`] (the user-space transport)
+    /// will run over: [`BackendKind::DevXen`], [`BackendKind::Sim`] or
+    /// [`BackendKind::None`]. Equal to `kind` unless the module is loaded.
+    pub user_space: BackendKind,
     /// One line per candidate, in order of preference.
     pub reasons: Vec<String>,
 }
@@ -68,21 +84,41 @@ fn dev_xen_present() -> bool {
         .all(|p| Path::new(p).exists())
 }
 
-/// Reports which backend [`crate::Transport::from_env`] (and so the
-/// `XenListener::bind` / `XenStream::connect` free constructors) will use,
-/// and why. Cheap: looks at files and environment variables only.
+/// Reports which backend `XenStream::connect` / `XenListener::bind` will
+/// use, and why (and, in [`BackendReport::user_space`], what
+/// [`crate::Transport::from_env`] would use). Cheap: looks at files and
+/// environment variables only.
 pub fn backend() -> BackendReport {
+    backend_with_sysfs(Path::new("/sys"))
+}
+
+/// [`backend`] with the kernel family looked up under `sysfs_root`
+/// instead of `/sys` (`<root>/module/af_xen/parameters/family`), for tests
+/// and for tools that inspect another root. `/dev/xen` and `XENSOCK_SIM`
+/// are looked up as usual.
+pub fn backend_with_sysfs(sysfs_root: &Path) -> BackendReport {
     let mut reasons = Vec::new();
-    let kernel = Path::new(KERNEL_FAMILY_PARAM).exists();
-    if kernel {
-        reasons.push(format!(
-            "kernel family: af_xen is loaded ({KERNEL_FAMILY_PARAM}), but this libxensock has no kernel-family path yet; using the user-space transport"
-        ));
-    } else {
-        reasons.push(format!(
-            "kernel family: not loaded ({KERNEL_FAMILY_PARAM} absent)"
-        ));
-    }
+    let param = sysfs_root.join(FAMILY_PARAM_IN_SYSFS);
+    let family = match probe_family(sysfs_root) {
+        FamilyProbe::Loaded(f) => {
+            reasons.push(format!(
+                "kernel family: af_xen is loaded as family {f} ({})",
+                param.display()
+            ));
+            Some(f)
+        }
+        FamilyProbe::Absent => {
+            reasons.push(format!(
+                "kernel family: not loaded ({} absent)",
+                param.display()
+            ));
+            None
+        }
+        FamilyProbe::Invalid(why) => {
+            reasons.push(format!("kernel family: unusable: {why}"));
+            None
+        }
+    };
     let dev = dev_xen_present();
     reasons.push(if dev {
         "/dev/xen: gntalloc, gntdev and evtchn present".to_string()
@@ -103,14 +139,24 @@ pub fn backend() -> BackendReport {
         ),
         (None, _) => "sim: XENSOCK_SIM not set".to_string(),
     });
-    let kind = if dev {
+    let user_space = if dev {
         BackendKind::DevXen
     } else if sim_ok {
         BackendKind::Sim
     } else {
         BackendKind::None
     };
-    BackendReport { kind, reasons }
+    let kind = if family.is_some() {
+        BackendKind::Kernel
+    } else {
+        user_space
+    };
+    BackendReport {
+        kind,
+        family,
+        user_space,
+        reasons,
+    }
 }
 
 /// An object-safe view of a [`XenBackend`], so the transport is not generic.
@@ -169,5 +215,64 @@ where
         port: Port,
     ) -> Result<Box<dyn EventChannel>, XenError> {
         Ok(Box::new(self.0.bind_interdomain(remote, port)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct FakeSysfs(std::path::PathBuf);
+
+    impl FakeSysfs {
+        fn new(tag: &str, family: Option<&str>) -> FakeSysfs {
+            let root = std::env::temp_dir()
+                .join(format!("libxensock-backend-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&root);
+            std::fs::create_dir_all(&root).unwrap();
+            if let Some(f) = family {
+                let p = root.join(FAMILY_PARAM_IN_SYSFS);
+                std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+                std::fs::write(p, f).unwrap();
+            }
+            FakeSysfs(root)
+        }
+    }
+
+    impl Drop for FakeSysfs {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn loaded_module_selects_the_kernel_family() {
+        let root = FakeSysfs::new("loaded", Some("19\n"));
+        let r = backend_with_sysfs(&root.0);
+        assert_eq!(r.kind, BackendKind::Kernel);
+        assert_eq!(r.family, Some(19));
+        // the user-space transport's choice is still reported
+        assert_ne!(r.user_space, BackendKind::Kernel);
+        assert!(r.reasons[0].contains("family 19"), "{r}");
+    }
+
+    #[test]
+    fn absent_or_garbled_module_falls_back_to_user_space() {
+        for (tag, content) in [("absent", None), ("garbled", Some("nineteen"))] {
+            let root = FakeSysfs::new(tag, content);
+            let r = backend_with_sysfs(&root.0);
+            assert_eq!(r.family, None, "{tag}");
+            assert_eq!(r.kind, r.user_space, "{tag}");
+            assert_ne!(r.kind, BackendKind::Kernel, "{tag}");
+        }
+        let root = FakeSysfs::new("garbled2", Some("nineteen"));
+        assert!(backend_with_sysfs(&root.0).reasons[0].contains("unusable"));
+    }
+
+    #[test]
+    fn real_sysfs_is_the_default_root() {
+        // On a host without af_xen both views agree; with it loaded, both
+        // say Kernel. Either way backend() is backend_with_sysfs("/sys").
+        assert_eq!(backend(), backend_with_sysfs(Path::new("/sys")));
     }
 }

@@ -22,15 +22,19 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 //!
-//! ## Transport
+//! ## Backends
 //!
-//! The AF_XEN kernel family is a later issue; today every socket runs on
-//! the **user-space transport** ([`Transport`]): one link per peer domain,
-//! set up once through XenStore, with connect/accept/close as control
-//! frames on the link's rings and one pair of data rings per connection,
-//! all from `xensock-proto`. It runs over the real `/dev/xen` devices or
-//! over the simulated host (`xensock-sim`); [`backend()`] says which and
-//! why. The layout and handshakes are in `docs/protocol.md`, section 6.
+//! Where the AF_XEN kernel family is loaded (`af_xen.ko`, its number in
+//! `/sys/module/af_xen/parameters/family`), [`XenStream::connect`] and
+//! [`XenListener::bind`] make ordinary AF_XEN sockets of it (through
+//! `socket2`; every method is the socket call a C program would make).
+//! Elsewhere they use the **user-space transport** ([`Transport`]): one
+//! link per peer domain, set up once through XenStore, with
+//! connect/accept/close as control frames on the link's rings and one pair
+//! of data rings per connection, all from `xensock-proto`. It runs over
+//! the real `/dev/xen` devices or over the simulated host (`xensock-sim`);
+//! [`backend()`] says which and why. The layout and handshakes are in
+//! `docs/protocol.md`, section 6.
 //!
 //! Errors are `io::Error`s carrying the errno a socket user expects:
 //! `ECONNREFUSED` (nobody listens, backlog full), `EADDRINUSE`,
@@ -38,9 +42,10 @@
 //! `EHOSTUNREACH` (no link to that domain could be set up), `EINVAL`
 //! (bad address).
 //!
-//! Readiness: every stream and listener has an eventfd
-//! ([`std::os::fd::AsRawFd`]) that is readable when the socket has
-//! something to report; it works with poll/epoll/mio and with
+//! Readiness: every stream and listener has a pollable descriptor
+//! ([`std::os::fd::AsRawFd`]): the socket itself for the kernel family, an
+//! eventfd that is readable when the socket has something to report for
+//! the user-space transport; both work with poll/epoll/mio and with
 //! `tokio-xensock`.
 
 mod addr;
@@ -51,6 +56,7 @@ mod carrier;
 mod conn;
 mod error;
 mod evfd;
+mod kernel;
 mod listener;
 mod rings;
 mod stream;
@@ -59,9 +65,10 @@ mod transport;
 pub use addr::{
     AddrParseError, SockAddrXen, ToXenAddr, DOMID_ANY, DOMID_FIRST_RESERVED, DOMID_SELF, PORT_ANY,
 };
-pub use backend::{backend, BackendKind, BackendReport, KERNEL_FAMILY_PARAM};
+pub use backend::{backend, backend_with_sysfs, BackendKind, BackendReport, KERNEL_FAMILY_PARAM};
 pub use conn::ConnPhase;
 pub use error::Error;
+pub use kernel::{decode_sockaddr, encode_sockaddr, SOCKADDR_XEN_LEN};
 pub use listener::{Incoming, XenListener};
 pub use rings::{LINK_MAPPER_ALIVE_OFFSET, LINK_OWNER_ALIVE_OFFSET};
 pub use stream::XenStream;

@@ -7,14 +7,16 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use xensock_xenif::DomId;
 
 use crate::addr::{SockAddrXen, ToXenAddr};
+use crate::backend::BackendKind;
 use crate::conn::{lock, Conn};
 use crate::error::errno;
 use crate::evfd::EventFd;
+use crate::kernel::{loaded_family, KernelListener};
 use crate::stream::XenStream;
 use crate::transport::{SocketOptions, Transport};
 
@@ -88,14 +90,53 @@ impl ListenerShared {
     }
 }
 
-/// A xensock listening socket, in the shape of `std::net::TcpListener`.
-///
-/// Its descriptor ([`AsRawFd`]) is an eventfd that is readable while a
-/// connection is waiting to be accepted: poll it with `POLLIN` / `EPOLLIN`.
-pub struct XenListener {
+/// A listener of the user-space transport: a port in the transport's
+/// table and an eventfd that is readable while a connection waits.
+struct UserListener {
     transport: Transport,
     shared: Arc<ListenerShared>,
     nonblocking: AtomicBool,
+}
+
+impl UserListener {
+    fn accept(&self) -> io::Result<(XenStream, SockAddrXen)> {
+        let block = !self.nonblocking.load(Ordering::Acquire);
+        let conn = self.shared.pop(None, block)?;
+        let peer = SockAddrXen::new(u32::from(conn.peer), conn.peer_port);
+        Ok((XenStream::new(self.transport.clone(), conn), peer))
+    }
+
+    fn accept_timeout(&self, timeout: Duration) -> io::Result<(XenStream, SockAddrXen)> {
+        let conn = self.shared.pop(Some(Instant::now() + timeout), true)?;
+        let peer = SockAddrXen::new(u32::from(conn.peer), conn.peer_port);
+        Ok((XenStream::new(self.transport.clone(), conn), peer))
+    }
+
+    fn local_addr(&self) -> SockAddrXen {
+        SockAddrXen::new(u32::from(self.transport.domid()), self.shared.port)
+    }
+}
+
+impl Drop for UserListener {
+    fn drop(&mut self) {
+        self.transport.owner.inner.close_listener(&self.shared);
+    }
+}
+
+enum ListenerImpl {
+    User(UserListener),
+    Kernel(KernelListener),
+}
+
+/// A xensock listening socket, in the shape of `std::net::TcpListener`,
+/// on the backend [`crate::backend()`] picks (the kernel family where
+/// `af_xen.ko` is loaded, else the user-space transport).
+///
+/// Its descriptor ([`AsRawFd`]) is readable while a connection is waiting
+/// to be accepted: poll it with `POLLIN` / `EPOLLIN`. (Kernel family: the
+/// listening socket; user-space transport: an eventfd.)
+pub struct XenListener {
+    imp: ListenerImpl,
 }
 
 impl std::fmt::Debug for XenListener {
@@ -109,43 +150,52 @@ impl std::fmt::Debug for XenListener {
 impl XenListener {
     pub(crate) fn new(transport: Transport, shared: Arc<ListenerShared>) -> XenListener {
         XenListener {
-            transport,
-            shared,
-            nonblocking: AtomicBool::new(false),
+            imp: ListenerImpl::User(UserListener {
+                transport,
+                shared,
+                nonblocking: AtomicBool::new(false),
+            }),
         }
     }
 
-    /// Binds on the process-wide transport ([`Transport::global`]).
-    /// `EADDRINUSE` if the port is taken, `EADDRNOTAVAIL` for another
-    /// domain's id, `ENODEV` when no backend is available.
+    /// Binds with the backend [`crate::backend()`] picks: the kernel
+    /// family if loaded, else the process-wide user-space transport
+    /// ([`Transport::global`]). `EADDRINUSE` if the port is taken,
+    /// `EADDRNOTAVAIL` for another domain's id, `ENODEV` when no backend
+    /// is available.
     pub fn bind(addr: impl ToXenAddr) -> io::Result<XenListener> {
-        let addr = addr.to_xen_addr()?;
-        Transport::global()?.bind(addr)
+        XenListener::bind_with(addr, SocketOptions::default())
     }
 
-    /// [`XenListener::bind`] with a backlog and receive-ring size.
+    /// [`XenListener::bind`] with a backlog and receive-ring size
+    /// (`listen(backlog)` and `SO_RCVBUF` for the kernel family).
     pub fn bind_with(addr: impl ToXenAddr, opts: SocketOptions) -> io::Result<XenListener> {
         let addr = addr.to_xen_addr()?;
-        Transport::global()?.bind_with(addr, opts)
+        match loaded_family() {
+            Some(f) => Ok(XenListener {
+                imp: ListenerImpl::Kernel(KernelListener::bind(f, addr, opts)?),
+            }),
+            None => Transport::global()?.bind_with(addr, opts),
+        }
     }
 
     /// Accepts a connection (blocking unless non-blocking mode is set, then
     /// `WouldBlock`).
     pub fn accept(&self) -> io::Result<(XenStream, SockAddrXen)> {
-        let block = !self.nonblocking.load(Ordering::Acquire);
-        let conn = self.shared.pop(None, block)?;
-        let peer = SockAddrXen::new(u32::from(conn.peer), conn.peer_port);
-        Ok((XenStream::new(self.transport.clone(), conn), peer))
+        match &self.imp {
+            ListenerImpl::User(u) => u.accept(),
+            ListenerImpl::Kernel(k) => k.accept().map(|(s, a)| (XenStream::from_kernel(s), a)),
+        }
     }
 
     /// Accepts with a timeout (`ETIMEDOUT`).
-    pub fn accept_timeout(
-        &self,
-        timeout: std::time::Duration,
-    ) -> io::Result<(XenStream, SockAddrXen)> {
-        let conn = self.shared.pop(Some(Instant::now() + timeout), true)?;
-        let peer = SockAddrXen::new(u32::from(conn.peer), conn.peer_port);
-        Ok((XenStream::new(self.transport.clone(), conn), peer))
+    pub fn accept_timeout(&self, timeout: Duration) -> io::Result<(XenStream, SockAddrXen)> {
+        match &self.imp {
+            ListenerImpl::User(u) => u.accept_timeout(timeout),
+            ListenerImpl::Kernel(k) => k
+                .accept_timeout(timeout)
+                .map(|(s, a)| (XenStream::from_kernel(s), a)),
+        }
     }
 
     /// An iterator over incoming connections, as `TcpListener::incoming`.
@@ -155,39 +205,53 @@ impl XenListener {
 
     /// The bound address.
     pub fn local_addr(&self) -> io::Result<SockAddrXen> {
-        Ok(SockAddrXen::new(
-            u32::from(self.transport.domid()),
-            self.shared.port,
-        ))
+        match &self.imp {
+            ListenerImpl::User(u) => Ok(u.local_addr()),
+            ListenerImpl::Kernel(k) => k.local_addr(),
+        }
     }
 
     /// Non-blocking mode for `accept`.
     pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
-        self.nonblocking.store(nonblocking, Ordering::Release);
-        Ok(())
+        match &self.imp {
+            ListenerImpl::User(u) => {
+                u.nonblocking.store(nonblocking, Ordering::Release);
+                Ok(())
+            }
+            ListenerImpl::Kernel(k) => k.set_nonblocking(nonblocking),
+        }
     }
 
-    /// The transport this listener belongs to.
-    pub fn transport(&self) -> &Transport {
-        &self.transport
+    /// Which backend this listener runs on.
+    pub fn backend_kind(&self) -> BackendKind {
+        match &self.imp {
+            ListenerImpl::User(u) => u.transport.backend_kind(),
+            ListenerImpl::Kernel(_) => BackendKind::Kernel,
+        }
     }
-}
 
-impl Drop for XenListener {
-    fn drop(&mut self) {
-        self.transport.owner.inner.close_listener(&self.shared);
+    /// The user-space transport this listener belongs to; `None` for a
+    /// socket of the kernel family.
+    pub fn transport(&self) -> Option<&Transport> {
+        match &self.imp {
+            ListenerImpl::User(u) => Some(&u.transport),
+            ListenerImpl::Kernel(_) => None,
+        }
     }
 }
 
 impl AsRawFd for XenListener {
     fn as_raw_fd(&self) -> RawFd {
-        self.shared.evfd.as_raw_fd()
+        self.as_fd().as_raw_fd()
     }
 }
 
 impl AsFd for XenListener {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.shared.evfd.as_fd()
+        match &self.imp {
+            ListenerImpl::User(u) => u.shared.evfd.as_fd(),
+            ListenerImpl::Kernel(k) => k.as_fd(),
+        }
     }
 }
 

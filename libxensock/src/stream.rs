@@ -1,5 +1,6 @@
 //! `XenStream`: a connected xensock stream, in the shape of
-//! `std::net::TcpStream`.
+//! `std::net::TcpStream`, over the kernel family or the user-space
+//! transport.
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -9,8 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::addr::{SockAddrXen, ToXenAddr};
+use crate::backend::BackendKind;
 use crate::conn::{lock, Conn, ConnPhase, WANT_READ, WANT_WRITE};
 use crate::error::errno;
+use crate::kernel::{loaded_family, KernelStream};
 use crate::transport::{SocketOptions, Transport};
 
 /// Closes the connection when the last clone goes.
@@ -31,41 +34,16 @@ struct Timeouts {
     write: Option<Duration>,
 }
 
-/// A connected xensock stream.
-///
-/// `Read`/`Write` move bytes through the connection's shared rings; a
-/// blocking call busy-polls briefly, then sleeps until the peer's kick.
-///
-/// Its descriptor ([`AsRawFd`]) is an eventfd for poll/epoll/mio/tokio:
-/// poll it for `POLLIN`/`EPOLLIN`. It becomes readable whenever something
-/// a caller waited for may have happened -- data or end of stream to read,
-/// space to write (after a write returned `WouldBlock`), a reset -- and it
-/// gets a new edge on every such change, so edge-triggered users work.
-/// After a `WouldBlock` the descriptor is reset; poll again. As with mio
-/// and tokio, an edge-triggered user must retry an operation until it
-/// returns `WouldBlock` before waiting for the next edge: new data that
-/// arrives while unread data is still there is not a new edge. (The
-/// eventfd's `POLLOUT` carries no meaning.)
-///
-/// `try_clone` handles share the connection; it is closed (FIN, then the
-/// rings are released) when the last one is dropped.
-pub struct XenStream {
+/// A stream of the user-space transport: the connection's shared rings,
+/// with an eventfd for readiness.
+struct UserStream {
     guard: Arc<Guard>,
     timeouts: Arc<Mutex<Timeouts>>,
 }
 
-impl std::fmt::Debug for XenStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("XenStream")
-            .field("local", &self.local_addr().ok())
-            .field("peer", &self.peer_addr().ok())
-            .finish()
-    }
-}
-
-impl XenStream {
-    pub(crate) fn new(transport: Transport, conn: Arc<Conn>) -> XenStream {
-        XenStream {
+impl UserStream {
+    fn new(transport: Transport, conn: Arc<Conn>) -> UserStream {
+        UserStream {
             guard: Arc::new(Guard { transport, conn }),
             timeouts: Arc::new(Mutex::new(Timeouts::default())),
         }
@@ -73,26 +51,6 @@ impl XenStream {
 
     fn conn(&self) -> &Arc<Conn> {
         &self.guard.conn
-    }
-
-    /// Connects through the process-wide transport ([`Transport::global`]).
-    /// `ECONNREFUSED` when nothing listens, `EHOSTUNREACH` when the link to
-    /// the domain cannot be set up, `EINVAL` for a bad address, `ENODEV`
-    /// when no backend is available.
-    pub fn connect(addr: impl ToXenAddr) -> io::Result<XenStream> {
-        let addr = addr.to_xen_addr()?;
-        Transport::global()?.connect(addr)
-    }
-
-    /// [`XenStream::connect`] with a timeout (`ETIMEDOUT`).
-    pub fn connect_timeout(addr: &SockAddrXen, timeout: Duration) -> io::Result<XenStream> {
-        Transport::global()?.connect_timeout(*addr, timeout)
-    }
-
-    /// [`XenStream::connect`] with socket options (receive-ring size).
-    pub fn connect_with(addr: impl ToXenAddr, opts: SocketOptions) -> io::Result<XenStream> {
-        let addr = addr.to_xen_addr()?;
-        Transport::global()?.connect_with(addr, None, opts)
     }
 
     /// The peer's address.
@@ -165,8 +123,8 @@ impl XenStream {
     }
 
     /// Another handle on the same connection (shares timeouts and mode).
-    pub fn try_clone(&self) -> io::Result<XenStream> {
-        Ok(XenStream {
+    pub fn try_clone(&self) -> io::Result<UserStream> {
+        Ok(UserStream {
             guard: self.guard.clone(),
             timeouts: self.timeouts.clone(),
         })
@@ -334,14 +292,14 @@ impl XenStream {
     }
 }
 
-impl Read for &XenStream {
+impl Read for &UserStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let t = lock(&self.timeouts).read;
         self.op(WANT_READ, 1, t, |io| io.try_read(buf))
     }
 }
 
-impl Write for &XenStream {
+impl Write for &UserStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let t = lock(&self.timeouts).write;
         let cap = self.send_buffer_size().max(1) as u32;
@@ -377,6 +335,295 @@ impl Write for &XenStream {
     }
 }
 
+impl AsFd for UserStream {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.conn().evfd.as_fd()
+    }
+}
+
+enum StreamImpl {
+    User(UserStream),
+    Kernel(KernelStream),
+}
+
+/// A connected xensock stream.
+///
+/// Made by [`XenStream::connect`] (or a listener's `accept`) on the
+/// backend [`crate::backend()`] picks: an AF_XEN socket of the kernel
+/// family where `af_xen.ko` is loaded, else the user-space transport.
+/// Both behave as a `TcpStream`: `Read`/`Write` block unless non-blocking
+/// mode is set, errors carry the errno of the socket calls, `try_clone`
+/// shares the connection (closed when the last handle goes).
+///
+/// **Readiness** ([`AsRawFd`]). Kernel family: the socket itself, with
+/// the usual `POLLIN`/`POLLOUT`/`POLLRDHUP`/`POLLHUP`/`POLLERR`.
+/// User-space transport: an eventfd for poll/epoll/mio/tokio; poll it for
+/// `POLLIN`/`EPOLLIN`. It becomes readable whenever something a caller
+/// waited for may have happened -- data or end of stream to read, space to
+/// write (after a write returned `WouldBlock`), a reset -- and it gets a
+/// new edge on every such change, so edge-triggered users work. After a
+/// `WouldBlock` the descriptor is reset; poll again. As with mio and
+/// tokio, an edge-triggered user must retry an operation until it returns
+/// `WouldBlock` before waiting for the next edge. (The eventfd's `POLLOUT`
+/// carries no meaning.) Code that treats every readiness as "retry, then
+/// wait for the next edge" (mio, tokio's `AsyncFd`) works with both.
+pub struct XenStream {
+    imp: StreamImpl,
+}
+
+impl std::fmt::Debug for XenStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XenStream")
+            .field("backend", &self.backend_kind())
+            .field("local", &self.local_addr().ok())
+            .field("peer", &self.peer_addr().ok())
+            .finish()
+    }
+}
+
+impl XenStream {
+    pub(crate) fn new(transport: Transport, conn: Arc<Conn>) -> XenStream {
+        XenStream {
+            imp: StreamImpl::User(UserStream::new(transport, conn)),
+        }
+    }
+
+    pub(crate) fn from_kernel(k: KernelStream) -> XenStream {
+        XenStream {
+            imp: StreamImpl::Kernel(k),
+        }
+    }
+
+    /// Connects with the backend [`crate::backend()`] picks: the kernel
+    /// family if loaded, else the process-wide user-space transport
+    /// ([`Transport::global`]). `ECONNREFUSED` when nothing listens,
+    /// `EHOSTUNREACH` when no link to the domain can be set up, `EINVAL`
+    /// for a bad address, `ENODEV` when no backend is available.
+    pub fn connect(addr: impl ToXenAddr) -> io::Result<XenStream> {
+        let addr = addr.to_xen_addr()?;
+        match loaded_family() {
+            Some(f) => KernelStream::connect(f, addr, None, SocketOptions::default())
+                .map(Self::from_kernel),
+            None => Transport::global()?.connect(addr),
+        }
+    }
+
+    /// [`XenStream::connect`] with a timeout (`ETIMEDOUT`; zero is
+    /// `EINVAL`). Kernel family: a non-blocking connect completed through
+    /// `POLLOUT`/`SO_ERROR`; a module without non-blocking connect blocks
+    /// until its own limits (10 s for the link, 30 s for the answer)
+    /// instead.
+    pub fn connect_timeout(addr: &SockAddrXen, timeout: Duration) -> io::Result<XenStream> {
+        match loaded_family() {
+            Some(f) => KernelStream::connect(f, *addr, Some(timeout), SocketOptions::default())
+                .map(Self::from_kernel),
+            None => Transport::global()?.connect_timeout(*addr, timeout),
+        }
+    }
+
+    /// [`XenStream::connect`] with socket options (receive-ring size:
+    /// `SO_RCVBUF` for the kernel family).
+    pub fn connect_with(addr: impl ToXenAddr, opts: SocketOptions) -> io::Result<XenStream> {
+        let addr = addr.to_xen_addr()?;
+        match loaded_family() {
+            Some(f) => KernelStream::connect(f, addr, None, opts).map(Self::from_kernel),
+            None => Transport::global()?.connect_with(addr, None, opts),
+        }
+    }
+
+    /// Which backend carries this stream ([`BackendKind::Kernel`], or the
+    /// user-space transport's).
+    pub fn backend_kind(&self) -> BackendKind {
+        match &self.imp {
+            StreamImpl::User(u) => u.transport().backend_kind(),
+            StreamImpl::Kernel(_) => BackendKind::Kernel,
+        }
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SockAddrXen> {
+        match &self.imp {
+            StreamImpl::User(u) => u.peer_addr(),
+            StreamImpl::Kernel(k) => k.peer_addr(),
+        }
+    }
+
+    /// Our address.
+    pub fn local_addr(&self) -> io::Result<SockAddrXen> {
+        match &self.imp {
+            StreamImpl::User(u) => u.local_addr(),
+            StreamImpl::Kernel(k) => k.local_addr(),
+        }
+    }
+
+    /// Completes a connect started with [`Transport::connect_nonblocking`]:
+    /// `Ok` once the connection is open (and on every later call), the
+    /// connect's error if it failed (`ECONNREFUSED`, ...), `WouldBlock`
+    /// while the answer has not come. After `WouldBlock` the descriptor is
+    /// reset and becomes readable when the answer arrives. A stream of the
+    /// kernel family is connected when it is made: `Ok`, or the socket's
+    /// pending error (`SO_ERROR`).
+    pub fn finish_connect(&self) -> io::Result<()> {
+        match &self.imp {
+            StreamImpl::User(u) => u.finish_connect(),
+            StreamImpl::Kernel(k) => match k.take_error()? {
+                Some(e) => Err(e),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// The error of a failed connect (`SO_ERROR`), `None` while connecting
+    /// or once connected.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        match &self.imp {
+            StreamImpl::User(u) => u.take_error(),
+            StreamImpl::Kernel(k) => k.take_error(),
+        }
+    }
+
+    /// Shuts down one or both directions: `Write` sends end-of-stream
+    /// after the bytes written so far; `Read` makes reads return 0 and the
+    /// peer's writes fail with `EPIPE`.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match &self.imp {
+            StreamImpl::User(u) => u.shutdown(how),
+            StreamImpl::Kernel(k) => k.shutdown(how),
+        }
+    }
+
+    /// Another handle on the same connection (shares timeouts and mode;
+    /// for the kernel family, a `dup` of the socket).
+    pub fn try_clone(&self) -> io::Result<XenStream> {
+        Ok(XenStream {
+            imp: match &self.imp {
+                StreamImpl::User(u) => StreamImpl::User(u.try_clone()?),
+                StreamImpl::Kernel(k) => StreamImpl::Kernel(k.try_clone()?),
+            },
+        })
+    }
+
+    /// Non-blocking mode: reads and writes return `WouldBlock` instead of
+    /// waiting.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        match &self.imp {
+            StreamImpl::User(u) => u.set_nonblocking(nonblocking),
+            StreamImpl::Kernel(k) => k.set_nonblocking(nonblocking),
+        }
+    }
+
+    /// Read timeout (`None`: wait forever; zero is `EINVAL`, as in std).
+    /// A read that times out fails with `WouldBlock` (`EAGAIN`).
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match &self.imp {
+            StreamImpl::User(u) => u.set_read_timeout(t),
+            StreamImpl::Kernel(k) => k.set_read_timeout(t),
+        }
+    }
+
+    /// Write timeout (`None`: wait forever; zero is `EINVAL`).
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match &self.imp {
+            StreamImpl::User(u) => u.set_write_timeout(t),
+            StreamImpl::Kernel(k) => k.set_write_timeout(t),
+        }
+    }
+
+    /// The read timeout.
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        match &self.imp {
+            StreamImpl::User(u) => u.read_timeout(),
+            StreamImpl::Kernel(k) => k.read_timeout(),
+        }
+    }
+
+    /// The write timeout.
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        match &self.imp {
+            StreamImpl::User(u) => u.write_timeout(),
+            StreamImpl::Kernel(k) => k.write_timeout(),
+        }
+    }
+
+    /// Size of our receive ring (`SO_RCVBUF`). Kernel family: the
+    /// `SO_RCVBUF` the socket asked for (the module caps its ring at what
+    /// it can map, 64 KiB today).
+    pub fn recv_buffer_size(&self) -> usize {
+        match &self.imp {
+            StreamImpl::User(u) => u.recv_buffer_size(),
+            StreamImpl::Kernel(k) => k.recv_buffer_size(),
+        }
+    }
+
+    /// Size of the peer's receive ring that we write into (`SO_SNDBUF`;
+    /// kernel family: the socket's `SO_SNDBUF`).
+    pub fn send_buffer_size(&self) -> usize {
+        match &self.imp {
+            StreamImpl::User(u) => u.send_buffer_size(),
+            StreamImpl::Kernel(k) => k.send_buffer_size(),
+        }
+    }
+
+    /// Bytes readable right now without blocking.
+    pub fn bytes_readable(&self) -> usize {
+        match &self.imp {
+            StreamImpl::User(u) => u.bytes_readable(),
+            StreamImpl::Kernel(k) => k.bytes_readable(),
+        }
+    }
+
+    /// The user-space transport this stream belongs to; `None` for a
+    /// socket of the kernel family.
+    pub fn transport(&self) -> Option<&Transport> {
+        match &self.imp {
+            StreamImpl::User(u) => Some(u.transport()),
+            StreamImpl::Kernel(_) => None,
+        }
+    }
+
+    /// Test hook for the hostile-peer tests: stores `value` at byte
+    /// `offset` of the *peer's* receive ring that this stream writes into
+    /// (header included), as a scribbling domain would. Returns false when
+    /// the ring is not mapped (always, for the kernel family: its rings
+    /// are kernel memory). Not part of the API.
+    #[doc(hidden)]
+    pub fn debug_scribble_peer_ring(&self, offset: usize, value: u32) -> bool {
+        match &self.imp {
+            StreamImpl::User(u) => u.debug_scribble_peer_ring(offset, value),
+            StreamImpl::Kernel(_) => false,
+        }
+    }
+}
+
+impl Read for &XenStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match &self.imp {
+            StreamImpl::User(u) => (&*u).read(buf),
+            StreamImpl::Kernel(k) => k.read(buf),
+        }
+    }
+}
+
+impl Write for &XenStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &self.imp {
+            StreamImpl::User(u) => (&*u).write(buf),
+            StreamImpl::Kernel(k) => k.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match &self.imp {
+            StreamImpl::User(u) => (&*u).write_vectored(bufs),
+            StreamImpl::Kernel(k) => k.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 impl Read for XenStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         (&*self).read(buf)
@@ -397,12 +644,15 @@ impl Write for XenStream {
 
 impl AsRawFd for XenStream {
     fn as_raw_fd(&self) -> RawFd {
-        self.conn().evfd.as_raw_fd()
+        self.as_fd().as_raw_fd()
     }
 }
 
 impl AsFd for XenStream {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.conn().evfd.as_fd()
+        match &self.imp {
+            StreamImpl::User(u) => u.as_fd(),
+            StreamImpl::Kernel(k) => k.as_fd(),
+        }
     }
 }

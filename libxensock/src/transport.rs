@@ -449,12 +449,15 @@ impl Transport {
         })
     }
 
-    /// The backend [`crate::backend()`] picks, for this process's domain:
-    /// real `/dev/xen` devices, else the simulated host named by
-    /// `XENSOCK_SIM`/`XENSOCK_SIM_DOMID`. `ENODEV` when neither exists.
+    /// The user-space backend [`crate::backend()`] reports
+    /// (`user_space`), for this process's domain: real `/dev/xen` devices,
+    /// else the simulated host named by `XENSOCK_SIM`/`XENSOCK_SIM_DOMID`.
+    /// `ENODEV` when neither exists. (Where `af_xen.ko` is loaded,
+    /// `XenStream::connect`/`XenListener::bind` use the kernel family
+    /// instead; a `Transport` is always the user-space transport.)
     pub fn from_env() -> io::Result<Transport> {
         let report = crate::backend::backend();
-        match report.kind {
+        match report.user_space {
             BackendKind::DevXen => {
                 let xen = xensock_xenif::dev::DevXen::open().map_err(Error::from)?;
                 let xs = XsClient::open().map_err(Error::from)?;

@@ -25,7 +25,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Each socket's readiness is libxensock's eventfd, registered with
+//! Over the kernel family (`af_xen.ko` loaded) each socket is an AF_XEN
+//! socket descriptor with ordinary socket readiness. Over the user-space
+//! transport, each socket's readiness is libxensock's eventfd, registered with
 //! tokio's reactor through [`AsyncFd::register_with_interest`]. The
 //! descriptor gets an edge whenever either direction may make progress;
 //! every write to an eventfd reports both `EPOLLIN` and `EPOLLOUT`, so
@@ -49,7 +51,8 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 pub use libxensock;
 
 fn register<T: std::os::fd::AsRawFd>(inner: T) -> io::Result<AsyncFd<T>> {
-    // SAFETY: `inner` is a libxensock socket that owns its eventfd; the
+    // SAFETY: `inner` is a libxensock socket that owns its descriptor (an
+    // AF_XEN socket or the transport's eventfd); the
     // descriptor stays open and unchanged until the socket is dropped,
     // which happens only when the AsyncFd (its owner) is dropped or
     // `into_inner` is called.
@@ -149,10 +152,19 @@ pub struct XenStream {
 }
 
 impl XenStream {
-    /// Connects through the process-wide transport (created on tokio's
-    /// blocking pool the first time: it talks to XenStore).
+    /// Connects with the backend [`libxensock::backend()`] picks: the
+    /// kernel family where `af_xen.ko` is loaded (as
+    /// [`libxensock::XenStream::connect`], on tokio's blocking pool), else
+    /// the process-wide user-space transport (created on the blocking pool
+    /// the first time: it talks to XenStore).
     pub async fn connect(addr: impl ToXenAddr) -> io::Result<XenStream> {
         let addr = addr.to_xen_addr()?;
+        if libxensock::backend().kind == libxensock::BackendKind::Kernel {
+            let s = tokio::task::spawn_blocking(move || libxensock::XenStream::connect(addr))
+                .await
+                .map_err(io::Error::other)??;
+            return XenStream::from_std(s);
+        }
         let t = tokio::task::spawn_blocking(Transport::global)
             .await
             .map_err(io::Error::other)??;

@@ -1,4 +1,4 @@
-# Workload shared by both sides (and by the xensock hook): a BENCH_MIB MiB
+# Workload shared by every transport (xlbench, xlbench-xs, lab_bench): a BENCH_MIB MiB
 # stream domu2 -> domu1, then BENCH_PINGS 1-byte round trips.
 BENCH_MIB=64
 BENCH_PINGS=500
