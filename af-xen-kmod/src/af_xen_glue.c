@@ -30,6 +30,40 @@ MODULE_ALIAS("net-pf-19");
 int afx_family(void) { return family; }
 
 /*
+ * Receive ring size of a connection whose socket did not set SO_RCVBUF
+ * (with SO_RCVBUF, the ring is the size asked for, rounded up to a power of
+ * two, 2 KiB..4 MiB). 128 KiB: two 64 KiB writes in flight at once, 34
+ * grants per direction. See af-xen-kmod/README.md, "Ring sizes".
+ */
+static unsigned int default_ring_kib = 128;
+module_param(default_ring_kib, uint, 0644);
+MODULE_PARM_DESC(default_ring_kib, "receive ring size in KiB for sockets without SO_RCVBUF (rounded up to a power of two, 2..4096; default 128)");
+unsigned int afx_default_ring_kib(void) { return READ_ONCE(default_ring_kib); }
+
+/*
+ * Test hook: play a hostile peer once. Writing 1 makes the next SEQPACKET
+ * message sent from this domain carry a record header whose length exceeds
+ * the ring; the receiving domain must reset the connection. Used by the lab
+ * (tests/lab/c/xstest_seqpacket.c) to check the receiver's validation
+ * against a real kernel peer.
+ */
+static int inject_bad_record;
+module_param(inject_bad_record, int, 0600);
+MODULE_PARM_DESC(inject_bad_record, "test hook: 1 = corrupt the header of the next SOCK_SEQPACKET message sent (the peer must reset)");
+int afx_take_inject_bad_record(void) { return xchg(&inject_bad_record, 0); }
+
+/*
+ * Test hook: writing 1 makes the grant directory of the next large receive
+ * ring this domain offers name an invalid grant ref as its last data page,
+ * so the peer's mapping fails part way and must undo the pages it mapped
+ * (the lab checks both domains' counters come back and connect fails).
+ */
+static int inject_bad_dir;
+module_param(inject_bad_dir, int, 0600);
+MODULE_PARM_DESC(inject_bad_dir, "test hook: 1 = the next large ring's grant directory names an invalid grant (the peer's map must fail cleanly)");
+int afx_take_inject_bad_dir(void) { return xchg(&inject_bad_dir, 0); }
+
+/*
  * Test mode for the lab's hostile-peer tests: with hostile_test=1 a socket
  * accepts setsockopt(fd, <family>, XENSOCK_TEST_CORRUPT, ...), which
  * scribbles over its connection's shared ring header. Off by default, and
@@ -89,6 +123,7 @@ void afx_sk_graft(struct sock *sk, struct socket *sock)
 long afx_rcvtimeo(struct sock *sk, int nonblock) { return sock_rcvtimeo(sk, nonblock); }
 long afx_sndtimeo(struct sock *sk, int nonblock) { return sock_sndtimeo(sk, nonblock); }
 int afx_rcvbuf(struct sock *sk) { return READ_ONCE(sk->sk_rcvbuf); }
+int afx_rcvbuf_locked(struct sock *sk) { return !!(READ_ONCE(sk->sk_userlocks) & SOCK_RCVBUF_LOCK); }
 int afx_sndbuf(struct sock *sk) { return READ_ONCE(sk->sk_sndbuf); }
 void afx_set_err(struct sock *sk, int err) { WRITE_ONCE(sk->sk_err, err); sk_error_report(sk); }
 int afx_sock_error(struct sock *sk) { return sock_error(sk); }
@@ -165,8 +200,10 @@ struct sock *afx_sk_alloc_child(struct sock *parent, void *priv)
 	if (!sk)
 		return NULL;
 	sock_init_data(NULL, sk);
+	sk->sk_type = parent->sk_type;	/* SO_TYPE on the accepted socket */
 	sk->sk_rcvbuf = READ_ONCE(parent->sk_rcvbuf);
 	sk->sk_sndbuf = READ_ONCE(parent->sk_sndbuf);
+	sk->sk_userlocks = READ_ONCE(parent->sk_userlocks) & (SOCK_RCVBUF_LOCK | SOCK_SNDBUF_LOCK);
 	sk->sk_rcvtimeo = parent->sk_rcvtimeo;
 	sk->sk_sndtimeo = parent->sk_sndtimeo;
 	((struct afx_sock *)sk)->priv = priv;
@@ -215,6 +252,12 @@ void afx_seq_write(struct seq_file *m, const void *p, size_t n) { seq_write(m, p
 #include <xen/xenbus.h>
 #include <xen/interface/event_channel.h>
 #include <asm/xen/hypercall.h>
+#include <asm/xen/page.h>
+#include <asm/pgtable_types.h>
+#include <xen/page.h>
+
+/* the largest ring: 4 MiB of data pages (proto's MAX_RING_ORDER 22) */
+#define AFX_MAX_RING_PAGES 1024
 
 void afx_rs_work(void);	/* Rust (link.rs) */
 static void afx_work_fn(struct work_struct *w) { afx_rs_work(); }
@@ -273,7 +316,10 @@ void *afx_grant_page(unsigned int domid, unsigned int *ref)
 }
 
 /* revoke and free (deferred by the grant table code while the peer maps it) */
-void afx_end_grant(unsigned int ref, void *p) { gnttab_end_foreign_access(ref, virt_to_page(p)); }
+void afx_end_grant(unsigned int ref, void *p)
+{
+	gnttab_end_foreign_access(ref, virt_to_page(p));
+}
 
 struct afx_map {
 	struct page *page;
@@ -419,83 +465,278 @@ void afx_watch_del(void *p)
 }
 
 /*
- * Rings larger than one page: the receiver's data pages are one contiguous
- * allocation, each page granted; the sender maps them contiguously with
- * xenbus_map_ring_valloc (at most XENBUS_MAX_RING_GRANTS pages). That API
- * wants a xenbus_device only for otherend_id and error reports, so we hand
- * it a private one (state Closing: an error report never switches a state).
+ * Rings larger than one page (up to 1024 data pages, 4 MiB).
+ *
+ * Granting: the receiver's data pages are allocated one by one (a 4 MiB
+ * physically contiguous allocation fails on a fragmented guest), each
+ * granted to the peer, and vmap()ed for a contiguous view of our own pages.
+ * On release each page goes back through gnttab_end_foreign_access(),
+ * which frees it once the peer no longer maps it.
+ *
+ * Mapping: xenbus_map_ring_valloc() stops at XENBUS_MAX_RING_GRANTS (16)
+ * pages, so we map the peer's pages ourselves, the way it does inside:
+ *  - PV (the lab's domUs): a PV guest may not point an ordinary PTE at a
+ *    foreign frame, so vmap() of grant-mapped pages is refused by Xen. We
+ *    reserve the virtual range with a vmap() of PAGE_NONE (non-present)
+ *    PTEs of a scratch page -- which also allocates the page tables, as
+ *    alloc_vm_area() used to -- and let Xen write the grant mappings into
+ *    those PTEs (GNTMAP_contains_pte with each PTE's machine address:
+ *    xenbus_map_ring_pv's method; get_vm_area() is not exported). Nothing
+ *    was ever present there, so no stale TLB entry can exist.
+ *  - HVM/PVH: grant-map into ballooned pages (gnttab_alloc_pages +
+ *    gnttab_map_refs) and vmap() them, as xenbus_map_ring_hvm does.
+ * Every failure path unmaps what was mapped and frees what was allocated.
+ *
+ * The grant and mapping counters of /proc/net/af_xen_stats are kept by the
+ * Rust wrappers (sys.rs counters); a mapping that fails part way counts
+ * nothing.
  */
-void *afx_grant_pages(unsigned int domid, unsigned int n, unsigned int *refs)
-{
-	void *p = alloc_pages_exact(n * PAGE_SIZE, GFP_KERNEL | __GFP_ZERO);
-	unsigned int i, j;
-
-	if (!p)
-		return NULL;
-	for (i = 0; i < n; i++) {
-		int r = gnttab_grant_foreign_access(domid, virt_to_gfn(p + i * PAGE_SIZE), 0);
-
-		if (r < 0) {
-			for (j = 0; j < i; j++)
-				gnttab_end_foreign_access(refs[j], virt_to_page(p + j * PAGE_SIZE));
-			free_pages_exact(p + i * PAGE_SIZE, (n - i) * PAGE_SIZE);
-			return NULL;
-		}
-		refs[i] = r;
-	}
-	return p;
-}
-
-void afx_end_grants(unsigned int n, const unsigned int *refs, void *p)
-{
-	unsigned int i;
-
-	for (i = 0; i < n; i++)
-		gnttab_end_foreign_access(refs[i], virt_to_page(p + i * PAGE_SIZE));
-}
-
-struct afx_vmap {
-	struct xenbus_device dev;
+struct afx_gpages {
+	unsigned int n;
 	void *addr;
+	struct page *pages[];
 };
 
-unsigned int afx_max_map_pages(void) { return XENBUS_MAX_RING_GRANTS; }
+void *afx_grant_pages(unsigned int domid, unsigned int n, unsigned int *refs, void **cookie)
+{
+	struct afx_gpages *g;
+	unsigned int i, granted = 0;
+
+	if (n == 0 || n > AFX_MAX_RING_PAGES)
+		return NULL;
+	g = kvzalloc(struct_size(g, pages, n), GFP_KERNEL);
+	if (!g)
+		return NULL;
+	g->n = n;
+	for (i = 0; i < n; i++) {
+		g->pages[i] = alloc_page(GFP_KERNEL | __GFP_ZERO);
+		if (!g->pages[i])
+			goto fail;
+	}
+	for (granted = 0; granted < n; granted++) {
+		int r = gnttab_grant_foreign_access(domid, xen_page_to_gfn(g->pages[granted]), 0);
+
+		if (r < 0)
+			goto fail;
+		refs[granted] = r;
+	}
+	g->addr = vmap(g->pages, n, VM_MAP, PAGE_KERNEL);
+	if (!g->addr)
+		goto fail;
+	*cookie = g;
+	return g->addr;
+fail:
+	for (i = 0; i < n; i++) {
+		if (!g->pages[i])
+			continue;
+		if (i < granted)
+			gnttab_end_foreign_access(refs[i], g->pages[i]);	/* frees the page */
+		else
+			__free_page(g->pages[i]);
+	}
+	kvfree(g);
+	return NULL;
+}
+
+void afx_end_grants(const unsigned int *refs, void *cookie)
+{
+	struct afx_gpages *g = cookie;
+	unsigned int i;
+
+	vunmap(g->addr);
+	for (i = 0; i < g->n; i++)
+		gnttab_end_foreign_access(refs[i], g->pages[i]);
+	kvfree(g);
+}
+
+struct afx_fmap {
+	unsigned int n;
+	void *addr;
+	struct page *scratch;	/* PV: backs the PAGE_NONE reservation */
+	struct page **pages;	/* HVM: ballooned pages */
+	grant_handle_t handles[];
+};
+
+unsigned int afx_max_map_pages(void) { return AFX_MAX_RING_PAGES; }
+
+/* PV: machine address of the PTE that maps kernel address va */
+static int afx_pte_maddr(unsigned long va, phys_addr_t *maddr)
+{
+	unsigned int level;
+	pte_t *pte = lookup_address(va, &level);
+
+	if (!pte || level != PG_LEVEL_4K)
+		return -EFAULT;
+	*maddr = arbitrary_virt_to_machine(pte).maddr;
+	return 0;
+}
+
+/* unmap every grant of m that has a valid handle; returns how many failed */
+static unsigned int afx_unmap_grants(struct afx_fmap *m)
+{
+	struct gnttab_unmap_grant_ref *u;
+	struct page **pp = NULL;
+	unsigned int i, k = 0, bad = 0;
+
+	u = kvcalloc(m->n, sizeof(*u), GFP_KERNEL);
+	if (!m->scratch)
+		pp = kvcalloc(m->n, sizeof(*pp), GFP_KERNEL);
+	if (!u || (!m->scratch && !pp)) {
+		kvfree(u);
+		kvfree(pp);
+		pr_alert("af_xen: no memory to unmap %u ring page(s): leaking them\n", m->n);
+		return m->n;
+	}
+	for (i = 0; i < m->n; i++) {
+		phys_addr_t maddr;
+
+		if (m->handles[i] == INVALID_GRANT_HANDLE)
+			continue;
+		if (m->scratch) {
+			if (afx_pte_maddr((unsigned long)m->addr + i * PAGE_SIZE, &maddr)) {
+				bad++;
+				continue;
+			}
+			gnttab_set_unmap_op(&u[k], maddr, GNTMAP_host_map | GNTMAP_contains_pte, m->handles[i]);
+		} else {
+			gnttab_set_unmap_op(&u[k], (unsigned long)pfn_to_kaddr(page_to_pfn(m->pages[i])),
+					    GNTMAP_host_map, m->handles[i]);
+			pp[k] = m->pages[i];
+		}
+		k++;
+	}
+	if (k) {
+		int r = m->scratch ? HYPERVISOR_grant_table_op(GNTTABOP_unmap_grant_ref, u, k)
+				   : gnttab_unmap_refs(u, NULL, pp, k);
+
+		if (r) {
+			pr_alert("af_xen: unmapping %u ring page(s) failed (%d)\n", k, r);
+			bad += k;
+		} else {
+			for (i = 0; i < k; i++) {
+				if (u[i].status != GNTST_okay) {
+					pr_warn("af_xen: unmap of a ring page failed (status %d)\n", u[i].status);
+					bad++;
+				}
+			}
+		}
+	}
+	kvfree(pp);
+	kvfree(u);
+	return bad;
+}
+
+/* frees m; with leak set, a page may still be mapped: keep its memory */
+static void afx_fmap_free(struct afx_fmap *m, bool leak)
+{
+	if (leak) {
+		pr_alert("af_xen: leaking a ring mapping of %u page(s)\n", m->n);
+		return;
+	}
+	if (m->addr)
+		vunmap(m->addr);
+	if (m->scratch)
+		__free_page(m->scratch);
+	if (m->pages) {
+		gnttab_free_pages(m->n, m->pages);
+		kvfree(m->pages);
+	}
+	kvfree(m);
+}
 
 void *afx_map_pages(unsigned int domid, unsigned int n, const unsigned int *refs, void **cookie)
 {
-	struct afx_vmap *m;
-	grant_ref_t gr[XENBUS_MAX_RING_GRANTS];
+	struct gnttab_map_grant_ref *ops;
+	struct afx_fmap *m;
 	unsigned int i;
+	bool ok = true;
 
-	if (n == 0 || n > XENBUS_MAX_RING_GRANTS)
+	if (n == 0 || n > AFX_MAX_RING_PAGES)
 		return NULL;
-	m = kzalloc(sizeof(*m), GFP_KERNEL);
-	if (!m)
-		return NULL;
+	m = kvzalloc(struct_size(m, handles, n), GFP_KERNEL);
+	ops = kvcalloc(n, sizeof(*ops), GFP_KERNEL);
+	if (!m || !ops)
+		goto nomem;
+	m->n = n;
 	for (i = 0; i < n; i++)
-		gr[i] = refs[i];
-	m->dev.nodename = "af_xen";
-	m->dev.otherend_id = domid;
-	m->dev.state = XenbusStateClosing;
-	m->dev.dev.init_name = "af_xen";
-	if (xenbus_map_ring_valloc(&m->dev, gr, n, &m->addr)) {
-		/*
-		 * The failure path reports through xenbus_dev_fatal(), which
-		 * writes error/<nodename>/error under our home: remove it, the
-		 * map failure is ours to report (the connection is refused).
-		 */
-		xenbus_rm(XBT_NIL, "error", m->dev.nodename);
-		kfree(m);
-		return NULL;
+		m->handles[i] = INVALID_GRANT_HANDLE;
+
+	if (xen_pv_domain()) {
+		struct page **tmp = kvmalloc_array(n, sizeof(*tmp), GFP_KERNEL);
+
+		m->scratch = alloc_page(GFP_KERNEL);
+		if (!tmp || !m->scratch) {
+			kvfree(tmp);
+			goto nomem;
+		}
+		for (i = 0; i < n; i++)
+			tmp[i] = m->scratch;
+		m->addr = vmap(tmp, n, VM_MAP, PAGE_NONE);
+		kvfree(tmp);
+		if (!m->addr)
+			goto nomem;
+		for (i = 0; i < n; i++) {
+			phys_addr_t maddr;
+
+			if (afx_pte_maddr((unsigned long)m->addr + i * PAGE_SIZE, &maddr))
+				goto nomem;
+			gnttab_set_map_op(&ops[i], maddr, GNTMAP_host_map | GNTMAP_contains_pte, refs[i], domid);
+		}
+		gnttab_batch_map(ops, n);
+	} else {
+		m->pages = kvcalloc(n, sizeof(*m->pages), GFP_KERNEL);
+		if (!m->pages)
+			goto nomem;
+		if (gnttab_alloc_pages(n, m->pages)) {
+			kvfree(m->pages);
+			m->pages = NULL;
+			goto nomem;
+		}
+		for (i = 0; i < n; i++)
+			gnttab_set_map_op(&ops[i], (unsigned long)pfn_to_kaddr(page_to_pfn(m->pages[i])),
+					  GNTMAP_host_map, refs[i], domid);
+		if (gnttab_map_refs(ops, NULL, m->pages, n))
+			ok = false;
 	}
+	for (i = 0; i < n; i++) {
+		if (ops[i].status == GNTST_okay) {
+			m->handles[i] = ops[i].handle;
+				} else {
+			if (ok)
+				pr_warn("af_xen: map of ring page %u (grant %u) from dom%u failed (status %d)\n",
+					i, refs[i], domid, ops[i].status);
+			ok = false;
+		}
+	}
+	if (!ok)
+		goto unmap;
+	if (!m->scratch) {
+		m->addr = vmap(m->pages, n, VM_MAP | VM_IOREMAP, PAGE_KERNEL);
+		if (!m->addr)
+			goto unmap;
+	}
+	kvfree(ops);
 	*cookie = m;
 	return m->addr;
+unmap:
+	kvfree(ops);
+	afx_fmap_free(m, afx_unmap_grants(m) != 0);
+	return NULL;
+nomem:
+	kvfree(ops);
+	if (m)
+		afx_fmap_free(m, false);
+	return NULL;
 }
 
 void afx_unmap_pages(void *cookie)
 {
-	struct afx_vmap *m = cookie;
+	struct afx_fmap *m = cookie;
 
-	xenbus_unmap_ring_vfree(&m->dev, m->addr);
-	kfree(m);
+	/* HVM: take our contiguous view away before the pages go */
+	if (!m->scratch && m->addr) {
+		vunmap(m->addr);
+		m->addr = NULL;
+	}
+	afx_fmap_free(m, afx_unmap_grants(m) != 0);
 }

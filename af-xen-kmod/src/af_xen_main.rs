@@ -16,6 +16,9 @@ mod ring;
 #[path = "../../proto/src/mem.rs"]
 mod mem;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/record.rs"]
+mod record;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 #[path = "../../proto/src/ctrl.rs"]
 mod ctrl;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
@@ -24,6 +27,7 @@ mod switch;
 
 mod conn;
 mod link;
+mod seqpacket;
 mod sock;
 mod sys;
 

@@ -48,13 +48,27 @@ pub(crate) enum Carrier {
     MappedLarge(Mapping, MappedPages),
 }
 
-/// Largest ring order we map: header page + at most max_map_pages() data pages.
+/// Largest ring order we grant or map: header page + at most
+/// max_map_pages() data pages (proto's MAX_RING_ORDER, 4 MiB).
 fn max_order() -> u32 {
     let mut o = 12;
     while (1usize << (o + 1 - 12)) <= crate::sys::max_map_pages() && o < crate::layout::MAX_RING_ORDER {
         o += 1;
     }
     o
+}
+
+/// Receive ring size for a socket: what SO_RCVBUF asked for (the kernel
+/// stores twice the requested value, as for every family), or the
+/// `default_ring_kib` module parameter when SO_RCVBUF was never set. Rounded
+/// up to a power of two and clamped to proto's 2 KiB..4 MiB by
+/// `RingGeometry::for_capacity`.
+pub(crate) fn rx_ring_capacity(sk: &crate::sys::Sk) -> usize {
+    if sk.rcvbuf_locked() {
+        sk.rcvbuf().max(0) as usize / 2
+    } else {
+        crate::sys::default_ring_bytes()
+    }
 }
 
 impl Pipe {
@@ -110,6 +124,18 @@ impl Pipe {
             let dir = Grant::new(link.peer)?;
             let data = GrantedPages::new(link.peer, g.data_pages())?;
             dir.directory().write_refs(&data.refs).map_err(|_| EINVAL)?;
+            if crate::sys::take_inject_bad_dir() {
+                // test hook: the last data page's ref is one Xen will refuse
+                let mut refs = KVec::with_capacity(data.refs.len(), GFP_KERNEL)?;
+                for r in data.refs.iter() {
+                    refs.push(*r, GFP_KERNEL)?;
+                }
+                if let Some(last) = refs.last_mut() {
+                    *last = 0xffff_fff0;
+                }
+                pr_warn!("inject_bad_dir: offering a grant directory with an invalid ref\n");
+                dir.directory().write_refs(&refs).map_err(|_| EINVAL)?;
+            }
             let ring = header.large_ring(&data, g).ok_or(EINVAL)?;
             let rg = crate::ctrl::RingGrant { order: g.order() as u8, epoch: 0, header_ref: header.gref, dir_ref: dir.gref };
             (ring, rg, Carrier::GrantedLarge(header, dir, data))
@@ -146,9 +172,9 @@ impl Pipe {
             (ring, Carrier::Mapped(map))
         } else {
             let n = g.data_pages();
-            let mut refs = [0u32; 64];
-            if n > refs.len() {
-                return Err(EINVAL);
+            let mut refs = KVec::with_capacity(n, GFP_KERNEL)?;
+            for _ in 0..n {
+                refs.push(0u32, GFP_KERNEL)?;
             }
             {
                 // the directory is read once, then unmapped

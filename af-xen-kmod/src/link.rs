@@ -349,7 +349,7 @@ impl Link {
                 conn_id,
                 src_port,
                 dst_port,
-                sock_type: SockType::Stream,
+                sock_type: if sock::is_seqpacket(s) { SockType::SeqPacket } else { SockType::Stream },
                 cookie: 0,
                 rx,
                 tcp: TcpEndpoint::NONE,
@@ -428,11 +428,7 @@ impl Link {
     fn handle(self: &Arc<Self>, i: &mut LinkInner, m: &Message<'_>) {
         match *m {
             Message::ConnectRequest { conn_id, src_port, dst_port, sock_type, cookie, rx, .. } => {
-                let r = if sock_type != SockType::Stream {
-                    Err(RejectReason::WrongType)
-                } else {
-                    sock::accept_remote(self, conn_id, src_port, dst_port, &rx)
-                };
+                let r = sock::accept_remote(self, conn_id, src_port, dst_port, sock_type == SockType::SeqPacket, &rx);
                 let reply = match &r {
                     Ok((child, my_id, rx_grant)) => {
                         // listed before the accept goes out: its first data may follow at once

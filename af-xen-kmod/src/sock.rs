@@ -105,6 +105,8 @@ pub(crate) struct Inner {
     pub(crate) peer_conn: u32,
     /// why a connect over a link failed (0: none)
     pub(crate) connect_err: i32,
+    /// SOCK_SEQPACKET: messages travel as proto records (see seq_sendmsg)
+    pub(crate) seqpacket: bool,
     /// a connect over a link whose ConnectRequest is not sent yet (the link
     /// was not up, or its control ring was full): the work item sends it
     pub(crate) request: Option<crate::ctrl::RingGrant>,
@@ -143,6 +145,7 @@ impl XenSock {
                     conn_id: 0,
                     peer_conn: 0,
                     connect_err: 0,
+                    seqpacket: false,
                     request: None,
                     test_bad_directory: false,
                 }, "af_xen_sock"),
@@ -262,7 +265,8 @@ pub(crate) unsafe extern "C" fn xs_create(
     if protocol != 0 {
         return err(e::EPROTONOSUPPORT);
     }
-    if sock.type_() != bindings::sock_type_SOCK_STREAM as i32 {
+    let seqpacket = sock.type_() == bindings::sock_type_SOCK_SEQPACKET as i32;
+    if sock.type_() != bindings::sock_type_SOCK_STREAM as i32 && !seqpacket {
         return err(e::ESOCKTNOSUPPORT);
     }
     sock.set_ops(ops());
@@ -277,6 +281,7 @@ pub(crate) unsafe extern "C" fn xs_create(
             return err(e::ENOMEM);
         }
     };
+    xs.inner.lock().seqpacket = seqpacket;
     {
         let mut p = globals().ports.lock();
         let key = &*xs as *const XenSock as usize;
@@ -577,7 +582,7 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
         do_bind(xs, PORT_ANY)?;
     }
     let conn_id = crate::link::next_conn_id();
-    let cap = xs.sk.rcvbuf().max(0) as usize / 2;
+    let cap = crate::conn::rx_ring_capacity(&xs.sk);
     let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap).map_err(|_| e::ENOMEM)?;
     if xs.inner.lock().test_bad_directory {
         rx.test_spoil_directory();
@@ -643,6 +648,11 @@ pub(crate) fn request_sent(xs: &XenSock) {
     xs.inner.lock().request = None;
 }
 
+/// Whether `xs` is a SOCK_SEQPACKET socket (its ConnectRequest says so).
+pub(crate) fn is_seqpacket(xs: &XenSock) -> bool {
+    xs.inner.lock().seqpacket
+}
+
 /// Work item, ConnectRequest from `link`'s peer: a child of the listener on
 /// `dst_port` with our receive ring granted and the requester's mapped.
 /// The caller lists it on the link, answers, then calls `accepted_remote`.
@@ -651,6 +661,7 @@ pub(crate) fn accept_remote(
     peer_conn: u32,
     src_port: u32,
     dst_port: u32,
+    seqpacket: bool,
     rg: &crate::ctrl::RingGrant,
 ) -> core::result::Result<(Arc<XenSock>, u32, crate::ctrl::RingGrant), crate::ctrl::RejectReason> {
     use crate::ctrl::RejectReason as R;
@@ -664,6 +675,9 @@ pub(crate) fn accept_remote(
         let li = l.inner.lock();
         if li.state != State::Listening {
             return Err(R::NoListener);
+        }
+        if li.seqpacket != seqpacket {
+            return Err(R::WrongType);
         }
         if li.accept_q.len() >= li.backlog as usize {
             return Err(R::BacklogFull);
@@ -686,7 +700,7 @@ pub(crate) fn accept_remote(
         x
     };
     let my_id = crate::link::next_conn_id();
-    let cap = child_sk.rcvbuf().max(0) as usize / 2;
+    let cap = crate::conn::rx_ring_capacity(&child_sk);
     let (rx, rx_grant) = match Pipe::new_granted(link, me, my_id, cap) {
         Ok(v) => v,
         Err(_) => return Err(fail(R::NoResources)),
@@ -698,6 +712,7 @@ pub(crate) fn accept_remote(
     {
         let mut c = child.inner.lock();
         c.state = State::Connected;
+        c.seqpacket = seqpacket;
         c.local = Addr { port: dst_port, domid: me };
         c.peer = Addr { port: src_port, domid: link.peer };
         c.tx = Some(tx);
@@ -790,14 +805,19 @@ pub(crate) fn connect_failed(xs: &Arc<XenSock>, errno: i32) {
             return;
         }
         i.connect_err = errno;
+        // The error is pending before the state says "not connecting": a
+        // poll in between must not see the socket unconnected without it
+        // (lab run kmod-20261122-074730 caught POLLOUT|POLLHUP, SO_ERROR 0
+        // while the failed connect's large ring was being released).
+        // sk_error_report only wakes: fine under the spinlock.
+        xs.sk.set_err(errno);
         i.state = State::Bound;
         i.request = None;
         (i.rx.take(), i.link.take())
     };
+    xs.sk.wake(POLLOUT | POLLWRNORM | POLLERR | POLLHUP);
     // outside the spinlock: ending a grant may sleep
     drop((rx, link));
-    xs.sk.set_err(errno);
-    xs.sk.wake(POLLOUT | POLLWRNORM | POLLERR | POLLHUP);
 }
 
 /// Work item: the link died or the peer reset the connection.
@@ -822,6 +842,11 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
     if Arc::ptr_eq(&l, xs) {
         return Err(e::ECONNREFUSED);
     }
+    // a stream cannot connect to a seqpacket listener nor back (WrongType)
+    let seqpacket = xs.inner.lock().seqpacket;
+    if l.inner.lock().seqpacket != seqpacket {
+        return Err(e::ECONNREFUSED);
+    }
     if !xs.inner.lock().bound {
         do_bind(xs, PORT_ANY)?;
     }
@@ -842,14 +867,15 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
         x
     };
     // to_child is read by the child (its SO_RCVBUF), to_me by us.
-    let to_child = Pipe::new_local(child_sk.rcvbuf().max(0) as usize / 2, me, port).map_err(|_| fail(e::ENOMEM))?;
-    let to_me = Pipe::new_local(xs.sk.rcvbuf().max(0) as usize / 2, me, port).map_err(|_| fail(e::ENOMEM))?;
+    let to_child = Pipe::new_local(crate::conn::rx_ring_capacity(&child_sk), me, port).map_err(|_| fail(e::ENOMEM))?;
+    let to_me = Pipe::new_local(crate::conn::rx_ring_capacity(&xs.sk), me, port).map_err(|_| fail(e::ENOMEM))?;
     to_child.set_ends(Some(child.clone()), Some(xs.clone()));
     to_me.set_ends(Some(xs.clone()), Some(child.clone()));
     let my_addr = xs.inner.lock().local;
     {
         let mut c = child.inner.lock();
         c.state = State::Connected;
+        c.seqpacket = seqpacket;
         c.local = Addr { port, domid: me };
         c.peer = Addr { port: my_addr.port, domid: me };
         c.tx = Some(to_me.clone());
@@ -950,6 +976,7 @@ unsafe extern "C" fn xs_poll(
         let i = xs.inner.lock();
         (i.state, i.accept_q.len(), i.shut_rd, i.shut_wr, i.reset, i.tx.clone(), i.rx.clone())
     };
+    let seqpacket = xs.inner.lock().seqpacket;
     let mut mask = 0;
     match state {
         State::Listening => {
@@ -976,7 +1003,16 @@ unsafe extern "C" fn xs_poll(
                 }
                 match rx.rx_state() {
                     Ok((n, end)) => {
-                        if n > 0 {
+                        // seqpacket: readable once a whole message is there
+                        let ready = if seqpacket {
+                            crate::seqpacket::rx_ready(&rx).unwrap_or_else(|_| {
+                                err_ = true;
+                                false
+                            })
+                        } else {
+                            n > 0
+                        };
+                        if ready {
                             mask |= POLLIN | POLLRDNORM;
                         }
                         if end.fin {
@@ -998,7 +1034,7 @@ unsafe extern "C" fn xs_poll(
                     Ok((free, end)) => {
                         if end.closed || end.reset {
                             wr_hup = true;
-                        } else if free > 0 && !shut_wr {
+                        } else if !shut_wr && (if seqpacket { crate::seqpacket::tx_writable(free) } else { free > 0 }) {
                             mask |= POLLOUT | POLLWRNORM;
                         }
                         if end.reset {
@@ -1095,8 +1131,8 @@ unsafe extern "C" fn xs_shutdown(sock: *mut bindings::socket, how: c_int) -> c_i
     0
 }
 
-/// A proto ring violation: the connection is reset (never a panic).
-fn conn_reset(xs: &XenSock, why: crate::ring::RingError) -> i32 {
+/// A proto ring (or record) violation: the connection is reset (never a panic).
+pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
     pr_warn!("connection reset: {}\n", why);
     sys::counters::add(&sys::counters::PROTO_RESETS, 1);
     let (tx, rx) = {
@@ -1149,6 +1185,9 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
         return epipe(0);
     }
     let Some(tx) = tx else { return err(e::ENOTCONN) };
+    if xs.inner.lock().seqpacket {
+        return crate::seqpacket::sendmsg(&xs, &mut msg, &tx);
+    }
     let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;
     let mut timeo: c_long = xs.sk.sndtimeo(nonblock);
     let total = msg.left();
@@ -1231,6 +1270,9 @@ unsafe extern "C" fn xs_recvmsg(
         _ => return err(e::ENOTCONN),
     }
     let Some(rx) = rx else { return err(e::ENOTCONN) };
+    if xs.inner.lock().seqpacket {
+        return crate::seqpacket::recvmsg(&xs, &mut msg, &rx, flags, peer);
+    }
     let peek = flags & bindings::MSG_PEEK as i32 != 0;
     let waitall = flags & bindings::MSG_WAITALL as i32 != 0 && !peek;
     let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;

@@ -44,6 +44,10 @@ extern "C" {
     fn afx_rcvtimeo(sk: *mut bindings::sock, nonblock: c_int) -> c_long;
     fn afx_sndtimeo(sk: *mut bindings::sock, nonblock: c_int) -> c_long;
     fn afx_rcvbuf(sk: *mut bindings::sock) -> c_int;
+    fn afx_rcvbuf_locked(sk: *mut bindings::sock) -> c_int;
+    fn afx_default_ring_kib() -> c_uint;
+    fn afx_take_inject_bad_record() -> c_int;
+    fn afx_take_inject_bad_dir() -> c_int;
     fn afx_sndbuf(sk: *mut bindings::sock) -> c_int;
     fn afx_set_err(sk: *mut bindings::sock, err: c_int);
     fn afx_sock_error(sk: *mut bindings::sock) -> c_int;
@@ -141,6 +145,7 @@ pub(crate) mod errno {
     pub(crate) const EPIPE: i32 = 32;
     pub(crate) const ENOTSOCK: i32 = 88;
     pub(crate) const EDESTADDRREQ: i32 = 89;
+    pub(crate) const EMSGSIZE: i32 = 90;
     pub(crate) const EPROTOTYPE: i32 = 91;
     pub(crate) const ENOPROTOOPT: i32 = 92;
     pub(crate) const EPROTONOSUPPORT: i32 = 93;
@@ -338,6 +343,11 @@ impl Sk {
         // SAFETY: live sock.
         unsafe { afx_rcvbuf(self.0) }
     }
+    /// Whether SO_RCVBUF was set on this socket (or on its listener).
+    pub(crate) fn rcvbuf_locked(&self) -> bool {
+        // SAFETY: live sock; reads one field.
+        unsafe { afx_rcvbuf_locked(self.0) != 0 }
+    }
     pub(crate) fn sndbuf(&self) -> i32 {
         // SAFETY: live sock.
         unsafe { afx_sndbuf(self.0) }
@@ -385,6 +395,26 @@ impl Sk {
     }
 }
 
+/// The `default_ring_kib` module parameter, in bytes.
+pub(crate) fn default_ring_bytes() -> usize {
+    // SAFETY: reads a module parameter.
+    (unsafe { afx_default_ring_kib() } as usize).saturating_mul(1024)
+}
+
+/// Test hook (module parameter `inject_bad_record`): whether to corrupt the
+/// next SEQPACKET record header sent; clears the request.
+pub(crate) fn take_inject_bad_record() -> bool {
+    // SAFETY: atomic exchange on a module parameter.
+    unsafe { afx_take_inject_bad_record() != 0 }
+}
+
+/// Test hook (module parameter `inject_bad_dir`): whether the next large
+/// ring's grant directory should name an invalid grant; clears the request.
+pub(crate) fn take_inject_bad_dir() -> bool {
+    // SAFETY: atomic exchange on a module parameter.
+    unsafe { afx_take_inject_bad_dir() != 0 }
+}
+
 pub(crate) fn send_sigpipe() {
     // SAFETY: sends SIGPIPE to the current task.
     unsafe { afx_sigpipe() }
@@ -402,6 +432,11 @@ impl Msg {
     pub(crate) fn flags(&self) -> i32 {
         // SAFETY: live msghdr.
         unsafe { (*self.0).msg_flags as i32 }
+    }
+    /// ORs `f` into `msg_flags` (what recvmsg reports: MSG_TRUNC, MSG_EOR).
+    pub(crate) fn add_flags(&mut self, f: i32) {
+        // SAFETY: live msghdr of this call; a plain field.
+        unsafe { (*self.0).msg_flags |= f as core::ffi::c_uint };
     }
     pub(crate) fn left(&self) -> usize {
         // SAFETY: live msghdr.
@@ -900,14 +935,14 @@ unsafe extern "C" fn afx_rs_work() {
 // ---- rings larger than one page ------------------------------------------------
 
 extern "C" {
-    fn afx_grant_pages(domid: c_uint, n: c_uint, refs: *mut c_uint) -> *mut c_void;
-    fn afx_end_grants(n: c_uint, refs: *const c_uint, p: *mut c_void);
+    fn afx_grant_pages(domid: c_uint, n: c_uint, refs: *mut c_uint, cookie: *mut *mut c_void) -> *mut c_void;
+    fn afx_end_grants(refs: *const c_uint, cookie: *mut c_void);
     fn afx_max_map_pages() -> c_uint;
     fn afx_map_pages(domid: c_uint, n: c_uint, refs: *const c_uint, cookie: *mut *mut c_void) -> *mut c_void;
     fn afx_unmap_pages(cookie: *mut c_void);
 }
 
-/// Most data pages a mapped ring may have (xenbus_map_ring_valloc's limit).
+/// Most data pages a ring may have (4 MiB: proto's largest ring).
 pub(crate) fn max_map_pages() -> usize {
     // SAFETY: returns a constant.
     unsafe { afx_max_map_pages() as usize }
@@ -949,11 +984,13 @@ impl Mapping {
     }
 }
 
-/// Contiguous zeroed pages of ours, each granted to one domain; grants end
-/// (and pages are freed, deferred while mapped) on drop.
+/// Zeroed pages of ours, each granted to one domain, seen contiguously
+/// through a vmap; grants end (and pages are freed, deferred while mapped)
+/// on drop.
 pub(crate) struct GrantedPages {
     base: core::ptr::NonNull<u8>,
     n: usize,
+    cookie: *mut c_void,
     pub(crate) refs: KVec<u32>,
 }
 
@@ -964,27 +1001,33 @@ unsafe impl Sync for GrantedPages {}
 
 impl GrantedPages {
     pub(crate) fn new(domid: u32, n: usize) -> Result<GrantedPages> {
+        if n == 0 || n > max_map_pages() {
+            return Err(EINVAL);
+        }
         let mut refs = KVec::with_capacity(n, GFP_KERNEL)?;
         for _ in 0..n {
             refs.push(0u32, GFP_KERNEL)?;
         }
-        // SAFETY: refs has room for n entries.
-        let p = unsafe { afx_grant_pages(domid, n as c_uint, refs.as_mut_ptr()) } as *mut u8;
+        let mut cookie: *mut c_void = core::ptr::null_mut();
+        // SAFETY: refs has room for n entries; cookie is an out parameter.
+        let p = unsafe { afx_grant_pages(domid, n as c_uint, refs.as_mut_ptr(), &mut cookie) } as *mut u8;
         let base = core::ptr::NonNull::new(p).ok_or(ENOMEM)?;
         counters::add(&counters::GRANTS, n as i64);
-        Ok(GrantedPages { base, n, refs })
+        Ok(GrantedPages { base, n, cookie, refs })
     }
 }
 
 impl Drop for GrantedPages {
     fn drop(&mut self) {
-        // SAFETY: pages and refs from afx_grant_pages; no ring uses them any more.
-        unsafe { afx_end_grants(self.n as c_uint, self.refs.as_ptr(), self.base.as_ptr().cast()) };
+        // SAFETY: refs and cookie from afx_grant_pages (refs unchanged since);
+        // no ring uses the pages any more.
+        unsafe { afx_end_grants(self.refs.as_ptr(), self.cookie) };
         counters::add(&counters::GRANTS, -(self.n as i64));
     }
 }
 
-/// A peer's data pages mapped contiguously; unmapped on drop.
+/// A peer's data pages mapped contiguously (grant mappings written into a
+/// reserved vmap range: see the glue); unmapped on drop.
 pub(crate) struct MappedPages {
     base: core::ptr::NonNull<u8>,
     n: usize,

@@ -13,6 +13,7 @@ use arbitrary::{Arbitrary, Result, Unstructured};
 use crate::ctrl::{decode, decode_header, Channel, DecodeError, Message};
 use crate::layout::{GrantDirectory, RingGeometry, RingHeader, RingIdentity, PAGE_SIZE};
 use crate::mem::RawRing;
+use crate::record::{self, Next, RECORD_FLAG_EOR, RECORD_HEADER_SIZE};
 use crate::ring::{Consumer, Producer};
 use crate::switch::{RxPath, TxPath};
 
@@ -264,5 +265,78 @@ pub fn switch_with_hostile_peer(u: &mut Unstructured<'_>) -> Result<()> {
         }
         assert!(tx.sent() >= before, "the send offset never goes back");
     }
+    Ok(())
+}
+
+#[derive(Arbitrary, Debug)]
+enum RecordStep {
+    /// The peer publishes these bytes as they are (any header, any split).
+    PeerWrite(Vec<u8>),
+    /// The peer sends an honest record of this size.
+    PeerRecord(u16, bool),
+    /// The peer scribbles on a data byte.
+    PeerScribble(u16, u8),
+    /// We look at the next record and read up to this many payload bytes.
+    Recv(u16, bool),
+    /// We wait for what `next_record` asked for.
+    Wait,
+}
+
+/// Our record reader on a ring a hostile peer writes: records it accepts
+/// are within the ring and whole; bad headers are errors, not panics.
+pub fn records_from_hostile_peer(u: &mut Unstructured<'_>) -> Result<()> {
+    let order = u.int_in_range(11..=14u32)?;
+    let geometry = RingGeometry::new(order).map_err(|_| arbitrary::Error::IncorrectFormat)?;
+    let mut scratch = Scratch::new(geometry.region_size() / PAGE_SIZE);
+    let base = core::ptr::NonNull::new(scratch.pages.as_mut_ptr().cast::<u8>())
+        .ok_or(arbitrary::Error::IncorrectFormat)?;
+    // SAFETY: as in ring_with_hostile_peer.
+    let ring = unsafe { RawRing::from_region(base, geometry.region_size(), geometry) }
+        .map_err(|_| arbitrary::Error::IncorrectFormat)?;
+    let mut peer = Producer::new(ring);
+    let mut rx = Consumer::new(ring);
+    let cap = geometry.data_size() as u32;
+    let mut buf = vec![0u8; cap as usize];
+    let mut need = RECORD_HEADER_SIZE;
+    for _ in 0..u.int_in_range(1..=64usize)? {
+        match RecordStep::arbitrary(u)? {
+            RecordStep::PeerWrite(bytes) => {
+                let _ = peer.write(&bytes);
+            }
+            RecordStep::PeerRecord(n, eor) => {
+                let n = (n as usize).min(buf.len());
+                let flags = if eor { RECORD_FLAG_EOR } else { 0 };
+                let _ = record::write_record(&mut peer, flags, &buf[..n]);
+            }
+            RecordStep::PeerScribble(at, byte) => {
+                let idx = at as usize % cap as usize;
+                // SAFETY: idx < data_size, inside the data area of scratch.
+                unsafe { base.as_ptr().add(geometry.data_offset() + idx).write(byte) };
+            }
+            RecordStep::Recv(room, consume) => match record::next_record(&rx) {
+                Ok(Next::Ready(h)) => {
+                    assert!(h.len <= record::max_payload(cap));
+                    assert!(rx.readable().is_ok_and(|r| r >= h.total()));
+                    let room = (room as usize).min(buf.len());
+                    if let Ok(got) = record::read_payload(&rx, &h, 0, &mut buf[..room]) {
+                        assert_eq!(got, room.min(h.len as usize));
+                    }
+                    if consume {
+                        assert!(record::consume(&mut rx, &h).is_ok());
+                    }
+                }
+                Ok(Next::Incomplete { need: n }) => {
+                    assert!((RECORD_HEADER_SIZE..=cap).contains(&n));
+                    need = n;
+                }
+                Err(_) => return Ok(()),
+            },
+            RecordStep::Wait => {
+                let _ = rx.prepare_wait_for(need);
+                let _ = peer.flush();
+            }
+        }
+    }
+    drop(scratch);
     Ok(())
 }

@@ -9,6 +9,8 @@
 //!   [`ring::RingMemory`], with event-index notification suppression and
 //!   validation of everything the peer writes.
 //! * [`mem`]: [`ring::RingMemory`] over raw shared memory.
+//! * [`record`]: record framing for `SOCK_SEQPACKET` messages over the
+//!   byte ring (header, validation, whole-record publication).
 //! * [`ctrl`]: the versioned control-message codec for the link and the TCP
 //!   leg, strict on untrusted input.
 //! * [`switch`]: the ring <-> TCP carrier state machine, with byte offsets
@@ -56,5 +58,6 @@ pub mod ctrl;
 pub mod fuzzing;
 pub mod layout;
 pub mod mem;
+pub mod record;
 pub mod ring;
 pub mod switch;

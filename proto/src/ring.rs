@@ -252,6 +252,52 @@ impl<M: RingMemory> Producer<M> {
         Ok(n as usize)
     }
 
+    /// Space known free without reading the peer's line again (what the
+    /// last [`Producer::free_space`] or write saw, minus what was written
+    /// since). [`Producer::stage`] and [`Producer::commit`] stay within it.
+    pub fn known_free(&self) -> u32 {
+        self.capacity() - self.prod.wrapping_sub(self.cons_seen)
+    }
+
+    /// Copies `src` into the ring `offset` bytes after the current position
+    /// *without publishing it*: the consumer cannot see it until
+    /// [`Producer::commit`]. Used to publish a whole record at once (see
+    /// [`crate::record`]). Returns `false`, writing nothing, unless
+    /// `offset + src.len()` fits in [`Producer::known_free`].
+    pub fn stage(&mut self, offset: u32, src: &[u8]) -> bool {
+        let Ok(len) = u32::try_from(src.len()) else {
+            return false;
+        };
+        match offset.checked_add(len) {
+            Some(end) if end <= self.known_free() => {}
+            _ => return false,
+        }
+        if len == 0 {
+            return true;
+        }
+        let start = self.prod.wrapping_add(offset) & self.mask;
+        let first = len.min(self.capacity() - start);
+        self.mem.write_data(start, &src[..first as usize]);
+        if first < len {
+            self.mem.write_data(0, &src[first as usize..]);
+        }
+        true
+    }
+
+    /// Publishes `n` bytes staged with [`Producer::stage`] (one store of
+    /// `prod`). Returns `false`, publishing nothing, if `n` exceeds
+    /// [`Producer::known_free`].
+    pub fn commit(&mut self, n: u32) -> bool {
+        if n > self.known_free() {
+            return false;
+        }
+        if n > 0 {
+            self.prod = self.prod.wrapping_add(n);
+            self.mem.store(Field::Prod, self.prod, Ordering::Release);
+        }
+        true
+    }
+
     /// Ends a burst: returns `true` if the consumer asked to be kicked since
     /// the last flush (the caller then notifies the event channel).
     pub fn flush(&mut self) -> bool {
@@ -424,6 +470,24 @@ impl<M: RingMemory> Consumer<M> {
         Ok(self.copy_out(avail, dst) as usize)
     }
 
+    /// Copies readable bytes starting `offset` bytes after the current
+    /// position into `dst`, without consuming anything. Returns how many
+    /// were copied (0 if fewer than `offset` bytes are readable).
+    pub fn peek_at(&self, offset: u32, dst: &mut [u8]) -> Result<usize, RingError> {
+        let avail = self.readable()?;
+        if offset >= avail {
+            return Ok(0);
+        }
+        let n = ((avail - offset) as usize).min(dst.len()) as u32;
+        let start = self.cons.wrapping_add(offset) & self.mask;
+        let first = n.min(self.capacity() - start);
+        self.mem.read_data(start, &mut dst[..first as usize]);
+        if first < n {
+            self.mem.read_data(0, &mut dst[first as usize..n as usize]);
+        }
+        Ok(n as usize)
+    }
+
     /// Copies readable bytes into `dst` and consumes them. Returns 0 when the
     /// ring is empty. Call [`Consumer::flush`] after the burst.
     pub fn read(&mut self, dst: &mut [u8]) -> Result<usize, RingError> {
@@ -479,6 +543,23 @@ impl<M: RingMemory> Consumer<M> {
         let avail = self.readable()?;
         let end = self.peer_end()?;
         Ok(avail == 0 && !end.fin && !end.reset && !end.frozen)
+    }
+
+    /// Before sleeping until at least `want` bytes are readable (clamped to
+    /// `1..=capacity`; e.g. the rest of a record): asks to be kicked once
+    /// `prod` reaches `cons + want` and re-checks. Returns `Ok(true)` if the
+    /// caller may sleep. `prepare_wait_for(1)` is [`Consumer::prepare_wait`].
+    pub fn prepare_wait_for(&mut self, want: u32) -> Result<bool, RingError> {
+        let want = want.clamp(1, self.capacity());
+        self.mem.store(
+            Field::DataEvent,
+            self.cons.wrapping_add(want - 1),
+            Ordering::Relaxed,
+        );
+        self.mem.fence();
+        let avail = self.readable()?;
+        let end = self.peer_end()?;
+        Ok(avail < want && !end.fin && !end.reset && !end.frozen)
     }
 
     fn set_flag(&mut self, flag: u32) {

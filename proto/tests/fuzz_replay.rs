@@ -29,12 +29,16 @@ fn targets() -> Vec<(&'static str, Body)> {
     fn switch(d: &[u8]) {
         unstructured(fuzzing::switch_with_hostile_peer)(d)
     }
+    fn records(d: &[u8]) {
+        unstructured(fuzzing::records_from_hostile_peer)(d)
+    }
     vec![
         ("ctrl_decode", fuzzing::decode_frame as Body),
         ("ctrl_round_trip", message),
         ("ring_hostile_peer", ring),
         ("layout_pages", header),
         ("switch_hostile_peer", switch),
+        ("record_hostile_peer", records),
     ]
 }
 

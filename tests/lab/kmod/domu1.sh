@@ -3,6 +3,10 @@
 check kmod-hostile-test-off sh -c 'test "$(cat /sys/module/af_xen/parameters/hostile_test)" = N'
 # the cross-domain server: domu2's xstest xclient connects to it
 run_c c-xserver xserver 64
+# ring sizes, 4 MiB rings, SOCK_SEQPACKET (tests/lab/c/xstest_seqpacket.c)
+for _m in seq-local server; do
+  if xstest-seqpacket $_m; then result c-sp-$_m PASS; else result c-sp-$_m FAIL "rc=$?"; fi
+done
 dmesg | grep af_xen | tail -n 20
 # Debian's socat, unmodified, with its generic socket addresses
 # (SOCKET-LISTEN:<family>:<protocol>:x<sockaddr after the family, hex>):

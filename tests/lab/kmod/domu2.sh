@@ -6,6 +6,7 @@ KMOD_ARGS=hostile_test=1
 PEER=$(xlbench xsread data/peer 60)
 log "peer domu1 is dom$PEER"
 run_c c-xclient xclient "$PEER" 64
+if xstest-seqpacket client "$PEER" 256; then result c-sp-client PASS; else result c-sp-client FAIL "rc=$?"; fi
 # dom0 made a link directory to itself for us, and runs no module
 run_c c-xpending xpending
 # socat (SOCKET-CONNECT to domu1's SOCKET-LISTEN) carries a file to domu1,

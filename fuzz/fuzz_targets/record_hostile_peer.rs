@@ -1,0 +1,5 @@
+//! See `xensock_proto::fuzzing::records_from_hostile_peer`.
+#![no_main]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let _ = xensock_proto::fuzzing::records_from_hostile_peer(&mut arbitrary::Unstructured::new(data));
+});
