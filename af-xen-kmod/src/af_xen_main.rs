@@ -30,6 +30,8 @@ mod link;
 mod seqpacket;
 mod sock;
 mod sys;
+mod sys_net;
+mod tcp;
 
 use kernel::prelude::*;
 
@@ -44,6 +46,7 @@ module! {
 struct AfXen {
     reg: Option<sys::Registration>,
     proc_: Option<sys::ProcEntry>,
+    tcp: Option<tcp::TcpCarrier>,
     _ops: Pin<KBox<sys::Ops>>,
     _globals: Pin<KBox<sock::Globals>>,
 }
@@ -89,9 +92,11 @@ impl kernel::Module for AfXen {
                 None
             }
         };
+        // before the links: their handshakes advertise its endpoint
+        let tcp = tcp::start().ok();
         link::start();
         pr_info!("AF_XEN registered as family {} (domid {})\n", family, own);
-        Ok(AfXen { reg: Some(reg), proc_, _ops: ops, _globals: globals })
+        Ok(AfXen { reg: Some(reg), proc_, tcp, _ops: ops, _globals: globals })
     }
 }
 
@@ -102,6 +107,7 @@ impl Drop for AfXen {
         drop(self.proc_.take());
         drop(self.reg.take());
         link::shutdown_all();
+        drop(self.tcp.take());
         sys::proto_unregister();
         sock::unpublish();
         pr_info!("AF_XEN (family {}) unloaded\n", sys::family());

@@ -8,7 +8,7 @@
 //! directories dom0 made for us, follows the peers' states, drains control
 //! frames and wakes the sockets of every link.
 
-use crate::ctrl::{self, Channel, Message, RejectReason, ResetReason, SockType, TcpEndpoint};
+use crate::ctrl::{self, Channel, Message, RejectReason, ResetReason, SockType};
 use crate::layout::{RingGeometry, RingIdentity, LINK_RING_MAGIC, LINK_RING_ORDER};
 use crate::mem::RawRing;
 use crate::ring::{Consumer, Field, Producer, RingMemory};
@@ -345,14 +345,15 @@ impl Link {
         }
         for s in todo.iter() {
             let Some((conn_id, src_port, dst_port, rx)) = sock::pending_request(s) else { continue };
+            let cookie = s.inner.lock().tcp.cookie;
             let req = Message::ConnectRequest {
                 conn_id,
                 src_port,
                 dst_port,
                 sock_type: if sock::is_seqpacket(s) { SockType::SeqPacket } else { SockType::Stream },
-                cookie: 0,
+                cookie,
                 rx,
-                tcp: TcpEndpoint::NONE,
+                tcp: crate::tcp::local_endpoint(),
             };
             match Self::send_locked(i, &req) {
                 Ok(()) => sock::request_sent(s),
@@ -427,7 +428,7 @@ impl Link {
 
     fn handle(self: &Arc<Self>, i: &mut LinkInner, m: &Message<'_>) {
         match *m {
-            Message::ConnectRequest { conn_id, src_port, dst_port, sock_type, cookie, rx, .. } => {
+            Message::ConnectRequest { conn_id, src_port, dst_port, sock_type, cookie, rx, tcp } => {
                 let r = sock::accept_remote(self, conn_id, src_port, dst_port, sock_type == SockType::SeqPacket, &rx);
                 let reply = match &r {
                     Ok((child, my_id, rx_grant)) => {
@@ -436,12 +437,13 @@ impl Link {
                             sock::link_lost(child);
                             Message::ConnectReject { conn_id, reason: RejectReason::NoResources }
                         } else {
+                            child.inner.lock().tcp = crate::tcp::ConnTcp { cookie, peer: tcp };
                             Message::ConnectAccept {
                                 conn_id,
                                 acceptor_id: *my_id,
                                 cookie,
                                 rx: *rx_grant,
-                                tcp: TcpEndpoint::NONE,
+                                tcp: crate::tcp::local_endpoint(),
                             }
                         }
                     }
@@ -454,10 +456,17 @@ impl Link {
                     sock::accepted_remote(&child);
                 }
             }
-            Message::ConnectAccept { conn_id, acceptor_id, rx, .. } => {
+            Message::ConnectAccept { conn_id, acceptor_id, rx, cookie, tcp } => {
                 let s = i.conns.get(&conn_id).cloned();
                 match s {
+                    Some(s) if s.inner.lock().tcp.cookie != cookie => {
+                        // not the cookie we made: the accept is not for us
+                        let _ = Self::send_locked(i, &Message::Reset { conn_id: acceptor_id, reason: ResetReason::ProtocolError });
+                        i.conns.remove(&conn_id);
+                        sock::connect_failed(&s, e::ECONNREFUSED);
+                    }
                     Some(s) => {
+                        s.inner.lock().tcp.peer = tcp;
                         if sock::connect_accepted(&s, self, acceptor_id, &rx).is_err() {
                             let _ = Self::send_locked(i, &Message::Reset { conn_id: acceptor_id, reason: ResetReason::ProtocolError });
                             i.conns.remove(&conn_id);

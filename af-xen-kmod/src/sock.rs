@@ -112,6 +112,8 @@ pub(crate) struct Inner {
     pub(crate) request: Option<crate::ctrl::RingGrant>,
     /// test mode: the next connect names a bogus grant in its directory
     pub(crate) test_bad_directory: bool,
+    /// inter-domain: cookie and peer endpoint of the TCP carrier (tcp.rs)
+    pub(crate) tcp: crate::tcp::ConnTcp,
 }
 
 #[pin_data(PinnedDrop)]
@@ -148,6 +150,7 @@ impl XenSock {
                     seqpacket: false,
                     request: None,
                     test_bad_directory: false,
+                    tcp: crate::tcp::ConnTcp::default(),
                 }, "af_xen_sock"),
             }),
             GFP_KERNEL,
@@ -313,6 +316,10 @@ fn destroy(xs: &Arc<XenSock>) {
             i.reset,
         )
     };
+    if link.is_some() {
+        // its TCP legs go with it
+        crate::tcp::connection_ended();
+    }
     // SO_LINGER with l_linger 0: abortive close, the peer sees
     // ECONNRESET (unread data is dropped), as TCP's RST.
     let abort = was == State::Connected && !reset && xs.sk.linger_abort();
@@ -597,6 +604,7 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
         i.connect_err = 0;
         i.reset = false;
         i.request = Some(rx_grant);
+        i.tcp = crate::tcp::ConnTcp { cookie: crate::tcp::new_cookie(), peer: crate::ctrl::TcpEndpoint::NONE };
     }
     if link.inner.lock().conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL).is_err() {
         connect_abort(xs, &link, conn_id);
@@ -1363,6 +1371,8 @@ unsafe extern "C" fn xs_recvmsg(
 
 /// setsockopt() option names at level `family` (xensock.h).
 const XENSOCK_TEST_CORRUPT: c_int = 0x7e57;
+/// test mode: open this connection's outbound TCP leg (1: right cookie, 2: wrong)
+const XENSOCK_TEST_OPEN_LEG: c_int = 0x7e58;
 
 unsafe extern "C" fn xs_setsockopt(
     sock: *mut bindings::socket,
@@ -1386,6 +1396,19 @@ unsafe extern "C" fn xs_setsockopt(
                     Ok(()) => 0,
                     Err(x) => err(x),
                 },
+                Err(x) => err(x),
+            }
+        }
+        XENSOCK_TEST_OPEN_LEG => {
+            if !sys::hostile_test() {
+                return err(e::EPERM);
+            }
+            match sys::sockopt_int(optval, optlen) {
+                Ok(m @ (1 | 2)) => match crate::tcp::test_open_leg(&Arc::from(xs), m == 2) {
+                    Ok(()) => 0,
+                    Err(x) => err(x),
+                },
+                Ok(_) => err(e::EINVAL),
                 Err(x) => err(x),
             }
         }

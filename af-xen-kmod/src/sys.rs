@@ -131,6 +131,9 @@ unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
         get(&LINKS_DOWN)
     );
     Seq(m).write(l.bytes());
+    let mut t = crate::sock::Line::new();
+    crate::tcp::stats(&mut t);
+    Seq(m).write(t.bytes());
     0
 }
 

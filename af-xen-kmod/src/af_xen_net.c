@@ -1,0 +1,206 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Kernel TCP sockets for the TCP carrier (docs/migration.md, "Kernel TCP
+ * carrier"): the module parameters of the TCP leg listener, socket calls
+ * whose arguments are kernel structs Rust cannot build from
+ * kernel::bindings (sockaddr_in, msghdr/kvec) and the struct sock callbacks
+ * (sk_callback_lock, sk_data_ready), which are opaque to Rust. Every
+ * function is wrapped by src/sys_net.rs.
+ */
+#include <linux/module.h>
+#include <linux/net.h>
+#include <linux/in.h>
+#include <linux/inet.h>
+#include <linux/inetdevice.h>
+#include <linux/netdevice.h>
+#include <linux/random.h>
+#include <linux/tcp.h>
+#include <linux/workqueue.h>
+#include <net/sock.h>
+#include <net/net_namespace.h>
+#include "af_xen_net.h"
+
+/*
+ * 7919: unassigned by IANA, below the ephemeral range (so no outgoing
+ * connection of the guest holds it), not used by Xen's tools.
+ */
+static int tcp_port = 7919;
+module_param(tcp_port, int, 0444);
+MODULE_PARM_DESC(tcp_port, "TCP port of the TCP leg listener (0: no TCP carrier; default 7919)");
+
+static char *tcp_addr = "";
+module_param(tcp_addr, charp, 0444);
+MODULE_PARM_DESC(tcp_addr, "IPv4 address advertised for the TCP leg (default: the first global IPv4 address of an interface, e.g. netfront's eth0)");
+
+int afx_tcp_port(void) { return tcp_port; }
+
+/*
+ * The address to advertise, network byte order in out[4]: tcp_addr, or
+ * the first universe-scope IPv4 address of any interface (read at each
+ * handshake: the address may be configured after the module loaded).
+ * 0 when there is none.
+ */
+int afx_tcp_local_addr(u8 *out)
+{
+	struct net_device *dev;
+	__be32 a = 0;
+
+	if (tcp_addr && tcp_addr[0]) {
+		if (!in4_pton(tcp_addr, -1, (u8 *)&a, -1, NULL))
+			return 0;
+		memcpy(out, &a, 4);
+		return 1;
+	}
+	rcu_read_lock();
+	for_each_netdev_rcu(&init_net, dev) {
+		struct in_device *in_dev = __in_dev_get_rcu(dev);
+		const struct in_ifaddr *ifa;
+
+		if (!in_dev || (dev->flags & IFF_LOOPBACK) || !(dev->flags & IFF_UP))
+			continue;
+		in_dev_for_each_ifa_rcu(ifa, in_dev) {
+			if (ifa->ifa_scope == RT_SCOPE_UNIVERSE) {
+				a = ifa->ifa_local;
+				break;
+			}
+		}
+		if (a)
+			break;
+	}
+	rcu_read_unlock();
+	if (!a)
+		return 0;
+	memcpy(out, &a, 4);
+	return 1;
+}
+
+u64 afx_random_u64(void)
+{
+	u64 v;
+
+	get_random_bytes(&v, sizeof(v));
+	return v;
+}
+
+/* All TCP legs' socket events run one work item (Rust: afx_rs_tcp_work). */
+static void afx_tcp_work_fn(struct work_struct *w) { afx_rs_tcp_work(); }
+static DECLARE_WORK(afx_tcp_work, afx_tcp_work_fn);
+/* the same work, later: hello deadlines */
+static void afx_tcp_dwork_fn(struct work_struct *w) { afx_rs_tcp_work(); }
+static DECLARE_DELAYED_WORK(afx_tcp_dwork, afx_tcp_dwork_fn);
+
+static void afx_tcp_data_ready(struct sock *sk) { schedule_work(&afx_tcp_work); }
+static void afx_tcp_state_change(struct sock *sk) { schedule_work(&afx_tcp_work); }
+
+/* the callbacks the socket had before ours (the same for every TCP socket) */
+static void (*orig_data_ready)(struct sock *sk);
+static void (*orig_state_change)(struct sock *sk);
+
+void afx_tcp_schedule(void) { schedule_work(&afx_tcp_work); }
+void afx_tcp_schedule_after_ms(unsigned int ms) { schedule_delayed_work(&afx_tcp_dwork, msecs_to_jiffies(ms)); }
+u64 afx_now_ms(void) { return ktime_get_boottime_ns() / NSEC_PER_MSEC; }
+void afx_tcp_flush(void)
+{
+	cancel_delayed_work_sync(&afx_tcp_dwork);
+	cancel_work_sync(&afx_tcp_work);
+}
+
+static void afx_hook(struct sock *sk)
+{
+	write_lock_bh(&sk->sk_callback_lock);
+	if (!orig_data_ready) {
+		orig_data_ready = sk->sk_data_ready;
+		orig_state_change = sk->sk_state_change;
+	}
+	sk->sk_data_ready = afx_tcp_data_ready;
+	sk->sk_state_change = afx_tcp_state_change;
+	write_unlock_bh(&sk->sk_callback_lock);
+}
+
+/* TCP listener on INADDR_ANY:port whose events schedule the work. */
+int afx_tcp_listen(int port, struct socket **out)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_ANY) };
+	struct socket *s;
+	int err;
+
+	err = sock_create_kern(&init_net, AF_INET, SOCK_STREAM, IPPROTO_TCP, &s);
+	if (err)
+		return err;
+	sock_set_reuseaddr(s->sk);
+	err = kernel_bind(s, (struct sockaddr *)&a, sizeof(a));
+	if (!err)
+		err = kernel_listen(s, 64);
+	if (err) {
+		sock_release(s);
+		return err;
+	}
+	afx_hook(s->sk);
+	*out = s;
+	return 0;
+}
+
+/* Non-blocking accept: 0 and *out, or -EAGAIN. The child inherits our callbacks. */
+int afx_tcp_accept(struct socket *l, struct socket **out)
+{
+	int err = kernel_accept(l, out, O_NONBLOCK);
+
+	if (!err)
+		afx_hook((*out)->sk);
+	return err;
+}
+
+/* Blocking connect to addr (network byte order):port, process context. */
+int afx_tcp_connect(const u8 *addr, int port, struct socket **out)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+	struct socket *s;
+	int err;
+
+	memcpy(&a.sin_addr.s_addr, addr, 4);
+	err = sock_create_kern(&init_net, AF_INET, SOCK_STREAM, IPPROTO_TCP, &s);
+	if (err)
+		return err;
+	tcp_sock_set_nodelay(s->sk);
+	err = kernel_connect(s, (struct sockaddr *)&a, sizeof(a), 0);
+	if (err) {
+		sock_release(s);
+		return err;
+	}
+	afx_hook(s->sk);
+	*out = s;
+	return 0;
+}
+
+/* Non-blocking receive into a kernel buffer: bytes, 0 at EOF, or -errno. */
+int afx_tcp_recv(struct socket *s, void *buf, size_t len)
+{
+	struct kvec v = { .iov_base = buf, .iov_len = len };
+	struct msghdr m = { .msg_flags = MSG_DONTWAIT };
+
+	return kernel_recvmsg(s, &m, &v, 1, len, MSG_DONTWAIT);
+}
+
+/* Send a kernel buffer (may block for room): bytes sent or -errno. */
+int afx_tcp_send(struct socket *s, const void *buf, size_t len)
+{
+	struct kvec v = { .iov_base = (void *)buf, .iov_len = len };
+	struct msghdr m = { .msg_flags = MSG_NOSIGNAL };
+
+	return kernel_sendmsg(s, &m, &v, 1, len);
+}
+
+/* Our callbacks off (the socket may outlive the module as an orphan), then release. */
+void afx_tcp_release(struct socket *s)
+{
+	struct sock *sk = s->sk;
+
+	write_lock_bh(&sk->sk_callback_lock);
+	if (orig_data_ready) {
+		sk->sk_data_ready = orig_data_ready;
+		sk->sk_state_change = orig_state_change;
+	}
+	write_unlock_bh(&sk->sk_callback_lock);
+	kernel_sock_shutdown(s, SHUT_RDWR);
+	sock_release(s);
+}

@@ -1,0 +1,21 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* af_xen_net.c: kernel TCP sockets for the TCP carrier (wrapped by src/sys_net.rs). */
+#ifndef AF_XEN_NET_H
+#define AF_XEN_NET_H
+#include <linux/types.h>
+struct socket;
+int afx_tcp_port(void);
+int afx_tcp_local_addr(u8 *out);
+u64 afx_random_u64(void);
+void afx_rs_tcp_work(void);
+void afx_tcp_schedule(void);
+void afx_tcp_flush(void);
+void afx_tcp_schedule_after_ms(unsigned int ms);
+u64 afx_now_ms(void);
+int afx_tcp_listen(int port, struct socket **out);
+int afx_tcp_accept(struct socket *l, struct socket **out);
+int afx_tcp_connect(const u8 *addr, int port, struct socket **out);
+int afx_tcp_recv(struct socket *s, void *buf, size_t len);
+int afx_tcp_send(struct socket *s, const void *buf, size_t len);
+void afx_tcp_release(struct socket *s);
+#endif

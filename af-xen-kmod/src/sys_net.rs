@@ -1,0 +1,145 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Safe wrappers over kernel TCP sockets (src/af_xen_net.c) for the TCP
+//! carrier. Every `unsafe` of the TCP carrier is here.
+
+use kernel::bindings;
+use kernel::ffi::{c_int, c_void};
+
+extern "C" {
+    fn afx_tcp_port() -> c_int;
+    fn afx_tcp_local_addr(out: *mut u8) -> c_int;
+    fn afx_random_u64() -> u64;
+    fn afx_tcp_schedule();
+    fn afx_tcp_flush();
+    fn afx_tcp_schedule_after_ms(ms: kernel::ffi::c_uint);
+    fn afx_now_ms() -> u64;
+    fn afx_tcp_listen(port: c_int, out: *mut *mut bindings::socket) -> c_int;
+    fn afx_tcp_accept(l: *mut bindings::socket, out: *mut *mut bindings::socket) -> c_int;
+    fn afx_tcp_connect(addr: *const u8, port: c_int, out: *mut *mut bindings::socket) -> c_int;
+    fn afx_tcp_recv(s: *mut bindings::socket, buf: *mut c_void, len: usize) -> c_int;
+    fn afx_tcp_send(s: *mut bindings::socket, buf: *const c_void, len: usize) -> c_int;
+    fn afx_tcp_release(s: *mut bindings::socket);
+}
+
+/// The `tcp_port` module parameter (0: no TCP carrier).
+pub(crate) fn tcp_port() -> u16 {
+    // SAFETY: reads an int module parameter.
+    let p = unsafe { afx_tcp_port() };
+    u16::try_from(p).unwrap_or(0)
+}
+
+/// The IPv4 address to advertise for our TCP legs, if any.
+pub(crate) fn local_ipv4() -> Option<[u8; 4]> {
+    let mut a = [0u8; 4];
+    // SAFETY: `a` is 4 writable bytes; the glue reads the parameter or the
+    // interface list under RCU.
+    (unsafe { afx_tcp_local_addr(a.as_mut_ptr()) } != 0).then_some(a)
+}
+
+/// 64 random bits (get_random_bytes).
+pub(crate) fn random_u64() -> u64 {
+    // SAFETY: no arguments; get_random_bytes may be called in any context.
+    unsafe { afx_random_u64() }
+}
+
+/// Runs the TCP work item (`crate::tcp::work`) soon.
+pub(crate) fn schedule() {
+    // SAFETY: schedules a static work item.
+    unsafe { afx_tcp_schedule() }
+}
+
+/// Runs the TCP work item again in `ms` milliseconds (deadlines).
+pub(crate) fn schedule_after_ms(ms: u32) {
+    // SAFETY: schedules a static delayed work item.
+    unsafe { afx_tcp_schedule_after_ms(ms) }
+}
+
+/// A monotonic clock in milliseconds (boot time).
+pub(crate) fn now_ms() -> u64 {
+    // SAFETY: reads the clock.
+    unsafe { afx_now_ms() }
+}
+
+/// Waits for a running TCP work item and cancels a queued one (unload,
+/// after every socket with our callbacks was released).
+pub(crate) fn flush() {
+    // SAFETY: cancels a static work item; process context.
+    unsafe { afx_tcp_flush() }
+}
+
+#[no_mangle]
+extern "C" fn afx_rs_tcp_work() {
+    crate::tcp::work();
+}
+
+/// A kernel TCP socket (init_net), released on drop. Its `sk_data_ready`
+/// and `sk_state_change` schedule the TCP work item.
+pub(crate) struct TcpSock(*mut bindings::socket);
+
+// SAFETY: a kernel socket may be used from any thread; the socket layer
+// locks internally, and we never use one concurrently from two places
+// without the TCP state's mutex.
+unsafe impl Send for TcpSock {}
+// SAFETY: as above.
+unsafe impl Sync for TcpSock {}
+
+fn to_result(r: c_int) -> core::result::Result<c_int, i32> {
+    if r < 0 {
+        Err(-r)
+    } else {
+        Ok(r)
+    }
+}
+
+impl TcpSock {
+    /// Listens on INADDR_ANY:`port`.
+    pub(crate) fn listen(port: u16) -> core::result::Result<TcpSock, i32> {
+        let mut s: *mut bindings::socket = core::ptr::null_mut();
+        // SAFETY: `s` is a valid out pointer; set only on success.
+        to_result(unsafe { afx_tcp_listen(port as c_int, &mut s) })?;
+        Ok(TcpSock(s))
+    }
+
+    /// A pending connection, without blocking (Err(EAGAIN) when none).
+    pub(crate) fn accept(&self) -> core::result::Result<TcpSock, i32> {
+        let mut s: *mut bindings::socket = core::ptr::null_mut();
+        // SAFETY: self.0 is a live listening socket; `s` set only on success.
+        to_result(unsafe { afx_tcp_accept(self.0, &mut s) })?;
+        Ok(TcpSock(s))
+    }
+
+    /// Connects to `addr:port` (blocking; process context).
+    pub(crate) fn connect(addr: [u8; 4], port: u16) -> core::result::Result<TcpSock, i32> {
+        let mut s: *mut bindings::socket = core::ptr::null_mut();
+        // SAFETY: `addr` is 4 readable bytes; `s` set only on success.
+        to_result(unsafe { afx_tcp_connect(addr.as_ptr(), port as c_int, &mut s) })?;
+        Ok(TcpSock(s))
+    }
+
+    /// Reads what is there without blocking: Ok(0) at EOF, Err(EAGAIN) when nothing.
+    pub(crate) fn recv(&self, buf: &mut [u8]) -> core::result::Result<usize, i32> {
+        // SAFETY: self.0 is live; buf is writable for buf.len() bytes.
+        let n = to_result(unsafe { afx_tcp_recv(self.0, buf.as_mut_ptr().cast(), buf.len()) })?;
+        Ok(n as usize)
+    }
+
+    /// Sends all of `buf` (may block for room).
+    pub(crate) fn send_all(&self, mut buf: &[u8]) -> core::result::Result<(), i32> {
+        while !buf.is_empty() {
+            // SAFETY: self.0 is live; buf is readable for buf.len() bytes.
+            let n = to_result(unsafe { afx_tcp_send(self.0, buf.as_ptr().cast(), buf.len()) })? as usize;
+            if n == 0 || n > buf.len() {
+                return Err(crate::sys::errno::EPIPE);
+            }
+            buf = &buf[n..];
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TcpSock {
+    fn drop(&mut self) {
+        // SAFETY: self.0 is live and owned by us; not used after this.
+        unsafe { afx_tcp_release(self.0) }
+    }
+}

@@ -1,0 +1,331 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The TCP carrier's first half (docs/migration.md, "Kernel TCP carrier"):
+//! one TCP leg listener per module, its endpoint and a random cookie per
+//! connection in `ConnectRequest`/`ConnectAccept`, and legs authenticated
+//! by their first frame, `TcpHello{conn_id, cookie}`, the same wire as
+//! libxensock's `LegListener`. Data does not move over a leg yet: a leg
+//! is opened (test trigger) and authenticated, and held until its
+//! connection ends.
+
+use crate::ctrl::{self, Channel, Message, TcpEndpoint};
+use crate::sock::{State as SockState, XenSock};
+use crate::sys_net::{self, TcpSock};
+use core::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, Ordering};
+use kernel::prelude::*;
+use kernel::sync::{Arc, Mutex};
+use kernel::new_mutex;
+
+/// Bytes of a `TcpHello` frame (header + cookie).
+const HELLO_LEN: usize = ctrl::HEADER_LEN + 8;
+/// Unauthenticated legs held at once; more are closed at once.
+const MAX_PENDING: usize = 64;
+/// A leg whose hello has not arrived within this is closed (as
+/// libxensock's `hello_timeout`).
+const HELLO_TIMEOUT_MS: u64 = 5000;
+
+/// What travels with each stream connection for its TCP carrier.
+#[derive(Clone, Copy)]
+pub(crate) struct ConnTcp {
+    /// 64 random bits made by the requester, echoed by the acceptor; the
+    /// first frame of every leg of this connection must carry it.
+    pub(crate) cookie: u64,
+    /// Where the peer's leg listener is (from its ConnectRequest/Accept).
+    pub(crate) peer: TcpEndpoint,
+}
+
+impl Default for ConnTcp {
+    fn default() -> Self {
+        ConnTcp { cookie: 0, peer: TcpEndpoint::NONE }
+    }
+}
+
+/// Counters for /proc/net/af_xen_stats.
+mod counters {
+    use super::AtomicI64;
+    pub(super) static LEGS_IN: AtomicI64 = AtomicI64::new(0);
+    pub(super) static LEGS_OUT: AtomicI64 = AtomicI64::new(0);
+    pub(super) static BAD_COOKIE: AtomicI64 = AtomicI64::new(0);
+    pub(super) static UNKNOWN_CONN: AtomicI64 = AtomicI64::new(0);
+    pub(super) static MALFORMED: AtomicI64 = AtomicI64::new(0);
+    pub(super) static DROPPED: AtomicI64 = AtomicI64::new(0);
+    pub(super) static TIMED_OUT: AtomicI64 = AtomicI64::new(0);
+    pub(super) static HELD: AtomicI64 = AtomicI64::new(0);
+}
+use counters::*;
+
+fn inc(c: &AtomicI64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A leg whose hello has not fully arrived.
+struct Pending {
+    sock: TcpSock,
+    hello: [u8; HELLO_LEN],
+    got: usize,
+    deadline_ms: u64,
+}
+
+/// An authenticated leg, held for its connection.
+struct Leg {
+    xs: Arc<XenSock>,
+    _sock: TcpSock,
+}
+
+struct Legs {
+    listener: Option<TcpSock>,
+    pending: KVec<Pending>,
+    held: KVec<Leg>,
+}
+
+static STATE: AtomicPtr<Mutex<Legs>> = AtomicPtr::new(core::ptr::null_mut());
+/// The listener is up (read without the state's lock).
+static LISTENING: AtomicBool = AtomicBool::new(false);
+
+fn state() -> Option<&'static Mutex<Legs>> {
+    let p = STATE.load(Ordering::Acquire);
+    // published by start() while the owning TcpCarrier (in the module
+    // object) lives; cleared by its drop before it is freed, after the
+    // work item was flushed
+    (!p.is_null()).then(|| crate::sys::static_ref(p))
+}
+
+/// The TCP leg listener and the legs, owned by the module object.
+pub(crate) struct TcpCarrier(Pin<KBox<Mutex<Legs>>>);
+
+/// Module init: listens on `tcp_port` (0: no TCP carrier). A listener
+/// that cannot be made is logged and leaves connections without a TCP
+/// endpoint.
+pub(crate) fn start() -> Result<TcpCarrier> {
+    let port = sys_net::tcp_port();
+    let listener = if port == 0 {
+        None
+    } else {
+        match TcpSock::listen(port) {
+            Ok(l) => Some(l),
+            Err(x) => {
+                pr_warn!("TCP leg listener on port {}: error {}; no TCP carrier\n", port, x);
+                None
+            }
+        }
+    };
+    let has = listener.is_some();
+    let b = KBox::pin_init(
+        new_mutex!(Legs { listener, pending: KVec::new(), held: KVec::new() }, "af_xen_tcp"),
+        GFP_KERNEL,
+    )?;
+    STATE.store(&*b as *const Mutex<Legs> as *mut Mutex<Legs>, Ordering::Release);
+    LISTENING.store(has, Ordering::Release);
+    if has {
+        pr_info!("TCP leg listener on port {}\n", port);
+        // connections that arrived before the state was published
+        sys_net::schedule();
+    }
+    Ok(TcpCarrier(b))
+}
+
+impl Drop for TcpCarrier {
+    /// Module exit (no socket of ours is left): release every leg and the
+    /// listener (our callbacks go with them), flush the work, unpublish.
+    fn drop(&mut self) {
+        LISTENING.store(false, Ordering::Release);
+        {
+            let mut g = self.0.lock();
+            g.listener = None;
+            g.pending = KVec::new();
+            g.held = KVec::new();
+            HELD.store(0, Ordering::Relaxed);
+        }
+        sys_net::flush();
+        STATE.store(core::ptr::null_mut(), Ordering::Release);
+    }
+}
+
+/// Our endpoint for ConnectRequest/ConnectAccept (IPv4-mapped), or NONE.
+pub(crate) fn local_endpoint() -> TcpEndpoint {
+    // no lock: the link work calls this holding its link's lock
+    match (LISTENING.load(Ordering::Acquire), sys_net::local_ipv4()) {
+        (true, Some(a)) => {
+            let mut addr = [0u8; 16];
+            addr[10] = 0xff;
+            addr[11] = 0xff;
+            addr[12..].copy_from_slice(&a);
+            TcpEndpoint { addr, port: sys_net::tcp_port() }
+        }
+        _ => TcpEndpoint::NONE,
+    }
+}
+
+/// A fresh cookie for a connection we request.
+pub(crate) fn new_cookie() -> u64 {
+    sys_net::random_u64()
+}
+
+/// The connection with our id `conn_id`, and its cookie.
+fn find_conn(conn_id: u32) -> Option<(Arc<XenSock>, u64)> {
+    let p = crate::sock::globals().ports.lock();
+    for (_, xs) in p.all.iter() {
+        let i = xs.inner.lock();
+        if i.conn_id == conn_id && i.link.is_some() && i.state == SockState::Connected && !i.released {
+            return Some((xs.clone(), i.tcp.cookie));
+        }
+    }
+    None
+}
+
+/// What a complete hello decides.
+fn check_hello(buf: &[u8]) -> core::result::Result<Arc<XenSock>, &'static AtomicI64> {
+    let (conn_id, cookie) = match ctrl::decode(buf, Channel::Tcp) {
+        Ok((Message::TcpHello { conn_id, cookie }, n)) if n == HELLO_LEN => (conn_id, cookie),
+        _ => return Err(&MALFORMED),
+    };
+    let Some((xs, want)) = find_conn(conn_id) else { return Err(&UNKNOWN_CONN) };
+    // no early exit on the first differing byte: one xor, one compare
+    if (want ^ cookie) != 0 || want == 0 {
+        return Err(&BAD_COOKIE);
+    }
+    Ok(xs)
+}
+
+/// The work item (socket callbacks): accept, read hellos, authenticate,
+/// drop the legs of connections that ended.
+pub(crate) fn work() {
+    let Some(s) = state() else { return };
+    let mut g = s.lock();
+    // new connections
+    while let Some(l) = g.listener.as_ref() {
+        let Ok(c) = l.accept() else { break };
+        if g.pending.len() >= MAX_PENDING {
+            inc(&DROPPED);
+            continue;
+        }
+        let deadline_ms = sys_net::now_ms() + HELLO_TIMEOUT_MS;
+        if g.pending.push(Pending { sock: c, hello: [0; HELLO_LEN], got: 0, deadline_ms }, GFP_KERNEL).is_err() {
+            inc(&DROPPED);
+        }
+    }
+    // hellos: read at most HELLO_LEN bytes from each, never past it
+    let old = core::mem::replace(&mut g.pending, KVec::new());
+    let mut next: Option<u64> = None;
+    for mut p in old.into_iter() {
+        let verdict = match p.sock.recv(&mut p.hello[p.got..]) {
+            Ok(0) => Some(Err(&MALFORMED)),
+            Ok(n) => {
+                p.got += n;
+                // a header that is not a TcpHello is refused at once
+                if p.got >= ctrl::HEADER_LEN && !is_hello_header(&p.hello[..ctrl::HEADER_LEN]) {
+                    Some(Err(&MALFORMED))
+                } else if p.got == HELLO_LEN {
+                    Some(check_hello(&p.hello))
+                } else {
+                    None
+                }
+            }
+            Err(x) if x == crate::sys::errno::EAGAIN => None,
+            Err(_) => Some(Err(&MALFORMED)),
+        };
+        let now = sys_net::now_ms();
+        match verdict {
+            None if now >= p.deadline_ms => inc(&TIMED_OUT),
+            None => {
+                next = Some(next.map_or(p.deadline_ms, |d: u64| d.min(p.deadline_ms)));
+                if g.pending.push(p, GFP_KERNEL).is_err() {
+                    inc(&DROPPED);
+                }
+            }
+            Some(Ok(xs)) => {
+                inc(&LEGS_IN);
+                if g.held.push(Leg { xs, _sock: p.sock }, GFP_KERNEL).is_ok() {
+                    HELD.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            // refused: closed (dropping releases it) and counted
+            Some(Err(c)) => inc(c),
+        }
+    }
+    // come back at the earliest hello deadline
+    if let Some(d) = next {
+        let wait = d.saturating_sub(sys_net::now_ms()).clamp(10, HELLO_TIMEOUT_MS);
+        sys_net::schedule_after_ms(wait as u32);
+    }
+    reap(&mut g);
+}
+
+fn is_hello_header(h: &[u8]) -> bool {
+    matches!(ctrl::decode_header(h, Channel::Tcp), Ok(hd) if hd.kind == ctrl::Kind::TcpHello)
+}
+
+/// A connection ended: the work item releases its legs.
+pub(crate) fn connection_ended() {
+    if LISTENING.load(Ordering::Relaxed) || HELD.load(Ordering::Relaxed) > 0 {
+        sys_net::schedule();
+    }
+}
+
+/// Legs of connections that ended are released.
+fn reap(g: &mut Legs) {
+    let old = core::mem::replace(&mut g.held, KVec::new());
+    for leg in old.into_iter() {
+        let done = {
+            let i = leg.xs.inner.lock();
+            i.released || i.state != SockState::Connected
+        };
+        if done || g.held.push(leg, GFP_KERNEL).is_err() {
+            HELD.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Test trigger (hostile_test=1, setsockopt XENSOCK_TEST_OPEN_LEG): open
+/// this connection's outbound leg to the peer's listener and send
+/// `TcpHello{peer's conn id, cookie}`; `wrong_cookie` sends a cookie
+/// that differs in one bit (the peer must refuse and count it). Process
+/// context (connect blocks).
+pub(crate) fn test_open_leg(xs: &Arc<XenSock>, wrong_cookie: bool) -> core::result::Result<(), i32> {
+    use crate::sys::errno as e;
+    let (st, peer_conn, t) = {
+        let i = xs.inner.lock();
+        (i.state, i.peer_conn, i.tcp)
+    };
+    if st != SockState::Connected || xs.inner.lock().link.is_none() {
+        return Err(e::ENOTCONN);
+    }
+    let a = &t.peer.addr;
+    if t.peer.port == 0 || a[..10].iter().any(|b| *b != 0) || a[10] != 0xff || a[11] != 0xff {
+        return Err(e::ENETUNREACH);
+    }
+    let sock = TcpSock::connect([a[12], a[13], a[14], a[15]], t.peer.port)?;
+    let cookie = if wrong_cookie { t.cookie ^ 1 } else { t.cookie };
+    let mut b = [0u8; HELLO_LEN];
+    let n = Message::TcpHello { conn_id: peer_conn, cookie }.encode(&mut b).map_err(|_| e::EINVAL)?;
+    sock.send_all(&b[..n])?;
+    inc(&LEGS_OUT);
+    if wrong_cookie {
+        return Ok(());
+    }
+    if let Some(s) = state() {
+        let mut g = s.lock();
+        if g.held.push(Leg { xs: xs.clone(), _sock: sock }, GFP_KERNEL).is_ok() {
+            HELD.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
+/// /proc/net/af_xen_stats lines of the TCP carrier.
+pub(crate) fn stats(l: &mut crate::sock::Line) {
+    use core::fmt::Write;
+    let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
+    let _ = write!(
+        l,
+        "tcp_port {}\ntcp_legs_in {}\ntcp_legs_out {}\ntcp_legs_held {}\ntcp_bad_cookie {}\ntcp_unknown_conn {}\ntcp_malformed {}\ntcp_timed_out {}\ntcp_dropped {}\n",
+        if LISTENING.load(Ordering::Relaxed) { sys_net::tcp_port() } else { 0 },
+        g(&LEGS_IN),
+        g(&LEGS_OUT),
+        g(&HELD),
+        g(&BAD_COOKIE),
+        g(&UNKNOWN_CONN),
+        g(&MALFORMED),
+        g(&TIMED_OUT),
+        g(&DROPPED)
+    );
+}

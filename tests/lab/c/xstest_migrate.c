@@ -1,0 +1,361 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * xstest_migrate: lab tests of af_xen.ko's TCP carrier (issue #7, kernel
+ * half), run by tests/lab/kmod-migrate. Every check prints
+ *   @@RESULT c-<name> PASS|FAIL [detail]
+ * and the exit status is the number of failures.
+ *
+ *   xstest_migrate server PORT MiB
+ *       domu1: accept one AF_XEN connection on PORT, stream MiB each way
+ *       at once (position-keyed pattern: a byte lost, duplicated or
+ *       reordered fails the check), open this connection's TCP leg to the
+ *       peer mid-stream (XENSOCK_TEST_OPEN_LEG, right cookie), then check
+ *       the TCP counters: the client's good leg authenticated, its
+ *       wrong-cookie leg, the raw malformed and unknown-connection hellos
+ *       refused and counted, the silent one closed at its hello deadline
+ *   xstest_migrate client PEER PORT MiB LEGIP LEGPORT
+ *       domu2: first raw TCP connections to LEGIP:LEGPORT (silent,
+ *       garbage, an unknown connection id: all closed by the peer), then connect to
+ *       PEER:PORT and stream as above; mid-stream open our TCP leg with the
+ *       right cookie and one with a wrong cookie
+ *   xstest_migrate eperm
+ *       module loaded without hostile_test: XENSOCK_TEST_OPEN_LEG is EPERM
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include "xensock.h"
+
+#ifndef XENSOCK_TEST_OPEN_LEG
+#define XENSOCK_TEST_OPEN_LEG 0x7e58 /* hostile_test only: 1 right cookie, 2 wrong */
+#endif
+
+static int failures;
+static int fam;
+
+static void result(const char *name, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void result(const char *name, int ok, const char *fmt, ...)
+{
+	char detail[256] = "";
+	va_list ap;
+
+	if (fmt) {
+		va_start(ap, fmt);
+		vsnprintf(detail, sizeof(detail), fmt, ap);
+		va_end(ap);
+	}
+	printf("@@RESULT c-%s %s%s%s\n", name, ok ? "PASS" : "FAIL", detail[0] ? " " : "", detail);
+	fflush(stdout);
+	if (!ok)
+		failures++;
+}
+
+static double now(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* stream byte at offset i of direction seed: a hash of the offset */
+static uint8_t pattern(uint64_t i, uint32_t seed)
+{
+	uint64_t x = (i >> 2) * 0x9E3779B97F4A7C15ull ^ seed;
+
+	x ^= x >> 29;
+	x *= 0xBF58476D1CE4E5B9ull;
+	x ^= x >> 32;
+	return (uint8_t)(x >> (8 * (i & 3)));
+}
+
+/* /proc/net/af_xen_stats counter NAME, or -1 */
+static long stat_of(const char *name)
+{
+	FILE *f = fopen("/proc/net/af_xen_stats", "r");
+	char k[64];
+	long v;
+	long r = -1;
+
+	if (!f)
+		return -1;
+	while (fscanf(f, "%63s %ld", k, &v) == 2)
+		if (!strcmp(k, name))
+			r = v;
+	fclose(f);
+	return r;
+}
+
+/* waits up to `secs` for counter NAME to reach `want`; its last value */
+static long wait_stat(const char *name, long want, int secs)
+{
+	double end = now() + secs;
+	long v;
+
+	while ((v = stat_of(name)) != want && now() < end)
+		usleep(100000);
+	return v;
+}
+
+static void print_stats(void)
+{
+	char buf[1024];
+	FILE *f = fopen("/proc/net/af_xen_stats", "r");
+	size_t n;
+
+	if (!f)
+		return;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[n] = 0;
+	fclose(f);
+	printf("%s", buf);
+	fflush(stdout);
+}
+
+/*
+ * Both directions at once, non-blocking, through poll: send `total`
+ * pattern bytes (seed tx) and receive `total` checked against seed rx.
+ * At half of what we send, call midway(fd) once.
+ */
+static int stream(const char *name, int fd, uint64_t total, uint32_t txseed, uint32_t rxseed, void (*midway)(int))
+{
+	static uint8_t buf[65536];
+	uint64_t sent = 0, got = 0, bad_at = UINT64_MAX;
+	int mid_done = 0;
+	double t0 = now();
+
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	while (sent < total || got < total) {
+		struct pollfd p = { .fd = fd, .events = (sent < total ? POLLOUT : 0) | (got < total ? POLLIN : 0) };
+
+		if (poll(&p, 1, 60000) <= 0) {
+			result(name, 0, "stalled: sent %llu got %llu of %llu", (unsigned long long)sent, (unsigned long long)got, (unsigned long long)total);
+			return -1;
+		}
+		if ((p.revents & POLLOUT) && sent < total) {
+			size_t n = total - sent < sizeof(buf) ? total - sent : sizeof(buf);
+			ssize_t w;
+
+			for (size_t k = 0; k < n; k++)
+				buf[k] = pattern(sent + k, txseed);
+			w = send(fd, buf, n, MSG_NOSIGNAL);
+			if (w < 0 && errno != EAGAIN) {
+				result(name, 0, "send: %s at %llu", strerror(errno), (unsigned long long)sent);
+				return -1;
+			}
+			if (w > 0)
+				sent += w;
+			if (!mid_done && sent >= total / 2 && midway) {
+				mid_done = 1;
+				fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+				midway(fd);
+				fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+			}
+		}
+		if ((p.revents & (POLLIN | POLLHUP | POLLERR)) && got < total) {
+			uint8_t rb[65536];
+			ssize_t r = recv(fd, rb, sizeof(rb), 0);
+
+			if (r == 0) {
+				result(name, 0, "EOF at %llu of %llu", (unsigned long long)got, (unsigned long long)total);
+				return -1;
+			}
+			if (r < 0 && errno != EAGAIN) {
+				result(name, 0, "recv: %s at %llu", strerror(errno), (unsigned long long)got);
+				return -1;
+			}
+			for (ssize_t k = 0; k < r; k++)
+				if (bad_at == UINT64_MAX && rb[k] != pattern(got + k, rxseed))
+					bad_at = got + k;
+			if (r > 0)
+				got += r;
+		}
+	}
+	if (bad_at != UINT64_MAX) {
+		result(name, 0, "byte %llu differs from the pattern", (unsigned long long)bad_at);
+		return -1;
+	}
+	result(name, 1, "%llu bytes each way intact, %.1f s", (unsigned long long)total, now() - t0);
+	return 0;
+}
+
+static void open_leg(const char *name, int fd, int mode)
+{
+	int r = setsockopt(fd, fam, XENSOCK_TEST_OPEN_LEG, &mode, sizeof(mode));
+
+	result(name, r == 0, "setsockopt(XENSOCK_TEST_OPEN_LEG, %d): %s", mode, r == 0 ? "0" : strerror(errno));
+}
+
+static void server_midway(int fd)
+{
+	open_leg("m-server-open-leg", fd, 1);
+}
+
+static void client_midway(int fd)
+{
+	open_leg("m-client-open-leg", fd, 1);
+	open_leg("m-client-open-leg-wrong-cookie", fd, 2);
+}
+
+static int cmd_server(uint32_t port, uint64_t mib)
+{
+	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = XEN_DOMID_ANY };
+	int l = socket(fam, SOCK_STREAM, 0), c;
+	long v;
+
+	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 4)) {
+		result("m-server-listen", 0, "%s", strerror(errno));
+		return 1;
+	}
+	c = accept(l, NULL, NULL);
+	result("m-server-accept", c >= 0, c < 0 ? "%s" : NULL, strerror(errno));
+	if (c < 0)
+		return 1;
+	stream("m-server-stream", c, mib << 20, 0x5eed0001, 0x5eed0002, server_midway);
+	/* the client's legs reach our listener: one good, one wrong cookie,
+	 * plus its raw hellos (garbage, unknown connection) */
+	v = wait_stat("tcp_legs_in", 1, 20);
+	result("m-server-leg-authenticated", v == 1, "tcp_legs_in %ld (want 1)", v);
+	v = wait_stat("tcp_bad_cookie", 1, 20);
+	result("m-server-wrong-cookie-refused", v == 1, "tcp_bad_cookie %ld (want 1)", v);
+	v = wait_stat("tcp_malformed", 1, 20);
+	result("m-server-garbage-refused", v == 1, "tcp_malformed %ld (want 1)", v);
+	v = wait_stat("tcp_unknown_conn", 1, 20);
+	result("m-server-unknown-conn-refused", v == 1, "tcp_unknown_conn %ld (want 1)", v);
+	v = wait_stat("tcp_timed_out", 1, 20);
+	result("m-server-silent-timed-out", v == 1, "tcp_timed_out %ld (want 1)", v);
+	v = stat_of("tcp_legs_out");
+	result("m-server-leg-out", v == 1, "tcp_legs_out %ld (want 1)", v);
+	v = stat_of("tcp_legs_held");
+	result("m-server-legs-held", v == 2, "tcp_legs_held %ld (want 2: ours and the client's)", v);
+	print_stats();
+	/* the client closes after its checks: EOF, then the legs go with the connection */
+	{
+		char b;
+		struct pollfd p = { .fd = c, .events = POLLIN };
+
+		fcntl(c, F_SETFL, fcntl(c, F_GETFL) & ~O_NONBLOCK);
+		poll(&p, 1, 120000);
+		result("m-server-eof", recv(c, &b, 1, 0) == 0, NULL);
+	}
+	close(c);
+	close(l);
+	v = wait_stat("tcp_legs_held", 0, 20);
+	result("m-server-legs-released", v == 0, "tcp_legs_held %ld after close (want 0)", v);
+	return failures > 100 ? 100 : failures;
+}
+
+/* a raw TCP connection to the peer's leg listener sending `n` bytes:
+ * the peer must close it (EOF or reset) within 20 s */
+static void raw_hello(const char *name, const char *ip, int port, const uint8_t *msg, size_t n)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	double end = now() + 120;
+	char b;
+	ssize_t r;
+
+	inet_pton(AF_INET, ip, &a.sin_addr);
+	/* the peer's module may not be loaded yet: retry */
+	while (connect(s, (struct sockaddr *)&a, sizeof(a)) != 0) {
+		if (now() > end) {
+			result(name, 0, "connect %s:%d: %s", ip, port, strerror(errno));
+			close(s);
+			return;
+		}
+		close(s);
+		sleep(1);
+		s = socket(AF_INET, SOCK_STREAM, 0);
+	}
+	if (n && send(s, msg, n, MSG_NOSIGNAL) != (ssize_t)n) {
+		result(name, 0, "send: %s", strerror(errno));
+		close(s);
+		return;
+	}
+	struct timeval tv = { .tv_sec = 20 };
+	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	r = recv(s, &b, 1, 0);
+	result(name, r == 0 || (r < 0 && errno == ECONNRESET), "peer %s", r == 0 ? "closed" : r < 0 ? strerror(errno) : "sent data");
+	close(s);
+}
+
+static int cmd_client(uint32_t peer, uint32_t port, uint64_t mib, const char *legip, int legport)
+{
+	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = peer };
+	uint8_t garbage[16];
+	/* TcpHello{conn_id 0xdeadbeef, cookie 1}: version 1, kind 16, body 8, LE */
+	uint8_t unknown[16] = { 1, 16, 8, 0, 0xef, 0xbe, 0xad, 0xde, 1, 0, 0, 0, 0, 0, 0, 0 };
+	double end = now() + 120;
+	int c = -1;
+
+	memset(garbage, 0x5a, sizeof(garbage));
+	/* a leg that never says hello: closed at the peer's 5 s hello deadline */
+	{
+		double t0 = now();
+
+		raw_hello("m-client-silent-closed", legip, legport, garbage, 0);
+		printf("silent leg closed after %.1f s\n", now() - t0);
+	}
+	raw_hello("m-client-garbage-closed", legip, legport, garbage, sizeof(garbage));
+	raw_hello("m-client-unknown-conn-closed", legip, legport, unknown, sizeof(unknown));
+	while (now() < end) {
+		c = socket(fam, SOCK_STREAM, 0);
+		if (connect(c, (struct sockaddr *)&a, sizeof(a)) == 0)
+			break;
+		close(c);
+		c = -1;
+		sleep(1);
+	}
+	result("m-client-connect", c >= 0, c < 0 ? "%s" : NULL, strerror(errno));
+	if (c < 0)
+		return 1;
+	stream("m-client-stream", c, mib << 20, 0x5eed0002, 0x5eed0001, client_midway);
+	long v = wait_stat("tcp_legs_in", 1, 20);
+	result("m-client-leg-authenticated", v == 1, "tcp_legs_in %ld (want 1: the server's)", v);
+	v = stat_of("tcp_legs_out");
+	result("m-client-legs-out", v == 2, "tcp_legs_out %ld (want 2)", v);
+	v = stat_of("tcp_bad_cookie");
+	result("m-client-no-refusal", v == 0, "tcp_bad_cookie %ld (want 0)", v);
+	print_stats();
+	/* give the server time for its counter checks before our close */
+	sleep(3);
+	close(c);
+	v = wait_stat("tcp_legs_held", 0, 20);
+	result("m-client-legs-released", v == 0, "tcp_legs_held %ld after close (want 0)", v);
+	return failures > 100 ? 100 : failures;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	fam = xensock_family();
+	if (fam < 0) {
+		result("m-family", 0, "%s", strerror(errno));
+		return 1;
+	}
+	if (argc == 2 && !strcmp(argv[1], "eperm")) {
+		int s = socket(fam, SOCK_STREAM, 0), mode = 1;
+		int r = setsockopt(s, fam, XENSOCK_TEST_OPEN_LEG, &mode, sizeof(mode));
+
+		result("m-open-leg-eperm", r < 0 && errno == EPERM, "setsockopt: %s", r < 0 ? strerror(errno) : "0");
+		close(s);
+		return failures;
+	}
+	if (argc == 4 && !strcmp(argv[1], "server"))
+		return cmd_server(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
+	if (argc == 7 && !strcmp(argv[1], "client"))
+		return cmd_client(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0), strtoull(argv[4], NULL, 0), argv[5], atoi(argv[6]));
+	fprintf(stderr, "usage: see the comment at the top of xstest_migrate.c\n");
+	return 2;
+}

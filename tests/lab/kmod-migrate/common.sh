@@ -1,0 +1,19 @@
+# kmod-migrate: load af_xen.ko in test mode (sourced by domu*.sh). The TCP
+# leg listener takes the default port (7919) and advertises eth0's address.
+KO=/opt/xensock/af_xen.ko
+LEG_PORT=7919
+M_PORT=7300
+# STREAM_MIB each way at once, a TCP leg opened at half of it
+STREAM_MIB=32
+check kmod-insmod insmod $KO hostile_test=1
+check kmod-tcp-listener sh -c "dmesg | grep -q 'TCP leg listener on port $LEG_PORT' && grep -q '^tcp_port $LEG_PORT' /proc/net/af_xen_stats"
+dmesg | grep -i af_xen
+run_c() {
+  _n=$1; shift
+  if xstest_migrate "$@"; then result "$_n" PASS; else result "$_n" FAIL "rc=$?"; fi
+}
+finish() {
+  check kmod-rmmod rmmod af_xen
+  check kmod-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t|leak"'
+  dmesg | grep -E "af_xen|BUG|WARNING|Oops" | tail -n 30
+}
