@@ -239,6 +239,9 @@ pub(crate) fn build_ops(module: &'static ThisModule, family: i32) -> sys::Ops {
     o.sendmsg = Some(xs_sendmsg);
     o.recvmsg = Some(xs_recvmsg);
     o.setsockopt = Some(xs_setsockopt);
+    // sock_do_ioctl calls ops->ioctl without a NULL check: leaving it unset
+    // oopses the kernel on any ioctl (FIONREAD did, in the lab).
+    o.ioctl = Some(xs_ioctl);
     sys::Ops(o)
 }
 
@@ -1061,6 +1064,44 @@ unsafe extern "C" fn xs_poll(
         }
     }
     mask
+}
+
+/// `SIOCINQ` (`FIONREAD`): bytes ready to read; `SIOCOUTQ`: bytes written
+/// but not yet consumed by the peer. Both as TCP: `EINVAL` on a listener,
+/// 0 on a socket with no connection. Every other command goes on to the
+/// generic socket ioctls (`-ENOIOCTLCMD`), as AF_UNIX does.
+unsafe extern "C" fn xs_ioctl(sock: *mut bindings::socket, cmd: core::ffi::c_uint, arg: kernel::ffi::c_ulong) -> c_int {
+    const SIOCINQ: u32 = 0x541B;
+    const SIOCOUTQ: u32 = 0x5411;
+    if cmd != SIOCINQ && cmd != SIOCOUTQ {
+        return -(bindings::ENOIOCTLCMD as c_int);
+    }
+    // SAFETY: live socket for the duration of the callback.
+    let s = unsafe { Socket::from_raw(sock) };
+    let Some(xs) = xsock(s) else { return err(e::EINVAL) };
+    let (state, tx, rx) = {
+        let i = xs.inner.lock();
+        (i.state, i.tx.clone(), i.rx.clone())
+    };
+    if state == State::Listening {
+        return err(e::EINVAL);
+    }
+    let value: c_int = if cmd == SIOCINQ {
+        match rx.map(|rx| rx.rx_state()) {
+            Some(Ok((n, _))) => n as c_int,
+            Some(Err(_)) | None => 0,
+        }
+    } else {
+        match tx.map(|tx| tx.tx_state().map(|(free, _)| tx.capacity().saturating_sub(free))) {
+            Some(Ok(n)) => n as c_int,
+            Some(Err(_)) | None => 0,
+        }
+    };
+    let mut w = kernel::uaccess::UserSlice::new(arg as usize, core::mem::size_of::<c_int>()).writer();
+    match w.write(&value) {
+        Ok(()) => 0,
+        Err(_) => err(e::EFAULT),
+    }
 }
 
 unsafe extern "C" fn xs_shutdown(sock: *mut bindings::socket, how: c_int) -> c_int {

@@ -40,7 +40,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -373,10 +375,34 @@ static void test_loop(void)
 
 		result("loop-poll-pollin", poll(&p, 1, 1000) == 1 && (p.revents & POLLIN), "revents=%#x", p.revents);
 	}
+	{
+		/* ioctls: the family had none, and the kernel calls ops->ioctl
+		 * unchecked (FIONREAD oopsed a guest before this existed) */
+		struct winsize ws;
+		int n = -1;
+
+		r = ioctl(a, FIONREAD, &n);
+		result("loop-fionread", r == 0 && n == 5, "r=%d n=%d", r, n);
+		n = -1;
+		r = ioctl(c, SIOCOUTQ, &n);
+		result("loop-siocoutq", r == 0 && n == 5, "r=%d n=%d", r, n);
+		EXPECT_ERR("loop-fionread-listener", ioctl(l, FIONREAD, &n), EINVAL);
+		EXPECT_ERR("loop-ioctl-other", ioctl(a, TIOCGWINSZ, &ws), ENOTTY);
+		EXPECT_ERR("loop-fionread-efault", ioctl(a, FIONREAD, (int *)8), EFAULT);
+	}
 	memset(buf, 0, 16);
 	result("loop-peek", recv(a, buf, 16, MSG_PEEK) == 5 && !memcmp(buf, "hello", 5), NULL);
 	memset(buf, 0, 16);
 	result("loop-recv", recv(a, buf, 16, 0) == 5 && !memcmp(buf, "hello", 5), NULL);
+	{
+		int n = -1;
+
+		r = ioctl(a, FIONREAD, &n);
+		result("loop-fionread-drained", r == 0 && n == 0, "r=%d n=%d", r, n);
+		n = -1;
+		r = ioctl(c, SIOCOUTQ, &n);
+		result("loop-siocoutq-drained", r == 0 && n == 0, "r=%d n=%d", r, n);
+	}
 	{
 		struct iovec iv[3] = { { "ab", 2 }, { "cde", 3 }, { "fghi", 4 } };
 		struct msghdr m = { .msg_iov = iv, .msg_iovlen = 3 };
