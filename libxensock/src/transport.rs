@@ -114,27 +114,59 @@ pub const ENV_LINK_TIMEOUT_MS: &str = "XENSOCK_LINK_TIMEOUT_MS";
 /// Environment variable overriding [`Config::connect_timeout`] (milliseconds).
 pub const ENV_CONNECT_TIMEOUT_MS: &str = "XENSOCK_CONNECT_TIMEOUT_MS";
 
-fn env_ms(name: &str) -> Option<Duration> {
-    let v = std::env::var(name).ok()?;
-    v.trim().parse::<u64>().ok().map(Duration::from_millis)
+fn parse_ms(name: &str, value: &str) -> io::Result<Duration> {
+    value
+        .trim()
+        .parse::<u64>()
+        .map(Duration::from_millis)
+        .map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{name}={value:?}: expected a whole number of milliseconds"),
+            )
+        })
 }
 
-/// The domids of the static peer list `XENSOCK_PEERS` names, if any.
-fn env_static_peers() -> Option<Vec<DomId>> {
-    let f = std::env::var_os(xensock_discovery::peers::ENV_PEERS_FILE)?;
-    let list = xensock_discovery::peers::StaticPeers::load(f).ok()?;
-    Some(list.peers.iter().filter_map(|p| p.domid).collect())
+/// A duration in milliseconds from the environment: `Ok(None)` when unset.
+fn env_ms(name: &str) -> io::Result<Option<Duration>> {
+    match std::env::var(name) {
+        Ok(v) => parse_ms(name, &v).map(Some),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The domids of the static peer list `XENSOCK_PEERS` names: `Ok(None)`
+/// when unset, an error naming the file when it cannot be loaded.
+fn env_static_peers() -> io::Result<Option<Vec<DomId>>> {
+    let Some(f) = std::env::var_os(xensock_discovery::peers::ENV_PEERS_FILE) else {
+        return Ok(None);
+    };
+    let list = xensock_discovery::peers::StaticPeers::load(&f).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}={f:?}: {e}", xensock_discovery::peers::ENV_PEERS_FILE),
+        )
+    })?;
+    Ok(Some(list.peers.iter().filter_map(|p| p.domid).collect()))
 }
 
 impl Default for Config {
     /// The defaults, with `XENSOCK_LINK_TIMEOUT_MS`,
-    /// `XENSOCK_CONNECT_TIMEOUT_MS` and `XENSOCK_PEERS` applied.
+    /// `XENSOCK_CONNECT_TIMEOUT_MS` and `XENSOCK_PEERS` applied. A
+    /// malformed value is left out here and reported by the transport's
+    /// constructors (`InvalidInput`, naming the variable).
     fn default() -> Config {
         Config {
             recv_buffer: 256 * 1024,
             backlog: 128,
-            link_timeout: env_ms(ENV_LINK_TIMEOUT_MS).unwrap_or(Duration::from_secs(30)),
-            connect_timeout: env_ms(ENV_CONNECT_TIMEOUT_MS).unwrap_or(Duration::from_secs(60)),
+            link_timeout: env_ms(ENV_LINK_TIMEOUT_MS)
+                .ok()
+                .flatten()
+                .unwrap_or(Duration::from_secs(30)),
+            connect_timeout: env_ms(ENV_CONNECT_TIMEOUT_MS)
+                .ok()
+                .flatten()
+                .unwrap_or(Duration::from_secs(60)),
             busy_poll: Duration::from_micros(50),
             ring_reuse: true,
             static_peers: None,
@@ -392,11 +424,14 @@ impl Transport {
         // SAFETY: a fresh descriptor we own.
         let kick_timer = unsafe { OwnedFd::from_raw_fd(tfd) };
         epoll_add(&epoll, kick_timer.as_raw_fd(), KICK_TIMER_TOKEN)?;
-        let static_peers = cfg
-            .static_peers
-            .clone()
-            .or_else(env_static_peers)
-            .map(|v| v.into_iter().collect());
+        // a malformed setting is an error here, not silently the default
+        env_ms(ENV_LINK_TIMEOUT_MS)?;
+        env_ms(ENV_CONNECT_TIMEOUT_MS)?;
+        let static_peers = match cfg.static_peers.clone() {
+            Some(v) => Some(v),
+            None => env_static_peers()?,
+        }
+        .map(|v| v.into_iter().collect());
         let inner = Arc::new(Inner {
             xen: Box::new(Dyn(backend)),
             xs,
@@ -2199,4 +2234,22 @@ struct PeerNode {
     port: u32,
     peer_gen: u32,
     ring_reuse: bool,
+}
+
+#[cfg(test)]
+mod env_tests {
+    use super::*;
+
+    #[test]
+    fn millisecond_settings_parse_or_name_the_variable() {
+        assert_eq!(
+            parse_ms(ENV_LINK_TIMEOUT_MS, " 1500 ").unwrap(),
+            Duration::from_millis(1500)
+        );
+        for bad in ["", "1.5", "-3", "30s", "abc"] {
+            let e = parse_ms(ENV_LINK_TIMEOUT_MS, bad).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{bad:?}");
+            assert!(e.to_string().contains(ENV_LINK_TIMEOUT_MS), "{e}");
+        }
+    }
 }
