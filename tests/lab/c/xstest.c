@@ -52,26 +52,7 @@
 #include <unistd.h>
 #include "xensock.h"
 
-static int failures;
-static int fam;
-
-static void result(const char *name, int ok, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static void result(const char *name, int ok, const char *fmt, ...)
-{
-	char detail[256] = "";
-	va_list ap;
-
-	if (fmt) {
-		va_start(ap, fmt);
-		vsnprintf(detail, sizeof(detail), fmt, ap);
-		va_end(ap);
-	}
-	printf("@@RESULT c-%s %s%s%s\n", name, ok ? "PASS" : "FAIL", detail[0] ? " " : "", detail);
-	fflush(stdout);
-	if (!ok)
-		failures++;
-}
+#include "xstest_common.h"
 
 /* expect a call to fail with errno e */
 #define EXPECT_ERR(name, call, e) do { \
@@ -83,23 +64,9 @@ static void result(const char *name, int ok, const char *fmt, ...)
 	result(name, _r >= 0, "rc=%ld errno=%s", _r, _r < 0 ? (strerrorname_np(_e) ?: "?") : "0"); \
 } while (0)
 
-static struct sockaddr_xen xaddr(uint32_t domid, uint32_t port)
-{
-	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = domid };
-	return a;
-}
-
 static int xsock(void)
 {
 	return socket(fam, SOCK_STREAM, 0);
-}
-
-static double now(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec / 1e9;
 }
 
 static uint32_t own_domid(void)

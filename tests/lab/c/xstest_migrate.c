@@ -41,33 +41,7 @@
 #define XENSOCK_TEST_OPEN_LEG 0x7e58 /* hostile_test only: 1 right cookie, 2 wrong */
 #endif
 
-static int failures;
-static int fam;
-
-static void result(const char *name, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void result(const char *name, int ok, const char *fmt, ...)
-{
-	char detail[256] = "";
-	va_list ap;
-
-	if (fmt) {
-		va_start(ap, fmt);
-		vsnprintf(detail, sizeof(detail), fmt, ap);
-		va_end(ap);
-	}
-	printf("@@RESULT c-%s %s%s%s\n", name, ok ? "PASS" : "FAIL", detail[0] ? " " : "", detail);
-	fflush(stdout);
-	if (!ok)
-		failures++;
-}
-
-static double now(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec / 1e9;
-}
+#include "xstest_common.h"
 
 /* stream byte at offset i of direction seed: a hash of the offset */
 static uint8_t pattern(uint64_t i, uint32_t seed)
