@@ -27,7 +27,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 #[path = "../shared/stream_check.rs"]
 mod stream_check;
-use stream_check::{pattern, Sum};
+use stream_check::{pattern, read_stream, write_stream, Sum};
 
 fn now_s() -> f64 {
     SystemTime::now()
@@ -170,36 +170,14 @@ fn client(a: &[String]) -> Res<i32> {
     let mut w = s.try_clone()?;
     let start = Instant::now();
     let writer = thread::spawn(move || -> io::Result<u64> {
-        let mut sum = Sum::default();
-        let mut sent = 0u64;
-        let mut i = 0usize;
-        while sent < total {
-            let n = ((total - sent) as usize).min(write_size);
-            let off = (i * 4093) % 8192;
-            let chunk = &block[off..off + n];
-            sum.add(chunk);
-            w.write_all(chunk)?;
-            sent += n as u64;
-            i += 1;
-        }
+        let sum = write_stream(&mut w, &block, total, write_size)?;
         w.shutdown(Shutdown::Write)?;
-        Ok(sum.finish())
+        Ok(sum)
     });
     let mut r = s;
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut sum = Sum::default();
-    let mut got = 0u64;
-    loop {
-        let n = r.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        sum.add(&buf[..n]);
-        got += n as u64;
-    }
+    let (recv, got) = read_stream(&mut r, |_| {})?;
     let el = start.elapsed();
     let sent = writer.join().map_err(|_| "writer panicked")??;
-    let recv = sum.finish();
     let mibs = got as f64 / (1 << 20) as f64 / el.as_secs_f64();
     println!(
         "sent {total} bytes checksum {sent:016x}; received {got} bytes checksum {recv:016x}; {el:.2?}, {mibs:.2} MiB/s"

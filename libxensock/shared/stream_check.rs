@@ -58,3 +58,49 @@ pub fn pattern(len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Writes `total` bytes in `write_size` writes, each starting at a varying
+/// offset of `block` (from [`pattern`], `write_size + 8192` long), so that
+/// lost, duplicated or reordered data changes the checksum; returns the
+/// checksum of what was written.
+pub fn write_stream(
+    w: &mut impl std::io::Write,
+    block: &[u8],
+    total: u64,
+    write_size: usize,
+) -> std::io::Result<u64> {
+    let mut sum = Sum::default();
+    let mut sent = 0u64;
+    let mut i = 0usize;
+    while sent < total {
+        let n = ((total - sent) as usize).min(write_size);
+        let off = (i * 4093) % 8192;
+        let chunk = &block[off..off + n];
+        sum.add(chunk);
+        w.write_all(chunk)?;
+        sent += n as u64;
+        i += 1;
+    }
+    Ok(sum.finish())
+}
+
+/// Reads to EOF; returns (checksum, bytes read). `progress` sees the running
+/// byte count after every read.
+pub fn read_stream(
+    r: &mut impl std::io::Read,
+    mut progress: impl FnMut(u64),
+) -> std::io::Result<(u64, u64)> {
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut sum = Sum::default();
+    let mut got = 0u64;
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        sum.add(&buf[..n]);
+        got += n as u64;
+        progress(got);
+    }
+    Ok((sum.finish(), got))
+}

@@ -97,7 +97,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 #[path = "../../shared/stream_check.rs"]
 mod stream_check;
-use stream_check::{pattern, Sum};
+use stream_check::{pattern, read_stream, write_stream};
 
 /// Streams `total` bytes through an echo peer: one thread writes, this one
 /// reads back. Returns (sent checksum, received checksum, bytes received, elapsed).
@@ -116,39 +116,19 @@ where
     let mut w = s.try_clone_box()?;
     let start = Instant::now();
     let writer = thread::spawn(move || -> io::Result<u64> {
-        let mut sum = Sum::default();
-        let mut sent = 0u64;
-        let mut i = 0usize;
-        while sent < total {
-            let n = ((total - sent) as usize).min(write_size);
-            let off = (i * 4093) % 8192;
-            let chunk = &block[off..off + n];
-            sum.add(chunk);
-            w.write_all(chunk)?;
-            sent += n as u64;
-            i += 1;
-        }
+        let sum = write_stream(&mut w, &block, total, write_size)?;
         w.shutdown_write()?;
-        Ok(sum.finish())
+        Ok(sum)
     });
     let mut r = s;
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut sum = Sum::default();
-    let mut got = 0u64;
-    loop {
-        let n = r.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        sum.add(&buf[..n]);
-        got += n as u64;
+    let (recv, got) = read_stream(&mut r, |got| {
         if let Some(pb) = pb {
             pb.set_position(got);
         }
-    }
+    })?;
     let elapsed = start.elapsed();
     let sent = writer.join().map_err(|_| "writer panicked")??;
-    Ok((sent, sum.finish(), got, elapsed))
+    Ok((sent, recv, got, elapsed))
 }
 
 /// A stream whose write side can be cloned off and shut down.
