@@ -349,6 +349,57 @@ impl AsyncWrite for XenStream {
     }
 }
 
+/// The split halves hold the stream in `s` and forward to its readiness
+/// helpers: one body for the borrowed and the owned halves.
+macro_rules! forward_read_half {
+    ($half:ty) => {
+        impl AsyncRead for $half {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                self.s.poll_read_priv(cx, buf)
+            }
+        }
+    };
+}
+
+macro_rules! forward_write_half {
+    ($half:ty) => {
+        impl AsyncWrite for $half {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                self.s.poll_write_priv(cx, buf)
+            }
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                self.s.poll_write_vectored_priv(cx, bufs)
+            }
+            fn is_write_vectored(&self) -> bool {
+                true
+            }
+            fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+            fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Poll::Ready(self.s.shutdown_write())
+            }
+        }
+    };
+}
+
+forward_read_half!(ReadHalf<'_>);
+forward_write_half!(WriteHalf<'_>);
+forward_read_half!(OwnedReadHalf);
+forward_write_half!(OwnedWriteHalf);
+
 /// Borrowed read half from [`XenStream::split`].
 #[derive(Debug)]
 pub struct ReadHalf<'a> {
@@ -359,42 +410,6 @@ pub struct ReadHalf<'a> {
 #[derive(Debug)]
 pub struct WriteHalf<'a> {
     s: &'a XenStream,
-}
-
-impl AsyncRead for ReadHalf<'_> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        self.s.poll_read_priv(cx, buf)
-    }
-}
-
-impl AsyncWrite for WriteHalf<'_> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.s.poll_write_priv(cx, buf)
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        self.s.poll_write_vectored_priv(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(self.s.shutdown_write())
-    }
 }
 
 /// Owned read half from [`XenStream::into_split`].
@@ -439,41 +454,5 @@ impl Drop for OwnedWriteHalf {
         if self.shutdown_on_drop {
             let _ = self.s.shutdown_write();
         }
-    }
-}
-
-impl AsyncRead for OwnedReadHalf {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        self.s.poll_read_priv(cx, buf)
-    }
-}
-
-impl AsyncWrite for OwnedWriteHalf {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.s.poll_write_priv(cx, buf)
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        self.s.poll_write_vectored_priv(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(self.s.shutdown_write())
     }
 }
