@@ -69,6 +69,21 @@ impl Scratch {
         }
         Scratch { pages: v }
     }
+
+    /// Page-aligned memory for a ring of `geometry`, its base (for writes
+    /// that play the peer, with the ring's own provenance) and the ring over
+    /// it. Both point into the returned `Scratch`'s heap pages (moving the
+    /// `Scratch` does not move them): keep it alive while they are used.
+    fn ring(geometry: RingGeometry) -> Result<(Scratch, core::ptr::NonNull<u8>, RawRing)> {
+        let mut scratch = Scratch::new(geometry.region_size() / PAGE_SIZE);
+        let base = core::ptr::NonNull::new(scratch.pages.as_mut_ptr().cast::<u8>())
+            .ok_or(arbitrary::Error::IncorrectFormat)?;
+        // SAFETY: the pages are page aligned, region_size bytes long, on the
+        // heap, and live as long as the Scratch the caller keeps with the ring.
+        let ring = unsafe { RawRing::from_region(base, geometry.region_size(), geometry) }
+            .map_err(|_| arbitrary::Error::IncorrectFormat)?;
+        Ok((scratch, base, ring))
+    }
 }
 
 #[derive(Arbitrary, Debug)]
@@ -93,13 +108,7 @@ enum RingStep {
 pub fn ring_with_hostile_peer(u: &mut Unstructured<'_>) -> Result<()> {
     let order = u.int_in_range(11..=16u32)?;
     let geometry = RingGeometry::new(order).map_err(|_| arbitrary::Error::IncorrectFormat)?;
-    let mut scratch = Scratch::new(geometry.region_size() / PAGE_SIZE);
-    let base = core::ptr::NonNull::new(scratch.pages.as_mut_ptr().cast::<u8>())
-        .ok_or(arbitrary::Error::IncorrectFormat)?;
-    // SAFETY: scratch is page aligned, region_size bytes long and outlives
-    // the ring (dropped at the end of this function, after every use).
-    let ring = unsafe { RawRing::from_region(base, geometry.region_size(), geometry) }
-        .map_err(|_| arbitrary::Error::IncorrectFormat)?;
+    let (scratch, base, ring) = Scratch::ring(geometry)?;
     let mut tx = Producer::new(ring);
     let mut rx = Consumer::new(ring);
     let cap = geometry.data_size();
@@ -287,12 +296,7 @@ enum RecordStep {
 pub fn records_from_hostile_peer(u: &mut Unstructured<'_>) -> Result<()> {
     let order = u.int_in_range(11..=14u32)?;
     let geometry = RingGeometry::new(order).map_err(|_| arbitrary::Error::IncorrectFormat)?;
-    let mut scratch = Scratch::new(geometry.region_size() / PAGE_SIZE);
-    let base = core::ptr::NonNull::new(scratch.pages.as_mut_ptr().cast::<u8>())
-        .ok_or(arbitrary::Error::IncorrectFormat)?;
-    // SAFETY: as in ring_with_hostile_peer.
-    let ring = unsafe { RawRing::from_region(base, geometry.region_size(), geometry) }
-        .map_err(|_| arbitrary::Error::IncorrectFormat)?;
+    let (scratch, base, ring) = Scratch::ring(geometry)?;
     let mut peer = Producer::new(ring);
     let mut rx = Consumer::new(ring);
     let cap = geometry.data_size() as u32;
