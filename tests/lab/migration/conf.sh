@@ -43,8 +43,8 @@ done
 DESCRIPTION="issue #7 in the lab ($MIG_STACK): checksummed bidirectional streams domu2 <-> domu1 ($(mig_streams)) through: $MIG_MOVES"
 
 # Host side: af_xen.ko (kmod), the static C stream program, static
-# (crt-static glibc) builds of lab_stream (tokio-xensock), xensock-agent,
-# xensock-discover and xensock; and the parameters the guests read.
+# (crt-static glibc) builds of lab_stream (tokio-xensock), xensock-agent
+# and xensock-discover; and the parameters the guests read.
 # CARGO_TARGET_DIR (if set) holds the static build under lab-static/.
 scenario_build() {
   local out=$1 t=x86_64-unknown-linux-gnu
@@ -61,10 +61,10 @@ scenario_build() {
   gcc -O2 -Wall -static -I "$REPO_DIR/af-xen-kmod/include" -o "$out/bin/xsstream" "$REPO_DIR/tests/lab/c/xsstream.c"
   ( cd "$REPO_DIR" &&
     RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$tdir \
-      cargo build --release --target $t -p xensock-discovery -p libxensock --bins &&
+      cargo build --release --target $t -p xensock-discovery --bins &&
     RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$tdir \
       cargo build --release --target $t -p tokio-xensock --example lab_stream )
-  for b in xensock-discover xensock-agent xensock; do cp "$tdir/$t/release/$b" "$out/bin/"; done
+  for b in xensock-discover xensock-agent; do cp "$tdir/$t/release/$b" "$out/bin/"; done
   cp "$tdir/$t/release/examples/lab_stream" "$out/bin/"
   strip "$out"/bin/*
   file "$out"/bin/*
