@@ -21,6 +21,10 @@ linked() { xenstore-read "/local/domain/$1/data/xensock/link/$2" >/dev/null 2>&1
 pair_linked() { linked "$1" "$2" && linked "$2" "$1"; }
 pair_unlinked() { ! linked "$1" "$2" && ! linked "$2" "$1"; }
 
+# our XenStore client (agent, away/back) talks to xenstored's socket
+XENSTORED_PATH=/run/xenstored/socket
+[ -S $XENSTORED_PATH ] || XENSTORED_PATH=/var/run/xenstored/socket
+export XENSTORED_PATH
 xensock-agent --host-name lab-a > /tmp/agent.log 2>&1 &
 AGENT=$!
 sleep 1

@@ -9,6 +9,10 @@ since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}'; }
 on_b() { wget -q -O "${2:-/dev/null}" "http://$LAB_NET_DOM0B:8080/$1"; }
 D2=$(xl domid domu2)
 UUID2=$(xenstore-read "/local/domain/$D2/vm" | sed 's|.*/||')
+# our XenStore client (agent, away/back) talks to xenstored's socket
+XENSTORED_PATH=/run/xenstored/socket
+[ -S $XENSTORED_PATH ] || XENSTORED_PATH=/var/run/xenstored/socket
+export XENSTORED_PATH
 # the discovery agent: the domUs' tables and link directories (AF_XEN)
 xensock-agent --host-name host-a > /tmp/agent.log 2>&1 &
 check agent-link-dirs wait_until 300 sh -c "xenstore-read /local/domain/$D1/data/xensock/link/$D2 && xenstore-read /local/domain/$D2/data/xensock/link/$D1"
