@@ -67,8 +67,17 @@ carrier() { # NAME PORT
   if [ "$MIG_STACK" = kmod ]; then afx_col "$2" '^carrier$'
   else _c=$(us_field "$1" carrier); echo "${_c:-?nocol}"; fi
 }
+# kmod: the sum of the switch counters (columns to_tcp, to_ring, or any
+# whose header says switch)
+afx_switches() {
+  awk -v p="$1" '
+    NR == 1 { for (i = 1; i <= NF; i++) if ($i ~ /^to_tcp$|^to_ring$|switch/) c[++nc] = i
+              if (!nc) { print "?nocol"; exit } ; next }
+    $1 == "ESTABLISHED" && ($2 ~ ":" p "$" || $3 ~ ":" p "$") { n = 0; for (k = 1; k <= nc; k++) n += $(c[k]); print n; f = 1; exit }
+    END { if (nc && !f) print "?noconn" }' /proc/net/af_xen 2>/dev/null
+}
 switches() { # NAME PORT
-  if [ "$MIG_STACK" = kmod ]; then afx_col "$2" 'switch'
+  if [ "$MIG_STACK" = kmod ]; then afx_switches "$2"
   else _c=$(us_field "$1" switch); echo "${_c:-?nocol}"; fi
 }
 carrier_source() {
