@@ -51,15 +51,32 @@ scenario_build() {
   local tdir=${CARGO_TARGET_DIR:-$REPO_DIR/target}/lab-static
   mkdir -p "$out/bin"
   printf 'MIG_STACK=%s\nMIG_MOVES="%s"\n' "$MIG_STACK" "$MIG_MOVES" > "$out/migration.params"
+  # AFX_TREE=DIR (holding af-xen-kmod/ and proto/, e.g. from `git archive
+  # <branch> af-xen-kmod proto | tar -x -C DIR`) tests that module instead;
+  # RUST_TREE=DIR (a whole workspace, e.g. `git archive <branch> | tar -x
+  # -C DIR`) builds the Rust binaries from it (lab_stream.rs is copied in)
+  local src=$REPO_DIR rsrc=${RUST_TREE:-$REPO_DIR}
   if [[ $MIG_STACK == kmod ]]; then
     # a build directory per work tree: several branches build the module
     local afx
     afx="$CACHE/af-xen-kmod-build-$(basename "$REPO_DIR")"
-    make -C "$REPO_DIR/af-xen-kmod" AFX_OUT="$afx"
+    if [[ -n ${AFX_TREE:-} ]]; then
+      src=$AFX_TREE; afx=$afx-alt
+      local kdir kflags
+      kdir=$("$REPO_DIR/lab/kbuild-env" sh -c 'echo "$KDIR"')
+      kflags=$("$REPO_DIR/lab/kbuild-env" sh -c 'echo "$KMAKEFLAGS"')
+      make -C "$src/af-xen-kmod" AFX_OUT="$afx" KDIR="$kdir" KMAKEFLAGS="$kflags"
+    else
+      make -C "$src/af-xen-kmod" AFX_OUT="$afx"
+    fi
     cp "$afx/af-xen-kmod/af_xen.ko" "$out/af_xen.ko"
   fi
-  gcc -O2 -Wall -static -I "$REPO_DIR/af-xen-kmod/include" -o "$out/bin/xsstream" "$REPO_DIR/tests/lab/c/xsstream.c"
-  ( cd "$REPO_DIR" &&
+  gcc -O2 -Wall -static -I "$src/af-xen-kmod/include" -o "$out/bin/xsstream" "$REPO_DIR/tests/lab/c/xsstream.c"
+  if [[ $rsrc != "$REPO_DIR" ]]; then
+    cp "$REPO_DIR/tokio-xensock/examples/lab_stream.rs" "$rsrc/tokio-xensock/examples/"
+    tdir=$tdir-alt
+  fi
+  ( cd "$rsrc" &&
     RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$tdir \
       cargo build --release --target $t -p xensock-discovery --bins &&
     RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$tdir \
