@@ -70,14 +70,14 @@ run_phase() {
     away)
       lab_wait away-marked 600 >/dev/null
       for s in $(streams); do
-        is_xen_stream "$s" && carrier_is "$s-away" "$(stream_port "$s" away)" tcp "$s-away-carrier-tcp"
+        is_xen_stream "$s" && carrier_is "$s-away" "$(stream_port "$s" away)" '^tcp(/tcp)?$' "$s-away-carrier-tcp"
         flowing "$s-away" "$s-away-flows-while-away" || true
       done
       lab_note away-checked
       lab_wait away-back 600 >/dev/null
       for s in $(streams); do
         if is_xen_stream "$s"; then
-          carrier_is "$s-away" "$(stream_port "$s" away)" ring "$s-away-carrier-ring"
+          carrier_is "$s-away" "$(stream_port "$s" away)" '^ring(-xen)?(/ring)?$' "$s-away-carrier-ring"
           switches_at_least "$s-away" "$(stream_port "$s" away)" 2 "$s-away-switches"
         fi
         flowing "$s-away" "$s-away-flows-after-back" || true

@@ -58,14 +58,31 @@ afx_col() {
     $1 == "ESTABLISHED" && ($2 ~ ":" p "$" || $3 ~ ":" p "$") { print $c; f = 1; exit }
     END { if (c && !f) print "?noconn" }' /proc/net/af_xen 2>/dev/null
 }
-# userspace: a field of the connection's Transport::status() line the
-# program writes into its status file
-us_field() {
-  sed -n "s/.* conn .*$2[a-z_]*: \([A-Za-z0-9_]*\).*/\1/p" "/tmp/$1.status" 2>/dev/null | head -n 1
+# userspace: the connection's Transport::status() line that lab_stream
+# writes into its status file ("... conn ConnStatus { ..., carrier: Ring }"
+# or "carrier: Engine { tx: \"tcp\", rx: \"tcp\", tx_to_tcp: 1, ... }")
+us_carrier() {
+  _l=$(sed -n 's/.* conn .*carrier: //p' "/tmp/$1.status" 2>/dev/null | head -n 1)
+  case $_l in
+    '') echo '?nocol' ;;
+    Ring*) echo ring ;;
+    *) _tx=$(echo "$_l" | sed -n 's/.*tx: "\([a-z]*\)".*/\1/p')
+       _rx=$(echo "$_l" | sed -n 's/.*rx: "\([a-z]*\)".*/\1/p')
+       echo "${_tx:-?}/${_rx:-?}" ;;
+  esac
 }
-carrier() { # NAME PORT
-  if [ "$MIG_STACK" = kmod ]; then afx_col "$2" '^carrier$'
-  else _c=$(us_field "$1" carrier); echo "${_c:-?nocol}"; fi
+us_switches() {
+  _l=$(sed -n 's/.* conn .*carrier: //p' "/tmp/$1.status" 2>/dev/null | head -n 1)
+  case $_l in
+    '') echo '?nocol' ;;
+    Ring*) echo 0 ;;
+    *) echo "$_l" | grep -o '_to_[a-z]*: [0-9]*' | awk '{n += $2} END {print n + 0}' ;;
+  esac
+}
+# carrier NAME PORT: kmod "ring-xen" | "tcp" | "draining" | ...;
+# userspace "ring" or "<tx>/<rx>" (e.g. "tcp/tcp")
+carrier() {
+  if [ "$MIG_STACK" = kmod ]; then afx_col "$2" '^carrier$'; else us_carrier "$1"; fi
 }
 # kmod: the sum of the switch counters (columns to_tcp, to_ring, or any
 # whose header says switch)
@@ -77,8 +94,7 @@ afx_switches() {
     END { if (nc && !f) print "?noconn" }' /proc/net/af_xen 2>/dev/null
 }
 switches() { # NAME PORT
-  if [ "$MIG_STACK" = kmod ]; then afx_switches "$2"
-  else _c=$(us_field "$1" switch); echo "${_c:-?nocol}"; fi
+  if [ "$MIG_STACK" = kmod ]; then afx_switches "$2"; else us_switches "$1"; fi
 }
 carrier_source() {
   if [ "$MIG_STACK" = kmod ]; then echo "/proc/net/af_xen"; else echo "the connection's Transport::status() line"; fi
