@@ -72,17 +72,21 @@ scenario_build() {
     cp "$afx/af-xen-kmod/af_xen.ko" "$out/af_xen.ko"
   fi
   gcc -O2 -Wall -static -I "$src/af-xen-kmod/include" -o "$out/bin/xsstream" "$REPO_DIR/tests/lab/c/xsstream.c"
+  # the agent and xensock-discover always from this tree (away/back,
+  # advertise --keep); lab_stream from RUST_TREE if given
+  local rtdir=$tdir
   if [[ $rsrc != "$REPO_DIR" ]]; then
     cp "$REPO_DIR/tokio-xensock/examples/lab_stream.rs" "$rsrc/tokio-xensock/examples/"
-    tdir=$tdir-alt
+    rtdir=$tdir-alt
   fi
+  ( cd "$REPO_DIR" &&
+    RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$tdir \
+      cargo build --release --target $t -p xensock-discovery --bins ) || return 1
   ( cd "$rsrc" &&
-    RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$tdir \
-      cargo build --release --target $t -p xensock-discovery --bins &&
-    RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$tdir \
-      cargo build --release --target $t -p tokio-xensock --example lab_stream )
+    RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$rtdir \
+      cargo build --release --target $t -p tokio-xensock --example lab_stream ) || return 1
   for b in xensock-discover xensock-agent; do cp "$tdir/$t/release/$b" "$out/bin/"; done
-  cp "$tdir/$t/release/examples/lab_stream" "$out/bin/"
+  cp "$rtdir/$t/release/examples/lab_stream" "$out/bin/"
   strip "$out"/bin/*
   file "$out"/bin/*
 }
