@@ -148,17 +148,21 @@ async fn connect(server: bool, peer: Option<u32>, port: u32) -> Res<XenStream> {
     }
     let peer = peer.ok_or("no peer")?;
     // The server may not listen yet, or the link may not be up.
-    let mut last = None;
-    for _ in 0..120 {
-        match XenStream::connect(SockAddrXen::new(peer, port)).await {
-            Ok(s) => return Ok(s),
-            Err(e) => {
-                last = Some(e);
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
+    let end = Instant::now() + Duration::from_secs(150);
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        let e = match tokio::time::timeout(left, XenStream::connect(SockAddrXen::new(peer, port)))
+            .await
+        {
+            Ok(Ok(s)) => return Ok(s),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "timed out".to_string(),
+        };
+        if Instant::now() >= end {
+            return Err(format!("connect to dom{peer}:{port} for 150 s: {e}").into());
         }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    Err(last.map_or_else(|| "connect".into(), Into::into))
 }
 
 /// The connection's line of the user-space transport's status (None over

@@ -53,6 +53,7 @@
 #include "xstest_common.h"
 
 #define END_MAGIC 0x58534e4450454e44ull /* "XSNDPEND" */
+#define CONNECT_S 150 /* a client retries its connect this long */
 #define HOLD 8
 
 static uint8_t pattern(uint64_t i, uint32_t seed)
@@ -133,7 +134,7 @@ static int connect_or_accept(int server, int tcp, const char *peer, unsigned por
 			result(cname, 0, "bad address %s", peer);
 			return -1;
 		}
-		for (int i = 0; i < 120; i++) {
+		for (double end = now() + CONNECT_S; now() < end;) {
 			if (!connect(fd, (struct sockaddr *)&a, sizeof(a))) {
 				result(cname, 1, "tcp %s:%u", peer, port);
 				return fd;
@@ -171,8 +172,11 @@ static int connect_or_accept(int server, int tcp, const char *peer, unsigned por
 	{
 		struct sockaddr_xen a = xaddr((uint32_t)strtoul(peer, NULL, 0), port);
 
-		/* the server may not listen yet, or the link may not be up */
-		for (int i = 0; i < 120; i++) {
+		/* the server may not listen yet, or the link may not be up:
+		 * retry for CONNECT_S seconds in all */
+		double end = now() + CONNECT_S;
+
+		while (now() < end) {
 			if (!connect(fd, (struct sockaddr *)&a, sizeof(a))) {
 				result(cname, 1, "af_xen dom%s:%u", peer, port);
 				return fd;
@@ -185,7 +189,7 @@ static int connect_or_accept(int server, int tcp, const char *peer, unsigned por
 			if (fd < 0)
 				break;
 		}
-		result(cname, 0, "connect af_xen dom%s:%u: %s", peer, port, strerror(errno));
+		result(cname, 0, "connect af_xen dom%s:%u for %d s: %s", peer, port, CONNECT_S, strerror(errno));
 		if (fd >= 0)
 			close(fd);
 		return -1;

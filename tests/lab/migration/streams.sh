@@ -41,6 +41,9 @@ flowing() {
       result "$2" FAIL "the stream ended (its own result says why) at $(got "$1") bytes received"; return 1
     fi
     _t=$((_t + 1))
+    if [ $_t -gt "$FLOW_WAIT" ] && [ ! -e "/tmp/$1.status" ]; then
+      result "$2" FAIL "not connected after ${FLOW_WAIT}s (still in connect/accept; see $1-connect)"; return 1
+    fi
     if [ $_t -gt "$FLOW_WAIT" ]; then
       result "$2" FAIL "stalled: received $(got "$1") bytes, $((_want - $(got "$1"))) short of +${FLOW_KIB} KiB after ${FLOW_WAIT}s"; return 1
     fi
