@@ -27,8 +27,17 @@ start_stream() {
   echo $! > "/tmp/$3.pid"
 }
 stream_alive() { kill -0 "$(cat "/tmp/$1.pid" 2>/dev/null)" 2>/dev/null; }
-# stop_stream NAME: end it (end marker, shutdown) and wait for its verdict
-stop_stream() { touch "/tmp/$1.stop"; wait "$(cat "/tmp/$1.pid")" 2>/dev/null; }
+# stop_stream NAME: end it (end marker, shutdown) and wait for its verdict;
+# one that has not ended STALL + 60 s later is killed (and says so)
+stop_stream() {
+  touch "/tmp/$1.stop"
+  _pid=$(cat "/tmp/$1.pid")
+  ( sleep $((STALL + 60)); kill -0 "$_pid" 2>/dev/null && kill -9 "$_pid" &&
+    log "$1: still running $((STALL + 60)) s after its stop: killed (no verdict of its own)" ) &
+  _dog=$!
+  wait "$_pid" 2>/dev/null
+  kill "$_dog" 2>/dev/null
+}
 
 # got NAME: bytes received so far
 got() { awk '{print $4; exit}' "/tmp/$1.status" 2>/dev/null || echo 0; }
