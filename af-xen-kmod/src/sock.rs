@@ -114,6 +114,15 @@ pub(crate) struct Inner {
     pub(crate) test_bad_directory: bool,
     /// inter-domain: cookie and peer endpoint of the TCP carrier (tcp.rs)
     pub(crate) tcp: crate::tcp::ConnTcp,
+    /// inter-domain: our one Close or Reset for this connection went out
+    /// (or there is nobody to tell)
+    pub(crate) end_sent: bool,
+    /// inter-domain: the peer's Close or Reset for this connection arrived
+    pub(crate) peer_ended: bool,
+    /// inter-domain, accepted: the peer may not have mapped our receive
+    /// ring yet (it maps it when our ConnectAccept reaches it), so a close
+    /// lends the ring until the peer's Close or Reset (link.rs, `Lent`)
+    pub(crate) lends_rx: bool,
 }
 
 #[pin_data(PinnedDrop)]
@@ -151,6 +160,9 @@ impl XenSock {
                     request: None,
                     test_bad_directory: false,
                     tcp: crate::tcp::ConnTcp::default(),
+                    end_sent: false,
+                    peer_ended: false,
+                    lends_rx: false,
                 }, "af_xen_sock"),
             }),
             GFP_KERNEL,
@@ -300,11 +312,12 @@ pub(crate) unsafe extern "C" fn xs_create(
 
 /// Forgets a socket everywhere (port table, listing) and tears it down.
 fn destroy(xs: &Arc<XenSock>) {
-    let (children, tx, rx, link, conn_id, peer_conn, was, reset) = {
+    let (children, tx, rx, link, conn_id, peer_conn, was, reset, end_sent, lends_rx) = {
         let mut i = xs.inner.lock();
         i.released = true;
         let was = i.state;
         i.state = State::Closed;
+        let end_sent = core::mem::replace(&mut i.end_sent, true);
         (
             core::mem::replace(&mut i.accept_q, KVec::new()),
             i.tx.take(),
@@ -314,6 +327,8 @@ fn destroy(xs: &Arc<XenSock>) {
             i.peer_conn,
             was,
             i.reset,
+            end_sent,
+            i.lends_rx,
         )
     };
     if link.is_some() {
@@ -336,11 +351,16 @@ fn destroy(xs: &Arc<XenSock>) {
     // CLOSED goes out before FIN: a peer that has seen our EOF must also
     // see that we stopped reading (its next send: EPIPE, not a byte
     // written into the void; run kmod-20261122-070518 caught the race).
+    // kept for lending (below) when the peer may not have mapped it yet
+    let mut lend_rx = None;
     if let Some(rx) = rx {
         rx.rx.lock().close();
         rx.detach(xs);
         rx.wake_writer(POLLOUT | POLLERR);
         rx.kick();
+        if lends_rx && link.is_some() {
+            lend_rx = Some(rx);
+        }
     }
     if let Some(tx) = tx {
         tx.tx.lock().finish();
@@ -348,21 +368,45 @@ fn destroy(xs: &Arc<XenSock>) {
         tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
         tx.kick();
     }
-    // Over a link: tell the peer (its rings already carry FIN/CLOSED), and
-    // forget the connection. Our ring's grant ends when the last reference
-    // to its pipe goes (deferred by Xen while the peer still maps it).
+    // Over a link: every connection that was established ends with exactly
+    // one Close (clean) or Reset (abort, reset) from each side, here unless
+    // conn_reset sent it already; its rings already carry FIN/CLOSED or
+    // RESET. Our ring's grant ends when the last reference to its pipe goes
+    // (deferred by Xen while the peer still maps it), except that an
+    // accepted connection closed cleanly lends it to the peer until the
+    // peer's own Close or Reset: the peer may not have mapped it yet.
     if let Some(link) = link {
-        if abort {
-            let _ = link.send(&crate::ctrl::Message::Reset {
+        let peer_ended = xs.inner.lock().peer_ended;
+        let end = if was != State::Connected || end_sent {
+            None
+        } else if abort || reset {
+            // a reset the peer told us of needs no answer
+            (!peer_ended).then_some(crate::ctrl::Message::Reset {
                 conn_id: peer_conn,
-                reason: crate::ctrl::ResetReason::Abort,
-            });
-        } else if was == State::Connected && !reset {
-            let _ = link.send(&crate::ctrl::Message::Close { conn_id: peer_conn });
+                reason: if abort { crate::ctrl::ResetReason::Abort } else { crate::ctrl::ResetReason::ProtocolError },
+            })
+        } else {
+            Some(crate::ctrl::Message::Close { conn_id: peer_conn })
+        };
+        let clean = matches!(end, Some(crate::ctrl::Message::Close { .. }));
+        if let Some(m) = &end {
+            let _ = link.send(m);
         }
-        let gone = link.inner.lock().conns.remove(&conn_id);
+        let gone = {
+            let mut li = link.inner.lock();
+            let gone = li.conns.remove(&conn_id);
+            // read again under the link's lock, which the work item holds
+            // while it handles the peer's Close/Reset (see link::lend)
+            if clean && !xs.inner.lock().peer_ended {
+                if let Some(rx) = lend_rx.take() {
+                    crate::link::lend(&mut li, conn_id, rx);
+                }
+            }
+            gone
+        };
         drop(gone);
     }
+    drop(lend_rx);
     {
         let mut p = globals().ports.lock();
         let (port, bound) = {
@@ -727,6 +771,7 @@ pub(crate) fn accept_remote(
         c.rx = Some(rx);
         c.conn_id = my_id;
         c.peer_conn = peer_conn;
+        c.lends_rx = true;
     }
     {
         let mut p = globals().ports.lock();
@@ -828,13 +873,36 @@ pub(crate) fn connect_failed(xs: &Arc<XenSock>, errno: i32) {
     drop((rx, link));
 }
 
+/// Work item (link locked): the peer's Close or Reset for this connection
+/// arrived; it will not map or write our ring any more.
+pub(crate) fn peer_ended(xs: &XenSock) {
+    xs.inner.lock().peer_ended = true;
+}
+
+/// Work item: our ConnectAccept for `child` could not be sent. The
+/// requester never learns of the connection: reset it, and tell nobody.
+pub(crate) fn answer_lost(child: &Arc<XenSock>) {
+    {
+        let mut i = child.inner.lock();
+        i.end_sent = true;
+        i.lends_rx = false;
+    }
+    link_lost(child);
+}
+
 /// Work item: the link died or the peer reset the connection.
 pub(crate) fn link_lost(xs: &Arc<XenSock>) {
     if xs.inner.lock().state == State::Connecting {
         connect_failed(xs, e::ECONNRESET);
         return;
     }
-    xs.inner.lock().reset = true;
+    {
+        let mut i = xs.inner.lock();
+        i.reset = true;
+        // nobody to tell: the peer reset it, or the link (and with it the
+        // peer's incarnation that knew this connection id) is gone
+        i.end_sent = true;
+    }
     xs.sk.wake(POLLIN | POLLOUT | POLLERR | POLLHUP);
 }
 
@@ -1143,11 +1211,23 @@ unsafe extern "C" fn xs_shutdown(sock: *mut bindings::socket, how: c_int) -> c_i
 pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
     pr_warn!("connection reset: {}\n", why);
     sys::counters::add(&sys::counters::PROTO_RESETS, 1);
-    let (tx, rx) = {
+    let (tx, rx, tell) = {
         let mut i = xs.inner.lock();
         i.reset = true;
-        (i.tx.clone(), i.rx.clone())
+        // over a link the peer hears of it now (its one end message from
+        // us, so that it need not lend its ring: see destroy)
+        let tell = match &i.link {
+            Some(l) if i.state == State::Connected && !i.end_sent && !i.peer_ended => Some((l.clone(), i.peer_conn)),
+            _ => None,
+        };
+        if tell.is_some() {
+            i.end_sent = true;
+        }
+        (i.tx.clone(), i.rx.clone(), tell)
     };
+    if let Some((link, peer_conn)) = tell {
+        let _ = link.send(&crate::ctrl::Message::Reset { conn_id: peer_conn, reason: crate::ctrl::ResetReason::ProtocolError });
+    }
     if let Some(tx) = tx {
         tx.tx.lock().reset();
         tx.wake_reader(POLLERR | POLLIN);
