@@ -677,10 +677,12 @@ pub(crate) fn lend(i: &mut LinkInner, conn_id: u32, rx: Arc<crate::conn::Pipe>) 
     }
 }
 
-/// The delayed work: ends lent rings whose peer never answered within
-/// `LINGER_MAX_MS` (counted in `linger_expired`; ending is deferred by Xen
-/// while the peer maps the ring), and runs again for the rest.
-pub(crate) fn reap_lingering() {
+/// The delayed work for the links' deadlines: ends lent rings whose peer
+/// never answered within `LINGER_MAX_MS` (counted in `linger_expired`;
+/// ending is deferred by Xen while the peer maps the ring), fails connects
+/// whose answer did not come within `sock::CONNECT_TIMEOUT_MS`
+/// (ETIMEDOUT), and runs again for the rest.
+pub(crate) fn reap() {
     let links: KVec<Arc<Link>> = {
         let t = globals_table().lock();
         if t.stopping {
@@ -710,6 +712,21 @@ pub(crate) fn reap_lingering() {
                 } else {
                     next = Some(next.map_or(lent.deadline_ms, |n| n.min(lent.deadline_ms)));
                 }
+            }
+            let mut late: KVec<Arc<XenSock>> = KVec::new();
+            for (_, s) in i.conns.iter() {
+                match sock::connect_deadline(s) {
+                    Some(d) if d <= now => {
+                        let _ = late.push(s.clone(), GFP_KERNEL);
+                    }
+                    Some(d) => next = Some(next.map_or(d, |n| n.min(d))),
+                    None => {}
+                }
+            }
+            for s in late.iter() {
+                let id = s.inner.lock().conn_id;
+                i.conns.remove(&id);
+                sock::connect_failed(s, e::ETIMEDOUT);
             }
             for id in due.iter() {
                 if let Some(lent) = i.lent.remove(id) {

@@ -119,6 +119,9 @@ pub(crate) struct Inner {
     pub(crate) end_sent: bool,
     /// inter-domain: the peer's Close or Reset for this connection arrived
     pub(crate) peer_ended: bool,
+    /// inter-domain, connecting: when the connect fails with ETIMEDOUT
+    /// (sys_net::now_ms), whether anyone waits for it or not
+    pub(crate) connect_deadline_ms: u64,
     /// inter-domain, accepted: the peer may not have mapped our receive
     /// ring yet (it maps it when our ConnectAccept reaches it), so a close
     /// lends the ring until the peer's Close or Reset (link.rs, `Lent`)
@@ -161,6 +164,7 @@ impl XenSock {
                     test_bad_directory: false,
                     tcp: crate::tcp::ConnTcp::default(),
                     end_sent: false,
+                    connect_deadline_ms: 0,
                     peer_ended: false,
                     lends_rx: false,
                 }, "af_xen_sock"),
@@ -616,9 +620,19 @@ fn connect_abort(xs: &Arc<XenSock>, link: &Arc<Link>, conn_id: u32) {
     drop((rx, tx));
 }
 
-/// A blocking connect over a link gives up after this long (link setup
-/// plus the peer's answer) with ETIMEDOUT, unless SO_SNDTIMEO is shorter.
-const CONNECT_TIMEOUT_MS: u32 = 40_000;
+/// A connect over a link gives up after this long (link setup plus the
+/// peer's answer) with ETIMEDOUT: a blocking one returns it (unless
+/// SO_SNDTIMEO is shorter: EINPROGRESS, and the connect goes on), one in
+/// progress without a caller (non-blocking) reports it through POLLERR and
+/// SO_ERROR, as a TCP connect whose SYNs go unanswered (link::reap).
+pub(crate) const CONNECT_TIMEOUT_MS: u32 = 40_000;
+
+/// Work item (reap, link locked): the deadline of a connect still waiting
+/// for its answer, if `xs` is one.
+pub(crate) fn connect_deadline(xs: &XenSock) -> Option<u64> {
+    let i = xs.inner.lock();
+    (i.state == State::Connecting).then_some(i.connect_deadline_ms)
+}
 
 /// Connect to a listener in another domain: ConnectRequest naming our
 /// receive ring (sent now if the link is up, else by the work item once it
@@ -649,11 +663,15 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
         i.reset = false;
         i.request = Some(rx_grant);
         i.tcp = crate::tcp::ConnTcp { cookie: crate::tcp::new_cookie(), peer: crate::ctrl::TcpEndpoint::NONE };
+        i.connect_deadline_ms = crate::sys_net::now_ms() + CONNECT_TIMEOUT_MS as u64;
     }
     if link.inner.lock().conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL).is_err() {
         connect_abort(xs, &link, conn_id);
         return Err(e::ENOMEM);
     }
+    // the bound of connects nobody waits for (non-blocking, or left in
+    // progress by SO_SNDTIMEO or a signal): link::reap fails them
+    sys::schedule_reap(CONNECT_TIMEOUT_MS + 100);
     link.send_requests();
     if nonblock {
         return Err(e::EINPROGRESS);
@@ -1147,14 +1165,16 @@ unsafe extern "C" fn xs_ioctl(sock: *mut bindings::socket, cmd: core::ffi::c_uin
     // SAFETY: live socket for the duration of the callback.
     let s = unsafe { Socket::from_raw(sock) };
     let Some(xs) = xsock(s) else { return err(e::EINVAL) };
-    let (state, tx, rx) = {
+    let (state, tx, rx, seqpacket) = {
         let i = xs.inner.lock();
-        (i.state, i.tx.clone(), i.rx.clone())
+        (i.state, i.tx.clone(), i.rx.clone(), i.seqpacket)
     };
     if state == State::Listening {
         return err(e::EINVAL);
     }
-    let value: c_int = if cmd == SIOCINQ {
+    let value: c_int = if cmd == SIOCINQ && seqpacket {
+        rx.map_or(0, |rx| crate::seqpacket::next_len(&rx) as c_int)
+    } else if cmd == SIOCINQ {
         match rx.map(|rx| rx.rx_state()) {
             Some(Ok((n, _))) => n as c_int,
             Some(Err(_)) | None => 0,

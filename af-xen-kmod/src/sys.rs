@@ -739,7 +739,7 @@ extern "C" {
     fn afx_cancel_reap();
 }
 
-/// Runs `link::reap_lingering` in `ms` milliseconds, unless it is queued
+/// Runs `link::reap` in `ms` milliseconds, unless it is queued
 /// already (then at that earlier time; it re-arms itself for the rest).
 pub(crate) fn schedule_reap(ms: u32) {
     // SAFETY: schedules a static delayed work item.
@@ -754,7 +754,7 @@ pub(crate) fn cancel_reap() {
 
 #[no_mangle]
 unsafe extern "C" fn afx_rs_reap() {
-    crate::link::reap_lingering();
+    crate::link::reap();
 }
 
 /// An event channel port of ours bound to an irq whose handler schedules

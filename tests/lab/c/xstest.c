@@ -1224,7 +1224,7 @@ static void test_xpending(void)
 	struct sockaddr_xen x = xaddr(0, XPORT);
 	struct sockaddr_xen y;
 	socklen_t len;
-	int c;
+	int c, nb;
 	double t0;
 
 	c = xsock();
@@ -1273,11 +1273,28 @@ static void test_xpending(void)
 	}
 	close(c);
 
-	/* no SO_SNDTIMEO: the module's own bound (40 s) aborts it */
+	/* no SO_SNDTIMEO: the module's own bound (40 s) aborts it; a
+	 * non-blocking connect started alongside has the same bound, reported
+	 * as TCP reports unanswered SYNs: POLLOUT|POLLERR|POLLHUP, SO_ERROR
+	 * ETIMEDOUT once */
+	nb = xsock();
+	fcntl(nb, F_SETFL, O_NONBLOCK);
+	EXPECT_ERR("xp-nb-bound-einprogress", connect(nb, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
 	c = xsock();
 	t0 = now();
 	EXPECT_ERR("xp-bound-etimedout", connect(c, (struct sockaddr *)&x, sizeof(x)), ETIMEDOUT);
 	result("xp-bound-time", now() - t0 >= 39 && now() - t0 < 90, "%.1fs", now() - t0);
+	{
+		struct pollfd p = { .fd = nb, .events = POLLOUT };
+		int n = poll(&p, 1, 30000), e1, e2;
+
+		e1 = so_error(nb);
+		e2 = so_error(nb);
+		result("xp-nb-bound-etimedout", n == 1 && p.revents == (POLLOUT | POLLERR | POLLHUP) && e1 == ETIMEDOUT && e2 == 0,
+		       "after %.1fs: n=%d revents=%#x SO_ERROR=%s then %s", now() - t0, n, p.revents, strerrorname_np(e1) ?: "0",
+		       strerrorname_np(e2) ?: "0");
+	}
+	close(nb);
 	/* aborted, not pending: the next connect starts over */
 	fcntl(c, F_SETFL, O_NONBLOCK);
 	EXPECT_ERR("xp-bound-then-einprogress", connect(c, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
