@@ -739,8 +739,8 @@ extern "C" {
     fn afx_cancel_reap();
 }
 
-/// Runs `link::reap` in `ms` milliseconds, unless it is queued
-/// already (then at that earlier time; it re-arms itself for the rest).
+/// Runs `link::reap` in `ms` milliseconds, or earlier if it is queued for
+/// an earlier time already (it re-arms itself for the rest).
 pub(crate) fn schedule_reap(ms: u32) {
     // SAFETY: schedules a static delayed work item.
     unsafe { afx_schedule_reap(ms) }
