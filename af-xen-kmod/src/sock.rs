@@ -753,31 +753,16 @@ pub(crate) fn accept_remote(
             return Err(R::BacklogFull);
         }
     }
-    let child_sk = l.sk.alloc_child().ok_or(R::NoResources)?;
-    let child = match XenSock::new(child_sk) {
-        Ok(c) => c,
-        Err(_) => {
-            child_sk.put();
-            return Err(R::NoResources);
-        }
-    };
-    child_sk.set_privp(Arc::into_raw(child.clone()) as *const c_void);
-    let fail = |x: R| {
-        let p = child_sk.privp();
-        child_sk.set_privp(core::ptr::null());
-        drop(sys::arc_take::<XenSock>(p));
-        child_sk.put();
-        x
-    };
+    let child = new_child(&l).ok_or(R::NoResources)?;
     let my_id = crate::link::next_conn_id();
-    let cap = crate::conn::rx_ring_capacity(&child_sk);
+    let cap = crate::conn::rx_ring_capacity(&child.sk);
     let (rx, rx_grant) = match Pipe::new_granted(link, me, my_id, cap) {
         Ok(v) => v,
-        Err(_) => return Err(fail(R::NoResources)),
+        Err(_) => return Err(discard_child(&child, R::NoResources)),
     };
     let tx = match Pipe::new_mapped(link, me, rg, peer_conn) {
         Ok(t) => t,
-        Err(_) => return Err(fail(R::BadRequest)),
+        Err(_) => return Err(discard_child(&child, R::BadRequest)),
     };
     {
         let mut c = child.inner.lock();
@@ -787,21 +772,71 @@ pub(crate) fn accept_remote(
         c.peer = Addr { port: src_port, domid: link.peer };
         c.tx = Some(tx);
         c.rx = Some(rx);
+        // before it is queued: accept() and close() may follow at once,
+        // and that close must lend our ring (destroy)
+        c.link = Some(link.clone());
         c.conn_id = my_id;
         c.peer_conn = peer_conn;
         c.lends_rx = true;
     }
+    match queue_child(&l, &child) {
+        Ok(()) => Ok((child, my_id, rx_grant)),
+        Err(ChildNotQueued::NoMemory) => Err(R::NoResources),
+        Err(ChildNotQueued::NotListening) => Err(R::BacklogFull),
+    }
+}
+
+/// A new socket for a connection to listener `l`, for accept() to hand
+/// out: its `struct sock` is made like the listener's (type, buffers,
+/// timeouts) and, as every socket's, holds an Arc of it in its priv.
+fn new_child(l: &XenSock) -> Option<Arc<XenSock>> {
+    let child_sk = l.sk.alloc_child()?;
+    let child = match XenSock::new(child_sk) {
+        Ok(c) => c,
+        Err(_) => {
+            child_sk.put();
+            return None;
+        }
+    };
+    child_sk.set_privp(Arc::into_raw(child.clone()) as *const c_void);
+    Some(child)
+}
+
+/// Gives up a child in no table and no queue (its peer never learns of
+/// it): its rings (breaking the Arc cycle through their ends) and its
+/// `struct sock`. Returns `why`, for the caller's error.
+fn discard_child<T>(child: &Arc<XenSock>, why: T) -> T {
+    let (tx, rx) = {
+        let mut c = child.inner.lock();
+        (c.tx.take(), c.rx.take())
+    };
+    for p in [&tx, &rx].into_iter().flatten() {
+        p.set_ends(None, None);
+    }
+    drop((tx, rx));
+    let sk = child.sk;
+    let p = sk.privp();
+    sk.set_privp(core::ptr::null());
+    drop(sys::arc_take::<XenSock>(p));
+    sk.put();
+    why
+}
+
+enum ChildNotQueued {
+    NoMemory,
+    /// the listener closed or its backlog filled meanwhile
+    NotListening,
+}
+
+/// Lists a ready child (/proc, unload) and queues it for accept() on `l`.
+/// A child that cannot be queued is torn down, telling its peer nothing.
+fn queue_child(l: &XenSock, child: &Arc<XenSock>) -> core::result::Result<(), ChildNotQueued> {
     {
         let mut p = globals().ports.lock();
-        let key = &*child as *const XenSock as usize;
+        let key = &**child as *const XenSock as usize;
         if p.all.try_create_and_insert(key, child.clone(), GFP_KERNEL).is_err() {
             drop(p);
-            let (t, r) = {
-                let mut c = child.inner.lock();
-                (c.tx.take(), c.rx.take())
-            };
-            drop((t, r));
-            return Err(fail(R::NoResources));
+            return Err(discard_child(child, ChildNotQueued::NoMemory));
         }
     }
     let queued = {
@@ -809,20 +844,24 @@ pub(crate) fn accept_remote(
         if li.state != State::Listening || li.accept_q.len() >= li.backlog as usize {
             false
         } else {
+            // GFP_ATOMIC: we hold a spinlock
             li.accept_q.push(child.clone(), GFP_ATOMIC).is_ok()
         }
     };
     if !queued {
-        // no link yet on the child: destroy() sends nothing
-        destroy(&child);
-        let p = child_sk.privp();
-        child_sk.set_privp(core::ptr::null());
-        drop(sys::arc_take::<XenSock>(p));
-        child_sk.put();
-        return Err(R::BacklogFull);
+        // The peer never hears of it: no Close, no lending; and without
+        // its link destroy() never takes the link's lock, which the work
+        // item may hold while it calls us.
+        {
+            let mut c = child.inner.lock();
+            c.link = None;
+            c.end_sent = true;
+            c.lends_rx = false;
+        }
+        destroy(child);
+        return Err(discard_child(child, ChildNotQueued::NotListening));
     }
-    child.inner.lock().link = Some(link.clone());
-    Ok((child, my_id, rx_grant))
+    Ok(())
 }
 
 /// Work item: the ConnectAccept went out; let accept() see the child.
@@ -944,25 +983,12 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
     if !xs.inner.lock().bound {
         do_bind(xs, PORT_ANY)?;
     }
-    let child_sk = l.sk.alloc_child().ok_or(e::ENOMEM)?;
-    let child = match XenSock::new(child_sk) {
-        Ok(c) => c,
-        Err(_) => {
-            child_sk.put();
-            return Err(e::ENOMEM);
-        }
-    };
-    child_sk.set_privp(Arc::into_raw(child.clone()) as *const c_void);
-    let fail = |x: i32| {
-        let p = child_sk.privp();
-        child_sk.set_privp(core::ptr::null());
-        drop(sys::arc_take::<XenSock>(p));
-        child_sk.put();
-        x
-    };
+    let child = new_child(&l).ok_or(e::ENOMEM)?;
     // to_child is read by the child (its SO_RCVBUF), to_me by us.
-    let to_child = Pipe::new_local(crate::conn::rx_ring_capacity(&child_sk), me, port).map_err(|_| fail(e::ENOMEM))?;
-    let to_me = Pipe::new_local(crate::conn::rx_ring_capacity(&xs.sk), me, port).map_err(|_| fail(e::ENOMEM))?;
+    let to_child = Pipe::new_local(crate::conn::rx_ring_capacity(&child.sk), me, port)
+        .map_err(|_| discard_child(&child, e::ENOMEM))?;
+    let to_me = Pipe::new_local(crate::conn::rx_ring_capacity(&xs.sk), me, port)
+        .map_err(|_| discard_child(&child, e::ENOMEM))?;
     to_child.set_ends(Some(child.clone()), Some(xs.clone()));
     to_me.set_ends(Some(xs.clone()), Some(child.clone()));
     let my_addr = xs.inner.lock().local;
@@ -975,32 +1001,15 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
         c.tx = Some(to_me.clone());
         c.rx = Some(to_child.clone());
     }
-    // Listed before it is queued (no mutex or sleeping allocation may
-    // happen under the listener's spinlock).
-    {
-        let mut p = globals().ports.lock();
-        let key = &*child as *const XenSock as usize;
-        if p.all.try_create_and_insert(key, child.clone(), GFP_KERNEL).is_err() {
-            drop(p);
-            to_child.set_ends(None, None);
-            to_me.set_ends(None, None);
-            return Err(fail(e::ENOMEM));
-        }
-    }
-    let queued = {
-        let mut li = l.inner.lock();
-        if li.state != State::Listening || li.accept_q.len() >= li.backlog as usize {
-            false
-        } else {
-            // GFP_ATOMIC: we hold a spinlock
-            li.accept_q.push(child.clone(), GFP_ATOMIC).is_ok()
-        }
-    };
-    if !queued {
-        destroy(&child);
+    if let Err(why) = queue_child(&l, &child) {
+        // the child's rings are gone; ours never were set: nothing of
+        // them may keep us (their ends) alive
         to_child.set_ends(None, None);
         to_me.set_ends(None, None);
-        return Err(fail(e::ECONNREFUSED));
+        return Err(match why {
+            ChildNotQueued::NoMemory => e::ENOMEM,
+            ChildNotQueued::NotListening => e::ECONNREFUSED,
+        });
     }
     {
         let mut i = xs.inner.lock();
