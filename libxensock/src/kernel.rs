@@ -282,10 +282,10 @@ impl KernelStream {
         self.sock.send_buffer_size().map_or(0, |n| n / 2)
     }
 
-    /// A non-consuming `MSG_PEEK | MSG_DONTWAIT` of up to 64 KiB (the
-    /// module's largest ring). Not `FIONREAD`: af_xen leaves
-    /// `proto_ops.ioctl` NULL and the kernel calls it unchecked, so any
-    /// ioctl on an AF_XEN socket oopses the guest (lab run
+    /// A non-consuming `MSG_PEEK | MSG_DONTWAIT` of up to 64 KiB. Not
+    /// `FIONREAD`: af_xen answers it since 2026-11-22, but a module from
+    /// before left `proto_ops.ioctl` NULL, which the kernel calls
+    /// unchecked, so any ioctl on its sockets oopses the guest (lab run
     /// `kmod-rust-20261122-064825`: "BUG: kernel NULL pointer
     /// dereference", RIP 0, from `sock_ioctl`, cmd 0x541b).
     pub(crate) fn bytes_readable(&self) -> usize {
