@@ -76,3 +76,8 @@ async fn framed_codecs_and_incoming_stream() {
 fn concurrent_connects_on_a_current_thread_runtime() {
     cases::concurrent_connects_on_a_current_thread_runtime(sim(), 120);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hyper_http1_serves_requests() {
+    cases::hyper_http1_serves_requests(&sim(), 104).await;
+}

@@ -81,3 +81,9 @@ async fn framed_codecs_and_incoming_stream() {
 fn concurrent_connects_on_a_current_thread_runtime() {
     cases::concurrent_connects_on_a_current_thread_runtime(kernel(), 120);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs af_xen.ko (the lab: tests/lab/kmod-rust)"]
+async fn hyper_http1_serves_requests() {
+    cases::hyper_http1_serves_requests(&kernel(), 104).await;
+}

@@ -171,6 +171,24 @@ pub async fn framed_codecs_and_incoming_stream<W: World>(w: &W, port: u32) {
     );
 }
 
+#[path = "../../examples/hyper_http1.rs"]
+mod hyper_http1;
+
+/// The hyper HTTP/1 example's server and client (examples/hyper_http1.rs)
+/// over a connection of this world.
+pub async fn hyper_http1_serves_requests<W: World>(w: &W, port: u32) {
+    let l = w.bind(port).unwrap();
+    let c = w.connect(port).await.unwrap();
+    let bodies = hyper_http1::exchange(l, c, 5).await.unwrap();
+    assert_eq!(bodies.len(), 5);
+    for (i, b) in bodies.iter().enumerate() {
+        assert_eq!(
+            b,
+            &format!("hello over xensock: /item/{i} ({} bytes)", i * 1000)
+        );
+    }
+}
+
 /// Many connects in flight at once on one runtime thread: the handshake is
 /// a non-blocking connect completed through the stream's descriptor, so
 /// every task gets to send its request before the first answer is in. A
