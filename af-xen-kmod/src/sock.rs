@@ -1482,6 +1482,9 @@ unsafe extern "C" fn xs_recvmsg(
 const XENSOCK_TEST_CORRUPT: c_int = 0x7e57;
 /// test mode: open this connection's outbound TCP leg (1: right cookie, 2: wrong)
 const XENSOCK_TEST_OPEN_LEG: c_int = 0x7e58;
+/// test mode: this socket's close sends no Close or Reset, as a peer that
+/// never answers (the acceptor's lent ring is then left to the bound)
+const XENSOCK_TEST_SILENT_CLOSE: c_int = 0x7e60;
 
 unsafe extern "C" fn xs_setsockopt(
     sock: *mut bindings::socket,
@@ -1505,6 +1508,19 @@ unsafe extern "C" fn xs_setsockopt(
                     Ok(()) => 0,
                     Err(x) => err(x),
                 },
+                Err(x) => err(x),
+            }
+        }
+        XENSOCK_TEST_SILENT_CLOSE => {
+            if !sys::hostile_test() {
+                return err(e::EPERM);
+            }
+            match sys::sockopt_int(optval, optlen) {
+                Ok(1) => {
+                    xs.inner.lock().end_sent = true;
+                    0
+                }
+                Ok(_) => err(e::EINVAL),
                 Err(x) => err(x),
             }
         }

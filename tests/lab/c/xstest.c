@@ -1304,6 +1304,75 @@ static void test_xpending(void)
 	check_released("xp-released");
 }
 
+/* ---- the bound of a lent ring ---------------------------------------------- */
+#define LPORT 7400
+/* hostile_test only: this socket's close sends no Close (af-xen-kmod sock.rs) */
+#define XENSOCK_TEST_SILENT_CLOSE 0x7e60
+
+/* domu1: accept one connection, write, close at once: our ring is lent to
+ * the client, which closes without a Close (test hook); the module ends
+ * the grant after its bound (60 s), counts it in linger_expired, and every
+ * grant of the connection is back */
+static void test_xlinger(void)
+{
+	struct sockaddr_xen x = xaddr(XEN_DOMID_ANY, LPORT);
+	long long g0 = afx_stat("grants"), lent0 = afx_stat("lingering"), exp0 = afx_stat("linger_expired");
+	long long lent1, exp1 = -1, lent2 = -1, g2 = -1;
+	double t0;
+	int l = xsock(), a;
+
+	if (l < 0 || bind(l, (struct sockaddr *)&x, sizeof(x)) || listen(l, 1)) {
+		result("xl-listen", 0, "errno=%s", strerrorname_np(errno));
+		return;
+	}
+	a = accept_one(l, 300);
+	result("xl-accept", a >= 0, NULL);
+	if (a < 0)
+		return;
+	send(a, "bye!", 4, MSG_NOSIGNAL);
+	close(a);
+	close(l);
+	t0 = now();
+	lent1 = afx_stat("lingering");
+	result("xl-lent", lent1 == lent0 + 1, "lingering %lld -> %lld after our close", lent0, lent1);
+	while (now() - t0 < 120) {
+		exp1 = afx_stat("linger_expired");
+		if (exp1 != exp0)
+			break;
+		usleep(250000);
+	}
+	lent2 = afx_stat("lingering");
+	g2 = afx_stat("grants");
+	result("xl-expired", exp1 == exp0 + 1 && lent2 == lent0 && g2 == g0 && now() - t0 >= 50,
+	       "after %.1fs: linger_expired %lld -> %lld, lingering %lld, grants %lld -> %lld", now() - t0, exp0, exp1, lent2, g0, g2);
+	system("dmesg | grep 'got no Close or Reset'");
+}
+
+/* domu2 (hostile_test=1): connect to test_xlinger's server with the
+ * silent-close hook, read its bytes and EOF, close without a Close */
+static void test_xlinger_client(uint32_t peer)
+{
+	struct sockaddr_xen x = xaddr(peer, LPORT);
+	char buf[16];
+	int c = -1, i, v = 1, r = -1, n;
+
+	for (i = 0; i < 300; i++) {
+		c = xsock();
+		r = setsockopt(c, fam, XENSOCK_TEST_SILENT_CLOSE, &v, sizeof(v));
+		if (r || connect(c, (struct sockaddr *)&x, sizeof(x)) == 0)
+			break;
+		close(c);
+		c = -1;
+		sleep(1);
+	}
+	result("xl-client-connect", c >= 0 && r == 0, "setsockopt rc=%d errno=%s", r, strerrorname_np(errno) ?: "0");
+	if (c < 0)
+		return;
+	n = read_all(c, buf, sizeof(buf));
+	result("xl-client-data-eof", n == 4 && !memcmp(buf, "bye!", 4), "read %d", n);
+	close(c);
+}
+
 /* ---- peer domain death (domu2 destroyed by dom0) --------------------------- */
 #define DPORT 7100
 
@@ -1792,6 +1861,10 @@ int main(int argc, char **argv)
 		return churn();
 	} else if (!strcmp(mode, "xpending")) {
 		test_xpending();
+	} else if (!strcmp(mode, "xlinger")) {
+		test_xlinger();
+	} else if (!strcmp(mode, "xlinger-client") && argc > 2) {
+		test_xlinger_client(strtoul(argv[2], NULL, 0));
 	} else if (!strcmp(mode, "xdeath")) {
 		test_xdeath();
 	} else if (!strcmp(mode, "xvictim") && argc > 2) {
