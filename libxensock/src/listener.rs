@@ -51,8 +51,10 @@ impl ListenerShared {
         self.evfd.signal();
     }
 
+    /// The link to `peer` died: its connections waiting to be accepted go,
+    /// except those on their carrier engine (they live on over TCP).
     pub(crate) fn drop_peer(&self, peer: DomId) {
-        lock(&self.queue).retain(|c| c.peer() != peer);
+        lock(&self.queue).retain(|c| c.peer() != peer || c.engine().is_some());
     }
 
     pub(crate) fn take_all(&self) -> Vec<Arc<Conn>> {

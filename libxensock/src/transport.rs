@@ -324,6 +324,9 @@ pub(crate) struct Inner {
     /// Connections ever handed to a carrier engine (0: the link manager
     /// skips looking for them).
     carriers: std::sync::atomic::AtomicUsize,
+    /// Between the suspend hook and the resume (or the new domid): no
+    /// connection goes back onto a ring, whose pages the move would take.
+    suspended: AtomicBool,
 }
 
 /// Keeps the transport running; dropped when the last handle goes.
@@ -499,6 +502,7 @@ impl Transport {
             kick_timer,
             kick_timer_armed: AtomicBool::new(false),
             carriers: std::sync::atomic::AtomicUsize::new(0),
+            suspended: AtomicBool::new(false),
         });
         // Links of an earlier process of this domain are dead.
         if let Ok(peers) = inner.xs.directory(&inner.link_dir_abs()) {
@@ -796,6 +800,7 @@ impl Transport {
     /// TCP endpoint cannot move and end when the link does.
     pub fn suspend(&self) -> usize {
         let inner = &self.owner.inner;
+        inner.suspended.store(true, Ordering::Release);
         let engines = inner.freeze_conns(None, Trigger::LocalMove);
         let deadline = Instant::now() + inner.cfg.peer_lost_after;
         while Instant::now() < deadline && !engines.iter().all(|e| e.failed() || e.status().legs_up)
@@ -807,11 +812,15 @@ impl Transport {
 
     /// The resume hook: looks whether this domain's id changed (a
     /// same-host migration) and, if so, follows it: links are set up anew
-    /// and moved connections return to rings. The transport also does this
-    /// by itself when XenStore's `domid` watch fires; returns whether the
-    /// domid changed.
+    /// and moved connections return to rings. The transport does this by
+    /// itself when XenStore's `domid` watch fires; a suspend that ends on
+    /// the same domid (cancelled, or saved and restored under the same id)
+    /// needs this call to let connections back onto rings. Returns whether
+    /// the domid changed.
     pub fn resume(&self) -> bool {
-        self.owner.inner.check_domid()
+        let moved = self.owner.inner.check_domid();
+        self.owner.inner.suspended.store(false, Ordering::Release);
+        moved
     }
 
     /// The peer of every connection to `domid` left the ring (it moved
@@ -1006,16 +1015,30 @@ fn epoll_del(ep: &OwnedFd, fd: i32) {
     unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
 }
 
+/// How often the manager retries ring offers for connections on TCP.
+const CARRIER_SWEEP: Duration = Duration::from_millis(20);
+
 fn manager_thread(inner: Arc<Inner>) {
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+    let mut last_sweep = Instant::now();
     while !inner.stop.load(Ordering::Acquire) {
+        let carriers = inner.carriers.load(Ordering::Relaxed) > 0;
+        if carriers && last_sweep.elapsed() >= CARRIER_SWEEP {
+            last_sweep = Instant::now();
+            inner.sweep_carriers();
+        }
+        let timeout = if carriers {
+            CARRIER_SWEEP.as_millis() as i32
+        } else {
+            -1
+        };
         // SAFETY: `events` has room for its length; the epoll fd is ours.
         let n = unsafe {
             libc::epoll_wait(
                 inner.epoll.as_raw_fd(),
                 events.as_mut_ptr(),
                 events.len() as i32,
-                -1,
+                timeout,
             )
         };
         if n < 0 {
@@ -1690,6 +1713,16 @@ impl Inner {
             st.dead_gens.insert(peer, g);
         }
         epoll_del(&self.epoll, link.rx_chan.as_raw_fd());
+        // Ring offers that went over this link can no longer be taken.
+        for c in st.conns.values() {
+            let mut offered = lock(&c.offered_to);
+            if let (Some((to, epoch)), Some(e)) = (*offered, c.engine()) {
+                if to == peer && e.withdraw_offer(epoch) {
+                    *offered = None;
+                    tracing::info!(conn = c.id, peer, epoch, "ring offer withdrawn");
+                }
+            }
+        }
         for id in &link.conns {
             // A connection on its carrier engine goes on over TCP (its legs
             // are its own); it comes back to a ring on a new link.
@@ -1945,8 +1978,10 @@ impl Inner {
                 }
             }
         }
-        self.ring_carriers(st, peer);
+        // First: a kick from a peer that moved here may be the first one
+        // for a connection that follows it now.
         self.check_rehomes(st, peer);
+        self.ring_carriers(st, peer);
         // Wake connections whose condition holds.
         if let Some(link) = st.links.get(&peer) {
             let shared = link.shared.clone();
@@ -1990,7 +2025,10 @@ impl Inner {
                     tcp,
                 };
                 match self.accept_request(st, peer, &req, &rx, &l) {
-                    Ok(conn) => l.push(conn),
+                    Ok(conn) => {
+                        self.freeze_if_suspended(&conn);
+                        l.push(conn)
+                    }
                     Err(e) => {
                         let reason = match e {
                             Error::Xen(_) => RejectReason::NoResources,
@@ -2057,6 +2095,9 @@ impl Inner {
                 };
                 if let Some(c) = &conn {
                     c.signal();
+                    if ok {
+                        self.freeze_if_suspended(c);
+                    }
                 }
                 if !ok {
                     self.counters.resets_sent.fetch_add(1, Ordering::Relaxed);
@@ -2322,7 +2363,9 @@ impl Inner {
     /// The last handle of a connection went away: FIN, CLOSED, Close frame,
     /// release.
     pub(crate) fn close_conn(&self, conn: &Arc<Conn>) {
-        if let Some(engine) = lock(&conn.engine).take() {
+        // (The engine's lock must not be held while the state's is taken.)
+        let engine = lock(&conn.engine).take();
+        if let Some(engine) = engine {
             {
                 let mut st = self.state();
                 if let Some(l) = st.links.get_mut(&conn.peer()) {
@@ -2455,6 +2498,11 @@ impl Inner {
                 let (Some(inner), Some(conn)) = (wi.upgrade(), wc.upgrade()) else {
                     return;
                 };
+                // A leg can overtake the `ConnectAccept` that opens us.
+                let end = Instant::now() + inner.cfg.link_timeout;
+                while conn.io().phase == ConnPhase::Connecting && Instant::now() < end {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 match inner.escalate(&conn) {
                     Some(e) => e.adopt_leg(sock),
                     None => drop(sock),
@@ -2621,12 +2669,33 @@ impl Inner {
         }
         if let Some(l) = st.links.get_mut(&peer) {
             l.conns.insert(conn.id);
-            *lock(&conn.carrier_kick) = l.tx.as_ref().map(|t| t.chan.clone());
+            let chan = l.tx.as_ref().map(|t| t.chan.clone());
+            *lock(&conn.carrier_kick) = chan.clone();
+            // Kicks we gave before, through the old link, were lost: one
+            // now, so that a peer waiting on one of the rings looks again.
+            if let Some(c) = &chan {
+                let _ = c.notify();
+            }
         }
+        // Kicks for it may have come before it was on this link.
+        conn.doorbell.ring();
     }
 
     fn offer_ring_to(&self, st: &mut State, conn: &Arc<Conn>, engine: &Engine, to: DomId) {
-        if !st.links.get(&to).is_some_and(|l| l.tx.is_some()) {
+        if self.suspended.load(Ordering::Acquire) {
+            return;
+        }
+        // Not over a link whose peer is gone (a migration we have not
+        // processed yet): the offer could never be taken.
+        let alive = st.links.get(&to).is_some_and(|l| {
+            l.tx.as_ref().is_some_and(|t| {
+                !matches!(
+                    t.chan.peer_state(),
+                    Ok(xensock_xenif::PeerState::Closed) | Err(_)
+                )
+            })
+        });
+        if !alive {
             return;
         }
         conn.offer_target.store(to, Ordering::Release);
@@ -2666,6 +2735,11 @@ impl Inner {
         let Some(engine) = conn.engine() else {
             return;
         };
+        if self.suspended.load(Ordering::Acquire) {
+            // The move would take the ring away again; the peer offers
+            // anew once we are on a new link.
+            return;
+        }
         if conn.peer() != peer {
             *lock(&conn.pending_offer) = Some((peer, *rx));
             let offered = *lock(&conn.offered_to);
@@ -2732,6 +2806,33 @@ impl Inner {
         self.take_offer(st, conn, engine, from, &grant);
     }
 
+    /// Retries what a carrier connection on TCP needs to return to a ring
+    /// (an offer refused for now by the engine, e.g. before the sender's
+    /// freeze notice arrived, or voided by a later freeze), and moves
+    /// connections whose peer proved to be on another domain.
+    fn sweep_carriers(&self) {
+        let mut st = self.state();
+        let conns: Vec<(Arc<Conn>, Arc<Engine>)> = st
+            .conns
+            .values()
+            .filter_map(|c| c.engine().map(|e| (c.clone(), e)))
+            .collect();
+        for (conn, engine) in conns {
+            if engine.failed() {
+                continue;
+            }
+            let up = |st: &State, d: DomId| st.links.get(&d).is_some_and(|l| l.tx.is_some());
+            let target = match *lock(&conn.pending_offer) {
+                Some((from, _)) if !up(&st, conn.peer()) => from,
+                _ => conn.peer(),
+            };
+            if up(&st, target) {
+                self.offer_ring_to(&mut st, &conn, &engine, target);
+            }
+            self.check_rehome(&mut st, &conn, &engine);
+        }
+    }
+
     /// Connections waiting to follow a peer that may have moved to `peer`.
     fn check_rehomes(&self, st: &mut State, peer: DomId) {
         if self.carriers.load(Ordering::Relaxed) == 0 {
@@ -2781,6 +2882,19 @@ impl Inner {
         engines
     }
 
+    /// A connection opened between the suspend hook and the move leaves
+    /// its rings at once, as those opened before did.
+    fn freeze_if_suspended(&self, conn: &Arc<Conn>) {
+        if !self.suspended.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(e) = self.escalate(conn) {
+            if let Err(err) = e.freeze(Trigger::LocalMove) {
+                tracing::warn!(conn = conn.id, "freeze: {err}");
+            }
+        }
+    }
+
     /// Our own domid changed (same-host migration): the old links are
     /// dead (connections on the ring fast path with them; carrier
     /// connections go on over TCP), XenStore paths follow the new domid,
@@ -2798,6 +2912,7 @@ impl Inner {
             return false;
         }
         tracing::info!(old, new, "this domain migrated");
+        self.suspended.store(false, Ordering::Release);
         let mut st = self.state();
         let peers: Vec<DomId> = st.links.keys().copied().collect();
         for p in peers {
@@ -2847,11 +2962,13 @@ impl Inner {
             .conns
             .values()
             .map(|c| {
+                let mut moved = None;
                 let carrier = match c.engine() {
                     None => Carrier::Ring,
                     Some(e) => {
                         use xensock_proto::switch::{RxState, TxState};
                         let s = e.status();
+                        moved = Some((s.delivered, s.sent));
                         Carrier::Engine {
                             tx: match s.tx {
                                 TxState::Ring { .. } => "ring",
@@ -2888,8 +3005,8 @@ impl Inner {
                     phase: io.phase,
                     rx_fill,
                     tx_fill,
-                    bytes_in: io.bytes_in,
-                    bytes_out: io.bytes_out,
+                    bytes_in: moved.map_or(io.bytes_in, |m| m.0),
+                    bytes_out: moved.map_or(io.bytes_out, |m| m.1),
                     carrier,
                 }
             })

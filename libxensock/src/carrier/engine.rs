@@ -506,6 +506,18 @@ impl Engine {
         self.shared.offer_ring()
     }
 
+    /// Takes back our offer of ring `epoch` (it went over a link that
+    /// died before it could be accepted). Returns whether it was pending.
+    pub(crate) fn withdraw_offer(&self, epoch: u32) -> bool {
+        let mut rx = lock(&self.shared.rx);
+        if rx.path.withdraw_offer(epoch) {
+            rx.offered = None;
+            true
+        } else {
+            false
+        }
+    }
+
     /// The peer's `RingOffer` for our sending direction. Returns whether
     /// this side switches to it (`false`: stale offer, declined).
     pub(crate) fn accept_ring_offer(&self, epoch: u32, ring: SharedRing) -> io::Result<bool> {
