@@ -823,6 +823,23 @@ impl Transport {
         moved
     }
 
+    /// The current domid of a co-resident peer named by IP address or
+    /// UUID, from the dom0 agent's table for us, which follows migrations:
+    /// connect to a domain that may have moved by what stays, not by a
+    /// domid that may be stale. `EHOSTUNREACH` when the table does not list
+    /// it (not co-resident, or no agent).
+    pub fn resolve(&self, name: &str) -> io::Result<DomId> {
+        let co = xensock_discovery::peers::CoResidency::new(self.owner.inner.xs.clone());
+        let found = match name.parse::<IpAddr>() {
+            Ok(ip) => co.lookup_ip(ip),
+            Err(_) => co.lookup_uuid(name),
+        }
+        .map_err(Error::from)?;
+        found
+            .map(|p| p.domid)
+            .ok_or_else(|| errno(libc::EHOSTUNREACH))
+    }
+
     /// The peer of every connection to `domid` left the ring (it moved
     /// away, or its link died while discovery says it is alive
     /// elsewhere): those connections drain what it wrote and go on over

@@ -439,3 +439,159 @@ fn migration_during_connect() {
     }
     eprintln!("connects during a move: {ok} completed, {failed} failed");
 }
+
+/// B leaves for another host: its connection goes on over TCP (the
+/// stayer keeps it through the link's death) and completes intact.
+#[test]
+fn move_to_another_host_continues_over_tcp() {
+    let w = World::new();
+    let l = w.b.bind("xen:self:7003").unwrap();
+    let c = w.a.connect((u32::from(w.b.domid()), 7003)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    exchange(&c, &s, 21, 200_000);
+    let total = 2 << 20;
+    let progress = Arc::new(AtomicUsize::new(0));
+    let moves = Arc::new(AtomicUsize::new(0));
+    let wa = paced_writer(c.try_clone().unwrap(), 22, 8, total / 8, moves.clone());
+    let wb = paced_writer(s.try_clone().unwrap(), 23, 8, total / 8, moves.clone());
+    let ra = reader(c.try_clone().unwrap(), progress.clone());
+    let rb = reader(s.try_clone().unwrap(), progress.clone());
+    assert_eq!(w.b.suspend(), 1);
+    w.host
+        .migrate_domain(w.b.domid(), MigrateTo::OtherHost("elsewhere".into()))
+        .unwrap();
+    moves.store(100, Ordering::Release);
+    let (ha, hb) = (wa.join().unwrap(), wb.join().unwrap());
+    assert_eq!(ra.join().unwrap(), (total, hb));
+    assert_eq!(rb.join().unwrap(), (total, ha));
+    let st = w.a.status();
+    assert!(st.links.is_empty(), "{:?}", st.links);
+    assert!(
+        matches!(
+            &st.connections[0].carrier,
+            Carrier::Engine {
+                tx: "tcp",
+                rx: "tcp",
+                ..
+            }
+        ),
+        "{:?}",
+        st.connections
+    );
+}
+
+/// Run as the init process of a sim domain by `destroyed_peer_resets`:
+/// connects to `XENSOCK_TEST_CONNECT`, writes a little, leaves the rings
+/// (the suspend hook), says so in `XENSOCK_TEST_MARK`, then writes until
+/// its domain is destroyed.
+#[test]
+#[ignore = "helper: run as a domain's process by destroyed_peer_resets"]
+fn child_mover() {
+    let Ok(addr) = std::env::var("XENSOCK_TEST_CONNECT") else {
+        return;
+    };
+    let s = XenStream::connect(addr.as_str()).unwrap();
+    (&s).write_all(&[0x5a; 4096]).unwrap();
+    let moved = Transport::global().unwrap().suspend();
+    std::fs::write(
+        std::env::var("XENSOCK_TEST_MARK").unwrap(),
+        moved.to_string(),
+    )
+    .unwrap();
+    loop {
+        if (&s).write_all(&[0x5a; 4096]).is_err() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A peer whose domain is destroyed (not migrated) while the connection
+/// is on TCP: the stayer's reads end in ECONNRESET, within the bound
+/// (`Config::peer_lost_after`), not in a hang.
+#[test]
+fn destroyed_peer_resets() {
+    let host = SimHost::start().unwrap();
+    let da = host.create_domain(DomainConfig::new("a")).unwrap();
+    let bound = Duration::from_secs(2);
+    let a = Transport::sim_with(
+        host.dir(),
+        da.domid,
+        Config {
+            peer_lost_after: bound,
+            ..cfg()
+        },
+    )
+    .unwrap();
+    let l = a.bind("xen:self:7004").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mark = dir.path().join("moved");
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child_mover", "--ignored", "--test-threads=1"])
+        .env("XENSOCK_TEST_CONNECT", format!("xen:{}:7004", da.domid))
+        .env("XENSOCK_TEST_MARK", &mark)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let (db, _pid) = host.spawn_domain(DomainConfig::new("b"), cmd).unwrap();
+    let (s, peer) = l.accept().unwrap();
+    assert_eq!(peer.domid, u32::from(db.domid));
+    let mut buf = vec![0u8; 65536];
+    assert!(eventually(Duration::from_secs(20), || {
+        let _ = (&s).read(&mut buf);
+        mark.exists()
+    }));
+    assert_eq!(std::fs::read_to_string(&mark).unwrap(), "1");
+    assert!(matches!(
+        &a.status().connections[0].carrier,
+        Carrier::Engine { legs_up: true, .. }
+    ));
+    let t0 = std::time::Instant::now();
+    host.destroy_domain(db.domid).unwrap();
+    let end = loop {
+        match (&s).read(&mut buf) {
+            Ok(0) => break Ok(0),
+            Ok(_) => continue,
+            Err(e) => break Err(e),
+        }
+    };
+    let latency = t0.elapsed();
+    assert_eq!(
+        end.map_err(|e| e.raw_os_error()),
+        Err(Some(libc::ECONNRESET))
+    );
+    assert!(latency < bound * slack(), "reset after {latency:?}");
+}
+
+/// With the dom0 agent: a listener's guest moves; clients find it again
+/// by its IP address (the agent's table follows the move), not by the
+/// stale domid, and the old connection carries on.
+#[test]
+fn moved_listener_is_found_by_address() {
+    let world = agent_world(cfg());
+    let p = &world.pair;
+    let l = p.b.bind("xen:self:7005").unwrap();
+    let to = p.a.resolve("10.0.0.2").unwrap();
+    assert_eq!(to, p.b.domid());
+    let c = p.a.connect((u32::from(to), 7005)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    exchange(&c, &s, 31, 100_000);
+    let old = p.b.domid();
+    assert_eq!(p.b.suspend(), 1);
+    let new = p
+        .host
+        .migrate_domain(old, MigrateTo::SameHost)
+        .unwrap()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(10), || p.b.domid() == new));
+    // The guest re-advertises after a move (its Advertiser does).
+    advertise(&p.host, &p.host.domain(new).unwrap(), "10.0.0.2");
+    assert!(eventually(Duration::from_secs(10), || p
+        .a
+        .resolve("10.0.0.2")
+        .is_ok_and(|d| d == new)));
+    let c2 = p.a.connect((u32::from(new), 7005)).unwrap();
+    let (s2, _) = l.accept().unwrap();
+    exchange(&c2, &s2, 33, 100_000);
+    exchange(&c, &s, 35, 100_000);
+    assert!(p.a.connect((u32::from(old), 7005)).is_err());
+}
