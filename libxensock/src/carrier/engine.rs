@@ -245,6 +245,9 @@ struct Shared {
     stop: AtomicBool,
     counters: Counters,
     ready_hook: Option<ReadyHook>,
+    /// Closed by the application after `linger`: close the legs the way
+    /// TCP closes, without a reset.
+    graceful: AtomicBool,
 }
 
 /// One connection's carrier engine.
@@ -381,6 +384,7 @@ impl Engine {
             stop: AtomicBool::new(false),
             counters: Counters::default(),
             ready_hook: ready,
+            graceful: AtomicBool::new(false),
             cfg,
         });
         let weak = Arc::downgrade(&shared);
@@ -444,6 +448,7 @@ impl Engine {
     /// TCP: written and acknowledged, so closing the leg cannot discard
     /// them), then returns; dropping the engine then closes the legs.
     pub(crate) fn linger(&self, limit: Duration) {
+        self.shared.graceful.store(true, Ordering::SeqCst);
         let end = Instant::now() + limit;
         loop {
             if self.failed() {
@@ -557,6 +562,62 @@ impl Drop for Engine {
         if let Some(d) = self.driver.take() {
             let _ = d.join();
         }
+        if self.shared.graceful.load(Ordering::SeqCst)
+            && self.shared.failed.load(Ordering::SeqCst) == 0
+        {
+            // Frames the peer still sends (answers to a last freeze, say)
+            // must not be left unread: closing a socket with unread data
+            // resets it, and the reset discards what the peer has not read
+            // yet of ours.
+            let legs: Vec<TcpStream> = [
+                lock(&self.shared.tx).leg.take(),
+                lock(&self.shared.rx).leg.take(),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            close_quietly(legs, Duration::from_secs(1));
+        }
+    }
+}
+
+/// Sends FIN on each leg, then reads and drops what arrives until the
+/// peer closes too or nothing came for a moment (at most `limit`).
+fn close_quietly(legs: Vec<TcpStream>, limit: Duration) {
+    use std::io::Read;
+    for l in &legs {
+        let _ = l.shutdown(std::net::Shutdown::Write);
+    }
+    let end = Instant::now() + limit;
+    let mut open: Vec<&TcpStream> = legs.iter().collect();
+    let mut buf = [0u8; 4096];
+    while !open.is_empty() && Instant::now() < end {
+        let mut fds: Vec<libc::pollfd> = open
+            .iter()
+            .map(|l| libc::pollfd {
+                fd: l.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a valid array of pollfds of that length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
+        if n <= 0 {
+            return;
+        }
+        let mut still = Vec::new();
+        for (l, f) in open.into_iter().zip(&fds) {
+            if f.revents == 0 {
+                still.push(l);
+                continue;
+            }
+            let mut r = l;
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => {}
+                Ok(_) => still.push(l),
+            }
+        }
+        open = still;
     }
 }
 
