@@ -32,6 +32,7 @@ mig_setup() {
   if [ "$MIG_STACK" = kmod ]; then
     check kmod-insmod insmod /opt/xensock/af_xen.ko
     log "af_xen family $(cat /sys/module/af_xen/parameters/family 2>&1)"
+    set_peer_lost
   fi
   # advertise (again after every move: the new home starts empty); the agent
   # in dom0 then lists the peers and makes the link directories

@@ -9,6 +9,19 @@ FLOW_KIB=${FLOW_KIB:-256} # KiB a stream must receive after a move to count as f
 FLOW_WAIT=${FLOW_WAIT:-90}       # s to wait for that
 CARRIER_WAIT=${CARRIER_WAIT:-60} # s for a carrier switch to show
 
+# The bound after which a connection whose carrier switch has not completed
+# (TCP legs up) is reset: 10 s by default, made for real machines where a
+# save + restore takes a second or two. Under TCG one takes 8-30 s (two
+# hosts: 15-60 s with the copy), so the lab sets PEER_LOST_MS. Kernel: the
+# module parameter (if this module has it); user space: the variable.
+PEER_LOST_MS=${PEER_LOST_MS:-60000}
+export XENSOCK_PEER_LOST_MS=$PEER_LOST_MS
+set_peer_lost() {
+  _p=/sys/module/af_xen/parameters/peer_lost_ms
+  if [ -w $_p ]; then echo "$PEER_LOST_MS" > $_p; log "af_xen peer_lost_ms $(cat $_p)"
+  else log "af_xen has no peer_lost_ms parameter"; fi
+}
+
 # start_stream server|client KIND NAME PORT [PEER]: in the background.
 # KIND: kx (C xsstream over AF_XEN), kt|ut (tokio lab_stream), tcp (C
 # xsstream over TCP; PEER is an address). PEER: the server's domid.

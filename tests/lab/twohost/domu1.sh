@@ -5,11 +5,13 @@
 # checked byte for byte) that must fall back to TCP while domu2 is on host
 # b and return to the ring when it is back (issue #7, lab (d)).
 MIG_STACK=kmod
+PEER_LOST_MS=180000   # a move between the hosts (save, copy, restore) takes 15-60 s here
 . /scenario/streams.sh
 lab_note() { xenstore-write "data/lab/$1" "${2:-1}"; }
 lab_wait() { wait_until "$2" xenstore-read "data/lab/$1" || { log "dom0 never wrote data/lab/$1 (${2}s)"; return 1; }; }
 XS_STREAMS="kx:7601 kt:7611"
 check kmod-insmod insmod /opt/xensock/af_xen.ko
+set_peer_lost
 xensock-discover advertise --keep --addr "$LAB_NET_DOMU1" > /tmp/advertise.log 2>&1 &
 PEER=$(xlbench xsread data/peer 60)
 log "domu2 is dom$PEER"

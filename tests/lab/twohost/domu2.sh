@@ -2,10 +2,12 @@
 # domid until host a's dom0 says the moves are done.
 # Also the server end of domu1's two AF_XEN streams (streams.sh).
 MIG_STACK=kmod
+PEER_LOST_MS=180000   # a move between the hosts (save, copy, restore) takes 15-60 s here
 . /scenario/streams.sh
 START=$(own_domid)
 timeout 1600 nc -l -p 7002 -e cat > /tmp/echo-server.log 2>&1 &
 check kmod-insmod insmod /opt/xensock/af_xen.ko
+set_peer_lost
 # advertise again in every new home (host b, then host a again)
 xensock-discover advertise --keep --addr "$LAB_NET_DOMU2" > /tmp/advertise.log 2>&1 &
 start_stream server kx kx 7601
