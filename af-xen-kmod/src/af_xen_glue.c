@@ -290,6 +290,23 @@ static DECLARE_WORK(afx_work, afx_work_fn);
 void afx_schedule(void) { schedule_work(&afx_work); }
 void afx_cancel_work(void) { cancel_work_sync(&afx_work); }
 /*
+ * Receive rings lent after close (link.rs, "lingering"): a delayed work ends
+ * those whose peer never said it is done with them (Rust: afx_rs_reap).
+ */
+void afx_rs_reap(void);
+static void afx_reap_fn(struct work_struct *w) { afx_rs_reap(); }
+static DECLARE_DELAYED_WORK(afx_reap, afx_reap_fn);
+/* queues the reap in `ms`, or moves a queued one earlier (never later) */
+void afx_schedule_reap(unsigned int ms)
+{
+	unsigned long delay = msecs_to_jiffies(ms);
+
+	if (!delayed_work_pending(&afx_reap) || time_before(jiffies + delay, READ_ONCE(afx_reap.timer.expires)))
+		mod_delayed_work(system_wq, &afx_reap, delay);
+}
+void afx_cancel_reap(void) { cancel_delayed_work_sync(&afx_reap); }
+
+/*
  * The event-channel interrupt: Rust (wake.rs) wakes the sockets whose rings
  * moved straight from here and schedules the work item only when there is
  * control work. dev is the link's wake table (LinkWake), alive while bound.

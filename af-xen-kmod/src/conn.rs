@@ -133,19 +133,30 @@ impl Pipe {
             conn_id,
             epoch: 0,
         });
-        Arc::pin_init(
+        Self::over(ring, g.order(), None, Carrier::Local(region), None)
+    }
+
+    /// The pipe of a ring in `mem` (which must outlive it: the pipe owns it);
+    /// inter-domain, `wake` puts the ring in the link's wake table.
+    fn over(ring: RawRing, order: u32, link: Option<Arc<Link>>, mem: Carrier, wake: Option<Arc<PipeWake>>) -> Result<Arc<Pipe>> {
+        let in_pipe = wake.clone();
+        let p = Arc::pin_init(
             pin_init!(Pipe {
                 tx <- new_mutex!(Producer::new(ring), "af_xen_tx"),
                 rx <- new_mutex!(Consumer::new(ring), "af_xen_rx"),
                 ends <- new_spinlock!(Ends { reader: None, writer: None }, "af_xen_ends"),
-                order: g.order(),
+                order,
                 ring,
-                link: None,
-                wake: None,
-                _mem: Carrier::Local(region),
+                link,
+                wake: in_pipe,
+                _mem: mem,
             }),
             GFP_KERNEL,
-        )
+        )?;
+        if let (Some(l), Some(w)) = (&p.link, &wake) {
+            l.wake.add(w)?;
+        }
+        Ok(p)
     }
 
     /// Our receive ring for a connection with the link's peer, of at least
@@ -191,23 +202,8 @@ impl Pipe {
             (ring, rg, Carrier::GrantedLarge(header, dir, data))
         };
         ring.header().init(&id);
-        let pw = PipeWake::new(ring, true)?;
-        let in_pipe = pw.clone();
-        let p = Arc::pin_init(
-            pin_init!(Pipe {
-                tx <- new_mutex!(Producer::new(ring), "af_xen_tx"),
-                rx <- new_mutex!(Consumer::new(ring), "af_xen_rx"),
-                ends <- new_spinlock!(Ends { reader: None, writer: None }, "af_xen_ends"),
-                order: g.order(),
-                ring,
-                link: Some(link.clone()),
-                wake: Some(in_pipe),
-                _mem: mem,
-            }),
-            GFP_KERNEL,
-        )?;
-        link.wake.add(&pw)?;
-        Ok((p, rg))
+        let wake = PipeWake::new(ring, true)?;
+        Ok((Self::over(ring, g.order(), Some(link.clone()), mem, Some(wake))?, rg))
     }
 
     /// The peer's receive ring (named in its ConnectRequest/Accept), mapped
@@ -251,23 +247,8 @@ impl Pipe {
                 epoch: 0,
             })
             .map_err(|_| EINVAL)?;
-        let pw = PipeWake::new(ring, false)?;
-        let in_pipe = pw.clone();
-        let p = Arc::pin_init(
-            pin_init!(Pipe {
-                tx <- new_mutex!(Producer::new(ring), "af_xen_tx"),
-                rx <- new_mutex!(Consumer::new(ring), "af_xen_rx"),
-                ends <- new_spinlock!(Ends { reader: None, writer: None }, "af_xen_ends"),
-                order: g.order(),
-                ring,
-                link: Some(link.clone()),
-                wake: Some(in_pipe),
-                _mem: mem,
-            }),
-            GFP_KERNEL,
-        )?;
-        link.wake.add(&pw)?;
-        Ok(p)
+        let wake = PipeWake::new(ring, false)?;
+        Self::over(ring, g.order(), Some(link.clone()), mem, Some(wake))
     }
 
     /// Test mode (hostile_test): a bogus grant reference in the first
