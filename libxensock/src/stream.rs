@@ -554,6 +554,24 @@ impl XenStream {
         }
     }
 
+    /// Starts a connect that does not wait for the peer's answer, as a
+    /// non-blocking TCP connect (`EINPROGRESS`): the stream comes back in
+    /// non-blocking mode while the connect is in progress; once its
+    /// descriptor is writable (kernel family) or readable (user-space
+    /// transport), [`XenStream::finish_connect`] says how it ended.
+    /// Kernel family: a non-blocking `connect` on the AF_XEN socket.
+    /// User-space transport: [`Transport::connect_nonblocking`] on the
+    /// process-wide transport (which blocks while it brings up the first
+    /// link to a domain). Errors known at once (`EINVAL`, `EHOSTUNREACH`,
+    /// a loopback `ECONNREFUSED`) are returned here.
+    pub fn connect_nonblocking(addr: impl ToXenAddr, opts: SocketOptions) -> io::Result<XenStream> {
+        let addr = addr.to_xen_addr()?;
+        match loaded_family() {
+            Some(f) => KernelStream::connect_nonblocking(f, addr, opts).map(Self::from_kernel),
+            None => Transport::global()?.connect_nonblocking(addr, opts),
+        }
+    }
+
     /// Which backend carries this stream ([`BackendKind::Kernel`], or the
     /// user-space transport's).
     pub fn backend_kind(&self) -> BackendKind {
@@ -583,16 +601,15 @@ impl XenStream {
     /// `Ok` once the connection is open (and on every later call), the
     /// connect's error if it failed (`ECONNREFUSED`, ...), `WouldBlock`
     /// while the answer has not come. After `WouldBlock` the descriptor is
-    /// reset and becomes readable when the answer arrives. A stream of the
-    /// kernel family is connected when it is made: `Ok`, or the socket's
-    /// pending error (`SO_ERROR`).
+    /// reset and becomes readable when the answer arrives. Kernel family
+    /// (a non-blocking connect, [`XenStream::connect_nonblocking`]): the
+    /// socket's pending error (`SO_ERROR`) if the connect failed,
+    /// `WouldBlock` while it is in progress (the socket becomes writable
+    /// when it ends), else `Ok`.
     pub fn finish_connect(&self) -> io::Result<()> {
         match &self.imp {
             StreamImpl::User(u) => u.finish_connect(),
-            StreamImpl::Kernel(k) => match k.take_error()? {
-                Some(e) => Err(e),
-                None => Ok(()),
-            },
+            StreamImpl::Kernel(k) => k.finish_connect(),
         }
     }
 
