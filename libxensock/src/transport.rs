@@ -333,6 +333,8 @@ pub(crate) struct Inner {
 pub(crate) struct Owner {
     pub(crate) inner: Arc<Inner>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The process-wide transport's control socket (`None` for others).
+    control: Mutex<Option<crate::control::ControlServer>>,
 }
 
 impl Drop for Owner {
@@ -340,6 +342,7 @@ impl Drop for Owner {
     /// XenStore nodes withdrawn) and every watch removed, so that nothing
     /// of this transport stays in XenStore.
     fn drop(&mut self) {
+        lock(&self.control).take();
         self.inner.stop.store(true, Ordering::Release);
         self.inner.sink.wake.signal();
         for t in lock(&self.threads).drain(..) {
@@ -381,6 +384,26 @@ impl std::fmt::Debug for Transport {
 }
 
 static GLOBAL: OnceLock<Transport> = OnceLock::new();
+
+/// `atexit` hook of the process-wide transport: the orderly part of
+/// dropping it (links down, XenStore nodes withdrawn, control socket
+/// removed). Best effort: it gives up on a lock another thread holds.
+extern "C" fn global_at_exit() {
+    if let Some(t) = GLOBAL.get() {
+        if let Ok(mut c) = t.owner.control.try_lock() {
+            c.take();
+        }
+        let inner = &t.owner.inner;
+        inner.stop.store(true, Ordering::Release);
+        inner.sink.wake.signal();
+        if let Ok(mut st) = inner.state.try_lock() {
+            let peers: Vec<DomId> = st.links.keys().copied().collect();
+            for p in peers {
+                inner.link_down(&mut st, p, false);
+            }
+        }
+    }
+}
 
 fn random_u32() -> u32 {
     let mut b = [0u8; 4];
@@ -530,6 +553,7 @@ impl Transport {
             owner: Arc::new(Owner {
                 inner,
                 threads: Mutex::new(threads),
+                control: Mutex::new(None),
             }),
         })
     }
@@ -575,7 +599,35 @@ impl Transport {
             return Ok(t.clone());
         }
         let t = Transport::from_env()?;
-        Ok(GLOBAL.get_or_init(|| t).clone())
+        let mut first = false;
+        let t = GLOBAL
+            .get_or_init(|| {
+                first = true;
+                t
+            })
+            .clone();
+        if first {
+            // Other processes (`xensock status`, `xensock suspend`) reach
+            // this transport through its control socket.
+            match crate::control::ControlServer::start(Arc::downgrade(&t.owner.inner)) {
+                Ok(c) => *lock(&t.owner.control) = Some(c),
+                Err(e) => tracing::warn!("no control socket: {e}"),
+            }
+            // A static is never dropped: withdraw our XenStore nodes and
+            // close the connections at exit, as dropping it would.
+            // SAFETY: registers a plain `extern "C" fn()` with no captures.
+            unsafe { libc::atexit(global_at_exit) };
+        }
+        Ok(t)
+    }
+
+    /// The process-wide transport, if `inner` is its (only it serves a
+    /// control socket).
+    pub(crate) fn global_of(inner: &Arc<Inner>) -> Option<Transport> {
+        GLOBAL
+            .get()
+            .filter(|t| Arc::ptr_eq(&t.owner.inner, inner))
+            .cloned()
     }
 
     /// This domain's id.
@@ -899,6 +951,72 @@ pub struct ConnStatus {
     pub bytes_out: u64,
     /// Which carrier moves the bytes.
     pub carrier: Carrier,
+}
+
+impl Status {
+    /// The status as `xensock status` prints it.
+    pub fn render(&self) -> String {
+        use std::fmt::Write;
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "domain {} ({:?}): {} links, {} connections, {} listeners; resets sent {} received {}; ring errors {}; links lost {}; refused {}",
+            self.domid,
+            self.backend,
+            self.links.len(),
+            self.connections.len(),
+            self.listeners.len(),
+            self.resets_sent,
+            self.resets_received,
+            self.ring_errors,
+            self.links_lost,
+            self.rejected
+        );
+        match self.tcp_endpoint {
+            Some(ep) => {
+                let l = &self.legs;
+                let _ = writeln!(
+                    o,
+                    "  TCP carrier at {ep}: legs accepted {}, refused: bad cookie {}, unknown connection {}, malformed {}, timed out {}",
+                    l.accepted, l.bad_cookie, l.unknown_conn, l.malformed, l.timed_out
+                );
+            }
+            None => {
+                let _ = writeln!(o, "  no TCP carrier (connections cannot survive a move)");
+            }
+        }
+        for l in &self.links {
+            let _ = writeln!(
+                o,
+                "  link to domain {}: {}, {} connections, {} frames queued; ring reuse {}: {} rings pooled, {} lent, {} peer rings kept mapped",
+                l.peer,
+                if l.up { "up" } else { "offered" },
+                l.connections,
+                l.pending_frames,
+                if l.ring_reuse { "on" } else { "off" },
+                l.pooled_rings,
+                l.lent_rings,
+                l.kept_mappings
+            );
+        }
+        for c in &self.connections {
+            let _ = writeln!(
+                o,
+                "  {} -> {} {:?} rx {}/{} tx {}/{} in {} out {}; carrier: {}",
+                c.local,
+                c.peer,
+                c.phase,
+                c.rx_fill.0,
+                c.rx_fill.1,
+                c.tx_fill.0,
+                c.tx_fill.1,
+                c.bytes_in,
+                c.bytes_out,
+                c.carrier
+            );
+        }
+        o
+    }
 }
 
 /// A connection's carrier, as [`Transport::status`] reports it.
@@ -2753,8 +2871,10 @@ impl Inner {
             return;
         };
         if self.suspended.load(Ordering::Acquire) {
-            // The move would take the ring away again; the peer offers
-            // anew once we are on a new link.
+            // The move would take the ring away again: kept for a resume
+            // without a move (after a move the peer offers anew, and this
+            // grant, made for our old domid, is of no use).
+            *lock(&conn.pending_offer) = Some((peer, *rx));
             return;
         }
         if conn.peer() != peer {
@@ -2845,6 +2965,14 @@ impl Inner {
             };
             if up(&st, target) {
                 self.offer_ring_to(&mut st, &conn, &engine, target);
+            }
+            // An offer from the peer's own domain kept while suspended.
+            let kept = *lock(&conn.pending_offer);
+            if let Some((from, grant)) = kept {
+                if from == conn.peer() && !self.suspended.load(Ordering::Acquire) {
+                    *lock(&conn.pending_offer) = None;
+                    self.take_offer(&mut st, &conn, &engine, from, &grant);
+                }
             }
             self.check_rehome(&mut st, &conn, &engine);
         }
@@ -2937,6 +3065,10 @@ impl Inner {
         }
         self.domid.store(new, Ordering::Release);
         st.dead_gens.clear();
+        // Offers kept while suspended were granted to our old domid.
+        for c in st.conns.values() {
+            lock(&c.pending_offer).take();
+        }
         lock(&self.watches).by_path.clear();
         let _ = self.add_watch("domid");
         let _ = self.add_watch(&self.table_dir());

@@ -595,3 +595,91 @@ fn moved_listener_is_found_by_address() {
     exchange(&c, &s, 35, 100_000);
     assert!(p.a.connect((u32::from(old), 7005)).is_err());
 }
+
+/// Run as a process of a sim domain by `status_and_hooks_reach_other_processes`:
+/// connects through the process-wide transport, says so in
+/// `XENSOCK_TEST_MARK`, then echoes until killed.
+#[test]
+#[ignore = "helper: run as a domain's process by status_and_hooks_reach_other_processes"]
+fn child_echo() {
+    let Ok(addr) = std::env::var("XENSOCK_TEST_CONNECT") else {
+        return;
+    };
+    let s = XenStream::connect(addr.as_str()).unwrap();
+    std::fs::write(std::env::var("XENSOCK_TEST_MARK").unwrap(), "up").unwrap();
+    let mut buf = vec![0u8; 65536];
+    loop {
+        match (&s).read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if (&s).write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// `xensock status` shows another process's connection with its carrier;
+/// `xensock suspend` and `xensock resume` (the migration hook) reach it:
+/// off the rings, then back on.
+#[test]
+fn status_and_hooks_reach_other_processes() {
+    let host = SimHost::start().unwrap();
+    let da = host.create_domain(DomainConfig::new("a")).unwrap();
+    let db = host.create_domain(DomainConfig::new("b")).unwrap();
+    let a = Transport::sim_with(host.dir(), da.domid, cfg()).unwrap();
+    let l = a.bind("xen:self:7006").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let mark = dir.path().join("up");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_echo", "--ignored", "--test-threads=1"])
+        .envs(db.env())
+        .env("XENSOCK_TEST_CONNECT", format!("xen:{}:7006", da.domid))
+        .env("XENSOCK_TEST_MARK", &mark)
+        .env("XENSOCK_RUN_DIR", &run)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (s, _) = l.accept().unwrap();
+    assert!(eventually(Duration::from_secs(20), || mark.exists()));
+    let xensock = |cmd: &str| -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_xensock"))
+            .arg(cmd)
+            .envs(db.env())
+            .env("XENSOCK_RUN_DIR", &run)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let echo = |n: usize| {
+        let msg: Vec<u8> = (0..n).map(|i| (i * 31) as u8).collect();
+        let r = read_n(s.try_clone().unwrap(), n);
+        (&s).write_all(&msg).unwrap();
+        let mut h = FNV_INIT;
+        fnv(&mut h, &msg);
+        assert_eq!(r.join().unwrap(), h);
+    };
+    echo(100_000);
+    let out = xensock("status");
+    assert!(out.contains(&format!("process {}", child.id())), "{out}");
+    assert!(out.contains("carrier: ring"), "{out}");
+    assert!(out.contains("TCP carrier at 127.0.0.1:"), "{out}");
+    let out = xensock("suspend");
+    assert!(out.contains("suspended: 1 connections"), "{out}");
+    echo(100_000);
+    let out = xensock("status");
+    assert!(out.contains("carrier: tx tcp rx tcp"), "{out}");
+    let out = xensock("resume");
+    assert!(out.contains("resumed: domid"), "{out}");
+    assert!(eventually(Duration::from_secs(5), || xensock("status")
+        .contains(
+            "carrier: tx ring rx ring, switches: tx to tcp 1, tx to ring 1, rx to ring 1"
+        )));
+    echo(100_000);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
