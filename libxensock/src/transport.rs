@@ -273,6 +273,9 @@ struct Watches {
     table: Option<HashSet<DomId>>,
     /// Link directories dom0 made for us (`data/xensock/link/<P>`).
     dom0_dirs: HashSet<DomId>,
+    /// UUIDs of the peers the table listed (kept after they leave it, to
+    /// read the agent's `moved` note about them).
+    uuids: HashMap<DomId, String>,
 }
 
 pub(crate) struct State {
@@ -1206,12 +1209,13 @@ fn manager_thread(inner: Arc<Inner>) {
         if evs.iter().any(|p| p == "domid") {
             inner.check_domid();
         }
-        let mut st = inner.state();
         if evs.iter().any(|p| inner.is_table_event(p)) {
             // Failures leave the watches as they were; the next table
             // event (or connect) tries again.
-            let _ = inner.refresh_peers(&st);
+            let _ = inner.refresh_peers(&inner.state());
+            inner.follow_table();
         }
+        let mut st = inner.state();
         let mut peers: Vec<DomId> = evs.iter().filter_map(|p| inner.is_link_event(p)).collect();
         peers.sort_unstable();
         peers.dedup();
@@ -1346,6 +1350,21 @@ impl Inner {
         };
         let table = ids(&self.table_dir())?;
         let dom0_dirs = ids(&self.link_dir_abs())?.unwrap_or_default();
+        let unknown: Vec<DomId> = {
+            let w = lock(&self.watches);
+            table
+                .iter()
+                .flatten()
+                .filter(|d| !w.uuids.contains_key(d))
+                .copied()
+                .collect()
+        };
+        for d in unknown {
+            if let Ok(Some(u)) = self.xs.try_read(&format!("{}/{d}/uuid", self.table_dir())) {
+                let u = String::from_utf8_lossy(&u).trim().to_ascii_lowercase();
+                lock(&self.watches).uuids.insert(d, u);
+            }
+        }
         let candidates: HashSet<DomId> = table
             .iter()
             .flatten()
@@ -1375,6 +1394,75 @@ impl Inner {
             self.add_watch(path)?;
         }
         Ok(())
+    }
+
+    /// Whether the agent says `peer` left this host (or was marked away)
+    /// rather than died: its `xensock/moved/<uuid>` note in our table.
+    fn peer_moved(&self, peer: DomId) -> bool {
+        let Some(uuid) = lock(&self.watches).uuids.get(&peer).cloned() else {
+            return false;
+        };
+        let note = format!(
+            "/local/domain/{}/{}/{}/{uuid}",
+            self.domid(),
+            xensock_discovery::layout::XENSOCK,
+            xensock_discovery::layout::MOVED
+        );
+        matches!(self.xs.try_read(&note), Ok(Some(_)))
+    }
+
+    /// After a table change: connections to peers that left the table
+    /// with a `moved` note leave their rings (`LocalMove`, safe whatever
+    /// the peer does: nothing past what we consumed is trusted), before
+    /// the link is withdrawn under them.
+    fn follow_table(&self) {
+        let gone: Vec<DomId> = {
+            let st = self.state();
+            let w = lock(&self.watches);
+            let Some(table) = w.table.as_ref() else {
+                return;
+            };
+            let mut v: Vec<DomId> = st
+                .conns
+                .values()
+                .filter(|c| c.engine().is_none() && !table.contains(&c.peer()))
+                .map(|c| c.peer())
+                .collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        for peer in gone {
+            if self.peer_moved(peer) {
+                tracing::info!(peer, "peer left the co-residency table for another host");
+                self.freeze_conns(Some(peer), Trigger::LocalMove);
+            }
+        }
+        // Peers of moved connections that are co-resident again: a link,
+        // whose coming up offers rings.
+        let mut st = self.state();
+        let back: Vec<DomId> = {
+            let w = lock(&self.watches);
+            let Some(table) = w.table.as_ref() else {
+                return;
+            };
+            let mut v: Vec<DomId> = st
+                .conns
+                .values()
+                .filter(|c| c.engine().is_some() && table.contains(&c.peer()))
+                .map(|c| c.peer())
+                .filter(|p| !st.links.contains_key(p))
+                .collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        for peer in back {
+            tracing::info!(peer, "peer co-resident again: new link");
+            if self.create_link(&mut st, peer, None).is_ok() {
+                self.on_peer_node(&mut st, peer);
+            }
+        }
     }
 
     /// Whether discovery allows a link to `peer`: false when the agent's
@@ -1858,11 +1946,22 @@ impl Inner {
                 }
             }
         }
+        let moved = lost && self.peer_moved(peer);
         for id in &link.conns {
             // A connection on its carrier engine goes on over TCP (its legs
             // are its own); it comes back to a ring on a new link.
             if st.conns.get(id).is_some_and(|c| c.engine().is_some()) {
                 continue;
+            }
+            // The agent says the peer moved: this one leaves its rings now.
+            if moved {
+                if let Some(c) = st.conns.get(id).cloned() {
+                    if let Some(e) = self.escalate(&c) {
+                        if e.freeze(Trigger::LocalMove).is_ok() {
+                            continue;
+                        }
+                    }
+                }
             }
             if let Some(conn) = st.conns.remove(id) {
                 st.used_ports.remove(&conn.local_port);

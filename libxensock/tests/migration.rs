@@ -683,3 +683,41 @@ fn status_and_hooks_reach_other_processes() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// The agent is told B moved away (it stays on this host: dom0's away
+/// marking): both ends see the other leave their co-residency tables with
+/// a `moved` note and their link withdrawn, so the connection goes on over
+/// TCP; when B is marked back it returns to the rings.
+#[test]
+fn agent_away_marking_moves_to_tcp_and_back() {
+    let world = agent_world(cfg());
+    let p = &world.pair;
+    let l = p.b.bind("xen:self:7007").unwrap();
+    let c = p.a.connect((u32::from(p.db.domid), 7007)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    exchange(&c, &s, 41, 200_000);
+    let carriers = |t: &Transport, want: (&str, &str)| {
+        t.status().connections.iter().all(|c| match &c.carrier {
+            Carrier::Engine { tx, rx, .. } => (*tx, *rx) == want,
+            Carrier::Ring => false,
+        })
+    };
+    xensock_discovery::agent::mark_away(&world.dom0, &p.db.uuid, "elsewhere").unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || carriers(&p.a, ("tcp", "tcp"))
+            && carriers(&p.b, ("tcp", "tcp"))),
+        "{:?}\n{:?}",
+        p.a.status(),
+        p.b.status()
+    );
+    exchange(&c, &s, 43, 300_000);
+    xensock_discovery::agent::mark_back(&world.dom0, &p.db.uuid).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || carriers(&p.a, ("ring", "ring"))
+            && carriers(&p.b, ("ring", "ring"))),
+        "{:?}\n{:?}",
+        p.a.status(),
+        p.b.status()
+    );
+    exchange(&c, &s, 45, 300_000);
+}
