@@ -461,6 +461,15 @@ impl Transport {
         B::Mapping: 'static,
         B::Channel: 'static,
     {
+        if kind == BackendKind::DevXen && crate::kernel::loaded_family().is_some() {
+            // Both would own this domain's `data/xensock/link` nodes and
+            // tear down each other's links.
+            return Err(io::Error::other(
+                "af_xen.ko is loaded in this domain and owns its xensock links: \
+                 use the kernel family (XenStream::connect / XenListener::bind \
+                 choose it) or unload the module to run the user-space transport",
+            ));
+        }
         // SAFETY: epoll_create1 has no pointer arguments.
         let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if ep < 0 {
