@@ -1273,7 +1273,11 @@ fn leg_listener(kind: BackendKind) -> (Option<Arc<LegListener>>, TcpEndpoint) {
             (IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), ip)
         }
     };
-    let listener = match LegListener::bind(bind, cfg) {
+    // `[::]` needs IPv6 in the guest's kernel; IPv4 alone does too.
+    let listener = match LegListener::bind(bind, cfg).or_else(|e| match bind {
+        IpAddr::V6(_) => LegListener::bind(IpAddr::V4(Ipv4Addr::UNSPECIFIED), cfg),
+        _ => Err(e),
+    }) {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!("no TCP carrier: leg listener on {bind}: {e}");
