@@ -2934,15 +2934,7 @@ impl Inner {
         }
         // Not over a link whose peer is gone (a migration we have not
         // processed yet): the offer could never be taken.
-        let alive = st.links.get(&to).is_some_and(|l| {
-            l.tx.as_ref().is_some_and(|t| {
-                !matches!(
-                    t.chan.peer_state(),
-                    Ok(xensock_xenif::PeerState::Closed) | Err(_)
-                )
-            })
-        });
-        if !alive {
+        if !link_usable(st, to) {
             return;
         }
         conn.offer_target.store(to, Ordering::Release);
@@ -3070,12 +3062,11 @@ impl Inner {
             if engine.failed() {
                 continue;
             }
-            let up = |st: &State, d: DomId| st.links.get(&d).is_some_and(|l| l.tx.is_some());
             let target = match *lock(&conn.pending_offer) {
-                Some((from, _)) if !up(&st, conn.peer()) => from,
+                Some((from, _)) if !link_usable(&st, conn.peer()) => from,
                 _ => conn.peer(),
             };
-            if up(&st, target) {
+            if link_usable(&st, target) {
                 self.offer_ring_to(&mut st, &conn, &engine, target);
             }
             // An offer from the peer's own domain kept while suspended.
@@ -3310,6 +3301,19 @@ impl Inner {
             }),
         }
     }
+}
+
+/// Whether the link to `peer` is up and its peer not known to be gone
+/// (a move or death the manager has not processed yet).
+fn link_usable(st: &State, peer: DomId) -> bool {
+    st.links.get(&peer).is_some_and(|l| {
+        l.tx.as_ref().is_some_and(|t| {
+            !matches!(
+                t.chan.peer_state(),
+                Ok(xensock_xenif::PeerState::Closed) | Err(_)
+            )
+        })
+    })
 }
 
 /// A `ConnectRequest` as the acceptor needs it.
