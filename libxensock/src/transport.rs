@@ -1451,9 +1451,41 @@ impl Inner {
                 self.freeze_conns(Some(peer), Trigger::LocalMove);
             }
         }
+        let mut st = self.state();
+        // A carrier connection's peer listed under a new domid with the
+        // same UUID (it moved on this host): dom0 says where it is, so the
+        // connection follows at once (no proof needed from the peer; and
+        // when both ends moved, nothing else could tell either of them).
+        let renamed: Vec<(Arc<Conn>, DomId)> = {
+            let w = lock(&self.watches);
+            let Some(table) = w.table.as_ref() else {
+                return;
+            };
+            st.conns
+                .values()
+                .filter(|c| c.engine().is_some() && !table.contains(&c.peer()))
+                .filter_map(|c| {
+                    let uuid = w.uuids.get(&c.peer())?;
+                    let now = table
+                        .iter()
+                        .find(|d| w.uuids.get(d) == Some(uuid))
+                        .copied()?;
+                    Some((c.clone(), now))
+                })
+                .collect()
+        };
+        for (conn, now) in renamed {
+            tracing::info!(
+                conn = conn.id,
+                old = conn.peer(),
+                new = now,
+                "the agent lists the peer under a new domid"
+            );
+            lock(&conn.pending_offer).take();
+            self.rehome(&mut st, &conn, now);
+        }
         // Peers of moved connections that are co-resident again: a link,
         // whose coming up offers rings.
-        let mut st = self.state();
         let back: Vec<DomId> = {
             let w = lock(&self.watches);
             let Some(table) = w.table.as_ref() else {
@@ -3036,11 +3068,17 @@ impl Inner {
         if from != to {
             return;
         }
-        let on_it = matches!(
-            engine.status().rx,
-            xensock_proto::switch::RxState::Ring { epoch: e, .. } if e == epoch
-        );
+        let rx = engine.status().rx;
+        let on_it =
+            matches!(rx, xensock_proto::switch::RxState::Ring { epoch: e, .. } if e == epoch);
         if !on_it {
+            tracing::trace!(
+                conn = conn.id,
+                from,
+                epoch,
+                ?rx,
+                "waiting for the peer on our ring"
+            );
             return;
         }
         *lock(&conn.pending_offer) = None;

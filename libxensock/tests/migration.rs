@@ -721,3 +721,52 @@ fn agent_away_marking_moves_to_tcp_and_back() {
     );
     exchange(&c, &s, 45, 300_000);
 }
+
+/// With the agent, both ends moving at once still return to the rings:
+/// each learns the other's new domid from its co-residency table (by
+/// UUID), which no peer could prove by itself.
+#[test]
+fn both_moving_at_once_return_to_rings_with_the_agent() {
+    let world = agent_world(cfg());
+    let p = &world.pair;
+    let l = p.b.bind("xen:self:7008").unwrap();
+    let c = p.a.connect((u32::from(p.db.domid), 7008)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    exchange(&c, &s, 51, 200_000);
+    let on_rings = |t: &Transport| {
+        t.status().connections.iter().all(|c| {
+            matches!(
+                &c.carrier,
+                Carrier::Engine {
+                    tx: "ring",
+                    rx: "ring",
+                    ..
+                }
+            )
+        })
+    };
+    for round in 0..3 {
+        p.a.suspend();
+        p.b.suspend();
+        for t in [&p.a, &p.b] {
+            let new = p
+                .host
+                .migrate_domain(t.domid(), MigrateTo::SameHost)
+                .unwrap()
+                .unwrap();
+            assert!(eventually(Duration::from_secs(10), || t.domid() == new));
+        }
+        exchange(&c, &s, 53 + round, 300_000);
+        assert!(
+            eventually(Duration::from_secs(10), || on_rings(&p.a) && on_rings(&p.b)),
+            "round {round}\n{:?}\n{:?}",
+            p.a.status(),
+            p.b.status()
+        );
+        exchange(&c, &s, 57 + round, 300_000);
+        assert_eq!(
+            p.a.status().connections[0].peer.domid,
+            u32::from(p.b.domid())
+        );
+    }
+}
