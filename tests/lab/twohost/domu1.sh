@@ -73,3 +73,5 @@ log "stream: $SENT lines sent, $GOT echoed; sha256 sent $(sha256sum < /tmp/sent 
 check stream-intact sh -c 'test "$(wc -l < /tmp/sent)" -gt 0 && cut -d" " -f2- /tmp/echo.ts | cmp - /tmp/sent'
 metric stream.lines "$SENT" lines
 metric stream.max_gap_s "$(awk 'NR > 1 && $1 - p > m {m = $1 - p} {p = $1} END {printf "%.2f", m}' /tmp/echo.ts)" s
+# the module's account of its switches (pr_info: not on the console at loglevel 4)
+dmesg | grep -E "af_xen|BUG|WARNING|Oops" | tail -n 40
