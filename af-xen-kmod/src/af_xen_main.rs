@@ -25,6 +25,7 @@ mod ctrl;
 #[path = "../../proto/src/switch.rs"]
 mod switch;
 
+mod carrier;
 mod conn;
 mod link;
 mod seqpacket;

@@ -101,7 +101,8 @@ impl Pipe {
     /// Our receive ring for a connection with the link's peer, of at least
     /// `capacity` bytes (SO_RCVBUF) up to what the peer can map, granted to
     /// it. Returns the pipe and the RingGrant to announce.
-    pub(crate) fn new_granted(link: &Arc<Link>, me: u32, conn_id: u32, capacity: usize) -> Result<(Arc<Pipe>, crate::ctrl::RingGrant)> {
+    /// `epoch`: 0 at connect, then the carrier's next ring (migration).
+    pub(crate) fn new_granted(link: &Arc<Link>, me: u32, conn_id: u32, capacity: usize, epoch: u32) -> Result<(Arc<Pipe>, crate::ctrl::RingGrant)> {
         let mut g = RingGeometry::for_capacity(capacity);
         if g.order() > max_order() {
             g = RingGeometry::new(max_order()).map_err(|_| EINVAL)?;
@@ -112,12 +113,12 @@ impl Pipe {
             owner_domid: me,
             peer_domid: link.peer,
             conn_id,
-            epoch: 0,
+            epoch,
         };
         let (ring, rg, mem) = if g.is_compact() {
             let grant = Grant::new(link.peer)?;
             let ring = grant.ring(g).ok_or(EINVAL)?;
-            let rg = crate::ctrl::RingGrant { order: g.order() as u8, epoch: 0, header_ref: grant.gref, dir_ref: 0 };
+            let rg = crate::ctrl::RingGrant { order: g.order() as u8, epoch, header_ref: grant.gref, dir_ref: 0 };
             (ring, rg, Carrier::Granted(grant))
         } else {
             let header = Grant::new(link.peer)?;
@@ -137,7 +138,7 @@ impl Pipe {
                 dir.directory().write_refs(&refs).map_err(|_| EINVAL)?;
             }
             let ring = header.large_ring(&data, g).ok_or(EINVAL)?;
-            let rg = crate::ctrl::RingGrant { order: g.order() as u8, epoch: 0, header_ref: header.gref, dir_ref: dir.gref };
+            let rg = crate::ctrl::RingGrant { order: g.order() as u8, epoch, header_ref: header.gref, dir_ref: dir.gref };
             (ring, rg, Carrier::GrantedLarge(header, dir, data))
         };
         ring.header().init(&id);
@@ -156,10 +157,11 @@ impl Pipe {
     }
 
     /// The peer's receive ring (named in its ConnectRequest/Accept), mapped
-    /// and checked against what the frame announced.
-    pub(crate) fn new_mapped(link: &Arc<Link>, me: u32, rg: &crate::ctrl::RingGrant, peer_conn: u32) -> Result<Arc<Pipe>> {
+    /// and checked against what the frame announced. `epoch`: the one the
+    /// frame must name (0 at connect, a RingOffer's on a switch back).
+    pub(crate) fn new_mapped(link: &Arc<Link>, me: u32, rg: &crate::ctrl::RingGrant, peer_conn: u32, epoch: u32) -> Result<Arc<Pipe>> {
         let order = rg.order as u32;
-        if rg.epoch != 0 || order < crate::layout::MIN_RING_ORDER || order > max_order() {
+        if rg.epoch != epoch || order < crate::layout::MIN_RING_ORDER || order > max_order() {
             return Err(EINVAL);
         }
         let g = RingGeometry::new(order).map_err(|_| EINVAL)?;
@@ -193,7 +195,7 @@ impl Pipe {
                 owner_domid: link.peer,
                 peer_domid: me,
                 conn_id: peer_conn,
-                epoch: 0,
+                epoch,
             })
             .map_err(|_| EINVAL)?;
         Arc::pin_init(

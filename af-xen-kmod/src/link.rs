@@ -155,6 +155,11 @@ impl Link {
         )
     }
 
+    /// Whether the peer's half is attached (frames can be sent).
+    pub(crate) fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
     /// Kicks the peer (its rings moved or their flags changed).
     pub(crate) fn kick(&self) {
         let p = self.kick_port.load(Ordering::Acquire);
@@ -257,24 +262,49 @@ impl Link {
         self.up.store(true, Ordering::Release);
         let _ = xs::write_state(&self.my_dir, STATE_CONNECTED);
         pr_info!("link to dom{} up (peer ring-ref {} event-channel {})\n", self.peer, gref, port);
+        // connections that moved to TCP offer rings again (carrier.rs)
+        crate::carrier::link_up();
         Ok(())
     }
 
-    /// The peer went away: every connection over the link is reset.
+    /// The peer went away: stream connections switch to their TCP legs
+    /// and stay listed (a ring offer finds them when the link is back);
+    /// every other connection over the link is reset.
     fn detach(&self, i: &mut LinkInner, why: &str) {
         sys::counters::add(&sys::counters::LINKS_DOWN, 1);
         self.up.store(false, Ordering::Release);
         self.kick_port.store(0, Ordering::Release);
-        let ph = i.peer.take();
-        drop(ph);
         // frames for the peer that went away
         i.backlog = KVec::new();
-        let conns = core::mem::replace(&mut i.conns, RBTree::new());
-        for (_, s) in conns.iter() {
-            sock::link_lost(s);
-        }
-        drop(conns);
         pr_info!("link to dom{} down: {}\n", self.peer, why);
+        // the peer's rings stay mapped until the switches copied them back
+        let mut lost: KVec<u32> = KVec::new();
+        for (id, s) in i.conns.iter() {
+            if !crate::carrier::peer_gone(s) && lost.push(*id, GFP_KERNEL).is_err() {
+                sock::link_lost(s);
+            }
+        }
+        for id in lost.iter() {
+            if let Some(s) = i.conns.remove(id) {
+                sock::link_lost(&s);
+            }
+        }
+        let ph = i.peer.take();
+        drop(ph);
+    }
+
+    /// Our directory for this link came back empty (dom0/the agent made
+    /// the pair co-resident again): advertise our half again; the peer
+    /// attaches to it as at first.
+    fn readvertise(&self) {
+        let i = self.inner.lock();
+        let Some(mine) = i.mine.as_ref() else { return };
+        if xs::read_u32(&self.my_dir, c"state").is_some() {
+            return;
+        }
+        if xs::advertise(&self.my_dir, mine._grant.gref, mine._chan.port, STATE_INITIALISED).is_ok() {
+            pr_info!("link to dom{}: directory back, advertised again\n", self.peer);
+        }
     }
 
     /// Follows the peer's state, drains control frames, wakes sockets.
@@ -487,6 +517,11 @@ impl Link {
                     sock::link_lost(&s);
                 }
             }
+            Message::RingOffer { conn_id, rx } => {
+                if let Some(s) = i.conns.get(&conn_id) {
+                    crate::carrier::on_ring_offer(s, rx);
+                }
+            }
             // Close: both directions' flags are already in the rings; the
             // wake below lets the socket see them.
             _ => {}
@@ -551,9 +586,10 @@ pub(crate) fn work() {
         return;
     }
     let xs_changed = sys::take_xs_dirty();
+    let mut ids = [0u32; 64];
+    let mut n = 0;
     if let Ok(dir) = root(me).and_then(|d| if xs_changed { Ok(d) } else { Err(EAGAIN) }) {
-        let mut ids = [0u32; 64];
-        let n = xs::dir_ids(&dir, &mut ids);
+        n = xs::dir_ids(&dir, &mut ids);
         for &peer in &ids[..n] {
             if peer != me {
                 let _ = get_or_create(peer);
@@ -574,6 +610,9 @@ pub(crate) fn work() {
         v
     };
     for l in links.iter() {
+        if xs_changed && ids[..n].contains(&l.peer) {
+            l.readvertise();
+        }
         l.service(xs_changed);
     }
 }

@@ -114,6 +114,8 @@ pub(crate) struct Inner {
     pub(crate) test_bad_directory: bool,
     /// inter-domain: cookie and peer endpoint of the TCP carrier (tcp.rs)
     pub(crate) tcp: crate::tcp::ConnTcp,
+    /// inter-domain stream: the carrier switch (carrier.rs)
+    pub(crate) sw: Option<Arc<crate::carrier::Switch>>,
 }
 
 #[pin_data(PinnedDrop)]
@@ -151,6 +153,7 @@ impl XenSock {
                     request: None,
                     test_bad_directory: false,
                     tcp: crate::tcp::ConnTcp::default(),
+                    sw: None,
                 }, "af_xen_sock"),
             }),
             GFP_KERNEL,
@@ -317,7 +320,8 @@ fn destroy(xs: &Arc<XenSock>) {
         )
     };
     if link.is_some() {
-        // its TCP legs go with it
+        // its TCP legs go once what it sent is out (carrier.rs)
+        crate::carrier::closing(xs);
         crate::tcp::connection_ended();
     }
     // SO_LINGER with l_linger 0: abortive close, the peer sees
@@ -590,7 +594,8 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
     }
     let conn_id = crate::link::next_conn_id();
     let cap = crate::conn::rx_ring_capacity(&xs.sk);
-    let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap).map_err(|_| e::ENOMEM)?;
+    let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap, 0).map_err(|_| e::ENOMEM)?;
+    let sw = if xs.inner.lock().seqpacket { None } else { crate::carrier::Switch::new(cap).ok() };
     if xs.inner.lock().test_bad_directory {
         rx.test_spoil_directory();
     }
@@ -605,6 +610,7 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
         i.reset = false;
         i.request = Some(rx_grant);
         i.tcp = crate::tcp::ConnTcp { cookie: crate::tcp::new_cookie(), peer: crate::ctrl::TcpEndpoint::NONE };
+        i.sw = sw;
     }
     if link.inner.lock().conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL).is_err() {
         connect_abort(xs, &link, conn_id);
@@ -709,14 +715,15 @@ pub(crate) fn accept_remote(
     };
     let my_id = crate::link::next_conn_id();
     let cap = crate::conn::rx_ring_capacity(&child_sk);
-    let (rx, rx_grant) = match Pipe::new_granted(link, me, my_id, cap) {
+    let (rx, rx_grant) = match Pipe::new_granted(link, me, my_id, cap, 0) {
         Ok(v) => v,
         Err(_) => return Err(fail(R::NoResources)),
     };
-    let tx = match Pipe::new_mapped(link, me, rg, peer_conn) {
+    let tx = match Pipe::new_mapped(link, me, rg, peer_conn, 0) {
         Ok(t) => t,
         Err(_) => return Err(fail(R::BadRequest)),
     };
+    let sw = if seqpacket { None } else { crate::carrier::Switch::new(cap).ok() };
     {
         let mut c = child.inner.lock();
         c.state = State::Connected;
@@ -727,6 +734,7 @@ pub(crate) fn accept_remote(
         c.rx = Some(rx);
         c.conn_id = my_id;
         c.peer_conn = peer_conn;
+        c.sw = sw;
     }
     {
         let mut p = globals().ports.lock();
@@ -785,7 +793,7 @@ pub(crate) fn connect_accepted(
     if xs.inner.lock().state != State::Connecting {
         return Err(());
     }
-    match Pipe::new_mapped(link, me, rg, acceptor_id) {
+    match Pipe::new_mapped(link, me, rg, acceptor_id, 0) {
         Ok(tx) => {
             {
                 let mut i = xs.inner.lock();
@@ -1052,6 +1060,19 @@ unsafe extern "C" fn xs_poll(
                     Err(_) => err_ = true,
                 }
             }
+            // a direction on TCP (carrier.rs)
+            let sw = xs.inner.lock().sw.clone();
+            if let Some(sw) = sw.filter(|s| s.is_active()) {
+                let (readable, rdh, writable, wrh) = crate::carrier::poll_bits(&sw);
+                if readable {
+                    mask |= POLLIN | POLLRDNORM;
+                }
+                rd_hup |= rdh;
+                if writable && !shut_wr {
+                    mask |= POLLOUT | POLLWRNORM;
+                }
+                wr_hup |= wrh;
+            }
             if rd_hup {
                 mask |= POLLIN | POLLRDNORM | POLLRDHUP;
             }
@@ -1122,6 +1143,7 @@ unsafe extern "C" fn xs_shutdown(sock: *mut bindings::socket, how: c_int) -> c_i
     i.shut_wr |= wr;
     drop(i);
     if wr {
+        crate::carrier::finish(&xs);
         if let Some(tx) = tx {
             tx.tx.lock().finish();
             tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
@@ -1192,10 +1214,16 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
     if shut_wr {
         return epipe(0);
     }
-    let Some(tx) = tx else { return err(e::ENOTCONN) };
+    // inter-domain stream: the switch says which carrier (carrier.rs)
+    let sw = xs.inner.lock().sw.clone();
     if xs.inner.lock().seqpacket {
+        let Some(tx) = tx else { return err(e::ENOTCONN) };
         return crate::seqpacket::sendmsg(&xs, &mut msg, &tx);
     }
+    if tx.is_none() && sw.is_none() {
+        return err(e::ENOTCONN);
+    }
+    let mut tx_cur = tx;
     let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;
     let mut timeo: c_long = xs.sk.sndtimeo(nonblock);
     let total = msg.left();
@@ -1205,6 +1233,32 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
         if xs.inner.lock().reset {
             return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
         }
+        if let Some(sw) = &sw {
+            use crate::carrier::Write;
+            match crate::carrier::send(&xs, sw, &mut msg, total - copied) {
+                Write::Ring => tx_cur = xs.inner.lock().tx.clone(),
+                Write::Sent(n) => {
+                    copied += n;
+                    continue;
+                }
+                Write::Blocked => {
+                    if nonblock {
+                        if copied > 0 {
+                            break;
+                        }
+                        return err(e::EAGAIN);
+                    }
+                    let r = xs.sk.wait(&mut timeo, || crate::carrier::tx_ready(sw) || xs.inner.lock().reset);
+                    if let Err(x) = r {
+                        return if copied > 0 { copied as c_int } else { err(x) };
+                    }
+                    continue;
+                }
+                Write::Pipe => return epipe(copied),
+                Write::Fault => return if copied > 0 { copied as c_int } else { err(e::EFAULT) },
+            }
+        }
+        let Some(tx) = tx_cur.clone() else { return if copied > 0 { copied as c_int } else { err(e::ENOTCONN) } };
         let state = tx.tx_state();
         let (free, end) = match state {
             Ok(v) => v,
@@ -1226,7 +1280,7 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
             let r = xs.sk.wait(&mut timeo, || {
                 let sleep = tx.tx.lock().prepare_wait(1);
                 match sleep {
-                    Ok(sleep) => !sleep || xs.inner.lock().reset,
+                    Ok(sleep) => !sleep || xs.inner.lock().reset || sw.as_ref().map(|s| !s.tx_on_ring()).unwrap_or(false),
                     Err(_) => true,
                 }
             });
@@ -1235,6 +1289,14 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
             }
             continue;
         }
+        // the switch stays on this ring until the bytes are counted
+        let mut on_ring = match &sw {
+            Some(sw) => match crate::carrier::ring_writer(sw) {
+                Some(w) => Some(w),
+                None => continue,
+            },
+            None => None,
+        };
         let want = (total - copied).min(free as usize).min(CHUNK);
         let got = msg.copy_from(&mut buf[..want]);
         if got == 0 {
@@ -1242,8 +1304,15 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
         }
         let w = match tx.tx.lock().write(&buf[..got]) {
             Ok(w) => w,
-            Err(why) => return err(conn_reset(&xs, why)),
+            Err(why) => {
+                drop(on_ring);
+                return err(conn_reset(&xs, why));
+            }
         };
+        if let Some(r) = on_ring.as_mut() {
+            r.sent(w);
+        }
+        drop(on_ring);
         copied += w;
         tx.after_write();
         if w < got {
@@ -1277,10 +1346,15 @@ unsafe extern "C" fn xs_recvmsg(
         State::Closed => return 0,
         _ => return err(e::ENOTCONN),
     }
-    let Some(rx) = rx else { return err(e::ENOTCONN) };
+    let sw = xs.inner.lock().sw.clone();
     if xs.inner.lock().seqpacket {
+        let Some(rx) = rx else { return err(e::ENOTCONN) };
         return crate::seqpacket::recvmsg(&xs, &mut msg, &rx, flags, peer);
     }
+    if rx.is_none() && sw.is_none() {
+        return err(e::ENOTCONN);
+    }
+    let mut rx_cur = rx;
     let peek = flags & bindings::MSG_PEEK as i32 != 0;
     let waitall = flags & bindings::MSG_WAITALL as i32 != 0 && !peek;
     let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;
@@ -1292,6 +1366,38 @@ unsafe extern "C" fn xs_recvmsg(
         if xs.inner.lock().reset {
             return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
         }
+        if let Some(sw) = &sw {
+            use crate::carrier::Read;
+            match crate::carrier::recv(&xs, sw, &mut msg, total - copied, peek) {
+                Read::Ring => rx_cur = xs.inner.lock().rx.clone(),
+                Read::Got(n) => {
+                    if peek {
+                        msg.set_name(&peer.bytes());
+                        return n as c_int;
+                    }
+                    copied += n;
+                    continue;
+                }
+                Read::Empty { eof } => {
+                    if eof || shut_rd || (copied > 0 && !waitall) {
+                        break;
+                    }
+                    let r = xs.sk.wait(&mut timeo, || {
+                        let i = xs.inner.lock();
+                        let stop = i.shut_rd || i.reset;
+                        drop(i);
+                        stop || crate::carrier::rx_ready(sw)
+                    });
+                    if let Err(x) = r {
+                        return if copied > 0 { copied as c_int } else { err(x) };
+                    }
+                    continue;
+                }
+                Read::Fault => return if copied > 0 { copied as c_int } else { err(e::EFAULT) },
+                Read::Reset => return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) },
+            }
+        }
+        let Some(rx) = rx_cur.clone() else { return if copied > 0 { copied as c_int } else { err(e::ENOTCONN) } };
         let (n, end) = match rx.rx_state() {
             Ok(v) => v,
             Err(why) => return err(conn_reset(&xs, why)),
@@ -1303,6 +1409,13 @@ unsafe extern "C" fn xs_recvmsg(
         }
         if n > 0 {
             let mut c = rx.rx.lock();
+            // the switch may have left this ring (or TCP bytes come first)
+            if let Some(sw) = &sw {
+                if !crate::carrier::ring_read_ok(sw) {
+                    drop(c);
+                    continue;
+                }
+            }
             if peek {
                 // MSG_PEEK: the first CHUNK bytes, never consumed
                 let want = (total).min(n as usize).min(CHUNK);
@@ -1335,6 +1448,12 @@ unsafe extern "C" fn xs_recvmsg(
                 drop(c);
                 return err(conn_reset(&xs, why));
             }
+            if let Some(sw) = &sw {
+                if crate::carrier::ring_taken(sw, out).is_err() {
+                    drop(c);
+                    return err(conn_reset(&xs, "ring read after the switch"));
+                }
+            }
             drop(c);
             copied += out;
             rx.after_read();
@@ -1355,7 +1474,9 @@ unsafe extern "C" fn xs_recvmsg(
             match sleep {
                 Ok(sleep) => {
                     let i = xs.inner.lock();
-                    !sleep || i.shut_rd || i.reset
+                    let stop = !sleep || i.shut_rd || i.reset;
+                    drop(i);
+                    stop || sw.as_ref().map(|s| !crate::carrier::ring_read_ok(s)).unwrap_or(false)
                 }
                 Err(_) => true,
             }
@@ -1500,12 +1621,12 @@ impl core::fmt::Write for Line {
 /// /proc/net/af_xen: one line per socket.
 pub(crate) fn proc_show(seq: &mut sys::Seq) {
     use core::fmt::Write;
-    seq.write(b"state       local            peer             rx_size rx_fill tx_size tx_fill bytes_in bytes_out carrier\n");
+    seq.write(b"state       local            peer             rx_size rx_fill tx_size tx_fill bytes_in bytes_out carrier    to_tcp to_ring\n");
     let p = globals().ports.lock();
     for (_, xs) in p.all.iter() {
-        let (st, local, peer, bound, tx, rx, bin, bout, reset) = {
+        let (st, local, peer, bound, tx, rx, bin, bout, reset, sw) = {
             let i = xs.inner.lock();
-            (i.state, i.local, i.peer, i.bound, i.tx.clone(), i.rx.clone(), i.bytes_in, i.bytes_out, i.reset)
+            (i.state, i.local, i.peer, i.bound, i.tx.clone(), i.rx.clone(), i.bytes_in, i.bytes_out, i.reset, i.sw.clone())
         };
         let mut l = Line { buf: [0; 256], len: 0 };
         let _ = write!(l, "{:<11} ", st.name());
@@ -1527,8 +1648,17 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
             Some(t) => (t.capacity(), t.tx_state().map(|(free, _)| t.capacity() - free.min(t.capacity())).unwrap_or(0)),
             None => (0, 0),
         };
+        let phase = sw.as_ref().filter(|s| s.is_active()).map(|s| s.phase());
         let carrier = if reset {
             "reset"
+        } else if let Some(p) = phase {
+            use crate::switch::Phase;
+            match p {
+                Phase::Ring => "ring-xen",
+                Phase::Draining => "draining",
+                Phase::Tcp => "tcp",
+                Phase::Upgrading => "upgrading",
+            }
         } else if tx.as_ref().map(|t| t.is_remote()).unwrap_or(false) {
             "ring-xen"
         } else if tx.is_some() {
@@ -1536,7 +1666,11 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
         } else {
             "-"
         };
-        let _ = writeln!(l, "{:>7} {:>7} {:>7} {:>7} {:>8} {:>9} {}", rxs, rxf, txs, txf, bin, bout, carrier);
+        let (to_tcp, to_ring) = sw
+            .as_ref()
+            .map(|s| (s.to_tcp.load(core::sync::atomic::Ordering::Relaxed), s.to_ring.load(core::sync::atomic::Ordering::Relaxed)))
+            .unwrap_or((0, 0));
+        let _ = writeln!(l, "{:>7} {:>7} {:>7} {:>7} {:>8} {:>9} {:<10} {:>6} {:>7}", rxs, rxf, txs, txf, bin, bout, carrier, to_tcp, to_ring);
         seq.write(&l.buf[..l.len]);
     }
 }

@@ -3,6 +3,8 @@
 KO=/opt/xensock/af_xen.ko
 LEG_PORT=7919
 M_PORT=7300
+# the move test (carrier switch to TCP and back)
+MV_PORT=7301
 # STREAM_MIB each way at once, a TCP leg opened at half of it
 STREAM_MIB=32
 check kmod-insmod insmod $KO hostile_test=1
