@@ -13,6 +13,7 @@
 #include <linux/inet.h>
 #include <linux/inetdevice.h>
 #include <linux/netdevice.h>
+#include <linux/platform_device.h>
 #include <linux/random.h>
 #include <linux/tcp.h>
 #include <linux/workqueue.h>
@@ -278,4 +279,51 @@ void afx_tcp_release(struct socket *s)
 	write_unlock_bh(&sk->sk_callback_lock);
 	kernel_sock_shutdown(s, SHUT_RDWR);
 	sock_release(s);
+}
+
+/*
+ * This guest's own save/restore (xl save / restore / migrate): Xen's
+ * do_suspend() freezes every device (dpm_suspend_start(PMSG_FREEZE)) while
+ * grants, mappings and event channels are still valid, and after the
+ * domain is back restores them (PMSG_RESTORE; PMSG_THAW when the suspend
+ * was cancelled). A platform device of ours gets both: the freeze moves
+ * every stream connection to TCP and takes the links down properly, the
+ * restore lets the link work start over under the (new) domid.
+ */
+static int afx_pm_freeze(struct device *dev) { afx_rs_suspend(); return 0; }
+static int afx_pm_thaw(struct device *dev) { afx_rs_resume(0); return 0; }
+static int afx_pm_restore(struct device *dev) { afx_rs_resume(1); return 0; }
+static const struct dev_pm_ops afx_pm_ops = {
+	.freeze = afx_pm_freeze,
+	.thaw = afx_pm_thaw,
+	.restore = afx_pm_restore,
+};
+static struct platform_driver afx_pm_driver = {
+	.driver = { .name = "af_xen_pm", .pm = &afx_pm_ops },
+};
+static struct platform_device *afx_pm_dev;
+
+int afx_pm_register(void)
+{
+	int err = platform_driver_register(&afx_pm_driver);
+
+	if (err)
+		return err;
+	afx_pm_dev = platform_device_register_simple("af_xen_pm", -1, NULL, 0);
+	if (IS_ERR(afx_pm_dev)) {
+		err = PTR_ERR(afx_pm_dev);
+		afx_pm_dev = NULL;
+		platform_driver_unregister(&afx_pm_driver);
+		return err;
+	}
+	return 0;
+}
+
+void afx_pm_unregister(void)
+{
+	if (!afx_pm_dev)
+		return;
+	platform_device_unregister(afx_pm_dev);
+	platform_driver_unregister(&afx_pm_driver);
+	afx_pm_dev = NULL;
 }

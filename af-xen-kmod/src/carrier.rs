@@ -441,6 +441,21 @@ pub(crate) fn on_ring_offer(xs: &Arc<XenSock>, grant: RingGrant) {
     sys_net::schedule();
 }
 
+/// This guest is back from a save (or the save was cancelled): the clock
+/// may have jumped by the time it was away, so the peer-lost bounds
+/// running start again from now.
+pub(crate) fn resumed() {
+    let now = sys_net::now_ms();
+    for xs in crate::tcp::active_snapshot().iter() {
+        if let Some(sw) = sw_of(xs) {
+            if sw.deadline.load(Ordering::Acquire) != 0 {
+                sw.deadline.store(now + sys_net::peer_lost_ms(), Ordering::Release);
+            }
+        }
+    }
+    sys_net::schedule();
+}
+
 /// The link to the peer is up again: let the work item offer rings.
 pub(crate) fn link_up() {
     sys_net::schedule();
@@ -781,7 +796,7 @@ fn take_offer(xs: &XenSock, t: &mut TxSide, ids: &Ids, grant: &RingGrant) -> cor
     // peer's domain, and the pipe kicks through the link once it is
     let link = xs.inner.lock().link.clone();
     let Some(link) = link else { return Ok(()) };
-    let me = crate::sock::globals().own_domid;
+    let me = crate::sock::globals().own_domid();
     let pipe = match Pipe::new_mapped(&link, me, grant, ids.peer_conn, grant.epoch) {
         Ok(p) => p,
         Err(_) => {
@@ -1175,7 +1190,7 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
         }
         let mut probe = r.path.clone();
         let Ok(epoch) = probe.offer_ring() else { return false };
-        let me = crate::sock::globals().own_domid;
+        let me = crate::sock::globals().own_domid();
         let cap = sw.rx_cap;
         let Ok((pipe, grant)) = Pipe::new_granted(&link, me, ids.conn_id, cap, epoch) else { return true };
         r.path = probe;

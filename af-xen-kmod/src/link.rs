@@ -86,11 +86,13 @@ pub(crate) struct LinkTable {
     pub(crate) links: KVec<Arc<Link>>,
     pub(crate) watches: KVec<xs::Watch>,
     pub(crate) stopping: bool,
+    /// this guest is being saved: no link until it is back
+    pub(crate) suspended: bool,
 }
 
 impl LinkTable {
     pub(crate) fn new() -> Self {
-        LinkTable { links: KVec::new(), watches: KVec::new(), stopping: false }
+        LinkTable { links: KVec::new(), watches: KVec::new(), stopping: false, suspended: false }
     }
 }
 
@@ -351,9 +353,60 @@ impl Link {
             if let (Some(r), Some(p)) = (gref, port) {
                 if let Err(x) = self.attach(i, r, p) {
                     pr_warn!("link to dom{}: cannot attach to ring-ref {} port {}: {:?}\n", self.peer, r, p, x);
+                } else {
+                    self.adopt_moved(i);
                 }
             }
         }
+    }
+
+    /// Stream connections to this peer's domid that went to TCP under an
+    /// earlier link to it (gone with our own save/restore, or with the
+    /// pair's link directories) continue under this one: ring offers go here.
+    fn adopt_moved(self: &Arc<Self>, i: &mut LinkInner) {
+        let p = sock::globals().ports.lock();
+        for (_, xs) in p.all.iter() {
+            let (id, old) = {
+                let mut inner = xs.inner.lock();
+                let stale = inner.link.as_ref().map(|l| !Arc::ptr_eq(l, self) && !l.is_up()).unwrap_or(false);
+                if inner.state != sock::State::Connected || inner.released || inner.sw.is_none() || inner.peer.domid != self.peer || !stale {
+                    continue;
+                }
+                (inner.conn_id, inner.link.replace(self.clone()))
+            };
+            drop(old);
+            if i.conns.get(&id).is_none() {
+                let _ = i.conns.try_create_and_insert(id, xs.clone(), GFP_KERNEL);
+            }
+            pr_info!("connection {}: continues under the new link to dom{}\n", id, self.peer);
+        }
+    }
+
+    /// A `RingOffer` for a connection this link does not know: the peer
+    /// moved (its domid changed with a save/restore) and offers a ring for
+    /// a connection of ours that went to TCP when its old link died. The
+    /// connection id must name such a connection; the ring's identity
+    /// header (owner = this peer, connection = its id) is checked when it
+    /// is mapped.
+    fn adopt_offer(self: &Arc<Self>, i: &mut LinkInner, conn_id: u32) -> Option<Arc<XenSock>> {
+        let p = sock::globals().ports.lock();
+        for (_, xs) in p.all.iter() {
+            let old = {
+                let mut inner = xs.inner.lock();
+                let stale = inner.link.as_ref().map(|l| l.peer != self.peer && !l.is_up()).unwrap_or(false);
+                if inner.conn_id != conn_id || inner.state != sock::State::Connected || inner.released || inner.sw.is_none() || !stale {
+                    continue;
+                }
+                let was = inner.peer.domid;
+                inner.peer.domid = self.peer;
+                pr_info!("connection {}: peer dom{} is now dom{}\n", conn_id, was, self.peer);
+                inner.link.replace(self.clone())
+            };
+            drop(old);
+            let _ = i.conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL);
+            return Some(xs.clone());
+        }
+        None
     }
 
     /// Sends the ConnectRequests of pending connects over this link, if it
@@ -518,8 +571,12 @@ impl Link {
                 }
             }
             Message::RingOffer { conn_id, rx } => {
-                if let Some(s) = i.conns.get(&conn_id) {
-                    crate::carrier::on_ring_offer(s, rx);
+                let s = match i.conns.get(&conn_id).cloned() {
+                    Some(s) => Some(s),
+                    None => self.adopt_offer(i, conn_id),
+                };
+                if let Some(s) = s {
+                    crate::carrier::on_ring_offer(&s, rx);
                 }
             }
             // Close: both directions' flags are already in the rings; the
@@ -535,9 +592,9 @@ fn globals_table() -> &'static Mutex<LinkTable> {
 
 /// The link to `peer`, advertised now if dom0 made its directory for us.
 pub(crate) fn get_or_create(peer: u32) -> core::result::Result<Arc<Link>, i32> {
-    let me = sock::globals().own_domid;
+    let me = sock::globals().own_domid();
     let mut t = globals_table().lock();
-    if t.stopping {
+    if t.stopping || t.suspended {
         return Err(e::ENETUNREACH);
     }
     if let Some(l) = t.links.iter().find(|l| l.peer == peer) {
@@ -560,11 +617,18 @@ pub(crate) fn get_or_create(peer: u32) -> core::result::Result<Arc<Link>, i32> {
 /// Module init: watch our link directory (dom0 creating a link) and domain
 /// deaths, then look once.
 pub(crate) fn start() {
-    let me = sock::globals().own_domid;
+    let me = sock::globals().own_domid();
     if me == 0 {
         return;
     }
     let mut t = globals_table().lock();
+    add_watches(&mut t, me);
+    drop(t);
+    sys::schedule_work();
+}
+
+/// Our link directory (dom0 creating a link) and domain deaths.
+fn add_watches(t: &mut LinkTable, me: u32) {
     if let Ok(p) = root(me) {
         if let Ok(w) = xs::Watch::add(&p) {
             let _ = t.watches.push(w, GFP_KERNEL);
@@ -575,17 +639,75 @@ pub(crate) fn start() {
             let _ = t.watches.push(w, GFP_KERNEL);
         }
     }
-    drop(t);
+}
+
+/// Set by the restore hook: the work item starts over under our new domid.
+static RESUMED: AtomicBool = AtomicBool::new(false);
+
+/// This guest is about to be saved (`xl save`/`migrate`; the freeze hook,
+/// with grants, mappings and event channels still valid): every link goes
+/// down properly, its stream connections move to TCP (carrier.rs, the
+/// read-back copy is taken from the peer's pages while they are mapped),
+/// and our advertisements are retracted. Nothing of it is left to touch
+/// after the restore, when all of it would be stale.
+pub(crate) fn suspend_all() {
+    let (links, watches) = {
+        let mut t = globals_table().lock();
+        if t.stopping {
+            return;
+        }
+        t.suspended = true;
+        (core::mem::replace(&mut t.links, KVec::new()), core::mem::replace(&mut t.watches, KVec::new()))
+    };
+    drop(watches);
+    for l in links.iter() {
+        let (w, mine) = {
+            let mut i = l.inner.lock();
+            l.detach(&mut i, "this domain is being saved");
+            (i.watch.take(), i.mine.take())
+        };
+        drop(w);
+        xs::retract(&l.my_dir);
+        drop(mine);
+    }
+    pr_info!("suspend: {} links down, stream connections on TCP\n", links.len());
+}
+
+/// The freeze is over: restored (a new domain, maybe a new domid) or the
+/// suspend was cancelled. The work item starts the links over.
+pub(crate) fn resumed(restored: bool) {
+    pr_info!("{}: links start over\n", if restored { "restored" } else { "suspend cancelled" });
+    RESUMED.store(true, Ordering::Release);
+    crate::carrier::resumed();
     sys::schedule_work();
+}
+
+/// Work item, after a restore: our domid as XenStore says now, watches on
+/// our (new) link directory.
+fn start_over() {
+    let old = sock::globals().own_domid();
+    let me = sys::xenstore_read_u32(c"domid", c"").unwrap_or(old);
+    sock::globals().set_own_domid(me);
+    let mut t = globals_table().lock();
+    t.suspended = false;
+    let w = core::mem::replace(&mut t.watches, KVec::new());
+    add_watches(&mut t, me);
+    drop(t);
+    drop(w);
+    pr_info!("back as dom{} (was dom{})\n", me, old);
 }
 
 /// The work item.
 pub(crate) fn work() {
-    let me = sock::globals().own_domid;
+    let resumed = RESUMED.swap(false, Ordering::AcqRel);
+    if resumed {
+        start_over();
+    }
+    let me = sock::globals().own_domid();
     if me == 0 {
         return;
     }
-    let xs_changed = sys::take_xs_dirty();
+    let xs_changed = sys::take_xs_dirty() || resumed;
     let mut ids = [0u32; 64];
     let mut n = 0;
     if let Ok(dir) = root(me).and_then(|d| if xs_changed { Ok(d) } else { Err(EAGAIN) }) {
@@ -598,7 +720,7 @@ pub(crate) fn work() {
     }
     let links: KVec<Arc<Link>> = {
         let t = globals_table().lock();
-        if t.stopping {
+        if t.stopping || t.suspended {
             return;
         }
         let mut v = KVec::new();

@@ -172,7 +172,8 @@ impl PinnedDrop for XenSock {
 /// Module-wide state: the port table and our domid.
 #[pin_data]
 pub(crate) struct Globals {
-    pub(crate) own_domid: u32,
+    /// our domid; a restore after `xl save` gives a new one (carrier.rs)
+    own: core::sync::atomic::AtomicU32,
     #[pin]
     pub(crate) ports: Mutex<Ports>,
     #[pin]
@@ -187,9 +188,18 @@ pub(crate) struct Ports {
 }
 
 impl Globals {
+    pub(crate) fn own_domid(&self) -> u32 {
+        self.own.load(core::sync::atomic::Ordering::Acquire)
+    }
+
+    /// After a restore: the domid XenStore gives us now.
+    pub(crate) fn set_own_domid(&self, domid: u32) {
+        self.own.store(domid, core::sync::atomic::Ordering::Release);
+    }
+
     pub(crate) fn new(own_domid: u32) -> impl PinInit<Self, Error> {
         try_pin_init!(Globals {
-            own_domid,
+            own: core::sync::atomic::AtomicU32::new(own_domid),
             ports <- new_mutex!(Ports {
                 map: RBTree::new(),
                 next_ephemeral: EPHEMERAL_FIRST,
@@ -413,7 +423,7 @@ unsafe extern "C" fn xs_release(sock: *mut bindings::socket) -> c_int {
 // ---- bind / listen / getname -------------------------------------------------
 
 fn domid_ok(domid: u32) -> bool {
-    domid == DOMID_ANY || domid == DOMID_SELF || domid == globals().own_domid
+    domid == DOMID_ANY || domid == DOMID_SELF || domid == globals().own_domid()
 }
 
 /// Binds `xs` to `port` (PORT_ANY: ephemeral). Caller checked the state.
@@ -440,7 +450,7 @@ fn do_bind(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
     };
     p.map.try_create_and_insert(port, xs.clone(), GFP_KERNEL).map_err(|_| e::ENOMEM)?;
     let mut i = xs.inner.lock();
-    i.local = Addr { port, domid: globals().own_domid };
+    i.local = Addr { port, domid: globals().own_domid() };
     i.bound = true;
     if i.state == State::Unbound {
         i.state = State::Bound;
@@ -539,7 +549,7 @@ unsafe extern "C" fn xs_connect(
         return pending;
     }
     let nonblock = flags & bindings::O_NONBLOCK as c_int != 0;
-    if a.domid == DOMID_SELF || a.domid == globals().own_domid {
+    if a.domid == DOMID_SELF || a.domid == globals().own_domid() {
         let xs: Arc<XenSock> = xs.into();
         return match connect_local(&xs, a.port) {
             Ok(()) => {
@@ -587,7 +597,7 @@ const CONNECT_TIMEOUT_MS: u32 = 40_000;
 /// waits; SO_SNDTIMEO running out is EINPROGRESS and a signal EINTR (the
 /// connect stays in progress, as TCP's), our own bound ETIMEDOUT (aborted).
 fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::Result<(), i32> {
-    let me = globals().own_domid;
+    let me = globals().own_domid();
     let link = crate::link::get_or_create(a.domid)?;
     if !xs.inner.lock().bound {
         do_bind(xs, PORT_ANY)?;
@@ -679,7 +689,7 @@ pub(crate) fn accept_remote(
     rg: &crate::ctrl::RingGrant,
 ) -> core::result::Result<(Arc<XenSock>, u32, crate::ctrl::RingGrant), crate::ctrl::RejectReason> {
     use crate::ctrl::RejectReason as R;
-    let me = globals().own_domid;
+    let me = globals().own_domid();
     let l = {
         let p = globals().ports.lock();
         p.map.get(&dst_port).cloned()
@@ -789,7 +799,7 @@ pub(crate) fn connect_accepted(
     acceptor_id: u32,
     rg: &crate::ctrl::RingGrant,
 ) -> core::result::Result<(), ()> {
-    let me = globals().own_domid;
+    let me = globals().own_domid();
     if xs.inner.lock().state != State::Connecting {
         return Err(());
     }
@@ -849,7 +859,7 @@ pub(crate) fn link_lost(xs: &Arc<XenSock>) {
 /// Loopback connection to a listener of this domain: the accepted child and
 /// both rings are made at once, so connect() completes immediately.
 fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
-    let me = globals().own_domid;
+    let me = globals().own_domid();
     let listener = {
         let p = globals().ports.lock();
         p.map.get(&port).cloned()

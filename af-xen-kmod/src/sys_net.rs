@@ -25,6 +25,35 @@ extern "C" {
     fn afx_tcp_leg_state(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_set_user_timeout(s: *mut bindings::socket, ms: kernel::ffi::c_uint);
     fn afx_tcp_send_nb(s: *mut bindings::socket, buf: *const c_void, len: usize) -> c_int;
+    fn afx_pm_register() -> c_int;
+    fn afx_pm_unregister();
+}
+
+/// The save/restore hooks (a platform device's freeze/thaw/restore).
+pub(crate) struct PmHooks;
+
+impl PmHooks {
+    pub(crate) fn register() -> Option<PmHooks> {
+        // SAFETY: registers a static driver and device once (module init).
+        (unsafe { afx_pm_register() } == 0).then_some(PmHooks)
+    }
+}
+
+impl Drop for PmHooks {
+    fn drop(&mut self) {
+        // SAFETY: unregisters what register() registered (module exit).
+        unsafe { afx_pm_unregister() }
+    }
+}
+
+#[no_mangle]
+extern "C" fn afx_rs_suspend() {
+    crate::link::suspend_all();
+}
+
+#[no_mangle]
+extern "C" fn afx_rs_resume(restored: c_int) {
+    crate::link::resumed(restored != 0);
 }
 
 /// The `peer_lost_ms` module parameter (at least 100).

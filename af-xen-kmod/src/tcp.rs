@@ -311,6 +311,20 @@ pub(crate) fn register(xs: &Arc<XenSock>) {
     sys_net::schedule();
 }
 
+/// The connections whose switch is active, now.
+pub(crate) fn active_snapshot() -> KVec<Arc<XenSock>> {
+    let mut v = KVec::new();
+    if let Some(s) = state() {
+        let g = s.lock();
+        for x in g.active.iter() {
+            if v.push(x.clone(), GFP_KERNEL).is_err() {
+                break;
+            }
+        }
+    }
+    v
+}
+
 /// No TCP carrier (tcp_port=0 or no listener): connections cannot switch.
 pub(crate) fn legs_disabled() -> bool {
     !LISTENING.load(Ordering::Acquire)

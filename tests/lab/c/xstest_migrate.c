@@ -369,8 +369,24 @@ struct phases {
 	int phase;
 	double since;
 	uint64_t sent0, got0;
-	int done;
+	/* "mv": dom0 ends and remakes the link directories; "sv": dom0 saves
+	 * and restores the server's domain (and makes the new pair's links) */
+	const char *pfx;
 };
+
+static void presult(const struct phases *ph, const char *what, int ok, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void presult(const struct phases *ph, const char *what, int ok, const char *fmt, ...)
+{
+	char name[64], detail[200];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof(detail), fmt, ap);
+	va_end(ap);
+	snprintf(name, sizeof(name), "%s-client-%s", ph->pfx, what);
+	result(name, ok, "%s", detail);
+}
 
 static void phase_to(struct phases *ph, int next, uint64_t sent, uint64_t got)
 {
@@ -387,56 +403,61 @@ static int client_tick(struct phases *ph, uint64_t sent, uint64_t got)
 	long t = -1, r = -1;
 	int ok = proc_carrier(c, sizeof(c), &t, &r) == 0;
 	double waited = now() - ph->since;
+	int save = !strcmp(ph->pfx, "sv");
 
 	switch (ph->phase) {
 	case 0: /* on the ring: stream 8 MiB each way, then ask for the move */
 		if (sent - ph->sent0 >= 8 * MIB && got - ph->got0 >= 8 * MIB) {
-			result("mv-client-ring-before", ok && !strcmp(c, "ring-xen") && t == 0, "carrier %s to_tcp %ld", c, t);
-			printf("m-phase ring-ok\n");
+			presult(ph, "ring-before", ok && !strcmp(c, "ring-xen"), "carrier %s to_tcp %ld", c, t);
+			printf("m-phase %s\n", save ? "save-now" : "ring-ok");
 			fflush(stdout);
 			phase_to(ph, 1, sent, got);
 		}
 		return 0;
-	case 1: /* dom0 removes the link directories: we must go to TCP */
-		if (ok && !strcmp(c, "tcp")) {
-			result("mv-client-switched-to-tcp", t >= 2, "carrier tcp after %.1f s, to_tcp %ld", waited, t);
+	case 1: /* the peer's link goes away: both directions go to TCP */
+		if (ok && (save ? t >= 2 : !strcmp(c, "tcp"))) {
+			presult(ph, "switched-to-tcp", t >= 2, "carrier %s after %.1f s, to_tcp %ld", c, waited, t);
 			show_proc();
 			phase_to(ph, 2, sent, got);
-		} else if (waited > 60) {
-			result("mv-client-switched-to-tcp", 0, "carrier still %s after 60 s (to_tcp %ld)", c, t);
+		} else if (waited > (save ? 180 : 60)) {
+			presult(ph, "switched-to-tcp", 0, "carrier still %s after %.0f s (to_tcp %ld)", c, waited, t);
 			show_proc();
 			return 1;
 		}
 		return 0;
-	case 2: /* keep streaming on TCP: 16 MiB each way */
+	case 2: /* keep streaming: 16 MiB each way (on TCP while the link is away) */
 		if (sent - ph->sent0 >= 16 * MIB && got - ph->got0 >= 16 * MIB) {
-			result("mv-client-streamed-on-tcp", ok && !strcmp(c, "tcp"), "16 MiB each way in %.1f s, carrier %s", waited, c);
-			printf("m-phase tcp-ok\n");
+			if (save)
+				presult(ph, "streamed-after-move", 1, "16 MiB each way in %.1f s, carrier %s", waited, c);
+			else
+				presult(ph, "streamed-on-tcp", ok && !strcmp(c, "tcp"), "16 MiB each way in %.1f s, carrier %s", waited, c);
+			printf("m-phase %s\n", save ? "moved-ok" : "tcp-ok");
 			fflush(stdout);
 			phase_to(ph, 3, sent, got);
-		} else if (waited > 120) {
-			result("mv-client-streamed-on-tcp", 0, "only %llu/%llu bytes on TCP in 120 s", (unsigned long long)(sent - ph->sent0), (unsigned long long)(got - ph->got0));
+		} else if (waited > 180) {
+			presult(ph, save ? "streamed-after-move" : "streamed-on-tcp", 0, "only %llu/%llu bytes in 180 s",
+				(unsigned long long)(sent - ph->sent0), (unsigned long long)(got - ph->got0));
 			return 1;
 		}
 		return 0;
-	case 3: /* dom0 makes the link directories again: back to the ring */
+	case 3: /* co-resident again: back to (new) rings */
 		if (ok && !strcmp(c, "ring-xen") && r >= 2) {
-			result("mv-client-back-on-ring", 1, "after %.1f s, to_tcp %ld to_ring %ld", waited, t, r);
+			presult(ph, "back-on-ring", 1, "after %.1f s, to_tcp %ld to_ring %ld", waited, t, r);
 			show_proc();
 			phase_to(ph, 4, sent, got);
-		} else if (waited > 60) {
-			result("mv-client-back-on-ring", 0, "carrier %s to_ring %ld after 60 s", c, r);
+		} else if (waited > 90) {
+			presult(ph, "back-on-ring", 0, "carrier %s to_ring %ld after 90 s", c, r);
 			show_proc();
 			return 1;
 		}
 		return 0;
 	case 4: /* 8 MiB more each way on the new rings, then finish */
 		if (sent - ph->sent0 >= 8 * MIB && got - ph->got0 >= 8 * MIB) {
-			result("mv-client-streamed-on-new-ring", ok && !strcmp(c, "ring-xen"), "carrier %s", c);
+			presult(ph, "streamed-on-new-ring", ok && !strcmp(c, "ring-xen"), "carrier %s", c);
 			return 1;
 		}
 		if (waited > 120) {
-			result("mv-client-streamed-on-new-ring", 0, "stalled on the new ring");
+			presult(ph, "streamed-on-new-ring", 0, "stalled on the new ring");
 			return 1;
 		}
 		return 0;
@@ -449,13 +470,13 @@ static int client_tick(struct phases *ph, uint64_t sent, uint64_t got)
  * told to finish (client: its phases; server: the client's EOF), then
  * shutdown(SHUT_WR); read and check until EOF.
  */
-static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxseed, int client)
+static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxseed, int client, const char *pfx)
 {
 	static uint8_t buf[65536];
 	uint64_t sent = 0, got = 0, bad_at = UINT64_MAX;
 	int wr_done = 0, rd_done = 0;
 	double t0 = now(), last = now();
-	struct phases ph = { 0, now(), 0, 0, 0 };
+	struct phases ph = { 0, now(), 0, 0, pfx };
 
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 	while (!rd_done || !wr_done) {
@@ -506,7 +527,7 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 		}
 		if (progress)
 			last = now();
-		else if (now() - last > 60) {
+		else if (now() - last > 120) {
 			result(name, 0, "stalled: sent %llu got %llu", (unsigned long long)sent, (unsigned long long)got);
 			show_proc();
 			return -1;
@@ -524,25 +545,30 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 	return 0;
 }
 
-static int cmd_move_server(uint32_t port)
+static int cmd_move_server(uint32_t port, const char *pfx)
 {
+	char nm[64];
 	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = XEN_DOMID_ANY };
 	int l = socket(fam, SOCK_STREAM, 0), c;
 	char car[32] = "?";
 	long t = -1, r = -1;
 
+	snprintf(nm, sizeof(nm), "%s-server-listen", pfx);
 	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 4)) {
-		result("mv-server-listen", 0, "%s", strerror(errno));
+		result(nm, 0, "%s", strerror(errno));
 		return 1;
 	}
 	c = accept(l, NULL, NULL);
-	result("mv-server-accept", c >= 0, c < 0 ? "%s" : NULL, strerror(errno));
+	snprintf(nm, sizeof(nm), "%s-server-accept", pfx);
+	result(nm, c >= 0, c < 0 ? "%s" : NULL, strerror(errno));
 	if (c < 0)
 		return 1;
-	stream_open("mv-server-stream", c, 0x5eed0011, 0x5eed0012, 0);
+	snprintf(nm, sizeof(nm), "%s-server-stream", pfx);
+	stream_open(nm, c, 0x5eed0011, 0x5eed0012, 0, pfx);
 	proc_carrier(car, sizeof(car), &t, &r);
 	/* each direction left the ring once and came back once */
-	result("mv-server-switch-counts", t >= 2 && r >= 2, "carrier %s to_tcp %ld to_ring %ld", car, t, r);
+	snprintf(nm, sizeof(nm), "%s-server-switch-counts", pfx);
+	result(nm, t >= 2 && r >= 2, "carrier %s to_tcp %ld to_ring %ld", car, t, r);
 	show_proc();
 	print_stats();
 	close(c);
@@ -550,8 +576,9 @@ static int cmd_move_server(uint32_t port)
 	return failures > 100 ? 100 : failures;
 }
 
-static int cmd_move_client(uint32_t peer, uint32_t port)
+static int cmd_move_client(uint32_t peer, uint32_t port, const char *pfx)
 {
+	char nm[64];
 	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = peer };
 	double end = now() + 120;
 	int c = -1;
@@ -564,10 +591,12 @@ static int cmd_move_client(uint32_t peer, uint32_t port)
 		c = -1;
 		sleep(1);
 	}
-	result("mv-client-connect", c >= 0, c < 0 ? "%s" : NULL, strerror(errno));
+	snprintf(nm, sizeof(nm), "%s-client-connect", pfx);
+	result(nm, c >= 0, c < 0 ? "%s" : NULL, strerror(errno));
 	if (c < 0)
 		return 1;
-	stream_open("mv-client-stream", c, 0x5eed0012, 0x5eed0011, 1);
+	snprintf(nm, sizeof(nm), "%s-client-stream", pfx);
+	stream_open(nm, c, 0x5eed0012, 0x5eed0011, 1, pfx);
 	show_proc();
 	print_stats();
 	close(c);
@@ -592,10 +621,10 @@ int main(int argc, char **argv)
 	}
 	if (argc == 4 && !strcmp(argv[1], "server"))
 		return cmd_server(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
-	if (argc == 3 && !strcmp(argv[1], "move-server"))
-		return cmd_move_server(strtoul(argv[2], NULL, 0));
-	if (argc == 4 && !strcmp(argv[1], "move-client"))
-		return cmd_move_client(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0));
+	if ((argc == 3 || argc == 4) && !strcmp(argv[1], "move-server"))
+		return cmd_move_server(strtoul(argv[2], NULL, 0), argc == 4 ? argv[3] : "mv");
+	if ((argc == 4 || argc == 5) && !strcmp(argv[1], "move-client"))
+		return cmd_move_client(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0), argc == 5 ? argv[4] : "mv");
 	if (argc == 7 && !strcmp(argv[1], "client"))
 		return cmd_client(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0), strtoull(argv[4], NULL, 0), argv[5], atoi(argv[6]));
 	fprintf(stderr, "usage: see the comment at the top of xstest_migrate.c\n");

@@ -5,6 +5,8 @@ LEG_PORT=7919
 M_PORT=7300
 # the move test (carrier switch to TCP and back)
 MV_PORT=7301
+# the save test (this connection follows domu1 through xl save + restore)
+SV_PORT=7302
 # STREAM_MIB each way at once, a TCP leg opened at half of it
 STREAM_MIB=32
 check kmod-insmod insmod $KO hostile_test=1

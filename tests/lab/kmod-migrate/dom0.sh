@@ -25,7 +25,7 @@ pair_ended() {
 }
 mklink "$D1" "$D2" && mklink "$D2" "$D1"
 check xs-link-connected wait_until 240 linked
-# the move test
+# the move test (agent-told)
 if wait_domu domu2 'm-phase ring-ok' 600; then
   check xs-pair-ended pair_ended
   if wait_domu domu2 'm-phase tcp-ok' 300; then
@@ -36,4 +36,21 @@ if wait_domu domu2 'm-phase ring-ok' 600; then
   fi
 else
   log "domu2 never reported the ring phase"
+fi
+# the save test: domu1 is saved and restored mid-stream (a new domid); the
+# agent's part: the pair with the old domid ended, the new pair is linked
+if wait_domu domu2 'm-phase save-now' 900; then
+  OLD=$D1
+  check xl-save-domu1 timeout 180 xl save domu1 /tmp/domu1.save
+  check xl-restore-domu1 timeout 180 xl restore /tmp/domu1.save
+  rm -f /tmp/domu1.save
+  D1=$(xl domid domu1 2>/dev/null || echo none)
+  log "domu1: dom$OLD before save, dom$D1 after restore"
+  check new-domid-after-restore test "$D1" != none -a "$D1" != "$OLD"
+  xenstore-rm "/local/domain/$D2/data/xensock/link/$OLD" 2>/dev/null
+  check xs-pair-after-restore pair_again
+  check xs-link-connected-after-restore wait_until 60 linked
+  xenstore-ls "/local/domain/$D2/data/xensock" 2>/dev/null
+else
+  log "domu2 never asked for the save"
 fi
