@@ -46,6 +46,9 @@ const TXQ_BYTES: usize = 256 * 1024;
 const RXBUF_BYTES: usize = 256 * 1024;
 /// `Consumed` frames waiting for the inbound leg.
 const CTLQ_BYTES: usize = 4096;
+/// Room in the send queue that data (the application's or a resend) leaves
+/// free, so that `RingFrom`, `TxFreeze` and `Fin` always fit.
+const CTL_RESERVE: usize = 4 * ctrl::MAX_CONTROL_FRAME;
 /// Payload of one `Data` frame we send.
 const DATA_CHUNK: usize = 32 * 1024;
 /// How often the work item looks again while legs connect or a bound runs.
@@ -395,9 +398,36 @@ fn freeze_tx_locked(xs: &XenSock, t: &mut TxSide) -> core::result::Result<(), &'
 /// The receiving direction leaves its ring on its own: what was taken is
 /// kept, the rest comes again from the sender (`Consumed{taken}`).
 fn freeze_rx(xs: &XenSock, sw: &Switch) -> core::result::Result<(), &'static str> {
-    let pipe = xs.inner.lock().rx.clone();
-    let c = pipe.as_ref().map(|p| p.rx.lock());
-    let mut r = sw.rx.lock();
+    loop {
+        let pipe = xs.inner.lock().rx.clone();
+        let c = pipe.as_ref().map(|p| p.rx.lock());
+        let r = sw.rx.lock();
+        // a RingFrom may have put a new ring in between: lock that one
+        if !same_pipe(&xs.inner.lock().rx, &pipe) {
+            continue;
+        }
+        return freeze_rx_locked(xs, sw, pipe.clone(), c, r);
+    }
+}
+
+fn same_pipe(a: &Option<Arc<Pipe>>, b: &Option<Arc<Pipe>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+type ConsumerGuard<'a> = kernel::sync::lock::Guard<'a, crate::ring::Consumer<crate::mem::RawRing>, kernel::sync::lock::mutex::MutexBackend>;
+type RxGuard<'a> = kernel::sync::lock::Guard<'a, RxSide, kernel::sync::lock::mutex::MutexBackend>;
+
+fn freeze_rx_locked(
+    xs: &XenSock,
+    sw: &Switch,
+    pipe: Option<Arc<Pipe>>,
+    c: Option<ConsumerGuard<'_>>,
+    mut r: RxGuard<'_>,
+) -> core::result::Result<(), &'static str> {
     rx_activate(&mut r).map_err(|_| "no memory for the receive buffer")?;
     if let (RxState::Ring { .. }, Some(c)) = (r.path.state(), c.as_ref()) {
         // a FIN the ring showed with every byte taken: end of stream known
@@ -555,11 +585,11 @@ pub(crate) fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize) -> Wri
     }
     let peer_conn = xs.inner.lock().peer_conn;
     let room = t.q.as_ref().map(|q| q.room()).unwrap_or(0);
-    if room <= ctrl::DATA_PREFIX_LEN {
+    if room <= ctrl::DATA_PREFIX_LEN + CTL_RESERVE {
         return Write::Blocked;
     }
     let mut buf = [0u8; 4096];
-    let want = left.min(room - ctrl::DATA_PREFIX_LEN).min(buf.len());
+    let want = left.min(room - ctrl::DATA_PREFIX_LEN - CTL_RESERVE).min(buf.len());
     let got = msg.copy_from(&mut buf[..want]);
     if got == 0 {
         return Write::Fault;
@@ -586,7 +616,7 @@ pub(crate) fn tx_ready(sw: &Switch) -> bool {
             t.broken
                 || (t.resend_pos >= t.resend_end
                     && t.offer.is_none()
-                    && t.q.as_ref().map(|q| q.room() > ctrl::DATA_PREFIX_LEN).unwrap_or(false))
+                    && t.q.as_ref().map(|q| q.room() > ctrl::DATA_PREFIX_LEN + CTL_RESERVE).unwrap_or(false))
         }
     }
 }
@@ -671,7 +701,7 @@ pub(crate) fn poll_bits(sw: &Switch) -> (bool, bool, bool, bool) {
                 !t.broken
                     && t.resend_pos >= t.resend_end
                     && t.offer.is_none()
-                    && t.q.as_ref().map(|q| q.room() > ctrl::DATA_PREFIX_LEN).unwrap_or(false),
+                    && t.q.as_ref().map(|q| q.room() > ctrl::DATA_PREFIX_LEN + CTL_RESERVE).unwrap_or(false),
                 t.broken,
             ),
             _ => (false, false),
@@ -749,8 +779,8 @@ fn flush_tx(t: &mut TxSide) {
 /// Resend copy, then `Fin`, then a pending ring offer, into the queue.
 fn pump_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
     let Some(q) = t.q.as_mut() else { return Ok(()) };
-    while t.resend_pos < t.resend_end && q.room() > ctrl::DATA_PREFIX_LEN {
-        let n = (t.resend_end - t.resend_pos).min(DATA_CHUNK).min(q.room() - ctrl::DATA_PREFIX_LEN);
+    while t.resend_pos < t.resend_end && q.room() > ctrl::DATA_PREFIX_LEN + CTL_RESERVE {
+        let n = (t.resend_end - t.resend_pos).min(DATA_CHUNK).min(q.room() - ctrl::DATA_PREFIX_LEN - CTL_RESERVE);
         let prefix = ctrl::encode_data_prefix(ids.peer_conn, t.resend_off, n).map_err(|_| "encode")?;
         q.push(&prefix);
         q.push(&t.resend[t.resend_pos..t.resend_pos + n]);
@@ -779,6 +809,10 @@ fn pump_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids) -> core::result::Result<(), 
         if t.path.offer_waits_for_consumed(grant.epoch) {
             return Ok(());
         }
+        // room for RingFrom (writers wait while an offer is pending)
+        if t.q.as_ref().map(|q| q.room() < ctrl::MAX_CONTROL_FRAME).unwrap_or(true) {
+            return Ok(());
+        }
         t.offer = None;
         take_offer(xs, t, ids, &grant)?;
     }
@@ -787,9 +821,8 @@ fn pump_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids) -> core::result::Result<(), 
 
 /// Moves the sending direction onto the ring the receiver offered.
 fn take_offer(xs: &XenSock, t: &mut TxSide, ids: &Ids, grant: &RingGrant) -> core::result::Result<(), &'static str> {
-    if t.path.is_finished() || t.q.as_ref().map(|q| q.room() < ctrl::MAX_CONTROL_FRAME).unwrap_or(true) {
-        // after FIN a ring is pointless; a full queue: decline (the
-        // receiver keeps reading TCP)
+    if t.path.is_finished() {
+        // after FIN a ring is pointless: decline (the receiver keeps reading TCP)
         return Ok(());
     }
     // the link need not be up from our side yet: the mapping names the
@@ -1095,7 +1128,8 @@ pub(crate) fn service(xs: &Arc<XenSock>) -> bool {
         let pipe = xs.inner.lock().rx.clone();
         let c = pipe.as_ref().map(|p| p.rx.lock());
         let mut r = sw.rx.lock();
-        let res = if closed { Ok(()) } else { pull_frames(xs, &sw, &mut r, &ids) };
+        // a ring put in by a reader's own pull in between: next pass
+        let res = if closed || !same_pipe(&xs.inner.lock().rx, &pipe) { Ok(()) } else { pull_frames(xs, &sw, &mut r, &ids) };
         flush_ctl(&mut r);
         drop(r);
         drop(c);

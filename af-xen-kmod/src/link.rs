@@ -301,10 +301,15 @@ impl Link {
     fn readvertise(&self) {
         let i = self.inner.lock();
         let Some(mine) = i.mine.as_ref() else { return };
-        if xs::read_u32(&self.my_dir, c"state").is_some() {
+        // ring-ref, not state: attaching to the peer's half writes our
+        // state into the new, empty directory before we advertised again
+        // (run kmod-migrate-20261122-091200: state 4 without a ring-ref,
+        // and the peer never attached)
+        if xs::read_u32(&self.my_dir, c"ring-ref") == Some(mine._grant.gref) {
             return;
         }
-        if xs::advertise(&self.my_dir, mine._grant.gref, mine._chan.port, STATE_INITIALISED).is_ok() {
+        let state = if i.peer.is_some() { STATE_CONNECTED } else { STATE_INITIALISED };
+        if xs::advertise(&self.my_dir, mine._grant.gref, mine._chan.port, state).is_ok() {
             pr_info!("link to dom{}: directory back, advertised again\n", self.peer);
         }
     }
