@@ -26,9 +26,10 @@ pair_ended() {
 mklink "$D1" "$D2" && mklink "$D2" "$D1"
 check xs-link-connected wait_until 240 linked
 # the move test (agent-told)
-if wait_domu domu2 'm-phase ring-ok' 600; then
+# (each wait also ends when domu2's script ended without asking)
+if wait_domu domu2 'm-phase ring-ok|^@@EXIT' 600 && ! wait_domu domu2 '^@@EXIT' 0; then
   check xs-pair-ended pair_ended
-  if wait_domu domu2 'm-phase tcp-ok' 300; then
+  if wait_domu domu2 'm-phase tcp-ok|^@@EXIT' 300 && ! wait_domu domu2 '^@@EXIT' 0; then
     check xs-pair-again pair_again
     check xs-link-connected-again wait_until 60 linked
   else
@@ -39,7 +40,7 @@ else
 fi
 # the save test: domu1 is saved and restored mid-stream (a new domid); the
 # agent's part: the pair with the old domid ended, the new pair is linked
-if wait_domu domu2 'm-phase save-now' 900; then
+if wait_domu domu2 'm-phase save-now|^@@EXIT' 900 && ! wait_domu domu2 '^@@EXIT' 0; then
   OLD=$D1
   check xl-save-domu1 timeout 180 xl save domu1 /tmp/domu1.save
   check xl-restore-domu1 timeout 180 xl restore /tmp/domu1.save
