@@ -1199,7 +1199,8 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
     let link = xs.inner.lock().link.clone();
     let Some(link) = link else { return false };
     if !link.is_up() {
-        return false;
+        // keep ticking: the work item looks at links that are down
+        return sw.rx.lock().path.state() == RxState::Tcp;
     }
     let grant = {
         let mut r = sw.rx.lock();

@@ -744,6 +744,50 @@ pub(crate) fn work() {
     }
 }
 
+/// While stream connections wait on TCP for their link to come back:
+/// look at the links that are down as if a watch had fired (the TCP work
+/// item calls this at most every 500 ms). A watch event can be missed
+/// while a link directory is being made again (run
+/// kmod-migrate-20261122-093132: one side re-advertised, the other never
+/// attached to it), and a connection must not stay on TCP because of it.
+pub(crate) fn poll_down_links() {
+    static LAST_MS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+    let now = crate::sys_net::now_ms();
+    let last = LAST_MS.load(Ordering::Relaxed);
+    if now < last + 500 || LAST_MS.compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+        return;
+    }
+    let me = sock::globals().own_domid();
+    let links: KVec<Arc<Link>> = {
+        let t = globals_table().lock();
+        if t.stopping || t.suspended {
+            return;
+        }
+        let mut v = KVec::new();
+        for l in t.links.iter() {
+            if !l.is_up() && v.push(l.clone(), GFP_KERNEL).is_err() {
+                break;
+            }
+        }
+        v
+    };
+    if links.is_empty() {
+        return;
+    }
+    let mut ids = [0u32; 64];
+    let n = root(me).map(|d| xs::dir_ids(&d, &mut ids)).unwrap_or(0);
+    for l in links.iter() {
+        if !ids[..n].contains(&l.peer) {
+            continue;
+        }
+        l.readvertise();
+        let mut i = l.inner.lock();
+        if i.mine.is_some() && i.peer.is_none() {
+            l.follow_peer(&mut i);
+        }
+    }
+}
+
 /// Module exit (no sockets left): stop the work, retract every link.
 pub(crate) fn shutdown_all() {
     let (watches, links) = {

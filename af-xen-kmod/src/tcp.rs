@@ -288,6 +288,10 @@ pub(crate) fn work() {
             let _ = done.push(xs.clone(), GFP_KERNEL);
         }
     }
+    if !active.is_empty() {
+        // connections on TCP wait for their link: do not rely on watches alone
+        crate::link::poll_down_links();
+    }
     if !done.is_empty() {
         let mut g = s.lock();
         let old = core::mem::replace(&mut g.active, KVec::new());
