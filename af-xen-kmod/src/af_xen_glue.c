@@ -264,6 +264,22 @@ static void afx_work_fn(struct work_struct *w) { afx_rs_work(); }
 static DECLARE_WORK(afx_work, afx_work_fn);
 void afx_schedule(void) { schedule_work(&afx_work); }
 void afx_cancel_work(void) { cancel_work_sync(&afx_work); }
+/*
+ * Receive rings lent after close (link.rs, "lingering"): a delayed work ends
+ * those whose peer never said it is done with them (Rust: afx_rs_reap).
+ */
+void afx_rs_reap(void);
+static void afx_reap_fn(struct work_struct *w) { afx_rs_reap(); }
+static DECLARE_DELAYED_WORK(afx_reap, afx_reap_fn);
+/* queues the reap in `ms`, or moves a queued one earlier (never later) */
+void afx_schedule_reap(unsigned int ms)
+{
+	unsigned long delay = msecs_to_jiffies(ms);
+
+	if (!delayed_work_pending(&afx_reap) || time_before(jiffies + delay, READ_ONCE(afx_reap.timer.expires)))
+		mod_delayed_work(system_wq, &afx_reap, delay);
+}
+void afx_cancel_reap(void) { cancel_delayed_work_sync(&afx_reap); }
 static irqreturn_t afx_irq(int irq, void *dev) { schedule_work(&afx_work); return IRQ_HANDLED; }
 
 int afx_evtchn_alloc_unbound(unsigned int remote, unsigned int *port)

@@ -85,14 +85,19 @@ impl Pipe {
             conn_id,
             epoch: 0,
         });
+        Self::over(ring, g.order(), None, Carrier::Local(region))
+    }
+
+    /// The pipe of a ring in `mem` (which must outlive it: the pipe owns it).
+    fn over(ring: RawRing, order: u32, link: Option<Arc<Link>>, mem: Carrier) -> Result<Arc<Pipe>> {
         Arc::pin_init(
             pin_init!(Pipe {
                 tx <- new_mutex!(Producer::new(ring), "af_xen_tx"),
                 rx <- new_mutex!(Consumer::new(ring), "af_xen_rx"),
                 ends <- new_spinlock!(Ends { reader: None, writer: None }, "af_xen_ends"),
-                order: g.order(),
-                link: None,
-                _mem: Carrier::Local(region),
+                order,
+                link,
+                _mem: mem,
             }),
             GFP_KERNEL,
         )
@@ -142,18 +147,7 @@ impl Pipe {
             (ring, rg, Carrier::GrantedLarge(header, dir, data))
         };
         ring.header().init(&id);
-        let p = Arc::pin_init(
-            pin_init!(Pipe {
-                tx <- new_mutex!(Producer::new(ring), "af_xen_tx"),
-                rx <- new_mutex!(Consumer::new(ring), "af_xen_rx"),
-                ends <- new_spinlock!(Ends { reader: None, writer: None }, "af_xen_ends"),
-                order: g.order(),
-                link: Some(link.clone()),
-                _mem: mem,
-            }),
-            GFP_KERNEL,
-        )?;
-        Ok((p, rg))
+        Ok((Self::over(ring, g.order(), Some(link.clone()), mem)?, rg))
     }
 
     /// The peer's receive ring (named in its ConnectRequest/Accept), mapped
@@ -198,17 +192,7 @@ impl Pipe {
                 epoch,
             })
             .map_err(|_| EINVAL)?;
-        Arc::pin_init(
-            pin_init!(Pipe {
-                tx <- new_mutex!(Producer::new(ring), "af_xen_tx"),
-                rx <- new_mutex!(Consumer::new(ring), "af_xen_rx"),
-                ends <- new_spinlock!(Ends { reader: None, writer: None }, "af_xen_ends"),
-                order: g.order(),
-                link: Some(link.clone()),
-                _mem: mem,
-            }),
-            GFP_KERNEL,
-        )
+        Self::over(ring, g.order(), Some(link.clone()), mem)
     }
 
     /// Test mode (hostile_test): a bogus grant reference in the first

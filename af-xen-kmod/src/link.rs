@@ -53,6 +53,40 @@ struct Frame {
     buf: [u8; ctrl::MAX_CONTROL_FRAME],
 }
 
+/// How long a closed connection's receive ring stays lent to the peer
+/// without the peer's Close or Reset (see `Lent`). The peer only needs it
+/// until it has mapped the ring (it answers our ConnectAccept by mapping
+/// it, milliseconds under TCG); after that, ending the grant is deferred by
+/// Xen until the peer unmaps. So the bound only matters for a peer that
+/// never answers, and is far above any honest delay.
+pub(crate) const LINGER_MAX_MS: u64 = 60_000;
+
+/// A receive ring of a connection we accepted and have closed, kept
+/// granted until the peer says it is done with it (its Close or Reset), the
+/// link goes down, or `LINGER_MAX_MS` passes. Without it an acceptor that
+/// closes at once ended the grant before the connector had mapped it, and
+/// the connector's connect failed with ECONNREFUSED instead of reading the
+/// data and EOF (lab runs kmod-rust-20261122-070226 .. -080833).
+pub(crate) struct Lent {
+    _pipe: Arc<crate::conn::Pipe>,
+    deadline_ms: u64,
+}
+
+impl Lent {
+    pub(crate) fn new(pipe: Arc<crate::conn::Pipe>) -> Self {
+        sys::counters::add(&sys::counters::LINGERING, 1);
+        Lent { _pipe: pipe, deadline_ms: crate::sys_net::now_ms() + LINGER_MAX_MS }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        // the pipe (and with it the grant) goes after this: Xen defers
+        // freeing the pages while the peer still maps them
+        sys::counters::add(&sys::counters::LINGERING, -1);
+    }
+}
+
 /// Frames queued while the peer's control ring is full, at most. The ring
 /// holds ~30 frames; a burst of connects, accepts or closes (1000
 /// non-blocking connects at once) must not lose any.
@@ -66,6 +100,8 @@ pub(crate) struct LinkInner {
     watch: Option<xs::Watch>,
     /// our connection id -> socket (connecting or connected over this link)
     pub(crate) conns: RBTree<u32, Arc<XenSock>>,
+    /// our connection id -> receive ring lent to the peer after close
+    pub(crate) lent: RBTree<u32, Lent>,
 }
 
 #[pin_data]
@@ -151,6 +187,7 @@ impl Link {
                     backlog: KVec::new(),
                     watch,
                     conns: RBTree::new(),
+                    lent: RBTree::new(),
                 }, "af_xen_link"),
             }),
             GFP_KERNEL,
@@ -278,6 +315,9 @@ impl Link {
         self.kick_port.store(0, Ordering::Release);
         // frames for the peer that went away
         i.backlog = KVec::new();
+        // nobody can map them any more (the rings go as the peer unmaps)
+        let lent = core::mem::replace(&mut i.lent, RBTree::new());
+        drop(lent);
         pr_info!("link to dom{} down: {}\n", self.peer, why);
         // the peer's rings stay mapped until the switches copied them back
         let mut lost: KVec<u32> = KVec::new();
@@ -537,10 +577,16 @@ impl Link {
                     }
                     Err(reason) => Message::ConnectReject { conn_id, reason: *reason },
                 };
-                if let Err(x) = Self::send_locked(i, &reply) {
+                let sent = Self::send_locked(i, &reply);
+                if let Err(x) = sent {
                     pr_warn!("link to dom{}: cannot answer connect: {}\n", self.peer, x);
                 }
-                if let Ok((child, _, _)) = r {
+                if let Ok((child, my_id, _)) = r {
+                    if sent.is_err() {
+                        // the requester never hears of it: nothing to lend
+                        i.conns.remove(&my_id);
+                        sock::answer_lost(&child);
+                    }
                     sock::accepted_remote(&child);
                 }
             }
@@ -570,8 +616,14 @@ impl Link {
                     sock::connect_failed(&s, e::ECONNREFUSED);
                 }
             }
+            // The peer is done with the connection (sock::destroy): a ring
+            // we lent it after our close can go now; a socket still open
+            // learns that it need not lend its ring when it closes.
             Message::Reset { conn_id, .. } => {
+                let lent = i.lent.remove(&conn_id);
+                drop(lent);
                 if let Some(s) = i.conns.remove(&conn_id) {
+                    sock::peer_ended(&s);
                     sock::link_lost(&s);
                 }
             }
@@ -584,8 +636,15 @@ impl Link {
                     crate::carrier::on_ring_offer(&s, rx);
                 }
             }
-            // Close: both directions' flags are already in the rings; the
-            // wake below lets the socket see them.
+            // Both directions' flags are already in the rings; the wake
+            // after the drain lets the socket see them.
+            Message::Close { conn_id } => {
+                let lent = i.lent.remove(&conn_id);
+                drop(lent);
+                if let Some(s) = i.conns.get(&conn_id) {
+                    sock::peer_ended(s);
+                }
+            }
             _ => {}
         }
     }
@@ -807,7 +866,100 @@ pub(crate) fn shutdown_all() {
         drop(ph);
         xs::retract(&l.my_dir);
         drop(mine);
+        // lent rings hold the link (the pipes' `link`): break the cycle
+        let lent = core::mem::replace(&mut l.inner.lock().lent, RBTree::new());
+        drop(lent);
     }
     sys::cancel_work();
+    sys::cancel_reap();
     drop(links);
+}
+
+/// Lends `rx`, the receive ring of our closed connection `conn_id`, to the
+/// link's peer until its Close or Reset (see `Lent`). Called with the link
+/// locked, in the same critical section that took the connection off
+/// `conns`, so a Close handled by the work item either found the socket
+/// (and it does not lend) or finds the ring here.
+pub(crate) fn lend(i: &mut LinkInner, conn_id: u32, rx: Arc<crate::conn::Pipe>) {
+    // no memory for the entry: the grant ends now, as it did before lending
+    if i.lent.try_create_and_insert(conn_id, Lent::new(rx), GFP_KERNEL).is_ok() {
+        sys::schedule_reap(LINGER_MAX_MS as u32 + 100);
+    }
+}
+
+/// The delayed work for the links' deadlines: ends lent rings whose peer
+/// never answered within `LINGER_MAX_MS` (counted in `linger_expired`;
+/// ending is deferred by Xen while the peer maps the ring), fails connects
+/// whose answer did not come within `sock::CONNECT_TIMEOUT_MS`
+/// (ETIMEDOUT), and runs again for the rest.
+pub(crate) fn reap() {
+    let links: KVec<Arc<Link>> = {
+        let t = globals_table().lock();
+        if t.stopping {
+            return;
+        }
+        let mut v = KVec::new();
+        for l in t.links.iter() {
+            if v.push(l.clone(), GFP_KERNEL).is_err() {
+                break;
+            }
+        }
+        v
+    };
+    let now = crate::sys_net::now_ms();
+    let mut next: Option<u64> = None;
+    for l in links.iter() {
+        let mut expired: KVec<Lent> = KVec::new();
+        let mut n_expired = 0i64;
+        {
+            let mut i = l.inner.lock();
+            let mut due: KVec<u32> = KVec::new();
+            for (id, lent) in i.lent.iter() {
+                if lent.deadline_ms <= now {
+                    if due.push(*id, GFP_KERNEL).is_err() {
+                        break;
+                    }
+                } else {
+                    next = Some(next.map_or(lent.deadline_ms, |n| n.min(lent.deadline_ms)));
+                }
+            }
+            let mut late: KVec<Arc<XenSock>> = KVec::new();
+            for (_, s) in i.conns.iter() {
+                match sock::connect_deadline(s) {
+                    Some(d) if d <= now => {
+                        let _ = late.push(s.clone(), GFP_KERNEL);
+                    }
+                    Some(d) => next = Some(next.map_or(d, |n| n.min(d))),
+                    None => {}
+                }
+            }
+            for s in late.iter() {
+                let id = s.inner.lock().conn_id;
+                i.conns.remove(&id);
+                sock::connect_failed(s, e::ETIMEDOUT);
+            }
+            for id in due.iter() {
+                if let Some(lent) = i.lent.remove(id) {
+                    n_expired += 1;
+                    // no room to carry it out: it ends here, under the
+                    // link's mutex (may sleep: fine in a work item)
+                    let _ = expired.push(lent, GFP_KERNEL);
+                }
+            }
+        }
+        if n_expired > 0 {
+            sys::counters::add(&sys::counters::LINGER_EXPIRED, n_expired);
+            pr_info!(
+                "link to dom{}: {} closed connection(s) got no Close or Reset within {} s; their rings' grants end now\n",
+                l.peer,
+                n_expired,
+                LINGER_MAX_MS / 1000
+            );
+        }
+        // ending grants (and vfree) outside the link's lock
+        drop(expired);
+    }
+    if let Some(n) = next {
+        sys::schedule_reap((n.saturating_sub(now) + 100).min(u32::MAX as u64) as u32);
+    }
 }

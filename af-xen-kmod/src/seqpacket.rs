@@ -240,6 +240,16 @@ pub(crate) fn rx_ready(rx: &Pipe) -> core::result::Result<bool, ()> {
     }
 }
 
+/// `SIOCINQ` (`FIONREAD`): the payload length of the next whole message,
+/// as AF_UNIX reports for SOCK_SEQPACKET (0 while none is complete; record
+/// headers are not data the reader ever sees).
+pub(crate) fn next_len(rx: &Pipe) -> u32 {
+    match record::next_record(&*rx.rx.lock()) {
+        Ok(Next::Ready(h)) => h.len,
+        _ => 0,
+    }
+}
+
 /// Poll: whether a small message can be sent now. A larger one may still
 /// wait for space; send() of it sleeps (or EAGAIN) until it fits whole.
 pub(crate) fn tx_writable(free: u32) -> bool {

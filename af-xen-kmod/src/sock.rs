@@ -116,6 +116,18 @@ pub(crate) struct Inner {
     pub(crate) tcp: crate::tcp::ConnTcp,
     /// inter-domain stream: the carrier switch (carrier.rs)
     pub(crate) sw: Option<Arc<crate::carrier::Switch>>,
+    /// inter-domain: our one Close or Reset for this connection went out
+    /// (or there is nobody to tell)
+    pub(crate) end_sent: bool,
+    /// inter-domain: the peer's Close or Reset for this connection arrived
+    pub(crate) peer_ended: bool,
+    /// inter-domain, connecting: when the connect fails with ETIMEDOUT
+    /// (sys_net::now_ms), whether anyone waits for it or not
+    pub(crate) connect_deadline_ms: u64,
+    /// inter-domain, accepted: the peer may not have mapped our receive
+    /// ring yet (it maps it when our ConnectAccept reaches it), so a close
+    /// lends the ring until the peer's Close or Reset (link.rs, `Lent`)
+    pub(crate) lends_rx: bool,
 }
 
 #[pin_data(PinnedDrop)]
@@ -154,6 +166,10 @@ impl XenSock {
                     test_bad_directory: false,
                     tcp: crate::tcp::ConnTcp::default(),
                     sw: None,
+                    end_sent: false,
+                    connect_deadline_ms: 0,
+                    peer_ended: false,
+                    lends_rx: false,
                 }, "af_xen_sock"),
             }),
             GFP_KERNEL,
@@ -313,11 +329,12 @@ pub(crate) unsafe extern "C" fn xs_create(
 
 /// Forgets a socket everywhere (port table, listing) and tears it down.
 fn destroy(xs: &Arc<XenSock>) {
-    let (children, tx, rx, link, conn_id, peer_conn, was, reset) = {
+    let (children, tx, rx, link, conn_id, peer_conn, was, reset, end_sent, lends_rx) = {
         let mut i = xs.inner.lock();
         i.released = true;
         let was = i.state;
         i.state = State::Closed;
+        let end_sent = core::mem::replace(&mut i.end_sent, true);
         (
             core::mem::replace(&mut i.accept_q, KVec::new()),
             i.tx.take(),
@@ -327,6 +344,8 @@ fn destroy(xs: &Arc<XenSock>) {
             i.peer_conn,
             was,
             i.reset,
+            end_sent,
+            i.lends_rx,
         )
     };
     if link.is_some() {
@@ -350,11 +369,16 @@ fn destroy(xs: &Arc<XenSock>) {
     // CLOSED goes out before FIN: a peer that has seen our EOF must also
     // see that we stopped reading (its next send: EPIPE, not a byte
     // written into the void; run kmod-20261122-070518 caught the race).
+    // kept for lending (below) when the peer may not have mapped it yet
+    let mut lend_rx = None;
     if let Some(rx) = rx {
         rx.rx.lock().close();
         rx.detach(xs);
         rx.wake_writer(POLLOUT | POLLERR);
         rx.kick();
+        if lends_rx && link.is_some() {
+            lend_rx = Some(rx);
+        }
     }
     if let Some(tx) = tx {
         tx.tx.lock().finish();
@@ -362,21 +386,45 @@ fn destroy(xs: &Arc<XenSock>) {
         tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
         tx.kick();
     }
-    // Over a link: tell the peer (its rings already carry FIN/CLOSED), and
-    // forget the connection. Our ring's grant ends when the last reference
-    // to its pipe goes (deferred by Xen while the peer still maps it).
+    // Over a link: every connection that was established ends with exactly
+    // one Close (clean) or Reset (abort, reset) from each side, here unless
+    // conn_reset sent it already; its rings already carry FIN/CLOSED or
+    // RESET. Our ring's grant ends when the last reference to its pipe goes
+    // (deferred by Xen while the peer still maps it), except that an
+    // accepted connection closed cleanly lends it to the peer until the
+    // peer's own Close or Reset: the peer may not have mapped it yet.
     if let Some(link) = link {
-        if abort {
-            let _ = link.send(&crate::ctrl::Message::Reset {
+        let peer_ended = xs.inner.lock().peer_ended;
+        let end = if was != State::Connected || end_sent {
+            None
+        } else if abort || reset {
+            // a reset the peer told us of needs no answer
+            (!peer_ended).then_some(crate::ctrl::Message::Reset {
                 conn_id: peer_conn,
-                reason: crate::ctrl::ResetReason::Abort,
-            });
-        } else if was == State::Connected && !reset {
-            let _ = link.send(&crate::ctrl::Message::Close { conn_id: peer_conn });
+                reason: if abort { crate::ctrl::ResetReason::Abort } else { crate::ctrl::ResetReason::ProtocolError },
+            })
+        } else {
+            Some(crate::ctrl::Message::Close { conn_id: peer_conn })
+        };
+        let clean = matches!(end, Some(crate::ctrl::Message::Close { .. }));
+        if let Some(m) = &end {
+            let _ = link.send(m);
         }
-        let gone = link.inner.lock().conns.remove(&conn_id);
+        let gone = {
+            let mut li = link.inner.lock();
+            let gone = li.conns.remove(&conn_id);
+            // read again under the link's lock, which the work item holds
+            // while it handles the peer's Close/Reset (see link::lend)
+            if clean && !xs.inner.lock().peer_ended {
+                if let Some(rx) = lend_rx.take() {
+                    crate::link::lend(&mut li, conn_id, rx);
+                }
+            }
+            gone
+        };
         drop(gone);
     }
+    drop(lend_rx);
     {
         let mut p = globals().ports.lock();
         let (port, bound) = {
@@ -586,9 +634,19 @@ fn connect_abort(xs: &Arc<XenSock>, link: &Arc<Link>, conn_id: u32) {
     drop((rx, tx));
 }
 
-/// A blocking connect over a link gives up after this long (link setup
-/// plus the peer's answer) with ETIMEDOUT, unless SO_SNDTIMEO is shorter.
-const CONNECT_TIMEOUT_MS: u32 = 40_000;
+/// A connect over a link gives up after this long (link setup plus the
+/// peer's answer) with ETIMEDOUT: a blocking one returns it (unless
+/// SO_SNDTIMEO is shorter: EINPROGRESS, and the connect goes on), one in
+/// progress without a caller (non-blocking) reports it through POLLERR and
+/// SO_ERROR, as a TCP connect whose SYNs go unanswered (link::reap).
+pub(crate) const CONNECT_TIMEOUT_MS: u32 = 40_000;
+
+/// Work item (reap, link locked): the deadline of a connect still waiting
+/// for its answer, if `xs` is one.
+pub(crate) fn connect_deadline(xs: &XenSock) -> Option<u64> {
+    let i = xs.inner.lock();
+    (i.state == State::Connecting).then_some(i.connect_deadline_ms)
+}
 
 /// Connect to a listener in another domain: ConnectRequest naming our
 /// receive ring (sent now if the link is up, else by the work item once it
@@ -621,11 +679,15 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
         i.request = Some(rx_grant);
         i.tcp = crate::tcp::ConnTcp { cookie: crate::tcp::new_cookie(), peer: crate::ctrl::TcpEndpoint::NONE };
         i.sw = sw;
+        i.connect_deadline_ms = crate::sys_net::now_ms() + CONNECT_TIMEOUT_MS as u64;
     }
     if link.inner.lock().conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL).is_err() {
         connect_abort(xs, &link, conn_id);
         return Err(e::ENOMEM);
     }
+    // the bound of connects nobody waits for (non-blocking, or left in
+    // progress by SO_SNDTIMEO or a signal): link::reap fails them
+    sys::schedule_reap(CONNECT_TIMEOUT_MS + 100);
     link.send_requests();
     if nonblock {
         return Err(e::EINPROGRESS);
@@ -707,31 +769,16 @@ pub(crate) fn accept_remote(
             return Err(R::BacklogFull);
         }
     }
-    let child_sk = l.sk.alloc_child().ok_or(R::NoResources)?;
-    let child = match XenSock::new(child_sk) {
-        Ok(c) => c,
-        Err(_) => {
-            child_sk.put();
-            return Err(R::NoResources);
-        }
-    };
-    child_sk.set_privp(Arc::into_raw(child.clone()) as *const c_void);
-    let fail = |x: R| {
-        let p = child_sk.privp();
-        child_sk.set_privp(core::ptr::null());
-        drop(sys::arc_take::<XenSock>(p));
-        child_sk.put();
-        x
-    };
+    let child = new_child(&l).ok_or(R::NoResources)?;
     let my_id = crate::link::next_conn_id();
-    let cap = crate::conn::rx_ring_capacity(&child_sk);
+    let cap = crate::conn::rx_ring_capacity(&child.sk);
     let (rx, rx_grant) = match Pipe::new_granted(link, me, my_id, cap, 0) {
         Ok(v) => v,
-        Err(_) => return Err(fail(R::NoResources)),
+        Err(_) => return Err(discard_child(&child, R::NoResources)),
     };
     let tx = match Pipe::new_mapped(link, me, rg, peer_conn, 0) {
         Ok(t) => t,
-        Err(_) => return Err(fail(R::BadRequest)),
+        Err(_) => return Err(discard_child(&child, R::BadRequest)),
     };
     let sw = if seqpacket { None } else { crate::carrier::Switch::new(cap).ok() };
     {
@@ -742,21 +789,72 @@ pub(crate) fn accept_remote(
         c.peer = Addr { port: src_port, domid: link.peer };
         c.tx = Some(tx);
         c.rx = Some(rx);
+        // before it is queued: accept() and close() may follow at once,
+        // and that close must lend our ring (destroy)
+        c.link = Some(link.clone());
         c.conn_id = my_id;
         c.peer_conn = peer_conn;
         c.sw = sw;
+        c.lends_rx = true;
     }
+    match queue_child(&l, &child) {
+        Ok(()) => Ok((child, my_id, rx_grant)),
+        Err(ChildNotQueued::NoMemory) => Err(R::NoResources),
+        Err(ChildNotQueued::NotListening) => Err(R::BacklogFull),
+    }
+}
+
+/// A new socket for a connection to listener `l`, for accept() to hand
+/// out: its `struct sock` is made like the listener's (type, buffers,
+/// timeouts) and, as every socket's, holds an Arc of it in its priv.
+fn new_child(l: &XenSock) -> Option<Arc<XenSock>> {
+    let child_sk = l.sk.alloc_child()?;
+    let child = match XenSock::new(child_sk) {
+        Ok(c) => c,
+        Err(_) => {
+            child_sk.put();
+            return None;
+        }
+    };
+    child_sk.set_privp(Arc::into_raw(child.clone()) as *const c_void);
+    Some(child)
+}
+
+/// Gives up a child in no table and no queue (its peer never learns of
+/// it): its rings (breaking the Arc cycle through their ends) and its
+/// `struct sock`. Returns `why`, for the caller's error.
+fn discard_child<T>(child: &Arc<XenSock>, why: T) -> T {
+    let (tx, rx) = {
+        let mut c = child.inner.lock();
+        (c.tx.take(), c.rx.take())
+    };
+    for p in [&tx, &rx].into_iter().flatten() {
+        p.set_ends(None, None);
+    }
+    drop((tx, rx));
+    let sk = child.sk;
+    let p = sk.privp();
+    sk.set_privp(core::ptr::null());
+    drop(sys::arc_take::<XenSock>(p));
+    sk.put();
+    why
+}
+
+enum ChildNotQueued {
+    NoMemory,
+    /// the listener closed or its backlog filled meanwhile
+    NotListening,
+}
+
+/// Lists a ready child (/proc, unload) and queues it for accept() on `l`.
+/// A child that cannot be queued is torn down, telling its peer nothing.
+fn queue_child(l: &XenSock, child: &Arc<XenSock>) -> core::result::Result<(), ChildNotQueued> {
     {
         let mut p = globals().ports.lock();
-        let key = &*child as *const XenSock as usize;
+        let key = &**child as *const XenSock as usize;
         if p.all.try_create_and_insert(key, child.clone(), GFP_KERNEL).is_err() {
             drop(p);
-            let (t, r) = {
-                let mut c = child.inner.lock();
-                (c.tx.take(), c.rx.take())
-            };
-            drop((t, r));
-            return Err(fail(R::NoResources));
+            return Err(discard_child(child, ChildNotQueued::NoMemory));
         }
     }
     let queued = {
@@ -764,20 +862,24 @@ pub(crate) fn accept_remote(
         if li.state != State::Listening || li.accept_q.len() >= li.backlog as usize {
             false
         } else {
+            // GFP_ATOMIC: we hold a spinlock
             li.accept_q.push(child.clone(), GFP_ATOMIC).is_ok()
         }
     };
     if !queued {
-        // no link yet on the child: destroy() sends nothing
-        destroy(&child);
-        let p = child_sk.privp();
-        child_sk.set_privp(core::ptr::null());
-        drop(sys::arc_take::<XenSock>(p));
-        child_sk.put();
-        return Err(R::BacklogFull);
+        // The peer never hears of it: no Close, no lending; and without
+        // its link destroy() never takes the link's lock, which the work
+        // item may hold while it calls us.
+        {
+            let mut c = child.inner.lock();
+            c.link = None;
+            c.end_sent = true;
+            c.lends_rx = false;
+        }
+        destroy(child);
+        return Err(discard_child(child, ChildNotQueued::NotListening));
     }
-    child.inner.lock().link = Some(link.clone());
-    Ok((child, my_id, rx_grant))
+    Ok(())
 }
 
 /// Work item: the ConnectAccept went out; let accept() see the child.
@@ -846,13 +948,36 @@ pub(crate) fn connect_failed(xs: &Arc<XenSock>, errno: i32) {
     drop((rx, link));
 }
 
+/// Work item (link locked): the peer's Close or Reset for this connection
+/// arrived; it will not map or write our ring any more.
+pub(crate) fn peer_ended(xs: &XenSock) {
+    xs.inner.lock().peer_ended = true;
+}
+
+/// Work item: our ConnectAccept for `child` could not be sent. The
+/// requester never learns of the connection: reset it, and tell nobody.
+pub(crate) fn answer_lost(child: &Arc<XenSock>) {
+    {
+        let mut i = child.inner.lock();
+        i.end_sent = true;
+        i.lends_rx = false;
+    }
+    link_lost(child);
+}
+
 /// Work item: the link died or the peer reset the connection.
 pub(crate) fn link_lost(xs: &Arc<XenSock>) {
     if xs.inner.lock().state == State::Connecting {
         connect_failed(xs, e::ECONNRESET);
         return;
     }
-    xs.inner.lock().reset = true;
+    {
+        let mut i = xs.inner.lock();
+        i.reset = true;
+        // nobody to tell: the peer reset it, or the link (and with it the
+        // peer's incarnation that knew this connection id) is gone
+        i.end_sent = true;
+    }
     xs.sk.wake(POLLIN | POLLOUT | POLLERR | POLLHUP);
 }
 
@@ -876,25 +1001,12 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
     if !xs.inner.lock().bound {
         do_bind(xs, PORT_ANY)?;
     }
-    let child_sk = l.sk.alloc_child().ok_or(e::ENOMEM)?;
-    let child = match XenSock::new(child_sk) {
-        Ok(c) => c,
-        Err(_) => {
-            child_sk.put();
-            return Err(e::ENOMEM);
-        }
-    };
-    child_sk.set_privp(Arc::into_raw(child.clone()) as *const c_void);
-    let fail = |x: i32| {
-        let p = child_sk.privp();
-        child_sk.set_privp(core::ptr::null());
-        drop(sys::arc_take::<XenSock>(p));
-        child_sk.put();
-        x
-    };
+    let child = new_child(&l).ok_or(e::ENOMEM)?;
     // to_child is read by the child (its SO_RCVBUF), to_me by us.
-    let to_child = Pipe::new_local(crate::conn::rx_ring_capacity(&child_sk), me, port).map_err(|_| fail(e::ENOMEM))?;
-    let to_me = Pipe::new_local(crate::conn::rx_ring_capacity(&xs.sk), me, port).map_err(|_| fail(e::ENOMEM))?;
+    let to_child = Pipe::new_local(crate::conn::rx_ring_capacity(&child.sk), me, port)
+        .map_err(|_| discard_child(&child, e::ENOMEM))?;
+    let to_me = Pipe::new_local(crate::conn::rx_ring_capacity(&xs.sk), me, port)
+        .map_err(|_| discard_child(&child, e::ENOMEM))?;
     to_child.set_ends(Some(child.clone()), Some(xs.clone()));
     to_me.set_ends(Some(xs.clone()), Some(child.clone()));
     let my_addr = xs.inner.lock().local;
@@ -907,32 +1019,15 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
         c.tx = Some(to_me.clone());
         c.rx = Some(to_child.clone());
     }
-    // Listed before it is queued (no mutex or sleeping allocation may
-    // happen under the listener's spinlock).
-    {
-        let mut p = globals().ports.lock();
-        let key = &*child as *const XenSock as usize;
-        if p.all.try_create_and_insert(key, child.clone(), GFP_KERNEL).is_err() {
-            drop(p);
-            to_child.set_ends(None, None);
-            to_me.set_ends(None, None);
-            return Err(fail(e::ENOMEM));
-        }
-    }
-    let queued = {
-        let mut li = l.inner.lock();
-        if li.state != State::Listening || li.accept_q.len() >= li.backlog as usize {
-            false
-        } else {
-            // GFP_ATOMIC: we hold a spinlock
-            li.accept_q.push(child.clone(), GFP_ATOMIC).is_ok()
-        }
-    };
-    if !queued {
-        destroy(&child);
+    if let Err(why) = queue_child(&l, &child) {
+        // the child's rings are gone; ours never were set: nothing of
+        // them may keep us (their ends) alive
         to_child.set_ends(None, None);
         to_me.set_ends(None, None);
-        return Err(fail(e::ECONNREFUSED));
+        return Err(match why {
+            ChildNotQueued::NoMemory => e::ENOMEM,
+            ChildNotQueued::NotListening => e::ECONNREFUSED,
+        });
     }
     {
         let mut i = xs.inner.lock();
@@ -1110,14 +1205,16 @@ unsafe extern "C" fn xs_ioctl(sock: *mut bindings::socket, cmd: core::ffi::c_uin
     // SAFETY: live socket for the duration of the callback.
     let s = unsafe { Socket::from_raw(sock) };
     let Some(xs) = xsock(s) else { return err(e::EINVAL) };
-    let (state, tx, rx) = {
+    let (state, tx, rx, seqpacket) = {
         let i = xs.inner.lock();
-        (i.state, i.tx.clone(), i.rx.clone())
+        (i.state, i.tx.clone(), i.rx.clone(), i.seqpacket)
     };
     if state == State::Listening {
         return err(e::EINVAL);
     }
-    let value: c_int = if cmd == SIOCINQ {
+    let value: c_int = if cmd == SIOCINQ && seqpacket {
+        rx.map_or(0, |rx| crate::seqpacket::next_len(&rx) as c_int)
+    } else if cmd == SIOCINQ {
         match rx.map(|rx| rx.rx_state()) {
             Some(Ok((n, _))) => n as c_int,
             Some(Err(_)) | None => 0,
@@ -1175,11 +1272,23 @@ unsafe extern "C" fn xs_shutdown(sock: *mut bindings::socket, how: c_int) -> c_i
 pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
     pr_warn!("connection reset: {}\n", why);
     sys::counters::add(&sys::counters::PROTO_RESETS, 1);
-    let (tx, rx) = {
+    let (tx, rx, tell) = {
         let mut i = xs.inner.lock();
         i.reset = true;
-        (i.tx.clone(), i.rx.clone())
+        // over a link the peer hears of it now (its one end message from
+        // us, so that it need not lend its ring: see destroy)
+        let tell = match &i.link {
+            Some(l) if i.state == State::Connected && !i.end_sent && !i.peer_ended => Some((l.clone(), i.peer_conn)),
+            _ => None,
+        };
+        if tell.is_some() {
+            i.end_sent = true;
+        }
+        (i.tx.clone(), i.rx.clone(), tell)
     };
+    if let Some((link, peer_conn)) = tell {
+        let _ = link.send(&crate::ctrl::Message::Reset { conn_id: peer_conn, reason: crate::ctrl::ResetReason::ProtocolError });
+    }
     if let Some(tx) = tx {
         tx.tx.lock().reset();
         tx.wake_reader(POLLERR | POLLIN);
@@ -1504,6 +1613,9 @@ unsafe extern "C" fn xs_recvmsg(
 const XENSOCK_TEST_CORRUPT: c_int = 0x7e57;
 /// test mode: open this connection's outbound TCP leg (1: right cookie, 2: wrong)
 const XENSOCK_TEST_OPEN_LEG: c_int = 0x7e58;
+/// test mode: this socket's close sends no Close or Reset, as a peer that
+/// never answers (the acceptor's lent ring is then left to the bound)
+const XENSOCK_TEST_SILENT_CLOSE: c_int = 0x7e60;
 
 unsafe extern "C" fn xs_setsockopt(
     sock: *mut bindings::socket,
@@ -1527,6 +1639,19 @@ unsafe extern "C" fn xs_setsockopt(
                     Ok(()) => 0,
                     Err(x) => err(x),
                 },
+                Err(x) => err(x),
+            }
+        }
+        XENSOCK_TEST_SILENT_CLOSE => {
+            if !sys::hostile_test() {
+                return err(e::EPERM);
+            }
+            match sys::sockopt_int(optval, optlen) {
+                Ok(1) => {
+                    xs.inner.lock().end_sent = true;
+                    0
+                }
+                Ok(_) => err(e::EINVAL),
                 Err(x) => err(x),
             }
         }

@@ -107,6 +107,11 @@ pub(crate) mod counters {
     pub(crate) static PROTO_RESETS: AtomicI64 = AtomicI64::new(0);
     /// links brought down (peer gone, restarted or unload)
     pub(crate) static LINKS_DOWN: AtomicI64 = AtomicI64::new(0);
+    /// closed connections whose receive ring stays granted until the
+    /// peer's Close or Reset (link.rs, lingering)
+    pub(crate) static LINGERING: AtomicI64 = AtomicI64::new(0);
+    /// lingering rings ended by the bound, without the peer's Close or Reset
+    pub(crate) static LINGER_EXPIRED: AtomicI64 = AtomicI64::new(0);
     pub(crate) fn add(c: &AtomicI64, n: i64) {
         c.fetch_add(n, Ordering::Relaxed);
     }
@@ -122,13 +127,15 @@ unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
     let mut l = crate::sock::Line::new();
     let _ = write!(
         l,
-        "grants {}\nmaps {}\nevtchns {}\nsockets {}\nproto_resets {}\nlinks_down {}\n",
+        "grants {}\nmaps {}\nevtchns {}\nsockets {}\nproto_resets {}\nlinks_down {}\nlingering {}\nlinger_expired {}\n",
         get(&GRANTS),
         get(&MAPS),
         get(&EVTCHNS),
         get(&SOCKS),
         get(&PROTO_RESETS),
-        get(&LINKS_DOWN)
+        get(&LINKS_DOWN),
+        get(&LINGERING),
+        get(&LINGER_EXPIRED)
     );
     Seq(m).write(l.bytes());
     let mut t = crate::sock::Line::new();
@@ -728,6 +735,29 @@ pub(crate) fn schedule_work() {
 pub(crate) fn cancel_work() {
     // SAFETY: may sleep; called from module exit (process context).
     unsafe { afx_cancel_work() }
+}
+
+extern "C" {
+    fn afx_schedule_reap(ms: c_uint);
+    fn afx_cancel_reap();
+}
+
+/// Runs `link::reap` in `ms` milliseconds, or earlier if it is queued for
+/// an earlier time already (it re-arms itself for the rest).
+pub(crate) fn schedule_reap(ms: u32) {
+    // SAFETY: schedules a static delayed work item.
+    unsafe { afx_schedule_reap(ms) }
+}
+
+/// Waits for a running reap and cancels a queued one (module exit).
+pub(crate) fn cancel_reap() {
+    // SAFETY: may sleep; called from module exit (process context).
+    unsafe { afx_cancel_reap() }
+}
+
+#[no_mangle]
+unsafe extern "C" fn afx_rs_reap() {
+    crate::link::reap();
 }
 
 /// An event channel port of ours bound to an irq whose handler schedules

@@ -15,6 +15,13 @@
 //! `Moved` change. When a guest leaves for another host the toolstack
 //! writes `/tool/xensock/moved/<uuid>`; the agent then records
 //! `xensock/moved/<uuid>` in its peers' tables.
+//!
+//! Dom0 can also mark a guest as moved while it stays on this host
+//! (`/tool/xensock/away/<uuid>` = destination label, [`mark_away`]): the
+//! agent then treats it exactly like a guest that left (gone from its
+//! peers' tables, `moved` noted, link directories withdrawn, and its own
+//! table loses them the same way) until the marking is removed
+//! ([`mark_back`]). This drills the migration switch without a second host.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,6 +41,26 @@ pub struct AgentConfig {
     /// Guests without a label see no peers and are seen by none. Without
     /// this, unlabelled guests form one default tenant.
     pub require_label: bool,
+    /// This host's name, written as the destination in an away-marked
+    /// guest's own table for the peers it is separated from (they stay
+    /// "here" while it is elsewhere). Default: the machine's hostname.
+    pub host_name: Option<String>,
+}
+
+/// The machine's hostname, or `"localhost"` if it has none.
+fn local_host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty() && s != "(none)")
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// One consistent view of the host: the guests and the away markings
+/// (UUID -> destination label).
+struct Scan {
+    doms: Vec<Dom>,
+    away: HashMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +115,12 @@ fn relevant(path: &str) -> bool {
     if path.starts_with('@') || path == "/local/domain" {
         return true;
     }
+    if path
+        .strip_prefix(layout::TOOL_AWAY)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    {
+        return true;
+    }
     let Some(rest) = path.strip_prefix("/local/domain/") else {
         return false;
     };
@@ -118,13 +151,14 @@ impl Agent {
         }
     }
 
-    /// Every guest as of one consistent snapshot (a transaction: a scan
-    /// racing with a migration must not see half of it).
-    fn scan(&self) -> Result<Vec<Dom>, XsError> {
+    /// Every guest, and the away markings, as of one consistent snapshot
+    /// (a transaction: a scan racing with a migration must not see half of
+    /// it).
+    fn scan(&self) -> Result<Scan, XsError> {
         self.xs.transaction(Self::scan_in)
     }
 
-    fn scan_in(tx: &Transaction) -> Result<Vec<Dom>, XsError> {
+    fn scan_in(tx: &Transaction) -> Result<Scan, XsError> {
         let ids = match tx.directory("/local/domain") {
             Ok(v) => v,
             Err(e) if e.is(XsErrno::NoEnt) => Vec::new(),
@@ -164,7 +198,23 @@ impl Agent {
                 advert,
             });
         }
-        Ok(doms)
+        let marked = match tx.directory(layout::TOOL_AWAY) {
+            Ok(v) => v,
+            Err(e) if e.is(XsErrno::NoEnt) => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        let mut away = HashMap::new();
+        for uuid in marked {
+            if let Some(dest) = tx.try_read(&format!("{}/{uuid}", layout::TOOL_AWAY))? {
+                let dest = lossy(dest);
+                // An empty label would make the guest "away" to nowhere;
+                // treat it as this host.
+                if !dest.is_empty() {
+                    away.insert(uuid.to_ascii_lowercase(), dest);
+                }
+            }
+        }
+        Ok(Scan { doms, away })
     }
 
     fn same_tenant(&self, a: &Dom, b: &Dom) -> bool {
@@ -175,10 +225,18 @@ impl Agent {
         }
     }
 
-    /// One full pass: scan every guest, write the tables that changed.
-    /// Returns how many tables were written.
+    fn host_name(&self) -> String {
+        self.cfg.host_name.clone().unwrap_or_else(local_host_name)
+    }
+
+    /// One full pass: scan every guest, write the tables that changed and
+    /// the link directories of pairs that began or ended, all in one
+    /// transaction, so that guests see a departure (entry gone, `moved`
+    /// noted, link directories withdrawn) or a return (entries and link
+    /// directories back) as one change. Returns how many tables were
+    /// written.
     pub fn sync(&mut self) -> Result<usize, XsError> {
-        let mut doms = self.scan()?;
+        let Scan { mut doms, away } = self.scan()?;
         // Adverts across same-host migration (see the module docs).
         for d in &mut doms {
             match &d.advert {
@@ -209,12 +267,17 @@ impl Agent {
                 *e = d;
             }
         }
-        let mut written = 0;
+        let here = self.host_name();
+        let mut plans: Vec<(DomId, Option<Table>, Table)> = Vec::new();
         let mut tables: HashMap<DomId, BTreeSet<DomId>> = HashMap::new();
         for g in &doms {
+            // Where the guest is as far as its peers are concerned: here
+            // (None) or the host an away marking names. Only guests in the
+            // same place are co-resident.
+            let g_at = away.get(&g.uuid);
             let mut t = Table::default();
             for p in newest.values() {
-                if p.uuid == g.uuid || !self.same_tenant(g, p) {
+                if p.uuid == g.uuid || !self.same_tenant(g, p) || away.get(&p.uuid) != g_at {
                     continue;
                 }
                 if let Some(a) = &p.advert {
@@ -232,11 +295,21 @@ impl Agent {
                     if t.entries.values().any(|(u, _)| u == uuid) {
                         continue;
                     }
-                    if let Some(dest) = self
-                        .xs
-                        .try_read(&format!("{}/{uuid}", layout::TOOL_MOVED))?
-                    {
-                        t.moved.insert(uuid.clone(), lossy(dest));
+                    let dest = match newest.get(uuid.as_str()) {
+                        // Still on this host but separated by an away
+                        // marking: the peer's destination, or, when the
+                        // guest itself is the one marked away, this host.
+                        Some(p) => away
+                            .get(&p.uuid)
+                            .cloned()
+                            .or_else(|| g_at.map(|_| here.clone())),
+                        None => self
+                            .xs
+                            .try_read(&format!("{}/{uuid}", layout::TOOL_MOVED))?
+                            .map(lossy),
+                    };
+                    if let Some(dest) = dest {
+                        t.moved.insert(uuid.clone(), dest);
                     }
                 }
                 t.moved
@@ -245,51 +318,37 @@ impl Agent {
             if old.as_ref() == Some(&t) {
                 continue;
             }
-            match self.publish(g.domid, old.as_ref(), &t) {
-                Ok(()) => {
-                    self.published.insert(g.domid, t);
-                    written += 1;
-                }
-                // The guest went away meanwhile: its home is gone.
-                Err(e) if e.is(XsErrno::NoEnt) => {}
-                Err(e) => return Err(e),
-            }
+            plans.push((g.domid, old, t));
         }
-        self.published.retain(|d, _| live.contains_key(d));
-        self.seen = doms.iter().map(|d| (d.uuid.clone(), d.domid)).collect();
-        self.sync_links(&tables)?;
-        Ok(written)
-    }
-
-    /// Link directories: for every pair of advertised guests that list
-    /// each other, `/local/domain/<A>/data/xensock/link/<B>` owned by A and
-    /// readable by B, and the same the other way, both made in one
-    /// transaction. A guest's kernel cannot set XenStore permissions (the
-    /// AF_XEN module relies on these), and a guest acts as soon as the
-    /// directory appears, so it must be born with its final permissions
-    /// and its counterpart. Directories of pairs that are no longer
-    /// co-resident are removed (the guests see their links withdrawn).
-    fn sync_links(&mut self, tables: &HashMap<DomId, BTreeSet<DomId>>) -> Result<(), XsError> {
         let mut pairs = BTreeSet::new();
-        for (&a, peers) in tables {
+        for (&a, peers) in &tables {
             for &b in peers {
                 if a < b && tables.get(&b).is_some_and(|t| t.contains(&a)) {
                     pairs.insert((a, b));
                 }
             }
         }
-        for &(a, b) in pairs.difference(&self.links.clone()) {
-            match self.make_link_dirs(a, b) {
-                Ok(()) => {
-                    self.links.insert((a, b));
-                }
-                // One of the two went away meanwhile.
-                Err(e) if e.is(XsErrno::NoEnt) => {}
-                Err(e) => return Err(e),
-            }
+        let new_pairs: Vec<(DomId, DomId)> = pairs.difference(&self.links).copied().collect();
+        let ended_pairs: Vec<(DomId, DomId)> = self.links.difference(&pairs).copied().collect();
+        if plans.is_empty() && new_pairs.is_empty() && ended_pairs.is_empty() {
+            self.published.retain(|d, _| live.contains_key(d));
+            self.seen = doms.iter().map(|d| (d.uuid.clone(), d.domid)).collect();
+            return Ok(0);
         }
-        for &(a, b) in self.links.clone().difference(&pairs) {
-            self.xs.transaction(|tx| {
+        let (written, made) = self.xs.transaction(|tx| {
+            let mut written = Vec::new();
+            for (g, old, new) in &plans {
+                if Self::publish_in(tx, *g, old.as_ref(), new)? {
+                    written.push(*g);
+                }
+            }
+            let mut made = Vec::new();
+            for &(a, b) in &new_pairs {
+                if Self::make_link_dirs_in(tx, a, b)? {
+                    made.push((a, b));
+                }
+            }
+            for &(a, b) in &ended_pairs {
                 for (owner, peer) in [(a, b), (b, a)] {
                     match tx.rm(&link_dir(owner, peer)) {
                         Ok(()) => {}
@@ -297,46 +356,67 @@ impl Agent {
                         Err(e) => return Err(e),
                     }
                 }
-                Ok(())
-            })?;
-            self.links.remove(&(a, b));
-        }
-        Ok(())
-    }
-
-    fn make_link_dirs(&self, a: DomId, b: DomId) -> Result<(), XsError> {
-        self.xs.transaction(|tx| {
-            for (owner, peer) in [(a, b), (b, a)] {
-                // Only in a live guest's advert directory: never recreate a
-                // released home.
-                let advert = format!("{}/{}", layout::home(owner), layout::ADVERT);
-                if tx.try_read(&advert)?.is_none() {
-                    return Err(XsError::Daemon {
-                        errno: XsErrno::NoEnt,
-                        op: "link directory",
-                        path: advert,
-                    });
-                }
-                let dir = link_dir(owner, peer);
-                if tx.try_read(&dir)?.is_some() {
-                    // Made earlier (by us before a restart, or by the guest
-                    // itself, with the same permissions): keep it.
-                    continue;
-                }
-                tx.mkdir(&dir)?;
-                tx.set_perms(
-                    &dir,
-                    &[
-                        Perm::new(PermAccess::None, u32::from(owner)),
-                        Perm::new(PermAccess::Read, u32::from(peer)),
-                    ],
-                )?;
             }
-            Ok(())
-        })
+            Ok((written, made))
+        })?;
+        for (g, _, new) in plans {
+            if written.contains(&g) {
+                self.published.insert(g, new);
+            }
+        }
+        self.links.extend(made);
+        for pair in &ended_pairs {
+            self.links.remove(pair);
+        }
+        self.published.retain(|d, _| live.contains_key(d));
+        self.seen = doms.iter().map(|d| (d.uuid.clone(), d.domid)).collect();
+        Ok(written.len())
     }
 
-    fn publish(&self, g: DomId, old: Option<&Table>, new: &Table) -> Result<(), XsError> {
+    /// Link directories: for every pair of advertised guests that list
+    /// each other, `/local/domain/<A>/data/xensock/link/<B>` owned by A and
+    /// readable by B, and the same the other way, both made in the pass's
+    /// transaction. A guest's kernel cannot set XenStore permissions (the
+    /// AF_XEN module relies on these), and a guest acts as soon as the
+    /// directory appears, so it must be born with its final permissions
+    /// and its counterpart. Returns false, making nothing, when one of
+    /// the two is no longer advertised (it went away meanwhile; never
+    /// recreate a released home).
+    fn make_link_dirs_in(tx: &Transaction, a: DomId, b: DomId) -> Result<bool, XsError> {
+        for owner in [a, b] {
+            let advert = format!("{}/{}", layout::home(owner), layout::ADVERT);
+            if tx.try_read(&advert)?.is_none() {
+                return Ok(false);
+            }
+        }
+        for (owner, peer) in [(a, b), (b, a)] {
+            let dir = link_dir(owner, peer);
+            if tx.try_read(&dir)?.is_some() {
+                // Made earlier (by us before a restart, or by the guest
+                // itself, with the same permissions): keep it.
+                continue;
+            }
+            tx.mkdir(&dir)?;
+            tx.set_perms(
+                &dir,
+                &[
+                    Perm::new(PermAccess::None, u32::from(owner)),
+                    Perm::new(PermAccess::Read, u32::from(peer)),
+                ],
+            )?;
+        }
+        Ok(true)
+    }
+
+    /// Writes guest `g`'s table inside `tx`. Returns false, writing
+    /// nothing, when the guest's home is gone (never recreate a released
+    /// home).
+    fn publish_in(
+        tx: &Transaction,
+        g: DomId,
+        old: Option<&Table>,
+        new: &Table,
+    ) -> Result<bool, XsError> {
         let home = layout::home(g);
         let base = format!("{home}/{}", layout::XENSOCK);
         let peers = format!("{base}/{}", layout::PEERS);
@@ -345,69 +425,65 @@ impl Agent {
             Perm::new(PermAccess::None, 0),
             Perm::new(PermAccess::Read, u32::from(g)),
         ];
-        self.xs.transaction(|tx| {
-            // Only for a live guest: never recreate a released home.
-            if tx.try_read(&home)?.is_none() {
-                return Err(XsError::Daemon {
-                    errno: XsErrno::NoEnt,
-                    op: "publish",
-                    path: home.clone(),
-                });
+        if tx.try_read(&home)?.is_none() {
+            return Ok(false);
+        }
+        match old {
+            None => {
+                // First table since the agent started: start clean.
+                tx.mkdir(&base)?;
+                tx.rm(&peers)?;
+                tx.rm(&moved)?;
+                tx.set_perms(&base, &perms)?;
+                tx.mkdir(&peers)?;
+                tx.set_perms(&peers, &perms)?;
             }
-            match old {
-                None => {
-                    // First table since the agent started: start clean.
-                    tx.mkdir(&base)?;
-                    tx.rm(&peers)?;
-                    tx.rm(&moved)?;
-                    tx.set_perms(&base, &perms)?;
-                    tx.mkdir(&peers)?;
-                    tx.set_perms(&peers, &perms)?;
-                }
-                Some(old) => {
-                    for domid in old.entries.keys() {
-                        if !new.entries.contains_key(domid) {
-                            tx.rm(&format!("{peers}/{domid}"))?;
-                        }
+            Some(old) => {
+                for domid in old.entries.keys() {
+                    if !new.entries.contains_key(domid) {
+                        tx.rm(&format!("{peers}/{domid}"))?;
                     }
-                    for uuid in old.moved.keys() {
-                        if !new.moved.contains_key(uuid) {
-                            tx.rm(&format!("{moved}/{uuid}"))?;
-                        }
+                }
+                for uuid in old.moved.keys() {
+                    if !new.moved.contains_key(uuid) {
+                        tx.rm(&format!("{moved}/{uuid}"))?;
                     }
                 }
             }
-            for (domid, (uuid, a)) in &new.entries {
-                let prev = old.and_then(|o| o.entries.get(domid));
-                if prev == Some(&(uuid.clone(), a.clone())) {
-                    continue;
-                }
-                let entry = format!("{peers}/{domid}");
-                tx.write(&format!("{entry}/uuid"), uuid)?;
-                tx.write(&format!("{entry}/addrs"), &a.addrs)?;
-                tx.write(&format!("{entry}/version"), &a.version)?;
-                for node in ["", "/uuid", "/addrs", "/version"] {
-                    tx.set_perms(&format!("{entry}{node}"), &perms)?;
-                }
+        }
+        for (domid, (uuid, a)) in &new.entries {
+            let prev = old.and_then(|o| o.entries.get(domid));
+            if prev == Some(&(uuid.clone(), a.clone())) {
+                continue;
             }
-            for (uuid, dest) in &new.moved {
-                if old.and_then(|o| o.moved.get(uuid)) != Some(dest) {
-                    let node = format!("{moved}/{uuid}");
-                    tx.write(&node, dest)?;
-                    tx.set_perms(&moved, &perms)?;
-                    tx.set_perms(&node, &perms)?;
-                }
+            let entry = format!("{peers}/{domid}");
+            tx.write(&format!("{entry}/uuid"), uuid)?;
+            tx.write(&format!("{entry}/addrs"), &a.addrs)?;
+            tx.write(&format!("{entry}/version"), &a.version)?;
+            for node in ["", "/uuid", "/addrs", "/version"] {
+                tx.set_perms(&format!("{entry}{node}"), &perms)?;
             }
-            Ok(())
-        })
+        }
+        for (uuid, dest) in &new.moved {
+            if old.and_then(|o| o.moved.get(uuid)) != Some(dest) {
+                let node = format!("{moved}/{uuid}");
+                tx.write(&node, dest)?;
+                tx.set_perms(&moved, &perms)?;
+                tx.set_perms(&node, &perms)?;
+            }
+        }
+        Ok(true)
     }
 
     /// Follows XenStore until `stop` is set: a full pass at start, then one
     /// after every burst of relevant events.
     pub fn run(mut self, stop: &AtomicBool) -> Result<(), XsError> {
-        let mut w =
-            self.xs
-                .watch_paths(&["@introduceDomain", "@releaseDomain", "/local/domain"])?;
+        let mut w = self.xs.watch_paths(&[
+            "@introduceDomain",
+            "@releaseDomain",
+            "/local/domain",
+            layout::TOOL_AWAY,
+        ])?;
         self.sync()?;
         while !stop.load(Ordering::Acquire) {
             let Some(ev) = w.recv_timeout(Duration::from_millis(100))? else {
@@ -446,6 +522,54 @@ impl Agent {
     }
 }
 
+/// The UUID of a domain named by domid or UUID (as `xl` users name
+/// them): a UUID is taken as it is (lowercased), a domid is looked up in
+/// its `vm` node.
+pub fn domain_uuid(xs: &XsClient, domain: &str) -> Result<String, XsError> {
+    let lower = domain.to_ascii_lowercase();
+    if layout::is_uuid(&lower) {
+        return Ok(lower);
+    }
+    let invalid = |why: &str| {
+        XsError::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{domain}: {why}"),
+        ))
+    };
+    let domid: DomId = domain
+        .parse()
+        .map_err(|_| invalid("neither a domid nor a UUID"))?;
+    let vm = lossy(xs.read(&format!("{}/vm", layout::home(domid)))?);
+    let uuid = vm.rsplit('/').next().unwrap_or("").to_ascii_lowercase();
+    if layout::is_uuid(&uuid) {
+        Ok(uuid)
+    } else {
+        Err(invalid("its vm node names no UUID"))
+    }
+}
+
+/// Marks the domain with this UUID as moved to `host` while it stays here
+/// (`/tool/xensock/away/<uuid>`): a running agent separates it from its
+/// peers as if it had left. Dom0 only.
+pub fn mark_away(xs: &XsClient, uuid: &str, host: &str) -> Result<(), XsError> {
+    if host.is_empty() || !layout::is_uuid(uuid) {
+        return Err(XsError::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "mark_away needs a UUID and a non-empty host label",
+        )));
+    }
+    xs.write(&format!("{}/{uuid}", layout::TOOL_AWAY), host)
+}
+
+/// Removes the away marking of the domain with this UUID: a running
+/// agent makes it co-resident with its peers again. Not marked: no-op.
+pub fn mark_back(xs: &XsClient, uuid: &str) -> Result<(), XsError> {
+    match xs.rm(&format!("{}/{uuid}", layout::TOOL_AWAY)) {
+        Err(e) if e.is(XsErrno::NoEnt) => Ok(()),
+        r => r,
+    }
+}
+
 /// A running agent thread; dropping it stops the agent.
 pub struct AgentHandle {
     stop: Arc<AtomicBool>,
@@ -476,6 +600,8 @@ mod tests {
             "/local/domain/3/xensock/label",
             "/local/domain/3/data/xensock",
             "/local/domain/3/data/xensock/addrs",
+            "/tool/xensock/away",
+            "/tool/xensock/away/6f1c0b8e-9d3a-4b2e-8f00-0123456789ab",
         ] {
             assert!(relevant(p), "{p}");
         }
@@ -486,6 +612,8 @@ mod tests {
             "/local/domain/3/data/xensock/link",
             "/local/domain/3/data/xensock/link/4/state",
             "/tool/xensock",
+            "/tool/xensock/moved/6f1c0b8e-9d3a-4b2e-8f00-0123456789ab",
+            "/tool/xensock/awayx",
         ] {
             assert!(!relevant(p), "{p}");
         }

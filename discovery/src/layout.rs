@@ -31,6 +31,13 @@ pub const MOVED: &str = "moved";
 /// `/tool/xensock/moved/<uuid>` = destination host.
 pub const TOOL_MOVED: &str = "/tool/xensock/moved";
 
+/// Where dom0 marks a domain as moved to another host while it actually
+/// stays on this one (`/tool/xensock/away/<uuid>` = destination host
+/// label): the agent then separates it from its co-resident peers exactly
+/// as if it had left, and brings it back when the node is removed. For
+/// tests and drills of the migration switch without a second host.
+pub const TOOL_AWAY: &str = "/tool/xensock/away";
+
 /// `/local/domain/<domid>`.
 pub fn home(domid: DomId) -> String {
     format!("/local/domain/{domid}")

@@ -5,11 +5,12 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use xensock_discovery::advert::{Advert, Advertiser};
-use xensock_discovery::agent::{Agent, AgentConfig, AgentHandle};
+use xensock_discovery::agent::{self, Agent, AgentConfig, AgentHandle};
 use xensock_discovery::peers::{CoResidency, PeerEvent, PeerWatcher};
 use xensock_discovery::xs::{XsClient, XsError};
 use xensock_sim::{DomainConfig, MigrateTo, SimDomain, SimHost};
 use xensock_xenif::xs_wire::{Perm, PermAccess, XsErrno};
+use xensock_xenif::DomId;
 
 const T: Duration = Duration::from_secs(10);
 
@@ -58,9 +59,13 @@ fn guest(host: &SimHost, name: &str, label: &str, ip: &str) -> Guest {
 
 /// A and B are tenant "blue", C is "red"; the agent runs in dom0.
 fn world() -> World {
+    world_with(AgentConfig::default())
+}
+
+fn world_with(cfg: AgentConfig) -> World {
     let host = SimHost::start().unwrap();
     let dom0 = XsClient::open_path(host.dom0().xenstored_path()).unwrap();
-    let agent = Agent::spawn(dom0.clone(), AgentConfig::default()).unwrap();
+    let agent = Agent::spawn(dom0.clone(), cfg).unwrap();
     let a = guest(&host, "a", "blue", "10.0.0.1");
     let b = guest(&host, "b", "blue", "10.0.0.2");
     let c = guest(&host, "c", "red", "10.0.0.3");
@@ -373,4 +378,175 @@ fn the_agent_makes_each_pairs_link_directories_at_once() {
         assert!(Instant::now() < deadline, "{mine} outlived dom{db}");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+fn link(owner: DomId, peer: DomId) -> String {
+    format!("/local/domain/{owner}/data/xensock/link/{peer}")
+}
+
+/// dom0 tells the agent that B moved to another host while B stays here
+/// (`/tool/xensock/away/<uuid>`): A and B lose each other exactly as after
+/// a real departure, each learning where the other is (`Left`), and the
+/// pair's link directories are withdrawn in the same change; C, another
+/// tenant, sees nothing. Removing the marking brings B back: both tables
+/// list each other again and the link directories exist when the entries
+/// appear.
+#[test]
+fn away_marking_separates_a_guest_that_stays_and_back_rejoins_it() {
+    let w = world_with(AgentConfig {
+        host_name: Some("host-a".into()),
+        ..AgentConfig::default()
+    });
+    let (da, db) = (w.a.dom.domid, w.b.dom.domid);
+    // The pair's link directories exist before the move.
+    let deadline = Instant::now() + T;
+    while w.dom0.try_read(&link(da, db)).unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "no link directories for the pair"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut wa = co(&w.a).watch().unwrap();
+    let mut wb = co(&w.b).watch().unwrap();
+    let mut wc = co(&w.c).watch().unwrap();
+
+    w.host.mark_away(db, "host-b").unwrap();
+    match next(&mut wa) {
+        PeerEvent::Left { peer, destination } => {
+            assert_eq!(
+                (peer.domid, peer.uuid.as_str()),
+                (db, w.b.dom.uuid.as_str())
+            );
+            assert_eq!(destination, "host-b");
+        }
+        other => panic!("A expected B Left, got {other:?}"),
+    }
+    // Seen together with the table change: the pair's directories are gone.
+    for (x, y) in [(da, db), (db, da)] {
+        assert!(
+            w.dom0.try_read(&link(x, y)).unwrap().is_none(),
+            "{}",
+            link(x, y)
+        );
+    }
+    match next(&mut wb) {
+        PeerEvent::Left { peer, destination } => {
+            assert_eq!(peer.domid, da);
+            assert_eq!(destination, "host-a", "B is elsewhere, A stayed here");
+        }
+        other => panic!("B expected A Left, got {other:?}"),
+    }
+    assert_eq!(co(&w.a).lookup_ip(w.b.ip).unwrap(), None);
+    assert_eq!(co(&w.b).lookup_ip(w.a.ip).unwrap(), None);
+    assert_eq!(
+        w.a.xs
+            .read_string(&format!("xensock/moved/{}", w.b.dom.uuid))
+            .unwrap(),
+        "host-b"
+    );
+    // The domain itself is untouched: same domid, still advertising.
+    assert!(w.host.domain(db).is_some());
+
+    w.host.mark_back(db).unwrap();
+    match next(&mut wa) {
+        PeerEvent::Arrived(p) => assert_eq!(p.domid, db),
+        other => panic!("A expected B Arrived, got {other:?}"),
+    }
+    // The same change made both link directories, with their permissions.
+    assert_eq!(
+        perms_string(&w.dom0.get_perms(&link(da, db)).unwrap()),
+        format!("n{da},r{db}")
+    );
+    assert_eq!(
+        perms_string(&w.dom0.get_perms(&link(db, da)).unwrap()),
+        format!("n{db},r{da}")
+    );
+    match next(&mut wb) {
+        PeerEvent::Arrived(p) => assert_eq!(p.domid, da),
+        other => panic!("B expected A Arrived, got {other:?}"),
+    }
+    assert!(
+        w.a.xs
+            .try_read(&format!("xensock/moved/{}", w.b.dom.uuid))
+            .unwrap()
+            .is_none(),
+        "the moved note goes when B is back"
+    );
+    // Another tenant heard nothing of it.
+    assert!(wc
+        .next_event(Some(Duration::from_millis(200)))
+        .unwrap()
+        .is_none());
+}
+
+/// Two guests marked away to the same host are co-resident there: they
+/// keep each other, and keep their link directories.
+#[test]
+fn guests_away_at_the_same_host_stay_co_resident() {
+    let w = world();
+    let (da, db) = (w.a.dom.domid, w.b.dom.domid);
+    let mut wa = co(&w.a).watch().unwrap();
+    // The same label written in one go for both is the common case of
+    // "both ends moving at once".
+    w.dom0
+        .transaction(|tx| {
+            for g in [&w.a, &w.b] {
+                tx.write(&format!("/tool/xensock/away/{}", g.dom.uuid), "host-b")?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    // B alone moves on: A loses it.
+    w.host.mark_away(db, "host-c").unwrap();
+    match next(&mut wa) {
+        PeerEvent::Left { peer, destination } => {
+            assert_eq!(peer.domid, db);
+            assert_eq!(destination, "host-c");
+        }
+        other => panic!("expected Left, got {other:?}"),
+    }
+    // B joins A at host-b: together again.
+    w.host.mark_away(db, "host-b").unwrap();
+    match next(&mut wa) {
+        PeerEvent::Arrived(p) => assert_eq!(p.domid, db),
+        other => panic!("expected Arrived, got {other:?}"),
+    }
+    let deadline = Instant::now() + T;
+    while w.dom0.try_read(&link(da, db)).unwrap().is_none() {
+        assert!(Instant::now() < deadline, "no link directories at host-b");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `xensock-agent away|back` name a domain by domid or UUID.
+#[test]
+fn away_and_back_by_domid_or_uuid() {
+    let w = world();
+    let db = w.b.dom.domid;
+    let uuid = agent::domain_uuid(&w.dom0, &db.to_string()).unwrap();
+    assert_eq!(uuid, w.b.dom.uuid);
+    assert_eq!(
+        agent::domain_uuid(&w.dom0, &w.b.dom.uuid.to_ascii_uppercase()).unwrap(),
+        uuid
+    );
+    assert!(agent::domain_uuid(&w.dom0, "not-a-domain").is_err());
+    assert_eq!(errno(agent::domain_uuid(&w.dom0, "999")), XsErrno::NoEnt);
+    assert!(agent::mark_away(&w.dom0, &uuid, "").is_err());
+    agent::mark_away(&w.dom0, &uuid, "host-b").unwrap();
+    assert_eq!(
+        w.dom0
+            .read_string(&format!("/tool/xensock/away/{uuid}"))
+            .unwrap(),
+        "host-b"
+    );
+    wait_for(&w.a, |t| t.by_domid(db).is_none());
+    agent::mark_back(&w.dom0, &uuid).unwrap();
+    wait_for(&w.a, |t| t.by_domid(db).is_some());
+    // Not marked: a no-op. A guest cannot mark itself.
+    agent::mark_back(&w.dom0, &uuid).unwrap();
+    assert_eq!(
+        errno(agent::mark_away(&w.b.xs, &uuid, "host-b")),
+        XsErrno::Acces
+    );
 }

@@ -28,7 +28,12 @@ common_root() {
   copy_bin "$root" /usr/bin /usr/bin/xenstore-read /usr/bin/xenstore-write /usr/bin/xenstore-ls \
     /usr/bin/xenstore-list /usr/bin/xenstore-rm /usr/bin/xenstore-exists /usr/bin/xenstore-watch
   copy_bin "$root" /usr/sbin /sbin/ip /sbin/brctl
-  # the scenario: tests/lab/<name>/ (all of it) at /scenario
+  # the scenario: tests/lab/<name>/ (all of it) at /scenario, over the
+  # shared directory it includes (SCENARIO_INCLUDE in its scenario.conf)
+  if [[ -n ${SCENARIO_INCLUDE:-} ]]; then
+    [[ -d $REPO_DIR/tests/lab/$SCENARIO_INCLUDE ]] || die "SCENARIO_INCLUDE: no tests/lab/$SCENARIO_INCLUDE"
+    cp -a "$REPO_DIR/tests/lab/$SCENARIO_INCLUDE/." "$root/scenario/"
+  fi
   cp -a "$SCENARIO_DIR/." "$root/scenario/"
   # later issues drop our binaries/modules here (--guest-files DIR)
   if [[ -n ${GUEST_FILES:-} ]]; then cp -a "$GUEST_FILES/." "$root/opt/xensock/"; fi

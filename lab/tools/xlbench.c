@@ -31,6 +31,15 @@
  *
  * XLBENCH_LABEL=<name> in the client's environment renames the metric row
  * (e.g. to tell two vchan ring sizes apart).
+ * XLBENCH_BUF=<bytes> (xen, unix): SO_RCVBUF and SO_SNDBUF of the socket
+ * (SO_*BUFFORCE when allowed, i.e. as root, past net.core.rmem_max), set
+ * before listen/connect; af_xen.ko sizes a connection's receive ring from
+ * SO_RCVBUF. Both sides print what the kernel reports back.
+ * XLBENCH_BUSY_POLL=<us> (xen): SO_BUSY_POLL on the connected socket: a
+ * blocking recv/send spins up to that long on the ring before it sleeps.
+ * For xen, both sides also print the module's data-path counters
+ * (/proc/net/af_xen_stats: interrupts, direct wakeups, work item runs,
+ * data kicks, sleeps, spin hits) spent on the stream and on the pings.
  *   xlbench xsread <path> [timeout-s]  (wait for a xenstore node, print it)
  *
  * Exit status 0 only if every byte arrived intact (the stream carries a
@@ -67,6 +76,7 @@ static unsigned char pat[PATLEN + CHUNK];
 struct conn {
 	int fd;                       /* tcp */
 	struct libxenvchan *vc;       /* vchan */
+	int afxen;                    /* fd is AF_XEN: report its counters */
 };
 
 static const char *transport;
@@ -137,6 +147,45 @@ static void init_pattern(void)
 	}
 }
 
+/* /proc/net/af_xen_stats counters of the data path (af-xen-kmod/src/sys.rs) */
+static const char *const afx_ctr[] = { "irqs", "irq_wakes", "irq_work", "data_kicks", "sleeps", "spin_hits" };
+#define NCTR (sizeof(afx_ctr) / sizeof(afx_ctr[0]))
+
+static void afx_stats(long long v[NCTR])
+{
+	char name[64];
+	long long x;
+	FILE *f = fopen("/proc/net/af_xen_stats", "r");
+
+	for (size_t i = 0; i < NCTR; i++)
+		v[i] = 0;
+	if (!f)
+		return;
+	while (fscanf(f, "%63s %lld", name, &x) == 2)
+		for (size_t i = 0; i < NCTR; i++)
+			if (!strcmp(name, afx_ctr[i]))
+				v[i] = x;
+	fclose(f);
+}
+
+/* counters spent since `before` (and refreshes it), per `per` units */
+static void afx_report(struct conn *c, const char *side, const char *phase, long long before[NCTR], double per,
+		       const char *unit)
+{
+	long long now_[NCTR];
+
+	if (!c->afxen)
+		return;
+	afx_stats(now_);
+	printf("xlbench %s %s %s:", transport, side, phase);
+	for (size_t i = 0; i < NCTR; i++) {
+		printf(" %s=%lld (%.2f/%s)", afx_ctr[i], now_[i] - before[i], per > 0 ? (now_[i] - before[i]) / per : 0,
+		       unit);
+		before[i] = now_[i];
+	}
+	printf("\n");
+}
+
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -149,7 +198,9 @@ static int serve(struct conn *c, long mib, long n)
 	static unsigned char buf[CHUNK];
 	uint64_t total = (uint64_t)mib << 20, pos = 0, bad = 0;
 	unsigned char b;
+	long long ctr[NCTR];
 
+	afx_stats(ctr);
 	while (pos < total) {
 		size_t want = total - pos < CHUNK ? total - pos : CHUNK;
 		ssize_t r = xread_some(c, buf, want);
@@ -165,10 +216,12 @@ static int serve(struct conn *c, long mib, long n)
 	b = bad ? 'X' : 'K';
 	if (xwrite(c, &b, 1))
 		die("ack");
+	afx_report(c, "server", "stream", ctr, mib, "MiB");
 	for (long i = 0; i < n; i++) {
 		if (xread(c, &b, 1) || xwrite(c, &b, 1))
 			die("ping-pong echo");
 	}
+	afx_report(c, "server", "pings", ctr, n, "round trip");
 	printf("xlbench %s server: received %ld MiB (%llu bad reads), echoed %ld pings\n",
 	       transport, mib, (unsigned long long)bad, n);
 	return bad ? 1 : 0;
@@ -181,8 +234,11 @@ static int drive(struct conn *c, long mib, long n)
 	double t0, t1, sum = 0;
 	unsigned char b;
 
+	long long ctr[NCTR];
+
 	if (!rtt)
 		die("calloc");
+	afx_stats(ctr);
 	t0 = now();
 	while (pos < total) {
 		size_t len = total - pos < CHUNK ? total - pos : CHUNK;
@@ -194,6 +250,7 @@ static int drive(struct conn *c, long mib, long n)
 		die("stream ack");
 	t1 = now();
 	printf("@@METRIC %s.stream_mib_s %.1f MiB/s\n", transport, mib / (t1 - t0));
+	afx_report(c, "client", "stream", ctr, mib, "MiB");
 	if (b != 'K') {
 		printf("xlbench %s: server saw corrupted stream data\n", transport);
 		return 1;
@@ -210,6 +267,7 @@ static int drive(struct conn *c, long mib, long n)
 			return 1;
 		}
 	}
+	afx_report(c, "client", "pings", ctr, n, "round trip");
 	if (n) {
 		qsort(rtt, n, sizeof(double), cmp_double);
 		printf("@@METRIC %s.rtt_us_avg %.1f us\n", transport, sum / n);
@@ -254,6 +312,48 @@ static int xsread(const char *path, int timeout)
 	return 0;
 }
 
+/* XLBENCH_BUF: both buffer sizes, before listen/connect (see the top) */
+static void set_bufs(int fd, const char *side)
+{
+	const char *e = getenv("XLBENCH_BUF");
+	int v, got_r = 0, got_s = 0;
+	socklen_t len = sizeof(int);
+
+	if (!e || !*e)
+		return;
+	v = atoi(e);
+	if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &v, sizeof(v)) &&
+	    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v)))
+		die("SO_RCVBUF");
+	if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &v, sizeof(v)) &&
+	    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v)))
+		die("SO_SNDBUF");
+	getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &got_r, &len);
+	len = sizeof(int);
+	getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &got_s, &len);
+	static int said;	/* once, not per connect retry */
+	if (said++)
+		return;
+	printf("xlbench %s %s: XLBENCH_BUF=%d: SO_RCVBUF reads %d, SO_SNDBUF reads %d (the kernel doubles)\n", transport,
+	       side, v, got_r, got_s);
+	fflush(stdout);
+}
+
+/* XLBENCH_BUSY_POLL: SO_BUSY_POLL of a connected socket (see the top) */
+static void set_busy_poll(int fd, const char *side)
+{
+	const char *e = getenv("XLBENCH_BUSY_POLL");
+	int v;
+
+	if (!e || !*e)
+		return;
+	v = atoi(e);
+	if (setsockopt(fd, SOL_SOCKET, SO_BUSY_POLL, &v, sizeof(v)))
+		die("SO_BUSY_POLL");
+	printf("xlbench %s %s: SO_BUSY_POLL %d us\n", transport, side, v);
+	fflush(stdout);
+}
+
 /* Listen on a, accept one connection, serve it. */
 static int sock_server(int fam, const struct sockaddr *a, socklen_t alen, int nodelay, long mib, long n)
 {
@@ -265,6 +365,8 @@ static int sock_server(int fam, const struct sockaddr *a, socklen_t alen, int no
 		die("socket");
 	if (fam == AF_INET)
 		setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	else
+		set_bufs(l, "server");
 	if (bind(l, a, alen) || listen(l, 1))
 		die("bind/listen");
 	printf("xlbench %s server: listening\n", transport);
@@ -274,6 +376,9 @@ static int sock_server(int fam, const struct sockaddr *a, socklen_t alen, int no
 		die("accept");
 	if (nodelay)
 		setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	c.afxen = fam != AF_INET && fam != AF_UNIX;
+	if (c.afxen)
+		set_busy_poll(c.fd, "server");
 	int rc = serve(&c, mib, n);
 	close(c.fd);
 	close(l);
@@ -293,6 +398,8 @@ static int sock_client(int fam, const struct sockaddr *a, socklen_t alen, int no
 		c.fd = socket(fam, SOCK_STREAM, 0);
 		if (c.fd < 0)
 			die("socket");
+		if (fam != AF_INET)
+			set_bufs(c.fd, "client");
 		if (!connect(c.fd, a, alen))
 			break;
 		if (now() > end)
@@ -302,6 +409,9 @@ static int sock_client(int fam, const struct sockaddr *a, socklen_t alen, int no
 	}
 	if (nodelay)
 		setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	c.afxen = fam != AF_INET && fam != AF_UNIX;
+	if (c.afxen)
+		set_busy_poll(c.fd, "client");
 	int rc = drive(&c, mib, n);
 	close(c.fd);
 	return rc;

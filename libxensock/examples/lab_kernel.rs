@@ -26,6 +26,8 @@ const ECHO: u32 = 7101;
 const HALF_CLOSE: u32 = 7102;
 const ACCEPT_CLOSE: u32 = 7103;
 const STOP: u32 = 7199;
+/// What the accept-and-close server writes before it closes.
+const ACCEPT_CLOSE_GREETING: &[u8] = b"accepted, closing";
 const BIG_MIB: usize = 32;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -74,10 +76,10 @@ fn server() -> Res<()> {
         stop.local_addr()?
     );
     thread::spawn(move || {
-        // accept and close at once: the connector must still see its
-        // connect succeed (then EOF)
-        for s in quick.incoming() {
-            drop(s);
+        // write a few bytes and close at once: the connector must still see
+        // its connect succeed, then those bytes, then EOF
+        for mut s in quick.incoming().flatten() {
+            let _ = s.write_all(ACCEPT_CLOSE_GREETING);
         }
     });
     thread::spawn(move || {
@@ -416,13 +418,19 @@ fn client(server: u32) -> u32 {
     // kmod-rust-20261122-070226 answered such a connect with ECONNREFUSED.
     c.run("accept-close", || {
         let mut refused = 0;
-        for _ in 0..20 {
+        for i in 0..20 {
             match XenStream::connect(SockAddrXen::new(server, ACCEPT_CLOSE)) {
-                Ok(mut s) => match s.read(&mut [0u8; 8]) {
-                    Ok(0) => {}
-                    Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => {}
-                    other => return Err(format!("read after the peer closed: {other:?}").into()),
-                },
+                Ok(mut s) => {
+                    // the bytes written before the close, then EOF (a clean
+                    // close: no ECONNRESET)
+                    let mut got = Vec::new();
+                    s.read_to_end(&mut got)
+                        .map_err(|e| format!("connect {i}: read after the peer closed: {e}"))?;
+                    ensure(
+                        got == ACCEPT_CLOSE_GREETING,
+                        format!("connect {i}: read {got:?} then EOF"),
+                    )?;
+                }
                 Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => refused += 1,
                 Err(e) => return Err(e.into()),
             }
@@ -431,7 +439,7 @@ fn client(server: u32) -> u32 {
             refused == 0,
             format!("{refused} of 20 connects to an accept-and-close server: ECONNREFUSED"),
         )?;
-        Ok("20 connects, each then EOF/ECONNRESET".into())
+        Ok("20 connects, each read the server's bytes then EOF".into())
     });
 
     // stop the server

@@ -3,8 +3,9 @@
 //! the link manager.
 
 use std::io;
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
@@ -14,6 +15,7 @@ use xensock_proto::ring::{Consumer, Field, Producer, RingError, RingMemory};
 use xensock_proto::switch::{RxPath, TxPath};
 use xensock_xenif::{DomId, EventChannel};
 
+use crate::carrier::{Doorbell, Engine};
 use crate::error::errno;
 use crate::evfd::EventFd;
 use crate::rings::{MappedRing, OwnedRing};
@@ -108,6 +110,30 @@ pub(crate) struct ConnIo {
     pub bytes_out: u64,
     /// Ring error waiting to be turned into a Reset frame by the caller.
     pub violation: Option<RingError>,
+    /// The carrier engine took the rings over (`Conn::engine`): every
+    /// operation goes there.
+    pub carried: bool,
+}
+
+/// What a ring operation returns once the connection's carrier engine has
+/// taken over: the caller retries on the engine.
+#[derive(Debug)]
+pub(crate) struct Carried;
+
+impl std::fmt::Display for Carried {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection moved to its carrier engine")
+    }
+}
+
+impl std::error::Error for Carried {}
+
+pub(crate) fn carried() -> io::Error {
+    io::Error::other(Carried)
+}
+
+pub(crate) fn is_carried(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|x| x.is::<Carried>())
 }
 
 impl ConnIo {
@@ -128,6 +154,7 @@ impl ConnIo {
             bytes_in: 0,
             bytes_out: 0,
             violation: None,
+            carried: false,
         }
     }
 
@@ -190,6 +217,9 @@ impl ConnIo {
 
     /// One non-blocking read attempt: `Err(WouldBlock)` when empty.
     pub(crate) fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.carried {
+            return Err(carried());
+        }
         if let Some(r) = self.dead_state_error(false) {
             return r;
         }
@@ -231,6 +261,9 @@ impl ConnIo {
 
     /// One non-blocking write attempt: `Err(WouldBlock)` when full.
     pub(crate) fn try_write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.carried {
+            return Err(carried());
+        }
         if let Some(r) = self.dead_state_error(true) {
             return r;
         }
@@ -273,6 +306,9 @@ impl ConnIo {
     /// Publishes the event indices for `want` and re-checks. Returns
     /// whether the caller may sleep (nothing it waits for is there yet).
     pub(crate) fn prepare_wait(&mut self, want: u8, write_want: u32) -> bool {
+        if self.carried {
+            return false;
+        }
         match self.phase {
             ConnPhase::Open => {}
             // The answer to the request signals the connection.
@@ -304,7 +340,7 @@ impl ConnIo {
     /// Whether a waiter for `want` should be woken (checked by the link
     /// manager after a kick).
     pub(crate) fn ready_for(&mut self, want: u8) -> bool {
-        if self.phase != ConnPhase::Open || self.peer_closed {
+        if self.carried || self.phase != ConnPhase::Open || self.peer_closed {
             return true;
         }
         if want & WANT_READ != 0 {
@@ -405,7 +441,9 @@ pub(crate) enum KickWait {
 /// the link's armed list.
 pub(crate) struct Conn {
     pub id: u32,
-    pub peer: DomId,
+    /// The peer's domid; changes when the peer migrates and the connection
+    /// returns to a ring on the new link.
+    peer: AtomicU16,
     pub local_port: u32,
     pub peer_port: u32,
     pub evfd: EventFd,
@@ -420,6 +458,28 @@ pub(crate) struct Conn {
     gen: Mutex<u64>,
     cv: Condvar,
     pub nonblocking: AtomicBool,
+    /// The connection's secret from the handshake (authenticates its TCP
+    /// legs and ring offers).
+    pub cookie: AtomicU64,
+    /// The peer's leg listener, from the handshake.
+    pub peer_tcp: Mutex<Option<SocketAddr>>,
+    /// The carrier engine, once a switch made the connection leave the
+    /// transport's ring fast path (set once, never taken back before close).
+    pub engine: Mutex<Option<Arc<Engine>>>,
+    /// Where the link manager rings the engine when the link is kicked.
+    pub doorbell: Doorbell,
+    /// Our end of the link's event channel the engine kicks (replaced when
+    /// the connection moves to a new link).
+    pub carrier_kick: Mutex<Option<Arc<dyn EventChannel>>>,
+    /// The grant of the receive ring the engine's last `offer_ring` made.
+    pub offered_grant: Mutex<Option<RingGrant>>,
+    /// The domain the next offer's ring is granted to.
+    pub offer_target: AtomicU16,
+    /// Where our last ring offer went, and its epoch.
+    pub offered_to: Mutex<Option<(DomId, u32)>>,
+    /// An offer from a domain the connection is not on (yet): taken once
+    /// that domain proved to be the peer (see `Inner::on_ring_offer`).
+    pub pending_offer: Mutex<Option<(DomId, RingGrant)>>,
 }
 
 impl Conn {
@@ -433,7 +493,7 @@ impl Conn {
     ) -> io::Result<Arc<Conn>> {
         Ok(Arc::new(Conn {
             id,
-            peer,
+            peer: AtomicU16::new(peer),
             local_port,
             peer_port,
             evfd: EventFd::new()?,
@@ -445,7 +505,30 @@ impl Conn {
             gen: Mutex::new(0),
             cv: Condvar::new(),
             nonblocking: AtomicBool::new(false),
+            cookie: AtomicU64::new(0),
+            peer_tcp: Mutex::new(None),
+            engine: Mutex::new(None),
+            doorbell: Doorbell::new()?,
+            carrier_kick: Mutex::new(None),
+            offered_grant: Mutex::new(None),
+            offer_target: AtomicU16::new(peer),
+            offered_to: Mutex::new(None),
+            pending_offer: Mutex::new(None),
         }))
+    }
+
+    /// The peer's current domid.
+    pub(crate) fn peer(&self) -> DomId {
+        self.peer.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_peer(&self, peer: DomId) {
+        self.peer.store(peer, Ordering::Release);
+    }
+
+    /// The carrier engine, if the connection has left the fast path.
+    pub(crate) fn engine(&self) -> Option<Arc<Engine>> {
+        lock(&self.engine).clone()
     }
 
     pub(crate) fn io(&self) -> MutexGuard<'_, ConnIo> {

@@ -182,6 +182,48 @@ impl KernelStream {
         Ok(KernelStream { sock, family })
     }
 
+    /// `socket` + (`SO_RCVBUF`) + a non-blocking `connect`: the stream
+    /// comes back at once, in non-blocking mode, still connecting
+    /// (`EINPROGRESS`) or already connected (a loopback connect);
+    /// [`KernelStream::finish_connect`] completes it once the socket is
+    /// writable. Errors the module reports at once (`ECONNREFUSED` for a
+    /// loopback port nobody listens on, `EHOSTUNREACH`, `EINVAL`) are
+    /// returned here.
+    pub(crate) fn connect_nonblocking(
+        family: i32,
+        addr: SockAddrXen,
+        opts: SocketOptions,
+    ) -> io::Result<KernelStream> {
+        let sock = new_socket(family)?;
+        if let Some(n) = opts.recv_buffer {
+            sock.set_recv_buffer_size(n)?;
+        }
+        sock.set_nonblocking(true)?;
+        match sock.connect(&to_sockaddr(family, addr)?) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(KernelStream { sock, family })
+    }
+
+    /// Completes a non-blocking connect, as a TCP client does after
+    /// `POLLOUT`: the connect's error (`SO_ERROR`, reported once) if it
+    /// failed, `WouldBlock` while it is in progress (`getpeername`:
+    /// `ENOTCONN`), `Ok` once connected (and on every later call).
+    pub(crate) fn finish_connect(&self) -> io::Result<()> {
+        if let Some(e) = self.sock.take_error()? {
+            return Err(e);
+        }
+        match self.sock.peer_addr() {
+            Ok(_) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                Err(io::Error::from(io::ErrorKind::WouldBlock))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     pub(crate) fn peer_addr(&self) -> io::Result<SockAddrXen> {
         from_sockaddr(self.family, &self.sock.peer_addr()?)
     }
@@ -240,10 +282,10 @@ impl KernelStream {
         self.sock.send_buffer_size().map_or(0, |n| n / 2)
     }
 
-    /// A non-consuming `MSG_PEEK | MSG_DONTWAIT` of up to 64 KiB (the
-    /// module's largest ring). Not `FIONREAD`: af_xen leaves
-    /// `proto_ops.ioctl` NULL and the kernel calls it unchecked, so any
-    /// ioctl on an AF_XEN socket oopses the guest (lab run
+    /// A non-consuming `MSG_PEEK | MSG_DONTWAIT` of up to 64 KiB. Not
+    /// `FIONREAD`: af_xen answers it since 2026-11-22, but a module from
+    /// before left `proto_ops.ioctl` NULL, which the kernel calls
+    /// unchecked, so any ioctl on its sockets oopses the guest (lab run
     /// `kmod-rust-20261122-064825`: "BUG: kernel NULL pointer
     /// dereference", RIP 0, from `sock_ioctl`, cmd 0x541b).
     pub(crate) fn bytes_readable(&self) -> usize {

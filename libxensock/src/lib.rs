@@ -50,7 +50,10 @@
 
 mod addr;
 mod backend;
-// The migration engine; the transport adopts it in a later step.
+// The migration engine (docs/migration.md): the transport hands a
+// connection to it at its first switch. Some of it (memfd rings, starting
+// on fresh rings) serves only the engine's own tests and benchmark, which
+// include this module by path.
 #[allow(dead_code)]
 mod carrier;
 mod conn;
@@ -73,7 +76,7 @@ pub use listener::{Incoming, XenListener};
 pub use rings::{LINK_MAPPER_ALIVE_OFFSET, LINK_OWNER_ALIVE_OFFSET};
 pub use stream::XenStream;
 pub use transport::{
-    Config, ConnStatus, LinkStatus, SocketOptions, Status, Transport, EPHEMERAL_PORT_FIRST,
-    LINK_DIR,
+    Carrier, Config, ConnStatus, LegCounters, LinkStatus, SocketOptions, Status, Transport,
+    ENV_PEER_LOST_MS, EPHEMERAL_PORT_FIRST, LINK_DIR,
 };
 pub use xensock_xenif::DomId;

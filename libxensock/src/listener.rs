@@ -51,8 +51,10 @@ impl ListenerShared {
         self.evfd.signal();
     }
 
+    /// The link to `peer` died: its connections waiting to be accepted go,
+    /// except those on their carrier engine (they live on over TCP).
     pub(crate) fn drop_peer(&self, peer: DomId) {
-        lock(&self.queue).retain(|c| c.peer != peer);
+        lock(&self.queue).retain(|c| c.peer() != peer || c.engine().is_some());
     }
 
     pub(crate) fn take_all(&self) -> Vec<Arc<Conn>> {
@@ -102,13 +104,13 @@ impl UserListener {
     fn accept(&self) -> io::Result<(XenStream, SockAddrXen)> {
         let block = !self.nonblocking.load(Ordering::Acquire);
         let conn = self.shared.pop(None, block)?;
-        let peer = SockAddrXen::new(u32::from(conn.peer), conn.peer_port);
+        let peer = SockAddrXen::new(u32::from(conn.peer()), conn.peer_port);
         Ok((XenStream::new(self.transport.clone(), conn), peer))
     }
 
     fn accept_timeout(&self, timeout: Duration) -> io::Result<(XenStream, SockAddrXen)> {
         let conn = self.shared.pop(Some(Instant::now() + timeout), true)?;
-        let peer = SockAddrXen::new(u32::from(conn.peer), conn.peer_port);
+        let peer = SockAddrXen::new(u32::from(conn.peer()), conn.peer_port);
         Ok((XenStream::new(self.transport.clone(), conn), peer))
     }
 

@@ -206,6 +206,28 @@ pub(crate) fn get_byte<R: SharedRegion + ?Sized>(region: &R, offset: usize) -> u
     shared_byte(region, offset).map_or(0, |b| b.load(Ordering::Acquire))
 }
 
+/// A transport ring (granted or mapped) handed to the carrier engine: the
+/// pages stay granted or mapped as long as the engine holds it.
+pub(crate) struct HeldRing<T: Send> {
+    ring: RawRing,
+    _keep: std::sync::Mutex<T>,
+}
+
+impl<T: Send + 'static> HeldRing<T> {
+    pub(crate) fn shared(ring: RawRing, keep: T) -> crate::carrier::SharedRing {
+        std::sync::Arc::new(HeldRing {
+            ring,
+            _keep: std::sync::Mutex::new(keep),
+        })
+    }
+}
+
+impl<T: Send> crate::carrier::RingRegion for HeldRing<T> {
+    fn ring(&self) -> RawRing {
+        self.ring
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use crate::addr::{SockAddrXen, ToXenAddr};
 use crate::backend::BackendKind;
-use crate::conn::{lock, Conn, ConnPhase, WANT_READ, WANT_WRITE};
+use crate::carrier::Engine;
+use crate::conn::{is_carried, lock, Conn, ConnPhase, WANT_READ, WANT_WRITE};
 use crate::error::errno;
 use crate::kernel::{loaded_family, KernelStream};
 use crate::transport::{SocketOptions, Transport};
@@ -56,7 +57,7 @@ impl UserStream {
     /// The peer's address.
     pub fn peer_addr(&self) -> io::Result<SockAddrXen> {
         let c = self.conn();
-        Ok(SockAddrXen::new(u32::from(c.peer), c.peer_port))
+        Ok(SockAddrXen::new(u32::from(c.peer()), c.peer_port))
     }
 
     /// Our address.
@@ -104,6 +105,18 @@ impl UserStream {
     /// peer's writes fail with `EPIPE`.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         let c = self.conn();
+        if let Some(e) = c.engine() {
+            if matches!(how, Shutdown::Write | Shutdown::Both) {
+                e.shutdown_write()?;
+            }
+            if matches!(how, Shutdown::Read | Shutdown::Both) {
+                // No TCP counterpart of the ring's CLOSED flag in version
+                // 1: reads end here, the peer's writes are not refused.
+                c.io().shut_rd = true;
+            }
+            c.signal();
+            return Ok(());
+        }
         {
             let mut io = c.io();
             match io.phase {
@@ -237,6 +250,102 @@ impl UserStream {
         e
     }
 
+    /// An operation on the carrier engine: blocking calls block in the
+    /// engine (no timeout) or wait for its ready hook (timeout);
+    /// non-blocking ones return `WouldBlock` with the descriptor reset, as
+    /// on the fast path.
+    fn engine_op<T>(
+        &self,
+        engine: &Engine,
+        want: u8,
+        timeout: Option<Duration>,
+        mut f: impl FnMut(&Engine, bool) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let c = self.conn();
+        let nonblocking = c.nonblocking.load(Ordering::Acquire);
+        if !nonblocking && timeout.is_none() {
+            return f(engine, false);
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let g0 = c.generation();
+            match f(engine, true) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+                Ok(v) => {
+                    c.waiting.fetch_and(!want, Ordering::AcqRel);
+                    return Ok(v);
+                }
+            }
+            if nonblocking {
+                c.waiting.fetch_or(want, Ordering::AcqRel);
+                // Reset the descriptor, then look again: the engine's hook
+                // signals it anew for anything after the drain.
+                c.evfd.drain();
+                match f(engine, true) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                    Ok(v) => {
+                        c.waiting.fetch_and(!want, Ordering::AcqRel);
+                        return Ok(v);
+                    }
+                }
+                // The drain may have taken the other direction's edge:
+                // give it back unless its hook call is still to come.
+                let other = (WANT_READ | WANT_WRITE) & !want;
+                if c.waiting.load(Ordering::Acquire) & other != 0
+                    && !engine.nb_pending(other == WANT_READ)
+                {
+                    c.evfd.signal();
+                }
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            if !c.wait_since(g0, deadline) {
+                return Err(errno(libc::EAGAIN));
+            }
+        }
+    }
+
+    fn read_impl(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let t = lock(&self.timeouts).read;
+        let c = self.conn();
+        if let Some(e) = c.engine() {
+            if c.io().shut_rd {
+                return Ok(0);
+            }
+            return self.engine_op(&e, WANT_READ, t, |e, nb| {
+                if nb {
+                    e.try_read(buf)
+                } else {
+                    e.read(buf)
+                }
+            });
+        }
+        match self.op(WANT_READ, 1, t, |io| io.try_read(buf)) {
+            Err(e) if is_carried(&e) => self.read_impl(buf),
+            r => r,
+        }
+    }
+
+    fn write_impl(&self, buf: &[u8]) -> io::Result<usize> {
+        let t = lock(&self.timeouts).write;
+        if let Some(e) = self.conn().engine() {
+            return self.engine_op(&e, WANT_WRITE, t, |e, nb| {
+                if nb {
+                    e.try_write(buf)
+                } else {
+                    e.write(buf)
+                }
+            });
+        }
+        let cap = self.send_buffer_size().max(1) as u32;
+        let want = (buf.len().min(u32::MAX as usize) as u32).clamp(1, (cap / 4).max(1));
+        match self.op(WANT_WRITE, want, t, |io| io.try_write(buf)) {
+            Err(e) if is_carried(&e) => self.write_impl(buf),
+            r => r,
+        }
+    }
+
     fn op<T>(
         &self,
         want: u8,
@@ -294,20 +403,23 @@ impl UserStream {
 
 impl Read for &UserStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let t = lock(&self.timeouts).read;
-        self.op(WANT_READ, 1, t, |io| io.try_read(buf))
+        self.read_impl(buf)
     }
 }
 
 impl Write for &UserStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let t = lock(&self.timeouts).write;
-        let cap = self.send_buffer_size().max(1) as u32;
-        let want = (buf.len().min(u32::MAX as usize) as u32).clamp(1, (cap / 4).max(1));
-        self.op(WANT_WRITE, want, t, |io| io.try_write(buf))
+        self.write_impl(buf)
     }
 
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        if self.conn().engine().is_some() {
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &b[..]);
+            return self.write_impl(first);
+        }
         let t = lock(&self.timeouts).write;
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         let cap = self.send_buffer_size().max(1) as u32;
@@ -327,6 +439,17 @@ impl Write for &UserStream {
                 }
             }
             Ok(total)
+        })
+        .or_else(|e| {
+            if is_carried(&e) {
+                let first = bufs
+                    .iter()
+                    .find(|b| !b.is_empty())
+                    .map_or(&[][..], |b| &b[..]);
+                self.write_impl(first)
+            } else {
+                Err(e)
+            }
         })
     }
 
@@ -431,6 +554,24 @@ impl XenStream {
         }
     }
 
+    /// Starts a connect that does not wait for the peer's answer, as a
+    /// non-blocking TCP connect (`EINPROGRESS`): the stream comes back in
+    /// non-blocking mode while the connect is in progress; once its
+    /// descriptor is writable (kernel family) or readable (user-space
+    /// transport), [`XenStream::finish_connect`] says how it ended.
+    /// Kernel family: a non-blocking `connect` on the AF_XEN socket.
+    /// User-space transport: [`Transport::connect_nonblocking`] on the
+    /// process-wide transport (which blocks while it brings up the first
+    /// link to a domain). Errors known at once (`EINVAL`, `EHOSTUNREACH`,
+    /// a loopback `ECONNREFUSED`) are returned here.
+    pub fn connect_nonblocking(addr: impl ToXenAddr, opts: SocketOptions) -> io::Result<XenStream> {
+        let addr = addr.to_xen_addr()?;
+        match loaded_family() {
+            Some(f) => KernelStream::connect_nonblocking(f, addr, opts).map(Self::from_kernel),
+            None => Transport::global()?.connect_nonblocking(addr, opts),
+        }
+    }
+
     /// Which backend carries this stream ([`BackendKind::Kernel`], or the
     /// user-space transport's).
     pub fn backend_kind(&self) -> BackendKind {
@@ -460,16 +601,15 @@ impl XenStream {
     /// `Ok` once the connection is open (and on every later call), the
     /// connect's error if it failed (`ECONNREFUSED`, ...), `WouldBlock`
     /// while the answer has not come. After `WouldBlock` the descriptor is
-    /// reset and becomes readable when the answer arrives. A stream of the
-    /// kernel family is connected when it is made: `Ok`, or the socket's
-    /// pending error (`SO_ERROR`).
+    /// reset and becomes readable when the answer arrives. Kernel family
+    /// (a non-blocking connect, [`XenStream::connect_nonblocking`]): the
+    /// socket's pending error (`SO_ERROR`) if the connect failed,
+    /// `WouldBlock` while it is in progress (the socket becomes writable
+    /// when it ends), else `Ok`.
     pub fn finish_connect(&self) -> io::Result<()> {
         match &self.imp {
             StreamImpl::User(u) => u.finish_connect(),
-            StreamImpl::Kernel(k) => match k.take_error()? {
-                Some(e) => Err(e),
-                None => Ok(()),
-            },
+            StreamImpl::Kernel(k) => k.finish_connect(),
         }
     }
 

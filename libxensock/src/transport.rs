@@ -5,9 +5,10 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -24,12 +25,17 @@ use xensock_xenif::{DomId, EventChannel, UnmapNotify, XenBackend};
 
 use crate::addr::{SockAddrXen, DOMID_ANY, DOMID_FIRST_RESERVED, DOMID_SELF, PORT_ANY};
 use crate::backend::{BackendKind, Dyn, DynXen};
+use crate::carrier::{
+    endpoint_of, socket_addr_of, Engine, EngineConfig, LegListener, LegListenerConfig, LegStats,
+    NewRing, RingAlloc, Seed, Trigger,
+};
 use crate::conn::{
     lock, Conn, ConnIo, ConnPhase, KickWait, LinkShared, RxSide, TxSide, NOT_WAITING,
 };
 use crate::error::{errno, Error};
 use crate::evfd::EventFd;
 use crate::listener::{ListenerShared, XenListener};
+use crate::rings::HeldRing;
 use crate::rings::{
     data_identity, get_byte, grant_ring, link_identity, map_ring, reinit_ring, set_byte,
     verify_fresh, MappedRing, OwnedRing, LINK_MAPPER_ALIVE_OFFSET, LINK_OWNER_ALIVE_OFFSET,
@@ -107,7 +113,19 @@ pub struct Config {
     /// table nor a list, any domid is tried (and only the link timeout
     /// tells that nobody answers).
     pub static_peers: Option<Vec<DomId>>,
+    /// Migration: once a connection has left its ring, how long its TCP
+    /// legs may take to come up (and, once up, how long sent data may stay
+    /// unacknowledged) before it fails with `ECONNRESET`. 10 s by default,
+    /// or `XENSOCK_PEER_LOST_MS`.
+    pub peer_lost_after: Duration,
+    /// Give connections a TCP carrier (a leg listener on this host's
+    /// address, the endpoint and cookie in the handshake). Off: connections
+    /// live and die with their ring, as before migration support.
+    pub tcp_carrier: bool,
 }
+
+/// Environment variable overriding [`Config::peer_lost_after`] (milliseconds).
+pub const ENV_PEER_LOST_MS: &str = "XENSOCK_PEER_LOST_MS";
 
 /// Environment variable overriding [`Config::link_timeout`] (milliseconds).
 pub const ENV_LINK_TIMEOUT_MS: &str = "XENSOCK_LINK_TIMEOUT_MS";
@@ -170,6 +188,11 @@ impl Default for Config {
             busy_poll: Duration::from_micros(50),
             ring_reuse: true,
             static_peers: None,
+            peer_lost_after: env_ms(ENV_PEER_LOST_MS)
+                .ok()
+                .flatten()
+                .unwrap_or(Duration::from_secs(10)),
+            tcp_carrier: true,
         }
     }
 }
@@ -274,8 +297,15 @@ struct Counters {
 pub(crate) struct Inner {
     xen: Box<dyn DynXen>,
     xs: XsClient,
-    domid: DomId,
+    /// This domain's id; changes when the domain migrates on this host.
+    domid: AtomicU16,
     kind: BackendKind,
+    /// Ourselves, for callbacks that must not keep the transport alive.
+    weak: std::sync::Weak<Inner>,
+    /// The TCP listener for connections' legs (`None`: no TCP fallback).
+    legs: Option<Arc<LegListener>>,
+    /// Where peers reach `legs`, as it travels in the handshake.
+    leg_endpoint: TcpEndpoint,
     pub(crate) cfg: Config,
     state: Mutex<State>,
     link_cv: Condvar,
@@ -291,6 +321,12 @@ pub(crate) struct Inner {
     /// so that the peer processes it even if nothing else follows.
     kick_timer: OwnedFd,
     kick_timer_armed: AtomicBool,
+    /// Connections ever handed to a carrier engine (0: the link manager
+    /// skips looking for them).
+    carriers: std::sync::atomic::AtomicUsize,
+    /// Between the suspend hook and the resume (or the new domid): no
+    /// connection goes back onto a ring, whose pages the move would take.
+    suspended: AtomicBool,
 }
 
 /// Keeps the transport running; dropped when the last handle goes.
@@ -427,15 +463,24 @@ impl Transport {
         // a malformed setting is an error here, not silently the default
         env_ms(ENV_LINK_TIMEOUT_MS)?;
         env_ms(ENV_CONNECT_TIMEOUT_MS)?;
+        env_ms(ENV_PEER_LOST_MS)?;
         let static_peers = match cfg.static_peers.clone() {
             Some(v) => Some(v),
             None => env_static_peers()?,
         }
         .map(|v| v.into_iter().collect());
-        let inner = Arc::new(Inner {
+        let (legs, leg_endpoint) = if cfg.tcp_carrier {
+            leg_listener(kind)
+        } else {
+            (None, TcpEndpoint::NONE)
+        };
+        let inner = Arc::new_cyclic(|weak| Inner {
             xen: Box::new(Dyn(backend)),
             xs,
-            domid,
+            domid: AtomicU16::new(domid),
+            weak: weak.clone(),
+            legs,
+            leg_endpoint,
             kind,
             cfg,
             watches: Mutex::new(Watches::default()),
@@ -456,6 +501,8 @@ impl Transport {
             counters: Counters::default(),
             kick_timer,
             kick_timer_armed: AtomicBool::new(false),
+            carriers: std::sync::atomic::AtomicUsize::new(0),
+            suspended: AtomicBool::new(false),
         });
         // Links of an earlier process of this domain are dead.
         if let Ok(peers) = inner.xs.directory(&inner.link_dir_abs()) {
@@ -465,6 +512,9 @@ impl Transport {
         }
         // The agent's table for us: its changes change whom we watch.
         inner.add_watch(&inner.table_dir()).map_err(Error::from)?;
+        // Our own `domid` (relative: it follows the domain): it fires after
+        // a migration, the user-space transport's resume hook.
+        inner.add_watch("domid").map_err(Error::from)?;
         {
             let st = inner.state();
             inner.refresh_peers(&st).map_err(Error::from)?;
@@ -530,7 +580,7 @@ impl Transport {
 
     /// This domain's id.
     pub fn domid(&self) -> DomId {
-        self.owner.inner.domid
+        self.owner.inner.domid()
     }
 
     /// The backend in use.
@@ -554,7 +604,7 @@ impl Transport {
         let inner = &self.owner.inner;
         if addr.domid != DOMID_SELF
             && addr.domid != DOMID_ANY
-            && addr.domid != u32::from(inner.domid)
+            && addr.domid != u32::from(inner.domid())
         {
             return Err(errno(libc::EADDRNOTAVAIL));
         }
@@ -727,7 +777,7 @@ impl Transport {
     fn check_connect_addr(&self, addr: &SockAddrXen) -> io::Result<DomId> {
         if addr.domid >= DOMID_FIRST_RESERVED
             || addr.port == PORT_ANY
-            || addr.domid == u32::from(self.owner.inner.domid)
+            || addr.domid == u32::from(self.owner.inner.domid())
         {
             return Err(errno(libc::EINVAL));
         }
@@ -737,6 +787,69 @@ impl Transport {
     /// A snapshot of links and connections, for `xensock status`.
     pub fn status(&self) -> Status {
         self.owner.inner.status()
+    }
+
+    /// The suspend hook: this domain is about to be suspended, saved or
+    /// migrated. Every open stream connection leaves its rings for its TCP
+    /// carrier while the rings are still shared (the unconsumed bytes of
+    /// what it sent are copied back out, nothing in what it receives is
+    /// trusted past what it consumed). Returns once each such connection
+    /// has both TCP legs up (or failed), at most
+    /// [`Config::peer_lost_after`], with the number of connections moved.
+    /// Readers and writers only pause. Connections whose peer offered no
+    /// TCP endpoint cannot move and end when the link does.
+    pub fn suspend(&self) -> usize {
+        let inner = &self.owner.inner;
+        inner.suspended.store(true, Ordering::Release);
+        let engines = inner.freeze_conns(None, Trigger::LocalMove);
+        let deadline = Instant::now() + inner.cfg.peer_lost_after;
+        while Instant::now() < deadline && !engines.iter().all(|e| e.failed() || e.status().legs_up)
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        engines.len()
+    }
+
+    /// The resume hook: looks whether this domain's id changed (a
+    /// same-host migration) and, if so, follows it: links are set up anew
+    /// and moved connections return to rings. The transport does this by
+    /// itself when XenStore's `domid` watch fires; a suspend that ends on
+    /// the same domid (cancelled, or saved and restored under the same id)
+    /// needs this call to let connections back onto rings. Returns whether
+    /// the domid changed.
+    pub fn resume(&self) -> bool {
+        let moved = self.owner.inner.check_domid();
+        self.owner.inner.suspended.store(false, Ordering::Release);
+        moved
+    }
+
+    /// The current domid of a co-resident peer named by IP address or
+    /// UUID, from the dom0 agent's table for us, which follows migrations:
+    /// connect to a domain that may have moved by what stays, not by a
+    /// domid that may be stale. `EHOSTUNREACH` when the table does not list
+    /// it (not co-resident, or no agent).
+    pub fn resolve(&self, name: &str) -> io::Result<DomId> {
+        let co = xensock_discovery::peers::CoResidency::new(self.owner.inner.xs.clone());
+        let found = match name.parse::<IpAddr>() {
+            Ok(ip) => co.lookup_ip(ip),
+            Err(_) => co.lookup_uuid(name),
+        }
+        .map_err(Error::from)?;
+        found
+            .map(|p| p.domid)
+            .ok_or_else(|| errno(libc::EHOSTUNREACH))
+    }
+
+    /// The peer of every connection to `domid` left the ring (it moved
+    /// away, or its link died while discovery says it is alive
+    /// elsewhere): those connections drain what it wrote and go on over
+    /// TCP. Returns how many connections moved. Only correct once the
+    /// peer has stopped writing into the rings (it is suspended or gone).
+    pub fn peer_gone(&self, domid: DomId) -> usize {
+        self.owner
+            .inner
+            .freeze_conns(Some(domid), Trigger::PeerGone)
+            .len()
     }
 }
 
@@ -784,6 +897,89 @@ pub struct ConnStatus {
     pub bytes_in: u64,
     /// Bytes written.
     pub bytes_out: u64,
+    /// Which carrier moves the bytes.
+    pub carrier: Carrier,
+}
+
+/// A connection's carrier, as [`Transport::status`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Carrier {
+    /// The transport's ring fast path (never switched).
+    Ring,
+    /// The carrier engine (the connection switched at least once).
+    Engine {
+        /// Sending direction: `ring`, `frozen` or `tcp`.
+        tx: &'static str,
+        /// Receiving direction: `ring`, `draining`, `tcp` or `offered`.
+        rx: &'static str,
+        /// Times our sending direction moved to TCP.
+        tx_to_tcp: u64,
+        /// Times our sending direction moved onto a new ring.
+        tx_to_ring: u64,
+        /// Times our receiving direction moved onto a new ring.
+        rx_to_ring: u64,
+        /// Both TCP legs are up.
+        legs_up: bool,
+        /// Why the connection failed, if it did.
+        failure: Option<String>,
+    },
+}
+
+impl Carrier {
+    /// Carrier switches so far (both directions).
+    pub fn switches(&self) -> u64 {
+        match self {
+            Carrier::Ring => 0,
+            Carrier::Engine {
+                tx_to_tcp,
+                tx_to_ring,
+                rx_to_ring,
+                ..
+            } => tx_to_tcp + tx_to_ring + rx_to_ring,
+        }
+    }
+}
+
+impl std::fmt::Display for Carrier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Carrier::Ring => f.write_str("ring"),
+            Carrier::Engine {
+                tx,
+                rx,
+                tx_to_tcp,
+                tx_to_ring,
+                rx_to_ring,
+                legs_up,
+                failure,
+            } => {
+                write!(
+                    f,
+                    "tx {tx} rx {rx}, switches: tx to tcp {tx_to_tcp}, tx to ring {tx_to_ring}, rx to ring {rx_to_ring}; legs {}",
+                    if *legs_up { "up" } else { "down" }
+                )?;
+                if let Some(why) = failure {
+                    write!(f, "; failed: {why}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The TCP legs refused or accepted by this transport's leg listener.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LegCounters {
+    /// Legs authenticated and handed to their connection.
+    pub accepted: u64,
+    /// Refused: a registered connection, the wrong cookie.
+    pub bad_cookie: u64,
+    /// Refused: no such connection (by the hello deadline).
+    pub unknown_conn: u64,
+    /// Refused: not a well-formed hello.
+    pub malformed: u64,
+    /// Refused: no hello in time (or too many unauthenticated legs).
+    pub timed_out: u64,
 }
 
 /// What [`Transport::status`] returns.
@@ -811,6 +1007,10 @@ pub struct Status {
     pub rejected: u64,
     /// XenStore paths the transport watches (sorted).
     pub watched: Vec<String>,
+    /// Where peers reach our TCP carrier (`None`: no TCP fallback).
+    pub tcp_endpoint: Option<std::net::SocketAddr>,
+    /// Legs our leg listener took or refused.
+    pub legs: LegCounters,
 }
 
 fn epoll_add(ep: &OwnedFd, fd: i32, token: u64) -> io::Result<()> {
@@ -832,16 +1032,30 @@ fn epoll_del(ep: &OwnedFd, fd: i32) {
     unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
 }
 
+/// How often the manager retries ring offers for connections on TCP.
+const CARRIER_SWEEP: Duration = Duration::from_millis(20);
+
 fn manager_thread(inner: Arc<Inner>) {
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+    let mut last_sweep = Instant::now();
     while !inner.stop.load(Ordering::Acquire) {
+        let carriers = inner.carriers.load(Ordering::Relaxed) > 0;
+        if carriers && last_sweep.elapsed() >= CARRIER_SWEEP {
+            last_sweep = Instant::now();
+            inner.sweep_carriers();
+        }
+        let timeout = if carriers {
+            CARRIER_SWEEP.as_millis() as i32
+        } else {
+            -1
+        };
         // SAFETY: `events` has room for its length; the epoll fd is ours.
         let n = unsafe {
             libc::epoll_wait(
                 inner.epoll.as_raw_fd(),
                 events.as_mut_ptr(),
                 events.len() as i32,
-                -1,
+                timeout,
             )
         };
         if n < 0 {
@@ -870,8 +1084,11 @@ fn manager_thread(inner: Arc<Inner>) {
                 ready.push((token - 1) as DomId);
             }
         }
-        let mut st = inner.state();
         let evs = std::mem::take(&mut *lock(&inner.sink.events));
+        if evs.iter().any(|p| p == "domid") {
+            inner.check_domid();
+        }
+        let mut st = inner.state();
         if evs.iter().any(|p| inner.is_table_event(p)) {
             // Failures leave the watches as they were; the next table
             // event (or connect) tries again.
@@ -909,13 +1126,52 @@ fn manager_thread(inner: Arc<Inner>) {
     }
 }
 
+/// The transport's leg listener and the endpoint peers reach it at. In the
+/// sim every domain is a process of this machine: loopback. On Xen: all
+/// addresses, advertised as the first address discovery would advertise.
+/// `None` (and `TcpEndpoint::NONE`) when it cannot be set up: connections
+/// then have no TCP fallback.
+fn leg_listener(kind: BackendKind) -> (Option<Arc<LegListener>>, TcpEndpoint) {
+    let cfg = LegListenerConfig::default();
+    let (bind, advertised): (IpAddr, Option<IpAddr>) = match kind {
+        BackendKind::Sim => (IpAddr::V4(Ipv4Addr::LOCALHOST), None),
+        _ => {
+            let ip = xensock_discovery::advert::local_addresses()
+                .ok()
+                .and_then(|v| v.into_iter().next());
+            (IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), ip)
+        }
+    };
+    let listener = match LegListener::bind(bind, cfg) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("no TCP carrier: leg listener on {bind}: {e}");
+            return (None, TcpEndpoint::NONE);
+        }
+    };
+    let port = listener.local_addr().port();
+    let endpoint = match (kind, advertised) {
+        (BackendKind::Sim, _) => listener.endpoint(),
+        (_, Some(ip)) => endpoint_of(SocketAddr::new(ip, port)),
+        (_, None) => {
+            tracing::warn!("no TCP carrier: this domain has no address to advertise");
+            return (None, TcpEndpoint::NONE);
+        }
+    };
+    (Some(Arc::new(listener)), endpoint)
+}
+
 impl Inner {
     pub(crate) fn state(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
     }
 
+    pub(crate) fn domid(&self) -> DomId {
+        self.domid.load(Ordering::Acquire)
+    }
+
     fn link_dir_abs(&self) -> String {
-        format!("/local/domain/{}/{LINK_DIR}", self.domid)
+        format!("/local/domain/{}/{LINK_DIR}", self.domid())
     }
 
     fn my_node(&self, peer: DomId) -> String {
@@ -923,14 +1179,14 @@ impl Inner {
     }
 
     fn peer_node(&self, peer: DomId) -> String {
-        format!("/local/domain/{peer}/{LINK_DIR}/{}", self.domid)
+        format!("/local/domain/{peer}/{LINK_DIR}/{}", self.domid())
     }
 
     /// The agent's co-residency table for us.
     fn table_dir(&self) -> String {
         format!(
             "/local/domain/{}/{}/{}",
-            self.domid,
+            self.domid(),
             xensock_discovery::layout::XENSOCK,
             xensock_discovery::layout::PEERS
         )
@@ -979,11 +1235,12 @@ impl Inner {
             .chain(dom0_dirs.iter())
             .chain(st.links.keys())
             .copied()
-            .filter(|&p| p != self.domid)
+            .filter(|&p| p != self.domid())
             .collect();
         let broad = table.is_none() && self.static_peers.is_none();
         let mut wanted: HashSet<String> = candidates.iter().map(|&p| self.peer_node(p)).collect();
         wanted.insert(self.table_dir());
+        wanted.insert("domid".to_string());
         if broad {
             wanted.insert("/local/domain".to_string());
         }
@@ -1008,7 +1265,7 @@ impl Inner {
     /// no such domain exists. Reads XenStore afresh: a
     /// connect must not fail on a table event not yet processed.
     fn may_link(&self, st: &State, peer: DomId) -> bool {
-        if self.domid == 0 {
+        if self.domid() == 0 {
             if let Ok(false) = self.xs.is_domain_introduced(u32::from(peer)) {
                 return false;
             }
@@ -1034,13 +1291,13 @@ impl Inner {
         let rest = path.strip_prefix("/local/domain/")?;
         let (peer, rest) = rest.split_once('/')?;
         let rest = rest.strip_prefix(LINK_DIR)?.strip_prefix('/')?;
-        let me = self.domid.to_string();
+        let me = self.domid().to_string();
         let tail = rest.strip_prefix(me.as_str())?;
         if !(tail.is_empty() || tail.starts_with('/')) {
             return None;
         }
         let peer: DomId = peer.parse().ok()?;
-        (peer != self.domid).then_some(peer)
+        (peer != self.domid()).then_some(peer)
     }
 
     fn ephemeral_port(&self, st: &mut State) -> io::Result<u32> {
@@ -1154,12 +1411,12 @@ impl Inner {
             .and_then(|l| l.rings.pool.get_mut(&order)?.pop());
         let ring = match pooled {
             Some(ring) => {
-                reinit_ring(&ring, self.domid, peer, conn_id);
+                reinit_ring(&ring, self.domid(), peer, conn_id);
                 ring
             }
             None => grant_ring(
                 self.xen.as_ref(),
-                self.domid,
+                self.domid(),
                 peer,
                 geometry,
                 conn_id,
@@ -1239,8 +1496,8 @@ impl Inner {
     /// writing (its `Close`), else lent until it does.
     fn release_rx_ring(&self, st: &mut State, conn: &Conn, ring: OwnedRing, peer_done: bool) {
         if peer_done {
-            self.pool_rx_ring(st, conn.peer, ring);
-        } else if let Some(link) = st.links.get_mut(&conn.peer).filter(|l| l.reuse) {
+            self.pool_rx_ring(st, conn.peer(), ring);
+        } else if let Some(link) = st.links.get_mut(&conn.peer()).filter(|l| l.reuse) {
             link.rings.lent.insert(conn.id, ring);
         }
     }
@@ -1255,7 +1512,7 @@ impl Inner {
     fn create_link(&self, st: &mut State, peer: DomId, peer_gen: Option<u32>) -> Result<(), Error> {
         let rx = grant_ring(
             self.xen.as_ref(),
-            self.domid,
+            self.domid(),
             peer,
             RingGeometry::new(LINK_RING_ORDER).map_err(Error::Layout)?,
             0,
@@ -1270,7 +1527,7 @@ impl Inner {
         let rx_chan = self.xen.alloc_unbound(peer)?;
         let gen = random_u32();
         let node = self.my_node(peer);
-        let me = self.domid;
+        let me = self.domid();
         let (ring_ref, port) = (rx.grant.header_ref, rx_chan.local_port());
         let created_dir = self.xs.transaction(|tx| {
             // A directory made by dom0 (the agent's policy, as the kernel
@@ -1351,7 +1608,7 @@ impl Inner {
             self.xen.as_ref(),
             peer,
             &grant,
-            &link_identity(peer, self.domid),
+            &link_identity(peer, self.domid()),
         )?;
         let chan: Arc<dyn EventChannel> = Arc::from(self.xen.bind_interdomain(peer, info.port)?);
         set_byte(ring.region.as_ref(), LINK_MAPPER_ALIVE_OFFSET, 1);
@@ -1440,6 +1697,8 @@ impl Inner {
                 }
                 if self.attach_link(st, peer, &info).is_err() {
                     self.link_down(st, peer, false);
+                } else {
+                    self.offer_carriers(st, peer);
                 }
                 return;
             }
@@ -1453,6 +1712,8 @@ impl Inner {
         }
         if self.attach_link(st, peer, &info).is_err() {
             self.link_down(st, peer, false);
+        } else {
+            self.offer_carriers(st, peer);
         }
     }
 
@@ -1469,7 +1730,22 @@ impl Inner {
             st.dead_gens.insert(peer, g);
         }
         epoll_del(&self.epoll, link.rx_chan.as_raw_fd());
+        // Ring offers that went over this link can no longer be taken.
+        for c in st.conns.values() {
+            let mut offered = lock(&c.offered_to);
+            if let (Some((to, epoch)), Some(e)) = (*offered, c.engine()) {
+                if to == peer && e.withdraw_offer(epoch) {
+                    *offered = None;
+                    tracing::info!(conn = c.id, peer, epoch, "ring offer withdrawn");
+                }
+            }
+        }
         for id in &link.conns {
+            // A connection on its carrier engine goes on over TCP (its legs
+            // are its own); it comes back to a ring on a new link.
+            if st.conns.get(id).is_some_and(|c| c.engine().is_some()) {
+                continue;
+            }
             if let Some(conn) = st.conns.remove(id) {
                 st.used_ports.remove(&conn.local_port);
                 conn.io().reset_local();
@@ -1719,6 +1995,10 @@ impl Inner {
                 }
             }
         }
+        // First: a kick from a peer that moved here may be the first one
+        // for a connection that follows it now.
+        self.check_rehomes(st, peer);
+        self.ring_carriers(st, peer);
         // Wake connections whose condition holds.
         if let Some(link) = st.links.get(&peer) {
             let shared = link.shared.clone();
@@ -1739,7 +2019,7 @@ impl Inner {
                 sock_type,
                 cookie,
                 rx,
-                ..
+                tcp,
             } => {
                 let reject = |s: &Self, st: &mut State, reason| {
                     s.counters.rejected.fetch_add(1, Ordering::Relaxed);
@@ -1754,8 +2034,18 @@ impl Inner {
                 if l.is_full() {
                     return reject(self, st, RejectReason::BacklogFull);
                 }
-                match self.accept_request(st, peer, conn_id, src_port, dst_port, cookie, &rx, &l) {
-                    Ok(conn) => l.push(conn),
+                let req = Request {
+                    their_id: conn_id,
+                    src_port,
+                    dst_port,
+                    cookie,
+                    tcp,
+                };
+                match self.accept_request(st, peer, &req, &rx, &l) {
+                    Ok(conn) => {
+                        self.freeze_if_suspended(&conn);
+                        l.push(conn)
+                    }
                     Err(e) => {
                         let reason = match e {
                             Error::Xen(_) => RejectReason::NoResources,
@@ -1770,10 +2060,17 @@ impl Inner {
                 acceptor_id,
                 cookie,
                 rx,
-                ..
+                tcp,
             } => {
-                let _ = cookie;
-                let conn = st.conns.get(&conn_id).filter(|c| c.peer == peer).cloned();
+                let conn = st
+                    .conns
+                    .get(&conn_id)
+                    .filter(|c| c.peer() == peer)
+                    .filter(|c| c.cookie.load(Ordering::Relaxed) == cookie)
+                    .cloned();
+                if let Some(c) = &conn {
+                    *lock(&c.peer_tcp) = socket_addr_of(&tcp);
+                }
                 let kicker = st
                     .links
                     .get(&peer)
@@ -1784,7 +2081,7 @@ impl Inner {
                         if io.phase != ConnPhase::Connecting {
                             false
                         } else {
-                            let expected = data_identity(peer, self.domid, acceptor_id, rx.order);
+                            let expected = data_identity(peer, self.domid(), acceptor_id, rx.order);
                             match self.map_peer_ring(st, peer, &rx, &expected) {
                                 Ok(mapped) => {
                                     let p = Producer::new(mapped.ring);
@@ -1815,6 +2112,9 @@ impl Inner {
                 };
                 if let Some(c) = &conn {
                     c.signal();
+                    if ok {
+                        self.freeze_if_suspended(c);
+                    }
                 }
                 if !ok {
                     self.counters.resets_sent.fetch_add(1, Ordering::Relaxed);
@@ -1829,7 +2129,7 @@ impl Inner {
                 }
             }
             Message::ConnectReject { conn_id, reason } => {
-                if let Some(c) = st.conns.get(&conn_id).filter(|c| c.peer == peer).cloned() {
+                if let Some(c) = st.conns.get(&conn_id).filter(|c| c.peer() == peer).cloned() {
                     let e = match reason {
                         RejectReason::NoListener | RejectReason::BacklogFull => libc::ECONNREFUSED,
                         RejectReason::NoResources => libc::ENOBUFS,
@@ -1849,7 +2149,7 @@ impl Inner {
             }
             Message::Close { conn_id } => {
                 let reuse = self.link_reuses_rings(st, peer);
-                if let Some(c) = st.conns.get(&conn_id).filter(|c| c.peer == peer).cloned() {
+                if let Some(c) = st.conns.get(&conn_id).filter(|c| c.peer() == peer).cloned() {
                     let (tx, answer) = {
                         let mut io = c.io();
                         io.peer_closed = true;
@@ -1886,7 +2186,7 @@ impl Inner {
                 self.counters
                     .resets_received
                     .fetch_add(1, Ordering::Relaxed);
-                if let Some(c) = st.conns.get(&conn_id).filter(|c| c.peer == peer).cloned() {
+                if let Some(c) = st.conns.get(&conn_id).filter(|c| c.peer() == peer).cloned() {
                     {
                         let mut io = c.io();
                         io.close_received = true;
@@ -1907,29 +2207,33 @@ impl Inner {
                         .retain(|(g, _)| g.header_ref != ring.header_ref);
                 }
             }
-            // Carrier switching (RingOffer, Suspend, Resume) is the next
-            // issue's; version 1 hosts without it ignore them.
+            Message::RingOffer { conn_id, rx } => self.on_ring_offer(st, peer, conn_id, &rx),
+            // Suspend and Resume are not used: each side's triggers come
+            // from its own hooks and discovery (docs/migration.md).
             _ => {}
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn accept_request(
         &self,
         st: &mut State,
         peer: DomId,
-        their_id: u32,
-        src_port: u32,
-        dst_port: u32,
-        _cookie: u64,
+        req: &Request,
         rx: &ctrl::RingGrant,
         l: &Arc<ListenerShared>,
     ) -> Result<Arc<Conn>, Error> {
+        let Request {
+            their_id,
+            src_port,
+            dst_port,
+            cookie,
+            tcp,
+        } = *req;
         let link = st.links.get(&peer).ok_or(Error::Protocol("no link"))?;
         let kicker = link.tx.as_ref().map(|t| t.chan.clone());
         let shared = link.shared.clone();
         let id = self.next_conn_id();
-        let expected = data_identity(peer, self.domid, their_id, rx.order);
+        let expected = data_identity(peer, self.domid(), their_id, rx.order);
         let mapped = self.map_peer_ring(st, peer, rx, &expected)?;
         let owned = self.take_rx_ring(st, peer, RingGeometry::for_capacity(l.recv_buffer), id)?;
         let grant = owned.grant;
@@ -1947,19 +2251,23 @@ impl Inner {
         io.kicker = kicker;
         io.phase = ConnPhase::Open;
         let conn = Conn::new(id, peer, dst_port, src_port, io, shared).map_err(Error::Io)?;
+        conn.cookie.store(cookie, Ordering::Relaxed);
+        *lock(&conn.peer_tcp) = socket_addr_of(&tcp);
         st.conns.insert(id, conn.clone());
         if let Some(link) = st.links.get_mut(&peer) {
             link.conns.insert(id);
         }
+        // Before our answer leaves (it lets the peer open legs to us).
+        self.register_legs(&conn);
         self.send_frame(
             st,
             peer,
             &Message::ConnectAccept {
                 conn_id: their_id,
                 acceptor_id: id,
-                cookie: _cookie,
+                cookie,
                 rx: grant,
-                tcp: TcpEndpoint::NONE,
+                tcp: self.leg_endpoint,
             },
         );
         Ok(conn)
@@ -2032,6 +2340,10 @@ impl Inner {
         link.conns.insert(id);
         st.used_ports.insert(src_port);
         st.conns.insert(id, conn.clone());
+        let cookie = random_u64();
+        conn.cookie.store(cookie, Ordering::Relaxed);
+        // Before the cookie leaves: the peer may open a leg at once.
+        self.register_legs(&conn);
         self.send_frame(
             &mut st,
             peer,
@@ -2040,9 +2352,9 @@ impl Inner {
                 src_port,
                 dst_port,
                 sock_type: SockType::Stream,
-                cookie: random_u64(),
+                cookie,
                 rx: grant,
-                tcp: TcpEndpoint::NONE,
+                tcp: self.leg_endpoint,
             },
         );
         Ok(conn)
@@ -2050,7 +2362,7 @@ impl Inner {
 
     fn unregister(&self, st: &mut State, conn: &Arc<Conn>) {
         if st.conns.remove(&conn.id).is_some() {
-            if let Some(l) = st.links.get_mut(&conn.peer) {
+            if let Some(l) = st.links.get_mut(&conn.peer()) {
                 l.conns.remove(&conn.id);
             }
             if !st.listeners.contains_key(&conn.local_port) {
@@ -2068,8 +2380,32 @@ impl Inner {
     /// The last handle of a connection went away: FIN, CLOSED, Close frame,
     /// release.
     pub(crate) fn close_conn(&self, conn: &Arc<Conn>) {
+        // (The engine's lock must not be held while the state's is taken.)
+        let engine = lock(&conn.engine).take();
+        if let Some(engine) = engine {
+            {
+                let mut st = self.state();
+                if let Some(l) = st.links.get_mut(&conn.peer()) {
+                    l.conns.remove(&conn.id);
+                }
+                self.unregister(&mut st, conn);
+                conn.io().phase = ConnPhase::Closed;
+            }
+            // End of stream after what was written, delivered on whichever
+            // carrier is current before the legs close (a lingering close,
+            // off the caller's thread).
+            let _ = engine.shutdown_write();
+            let linger = self.cfg.peer_lost_after;
+            let spawned = std::thread::Builder::new()
+                .name("xensock-linger".into())
+                .spawn(move || engine.linger(linger));
+            if let Err(e) = spawned {
+                tracing::warn!("closing a carrier connection at once: {e}");
+            }
+            return;
+        }
         let mut st = self.state();
-        let reuse = self.link_reuses_rings(&st, conn.peer);
+        let reuse = self.link_reuses_rings(&st, conn.peer());
         let mut lazy = false;
         let (send_close, send_reset, peer_id, kept) = {
             let mut io = conn.io();
@@ -2103,7 +2439,7 @@ impl Inner {
         };
         if let Some((tx, rx)) = kept {
             if let Some(tx) = tx {
-                self.keep_mapping(&mut st, conn.peer, tx);
+                self.keep_mapping(&mut st, conn.peer(), tx);
             }
             if let Some((ring, peer_done)) = rx {
                 self.release_rx_ring(&mut st, conn, ring, peer_done);
@@ -2113,16 +2449,16 @@ impl Inner {
             self.counters.resets_sent.fetch_add(1, Ordering::Relaxed);
             self.send_frame(
                 &mut st,
-                conn.peer,
+                conn.peer(),
                 &Message::Reset {
                     conn_id: peer_id,
                     reason: ResetReason::ProtocolError,
                 },
             );
         } else if send_close && lazy {
-            self.send_frame_lazy(&mut st, conn.peer, &Message::Close { conn_id: peer_id });
+            self.send_frame_lazy(&mut st, conn.peer(), &Message::Close { conn_id: peer_id });
         } else if send_close {
-            self.send_frame(&mut st, conn.peer, &Message::Close { conn_id: peer_id });
+            self.send_frame(&mut st, conn.peer(), &Message::Close { conn_id: peer_id });
         }
         self.unregister(&mut st, conn);
     }
@@ -2141,7 +2477,7 @@ impl Inner {
         let mut st = self.state();
         self.send_frame(
             &mut st,
-            conn.peer,
+            conn.peer(),
             &Message::Reset {
                 conn_id: peer_id,
                 reason: ResetReason::ProtocolError,
@@ -2160,6 +2496,465 @@ impl Inner {
         for c in pending {
             self.close_conn(&c);
         }
+    }
+
+    // ---- the carrier engine (docs/migration.md) ----------------------------
+
+    /// Routes legs presenting this connection's id and cookie to it: the
+    /// first one hands the connection to its carrier engine (the peer left
+    /// the ring).
+    fn register_legs(&self, conn: &Arc<Conn>) {
+        let Some(legs) = &self.legs else {
+            return;
+        };
+        let (wi, wc) = (self.weak.clone(), Arc::downgrade(conn));
+        legs.register(
+            conn.id,
+            conn.cookie.load(Ordering::Relaxed),
+            Arc::new(move |sock| {
+                let (Some(inner), Some(conn)) = (wi.upgrade(), wc.upgrade()) else {
+                    return;
+                };
+                // A leg can overtake the `ConnectAccept` that opens us.
+                let end = Instant::now() + inner.cfg.link_timeout;
+                while conn.io().phase == ConnPhase::Connecting && Instant::now() < end {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                match inner.escalate(&conn) {
+                    Some(e) => e.adopt_leg(sock),
+                    None => drop(sock),
+                }
+            }),
+        );
+    }
+
+    /// Hands an open connection from the ring fast path to its carrier
+    /// engine, once: the engine takes the rings and the switch state as they
+    /// stand. `None` when the connection has no TCP carrier (the peer sent
+    /// no endpoint, or we have no leg listener) or is not open with both
+    /// rings.
+    pub(crate) fn escalate(&self, conn: &Arc<Conn>) -> Option<Arc<Engine>> {
+        let legs = self.legs.clone()?;
+        let mut slot = lock(&conn.engine);
+        if let Some(e) = slot.as_ref() {
+            return Some(e.clone());
+        }
+        let peer_tcp = (*lock(&conn.peer_tcp))?;
+        let mut io = conn.io();
+        if io.phase != ConnPhase::Open || io.tx.is_none() || io.rx.is_none() {
+            return None;
+        }
+        let (tx, rx) = (io.tx.take()?, io.rx.take()?);
+        let order = rx.owned.grant.order;
+        let tx_ring = tx.mapped.ring;
+        let rx_ring = rx.owned.ring;
+        let seed = Seed {
+            tx_path: io.tx_path.clone(),
+            producer: Some((tx.p, HeldRing::shared(tx_ring, tx.mapped))),
+            rx_path: io.rx_path.clone(),
+            consumer: Some((rx.c, HeldRing::shared(rx_ring, rx.owned))),
+            delivered: io.bytes_in,
+        };
+        *lock(&conn.carrier_kick) = io.kicker.clone();
+        conn.offer_target.store(conn.peer(), Ordering::Release);
+        let cfg = EngineConfig {
+            peer_lost_after: self.cfg.peer_lost_after,
+            ..EngineConfig::new(
+                conn.id,
+                io.peer_id,
+                conn.cookie.load(Ordering::Relaxed),
+                Some(peer_tcp),
+            )
+        };
+        let wc = Arc::downgrade(conn);
+        let kick: crate::carrier::Kick = Arc::new(move || {
+            if let Some(c) = wc.upgrade() {
+                if let Some(k) = lock(&c.carrier_kick).as_ref() {
+                    let _ = k.notify();
+                }
+            }
+        });
+        let wc = Arc::downgrade(conn);
+        let ready: crate::carrier::ReadyHook = Arc::new(move || {
+            if let Some(c) = wc.upgrade() {
+                c.signal();
+            }
+        });
+        let alloc = self.ring_alloc(conn, order);
+        match Engine::start_seeded(
+            cfg,
+            seed,
+            legs,
+            conn.doorbell.clone(),
+            kick,
+            alloc,
+            Some(ready),
+        ) {
+            Ok(e) => {
+                let e = Arc::new(e);
+                io.carried = true;
+                *slot = Some(e.clone());
+                self.carriers.fetch_add(1, Ordering::Relaxed);
+                drop(io);
+                drop(slot);
+                tracing::info!(
+                    conn = conn.id,
+                    peer = conn.peer(),
+                    "connection handed to its carrier engine"
+                );
+                // Waiters on the fast path retry on the engine.
+                conn.signal();
+                Some(e)
+            }
+            Err(err) => {
+                tracing::warn!(conn = conn.id, "carrier engine: {err}");
+                io.reset_local();
+                drop(io);
+                conn.signal();
+                None
+            }
+        }
+    }
+
+    /// Makes receive rings for a connection's offers: granted to the
+    /// domain the offer goes to, identity epoch as the engine says.
+    fn ring_alloc(&self, conn: &Arc<Conn>, order: u8) -> RingAlloc {
+        let (wi, wc) = (self.weak.clone(), Arc::downgrade(conn));
+        Box::new(move |epoch| {
+            let (Some(inner), Some(c)) = (wi.upgrade(), wc.upgrade()) else {
+                return Err(errno(libc::ECONNRESET));
+            };
+            let geometry = RingGeometry::new(u32::from(order))
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+            let (me, to) = (inner.domid(), c.offer_target.load(Ordering::Acquire));
+            let mut owned = grant_ring(inner.xen.as_ref(), me, to, geometry, c.id, false)
+                .map_err(io::Error::from)?;
+            owned.ring.header().init(&RingIdentity {
+                epoch,
+                ..data_identity(me, to, c.id, order)
+            });
+            owned
+                .ring
+                .store(Field::DataEvent, NOT_WAITING, Ordering::Release);
+            owned.grant.epoch = epoch;
+            *lock(&c.offered_grant) = Some(owned.grant);
+            let ring = owned.ring;
+            let local = HeldRing::shared(ring, owned);
+            Ok(NewRing {
+                for_peer: local.clone(),
+                local,
+            })
+        })
+    }
+
+    /// Carrier connections to `peer`, for triggers and offers.
+    fn carriers_to(&self, st: &State, peer: DomId) -> Vec<(Arc<Conn>, Arc<Engine>)> {
+        if self.carriers.load(Ordering::Relaxed) == 0 {
+            return Vec::new();
+        }
+        st.conns
+            .values()
+            .filter(|c| c.peer() == peer)
+            .filter_map(|c| c.engine().map(|e| (c.clone(), e)))
+            .collect()
+    }
+
+    /// The link to `peer` is up: every carrier connection to it offers a
+    /// ring for its receiving direction (when that is on TCP), to return
+    /// to the rings.
+    fn offer_carriers(&self, st: &mut State, peer: DomId) {
+        for (conn, engine) in self.carriers_to(st, peer) {
+            self.rehome(st, &conn, peer);
+            self.offer_ring_to(st, &conn, &engine, peer);
+        }
+    }
+
+    /// Puts a carrier connection on the link to `peer` (kicks, doorbell).
+    fn rehome(&self, st: &mut State, conn: &Arc<Conn>, peer: DomId) {
+        let old = conn.peer();
+        if old != peer {
+            if let Some(l) = st.links.get_mut(&old) {
+                l.conns.remove(&conn.id);
+            }
+            conn.set_peer(peer);
+            tracing::info!(
+                conn = conn.id,
+                old,
+                new = peer,
+                "peer moved: connection follows"
+            );
+        }
+        if let Some(l) = st.links.get_mut(&peer) {
+            l.conns.insert(conn.id);
+            let chan = l.tx.as_ref().map(|t| t.chan.clone());
+            *lock(&conn.carrier_kick) = chan.clone();
+            // Kicks we gave before, through the old link, were lost: one
+            // now, so that a peer waiting on one of the rings looks again.
+            if let Some(c) = &chan {
+                let _ = c.notify();
+            }
+        }
+        // Kicks for it may have come before it was on this link.
+        conn.doorbell.ring();
+    }
+
+    fn offer_ring_to(&self, st: &mut State, conn: &Arc<Conn>, engine: &Engine, to: DomId) {
+        if self.suspended.load(Ordering::Acquire) {
+            return;
+        }
+        // Not over a link whose peer is gone (a migration we have not
+        // processed yet): the offer could never be taken.
+        let alive = st.links.get(&to).is_some_and(|l| {
+            l.tx.as_ref().is_some_and(|t| {
+                !matches!(
+                    t.chan.peer_state(),
+                    Ok(xensock_xenif::PeerState::Closed) | Err(_)
+                )
+            })
+        });
+        if !alive {
+            return;
+        }
+        conn.offer_target.store(to, Ordering::Release);
+        match engine.offer_ring() {
+            Ok(Some((epoch, _))) => {
+                let Some(grant) = lock(&conn.offered_grant).take() else {
+                    return;
+                };
+                *lock(&conn.offered_to) = Some((to, epoch));
+                let peer_id = conn.io().peer_id;
+                tracing::info!(conn = conn.id, to, epoch, "ring offered");
+                self.send_frame(
+                    st,
+                    to,
+                    &Message::RingOffer {
+                        conn_id: peer_id,
+                        rx: grant,
+                    },
+                );
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(conn = conn.id, "ring offer: {e}"),
+        }
+    }
+
+    /// A peer's `RingOffer` for our sending direction. From the domain the
+    /// connection is on: taken. From another domain (the peer may have
+    /// moved there): nothing proves it is the peer, since a `RingOffer`
+    /// carries no secret, so we offer our own ring to it first and take its
+    /// offer only once the peer, over its cookie-authenticated leg, has
+    /// switched onto that ring (`RingFrom`): only the domain we granted it
+    /// to can have been offered it.
+    fn on_ring_offer(&self, st: &mut State, peer: DomId, conn_id: u32, rx: &ctrl::RingGrant) {
+        let Some(conn) = st.conns.get(&conn_id).cloned() else {
+            return;
+        };
+        let Some(engine) = conn.engine() else {
+            return;
+        };
+        if self.suspended.load(Ordering::Acquire) {
+            // The move would take the ring away again; the peer offers
+            // anew once we are on a new link.
+            return;
+        }
+        if conn.peer() != peer {
+            *lock(&conn.pending_offer) = Some((peer, *rx));
+            let offered = *lock(&conn.offered_to);
+            if offered.map(|(to, _)| to) != Some(peer) {
+                self.offer_ring_to(st, &conn, &engine, peer);
+            }
+            self.check_rehome(st, &conn, &engine);
+            return;
+        }
+        self.take_offer(st, &conn, &engine, peer, rx);
+        self.offer_ring_to(st, &conn, &engine, peer);
+    }
+
+    fn take_offer(
+        &self,
+        st: &mut State,
+        conn: &Arc<Conn>,
+        engine: &Engine,
+        peer: DomId,
+        rx: &ctrl::RingGrant,
+    ) {
+        let peer_id = conn.io().peer_id;
+        let expected = RingIdentity {
+            epoch: rx.epoch,
+            ..data_identity(peer, self.domid(), peer_id, rx.order)
+        };
+        let mapped = match map_ring(self.xen.as_ref(), peer, rx, &expected) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(conn = conn.id, peer, "ring offer not mapped: {e}");
+                return;
+            }
+        };
+        self.rehome(st, conn, peer);
+        let ring = mapped.ring;
+        match engine.accept_ring_offer(rx.epoch, HeldRing::shared(ring, mapped)) {
+            Ok(true) => tracing::info!(conn = conn.id, peer, epoch = rx.epoch, "back on a ring"),
+            Ok(false) => tracing::debug!(conn = conn.id, epoch = rx.epoch, "stale ring offer"),
+            Err(e) => tracing::warn!(conn = conn.id, "ring offer: {e}"),
+        }
+    }
+
+    /// A connection holding an offer from another domain: once our
+    /// receiving direction reads the ring we offered that domain, the peer
+    /// is there; move the connection and take its offer.
+    fn check_rehome(&self, st: &mut State, conn: &Arc<Conn>, engine: &Engine) {
+        let Some((from, grant)) = *lock(&conn.pending_offer) else {
+            return;
+        };
+        let Some((to, epoch)) = *lock(&conn.offered_to) else {
+            return;
+        };
+        if from != to {
+            return;
+        }
+        let on_it = matches!(
+            engine.status().rx,
+            xensock_proto::switch::RxState::Ring { epoch: e, .. } if e == epoch
+        );
+        if !on_it {
+            return;
+        }
+        *lock(&conn.pending_offer) = None;
+        self.take_offer(st, conn, engine, from, &grant);
+    }
+
+    /// Retries what a carrier connection on TCP needs to return to a ring
+    /// (an offer refused for now by the engine, e.g. before the sender's
+    /// freeze notice arrived, or voided by a later freeze), and moves
+    /// connections whose peer proved to be on another domain.
+    fn sweep_carriers(&self) {
+        let mut st = self.state();
+        let conns: Vec<(Arc<Conn>, Arc<Engine>)> = st
+            .conns
+            .values()
+            .filter_map(|c| c.engine().map(|e| (c.clone(), e)))
+            .collect();
+        for (conn, engine) in conns {
+            if engine.failed() {
+                continue;
+            }
+            let up = |st: &State, d: DomId| st.links.get(&d).is_some_and(|l| l.tx.is_some());
+            let target = match *lock(&conn.pending_offer) {
+                Some((from, _)) if !up(&st, conn.peer()) => from,
+                _ => conn.peer(),
+            };
+            if up(&st, target) {
+                self.offer_ring_to(&mut st, &conn, &engine, target);
+            }
+            self.check_rehome(&mut st, &conn, &engine);
+        }
+    }
+
+    /// Connections waiting to follow a peer that may have moved to `peer`.
+    fn check_rehomes(&self, st: &mut State, peer: DomId) {
+        if self.carriers.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let waiting: Vec<(Arc<Conn>, Arc<Engine>)> = st
+            .conns
+            .values()
+            .filter(|c| lock(&c.pending_offer).is_some_and(|(from, _)| from == peer))
+            .filter_map(|c| c.engine().map(|e| (c.clone(), e)))
+            .collect();
+        for (conn, engine) in waiting {
+            self.check_rehome(st, &conn, &engine);
+        }
+    }
+
+    /// Rings the doorbells of carrier connections on `peer`'s link.
+    fn ring_carriers(&self, st: &State, peer: DomId) {
+        for (conn, _) in self.carriers_to(st, peer) {
+            conn.doorbell.ring();
+        }
+    }
+
+    /// Freezes every open stream connection (to `peer` only, if given):
+    /// each is handed to its carrier engine and leaves its rings. Returns
+    /// the engines.
+    fn freeze_conns(&self, peer: Option<DomId>, trigger: Trigger) -> Vec<Arc<Engine>> {
+        let conns: Vec<Arc<Conn>> = self
+            .state()
+            .conns
+            .values()
+            .filter(|c| peer.map_or(true, |p| c.peer() == p))
+            .cloned()
+            .collect();
+        let mut engines = Vec::new();
+        for c in conns {
+            if let Some(e) = self.escalate(&c) {
+                match e.freeze(trigger) {
+                    Ok(()) => {
+                        tracing::info!(conn = c.id, ?trigger, "connection leaves its ring");
+                        engines.push(e);
+                    }
+                    Err(err) => tracing::warn!(conn = c.id, "freeze: {err}"),
+                }
+            }
+        }
+        engines
+    }
+
+    /// A connection opened between the suspend hook and the move leaves
+    /// its rings at once, as those opened before did.
+    fn freeze_if_suspended(&self, conn: &Arc<Conn>) {
+        if !self.suspended.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(e) = self.escalate(conn) {
+            if let Err(err) = e.freeze(Trigger::LocalMove) {
+                tracing::warn!(conn = conn.id, "freeze: {err}");
+            }
+        }
+    }
+
+    /// Our own domid changed (same-host migration): the old links are
+    /// dead (connections on the ring fast path with them; carrier
+    /// connections go on over TCP), XenStore paths follow the new domid,
+    /// and new links to the carriers' peers bring them back to rings.
+    /// Returns whether it changed.
+    pub(crate) fn check_domid(&self) -> bool {
+        let Ok(v) = self.xs.read_string("domid") else {
+            return false;
+        };
+        let Ok(new) = v.trim().parse::<DomId>() else {
+            return false;
+        };
+        let old = self.domid();
+        if new == old {
+            return false;
+        }
+        tracing::info!(old, new, "this domain migrated");
+        self.suspended.store(false, Ordering::Release);
+        let mut st = self.state();
+        let peers: Vec<DomId> = st.links.keys().copied().collect();
+        for p in peers {
+            self.link_down(&mut st, p, true);
+        }
+        self.domid.store(new, Ordering::Release);
+        st.dead_gens.clear();
+        lock(&self.watches).by_path.clear();
+        let _ = self.add_watch("domid");
+        let _ = self.add_watch(&self.table_dir());
+        let _ = self.refresh_peers(&st);
+        let mut peers: Vec<DomId> = st
+            .conns
+            .values()
+            .filter(|c| c.engine().is_some())
+            .map(|c| c.peer())
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        for p in peers {
+            if !st.links.contains_key(&p) && self.create_link(&mut st, p, None).is_ok() {
+                self.on_peer_node(&mut st, p);
+            }
+        }
+        true
     }
 
     fn status(&self) -> Status {
@@ -2184,6 +2979,33 @@ impl Inner {
             .conns
             .values()
             .map(|c| {
+                let mut moved = None;
+                let carrier = match c.engine() {
+                    None => Carrier::Ring,
+                    Some(e) => {
+                        use xensock_proto::switch::{RxState, TxState};
+                        let s = e.status();
+                        moved = Some((s.delivered, s.sent));
+                        Carrier::Engine {
+                            tx: match s.tx {
+                                TxState::Ring { .. } => "ring",
+                                TxState::Frozen { .. } => "frozen",
+                                TxState::Tcp => "tcp",
+                            },
+                            rx: match s.rx {
+                                RxState::Ring { .. } => "ring",
+                                RxState::Draining { .. } => "draining",
+                                RxState::Tcp => "tcp",
+                                _ => "offered",
+                            },
+                            tx_to_tcp: s.tx_to_tcp,
+                            tx_to_ring: s.tx_to_ring,
+                            rx_to_ring: s.rx_to_ring,
+                            legs_up: s.legs_up,
+                            failure: s.failure,
+                        }
+                    }
+                };
                 let mut io = c.io();
                 let rx_fill = io
                     .rx
@@ -2195,13 +3017,14 @@ impl Inner {
                     .map_or((0, 0), |t| (t.p.unconsumed().unwrap_or(0), t.p.capacity()));
                 ConnStatus {
                     id: c.id,
-                    local: SockAddrXen::new(u32::from(self.domid), c.local_port),
-                    peer: SockAddrXen::new(u32::from(c.peer), c.peer_port),
+                    local: SockAddrXen::new(u32::from(self.domid()), c.local_port),
+                    peer: SockAddrXen::new(u32::from(c.peer()), c.peer_port),
                     phase: io.phase,
                     rx_fill,
                     tx_fill,
-                    bytes_in: io.bytes_in,
-                    bytes_out: io.bytes_out,
+                    bytes_in: moved.map_or(io.bytes_in, |m| m.0),
+                    bytes_out: moved.map_or(io.bytes_out, |m| m.1),
+                    carrier,
                 }
             })
             .collect();
@@ -2209,7 +3032,7 @@ impl Inner {
         let mut listeners: Vec<u32> = st.listeners.keys().copied().collect();
         listeners.sort_unstable();
         Status {
-            domid: self.domid,
+            domid: self.domid(),
             backend: self.kind,
             links,
             connections,
@@ -2224,8 +3047,34 @@ impl Inner {
                 v.sort();
                 v
             },
+            tcp_endpoint: socket_addr_of(&self.leg_endpoint),
+            legs: self.legs.as_ref().map_or_else(LegCounters::default, |l| {
+                let LegStats {
+                    accepted,
+                    bad_cookie,
+                    unknown_conn,
+                    malformed,
+                    timed_out,
+                } = l.stats();
+                LegCounters {
+                    accepted,
+                    bad_cookie,
+                    unknown_conn,
+                    malformed,
+                    timed_out,
+                }
+            }),
         }
     }
+}
+
+/// A `ConnectRequest` as the acceptor needs it.
+struct Request {
+    their_id: u32,
+    src_port: u32,
+    dst_port: u32,
+    cookie: u64,
+    tcp: TcpEndpoint,
 }
 
 struct PeerNode {

@@ -1,65 +1,76 @@
-//! Core behaviour across two simulated domains in one process.
+//! Core behaviour across two simulated domains in one process. The
+//! backend-independent cases are the bodies in `cases/` (shared with
+//! `kernel_family.rs`, which runs them over `af_xen.ko` in the lab); the
+//! rest are about the user-space transport itself.
 
+mod cases;
 mod common;
 
-use std::io::{self, Read, Write};
-use std::net::Shutdown;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::io;
+use std::time::Duration;
 
+use cases::World;
 use common::*;
-use libxensock::{SockAddrXen, SocketOptions};
+use libxensock::{SockAddrXen, SocketOptions, XenListener, XenStream};
 
 fn errno(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(-1)
 }
 
+/// The two simulated domains of a [`Pair`]: listeners in b, connects from a.
+struct SimWorld(Pair);
+
+impl World for SimWorld {
+    fn server_domid(&self) -> u32 {
+        self.0.db.domid.into()
+    }
+    fn client_domid(&self) -> u32 {
+        self.0.da.domid.into()
+    }
+    fn bind_to(&self, addr: SockAddrXen, opts: SocketOptions) -> io::Result<XenListener> {
+        self.0.b.bind_with(addr, opts)
+    }
+    fn connect_with(&self, addr: SockAddrXen, opts: SocketOptions) -> io::Result<XenStream> {
+        self.0.a.connect_with(addr, None, opts)
+    }
+    fn connect_nonblocking(&self, addr: SockAddrXen) -> io::Result<XenStream> {
+        // only bringing the link up blocks; do it first
+        self.0.a.prepare_link(addr.domid, Duration::from_secs(5))?;
+        assert!(self.0.a.link_ready(addr.domid));
+        self.0.a.connect_nonblocking(addr, SocketOptions::default())
+    }
+    fn connect_ready_events(&self) -> i16 {
+        libc::POLLIN
+    }
+    fn rejected(&self) -> Option<u64> {
+        Some(self.0.b.status().rejected)
+    }
+    fn connect_error_sticky(&self) -> bool {
+        true
+    }
+    fn loopback(&self) -> bool {
+        false
+    }
+    fn released(self) -> Result<(), String> {
+        let Pair { a, b, host, .. } = self.0;
+        drop((a, b));
+        if eventually(Duration::from_secs(5), || {
+            host.stats().grants_and_channels_released()
+        }) {
+            Ok(())
+        } else {
+            Err(format!("{:?}", host.stats()))
+        }
+    }
+}
+
+fn sim() -> SimWorld {
+    SimWorld(pair())
+}
+
 #[test]
 fn echo_across_domains() {
-    let p = pair();
-    let l = p.b.bind("xen:self:7000").unwrap();
-    assert_eq!(
-        l.local_addr().unwrap(),
-        SockAddrXen::new(p.db.domid.into(), 7000)
-    );
-    let server = thread::spawn(move || {
-        let (mut s, peer) = l.accept().unwrap();
-        let mut buf = [0u8; 1024];
-        loop {
-            let n = s.read(&mut buf).unwrap();
-            if n == 0 {
-                break;
-            }
-            s.write_all(&buf[..n]).unwrap();
-        }
-        peer
-    });
-    let mut c = p.a.connect((u32::from(p.db.domid), 7000)).unwrap();
-    assert_eq!(
-        c.peer_addr().unwrap(),
-        SockAddrXen::new(p.db.domid.into(), 7000)
-    );
-    c.write_all(b"hello, xen").unwrap();
-    let mut buf = [0u8; 10];
-    c.read_exact(&mut buf).unwrap();
-    assert_eq!(&buf, b"hello, xen");
-    c.shutdown(Shutdown::Write).unwrap();
-    let mut rest = Vec::new();
-    c.read_to_end(&mut rest).unwrap();
-    assert!(rest.is_empty());
-    let peer = server.join().unwrap();
-    assert_eq!(peer, c.local_addr().unwrap());
-    drop(c);
-    drop(p.a);
-    drop(p.b);
-    assert!(
-        eventually(Duration::from_secs(5), || p
-            .host
-            .stats()
-            .grants_and_channels_released()),
-        "{:?}",
-        p.host.stats()
-    );
+    cases::echo(sim(), 7000);
 }
 
 #[test]
@@ -77,210 +88,6 @@ fn second_connection_reuses_the_link() {
     assert_ne!(c1.local_addr().unwrap(), c2.local_addr().unwrap());
     assert_eq!(p.a.status().links.len(), 1);
     assert_eq!(p.a.status().connections.len(), 2);
-}
-
-#[test]
-fn many_small_writes_and_partial_reads() {
-    let p = pair();
-    let l =
-        p.b.bind_with(
-            "xen:self:7002",
-            SocketOptions {
-                recv_buffer: Some(2048),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    let addr = (u32::from(p.db.domid), 7002);
-    let writer = {
-        let a = p.a.clone();
-        thread::spawn(move || {
-            let mut c = a
-                .connect_with(
-                    addr,
-                    None,
-                    SocketOptions {
-                        recv_buffer: Some(2048),
-                        ..Default::default()
-                    },
-                )
-                .unwrap();
-            let mut h = FNV_INIT;
-            for i in 0..20_000u32 {
-                let len = (i % 13) as usize + 1;
-                let chunk: Vec<u8> = (0..len).map(|k| (i as usize + k) as u8).collect();
-                fnv(&mut h, &chunk);
-                c.write_all(&chunk).unwrap();
-            }
-            h
-        })
-    };
-    let (mut s, _) = l.accept().unwrap();
-    assert_eq!(s.recv_buffer_size(), 2048);
-    let mut h = FNV_INIT;
-    let mut total = 0usize;
-    let mut i = 0usize;
-    loop {
-        let mut buf = vec![0u8; i % 7 + 1];
-        i += 1;
-        let n = s.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        fnv(&mut h, &buf[..n]);
-        total += n;
-    }
-    let expect: usize = (0..20_000u32).map(|i| (i % 13) as usize + 1).sum();
-    assert_eq!(total, expect);
-    assert_eq!(h, writer.join().unwrap());
-}
-
-/// Writes `total` bytes of a checksummed pattern, returns the checksum.
-fn send_pattern(mut w: impl Write, total: u64, seed: u64) -> u64 {
-    let mut block = vec![0u8; 64 * 1024];
-    Pattern::new(seed).fill(&mut block);
-    let mut sum = Sum::default();
-    let mut sent = 0u64;
-    let mut i = 0u64;
-    while sent < total {
-        block[..8].copy_from_slice(&i.to_le_bytes());
-        let n = (total - sent).min(block.len() as u64) as usize;
-        sum.add(&block[..n]);
-        w.write_all(&block[..n]).unwrap();
-        sent += n as u64;
-        i += 1;
-    }
-    sum.0
-}
-
-fn recv_all(mut r: impl Read) -> (u64, u64) {
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut sum = Sum::default();
-    let mut total = 0u64;
-    loop {
-        let n = r.read(&mut buf).unwrap();
-        if n == 0 {
-            return (total, sum.0);
-        }
-        sum.add(&buf[..n]);
-        total += n as u64;
-    }
-}
-
-/// Position-dependent checksum (detects reordering), fast in debug builds.
-#[derive(Default)]
-struct Sum(u64, u64);
-impl Sum {
-    fn add(&mut self, data: &[u8]) {
-        for &b in data {
-            self.1 += 1;
-            self.0 = self.0.rotate_left(5) ^ u64::from(b) ^ self.1;
-        }
-    }
-}
-
-#[test]
-fn bidirectional_checksummed_transfer() {
-    // XENSOCK_TEST_BIG=1 moves the 1 GiB each way (use --release).
-    let total: u64 = if std::env::var_os("XENSOCK_TEST_BIG").is_some() {
-        1 << 30
-    } else {
-        32 << 20
-    };
-    let p = pair();
-    let l = p.b.bind("xen:self:7003").unwrap();
-    let addr = (u32::from(p.db.domid), 7003);
-    let c = p.a.connect(addr).unwrap();
-    let (s, _) = l.accept().unwrap();
-    let start = Instant::now();
-    let (c2, s2) = (c.try_clone().unwrap(), s.try_clone().unwrap());
-    let t1 = thread::spawn(move || {
-        let h = send_pattern(&c2, total, 1);
-        c2.shutdown(Shutdown::Write).unwrap();
-        h
-    });
-    let t2 = thread::spawn(move || {
-        let h = send_pattern(&s2, total, 2);
-        s2.shutdown(Shutdown::Write).unwrap();
-        h
-    });
-    let t3 = thread::spawn(move || recv_all(&s));
-    let (got_a, sum_a) = recv_all(&c);
-    let (got_b, sum_b) = t3.join().unwrap();
-    let (sent_a, sent_b) = (t1.join().unwrap(), t2.join().unwrap());
-    assert_eq!((got_b, sum_b), (total, sent_a));
-    assert_eq!((got_a, sum_a), (total, sent_b));
-    eprintln!("2 x {} MiB in {:?}", total >> 20, start.elapsed());
-    let t = Instant::now();
-    drop((c, l));
-    eprintln!("close c {:?}", t.elapsed());
-    drop(p.a);
-    eprintln!("drop a {:?}", t.elapsed());
-    drop(p.b);
-    eprintln!("drop b {:?}", t.elapsed());
-    drop(p.host);
-    eprintln!("drop host {:?}", t.elapsed());
-}
-
-#[test]
-fn half_close() {
-    let p = pair();
-    let l = p.b.bind("xen:self:7004").unwrap();
-    let mut c = p.a.connect((u32::from(p.db.domid), 7004)).unwrap();
-    let (mut s, _) = l.accept().unwrap();
-    c.write_all(b"request").unwrap();
-    c.shutdown(Shutdown::Write).unwrap();
-    // Writing after shutdown(Write) is EPIPE.
-    assert_eq!(errno(&c.write(b"x").unwrap_err()), libc::EPIPE);
-    let mut req = Vec::new();
-    s.read_to_end(&mut req).unwrap();
-    assert_eq!(req, b"request");
-    // The other direction still works.
-    s.write_all(b"response").unwrap();
-    drop(s);
-    let mut resp = Vec::new();
-    c.read_to_end(&mut resp).unwrap();
-    assert_eq!(resp, b"response");
-}
-
-#[test]
-fn shutdown_read_makes_peer_writes_fail_with_epipe() {
-    let p = pair();
-    let l = p.b.bind("xen:self:7005").unwrap();
-    let c = p.a.connect((u32::from(p.db.domid), 7005)).unwrap();
-    let (s, _) = l.accept().unwrap();
-    s.shutdown(Shutdown::Read).unwrap();
-    let mut buf = [0u8; 4];
-    assert_eq!((&s).read(&mut buf).unwrap(), 0);
-    assert_eq!(errno(&(&c).write(b"data").unwrap_err()), libc::EPIPE);
-}
-
-#[test]
-fn close_gives_eof_then_epipe() {
-    let p = pair();
-    let l = p.b.bind("xen:self:7006").unwrap();
-    let mut c = p.a.connect((u32::from(p.db.domid), 7006)).unwrap();
-    let (mut s, _) = l.accept().unwrap();
-    s.write_all(b"bye").unwrap();
-    drop(s);
-    let mut got = Vec::new();
-    c.read_to_end(&mut got).unwrap();
-    assert_eq!(got, b"bye");
-    assert!(eventually(Duration::from_secs(2), || (&c)
-        .write(b"x")
-        .is_err_and(|e| errno(&e) == libc::EPIPE)));
-}
-
-#[test]
-fn connect_to_a_port_nobody_listens_on_is_refused() {
-    let p = pair();
-    let e = p.a.connect((u32::from(p.db.domid), 9)).unwrap_err();
-    assert_eq!(errno(&e), libc::ECONNREFUSED);
-    // A listener that went away refuses too.
-    let l = p.b.bind("xen:self:10").unwrap();
-    drop(l);
-    let e = p.a.connect((u32::from(p.db.domid), 10)).unwrap_err();
-    assert_eq!(errno(&e), libc::ECONNREFUSED);
 }
 
 #[test]
@@ -317,141 +124,67 @@ fn without_discovery_an_unknown_domain_is_unreachable_after_the_link_timeout() {
     assert!(p.a.status().links.is_empty());
 }
 
+// ---- the shared cases (cases/), over the simulated host ----------------------
+
+#[test]
+fn many_small_writes_and_partial_reads() {
+    cases::many_small_writes_and_partial_reads(sim(), 7002);
+}
+
+#[test]
+fn bidirectional_checksummed_transfer() {
+    // XENSOCK_TEST_BIG=1 moves the 1 GiB each way (use --release).
+    let total: u64 = if std::env::var_os("XENSOCK_TEST_BIG").is_some() {
+        1 << 30
+    } else {
+        32 << 20
+    };
+    cases::bidirectional_checksummed_transfer(sim(), 7003, total);
+}
+
+#[test]
+fn half_close() {
+    cases::half_close(sim(), 7004);
+}
+
+#[test]
+fn shutdown_read_makes_peer_writes_fail_with_epipe() {
+    cases::shutdown_read_makes_peer_writes_fail_with_epipe(sim(), 7005);
+}
+
+#[test]
+fn close_gives_eof_then_epipe() {
+    cases::close_gives_eof_then_epipe(sim(), 7006);
+}
+
+#[test]
+fn connect_to_a_port_nobody_listens_on_is_refused() {
+    cases::connect_to_a_port_nobody_listens_on_is_refused(sim(), 9);
+}
+
 #[test]
 fn bad_addresses_are_einval() {
-    let p = pair();
-    for a in ["xen:1", "tcp:1:2", "xen:99999:1"] {
-        assert_eq!(errno(&p.a.connect(a).unwrap_err()), libc::EINVAL, "{a}");
-    }
-    // Own domain and the wildcard port.
-    let me = u32::from(p.da.domid);
-    assert_eq!(errno(&p.a.connect((me, 1)).unwrap_err()), libc::EINVAL);
-    assert_eq!(errno(&p.a.connect("xen:3:any").unwrap_err()), libc::EINVAL);
+    cases::bad_addresses_are_einval(sim());
 }
 
 #[test]
 fn port_in_use_and_any_port() {
-    let p = pair();
-    let _l = p.b.bind("xen:self:7007").unwrap();
-    assert_eq!(
-        errno(&p.b.bind("xen:self:7007").unwrap_err()),
-        libc::EADDRINUSE
-    );
-    let any = p.b.bind("xen:any:any").unwrap();
-    assert!(any.local_addr().unwrap().port >= libxensock::EPHEMERAL_PORT_FIRST);
-    // Another domain's id is not ours to bind.
-    assert_eq!(
-        errno(&p.b.bind((u32::from(p.da.domid), 1)).unwrap_err()),
-        libc::EADDRNOTAVAIL
-    );
+    let w = sim();
+    let other = w.client_domid();
+    cases::port_in_use_and_any_port(w, 7007, other);
 }
 
 #[test]
 fn listener_backlog_full_refuses() {
-    let p = pair();
-    let _l =
-        p.b.bind_with(
-            "xen:self:7008",
-            SocketOptions {
-                backlog: Some(2),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    let addr = (u32::from(p.db.domid), 7008);
-    let _c1 = p.a.connect(addr).unwrap();
-    let _c2 = p.a.connect(addr).unwrap();
-    let e = p.a.connect(addr).unwrap_err();
-    assert_eq!(errno(&e), libc::ECONNREFUSED);
-    assert_eq!(p.b.status().rejected, 1);
+    cases::listener_backlog_full_refuses(sim(), 7008);
 }
 
 #[test]
 fn timeouts() {
-    let p = pair();
-    let l = p.b.bind("xen:self:7009").unwrap();
-    let c = p.a.connect((u32::from(p.db.domid), 7009)).unwrap();
-    let (_s, _) = l.accept().unwrap();
-    assert_eq!(
-        errno(&c.set_read_timeout(Some(Duration::ZERO)).unwrap_err()),
-        libc::EINVAL
-    );
-    c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let mut buf = [0u8; 8];
-    let e = (&c).read(&mut buf).unwrap_err();
-    assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
-    assert!(matches!(
-        l.accept_timeout(Duration::from_millis(20))
-            .unwrap_err()
-            .raw_os_error(),
-        Some(libc::ETIMEDOUT)
-    ));
+    cases::timeouts(sim(), 7009);
 }
 
-fn poll_readable(fd: std::os::fd::RawFd, ms: i32) -> bool {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut pfd, 1, ms) == 1 }
-}
-
-/// `connect_nonblocking` returns at once in the connecting state (as
-/// `EINPROGRESS`); the descriptor becomes readable with the answer and
-/// `finish_connect` / `take_error` report it.
 #[test]
 fn nonblocking_connect_completes_through_the_descriptor() {
-    use std::os::fd::AsRawFd;
-    let p = pair();
-    let l = p.b.bind("xen:self:7010").unwrap();
-    let bid = u32::from(p.db.domid);
-    p.a.prepare_link(bid, Duration::from_secs(5)).unwrap();
-    assert!(p.a.link_ready(bid));
-    let c =
-        p.a.connect_nonblocking((bid, 7010), SocketOptions::default())
-            .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match c.finish_connect() {
-            Ok(()) => break,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                // Nothing to read or write before the connection is open.
-                assert_eq!(
-                    (&c).read(&mut [0u8; 1]).unwrap_err().kind(),
-                    io::ErrorKind::WouldBlock
-                );
-                assert!(Instant::now() < deadline, "no answer");
-                poll_readable(c.as_raw_fd(), 1000);
-            }
-            Err(e) => panic!("connect failed: {e}"),
-        }
-    }
-    assert!(c.take_error().unwrap().is_none());
-    let (s, _) = l.accept().unwrap();
-    (&c).write_all(b"nb").unwrap();
-    let mut b = [0u8; 2];
-    (&s).read_exact(&mut b).unwrap();
-    assert_eq!(&b, b"nb");
-
-    // Nobody listens: the answer is a refusal, reported once it is in.
-    let r =
-        p.a.connect_nonblocking((bid, 7011), SocketOptions::default())
-            .unwrap();
-    let err = loop {
-        match r.finish_connect() {
-            Ok(()) => panic!("connected to a port nobody listens on"),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                assert!(Instant::now() < deadline, "no answer");
-                poll_readable(r.as_raw_fd(), 1000);
-            }
-            Err(e) => break e,
-        }
-    };
-    assert_eq!(errno(&err), libc::ECONNREFUSED);
-    assert_eq!(
-        r.take_error().unwrap().map(|e| errno(&e)),
-        Some(libc::ECONNREFUSED)
-    );
+    cases::nonblocking_connect_completes_through_the_descriptor(sim(), 7010);
 }

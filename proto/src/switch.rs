@@ -652,6 +652,22 @@ impl RxPath {
         }
     }
 
+    /// Takes back the offer of ring `epoch` when it can no longer be
+    /// accepted (the link it went over died): back to `Tcp`, so that a new
+    /// ring can be offered. A `RingFrom` for it is ignored from then on
+    /// (its epoch is past); bytes its sender may have put in that ring are
+    /// covered by the sender's next freeze, whose resend starts at what we
+    /// consumed. Returns whether that offer was pending.
+    pub fn withdraw_offer(&mut self, epoch: Epoch) -> bool {
+        match self.state {
+            RxState::Offered { epoch: offered } if offered == epoch => {
+                self.state = RxState::Tcp;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Handles the in-band `RingFrom{epoch, offset}` marker.
     pub fn on_ring_from(
         &mut self,

@@ -471,6 +471,35 @@ impl SimHost {
         self.inner.migrate_domain(domid, to)
     }
 
+    /// Marks a domain as moved to host `dest` while it stays on this one,
+    /// as dom0 does for a drill of the migration switch
+    /// (`/tool/xensock/away/<uuid>` = `dest`): the xensock agent then
+    /// separates it from its peers as if it had left. Its grants, channels
+    /// and processes are untouched.
+    pub fn mark_away(&self, domid: DomId, dest: &str) -> Result<(), SimError> {
+        let uuid = self
+            .domain(domid)
+            .ok_or(SimError::NoSuchDomain(domid))?
+            .uuid;
+        self.inner
+            .xs
+            .tool_write(&format!("/tool/xensock/away/{uuid}"), dest.as_bytes())
+            .map_err(SimError::Xenstore)
+    }
+
+    /// Removes [`SimHost::mark_away`]'s marking: the agent makes the
+    /// domain co-resident with its peers again.
+    pub fn mark_back(&self, domid: DomId) -> Result<(), SimError> {
+        let uuid = self
+            .domain(domid)
+            .ok_or(SimError::NoSuchDomain(domid))?
+            .uuid;
+        match self.inner.xs.tool_rm(&format!("/tool/xensock/away/{uuid}")) {
+            Err(XsErrno::NoEnt) | Ok(()) => Ok(()),
+            Err(e) => Err(SimError::Xenstore(e)),
+        }
+    }
+
     /// Resource counters.
     pub fn stats(&self) -> SimStats {
         let st = self.inner.lock();

@@ -183,7 +183,7 @@ fn up(
         "Example: XENSTORED_PATH={} xenstore-ls /local/domain",
         host.dom0().xenstored_path().display()
     );
-    println!("Commands on stdin: list | stats | create NAME [LABEL] | destroy ID | migrate ID [HOST]; Ctrl-C stops.");
+    println!("Commands on stdin: list | stats | create NAME [LABEL] | destroy ID | migrate ID [HOST] | away ID HOST | back ID; Ctrl-C stops.");
 
     let (tx, rx) = mpsc::channel();
     let tx2 = tx.clone();
@@ -235,6 +235,14 @@ fn command(host: &SimHost, line: &str) -> Result<(), Box<dyn std::error::Error>>
             Some(new) => println!("dom{id} is now dom{new}"),
             None => println!("dom{id} left"),
         },
+        ["away", id, dest] => {
+            host.mark_away(id.parse()?, dest)?;
+            println!("dom{id} marked away at {dest}");
+        }
+        ["back", id] => {
+            host.mark_back(id.parse()?)?;
+            println!("dom{id} back");
+        }
         ["migrate", id, dest] => {
             host.migrate_domain(id.parse()?, MigrateTo::OtherHost(dest.to_string()))?;
             println!("dom{id} moved to {dest}");

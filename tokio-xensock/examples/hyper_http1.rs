@@ -36,6 +36,17 @@ pub async fn run(requests: usize) -> Result<Vec<String>, Box<dyn std::error::Err
     let server_t = Transport::sim(host.dir(), ds.domid)?;
     let client_t = Transport::sim(host.dir(), dc.domid)?;
     let listener = XenListener::bind_on(&server_t, "xen:self:80")?;
+    let stream = XenStream::connect_on(&client_t, (u32::from(ds.domid), 80)).await?;
+    exchange(listener, stream, requests).await
+}
+
+/// Serves HTTP/1 on `listener` and sends `requests` POSTs over `stream`
+/// (connected to it), whatever the backend; returns the response bodies.
+pub async fn exchange(
+    listener: XenListener,
+    stream: XenStream,
+    requests: usize,
+) -> Result<Vec<String>, Box<dyn std::error::Error + Send + Sync>> {
     let server = tokio::spawn(async move {
         loop {
             let Ok((stream, _peer)) = listener.accept().await else {
@@ -48,7 +59,6 @@ pub async fn run(requests: usize) -> Result<Vec<String>, Box<dyn std::error::Err
             });
         }
     });
-    let stream = XenStream::connect_on(&client_t, (u32::from(ds.domid), 80)).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     let driver = tokio::spawn(conn);
     let mut out = Vec::new();

@@ -129,6 +129,11 @@ async fn client(server: u32) -> u32 {
     let t = Instant::now();
     report("framed-lines", framed_lines(server).await, t);
     let t = Instant::now();
+    let r = tokio::task::spawn_blocking(move || concurrent_connects(server))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string().into()));
+    report("concurrent-connects", r, t);
+    let t = Instant::now();
     let r = async {
         let _s = XenStream::connect(SockAddrXen::new(server, STOP)).await?;
         Ok(String::new())
@@ -194,4 +199,64 @@ async fn framed_lines(server: u32) -> Res<String> {
         }
     }
     Ok("100 lines through Framed<XenStream, LinesCodec>".into())
+}
+
+/// 32 connects to the echo server at once from a current-thread runtime of
+/// their own: over a link the kernel's connect is non-blocking
+/// (`EINPROGRESS`, then the socket's write readiness and `SO_ERROR`), so
+/// several are in flight before the first answer and no thread of tokio's
+/// blocking pool starts. Each connection echoes its own 4 bytes.
+fn concurrent_connects(server: u32) -> Res<String> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    const N: u32 = 32;
+    let threads = Arc::new(AtomicUsize::new(0));
+    let started = threads.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .on_thread_start(move || {
+            started.fetch_add(1, Ordering::Relaxed);
+        })
+        .build()?;
+    let (max_in_flight, echoed) = rt.block_on(async {
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let max = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..N {
+            let (in_flight, max) = (in_flight.clone(), max.clone());
+            tasks.push(tokio::spawn(async move {
+                in_flight.fetch_add(1, Ordering::SeqCst);
+                let connect = XenStream::connect(SockAddrXen::new(server, ECHO));
+                let s = tokio::time::timeout(Duration::from_secs(60), connect).await;
+                max.fetch_max(in_flight.load(Ordering::SeqCst), Ordering::SeqCst);
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                let mut s = s.map_err(|_| format!("connect {i}: no answer in 60 s"))??;
+                s.write_all(&i.to_le_bytes()).await?;
+                s.shutdown().await?;
+                let mut back = Vec::new();
+                s.read_to_end(&mut back).await?;
+                Ok::<bool, Box<dyn std::error::Error + Send + Sync>>(back == i.to_le_bytes())
+            }));
+        }
+        let mut echoed = 0;
+        for t in tasks {
+            echoed += u32::from(t.await??);
+        }
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>((max.load(Ordering::SeqCst), echoed))
+    })?;
+    if echoed != N {
+        return Err(format!("{echoed} of {N} connections echoed their own bytes").into());
+    }
+    if max_in_flight < 2 {
+        return Err(
+            format!("connects ran one at a time (at most {max_in_flight} in flight)").into(),
+        );
+    }
+    let blocking = threads.load(Ordering::Relaxed);
+    if blocking != 0 {
+        return Err(format!("{blocking} blocking-pool thread(s) started").into());
+    }
+    Ok(format!(
+        "{N} connects, up to {max_in_flight} in flight on one thread, no blocking-pool thread"
+    ))
 }

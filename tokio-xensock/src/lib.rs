@@ -153,17 +153,24 @@ pub struct XenStream {
 
 impl XenStream {
     /// Connects with the backend [`libxensock::backend()`] picks: the
-    /// kernel family where `af_xen.ko` is loaded (as
-    /// [`libxensock::XenStream::connect`], on tokio's blocking pool), else
-    /// the process-wide user-space transport (created on the blocking pool
-    /// the first time: it talks to XenStore).
+    /// kernel family where `af_xen.ko` is loaded, else the process-wide
+    /// user-space transport (created on the blocking pool the first time:
+    /// it talks to XenStore). Over the kernel family this is tokio's
+    /// `TcpStream::connect` shape: a non-blocking `connect`
+    /// (`EINPROGRESS`), then the socket's write readiness and `SO_ERROR`;
+    /// no thread waits for the answer. Like `TcpStream::connect` it has no
+    /// timeout of its own beyond the module's: wrap it in
+    /// `tokio::time::timeout` (dropping it closes the socket, which
+    /// abandons the attempt).
     pub async fn connect(addr: impl ToXenAddr) -> io::Result<XenStream> {
         let addr = addr.to_xen_addr()?;
         if libxensock::backend().kind == libxensock::BackendKind::Kernel {
-            let s = tokio::task::spawn_blocking(move || libxensock::XenStream::connect(addr))
-                .await
-                .map_err(io::Error::other)??;
-            return XenStream::from_std(s);
+            let s = XenStream::from_std(libxensock::XenStream::connect_nonblocking(
+                addr,
+                SocketOptions::default(),
+            )?)?;
+            std::future::poll_fn(|cx| s.poll_connected(cx)).await?;
+            return Ok(s);
         }
         let t = tokio::task::spawn_blocking(Transport::global)
             .await

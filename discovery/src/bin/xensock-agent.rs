@@ -3,8 +3,8 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use clap::Parser;
-use xensock_discovery::agent::{Agent, AgentConfig};
+use clap::{Parser, Subcommand};
+use xensock_discovery::agent::{self, Agent, AgentConfig};
 use xensock_discovery::xs::XsClient;
 
 #[derive(Parser)]
@@ -19,6 +19,29 @@ struct Cli {
     /// Do one pass and exit.
     #[arg(long)]
     once: bool,
+    /// This host's name, noted as the destination of the peers an
+    /// away-marked guest is separated from (default: the hostname).
+    #[arg(long)]
+    host_name: Option<String>,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Tell the (running) agent that a domain moved to HOST while it stays
+    /// on this one: its peers lose it as if it had left.
+    Away {
+        /// domid or UUID
+        domain: String,
+        /// destination host label
+        host: String,
+    },
+    /// Undo `away`: the domain is co-resident with its peers again.
+    Back {
+        /// domid or UUID
+        domain: String,
+    },
 }
 
 fn main() {
@@ -38,8 +61,24 @@ fn main() {
 
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     let xs = XsClient::open()?;
+    match &cli.cmd {
+        Some(Cmd::Away { domain, host }) => {
+            let uuid = agent::domain_uuid(&xs, domain)?;
+            agent::mark_away(&xs, &uuid, host)?;
+            println!("{uuid} away at {host}");
+            return Ok(());
+        }
+        Some(Cmd::Back { domain }) => {
+            let uuid = agent::domain_uuid(&xs, domain)?;
+            agent::mark_back(&xs, &uuid)?;
+            println!("{uuid} back");
+            return Ok(());
+        }
+        None => {}
+    }
     let cfg = AgentConfig {
         require_label: cli.require_label,
+        host_name: cli.host_name,
     };
     let mut agent = Agent::new(xs, cfg);
     if cli.once {

@@ -4,7 +4,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use xensock_discovery::advert::{advertise, local_addresses, withdraw, Advert};
+use xensock_discovery::advert::{advertise, local_addresses, withdraw, Advert, Advertiser};
+use xensock_discovery::layout;
 use xensock_discovery::peers::{CoResidency, Discovery};
 use xensock_discovery::xs::XsClient;
 
@@ -22,6 +23,10 @@ enum Cmd {
         /// Addresses to advertise instead.
         #[arg(long = "addr")]
         addrs: Vec<IpAddr>,
+        /// Keep running: advertise again whenever the advert is missing,
+        /// e.g. in the new home after a save/restore or migration.
+        #[arg(long)]
+        keep: bool,
     },
     /// Remove this guest's advert.
     Withdraw,
@@ -52,13 +57,33 @@ fn main() {
 
 fn run(cli: Cli) -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
     match cli.cmd {
-        Cmd::Advertise { addrs } => {
+        Cmd::Advertise { addrs, keep } => {
             let addrs = if addrs.is_empty() {
                 local_addresses()?
             } else {
                 addrs
             };
-            advertise(&XsClient::open()?, &Advert::new(addrs))?;
+            let xs = XsClient::open()?;
+            let advert = Advert::new(addrs);
+            if !keep {
+                advertise(&xs, &advert)?;
+                return Ok(0);
+            }
+            // The Advertiser follows the domid node; the check below also
+            // covers a watch event lost across a suspend.
+            let _follow = Advertiser::start(xs.clone(), advert.clone())?;
+            loop {
+                std::thread::sleep(Duration::from_secs(2));
+                match xs.try_read(layout::ADVERT_ADDRS) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => match advertise(&xs, &advert) {
+                        Ok(()) => eprintln!("xensock-discover: advertised again"),
+                        Err(e) => eprintln!("xensock-discover: advertising again failed: {e}"),
+                    },
+                    // suspended or reconnecting: try again next round
+                    Err(e) => eprintln!("xensock-discover: reading the advert: {e}"),
+                }
+            }
         }
         Cmd::Withdraw => withdraw(&XsClient::open()?)?,
         Cmd::Peers => {

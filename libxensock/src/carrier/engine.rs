@@ -85,8 +85,24 @@ pub(crate) struct InitialRings {
     pub tx: SharedRing,
 }
 
+/// Where a connection that ran on its rings without an engine stands when
+/// the engine takes over (the transport's fast path before the first
+/// switch): the state machines with their offsets and the live ring ends.
+pub(crate) struct Seed {
+    pub tx_path: TxPath,
+    pub producer: Option<(Producer<RawRing>, SharedRing)>,
+    pub rx_path: RxPath,
+    pub consumer: Option<(Consumer<RawRing>, SharedRing)>,
+    /// Bytes already delivered to the application.
+    pub delivered: u64,
+}
+
 /// Notifies the peer's engine that a ring changed (an event channel).
 pub(crate) type Kick = Arc<dyn Fn() + Send + Sync>;
+/// Called whenever a non-blocking reader or writer that got `WouldBlock`
+/// may now make progress (the transport signals the stream's readiness
+/// descriptor), and when the connection fails.
+pub(crate) type ReadyHook = Arc<dyn Fn() + Send + Sync>;
 /// Makes a new receive ring of the given epoch for an offer.
 pub(crate) type RingAlloc = Box<dyn Fn(u32) -> io::Result<NewRing> + Send + Sync>;
 
@@ -146,6 +162,8 @@ struct Tx {
     inbox: Inbox,
     waiting: bool,
     writer_polls: bool,
+    /// A non-blocking writer got `WouldBlock`: tell the ready hook once.
+    nb_waiting: AtomicBool,
 }
 
 struct Rx {
@@ -168,6 +186,8 @@ struct Rx {
     waiting: bool,
     reader_polls: bool,
     driver_watches: bool,
+    /// A non-blocking reader got `WouldBlock`: tell the ready hook once.
+    nb_waiting: AtomicBool,
 }
 
 impl Rx {
@@ -224,6 +244,10 @@ struct Shared {
     failure: Mutex<Option<String>>,
     stop: AtomicBool,
     counters: Counters,
+    ready_hook: Option<ReadyHook>,
+    /// Closed by the application after `linger`: close the legs the way
+    /// TCP closes, without a reset.
+    graceful: AtomicBool,
 }
 
 /// One connection's carrier engine.
@@ -259,21 +283,54 @@ impl Engine {
         kick_peer: Kick,
         alloc: RingAlloc,
     ) -> io::Result<Engine> {
-        let on_ring = rings.is_some();
-        let (tx_ring, rx_ring) = match rings {
-            Some(r) => (Some(r.tx), Some(r.rx)),
+        let seed = match rings {
+            Some(r) => Seed {
+                tx_path: TxPath::on_ring(),
+                producer: Some((Producer::new(r.tx.ring()), r.tx)),
+                rx_path: RxPath::on_ring(),
+                consumer: Some((Consumer::new(r.rx.ring()), r.rx)),
+                delivered: 0,
+            },
+            None => Seed {
+                tx_path: TxPath::on_tcp(),
+                producer: None,
+                rx_path: RxPath::on_tcp(),
+                consumer: None,
+                delivered: 0,
+            },
+        };
+        Self::start_seeded(cfg, seed, listener, doorbell, kick_peer, alloc, None)
+    }
+
+    /// Starts an engine for a connection that has run without one so far,
+    /// from where it stands (`seed`). `ready` is told whenever a
+    /// non-blocking caller that got `WouldBlock` may retry.
+    pub(crate) fn start_seeded(
+        cfg: EngineConfig,
+        seed: Seed,
+        listener: Arc<LegListener>,
+        doorbell: Doorbell,
+        kick_peer: Kick,
+        alloc: RingAlloc,
+        ready: Option<ReadyHook>,
+    ) -> io::Result<Engine> {
+        let needs_legs = !matches!(seed.tx_path.state(), TxState::Ring { .. })
+            || !matches!(seed.rx_path.state(), RxState::Ring { .. });
+        let tx_on_tcp = seed.tx_path.state() == TxState::Tcp;
+        let (producer, tx_ring) = match seed.producer {
+            Some((p, r)) => (Some(p), Some(r)),
+            None => (None, None),
+        };
+        let (consumer, rx_ring) = match seed.consumer {
+            Some((c, r)) => (Some(c), Some(r)),
             None => (None, None),
         };
         let (tx_wake, rx_wake, ctl) = (EventFd::new()?, EventFd::new()?, EventFd::new()?);
         let shared = Arc::new_cyclic(|me| Shared {
             me: me.clone(),
             tx: Mutex::new(Tx {
-                path: if on_ring {
-                    TxPath::on_ring()
-                } else {
-                    TxPath::on_tcp()
-                },
-                producer: tx_ring.as_ref().map(|r| Producer::new(r.ring())),
+                path: seed.tx_path,
+                producer,
                 ring: tx_ring,
                 resend: Vec::new(),
                 pending_offer: None,
@@ -286,14 +343,11 @@ impl Engine {
                 inbox: Inbox::new(),
                 waiting: false,
                 writer_polls: false,
+                nb_waiting: AtomicBool::new(false),
             }),
             rx: Mutex::new(Rx {
-                path: if on_ring {
-                    RxPath::on_ring()
-                } else {
-                    RxPath::on_tcp()
-                },
-                consumer: rx_ring.as_ref().map(|r| Consumer::new(r.ring())),
+                path: seed.rx_path,
+                consumer,
                 ring: rx_ring,
                 offered: None,
                 leg: None,
@@ -303,10 +357,11 @@ impl Engine {
                 payload_left: 0,
                 awaiting_freeze: None,
                 out: Outbox::default(),
-                delivered: 0,
+                delivered: seed.delivered,
                 waiting: false,
                 reader_polls: false,
                 driver_watches: false,
+                nb_waiting: AtomicBool::new(false),
             }),
             read_lock: Mutex::new(()),
             write_lock: Mutex::new(()),
@@ -318,12 +373,18 @@ impl Engine {
             alloc,
             inbound: Mutex::new(Vec::new()),
             connected: Mutex::new(None),
-            stall_since: Mutex::new(if on_ring { None } else { Some(Instant::now()) }),
+            stall_since: Mutex::new(if needs_legs {
+                Some(Instant::now())
+            } else {
+                None
+            }),
             failed: AtomicI32::new(0),
             failure_reason: Mutex::new(ResetReason::ProtocolError),
             failure: Mutex::new(None),
             stop: AtomicBool::new(false),
             counters: Counters::default(),
+            ready_hook: ready,
+            graceful: AtomicBool::new(false),
             cfg,
         });
         let weak = Arc::downgrade(&shared);
@@ -337,7 +398,7 @@ impl Engine {
                 }
             }),
         );
-        if !on_ring {
+        if tx_on_tcp {
             shared.ensure_tx_leg(&mut lock(&shared.tx));
         }
         let s = shared.clone();
@@ -361,13 +422,74 @@ impl Engine {
     /// Writes some of `buf` to the current carrier; blocks while the ring
     /// is full, the leg does not take more, or a switch is in progress.
     pub(crate) fn write(&self, buf: &[u8]) -> io::Result<usize> {
-        self.shared.write(buf)
+        self.shared.write(buf, false)
+    }
+
+    /// [`Engine::write`] that returns `WouldBlock` instead of waiting; the
+    /// ready hook is told when to retry.
+    pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        self.shared.write(buf, true)
+    }
+
+    /// [`Engine::read`] that returns `WouldBlock` instead of waiting.
+    pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.shared.read(buf, true)
+    }
+
+    /// A leg that reached the transport's listener before this engine
+    /// existed (it registered the connection itself).
+    pub(crate) fn adopt_leg(&self, sock: TcpStream) {
+        lock(&self.shared.inbound).push(sock);
+        self.shared.ctl.signal();
+    }
+
+    /// After `shutdown_write`: waits, at most `limit`, until everything
+    /// written and the end of stream have left on the current carrier (on
+    /// TCP: written and acknowledged, so closing the leg cannot discard
+    /// them), then returns; dropping the engine then closes the legs.
+    pub(crate) fn linger(&self, limit: Duration) {
+        self.shared.graceful.store(true, Ordering::SeqCst);
+        let end = Instant::now() + limit;
+        loop {
+            if self.failed() {
+                return;
+            }
+            let settled = {
+                let tx = lock(&self.shared.tx);
+                match tx.path.state() {
+                    TxState::Ring { .. } => true,
+                    TxState::Frozen { .. } => false,
+                    TxState::Tcp => {
+                        tx.out.is_empty() && tx.leg.as_ref().map_or(true, |l| unacked(l) == 0)
+                    }
+                }
+            };
+            if settled || Instant::now() >= end {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Whether a non-blocking reader (`read`) or writer that got
+    /// `WouldBlock` still waits for its ready-hook call.
+    pub(crate) fn nb_pending(&self, read: bool) -> bool {
+        if read {
+            lock(&self.shared.rx).nb_waiting.load(Ordering::Acquire)
+        } else {
+            lock(&self.shared.tx).nb_waiting.load(Ordering::Acquire)
+        }
+    }
+
+    /// Whether the connection failed (reads and writes return the error).
+    pub(crate) fn failed(&self) -> bool {
+        self.shared.failed.load(Ordering::SeqCst) != 0
     }
 
     /// Reads stream bytes in order; 0 at end of stream. Blocks until at
     /// least one byte (or the end) is there.
     pub(crate) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.shared.read(buf)
+        self.shared.read(buf, false)
     }
 
     /// `shutdown(SHUT_WR)`: end of stream after the bytes written so far,
@@ -387,6 +509,18 @@ impl Engine {
     /// the link's `RingOffer`. `None` when that direction is not on TCP.
     pub(crate) fn offer_ring(&self) -> io::Result<Option<(u32, SharedRing)>> {
         self.shared.offer_ring()
+    }
+
+    /// Takes back our offer of ring `epoch` (it went over a link that
+    /// died before it could be accepted). Returns whether it was pending.
+    pub(crate) fn withdraw_offer(&self, epoch: u32) -> bool {
+        let mut rx = lock(&self.shared.rx);
+        if rx.path.withdraw_offer(epoch) {
+            rx.offered = None;
+            true
+        } else {
+            false
+        }
     }
 
     /// The peer's `RingOffer` for our sending direction. Returns whether
@@ -428,6 +562,62 @@ impl Drop for Engine {
         if let Some(d) = self.driver.take() {
             let _ = d.join();
         }
+        if self.shared.graceful.load(Ordering::SeqCst)
+            && self.shared.failed.load(Ordering::SeqCst) == 0
+        {
+            // Frames the peer still sends (answers to a last freeze, say)
+            // must not be left unread: closing a socket with unread data
+            // resets it, and the reset discards what the peer has not read
+            // yet of ours.
+            let legs: Vec<TcpStream> = [
+                lock(&self.shared.tx).leg.take(),
+                lock(&self.shared.rx).leg.take(),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            close_quietly(legs, Duration::from_secs(1));
+        }
+    }
+}
+
+/// Sends FIN on each leg, then reads and drops what arrives until the
+/// peer closes too or nothing came for a moment (at most `limit`).
+fn close_quietly(legs: Vec<TcpStream>, limit: Duration) {
+    use std::io::Read;
+    for l in &legs {
+        let _ = l.shutdown(std::net::Shutdown::Write);
+    }
+    let end = Instant::now() + limit;
+    let mut open: Vec<&TcpStream> = legs.iter().collect();
+    let mut buf = [0u8; 4096];
+    while !open.is_empty() && Instant::now() < end {
+        let mut fds: Vec<libc::pollfd> = open
+            .iter()
+            .map(|l| libc::pollfd {
+                fd: l.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a valid array of pollfds of that length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
+        if n <= 0 {
+            return;
+        }
+        let mut still = Vec::new();
+        for (l, f) in open.into_iter().zip(&fds) {
+            if f.revents == 0 {
+                still.push(l);
+                continue;
+            }
+            let mut r = l;
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => {}
+                Ok(_) => still.push(l),
+            }
+        }
+        open = still;
     }
 }
 
@@ -451,6 +641,16 @@ fn sleep_on(wake: &EventFd, fd: Option<RawFd>, events: i16) {
     if r < 0 || fds[0].revents != 0 {
         wake.drain();
     }
+}
+
+/// Bytes written to `sock` and not yet acknowledged by the peer.
+fn unacked(sock: &TcpStream) -> i32 {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one int through the pointer.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::TIOCOUTQ, &mut n) } != 0 {
+        return 0;
+    }
+    n
 }
 
 fn set_leg_options(sock: &TcpStream, timeout: Duration) -> io::Result<()> {
@@ -492,6 +692,9 @@ impl Shared {
         self.ctl.signal();
         self.tx_wake.signal();
         self.rx_wake.signal();
+        if let Some(h) = &self.ready_hook {
+            h();
+        }
     }
 
     /// Fails on a protocol or I/O error and returns it as ECONNRESET.
@@ -515,11 +718,21 @@ impl Shared {
         if tx.waiting {
             self.tx_wake.signal();
         }
+        if tx.nb_waiting.swap(false, Ordering::AcqRel) {
+            if let Some(h) = &self.ready_hook {
+                h();
+            }
+        }
     }
 
     fn notify_rx(&self, rx: &Rx) {
         if rx.waiting {
             self.rx_wake.signal();
+        }
+        if rx.nb_waiting.swap(false, Ordering::AcqRel) {
+            if let Some(h) = &self.ready_hook {
+                h();
+            }
         }
     }
 
@@ -536,7 +749,7 @@ impl Shared {
 
     // ---- sending direction ------------------------------------------
 
-    fn write(&self, buf: &[u8]) -> io::Result<usize> {
+    fn write(&self, buf: &[u8], nonblocking: bool) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
@@ -592,12 +805,28 @@ impl Shared {
                                 t.path
                                     .record_sent(n as u64)
                                     .map_err(|e| self.breach(switch_error(e)))?;
+                                if nonblocking {
+                                    if !t.out.is_empty() {
+                                        // The driver finishes the frame.
+                                        self.ctl.signal();
+                                    }
+                                    return Ok(n);
+                                }
                                 return Ok(self.finish_partial(tx, n));
                             }
                         }
                         leg_events = libc::POLLOUT;
                     }
                 }
+            }
+            if nonblocking {
+                // Under the lock: a notify after this sees the flag.
+                tx.nb_waiting.store(true, Ordering::Release);
+                if leg_events != NO_LEG {
+                    // The driver polls the leg for us.
+                    self.ctl.signal();
+                }
+                return Err(io::ErrorKind::WouldBlock.into());
             }
             tx = self.wait_tx(tx, leg_events);
         }
@@ -803,7 +1032,7 @@ impl Shared {
 
     // ---- receiving direction ----------------------------------------
 
-    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+    fn read(&self, buf: &mut [u8], nonblocking: bool) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
@@ -919,6 +1148,13 @@ impl Shared {
                     }
                     Err(e) => return Err(self.breach(e)),
                 }
+            }
+            if nonblocking {
+                rx.nb_waiting.store(true, Ordering::Release);
+                // The driver polls the leg for us (and answers control
+                // frames while nobody reads).
+                self.ctl.signal();
+                return Err(io::ErrorKind::WouldBlock.into());
             }
             rx = self.wait_rx(rx, leg_events);
         }
@@ -1178,7 +1414,9 @@ impl Shared {
                     let tx = lock(&self.tx);
                     if let (Some(leg), false) = (&tx.leg, tx.leg_closed) {
                         let mut events = libc::POLLIN;
-                        if !tx.out.is_empty() && !tx.writer_polls {
+                        if (!tx.out.is_empty() || tx.nb_waiting.load(Ordering::Acquire))
+                            && !tx.writer_polls
+                        {
                             events |= libc::POLLOUT;
                         }
                         fds.push(libc::pollfd {
@@ -1196,7 +1434,9 @@ impl Shared {
                     rx.driver_watches = false;
                     if let (Some(leg), false) = (&rx.leg, rx.leg_closed) {
                         let mut events = 0;
-                        if rx.driver_must_watch() && !rx.reader_polls {
+                        if (rx.driver_must_watch() || rx.nb_waiting.load(Ordering::Acquire))
+                            && !rx.reader_polls
+                        {
                             events |= libc::POLLIN;
                         }
                         if !rx.out.is_empty() {
@@ -1223,9 +1463,12 @@ impl Shared {
             // SAFETY: `fds` is a valid array of pollfds of that length.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
             self.ctl.drain();
-            if fds[1].revents != 0 {
-                self.doorbell.0.drain();
-                // A ring moved: whoever waits on it looks again.
+            let leg_moved = fds[2..].iter().any(|f| f.revents != 0);
+            if fds[1].revents != 0 || leg_moved {
+                if fds[1].revents != 0 {
+                    self.doorbell.0.drain();
+                }
+                // A ring or a leg moved: whoever waits on it looks again.
                 self.notify_tx(&lock(&self.tx));
                 self.notify_rx(&lock(&self.rx));
             }

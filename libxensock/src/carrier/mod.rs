@@ -16,7 +16,8 @@ mod ring;
 // The surface the transport will use; nothing in the crate does yet.
 #[allow(unused_imports)]
 pub(crate) use engine::{
-    Doorbell, Engine, EngineConfig, EngineStatus, InitialRings, Kick, RingAlloc, Trigger,
+    Doorbell, Engine, EngineConfig, EngineStatus, InitialRings, Kick, ReadyHook, RingAlloc, Seed,
+    Trigger,
 };
 #[allow(unused_imports)]
 pub(crate) use leg::{endpoint_of, socket_addr_of, LegListener, LegListenerConfig, LegStats};

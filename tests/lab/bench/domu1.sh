@@ -1,52 +1,58 @@
-# bench, domu1: the server side of every transport, one phase after the
-# other (domu2 runs the clients in the same order; every client retries
-# its connect until its server is up).
+# bench, domu1: the server side of every transport. domu2 runs the
+# clients in rounds (tcp, vchan, vchan-1m, afxen, afxen-1m, BENCH_REPS
+# times, interleaved so that host load hits every transport alike); here
+# each transport has one background loop that serves one connection per
+# round, in order. Every client retries its connect until its server is up.
 . /scenario/params.sh
 PEER=$(xlbench xsread data/peer 60)
 ME=$(own_domid)
 # af_xen.ko idles until dom0 makes the link directories; no traffic on it
-# until the AF_XEN phase
+# until the first AF_XEN round
 check afxen-insmod insmod /opt/xensock/af_xen.ko
 
-# ---- baselines: TCP over netfront, iperf3, libxenvchan ---------------------------
-timeout 500 xlbench tcp server 7001 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/tcp.log 2>&1 &
-TCP=$!
-timeout 500 iperf3 -s -1 -p 5201 > /tmp/iperf3.log 2>&1 &
+# serve_rounds LOG 'CMD': CMD once per round, eval'd with $ROUND set;
+# fails if any round failed
+serve_rounds() {
+  _ok=0
+  for ROUND in $(seq "$BENCH_REPS"); do
+    eval "timeout 300 $2" >> "$1" 2>&1 || _ok=1
+  done
+  return $_ok
+}
+timeout 800 iperf3 -s -1 -p 5201 > /tmp/iperf3.log 2>&1 &
 IPERF=$!
-timeout 500 xlbench vchan server "$PEER" "/local/domain/$ME/data/bench-vchan" "$BENCH_MIB" "$BENCH_PINGS" 65536 > /tmp/vchan.log 2>&1 &
+serve_rounds /tmp/tcp.log 'xlbench tcp server 7001 $BENCH_MIB $BENCH_PINGS' &
+TCP=$!
+serve_rounds /tmp/vchan.log 'xlbench vchan server $PEER /local/domain/$ME/data/bench-vchan-$ROUND $BENCH_MIB $BENCH_PINGS 65536' &
 VCHAN=$!
 # libxenvchan's largest ring (1 MiB each way), closer to xensock's ring sizes
-timeout 500 xlbench vchan server "$PEER" "/local/domain/$ME/data/bench-vchan1m" "$BENCH_MIB" "$BENCH_PINGS" 1048576 > /tmp/vchan1m.log 2>&1 &
+serve_rounds /tmp/vchan1m.log 'xlbench vchan server $PEER /local/domain/$ME/data/bench-vchan1m-$ROUND $BENCH_MIB $BENCH_PINGS 1048576' &
 VCHAN1M=$!
+# AF_XEN with the module's default ring (128 KiB), and with SO_RCVBUF =
+# SO_SNDBUF = 1 MiB (a 1 MiB ring each way, as vchan-1m)
+serve_rounds /tmp/afxen.log 'xlbench-xs xen server 7301 $BENCH_MIB $BENCH_PINGS' &
+AFXEN=$!
+serve_rounds /tmp/afxen1m.log 'env XLBENCH_BUF=1048576 xlbench-xs xen server 7311 $BENCH_MIB $BENCH_PINGS' &
+AFXEN1M=$!
+# and the same with SO_BUSY_POLL 1000 us on both ends (spin on the ring
+# before sleeping; under TCG a round trip takes about a millisecond)
+serve_rounds /tmp/afxen1mbusy.log 'env XLBENCH_BUF=1048576 XLBENCH_BUSY_POLL=1000 xlbench-xs xen server 7321 $BENCH_MIB $BENCH_PINGS' &
+AFXEN1MBUSY=$!
 check_wait tcp-server "$TCP" /tmp/tcp.log
-check_wait iperf3-server "$IPERF" /tmp/iperf3.log
 check_wait vchan-server "$VCHAN" /tmp/vchan.log
 check_wait vchan-1m-server "$VCHAN1M" /tmp/vchan1m.log
-cat /tmp/tcp.log /tmp/vchan.log /tmp/vchan1m.log
-
-# ---- AF_XEN: the kernel family, from C (xlbench) and through libxensock ----------
-# event-channel interrupts of the module around the AF_XEN runs: how many
-# notifications the 64 MiB cost (docs/design.md, lab benchmark)
-irqs() { awk '/af_xen/ {n = 0; for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) n += $i; else break; t += n} END {print t + 0}' /proc/interrupts; }
-IRQ0=$(irqs)
-timeout 200 xlbench-xs xen server 7301 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/afxen.log 2>&1 &
-check_wait afxen-server $! /tmp/afxen.log
-cat /tmp/afxen.log
-log "af_xen interrupts during the C AF_XEN run (server side): $(( $(irqs) - IRQ0 ))"
+check_wait afxen-server "$AFXEN" /tmp/afxen.log
+check_wait afxen-1m-server "$AFXEN1M" /tmp/afxen1m.log
+check_wait afxen-1m-busy-server "$AFXEN1MBUSY" /tmp/afxen1mbusy.log
+check_wait iperf3-server "$IPERF" /tmp/iperf3.log
+cat /tmp/tcp.log /tmp/vchan.log /tmp/vchan1m.log /tmp/afxen.log /tmp/afxen1m.log /tmp/afxen1mbusy.log
 grep af_xen /proc/interrupts
+
+# ---- AF_XEN through libxensock (kernel backend), once ----------------------------
 timeout 200 lab_bench server kernel 7302 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/afxen-rust.log 2>&1 &
 check_wait afxen-libxensock-server $! /tmp/afxen-rust.log
 cat /tmp/afxen-rust.log
-# diagnostics: libxensock over AF_XEN came out 3-6x slower than C over it
-# (runs bench-20261122-065701, bench-20261122-070841); cross the two
-# programs to find the slow side, and repeat C to see order effects
-timeout 200 lab_bench server kernel 7304 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/x1.log 2>&1 &
-check_wait afxen-c-to-rust-server $! /tmp/x1.log
-timeout 200 xlbench-xs xen server 7305 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/x2.log 2>&1 &
-check_wait afxen-rust-to-c-server $! /tmp/x2.log
-timeout 200 xlbench-xs xen server 7306 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/x3.log 2>&1 &
-check_wait afxen-again-server $! /tmp/x3.log
-cat /proc/net/af_xen
+cat /proc/net/af_xen /proc/net/af_xen_stats
 check afxen-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t"'
 dmesg | grep af_xen | tail -n 5
 # the module and the user-space transport both own data/xensock/link: unload first

@@ -132,9 +132,22 @@ static int hostile_mode(void)
  * one mapping and one more event channel; so maps == evtchns - grants */
 static void check_released(const char *name)
 {
-	long long g = afx_stat("grants"), m = afx_stat("maps"), e = afx_stat("evtchns"), k = afx_stat("sockets");
+	long long g, m, e, k, lent, expired;
+	int i;
 
-	result(name, k == 0 && g >= 0 && m == e - g && m >= 0, "sockets %lld grants %lld maps %lld evtchns %lld", k, g, m, e);
+	/* a ring we lent after closing an accepted connection goes with the
+	 * peer's Close, which may still be on its way: wait for it (up to
+	 * 30 s, well below the module's 60 s bound, which must never be what
+	 * released one: linger_expired stays 0) */
+	for (i = 0;; i++) {
+		g = afx_stat("grants"), m = afx_stat("maps"), e = afx_stat("evtchns"), k = afx_stat("sockets");
+		lent = afx_stat("lingering"), expired = afx_stat("linger_expired");
+		if ((k == 0 && g >= 0 && m == e - g && m >= 0 && lent == 0) || i >= 120)
+			break;
+		usleep(250000);
+	}
+	result(name, k == 0 && g >= 0 && m == e - g && m >= 0 && lent == 0 && expired == 0,
+	       "sockets %lld grants %lld maps %lld evtchns %lld lingering %lld linger_expired %lld", k, g, m, e, lent, expired);
 }
 
 static int so_error(int fd)
@@ -549,6 +562,8 @@ static void test_loop(void)
 
 /* ---- cross-domain (domu1 server, domu2 client) -------------------------- */
 #define XPORT 7000
+/* connections of the accept-then-close step (10) */
+#define XACCEPT_CLOSE_N 20
 
 static int accept_one(int l, int secs)
 {
@@ -729,6 +744,21 @@ static void xserver_more(int l)
 		result("x-hostile-counted", afx_stat("proto_resets") - resets0 == 3, "proto_resets %lld -> %lld", resets0, afx_stat("proto_resets"));
 		for (i = 0; i < 4; i++)
 			close(fds[i]);
+	}
+	/* 10: accept, write, close at once (before the client can have mapped
+	 * our ring): each connect must still succeed and read "bye!" then EOF */
+	{
+		int i, ok = 0;
+
+		for (i = 0; i < XACCEPT_CLOSE_N; i++) {
+			int a = accept_one(l, 120);
+
+			if (a < 0)
+				break;
+			ok += send(a, "bye!", 4, MSG_NOSIGNAL) == 4;
+			close(a);
+		}
+		result("x-accept-close-server", ok == XACCEPT_CLOSE_N, "accepted, wrote and closed %d of %d", ok, XACCEPT_CLOSE_N);
 	}
 	/* the client's connect with a bogus grant in its ring directory (before
 	 * step 9's): our map of its data pages failed (the glue logs "map of
@@ -1137,6 +1167,41 @@ static void test_xclient(uint32_t peer, uint64_t mib)
 			if (h[i] >= 0)
 				close(h[i]);
 	}
+	/* 10: the server accepts, writes 4 bytes and closes at once, each time:
+	 * the connect succeeds (the acceptor's ring stays granted until our
+	 * Close), then those bytes, then EOF; no ECONNREFUSED */
+	{
+		int i, refused = 0, good = 0, other = 0;
+		char detail[128] = "";
+
+		for (i = 0; i < XACCEPT_CLOSE_N; i++) {
+			int n;
+
+			c = xsock();
+			if (connect(c, (struct sockaddr *)&x, sizeof(x))) {
+				if (errno == ECONNREFUSED)
+					refused++;
+				else
+					other++;
+				if (!detail[0])
+					snprintf(detail, sizeof(detail), " first failure: connect %s", strerrorname_np(errno) ?: "?");
+				close(c);
+				continue;
+			}
+			n = read_all(c, buf, sizeof(buf));
+			/* a clean end: EOF again, not ECONNRESET */
+			if (n == 4 && !memcmp(buf, "bye!", 4) && recv(c, buf + 4, 1, 0) == 0)
+				good++;
+			else {
+				other++;
+				if (!detail[0])
+					snprintf(detail, sizeof(detail), " first failure: read %d errno=%s", n, strerrorname_np(errno) ?: "0");
+			}
+			close(c);
+		}
+		result("x-accept-close", good == XACCEPT_CLOSE_N, "%d of %d read the data then EOF, %d ECONNREFUSED, %d other%s", good,
+		       XACCEPT_CLOSE_N, refused, other, detail);
+	}
 	/* nobody listens there */
 	c = xsock();
 	x = xaddr(peer, 7999);
@@ -1159,7 +1224,7 @@ static void test_xpending(void)
 	struct sockaddr_xen x = xaddr(0, XPORT);
 	struct sockaddr_xen y;
 	socklen_t len;
-	int c;
+	int c, nb;
 	double t0;
 
 	c = xsock();
@@ -1208,11 +1273,28 @@ static void test_xpending(void)
 	}
 	close(c);
 
-	/* no SO_SNDTIMEO: the module's own bound (40 s) aborts it */
+	/* no SO_SNDTIMEO: the module's own bound (40 s) aborts it; a
+	 * non-blocking connect started alongside has the same bound, reported
+	 * as TCP reports unanswered SYNs: POLLOUT|POLLERR|POLLHUP, SO_ERROR
+	 * ETIMEDOUT once */
+	nb = xsock();
+	fcntl(nb, F_SETFL, O_NONBLOCK);
+	EXPECT_ERR("xp-nb-bound-einprogress", connect(nb, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
 	c = xsock();
 	t0 = now();
 	EXPECT_ERR("xp-bound-etimedout", connect(c, (struct sockaddr *)&x, sizeof(x)), ETIMEDOUT);
 	result("xp-bound-time", now() - t0 >= 39 && now() - t0 < 90, "%.1fs", now() - t0);
+	{
+		struct pollfd p = { .fd = nb, .events = POLLOUT };
+		int n = poll(&p, 1, 30000), e1, e2;
+
+		e1 = so_error(nb);
+		e2 = so_error(nb);
+		result("xp-nb-bound-etimedout", n == 1 && p.revents == (POLLOUT | POLLERR | POLLHUP) && e1 == ETIMEDOUT && e2 == 0,
+		       "after %.1fs: n=%d revents=%#x SO_ERROR=%s then %s", now() - t0, n, p.revents, strerrorname_np(e1) ?: "0",
+		       strerrorname_np(e2) ?: "0");
+	}
+	close(nb);
 	/* aborted, not pending: the next connect starts over */
 	fcntl(c, F_SETFL, O_NONBLOCK);
 	EXPECT_ERR("xp-bound-then-einprogress", connect(c, (struct sockaddr *)&x, sizeof(x)), EINPROGRESS);
@@ -1220,6 +1302,75 @@ static void test_xpending(void)
 	result("xp-no-socket-left", afx_stat("sockets") == 0, "sockets=%lld", afx_stat("sockets"));
 	/* every connection of xclient's tests is gone too */
 	check_released("xp-released");
+}
+
+/* ---- the bound of a lent ring ---------------------------------------------- */
+#define LPORT 7400
+/* hostile_test only: this socket's close sends no Close (af-xen-kmod sock.rs) */
+#define XENSOCK_TEST_SILENT_CLOSE 0x7e60
+
+/* domu1: accept one connection, write, close at once: our ring is lent to
+ * the client, which closes without a Close (test hook); the module ends
+ * the grant after its bound (60 s), counts it in linger_expired, and every
+ * grant of the connection is back */
+static void test_xlinger(void)
+{
+	struct sockaddr_xen x = xaddr(XEN_DOMID_ANY, LPORT);
+	long long g0 = afx_stat("grants"), lent0 = afx_stat("lingering"), exp0 = afx_stat("linger_expired");
+	long long lent1, exp1 = -1, lent2 = -1, g2 = -1;
+	double t0;
+	int l = xsock(), a;
+
+	if (l < 0 || bind(l, (struct sockaddr *)&x, sizeof(x)) || listen(l, 1)) {
+		result("xl-listen", 0, "errno=%s", strerrorname_np(errno));
+		return;
+	}
+	a = accept_one(l, 300);
+	result("xl-accept", a >= 0, NULL);
+	if (a < 0)
+		return;
+	send(a, "bye!", 4, MSG_NOSIGNAL);
+	close(a);
+	close(l);
+	t0 = now();
+	lent1 = afx_stat("lingering");
+	result("xl-lent", lent1 == lent0 + 1, "lingering %lld -> %lld after our close", lent0, lent1);
+	while (now() - t0 < 120) {
+		exp1 = afx_stat("linger_expired");
+		if (exp1 != exp0)
+			break;
+		usleep(250000);
+	}
+	lent2 = afx_stat("lingering");
+	g2 = afx_stat("grants");
+	result("xl-expired", exp1 == exp0 + 1 && lent2 == lent0 && g2 == g0 && now() - t0 >= 50,
+	       "after %.1fs: linger_expired %lld -> %lld, lingering %lld, grants %lld -> %lld", now() - t0, exp0, exp1, lent2, g0, g2);
+	system("dmesg | grep 'got no Close or Reset'");
+}
+
+/* domu2 (hostile_test=1): connect to test_xlinger's server with the
+ * silent-close hook, read its bytes and EOF, close without a Close */
+static void test_xlinger_client(uint32_t peer)
+{
+	struct sockaddr_xen x = xaddr(peer, LPORT);
+	char buf[16];
+	int c = -1, i, v = 1, r = -1, n;
+
+	for (i = 0; i < 300; i++) {
+		c = xsock();
+		r = setsockopt(c, fam, XENSOCK_TEST_SILENT_CLOSE, &v, sizeof(v));
+		if (r || connect(c, (struct sockaddr *)&x, sizeof(x)) == 0)
+			break;
+		close(c);
+		c = -1;
+		sleep(1);
+	}
+	result("xl-client-connect", c >= 0 && r == 0, "setsockopt rc=%d errno=%s", r, strerrorname_np(errno) ?: "0");
+	if (c < 0)
+		return;
+	n = read_all(c, buf, sizeof(buf));
+	result("xl-client-data-eof", n == 4 && !memcmp(buf, "bye!", 4), "read %d", n);
+	close(c);
 }
 
 /* ---- peer domain death (domu2 destroyed by dom0) --------------------------- */
@@ -1710,6 +1861,10 @@ int main(int argc, char **argv)
 		return churn();
 	} else if (!strcmp(mode, "xpending")) {
 		test_xpending();
+	} else if (!strcmp(mode, "xlinger")) {
+		test_xlinger();
+	} else if (!strcmp(mode, "xlinger-client") && argc > 2) {
+		test_xlinger_client(strtoul(argv[2], NULL, 0));
 	} else if (!strcmp(mode, "xdeath")) {
 		test_xdeath();
 	} else if (!strcmp(mode, "xvictim") && argc > 2) {

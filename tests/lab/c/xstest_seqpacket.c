@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -551,8 +552,20 @@ static void test_seq_local(void)
 		n = send(c, big, 40000, MSG_DONTWAIT | MSG_NOSIGNAL);
 		result("seq-send-dontwait-full", k == 3 && n == -1 && errno == EAGAIN,
 		       "ring=%d queued=%d n=%zd errno=%s", ring, k, n, en(errno));
+		/* FIONREAD: the payload of the next message (AF_UNIX's answer
+		 * for SOCK_SEQPACKET), not the bytes in the ring with headers */
+		{
+			int q = -1, r2 = ioctl(s, FIONREAD, &q);
+
+			result("seq-fionread-next-message", r2 == 0 && q == 40000, "r=%d n=%d (3 messages of 40000 queued)", r2, q);
+		}
 		while (k-- > 0)
 			recv(s, big, sizeof(big), 0);
+		{
+			int q = -1, r2 = ioctl(s, FIONREAD, &q);
+
+			result("seq-fionread-empty", r2 == 0 && q == 0, "r=%d n=%d", r2, q);
+		}
 	}
 	pid = fork();
 	if (pid == 0) {

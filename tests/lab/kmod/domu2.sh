@@ -17,6 +17,8 @@ check socat-send-file sh -c "n=0; while [ \$n -lt 120 ]; do socat -u OPEN:/tmp/s
 check socat-recv-file-back sh -c "timeout 300 socat -u SOCKET-LISTEN:19:0:x0000$(le32 $((SOCAT_PORT + 1)))ffffffff00000000 OPEN:/tmp/socat-got,creat,trunc && cmp /tmp/socat-send /tmp/socat-got && md5sum /tmp/socat-send /tmp/socat-got"
 # stress client (domu1 runs the server side)
 run_c c-stress sclient "$PEER" $STRESS_MIB $STRESS_CONNS
+# closes without a Close (hostile_test hook): domu1's lent ring hits its bound
+run_c c-xlinger-client xlinger-client "$PEER"
 # domu1 unloads its module after its tests: the link goes down here, with
 # no socket left on it
 check kmod-peer-unload-link-down wait_until 300 sh -c "dmesg | grep -q 'link to dom$PEER down'"

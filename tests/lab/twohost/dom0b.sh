@@ -12,7 +12,7 @@ check_wait cross-host-tcp-server "$TCP" /tmp/tcp.log
 cat /tmp/tcp.log
 
 # ---- a -> b -------------------------------------------------------------------------
-wait_until 500 on_a domu2.save.ready || log "host a never offered domu2's image"
+wait_until 900 on_a domu2.save.ready || log "host a never offered domu2's image"
 t0=$(uptime_s)
 check fetch-save-from-a timeout 300 wget -q -O /tmp/domu2.save "http://$LAB_NET_DOM0:8080/domu2.save"
 metric move_a_to_b.fetch_s "$(since "$t0")" s
@@ -35,7 +35,7 @@ check runs-on-b wait_domu domu2 "^tick [0-9]+ domid=$ID" 60
 xl list
 
 # ---- b -> a -------------------------------------------------------------------------
-wait_until 300 on_a go-back || log "host a never asked for domu2 back"
+wait_until 700 on_a go-back || log "host a never asked for domu2 back"
 t0=$(uptime_s)
 check xl-save-on-b timeout 180 xl save domu2 /tmp/share/domu2-back.save.part
 mv /tmp/share/domu2-back.save.part /tmp/share/domu2-back.save
@@ -45,7 +45,7 @@ check domain-gone-from-b sh -c '! xl domid domu2'
 
 # ---- live: xl migrate a -> b -> a (only with --xen shadow; dom0.sh decides) ---------
 asked() { on_a go-migrate || on_a a-done; }
-wait_until 500 asked || log "host a never asked for a migration nor said it was done"
+wait_until 900 asked || log "host a never asked for a migration nor said it was done"
 if on_a go-migrate; then
   printf '#!/bin/sh\nexec xl migrate-receive\n' > /tmp/migrate-receive; chmod +x /tmp/migrate-receive
   timeout 450 nc -l -p 8002 -e /tmp/migrate-receive > /tmp/migrate-receive.log 2>&1 &
@@ -56,12 +56,12 @@ if on_a go-migrate; then
   ID=$(xl domid domu2 2>/dev/null || echo none)
   log "domu2 is dom$ID on host b after xl migrate"
   check runs-on-b-after-migrate wait_domu domu2 "^tick [0-9]+ domid=$ID" 60
-  wait_until 300 on_a go-migrate-back || log "host a never asked for domu2 back"
+  wait_until 600 on_a go-migrate-back || log "host a never asked for domu2 back"
   t0=$(uptime_s)
   check xl-migrate-b-to-a timeout 450 xl migrate -s "" domu2 "nc $LAB_NET_DOM0 8003"
   metric migrate_b_to_a.sender_s "$(since "$t0")" s
 fi
-wait_until 400 on_a a-done || log "host a never said it was done"
+wait_until 900 on_a a-done || log "host a never said it was done"
 # what is still running when this script ends (a background job left on the
 # scenario pipe keeps dom0-init from reaching @@DONE)
 ps | sed "s/^/  ps: /"

@@ -1,12 +1,22 @@
 # twohost, domu2 (moves a -> b -> a): echoes domu1's stream; ticks with its
 # domid until host a's dom0 says the moves are done.
+# Also the server end of domu1's two AF_XEN streams (streams.sh).
+MIG_STACK=kmod
+. /scenario/streams.sh
 START=$(own_domid)
-timeout 1100 nc -l -p 7002 -e cat > /tmp/echo-server.log 2>&1 &
+timeout 1600 nc -l -p 7002 -e cat > /tmp/echo-server.log 2>&1 &
+check kmod-insmod insmod /opt/xensock/af_xen.ko
+# advertise again in every new home (host b, then host a again)
+xensock-discover advertise --keep --addr "$LAB_NET_DOMU2" > /tmp/advertise.log 2>&1 &
+start_stream server kx kx 7601
+start_stream server kt kt 7611
 i=0
-while [ -z "$(xenstore-read data/lab-done 2>/dev/null)" ] && [ $i -lt 950 ]; do
+while [ -z "$(xenstore-read data/lab-done 2>/dev/null)" ] && [ $i -lt 1500 ]; do
   i=$((i + 1)); echo "tick $i domid=$(own_domid)"; sleep 1
 done
 NOW=$(own_domid)
 log "domid $START at start, $NOW now"
+stop_stream kx; stop_stream kt
+sed "s/^/  [af_xen] /" /proc/net/af_xen
 check domid-changed test "$NOW" != "$START"
 check ping-domu1-after-moves wait_until 30 ping -c 1 -W 2 "$LAB_NET_DOMU1"

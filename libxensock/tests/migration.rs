@@ -1,0 +1,597 @@
+//! Issue #7 on the user-space transport over the simulated host:
+//! connections survive their domains' migrations (suspend hook, TCP
+//! carrier, back to a ring on the new link), byte for byte.
+//!
+//! `XENSOCK_MIGRATION_CASES` sets the number of cases of the property
+//! test (default 240).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread;
+use std::time::Duration;
+
+use common::*;
+use libxensock::{Carrier, Config, SocketOptions, Transport, XenStream};
+use proptest::prelude::*;
+use xensock_sim::{DomainConfig, MigrateTo, SimHost};
+
+/// `RUST_LOG=libxensock=debug` shows the switch events.
+fn trace() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn cfg() -> Config {
+    trace();
+    Config {
+        link_timeout: Duration::from_millis(1500),
+        peer_lost_after: Duration::from_secs(5),
+        ..Config::default()
+    }
+}
+
+/// Writes `total` pattern bytes in `chunk`-sized writes, then FIN; returns
+/// the checksum of what it wrote.
+fn writer(s: XenStream, seed: u64, total: usize, chunk: usize) -> thread::JoinHandle<u64> {
+    thread::spawn(move || {
+        let mut p = Pattern::new(seed);
+        let mut h = FNV_INIT;
+        let mut buf = vec![0u8; chunk.max(1)];
+        let mut left = total;
+        while left > 0 {
+            let n = left.min(buf.len());
+            p.fill(&mut buf[..n]);
+            (&s).write_all(&buf[..n]).unwrap();
+            fnv(&mut h, &buf[..n]);
+            left -= n;
+        }
+        s.shutdown(Shutdown::Write).unwrap();
+        h
+    })
+}
+
+/// Reads to end of stream, counting into `progress`; returns (bytes, checksum).
+fn reader(s: XenStream, progress: Arc<AtomicUsize>) -> thread::JoinHandle<(usize, u64)> {
+    thread::spawn(move || {
+        let mut h = FNV_INIT;
+        let mut got = 0;
+        let mut buf = vec![0u8; 50_000];
+        loop {
+            let n = (&s).read(&mut buf).unwrap();
+            if n == 0 {
+                return (got, h);
+            }
+            fnv(&mut h, &buf[..n]);
+            got += n;
+            progress.fetch_add(n, Ordering::Relaxed);
+        }
+    })
+}
+
+/// One simulated host with two guests whose transports follow their
+/// migrations; shared by the property test's cases.
+struct World {
+    host: SimHost,
+    a: Transport,
+    b: Transport,
+    next_port: u32,
+}
+
+impl World {
+    fn new() -> World {
+        let host = SimHost::start().unwrap();
+        let da = host.create_domain(DomainConfig::new("a")).unwrap();
+        let db = host.create_domain(DomainConfig::new("b")).unwrap();
+        let a = Transport::sim_with(host.dir(), da.domid, cfg()).unwrap();
+        let b = Transport::sim_with(host.dir(), db.domid, cfg()).unwrap();
+        World {
+            host,
+            a,
+            b,
+            next_port: 1000,
+        }
+    }
+
+    /// The suspend hook, the move, and the transport's own resume (its
+    /// `domid` watch).
+    fn migrate(&self, which: &[&Transport]) {
+        for t in which {
+            t.suspend();
+        }
+        for t in which {
+            let new = self
+                .host
+                .migrate_domain(t.domid(), MigrateTo::SameHost)
+                .unwrap()
+                .unwrap();
+            assert!(
+                eventually(Duration::from_secs(10), || t.domid() == new),
+                "transport never followed its domain to {new}"
+            );
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Move {
+    A,
+    B,
+    Both,
+}
+
+fn a_move() -> impl Strategy<Value = Move> {
+    prop_oneof![3 => Just(Move::A), 3 => Just(Move::B), 1 => Just(Move::Both)]
+}
+
+fn cases() -> u32 {
+    std::env::var("XENSOCK_MIGRATION_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(240)
+}
+
+fn world() -> &'static Mutex<World> {
+    static W: OnceLock<Mutex<World>> = OnceLock::new();
+    W.get_or_init(|| Mutex::new(World::new()))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 8, ..ProptestConfig::default() })]
+
+    /// A checksummed stream each way between A and B; either or both
+    /// domains migrate at random points of it (before any byte, mid-way,
+    /// after one side's FIN), on rings from 4 KiB (full all the time) to
+    /// 256 KiB. Every byte arrives once, in order, and the connection
+    /// returns to a ring after each single move.
+    #[test]
+    fn stream_survives_migrations(
+        ring_order in 12u32..=18,
+        len_ab in 0usize..600_000,
+        len_ba in 0usize..600_000,
+        chunk_ab in 1usize..70_000,
+        chunk_ba in 1usize..70_000,
+        moves in prop::collection::vec((0.0f64..1.2, a_move()), 1..4),
+    ) {
+        let mut w = world().lock().unwrap_or_else(|p| p.into_inner());
+        w.next_port += 1;
+        let port = w.next_port;
+        let opts = SocketOptions { recv_buffer: Some(1 << ring_order), backlog: None };
+        let l = w.b.bind_with(format!("xen:self:{port}"), opts).unwrap();
+        let c = w.a.connect_with((u32::from(w.b.domid()), port), None, opts).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let progress = Arc::new(AtomicUsize::new(0));
+        let wa = writer(c.try_clone().unwrap(), 1 + port as u64, len_ab, chunk_ab);
+        let wb = writer(s.try_clone().unwrap(), 7 + port as u64, len_ba, chunk_ba);
+        let ra = reader(c.try_clone().unwrap(), progress.clone());
+        let rb = reader(s.try_clone().unwrap(), progress.clone());
+        let total = len_ab + len_ba;
+        let mut moves = moves;
+        moves.sort_by(|x, y| x.0.total_cmp(&y.0));
+        for (at, m) in moves {
+            let mark = (at * total as f64) as usize;
+            eventually(Duration::from_secs(20), || {
+                progress.load(Ordering::Relaxed) >= mark || ra.is_finished() && rb.is_finished()
+            });
+            let World { a, b, .. } = &*w;
+            match m {
+                Move::A => w.migrate(&[a]),
+                Move::B => w.migrate(&[b]),
+                Move::Both => w.migrate(&[a, b]),
+            }
+        }
+        let (ha, hb) = (wa.join().unwrap(), wb.join().unwrap());
+        let (na, ga) = ra.join().unwrap();
+        let (nb, gb) = rb.join().unwrap();
+        prop_assert_eq!((na, ga), (len_ba, hb));
+        prop_assert_eq!((nb, gb), (len_ab, ha));
+        drop((c, s, l));
+    }
+}
+
+/// Waits until every connection of `t` is back on rings on both
+/// directions, after one switch to TCP and back each way.
+fn back_on_rings(w: &World, t: &Transport) {
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            t.status().connections.iter().all(|c| {
+                matches!(
+                    &c.carrier,
+                    Carrier::Engine {
+                        tx: "ring",
+                        rx: "ring",
+                        tx_to_tcp: 1,
+                        tx_to_ring: 1,
+                        rx_to_ring: 1,
+                        ..
+                    }
+                )
+            })
+        }),
+        "{:?}\n{:?}",
+        w.a.status(),
+        w.b.status()
+    );
+}
+
+/// Writes and checks `len` bytes each way on an open pair (all four
+/// ends at once, so full rings never stall it).
+fn exchange(c: &XenStream, s: &XenStream, seed: u64, len: usize) {
+    let none = Arc::new(AtomicUsize::new(0));
+    let wa = writer_open(c.try_clone().unwrap(), seed, len);
+    let wb = writer_open(s.try_clone().unwrap(), seed + 1, len);
+    let ra = read_n(c.try_clone().unwrap(), len);
+    let rb = read_n(s.try_clone().unwrap(), len);
+    let (ha, hb) = (wa.join().unwrap(), wb.join().unwrap());
+    assert_eq!(ra.join().unwrap(), hb, "B to A corrupted");
+    assert_eq!(rb.join().unwrap(), ha, "A to B corrupted");
+    drop(none);
+}
+
+/// Like [`writer`], without the FIN.
+fn writer_open(s: XenStream, seed: u64, len: usize) -> thread::JoinHandle<u64> {
+    thread::spawn(move || {
+        let mut p = Pattern::new(seed);
+        let mut buf = vec![0u8; len];
+        p.fill(&mut buf);
+        (&s).write_all(&buf).unwrap();
+        let mut h = FNV_INIT;
+        fnv(&mut h, &buf);
+        h
+    })
+}
+
+/// Reads exactly `len` bytes; returns their checksum.
+fn read_n(s: XenStream, len: usize) -> thread::JoinHandle<u64> {
+    thread::spawn(move || {
+        let mut buf = vec![0u8; len];
+        (&s).read_exact(&mut buf).unwrap();
+        let mut h = FNV_INIT;
+        fnv(&mut h, &buf);
+        h
+    })
+}
+
+#[test]
+fn same_host_migration_moves_to_tcp_and_back() {
+    let w = World::new();
+    let l = w.b.bind("xen:self:7000").unwrap();
+    let c = w.a.connect((u32::from(w.b.domid()), 7000)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    exchange(&c, &s, 1, 100_000);
+    let old = w.b.domid();
+    w.migrate(&[&w.b]);
+    assert_ne!(w.b.domid(), old);
+    exchange(&c, &s, 3, 300_000);
+    // Both ends switched to TCP and back onto rings on the new link, and
+    // A's connection now names B's new domid.
+    back_on_rings(&w, &w.a);
+    back_on_rings(&w, &w.b);
+    exchange(&c, &s, 5, 300_000);
+    let st = w.a.status();
+    assert_eq!(st.connections[0].peer.domid, u32::from(w.b.domid()));
+    assert_eq!(st.links.len(), 1);
+    assert_eq!(st.links[0].peer, w.b.domid());
+    // The listener survived the move, under the new domid.
+    let c2 = w.a.connect((u32::from(w.b.domid()), 7000)).unwrap();
+    let (s2, peer) = l.accept().unwrap();
+    assert_eq!(peer.domid, u32::from(w.a.domid()));
+    assert_eq!(s2.local_addr().unwrap().domid, u32::from(w.b.domid()));
+    exchange(&c2, &s2, 7, 10_000);
+    // And the same with A moving.
+    w.migrate(&[&w.a]);
+    exchange(&c, &s, 9, 300_000);
+    exchange(&c2, &s2, 11, 300_000);
+    assert!(eventually(Duration::from_secs(5), || {
+        w.b.status()
+            .connections
+            .iter()
+            .all(|c| c.peer.domid == u32::from(w.a.domid()))
+    }));
+}
+
+/// Writes `segments` segments of `seg` pattern bytes, each only once the
+/// mover has done `segment - 2` moves (so data is in flight at every
+/// move), then FIN; returns the checksum.
+fn paced_writer(
+    s: XenStream,
+    seed: u64,
+    segments: usize,
+    seg: usize,
+    moves: Arc<AtomicUsize>,
+) -> thread::JoinHandle<u64> {
+    thread::spawn(move || {
+        let mut p = Pattern::new(seed);
+        let mut h = FNV_INIT;
+        let mut buf = vec![0u8; seg];
+        for i in 0..segments {
+            eventually(Duration::from_secs(30), || {
+                moves.load(Ordering::Acquire) + 2 >= i
+            });
+            p.fill(&mut buf);
+            (&s).write_all(&buf).unwrap();
+            fnv(&mut h, &buf);
+        }
+        s.shutdown(Shutdown::Write).unwrap();
+        h
+    })
+}
+
+/// Issue #7: zero bytes lost over 100 moves (A and B in turn),
+/// bidirectional, with data in flight at every move, back to the ring
+/// after each (the next move waits for that: see docs/migration.md on a
+/// peer that moves again before the switch back).
+#[test]
+fn hundred_migrations_lose_nothing() {
+    let w = World::new();
+    let l = w.b.bind("xen:self:7001").unwrap();
+    let c = w.a.connect((u32::from(w.b.domid()), 7001)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    let (segments, seg) = (106, 48_000);
+    let moves = Arc::new(AtomicUsize::new(0));
+    let wa = paced_writer(c.try_clone().unwrap(), 3, segments, seg, moves.clone());
+    let wb = paced_writer(s.try_clone().unwrap(), 4, segments, seg, moves.clone());
+    let progress = Arc::new(AtomicUsize::new(0));
+    let ra = reader(c.try_clone().unwrap(), progress.clone());
+    let rb = reader(s.try_clone().unwrap(), progress.clone());
+    let on_rings = |t: &Transport| {
+        t.status().connections.iter().all(|c| {
+            matches!(
+                &c.carrier,
+                Carrier::Engine {
+                    tx: "ring",
+                    rx: "ring",
+                    ..
+                }
+            )
+        })
+    };
+    for i in 0..100 {
+        if i % 2 == 0 {
+            w.migrate(&[&w.a]);
+        } else {
+            w.migrate(&[&w.b]);
+        }
+        moves.fetch_add(1, Ordering::Release);
+        assert!(
+            eventually(Duration::from_secs(5), || on_rings(&w.a) && on_rings(&w.b)),
+            "move {i}: not back on rings\n{:?}\n{:?}",
+            w.a.status().connections,
+            w.b.status().connections
+        );
+    }
+    // The last segments (and FIN) go after the moves.
+    moves.store(segments, Ordering::Release);
+    let (ha, hb) = (wa.join().unwrap(), wb.join().unwrap());
+    assert_eq!(ra.join().unwrap(), (segments * seg, hb));
+    assert_eq!(rb.join().unwrap(), (segments * seg, ha));
+    // Every move took our sending direction to TCP and back to a ring.
+    for t in [&w.a, &w.b] {
+        let st = t.status();
+        match &st.connections[0].carrier {
+            Carrier::Engine {
+                tx_to_tcp,
+                tx_to_ring,
+                ..
+            } => {
+                assert!(*tx_to_tcp >= 100, "{:?}", st.connections);
+                assert!(*tx_to_ring >= 100, "{:?}", st.connections);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// A move while the connect is in flight: the connect either completes
+/// and carries a checksummed stream, or fails with a connect error; a new
+/// connect to the domain's new domid then works.
+#[test]
+fn migration_during_connect() {
+    let w = World::new();
+    let l = w.b.bind("xen:self:7002").unwrap();
+    let (mut ok, mut failed) = (0, 0);
+    for i in 0..20 {
+        let a = w.a.clone();
+        let to = u32::from(w.b.domid());
+        let connect = thread::spawn(move || a.connect_timeout((to, 7002), Duration::from_secs(5)));
+        if i % 2 == 1 {
+            thread::sleep(Duration::from_micros(200 * i as u64));
+        }
+        w.migrate(&[&w.b]);
+        match connect.join().unwrap() {
+            Ok(c) => {
+                ok += 1;
+                // A completed connect is queued at the listener, which
+                // survived the move with it.
+                let (s, _) = l.accept().unwrap();
+                let wa = writer(c.try_clone().unwrap(), 5, 200_000, 4096);
+                let rb = reader(s.try_clone().unwrap(), Arc::new(AtomicUsize::new(0)));
+                let ha = wa.join().unwrap();
+                assert_eq!(rb.join().unwrap(), (200_000, ha));
+            }
+            Err(e) => {
+                failed += 1;
+                let code = e.raw_os_error();
+                assert!(
+                    matches!(
+                        code,
+                        Some(
+                            libc::ECONNREFUSED
+                                | libc::EHOSTUNREACH
+                                | libc::ECONNRESET
+                                | libc::ETIMEDOUT
+                        )
+                    ),
+                    "{e}"
+                );
+            }
+        }
+        let c = w.a.connect((u32::from(w.b.domid()), 7002)).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (&c).write_all(b"x").unwrap();
+        let mut b = [0u8; 1];
+        (&s).read_exact(&mut b).unwrap();
+    }
+    eprintln!("connects during a move: {ok} completed, {failed} failed");
+}
+
+/// B leaves for another host: its connection goes on over TCP (the
+/// stayer keeps it through the link's death) and completes intact.
+#[test]
+fn move_to_another_host_continues_over_tcp() {
+    let w = World::new();
+    let l = w.b.bind("xen:self:7003").unwrap();
+    let c = w.a.connect((u32::from(w.b.domid()), 7003)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    exchange(&c, &s, 21, 200_000);
+    let total = 2 << 20;
+    let progress = Arc::new(AtomicUsize::new(0));
+    let moves = Arc::new(AtomicUsize::new(0));
+    let wa = paced_writer(c.try_clone().unwrap(), 22, 8, total / 8, moves.clone());
+    let wb = paced_writer(s.try_clone().unwrap(), 23, 8, total / 8, moves.clone());
+    let ra = reader(c.try_clone().unwrap(), progress.clone());
+    let rb = reader(s.try_clone().unwrap(), progress.clone());
+    assert_eq!(w.b.suspend(), 1);
+    w.host
+        .migrate_domain(w.b.domid(), MigrateTo::OtherHost("elsewhere".into()))
+        .unwrap();
+    moves.store(100, Ordering::Release);
+    let (ha, hb) = (wa.join().unwrap(), wb.join().unwrap());
+    assert_eq!(ra.join().unwrap(), (total, hb));
+    assert_eq!(rb.join().unwrap(), (total, ha));
+    let st = w.a.status();
+    assert!(st.links.is_empty(), "{:?}", st.links);
+    assert!(
+        matches!(
+            &st.connections[0].carrier,
+            Carrier::Engine {
+                tx: "tcp",
+                rx: "tcp",
+                ..
+            }
+        ),
+        "{:?}",
+        st.connections
+    );
+}
+
+/// Run as the init process of a sim domain by `destroyed_peer_resets`:
+/// connects to `XENSOCK_TEST_CONNECT`, writes a little, leaves the rings
+/// (the suspend hook), says so in `XENSOCK_TEST_MARK`, then writes until
+/// its domain is destroyed.
+#[test]
+#[ignore = "helper: run as a domain's process by destroyed_peer_resets"]
+fn child_mover() {
+    let Ok(addr) = std::env::var("XENSOCK_TEST_CONNECT") else {
+        return;
+    };
+    let s = XenStream::connect(addr.as_str()).unwrap();
+    (&s).write_all(&[0x5a; 4096]).unwrap();
+    let moved = Transport::global().unwrap().suspend();
+    std::fs::write(
+        std::env::var("XENSOCK_TEST_MARK").unwrap(),
+        moved.to_string(),
+    )
+    .unwrap();
+    loop {
+        if (&s).write_all(&[0x5a; 4096]).is_err() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A peer whose domain is destroyed (not migrated) while the connection
+/// is on TCP: the stayer's reads end in ECONNRESET, within the bound
+/// (`Config::peer_lost_after`), not in a hang.
+#[test]
+fn destroyed_peer_resets() {
+    let host = SimHost::start().unwrap();
+    let da = host.create_domain(DomainConfig::new("a")).unwrap();
+    let bound = Duration::from_secs(2);
+    let a = Transport::sim_with(
+        host.dir(),
+        da.domid,
+        Config {
+            peer_lost_after: bound,
+            ..cfg()
+        },
+    )
+    .unwrap();
+    let l = a.bind("xen:self:7004").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mark = dir.path().join("moved");
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child_mover", "--ignored", "--test-threads=1"])
+        .env("XENSOCK_TEST_CONNECT", format!("xen:{}:7004", da.domid))
+        .env("XENSOCK_TEST_MARK", &mark)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let (db, _pid) = host.spawn_domain(DomainConfig::new("b"), cmd).unwrap();
+    let (s, peer) = l.accept().unwrap();
+    assert_eq!(peer.domid, u32::from(db.domid));
+    let mut buf = vec![0u8; 65536];
+    assert!(eventually(Duration::from_secs(20), || {
+        let _ = (&s).read(&mut buf);
+        mark.exists()
+    }));
+    assert_eq!(std::fs::read_to_string(&mark).unwrap(), "1");
+    assert!(matches!(
+        &a.status().connections[0].carrier,
+        Carrier::Engine { legs_up: true, .. }
+    ));
+    let t0 = std::time::Instant::now();
+    host.destroy_domain(db.domid).unwrap();
+    let end = loop {
+        match (&s).read(&mut buf) {
+            Ok(0) => break Ok(0),
+            Ok(_) => continue,
+            Err(e) => break Err(e),
+        }
+    };
+    let latency = t0.elapsed();
+    assert_eq!(
+        end.map_err(|e| e.raw_os_error()),
+        Err(Some(libc::ECONNRESET))
+    );
+    assert!(latency < bound * slack(), "reset after {latency:?}");
+}
+
+/// With the dom0 agent: a listener's guest moves; clients find it again
+/// by its IP address (the agent's table follows the move), not by the
+/// stale domid, and the old connection carries on.
+#[test]
+fn moved_listener_is_found_by_address() {
+    let world = agent_world(cfg());
+    let p = &world.pair;
+    let l = p.b.bind("xen:self:7005").unwrap();
+    let to = p.a.resolve("10.0.0.2").unwrap();
+    assert_eq!(to, p.b.domid());
+    let c = p.a.connect((u32::from(to), 7005)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    exchange(&c, &s, 31, 100_000);
+    let old = p.b.domid();
+    assert_eq!(p.b.suspend(), 1);
+    let new = p
+        .host
+        .migrate_domain(old, MigrateTo::SameHost)
+        .unwrap()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(10), || p.b.domid() == new));
+    // The guest re-advertises after a move (its Advertiser does).
+    advertise(&p.host, &p.host.domain(new).unwrap(), "10.0.0.2");
+    assert!(eventually(Duration::from_secs(10), || p
+        .a
+        .resolve("10.0.0.2")
+        .is_ok_and(|d| d == new)));
+    let c2 = p.a.connect((u32::from(new), 7005)).unwrap();
+    let (s2, _) = l.accept().unwrap();
+    exchange(&c2, &s2, 33, 100_000);
+    exchange(&c, &s, 35, 100_000);
+    assert!(p.a.connect((u32::from(old), 7005)).is_err());
+}

@@ -1,0 +1,97 @@
+# Migration scenarios (issue #7 in the lab), shared by both domUs: see
+# docs/lab.md "Migration scenarios". Sourced by domu1.sh / domu2.sh.
+# /opt/xensock/migration.params (written by scenario_build): MIG_STACK
+# (kmod | userspace) and MIG_MOVES (saverestore away migrate, in order).
+. /opt/xensock/migration.params
+. /scenario/streams.sh
+
+# lab_note KEY [VALUE]: tell dom0 (data/lab/KEY in our current home)
+lab_note() { xenstore-write "data/lab/$1" "${2:-1}"; }
+# lab_wait KEY TIMEOUT_S: until dom0 wrote data/lab/KEY in our home; prints it
+lab_wait() {
+  wait_until "$2" xenstore-read "data/lab/$1" || { log "dom0 never wrote data/lab/$1 (${2}s)"; return 1; }
+  xenstore-read "data/lab/$1"
+}
+
+move_index() { case $1 in saverestore) echo 0 ;; away) echo 1 ;; migrate) echo 2 ;; esac; }
+# streams of a stack: kx = C xsstream over AF_XEN, kt = tokio over the
+# kernel family, ut = tokio over the user-space transport, tcp = C xsstream
+# over TCP between the same two domUs (the baseline: it must pass whatever
+# xensock does)
+streams() { if [ "$MIG_STACK" = kmod ]; then echo "kx kt tcp"; else echo "ut tcp"; fi; }
+stream_port() {
+  _b=7500; case $1 in kt) _b=7510 ;; tcp) _b=7520 ;; ut) _b=7530 ;; esac
+  echo $((_b + $(move_index "$2")))
+}
+# the check name prefix the program prints (@@RESULT c-... / tokio-...)
+stream_prefix() { case $1 in kt|ut) echo tokio ;; *) echo c ;; esac; }
+is_xen_stream() { [ "$1" != tcp ]; }
+
+# ---- setup and teardown --------------------------------------------------------
+mig_setup() {
+  if [ "$MIG_STACK" = kmod ]; then
+    check kmod-insmod insmod /opt/xensock/af_xen.ko
+    log "af_xen family $(cat /sys/module/af_xen/parameters/family 2>&1)"
+  fi
+  # advertise (again after every move: the new home starts empty); the agent
+  # in dom0 then lists the peers and makes the link directories
+  xensock-discover advertise --keep --addr "$MY_IP" > /tmp/advertise.log 2>&1 &
+  ADV=$!
+  check advertise wait_until 30 xenstore-read data/xensock/addrs
+}
+mig_finish() {
+  kill "$ADV" 2>/dev/null
+  if [ "$MIG_STACK" = kmod ]; then
+    head -n 40 /proc/net/af_xen; cat /proc/net/af_xen_stats
+    check kmod-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t|leak"'
+    dmesg | grep -E "af_xen|BUG|WARNING|Oops" | tail -n 30
+  fi
+}
+
+# run_phase ROLE MOVE: one move's streams on this side, with the checks
+run_phase() {
+  _role=$1; MOVE=$2
+  log "==== $MOVE: streams $(streams) ($_role side)"
+  if [ "$_role" = server ]; then
+    for s in $(streams); do start_stream server "$s" "$s-$MOVE" "$(stream_port "$s" "$MOVE")"; done
+    lab_note "$MOVE-listening"
+  else
+    PEER=$(lab_wait "$MOVE-go" 600) || PEER=none
+    log "$MOVE: peer domu1 is dom$PEER"
+    for s in $(streams); do
+      _peer=$PEER; [ "$s" = tcp ] && _peer=$LAB_NET_DOMU1
+      start_stream client "$s" "$s-$MOVE" "$(stream_port "$s" "$MOVE")" "$_peer"
+    done
+  fi
+  # flowing before the move
+  for s in $(streams); do flowing "$s-$MOVE" "$s-$MOVE-flows-before" || true; done
+  lab_note "$MOVE-flowing"
+  case $MOVE in
+    away)
+      lab_wait away-marked 600 >/dev/null
+      for s in $(streams); do
+        is_xen_stream "$s" && carrier_is "$s-away" "$(stream_port "$s" away)" '^tcp(/tcp)?$' "$s-away-carrier-tcp"
+        flowing "$s-away" "$s-away-flows-while-away" || true
+      done
+      lab_note away-checked
+      lab_wait away-back 600 >/dev/null
+      for s in $(streams); do
+        if is_xen_stream "$s"; then
+          carrier_is "$s-away" "$(stream_port "$s" away)" '^ring(-xen)?(/ring)?$' "$s-away-carrier-ring"
+          switches_at_least "$s-away" "$(stream_port "$s" away)" 2 "$s-away-switches"
+        fi
+        flowing "$s-away" "$s-away-flows-after-back" || true
+      done ;;
+    *)
+      lab_wait "$MOVE-moved" 900 >/dev/null
+      log "$MOVE: domid $(own_domid) now"
+      for s in $(streams); do flowing "$s-$MOVE" "$s-$MOVE-flows-after" || true; done
+      if [ "$MIG_STACK" = kmod ]; then sed "s/^/  [af_xen] /" /proc/net/af_xen; fi ;;
+  esac
+  lab_note "$MOVE-checked"
+  lab_wait "$MOVE-stop" 600 >/dev/null
+  for s in $(streams); do touch "/tmp/$s-$MOVE.stop"; done
+  # each program prints its own @@RESULT; wait for them (bounded by --stall)
+  for s in $(streams); do stop_stream "$s-$MOVE"; done
+  lab_note "$MOVE-done"
+}

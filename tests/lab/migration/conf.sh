@@ -1,0 +1,92 @@
+# shellcheck shell=bash
+# Host side of the migration scenarios, sourced by their scenario.conf after
+# it set MIG_STACK (kmod | userspace) and MIG_MOVES (any of: saverestore
+# away migrate). The guest scripts are this directory's (SCENARIO_INCLUDE).
+SCENARIO_INCLUDE=migration
+BOOT_TIMEOUT=${BOOT_TIMEOUT_MIG:-2400}
+GUEST_TIMEOUT=2200
+DOMU_MEM=192
+[[ $MIG_STACK == userspace ]] && DOMU_MEM=256
+# a live migration needs the shadow-paging hypervisor; the *-moves
+# scenarios include it only when it is there
+if [[ " $MIG_MOVES " == *" migrate "* ]] && [[ ${MIG_MIGRATE_IF_SHADOW:-0} == 1 ]] \
+   && [[ ${XEN_OVERRIDE:-$XEN_FLAVOUR} != shadow ]]; then
+  MIG_MOVES=${MIG_MOVES/migrate/}
+  MIG_MOVES=$(echo $MIG_MOVES)
+fi
+
+mig_streams() { if [[ $MIG_STACK == kmod ]]; then echo "kx kt tcp"; else echo "ut tcp"; fi; }
+mig_prefix() { case $1 in kt|ut) echo tokio ;; *) echo c ;; esac; }
+EXPECT=(dom0:agent-running dom0:agent-tables dom0:agent-link-dirs
+        domu1:advertise domu2:advertise dom0:exit domu1:exit domu2:exit)
+[[ $MIG_STACK == kmod ]] && EXPECT+=(domu1:kmod-insmod domu2:kmod-insmod domu1:kmod-dmesg-clean domu2:kmod-dmesg-clean)
+for _m in $MIG_MOVES; do
+  case $_m in
+    saverestore) EXPECT+=(dom0:xl-save dom0:xl-restore) ;;
+    migrate) EXPECT+=(dom0:xl-migrate) ;;
+    away) EXPECT+=(dom0:agent-away dom0:away-tables dom0:away-link-dirs-gone dom0:away-moved-noted
+                   dom0:agent-back dom0:back-tables dom0:back-link-dirs) ;;
+  esac
+  [[ $_m != away ]] && EXPECT+=(dom0:$_m-new-domid dom0:$_m-tables-again dom0:$_m-link-dirs-again)
+  for _s in $(mig_streams); do
+    for _g in domu1 domu2; do
+      EXPECT+=("$_g:$(mig_prefix "$_s")-$_s-$_m-connect" "$_g:$(mig_prefix "$_s")-$_s-$_m" "$_g:$_s-$_m-flows-before")
+      if [[ $_m == away ]]; then
+        EXPECT+=("$_g:$_s-away-flows-while-away" "$_g:$_s-away-flows-after-back")
+        [[ $_s != tcp ]] && EXPECT+=("$_g:$_s-away-carrier-tcp" "$_g:$_s-away-carrier-ring" "$_g:$_s-away-switches")
+      else
+        EXPECT+=("$_g:$_s-$_m-flows-after")
+      fi
+    done
+  done
+done
+DESCRIPTION="issue #7 in the lab ($MIG_STACK): checksummed bidirectional streams domu2 <-> domu1 ($(mig_streams)) through: $MIG_MOVES"
+
+# Host side: af_xen.ko (kmod), the static C stream program, static
+# (crt-static glibc) builds of lab_stream (tokio-xensock), xensock-agent
+# and xensock-discover; and the parameters the guests read.
+# CARGO_TARGET_DIR (if set) holds the static build under lab-static/.
+scenario_build() {
+  local out=$1 t=x86_64-unknown-linux-gnu
+  local tdir=${CARGO_TARGET_DIR:-$REPO_DIR/target}/lab-static
+  mkdir -p "$out/bin"
+  printf 'MIG_STACK=%s\nMIG_MOVES="%s"\n' "$MIG_STACK" "$MIG_MOVES" > "$out/migration.params"
+  # AFX_TREE=DIR (holding af-xen-kmod/ and proto/, e.g. from `git archive
+  # <branch> af-xen-kmod proto | tar -x -C DIR`) tests that module instead;
+  # RUST_TREE=DIR (a whole workspace, e.g. `git archive <branch> | tar -x
+  # -C DIR`) builds the Rust binaries from it (lab_stream.rs is copied in)
+  local src=$REPO_DIR rsrc=${RUST_TREE:-$REPO_DIR}
+  if [[ $MIG_STACK == kmod ]]; then
+    # a build directory per work tree: several branches build the module
+    local afx
+    afx="$CACHE/af-xen-kmod-build-$(basename "$REPO_DIR")"
+    if [[ -n ${AFX_TREE:-} ]]; then
+      src=$AFX_TREE; afx=$afx-alt
+      local kdir kflags
+      kdir=$("$REPO_DIR/lab/kbuild-env" sh -c 'echo "$KDIR"')
+      kflags=$("$REPO_DIR/lab/kbuild-env" sh -c 'echo "$KMAKEFLAGS"')
+      make -C "$src/af-xen-kmod" AFX_OUT="$afx" KDIR="$kdir" KMAKEFLAGS="$kflags"
+    else
+      make -C "$src/af-xen-kmod" AFX_OUT="$afx"
+    fi
+    cp "$afx/af-xen-kmod/af_xen.ko" "$out/af_xen.ko"
+  fi
+  gcc -O2 -Wall -static -I "$src/af-xen-kmod/include" -o "$out/bin/xsstream" "$REPO_DIR/tests/lab/c/xsstream.c"
+  # the agent and xensock-discover always from this tree (away/back,
+  # advertise --keep); lab_stream from RUST_TREE if given
+  local rtdir=$tdir
+  if [[ $rsrc != "$REPO_DIR" ]]; then
+    cp "$REPO_DIR/tokio-xensock/examples/lab_stream.rs" "$rsrc/tokio-xensock/examples/"
+    rtdir=$tdir-alt
+  fi
+  ( cd "$REPO_DIR" &&
+    RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$tdir \
+      cargo build --release --target $t -p xensock-discovery --bins ) || return 1
+  ( cd "$rsrc" &&
+    RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$rtdir \
+      cargo build --release --target $t -p tokio-xensock --example lab_stream ) || return 1
+  for b in xensock-discover xensock-agent; do cp "$tdir/$t/release/$b" "$out/bin/"; done
+  cp "$rtdir/$t/release/examples/lab_stream" "$out/bin/"
+  strip "$out"/bin/*
+  file "$out"/bin/*
+}

@@ -1,0 +1,93 @@
+# Migration scenarios, dom0: runs xensock-agent (the domUs' tables and link
+# directories) and moves domu1 under the streams, one move per phase:
+#   saverestore  xl save + xl restore (the operator first notes the domain as
+#                moved, /tool/xensock/moved/<uuid>, so its peers hear "left",
+#                not "destroyed")
+#   away         xensock-agent away/back: domu1 stays, discovery says it left
+#   migrate      xl migrate to localhost (needs lab/run --xen shadow)
+# The domUs and dom0 take turns through data/lab/<key> nodes in each domU's
+# home (see common.sh); dom0 writes into domu1's *current* home.
+. /opt/xensock/migration.params
+D1=$(xl domid domu1); D2=$(xl domid domu2)
+UUID=$(xenstore-read "/local/domain/$D1/vm" | sed 's|.*/||')
+log "stack $MIG_STACK, moves: $MIG_MOVES; domu1 dom$D1 ($UUID), domu2 dom$D2"
+since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}'; }
+note() { xenstore-write "/local/domain/$1/data/lab/$2" "${3:-1}"; }
+seen() { xenstore-read "/local/domain/$1/data/lab/$2" >/dev/null 2>&1; }
+both_seen() { seen "$D1" "$1" && seen "$D2" "$1"; }
+await() { wait_until "$2" both_seen "$1" || log "not both domUs reported $1 within $2 s (d1 $(seen "$D1" "$1" && echo y), d2 $(seen "$D2" "$1" && echo y))"; }
+lists() { xenstore-ls "/local/domain/$1/xensock/peers" 2>/dev/null | grep -q "^$2 "; }
+linked() { xenstore-read "/local/domain/$1/data/xensock/link/$2" >/dev/null 2>&1; }
+pair_linked() { linked "$1" "$2" && linked "$2" "$1"; }
+pair_unlinked() { ! linked "$1" "$2" && ! linked "$2" "$1"; }
+
+# our XenStore client (agent, away/back) talks to xenstored's socket
+XENSTORED_PATH=/run/xenstored/socket
+[ -S $XENSTORED_PATH ] || XENSTORED_PATH=/var/run/xenstored/socket
+export XENSTORED_PATH
+xensock-agent --host-name lab-a > /tmp/agent.log 2>&1 &
+AGENT=$!
+sleep 1
+check agent-running kill -0 $AGENT
+check agent-tables wait_until 300 sh -c "xenstore-ls /local/domain/$D1/xensock/peers | grep -q '^$D2 ' && xenstore-ls /local/domain/$D2/xensock/peers | grep -q '^$D1 '"
+check agent-link-dirs wait_until 60 pair_linked "$D1" "$D2"
+xenstore-ls -p "/local/domain/$D1/data/xensock" | sed 's/^/  [d1] /'
+
+for MOVE in $MIG_MOVES; do
+  echo "@@PHASE $MOVE-start up=$(uptime_s)"
+  wait_until 300 seen "$D1" "$MOVE-listening" || log "domu1 never listened for $MOVE"
+  note "$D2" "$MOVE-go" "$D1"
+  await "$MOVE-flowing" 600
+  sleep 3
+  case $MOVE in
+    saverestore)
+      xenstore-write "/tool/xensock/moved/$UUID" lab-a
+      t0=$(uptime_s)
+      check xl-save timeout 300 xl save domu1 /tmp/domu1.save
+      metric saverestore.save_s "$(since "$t0")" s
+      t1=$(uptime_s)
+      check xl-restore timeout 300 xl restore /tmp/domu1.save
+      metric saverestore.restore_s "$(since "$t1")" s
+      metric saverestore.total_s "$(since "$t0")" s
+      rm -f /tmp/domu1.save
+      xenstore-rm "/tool/xensock/moved/$UUID" ;;
+    migrate)
+      if [ "$(cat /lab/xen-flavour 2>/dev/null)" != shadow ]; then
+        result xl-migrate FAIL "Debian's Xen has no shadow paging for log-dirty: lab/run --xen shadow <scenario>"
+      else
+        t0=$(uptime_s)
+        check xl-migrate timeout 600 xl migrate -s "" domu1 "xl migrate-receive"
+        metric migrate.migrate_s "$(since "$t0")" s
+      fi ;;
+    away)
+      t0=$(uptime_s)
+      check agent-away xensock-agent away "$D1" host-b
+      check away-tables wait_until 30 sh -c "! xenstore-ls /local/domain/$D2/xensock/peers | grep -q '^$D1 ' && ! xenstore-ls /local/domain/$D1/xensock/peers | grep -q '^$D2 '"
+      check away-link-dirs-gone wait_until 30 pair_unlinked "$D1" "$D2"
+      check away-moved-noted sh -c "test \"\$(xenstore-read /local/domain/$D2/xensock/moved/$UUID)\" = host-b"
+      note "$D1" away-marked; note "$D2" away-marked
+      await away-checked 900
+      metric away.away_s "$(since "$t0")" s
+      t0=$(uptime_s)
+      check agent-back xensock-agent back "$D1"
+      check back-tables wait_until 30 sh -c "xenstore-ls /local/domain/$D2/xensock/peers | grep -q '^$D1 ' && xenstore-ls /local/domain/$D1/xensock/peers | grep -q '^$D2 '"
+      check back-link-dirs wait_until 30 pair_linked "$D1" "$D2"
+      note "$D1" away-back; note "$D2" away-back ;;
+  esac
+  NEW=$(xl domid domu1 2>/dev/null || echo none)
+  if [ "$MOVE" != away ]; then
+    log "$MOVE: domu1 dom$D1 -> dom$NEW"
+    check "$MOVE-new-domid" test "$NEW" != none -a "$NEW" != "$D1"
+    [ "$NEW" != none ] && D1=$NEW
+    check "$MOVE-tables-again" wait_until 120 sh -c "xenstore-ls /local/domain/$D2/xensock/peers | grep -q '^$D1 '"
+    check "$MOVE-link-dirs-again" wait_until 60 pair_linked "$D1" "$D2"
+    note "$D1" "$MOVE-moved" "$D1"; note "$D2" "$MOVE-moved" "$D1"
+  fi
+  await "$MOVE-checked" 900
+  note "$D1" "$MOVE-stop"; note "$D2" "$MOVE-stop"
+  await "$MOVE-done" 600
+  echo "@@PHASE $MOVE-done up=$(uptime_s)"
+done
+xl list
+tail -n 30 /tmp/agent.log
+kill $AGENT

@@ -1,0 +1,151 @@
+# Stream helpers shared by the migration scenarios and twohost (sourced).
+# MIG_STACK (kmod | userspace) says where a connection's carrier is shown.
+# Stream processes: /tmp/NAME.pid, .status (rewritten each second by the
+# program: "sent S got G gap X t T [conn ...]"), .stop (ends it).
+RATE=${RATE:-512}         # KiB/s each way, per stream
+STALL=${STALL:-240}       # s without a byte: the stream fails (a move pauses it)
+MAXS=${MAXS:-1300}        # s: a stream gives up
+FLOW_KIB=${FLOW_KIB:-256} # KiB a stream must receive after a move to count as flowing
+FLOW_WAIT=${FLOW_WAIT:-90}       # s to wait for that
+CARRIER_WAIT=${CARRIER_WAIT:-60} # s for a carrier switch to show
+
+# start_stream server|client KIND NAME PORT [PEER]: in the background.
+# KIND: kx (C xsstream over AF_XEN), kt|ut (tokio lab_stream), tcp (C
+# xsstream over TCP; PEER is an address). PEER: the server's domid.
+start_stream() {
+  rm -f "/tmp/$3.stop" "/tmp/$3.status"
+  _opt="--rate $RATE --stall $STALL --max $MAXS"
+  # shellcheck disable=SC2086
+  case $1-$2 in
+    server-kx) xsstream server xen "$4" "$3" $_opt & ;;
+    server-tcp) xsstream server tcp "$4" "$3" $_opt & ;;
+    server-kt|server-ut) lab_stream server "$4" "$3" $_opt & ;;
+    client-kx) xsstream client xen "$5" "$4" "$3" $_opt & ;;
+    client-tcp) xsstream client tcp "$5" "$4" "$3" $_opt & ;;
+    client-kt|client-ut) lab_stream client "$5" "$4" "$3" $_opt & ;;
+  esac
+  echo $! > "/tmp/$3.pid"
+}
+stream_alive() { kill -0 "$(cat "/tmp/$1.pid" 2>/dev/null)" 2>/dev/null; }
+# stop_stream NAME: end it (end marker, shutdown) and wait for its verdict;
+# one that has not ended STALL + 60 s later is killed (and says so)
+stop_stream() {
+  touch "/tmp/$1.stop"
+  _pid=$(cat "/tmp/$1.pid")
+  ( sleep $((STALL + 60)); kill -0 "$_pid" 2>/dev/null && kill -9 "$_pid" &&
+    log "$1: still running $((STALL + 60)) s after its stop: killed (no verdict of its own)" ) &
+  _dog=$!
+  wait "$_pid" 2>/dev/null
+  kill "$_dog" 2>/dev/null
+}
+
+# got NAME: bytes received so far
+got() { awk '{print $4; exit}' "/tmp/$1.status" 2>/dev/null || echo 0; }
+
+# flowing NAME CHECK: the stream receives FLOW_KIB more within FLOW_WAIT s
+flowing() {
+  _g0=$(got "$1"); _want=$((_g0 + FLOW_KIB * 1024)); _t=0
+  while [ "$(got "$1")" -lt "$_want" ]; do
+    if ! stream_alive "$1"; then
+      result "$2" FAIL "the stream ended (its own result says why) at $(got "$1") bytes received"; return 1
+    fi
+    _t=$((_t + 1))
+    if [ $_t -gt "$FLOW_WAIT" ] && [ ! -e "/tmp/$1.status" ]; then
+      result "$2" FAIL "not connected after ${FLOW_WAIT}s (still in connect/accept; see $1-connect)"; return 1
+    fi
+    if [ $_t -gt "$FLOW_WAIT" ]; then
+      result "$2" FAIL "stalled: received $(got "$1") bytes, $((_want - $(got "$1"))) short of +${FLOW_KIB} KiB after ${FLOW_WAIT}s"; return 1
+    fi
+    sleep 1
+  done
+  result "$2" PASS "received $_g0 -> $(got "$1") bytes"
+}
+
+# ---- the carrier of a connection ----------------------------------------------
+# kmod: /proc/net/af_xen, the ESTABLISHED row whose local or peer port is
+# PORT, column whose header matches COL; "?nocol" / "?noconn" if absent
+afx_col() {
+  awk -v p="$1" -v col="$2" '
+    NR == 1 { for (i = 1; i <= NF; i++) if ($i ~ col) c = i; if (!c) { print "?nocol"; exit } ; next }
+    $1 == "ESTABLISHED" && ($2 ~ ":" p "$" || $3 ~ ":" p "$") { print $c; f = 1; exit }
+    END { if (c && !f) print "?noconn" }' /proc/net/af_xen 2>/dev/null
+}
+# userspace: the connection's Transport::status() line that lab_stream
+# writes into its status file ("... conn ConnStatus { ..., carrier: Ring }"
+# or "carrier: Engine { tx: \"tcp\", rx: \"tcp\", tx_to_tcp: 1, ... }")
+us_carrier() {
+  _l=$(sed -n 's/.* conn .*carrier: //p' "/tmp/$1.status" 2>/dev/null | head -n 1)
+  case $_l in
+    '') echo '?nocol' ;;
+    Ring*) echo ring ;;
+    *) _tx=$(echo "$_l" | sed -n 's/.*tx: "\([a-z]*\)".*/\1/p')
+       _rx=$(echo "$_l" | sed -n 's/.*rx: "\([a-z]*\)".*/\1/p')
+       echo "${_tx:-?}/${_rx:-?}" ;;
+  esac
+}
+us_switches() {
+  _l=$(sed -n 's/.* conn .*carrier: //p' "/tmp/$1.status" 2>/dev/null | head -n 1)
+  case $_l in
+    '') echo '?nocol' ;;
+    Ring*) echo 0 ;;
+    *) echo "$_l" | grep -o '_to_[a-z]*: [0-9]*' | awk '{n += $2} END {print n + 0}' ;;
+  esac
+}
+# carrier NAME PORT: kmod "ring-xen" | "tcp" | "draining" | ...;
+# userspace "ring" or "<tx>/<rx>" (e.g. "tcp/tcp")
+carrier() {
+  if [ "$MIG_STACK" = kmod ]; then afx_col "$2" '^carrier$'; else us_carrier "$1"; fi
+}
+# kmod: the sum of the switch counters (columns to_tcp, to_ring, or any
+# whose header says switch)
+afx_switches() {
+  awk -v p="$1" '
+    NR == 1 { for (i = 1; i <= NF; i++) if ($i ~ /^to_tcp$|^to_ring$|switch/) c[++nc] = i
+              if (!nc) { print "?nocol"; exit } ; next }
+    $1 == "ESTABLISHED" && ($2 ~ ":" p "$" || $3 ~ ":" p "$") { n = 0; for (k = 1; k <= nc; k++) n += $(c[k]); print n; f = 1; exit }
+    END { if (nc && !f) print "?noconn" }' /proc/net/af_xen 2>/dev/null
+}
+switches() { # NAME PORT
+  if [ "$MIG_STACK" = kmod ]; then afx_switches "$2"; else us_switches "$1"; fi
+}
+carrier_source() {
+  if [ "$MIG_STACK" = kmod ]; then echo "/proc/net/af_xen"; else echo "the connection's Transport::status() line"; fi
+}
+# carrier_is NAME PORT REGEX CHECK: wait until the carrier matches REGEX
+carrier_is() {
+  _t=0
+  while :; do
+    _c=$(carrier "$1" "$2")
+    if [ "$_c" = '?nocol' ]; then
+      result "$4" FAIL "no carrier column/field in $(carrier_source) (issue #7 adds it)"
+      [ "$MIG_STACK" = kmod ] && head -n 1 /proc/net/af_xen | sed "s/^/  [$4] /"
+      return 1
+    fi
+    if echo "$_c" | grep -qiE "$3"; then result "$4" PASS "carrier $_c"; return 0; fi
+    if ! stream_alive "$1"; then
+      result "$4" FAIL "the stream ended (its own result says why); carrier was '$_c'"; return 1
+    fi
+    if [ "$_c" = '?noconn' ] && [ "$MIG_STACK" = kmod ]; then
+      result "$4" FAIL "no ESTABLISHED socket on port $2 in /proc/net/af_xen (reset?)"
+      sed "s/^/  [$4] /" /proc/net/af_xen; return 1
+    fi
+    _t=$((_t + 1))
+    if [ $_t -gt "$CARRIER_WAIT" ]; then
+      result "$4" FAIL "carrier '$_c' after ${CARRIER_WAIT}s, wanted /$3/"
+      if [ "$MIG_STACK" = kmod ]; then sed "s/^/  [$4] /" /proc/net/af_xen
+      else sed "s/^/  [$4] /" "/tmp/$1.status"; fi
+      return 1
+    fi
+    sleep 1
+  done
+}
+# switches_at_least NAME PORT N CHECK
+switches_at_least() {
+  _s=$(switches "$1" "$2")
+  case $_s in
+    '?nocol') result "$4" FAIL "no switch-count column/field in $(carrier_source) (issue #7 adds it)"; return 1 ;;
+    '?noconn') result "$4" FAIL "connection of $1 not in $(carrier_source)"; return 1 ;;
+  esac
+  if [ "$_s" -ge "$3" ] 2>/dev/null; then result "$4" PASS "$_s switches"
+  else result "$4" FAIL "'$_s' switches, wanted >= $3"; fi
+}
