@@ -299,7 +299,16 @@ impl Link {
         chan.notify();
         i.peer = Some(PeerHalf { tx, chan, gref, port, _map: map });
         self.up.store(true, Ordering::Release);
-        let _ = xs::write_state(&self.my_dir, STATE_CONNECTED);
+        // Only into our own advertisement: when the pair's directories are
+        // made again, the peer's half can be back before dom0 made ours, and
+        // a write would create our directory's `state` with the link root's
+        // owner-only permissions, which the peer then cannot read (run
+        // kmod-migrate-20261122-100732: the peer never attached again).
+        // `readvertise` writes the state with the rest.
+        let ours = i.mine.as_ref().map(|m| xs::read_u32(&self.my_dir, c"ring-ref") == Some(m._grant.gref)).unwrap_or(false);
+        if ours {
+            let _ = xs::write_state(&self.my_dir, STATE_CONNECTED);
+        }
         pr_info!("link to dom{} up (peer ring-ref {} event-channel {})\n", self.peer, gref, port);
         // connections that moved to TCP offer rings again (carrier.rs)
         crate::carrier::link_up();

@@ -32,6 +32,9 @@ if wait_domu domu2 'm-phase ring-ok|^@@EXIT' 600 && ! wait_domu domu2 '^@@EXIT' 
   if wait_domu domu2 'm-phase tcp-ok|^@@EXIT' 300 && ! wait_domu domu2 '^@@EXIT' 0; then
     check xs-pair-again pair_again
     check xs-link-connected-again wait_until 60 linked
+    xenstore-ls -p "/local/domain/$D1/data/xensock" "/local/domain/$D2/data/xensock" 2>&1 | head -n 20
+    xenstore-ls -p "/local/domain/$D1/data/xensock" 2>&1 | head -n 12
+    xenstore-ls -p "/local/domain/$D2/data/xensock" 2>&1 | head -n 12
   else
     log "domu2 never reported streaming on TCP"
   fi
