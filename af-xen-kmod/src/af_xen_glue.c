@@ -8,6 +8,7 @@
 #include <linux/moduleparam.h>
 #include <linux/net.h>
 #include <linux/sched/signal.h>
+#include <linux/sched/clock.h>
 #include <net/sock.h>
 #include <linux/vmalloc.h>
 #include <xen/xen.h>
@@ -168,6 +169,30 @@ int afx_wait(struct sock *sk, long *timeo, int (*cond)(void *), void *arg)
 	return err;
 }
 
+/*
+ * Busy-poll before sleeping (SO_BUSY_POLL / net.core.busy_read, as for
+ * TCP's blocking receive): spin until cond(arg) for at most sk_ll_usec
+ * microseconds; never when 0 (the default), and never past a pending
+ * reschedule or signal (PREEMPT_NONE kernels too). 1 if cond came true.
+ */
+int afx_busy_wait(struct sock *sk, int (*cond)(void *), void *arg)
+{
+	unsigned int us = READ_ONCE(sk->sk_ll_usec);
+	u64 end;
+
+	if (!us)
+		return 0;
+	end = local_clock() + (u64)us * NSEC_PER_USEC;
+	do {
+		if (cond(arg))
+			return 1;
+		if (need_resched() || signal_pending(current))
+			return 0;
+		cpu_relax();
+	} while (local_clock() < end);
+	return cond(arg) ? 1 : 0;
+}
+
 void afx_wake(struct sock *sk, unsigned int mask)
 {
 	struct socket_wq *wq;
@@ -280,7 +305,14 @@ void afx_schedule_reap(unsigned int ms)
 		mod_delayed_work(system_wq, &afx_reap, delay);
 }
 void afx_cancel_reap(void) { cancel_delayed_work_sync(&afx_reap); }
-static irqreturn_t afx_irq(int irq, void *dev) { schedule_work(&afx_work); return IRQ_HANDLED; }
+
+/*
+ * The event-channel interrupt: Rust (wake.rs) wakes the sockets whose rings
+ * moved straight from here and schedules the work item only when there is
+ * control work. dev is the link's wake table (LinkWake), alive while bound.
+ */
+void afx_rs_irq(void *wake);	/* Rust (wake.rs) */
+static irqreturn_t afx_irq(int irq, void *dev) { afx_rs_irq(dev); return IRQ_HANDLED; }
 
 int afx_evtchn_alloc_unbound(unsigned int remote, unsigned int *port)
 {
@@ -310,8 +342,12 @@ void afx_evtchn_close(unsigned int port)
 }
 
 /* irq >= 0 or -errno; unbind_from_irqhandler also closes the port */
-int afx_bind_irq(unsigned int port) { return bind_evtchn_to_irqhandler(port, afx_irq, 0, "af_xen", &afx_work); }
-void afx_unbind_irq(int irq) { unbind_from_irqhandler(irq, &afx_work); }
+int afx_bind_irq(unsigned int port, void *wake) { return bind_evtchn_to_irqhandler(port, afx_irq, 0, "af_xen", wake); }
+void afx_unbind_irq(int irq, void *wake) { unbind_from_irqhandler(irq, wake); }
+/* an irq-safe spinlock for Rust (kernel::sync has none in 6.12): see sys.rs IrqSaveBackend */
+unsigned long afx_spin_lock_irqsave(spinlock_t *l) { unsigned long f; spin_lock_irqsave(l, f); return f; }
+void afx_spin_unlock_irqrestore(spinlock_t *l, unsigned long f) { spin_unlock_irqrestore(l, f); }
+void afx_sock_hold(struct sock *sk) { sock_hold(sk); }
 void afx_notify(unsigned int port) { notify_remote_via_evtchn(port); }
 
 /* one zeroed page granted read-write to domid */

@@ -45,3 +45,9 @@ void afx_unmap_pages(void *cookie);
 int afx_hostile_test(void);
 int afx_sk_err_pending(struct sock *sk);
 int afx_linger_abort(struct sock *sk);
+/* data path (kperf): irq-safe lock for Rust, sock references, busy-poll */
+typedef struct spinlock spinlock_t;
+unsigned long afx_spin_lock_irqsave(spinlock_t *l);
+void afx_spin_unlock_irqrestore(spinlock_t *l, unsigned long f);
+void afx_sock_hold(struct sock *sk);
+int afx_busy_wait(struct sock *sk, int (*cond)(void *), void *arg);

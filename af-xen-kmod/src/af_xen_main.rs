@@ -32,6 +32,7 @@ mod sock;
 mod sys;
 mod sys_net;
 mod tcp;
+mod wake;
 
 use kernel::prelude::*;
 

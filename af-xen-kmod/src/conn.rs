@@ -9,7 +9,8 @@ use crate::mem::RawRing;
 use crate::ring::{Consumer, PeerEnd, Producer, ReaderEnd, RingError};
 use crate::sock::XenSock;
 use crate::link::Link;
-use crate::sys::{Grant, GrantedPages, MappedPages, Mapping, Region};
+use crate::sys::{Grant, GrantedPages, MappedPages, Mapping, Msg, Region, Sk};
+use crate::wake::PipeWake;
 use kernel::prelude::*;
 use kernel::sync::{Arc, Mutex, SpinLock};
 use kernel::{new_mutex, new_spinlock};
@@ -19,7 +20,7 @@ pub(crate) struct Ends {
     pub(crate) writer: Option<Arc<XenSock>>,
 }
 
-#[pin_data]
+#[pin_data(PinnedDrop)]
 pub(crate) struct Pipe {
     #[pin]
     pub(crate) tx: Mutex<Producer<RawRing>>,
@@ -28,10 +29,57 @@ pub(crate) struct Pipe {
     #[pin]
     ends: SpinLock<Ends>,
     pub(crate) order: u32,
+    /// The ring itself, for copies straight between it and user memory
+    /// (`write_msg`, `read_msg`); offsets come from `tx`/`rx`'s counters.
+    ring: RawRing,
     /// Inter-domain: the link whose event channel carries this ring's kicks.
     pub(crate) link: Option<Arc<Link>>,
+    /// Inter-domain: this ring in the link's wake table (wake.rs).
+    wake: Option<Arc<PipeWake>>,
     /// Must outlive `tx` and `rx` (declared last: dropped last).
     _mem: Carrier,
+}
+
+#[pinned_drop]
+impl PinnedDrop for Pipe {
+    fn drop(self: Pin<&mut Self>) {
+        // out of the interrupt's sight before the ring's memory goes
+        if let (Some(l), Some(w)) = (&self.link, &self.wake) {
+            l.wake.remove(w);
+        }
+    }
+}
+
+/// Bytes moved per step of sendmsg/recvmsg: each step publishes its bytes
+/// (one store of the counter, one kick decision). One 64 KiB write is one
+/// step; with rings of 128 KiB and more the peer copies out the previous
+/// step while we copy in the next, and under TCG the per-step cost (lock,
+/// fence, counter loads) is not negligible against the copy.
+const STEP: usize = 64 * 1024;
+
+/// What one `Pipe::write_msg` step did.
+pub(crate) enum Wrote {
+    /// this many bytes are in the ring, published
+    Bytes(usize),
+    /// the ring is full
+    Full,
+    /// the reader closed (EPIPE) or reset the connection
+    Closed,
+    Reset,
+    /// the user's buffer faulted before any byte was copied
+    Fault,
+}
+
+/// What one `Pipe::read_msg` step did.
+pub(crate) enum Read {
+    /// this many bytes went to the user (consumed unless peeking); `short`
+    /// if the user's buffer faulted part way
+    Bytes(usize, bool),
+    /// nothing readable; the producer's end state (read before the counter:
+    /// FIN then empty is a true end of stream)
+    Empty(PeerEnd),
+    /// the producer reset the connection (unread data is dropped)
+    Reset,
 }
 
 /// Where a ring's memory lives.
@@ -85,22 +133,30 @@ impl Pipe {
             conn_id,
             epoch: 0,
         });
-        Self::over(ring, g.order(), None, Carrier::Local(region))
+        Self::over(ring, g.order(), None, Carrier::Local(region), None)
     }
 
-    /// The pipe of a ring in `mem` (which must outlive it: the pipe owns it).
-    fn over(ring: RawRing, order: u32, link: Option<Arc<Link>>, mem: Carrier) -> Result<Arc<Pipe>> {
-        Arc::pin_init(
+    /// The pipe of a ring in `mem` (which must outlive it: the pipe owns it);
+    /// inter-domain, `wake` puts the ring in the link's wake table.
+    fn over(ring: RawRing, order: u32, link: Option<Arc<Link>>, mem: Carrier, wake: Option<Arc<PipeWake>>) -> Result<Arc<Pipe>> {
+        let in_pipe = wake.clone();
+        let p = Arc::pin_init(
             pin_init!(Pipe {
                 tx <- new_mutex!(Producer::new(ring), "af_xen_tx"),
                 rx <- new_mutex!(Consumer::new(ring), "af_xen_rx"),
                 ends <- new_spinlock!(Ends { reader: None, writer: None }, "af_xen_ends"),
                 order,
+                ring,
                 link,
+                wake: in_pipe,
                 _mem: mem,
             }),
             GFP_KERNEL,
-        )
+        )?;
+        if let (Some(l), Some(w)) = (&p.link, &wake) {
+            l.wake.add(w)?;
+        }
+        Ok(p)
     }
 
     /// Our receive ring for a connection with the link's peer, of at least
@@ -146,7 +202,8 @@ impl Pipe {
             (ring, rg, Carrier::GrantedLarge(header, dir, data))
         };
         ring.header().init(&id);
-        Ok((Self::over(ring, g.order(), Some(link.clone()), mem)?, rg))
+        let wake = PipeWake::new(ring, true)?;
+        Ok((Self::over(ring, g.order(), Some(link.clone()), mem, Some(wake))?, rg))
     }
 
     /// The peer's receive ring (named in its ConnectRequest/Accept), mapped
@@ -190,7 +247,8 @@ impl Pipe {
                 epoch: 0,
             })
             .map_err(|_| EINVAL)?;
-        Self::over(ring, g.order(), Some(link.clone()), mem)
+        let wake = PipeWake::new(ring, false)?;
+        Self::over(ring, g.order(), Some(link.clone()), mem, Some(wake))
     }
 
     /// Test mode (hostile_test): a bogus grant reference in the first
@@ -203,6 +261,102 @@ impl Pipe {
 
     pub(crate) fn is_remote(&self) -> bool {
         self.link.is_some()
+    }
+
+    /// Inter-domain: `sk` is the socket the event-channel interrupt wakes
+    /// when the peer moves this ring (set from the socket's own calls).
+    pub(crate) fn set_owner(&self, sk: &Sk) {
+        if let Some(w) = &self.wake {
+            w.set_owner(sk);
+        }
+    }
+
+    /// One step of sendmsg: copies up to `max` bytes (at most `STEP`) of
+    /// `msg` straight into the ring, publishes them and kicks the peer if
+    /// it asked. The reader's flags are checked first, once per step.
+    pub(crate) fn write_msg(&self, msg: &mut Msg, max: usize) -> core::result::Result<Wrote, RingError> {
+        let (got, kick) = {
+            let mut p = self.tx.lock();
+            let end = p.reader_end()?;
+            if end.reset {
+                return Ok(Wrote::Reset);
+            }
+            if end.closed {
+                return Ok(Wrote::Closed);
+            }
+            let want = max.min(STEP);
+            // reloads (and validates) the peer's `cons` every step: a
+            // corrupted index is caught by the next send, not by the next
+            // ring-full
+            let free = p.free_space()?;
+            if free == 0 {
+                return Ok(Wrote::Full);
+            }
+            let n = want.min(free as usize) as u32;
+            let cap = p.capacity();
+            let start = p.position() & (cap - 1);
+            let first = n.min(cap - start);
+            let mut got = msg.copy_into_ring(&self.ring, start, first as usize);
+            if got == first as usize && first < n {
+                got += msg.copy_into_ring(&self.ring, 0, (n - first) as usize);
+            }
+            if got == 0 {
+                return Ok(Wrote::Fault);
+            }
+            // got <= n <= known free space: commit cannot refuse
+            p.commit(got as u32);
+            let kick = p.flush();
+            drop(p);
+            (got, kick)
+        };
+        match &self.link {
+            None => self.wake_reader(crate::sys::poll::POLLIN | crate::sys::poll::POLLRDNORM),
+            Some(l) if kick => {
+                crate::sys::counters::add(&crate::sys::counters::DATA_KICKS, 1);
+                l.kick();
+            }
+            Some(_) => {}
+        }
+        Ok(Wrote::Bytes(got))
+    }
+
+    /// One step of recvmsg: copies up to `max` readable bytes (at most
+    /// `STEP`) straight from the ring to `msg`; unless `peek`, consumes
+    /// what reached the user and kicks the peer if it waits for space.
+    pub(crate) fn read_msg(&self, msg: &mut Msg, max: usize, peek: bool) -> core::result::Result<Read, RingError> {
+        let (out, short, kick) = {
+            let mut c = self.rx.lock();
+            let end = c.peer_end()?;
+            if end.reset {
+                return Ok(Read::Reset);
+            }
+            let avail = c.readable()?;
+            if avail == 0 {
+                return Ok(Read::Empty(end));
+            }
+            let n = (avail as usize).min(max).min(if peek { usize::MAX } else { STEP }) as u32;
+            let cap = c.capacity();
+            let start = c.position() & (cap - 1);
+            let first = n.min(cap - start);
+            let mut out = msg.copy_from_ring(&self.ring, start, first as usize);
+            if out == first as usize && first < n {
+                out += msg.copy_from_ring(&self.ring, 0, (n - first) as usize);
+            }
+            if peek {
+                return Ok(Read::Bytes(out, out < n as usize));
+            }
+            c.skip(out as u32)?;
+            (out, out < n as usize, c.flush())
+        };
+        match &self.link {
+            None if out > 0 => self.wake_writer(crate::sys::poll::POLLOUT | crate::sys::poll::POLLWRNORM),
+            Some(l) if kick => {
+                crate::sys::counters::add(&crate::sys::counters::DATA_KICKS, 1);
+                l.kick();
+            }
+            _ => {}
+        }
+        Ok(Read::Bytes(out, short))
     }
 
     /// After a burst of writes: wake a local reader, or kick the peer if it asked.
@@ -246,8 +400,12 @@ impl Pipe {
         drop(old);
     }
 
-    /// Forget `xs` as an end (it is closing); breaks the Arc cycle.
+    /// Forget `xs` as an end (it is closing); breaks the Arc cycle and
+    /// stops the interrupt's wakes for it.
     pub(crate) fn detach(&self, xs: &XenSock) {
+        if let Some(w) = &self.wake {
+            w.clear_owner(&xs.sk);
+        }
         let (mut r, mut w) = (None, None);
         {
             let mut e = self.ends.lock();
@@ -280,6 +438,24 @@ impl Pipe {
 
     pub(crate) fn capacity(&self) -> u32 {
         1u32 << self.order
+    }
+
+    /// Busy-poll condition of a reader: data, or a flag, or a broken ring
+    /// (which the next read reports).
+    pub(crate) fn rx_pending(&self) -> bool {
+        match self.rx_state() {
+            Ok((n, end)) => n > 0 || end.fin || end.reset || end.frozen,
+            Err(_) => true,
+        }
+    }
+
+    /// Busy-poll condition of a writer: `want` bytes free, or the reader
+    /// gone, or a broken ring.
+    pub(crate) fn tx_free_at_least(&self, want: u32) -> bool {
+        match self.tx_state() {
+            Ok((free, end)) => free >= want || end.closed || end.reset,
+            Err(_) => true,
+        }
     }
 
     /// (readable bytes, producer's end state), validated by proto.

@@ -14,6 +14,7 @@ use crate::mem::RawRing;
 use crate::ring::{Consumer, Field, Producer, RingMemory};
 use crate::sock::{self, XenSock};
 use crate::sys::{self, errno as e, xs, Evtchn, Grant, Mapping};
+use crate::wake::LinkWake;
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use kernel::fmt;
 use kernel::new_mutex;
@@ -33,8 +34,17 @@ const DRAIN_BATCH: usize = 1024;
 struct Half {
     rx: Consumer<RawRing>,
     _chan: Evtchn,
+    /// the interrupt reads `rx`'s ring too (wake.rs)
+    wake: Arc<LinkWake>,
     /// last: the ring above points into it
     _grant: Grant,
+}
+
+impl Drop for Half {
+    fn drop(&mut self) {
+        // before the grant ends: the peer's channel may still interrupt
+        self.wake.set_ctrl(None);
+    }
 }
 
 /// The peer's half, once mapped and bound.
@@ -100,6 +110,8 @@ pub(crate) struct LinkInner {
     watch: Option<xs::Watch>,
     /// our connection id -> socket (connecting or connected over this link)
     pub(crate) conns: RBTree<u32, Arc<XenSock>>,
+    /// the link's wake table (also `Link::wake`), for the backlog flag
+    wake: Arc<LinkWake>,
     /// our connection id -> receive ring lent to the peer after close
     pub(crate) lent: RBTree<u32, Lent>,
 }
@@ -113,6 +125,8 @@ pub(crate) struct Link {
     up: AtomicBool,
     /// our local port bound to the peer's advertised port (0: none)
     kick_port: AtomicU32,
+    /// what the event-channel interrupt wakes (wake.rs)
+    pub(crate) wake: Arc<LinkWake>,
     #[pin]
     pub(crate) inner: Mutex<LinkInner>,
 }
@@ -167,7 +181,9 @@ impl Link {
             conn_id: 0,
             epoch: 0,
         });
-        let chan = Evtchn::alloc_unbound(peer)?;
+        let lw = LinkWake::new()?;
+        lw.set_ctrl(Some(ring));
+        let chan = Evtchn::alloc_unbound(peer, &lw)?;
         xs::advertise(&my_dir, grant.gref, chan.port, STATE_INITIALISED)?;
         let watch = xs::Watch::add(&state_path).ok();
         pr_info!("link to dom{}: advertised ring-ref {} event-channel {}\n", peer, grant.gref, chan.port);
@@ -179,12 +195,14 @@ impl Link {
                 peer_dir,
                 up: AtomicBool::new(false),
                 kick_port: AtomicU32::new(0),
+                wake: lw.clone(),
                 inner <- new_mutex!(LinkInner {
-                    mine: Some(Half { rx: Consumer::new(ring), _chan: chan, _grant: grant }),
+                    mine: Some(Half { rx: Consumer::new(ring), _chan: chan, wake: lw.clone(), _grant: grant }),
                     peer: None,
                     backlog: KVec::new(),
                     watch,
                     conns: RBTree::new(),
+                    wake: lw,
                     lent: RBTree::new(),
                 }, "af_xen_link"),
             }),
@@ -244,10 +262,16 @@ impl Link {
 
     /// Sends queued frames, in order, as far as they fit.
     fn flush_backlog(i: &mut LinkInner) {
+        i.wake.set_backlog(!i.backlog.is_empty());
         while !i.backlog.is_empty() {
             let (len, buf) = (i.backlog[0].len, i.backlog[0].buf);
             match Self::write_frame(i, &buf[..len]) {
-                Ok(true) => drop(sys::vec_remove(&mut i.backlog, 0)),
+                Ok(true) => {
+                    drop(sys::vec_remove(&mut i.backlog, 0));
+                    if i.backlog.is_empty() {
+                        i.wake.set_backlog(false);
+                    }
+                }
                 Ok(false) => {
                     Self::want_room(i);
                     return;
@@ -261,6 +285,8 @@ impl Link {
     /// work item then flushes the backlog); if there is room already, run
     /// the work item again now.
     fn want_room(i: &mut LinkInner) {
+        // the peer's kick (it consumed) must reach the work item
+        i.wake.set_backlog(true);
         if let Some(ph) = i.peer.as_mut() {
             if let Ok(false) = ph.tx.prepare_wait(ctrl::MAX_CONTROL_FRAME as u32) {
                 sys::schedule_work();
@@ -287,11 +313,12 @@ impl Link {
         // of ours may have written into this ring before).
         let cons = ring.load(Field::Cons, Ordering::Acquire);
         let tx = Producer::resume(ring, cons);
-        let chan = Evtchn::bind_interdomain(self.peer, port)?;
+        let chan = Evtchn::bind_interdomain(self.peer, port, &self.wake)?;
         self.kick_port.store(chan.port, Ordering::Release);
         chan.notify();
         i.peer = Some(PeerHalf { tx, chan, gref, port, _map: map });
         self.up.store(true, Ordering::Release);
+        self.wake.set_up(true);
         let _ = xs::write_state(&self.my_dir, STATE_CONNECTED);
         pr_info!("link to dom{} up (peer ring-ref {} event-channel {})\n", self.peer, gref, port);
         Ok(())
@@ -301,6 +328,7 @@ impl Link {
     fn detach(&self, i: &mut LinkInner, why: &str) {
         sys::counters::add(&sys::counters::LINKS_DOWN, 1);
         self.up.store(false, Ordering::Release);
+        self.wake.set_up(false);
         self.kick_port.store(0, Ordering::Release);
         let ph = i.peer.take();
         drop(ph);
@@ -649,6 +677,7 @@ pub(crate) fn shutdown_all() {
         let (w, ph, mine) = {
             let mut i = l.inner.lock();
             l.up.store(false, Ordering::Release);
+            l.wake.set_up(false);
             l.kick_port.store(0, Ordering::Release);
             (i.watch.take(), i.peer.take(), i.mine.take())
         };

@@ -7,6 +7,7 @@ use core::ffi::c_void;
 use kernel::bindings;
 use kernel::ffi::{c_int, c_long, c_uint};
 use kernel::prelude::*;
+use kernel::sync::Arc;
 
 #[allow(
     non_camel_case_types,
@@ -71,6 +72,10 @@ extern "C" {
     fn afx_sk_err_pending(sk: *mut bindings::sock) -> c_int;
     fn afx_linger_abort(sk: *mut bindings::sock) -> c_int;
     fn afx_sockopt_int(optval: bindings::sockptr_t, optlen: c_uint, out: *mut c_int) -> c_int;
+    fn afx_spin_lock_irqsave(l: *mut bindings::spinlock_t) -> core::ffi::c_ulong;
+    fn afx_spin_unlock_irqrestore(l: *mut bindings::spinlock_t, flags: core::ffi::c_ulong);
+    fn afx_sock_hold(sk: *mut bindings::sock);
+    fn afx_busy_wait(sk: *mut bindings::sock, cond: unsafe extern "C" fn(*mut c_void) -> c_int, arg: *mut c_void) -> c_int;
 }
 
 /// Whether the lab's hostile-peer test mode (module parameter) is on.
@@ -107,6 +112,16 @@ pub(crate) mod counters {
     pub(crate) static PROTO_RESETS: AtomicI64 = AtomicI64::new(0);
     /// links brought down (peer gone, restarted or unload)
     pub(crate) static LINKS_DOWN: AtomicI64 = AtomicI64::new(0);
+    /// data path cost (docs/design.md, "The lab benchmark"): event-channel
+    /// interrupts taken, sockets woken straight from them, work item runs
+    /// they scheduled, event-channel notifications sent for data rings
+    pub(crate) static IRQS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static IRQ_WAKES: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static IRQ_WORK: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static DATA_KICKS: AtomicI64 = AtomicI64::new(0);
+    /// waits that a short spin on the ring made unnecessary / that slept
+    pub(crate) static SPIN_HITS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static SLEEPS: AtomicI64 = AtomicI64::new(0);
     /// closed connections whose receive ring stays granted until the
     /// peer's Close or Reset (link.rs, lingering)
     pub(crate) static LINGERING: AtomicI64 = AtomicI64::new(0);
@@ -138,6 +153,18 @@ unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
         get(&LINGER_EXPIRED)
     );
     Seq(m).write(l.bytes());
+    let mut d = crate::sock::Line::new();
+    let _ = write!(
+        d,
+        "irqs {}\nirq_wakes {}\nirq_work {}\ndata_kicks {}\nspin_hits {}\nsleeps {}\n",
+        get(&IRQS),
+        get(&IRQ_WAKES),
+        get(&IRQ_WORK),
+        get(&DATA_KICKS),
+        get(&SPIN_HITS),
+        get(&SLEEPS)
+    );
+    Seq(m).write(d.bytes());
     let mut t = crate::sock::Line::new();
     crate::tcp::stats(&mut t);
     Seq(m).write(t.bytes());
@@ -333,6 +360,10 @@ unsafe impl Send for Sk {}
 unsafe impl Sync for Sk {}
 
 impl Sk {
+    /// The sock's address, as an identity (never dereferenced).
+    pub(crate) fn id(&self) -> usize {
+        self.0 as usize
+    }
     pub(crate) fn privp(&self) -> *const c_void {
         // SAFETY: live sock of our proto.
         unsafe { afx_sk_priv(self.0) }
@@ -385,6 +416,17 @@ impl Sk {
         // SAFETY: live sock.
         unsafe { afx_wake(self.0, mask) }
     }
+    /// Spins until `cond()` holds, for at most the socket's busy-poll
+    /// budget (SO_BUSY_POLL, 0 by default: no spin). True if it held.
+    pub(crate) fn busy_wait<F: FnMut() -> bool>(&self, mut cond: F) -> bool {
+        unsafe extern "C" fn tramp<F: FnMut() -> bool>(arg: *mut c_void) -> c_int {
+            // SAFETY: `arg` is the `&mut F` passed below, alive for the call.
+            let f = unsafe { &mut *(arg as *mut F) };
+            f() as c_int
+        }
+        // SAFETY: live sock; `cond` outlives the call; tramp matches F.
+        unsafe { afx_busy_wait(self.0, tramp::<F>, &mut cond as *mut F as *mut c_void) != 0 }
+    }
     /// Sleeps until `cond()` holds. Returns Ok, or Err(EAGAIN) when the
     /// timeout ran out, or the signal errno.
     pub(crate) fn wait<F: FnMut() -> bool>(&self, timeo: &mut c_long, mut cond: F) -> core::result::Result<(), i32> {
@@ -404,6 +446,69 @@ impl Sk {
         }
     }
 }
+
+/// A counted reference to a `struct sock` (sock_hold/sock_put): lets the
+/// event-channel interrupt wake a socket whose pipe it finds, however the
+/// socket is torn down meanwhile. Dropped in process context only.
+pub(crate) struct SkRef(*mut bindings::sock);
+
+// SAFETY: a refcounted sock; wake is irq-safe and put happens in process
+// context (see drop).
+unsafe impl Send for SkRef {}
+// SAFETY: see above.
+unsafe impl Sync for SkRef {}
+
+impl SkRef {
+    pub(crate) fn new(sk: &Sk) -> SkRef {
+        // SAFETY: live sock (Sk's contract); the reference is ours until drop.
+        unsafe { afx_sock_hold(sk.0) };
+        SkRef(sk.0)
+    }
+    pub(crate) fn is(&self, sk: &Sk) -> bool {
+        self.0 == sk.0
+    }
+    /// Wakes the sock's waiters (poll, recvmsg, sendmsg); irq-safe.
+    pub(crate) fn wake(&self, mask: u32) {
+        // SAFETY: we hold a reference; afx_wake tolerates an orphaned sock
+        // (no wait queue).
+        unsafe { afx_wake(self.0, mask) }
+    }
+}
+
+impl Drop for SkRef {
+    fn drop(&mut self) {
+        // SAFETY: the reference taken in new().
+        unsafe { afx_sk_put(self.0) }
+    }
+}
+
+/// spin_lock_irqsave for kernel::sync::lock::Lock: the 6.12 kernel crate
+/// has no irq-safe spinlock, and the event-channel interrupt shares the
+/// link's wake table with process context.
+pub(crate) struct IrqSaveBackend;
+
+// SAFETY: spin_lock_irqsave/spin_unlock_irqrestore give mutual exclusion
+// against other CPUs and against interrupts on this one; the flags travel
+// in the guard state.
+unsafe impl kernel::sync::lock::Backend for IrqSaveBackend {
+    type State = bindings::spinlock_t;
+    type GuardState = core::ffi::c_ulong;
+    unsafe fn init(ptr: *mut Self::State, name: *const kernel::ffi::c_char, key: *mut bindings::lock_class_key) {
+        // SAFETY: the caller passes valid storage and static name/key.
+        unsafe { bindings::__spin_lock_init(ptr, name, key) }
+    }
+    unsafe fn lock(ptr: *mut Self::State) -> Self::GuardState {
+        // SAFETY: initialised by init (Lock's contract).
+        unsafe { afx_spin_lock_irqsave(ptr) }
+    }
+    unsafe fn unlock(ptr: *mut Self::State, flags: &Self::GuardState) {
+        // SAFETY: held by the caller, flags from lock().
+        unsafe { afx_spin_unlock_irqrestore(ptr, *flags) }
+    }
+}
+
+/// A spinlock also taken in hard irq context.
+pub(crate) type IrqSpinLock<T> = kernel::sync::lock::Lock<T, IrqSaveBackend>;
 
 /// The `default_ring_kib` module parameter, in bytes.
 pub(crate) fn default_ring_bytes() -> usize {
@@ -462,6 +567,37 @@ impl Msg {
     pub(crate) fn copy_to(&mut self, buf: &[u8]) -> usize {
         // SAFETY: live msghdr; buf is valid for buf.len() bytes.
         unsafe { bindings::_copy_to_iter(buf.as_ptr().cast(), buf.len(), &mut (*self.0).msg_iter) }
+    }
+    /// Copies `len` bytes from the user's iovecs straight into `ring`'s data
+    /// area at `offset` (no bounce buffer); returns the bytes copied (short
+    /// on a fault, 0 if the range is not inside the data area).
+    pub(crate) fn copy_into_ring(&mut self, ring: &crate::mem::RawRing, offset: u32, len: usize) -> usize {
+        let size = ring.geometry().data_size();
+        let offset = offset as usize;
+        if offset > size || len > size - offset {
+            return 0;
+        }
+        // SAFETY: live msghdr; offset + len is inside the ring's data area,
+        // which stays mapped while `ring`'s pipe lives (the caller holds
+        // it). The peer may write the same bytes concurrently: payload is
+        // opaque (docs/design.md, "Payload copies are raw").
+        unsafe {
+            bindings::_copy_from_iter(ring.data_ptr().as_ptr().add(offset).cast(), len, &mut (*self.0).msg_iter)
+        }
+    }
+    /// Copies `len` bytes of `ring`'s data area at `offset` straight out to
+    /// the user's iovecs; returns the bytes copied (short on a fault).
+    pub(crate) fn copy_from_ring(&mut self, ring: &crate::mem::RawRing, offset: u32, len: usize) -> usize {
+        let size = ring.geometry().data_size();
+        let offset = offset as usize;
+        if offset > size || len > size - offset {
+            return 0;
+        }
+        // SAFETY: as in copy_into_ring; the source is read once, the
+        // destination is user memory behind the iov_iter.
+        unsafe {
+            bindings::_copy_to_iter(ring.data_ptr().as_ptr().add(offset).cast(), len, &mut (*self.0).msg_iter)
+        }
     }
     /// recvmsg(): report the peer address, if the caller asked for it.
     pub(crate) fn set_name(&mut self, addr: &[u8]) {
@@ -699,8 +835,8 @@ extern "C" {
     fn afx_evtchn_alloc_unbound(remote: c_uint, port: *mut c_uint) -> c_int;
     fn afx_evtchn_bind_interdomain(remote: c_uint, rport: c_uint, lport: *mut c_uint) -> c_int;
     fn afx_evtchn_close(port: c_uint);
-    fn afx_bind_irq(port: c_uint) -> c_int;
-    fn afx_unbind_irq(irq: c_int);
+    fn afx_bind_irq(port: c_uint, wake: *const c_void) -> c_int;
+    fn afx_unbind_irq(irq: c_int, wake: *const c_void);
     fn afx_notify(port: c_uint);
     fn afx_grant_page(domid: c_uint, gref: *mut c_uint) -> *mut c_void;
     fn afx_end_grant(gref: c_uint, p: *mut c_void);
@@ -757,48 +893,62 @@ unsafe extern "C" fn afx_rs_reap() {
     crate::link::reap();
 }
 
-/// An event channel port of ours bound to an irq whose handler schedules
-/// the work item. Dropping it unbinds the irq and closes the port.
+/// An event channel port of ours bound to an irq whose handler
+/// (`afx_rs_irq`) wakes the link's sockets and schedules the work item.
+/// Dropping it unbinds the irq and closes the port.
 pub(crate) struct Evtchn {
     pub(crate) port: u32,
     irq: c_int,
+    /// the handler's argument: kept alive while the irq is bound
+    wake: Arc<crate::wake::LinkWake>,
 }
 
 impl Evtchn {
-    fn bind(port: c_uint) -> Result<Evtchn> {
-        // SAFETY: `port` is a port of ours, not bound to an irq yet.
-        let irq = unsafe { afx_bind_irq(port) };
+    fn bind(port: c_uint, wake: &Arc<crate::wake::LinkWake>) -> Result<Evtchn> {
+        let cookie = &**wake as *const crate::wake::LinkWake as *const c_void;
+        // SAFETY: `port` is a port of ours, not bound to an irq yet; the
+        // cookie stays valid until afx_unbind_irq (Evtchn keeps the Arc).
+        let irq = unsafe { afx_bind_irq(port, cookie) };
         if irq < 0 {
             // SAFETY: our port, unused.
             unsafe { afx_evtchn_close(port) };
             return Err(Error::from_errno(irq));
         }
         counters::add(&counters::EVTCHNS, 1);
-        Ok(Evtchn { port, irq })
+        Ok(Evtchn { port, irq, wake: wake.clone() })
     }
     /// A fresh unbound port that `remote` may bind.
-    pub(crate) fn alloc_unbound(remote: u32) -> Result<Evtchn> {
+    pub(crate) fn alloc_unbound(remote: u32, wake: &Arc<crate::wake::LinkWake>) -> Result<Evtchn> {
         let mut port: c_uint = 0;
         // SAFETY: plain hypercall with an out parameter.
         let r = unsafe { afx_evtchn_alloc_unbound(remote, &mut port) };
         if r != 0 {
             return Err(Error::from_errno(r));
         }
-        Self::bind(port)
+        Self::bind(port, wake)
     }
     /// Binds `remote`'s port `rport` (from XenStore: any value is checked by Xen).
-    pub(crate) fn bind_interdomain(remote: u32, rport: u32) -> Result<Evtchn> {
+    pub(crate) fn bind_interdomain(remote: u32, rport: u32, wake: &Arc<crate::wake::LinkWake>) -> Result<Evtchn> {
         let mut port: c_uint = 0;
         // SAFETY: plain hypercall with an out parameter.
         let r = unsafe { afx_evtchn_bind_interdomain(remote, rport, &mut port) };
         if r != 0 {
             return Err(Error::from_errno(r));
         }
-        Self::bind(port)
+        Self::bind(port, wake)
     }
     pub(crate) fn notify(&self) {
         notify_port(self.port)
     }
+}
+
+/// The event-channel interrupt (hard irq context), from af_xen_glue.c.
+#[no_mangle]
+unsafe extern "C" fn afx_rs_irq(wake: *mut c_void) {
+    // SAFETY: the cookie of Evtchn::bind: a LinkWake kept alive by the
+    // Evtchn until afx_unbind_irq has waited for running handlers.
+    let w = unsafe { &*(wake as *const crate::wake::LinkWake) };
+    crate::wake::irq(w);
 }
 
 /// Kicks the other end of one of our ports (a closed port only fails the hypercall).
@@ -809,9 +959,10 @@ pub(crate) fn notify_port(port: u32) {
 
 impl Drop for Evtchn {
     fn drop(&mut self) {
-        // SAFETY: irq bound in bind(); frees it (waits for a running
-        // handler) and closes the port.
-        unsafe { afx_unbind_irq(self.irq) };
+        let cookie = &*self.wake as *const crate::wake::LinkWake as *const c_void;
+        // SAFETY: irq bound in bind() with this cookie; frees it (waits for
+        // a running handler) and closes the port.
+        unsafe { afx_unbind_irq(self.irq, cookie) };
         counters::add(&counters::EVTCHNS, -1);
     }
 }

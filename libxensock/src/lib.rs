@@ -57,6 +57,7 @@ mod backend;
 #[allow(dead_code)]
 mod carrier;
 mod conn;
+pub mod control;
 mod error;
 mod evfd;
 mod kernel;

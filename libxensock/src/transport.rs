@@ -273,6 +273,9 @@ struct Watches {
     table: Option<HashSet<DomId>>,
     /// Link directories dom0 made for us (`data/xensock/link/<P>`).
     dom0_dirs: HashSet<DomId>,
+    /// UUIDs of the peers the table listed (kept after they leave it, to
+    /// read the agent's `moved` note about them).
+    uuids: HashMap<DomId, String>,
 }
 
 pub(crate) struct State {
@@ -333,6 +336,8 @@ pub(crate) struct Inner {
 pub(crate) struct Owner {
     pub(crate) inner: Arc<Inner>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The process-wide transport's control socket (`None` for others).
+    control: Mutex<Option<crate::control::ControlServer>>,
 }
 
 impl Drop for Owner {
@@ -340,6 +345,7 @@ impl Drop for Owner {
     /// XenStore nodes withdrawn) and every watch removed, so that nothing
     /// of this transport stays in XenStore.
     fn drop(&mut self) {
+        lock(&self.control).take();
         self.inner.stop.store(true, Ordering::Release);
         self.inner.sink.wake.signal();
         for t in lock(&self.threads).drain(..) {
@@ -381,6 +387,26 @@ impl std::fmt::Debug for Transport {
 }
 
 static GLOBAL: OnceLock<Transport> = OnceLock::new();
+
+/// `atexit` hook of the process-wide transport: the orderly part of
+/// dropping it (links down, XenStore nodes withdrawn, control socket
+/// removed). Best effort: it gives up on a lock another thread holds.
+extern "C" fn global_at_exit() {
+    if let Some(t) = GLOBAL.get() {
+        if let Ok(mut c) = t.owner.control.try_lock() {
+            c.take();
+        }
+        let inner = &t.owner.inner;
+        inner.stop.store(true, Ordering::Release);
+        inner.sink.wake.signal();
+        if let Ok(mut st) = inner.state.try_lock() {
+            let peers: Vec<DomId> = st.links.keys().copied().collect();
+            for p in peers {
+                inner.link_down(&mut st, p, false);
+            }
+        }
+    }
+}
 
 fn random_u32() -> u32 {
     let mut b = [0u8; 4];
@@ -435,6 +461,15 @@ impl Transport {
         B::Mapping: 'static,
         B::Channel: 'static,
     {
+        if kind == BackendKind::DevXen && crate::kernel::loaded_family().is_some() {
+            // Both would own this domain's `data/xensock/link` nodes and
+            // tear down each other's links.
+            return Err(io::Error::other(
+                "af_xen.ko is loaded in this domain and owns its xensock links: \
+                 use the kernel family (XenStream::connect / XenListener::bind \
+                 choose it) or unload the module to run the user-space transport",
+            ));
+        }
         // SAFETY: epoll_create1 has no pointer arguments.
         let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if ep < 0 {
@@ -530,6 +565,7 @@ impl Transport {
             owner: Arc::new(Owner {
                 inner,
                 threads: Mutex::new(threads),
+                control: Mutex::new(None),
             }),
         })
     }
@@ -575,7 +611,35 @@ impl Transport {
             return Ok(t.clone());
         }
         let t = Transport::from_env()?;
-        Ok(GLOBAL.get_or_init(|| t).clone())
+        let mut first = false;
+        let t = GLOBAL
+            .get_or_init(|| {
+                first = true;
+                t
+            })
+            .clone();
+        if first {
+            // Other processes (`xensock status`, `xensock suspend`) reach
+            // this transport through its control socket.
+            match crate::control::ControlServer::start(Arc::downgrade(&t.owner.inner)) {
+                Ok(c) => *lock(&t.owner.control) = Some(c),
+                Err(e) => tracing::warn!("no control socket: {e}"),
+            }
+            // A static is never dropped: withdraw our XenStore nodes and
+            // close the connections at exit, as dropping it would.
+            // SAFETY: registers a plain `extern "C" fn()` with no captures.
+            unsafe { libc::atexit(global_at_exit) };
+        }
+        Ok(t)
+    }
+
+    /// The process-wide transport, if `inner` is its (only it serves a
+    /// control socket).
+    pub(crate) fn global_of(inner: &Arc<Inner>) -> Option<Transport> {
+        GLOBAL
+            .get()
+            .filter(|t| Arc::ptr_eq(&t.owner.inner, inner))
+            .cloned()
     }
 
     /// This domain's id.
@@ -901,6 +965,72 @@ pub struct ConnStatus {
     pub carrier: Carrier,
 }
 
+impl Status {
+    /// The status as `xensock status` prints it.
+    pub fn render(&self) -> String {
+        use std::fmt::Write;
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "domain {} ({:?}): {} links, {} connections, {} listeners; resets sent {} received {}; ring errors {}; links lost {}; refused {}",
+            self.domid,
+            self.backend,
+            self.links.len(),
+            self.connections.len(),
+            self.listeners.len(),
+            self.resets_sent,
+            self.resets_received,
+            self.ring_errors,
+            self.links_lost,
+            self.rejected
+        );
+        match self.tcp_endpoint {
+            Some(ep) => {
+                let l = &self.legs;
+                let _ = writeln!(
+                    o,
+                    "  TCP carrier at {ep}: legs accepted {}, refused: bad cookie {}, unknown connection {}, malformed {}, timed out {}",
+                    l.accepted, l.bad_cookie, l.unknown_conn, l.malformed, l.timed_out
+                );
+            }
+            None => {
+                let _ = writeln!(o, "  no TCP carrier (connections cannot survive a move)");
+            }
+        }
+        for l in &self.links {
+            let _ = writeln!(
+                o,
+                "  link to domain {}: {}, {} connections, {} frames queued; ring reuse {}: {} rings pooled, {} lent, {} peer rings kept mapped",
+                l.peer,
+                if l.up { "up" } else { "offered" },
+                l.connections,
+                l.pending_frames,
+                if l.ring_reuse { "on" } else { "off" },
+                l.pooled_rings,
+                l.lent_rings,
+                l.kept_mappings
+            );
+        }
+        for c in &self.connections {
+            let _ = writeln!(
+                o,
+                "  {} -> {} {:?} rx {}/{} tx {}/{} in {} out {}; carrier: {}",
+                c.local,
+                c.peer,
+                c.phase,
+                c.rx_fill.0,
+                c.rx_fill.1,
+                c.tx_fill.0,
+                c.tx_fill.1,
+                c.bytes_in,
+                c.bytes_out,
+                c.carrier
+            );
+        }
+        o
+    }
+}
+
 /// A connection's carrier, as [`Transport::status`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Carrier {
@@ -1088,12 +1218,13 @@ fn manager_thread(inner: Arc<Inner>) {
         if evs.iter().any(|p| p == "domid") {
             inner.check_domid();
         }
-        let mut st = inner.state();
         if evs.iter().any(|p| inner.is_table_event(p)) {
             // Failures leave the watches as they were; the next table
             // event (or connect) tries again.
-            let _ = inner.refresh_peers(&st);
+            let _ = inner.refresh_peers(&inner.state());
+            inner.follow_table();
         }
+        let mut st = inner.state();
         let mut peers: Vec<DomId> = evs.iter().filter_map(|p| inner.is_link_event(p)).collect();
         peers.sort_unstable();
         peers.dedup();
@@ -1142,7 +1273,11 @@ fn leg_listener(kind: BackendKind) -> (Option<Arc<LegListener>>, TcpEndpoint) {
             (IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), ip)
         }
     };
-    let listener = match LegListener::bind(bind, cfg) {
+    // `[::]` needs IPv6 in the guest's kernel; IPv4 alone does too.
+    let listener = match LegListener::bind(bind, cfg).or_else(|e| match bind {
+        IpAddr::V6(_) => LegListener::bind(IpAddr::V4(Ipv4Addr::UNSPECIFIED), cfg),
+        _ => Err(e),
+    }) {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!("no TCP carrier: leg listener on {bind}: {e}");
@@ -1228,6 +1363,21 @@ impl Inner {
         };
         let table = ids(&self.table_dir())?;
         let dom0_dirs = ids(&self.link_dir_abs())?.unwrap_or_default();
+        let unknown: Vec<DomId> = {
+            let w = lock(&self.watches);
+            table
+                .iter()
+                .flatten()
+                .filter(|d| !w.uuids.contains_key(d))
+                .copied()
+                .collect()
+        };
+        for d in unknown {
+            if let Ok(Some(u)) = self.xs.try_read(&format!("{}/{d}/uuid", self.table_dir())) {
+                let u = String::from_utf8_lossy(&u).trim().to_ascii_lowercase();
+                lock(&self.watches).uuids.insert(d, u);
+            }
+        }
         let candidates: HashSet<DomId> = table
             .iter()
             .flatten()
@@ -1257,6 +1407,107 @@ impl Inner {
             self.add_watch(path)?;
         }
         Ok(())
+    }
+
+    /// Whether the agent says `peer` left this host (or was marked away)
+    /// rather than died: its `xensock/moved/<uuid>` note in our table.
+    fn peer_moved(&self, peer: DomId) -> bool {
+        let Some(uuid) = lock(&self.watches).uuids.get(&peer).cloned() else {
+            return false;
+        };
+        let note = format!(
+            "/local/domain/{}/{}/{}/{uuid}",
+            self.domid(),
+            xensock_discovery::layout::XENSOCK,
+            xensock_discovery::layout::MOVED
+        );
+        matches!(self.xs.try_read(&note), Ok(Some(_)))
+    }
+
+    /// After a table change: connections to peers that left the table
+    /// with a `moved` note leave their rings (`LocalMove`, safe whatever
+    /// the peer does: nothing past what we consumed is trusted), before
+    /// the link is withdrawn under them.
+    fn follow_table(&self) {
+        let gone: Vec<DomId> = {
+            let st = self.state();
+            let w = lock(&self.watches);
+            let Some(table) = w.table.as_ref() else {
+                return;
+            };
+            let mut v: Vec<DomId> = st
+                .conns
+                .values()
+                .filter(|c| c.engine().is_none() && !table.contains(&c.peer()))
+                .map(|c| c.peer())
+                .collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        for peer in gone {
+            if self.peer_moved(peer) {
+                tracing::info!(peer, "peer left the co-residency table for another host");
+                self.freeze_conns(Some(peer), Trigger::LocalMove);
+            }
+        }
+        let mut st = self.state();
+        // A carrier connection's peer listed under a new domid with the
+        // same UUID (it moved on this host): dom0 says where it is, so the
+        // connection follows at once (no proof needed from the peer; and
+        // when both ends moved, nothing else could tell either of them).
+        let renamed: Vec<(Arc<Conn>, DomId)> = {
+            let w = lock(&self.watches);
+            let Some(table) = w.table.as_ref() else {
+                return;
+            };
+            st.conns
+                .values()
+                .filter(|c| c.engine().is_some() && !table.contains(&c.peer()))
+                .filter_map(|c| {
+                    let uuid = w.uuids.get(&c.peer())?;
+                    let now = table
+                        .iter()
+                        .find(|d| w.uuids.get(d) == Some(uuid))
+                        .copied()?;
+                    Some((c.clone(), now))
+                })
+                .collect()
+        };
+        for (conn, now) in renamed {
+            tracing::info!(
+                conn = conn.id,
+                old = conn.peer(),
+                new = now,
+                "the agent lists the peer under a new domid"
+            );
+            lock(&conn.pending_offer).take();
+            self.rehome(&mut st, &conn, now);
+        }
+        // Peers of moved connections that are co-resident again: a link,
+        // whose coming up offers rings.
+        let back: Vec<DomId> = {
+            let w = lock(&self.watches);
+            let Some(table) = w.table.as_ref() else {
+                return;
+            };
+            let mut v: Vec<DomId> = st
+                .conns
+                .values()
+                .filter(|c| c.engine().is_some() && table.contains(&c.peer()))
+                .map(|c| c.peer())
+                .filter(|p| !st.links.contains_key(p))
+                .collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        for peer in back {
+            tracing::info!(peer, "peer co-resident again: new link");
+            if self.create_link(&mut st, peer, None).is_ok() {
+                self.on_peer_node(&mut st, peer);
+            }
+        }
     }
 
     /// Whether discovery allows a link to `peer`: false when the agent's
@@ -1740,11 +1991,22 @@ impl Inner {
                 }
             }
         }
+        let moved = lost && self.peer_moved(peer);
         for id in &link.conns {
             // A connection on its carrier engine goes on over TCP (its legs
             // are its own); it comes back to a ring on a new link.
             if st.conns.get(id).is_some_and(|c| c.engine().is_some()) {
                 continue;
+            }
+            // The agent says the peer moved: this one leaves its rings now.
+            if moved {
+                if let Some(c) = st.conns.get(id).cloned() {
+                    if let Some(e) = self.escalate(&c) {
+                        if e.freeze(Trigger::LocalMove).is_ok() {
+                            continue;
+                        }
+                    }
+                }
             }
             if let Some(conn) = st.conns.remove(id) {
                 st.used_ports.remove(&conn.local_port);
@@ -2704,15 +2966,7 @@ impl Inner {
         }
         // Not over a link whose peer is gone (a migration we have not
         // processed yet): the offer could never be taken.
-        let alive = st.links.get(&to).is_some_and(|l| {
-            l.tx.as_ref().is_some_and(|t| {
-                !matches!(
-                    t.chan.peer_state(),
-                    Ok(xensock_xenif::PeerState::Closed) | Err(_)
-                )
-            })
-        });
-        if !alive {
+        if !link_usable(st, to) {
             return;
         }
         conn.offer_target.store(to, Ordering::Release);
@@ -2753,8 +3007,10 @@ impl Inner {
             return;
         };
         if self.suspended.load(Ordering::Acquire) {
-            // The move would take the ring away again; the peer offers
-            // anew once we are on a new link.
+            // The move would take the ring away again: kept for a resume
+            // without a move (after a move the peer offers anew, and this
+            // grant, made for our old domid, is of no use).
+            *lock(&conn.pending_offer) = Some((peer, *rx));
             return;
         }
         if conn.peer() != peer {
@@ -2812,11 +3068,17 @@ impl Inner {
         if from != to {
             return;
         }
-        let on_it = matches!(
-            engine.status().rx,
-            xensock_proto::switch::RxState::Ring { epoch: e, .. } if e == epoch
-        );
+        let rx = engine.status().rx;
+        let on_it =
+            matches!(rx, xensock_proto::switch::RxState::Ring { epoch: e, .. } if e == epoch);
         if !on_it {
+            tracing::trace!(
+                conn = conn.id,
+                from,
+                epoch,
+                ?rx,
+                "waiting for the peer on our ring"
+            );
             return;
         }
         *lock(&conn.pending_offer) = None;
@@ -2838,13 +3100,20 @@ impl Inner {
             if engine.failed() {
                 continue;
             }
-            let up = |st: &State, d: DomId| st.links.get(&d).is_some_and(|l| l.tx.is_some());
             let target = match *lock(&conn.pending_offer) {
-                Some((from, _)) if !up(&st, conn.peer()) => from,
+                Some((from, _)) if !link_usable(&st, conn.peer()) => from,
                 _ => conn.peer(),
             };
-            if up(&st, target) {
+            if link_usable(&st, target) {
                 self.offer_ring_to(&mut st, &conn, &engine, target);
+            }
+            // An offer from the peer's own domain kept while suspended.
+            let kept = *lock(&conn.pending_offer);
+            if let Some((from, grant)) = kept {
+                if from == conn.peer() && !self.suspended.load(Ordering::Acquire) {
+                    *lock(&conn.pending_offer) = None;
+                    self.take_offer(&mut st, &conn, &engine, from, &grant);
+                }
             }
             self.check_rehome(&mut st, &conn, &engine);
         }
@@ -2937,6 +3206,10 @@ impl Inner {
         }
         self.domid.store(new, Ordering::Release);
         st.dead_gens.clear();
+        // Offers kept while suspended were granted to our old domid.
+        for c in st.conns.values() {
+            lock(&c.pending_offer).take();
+        }
         lock(&self.watches).by_path.clear();
         let _ = self.add_watch("domid");
         let _ = self.add_watch(&self.table_dir());
@@ -3066,6 +3339,19 @@ impl Inner {
             }),
         }
     }
+}
+
+/// Whether the link to `peer` is up and its peer not known to be gone
+/// (a move or death the manager has not processed yet).
+fn link_usable(st: &State, peer: DomId) -> bool {
+    st.links.get(&peer).is_some_and(|l| {
+        l.tx.as_ref().is_some_and(|t| {
+            !matches!(
+                t.chan.peer_state(),
+                Ok(xensock_xenif::PeerState::Closed) | Err(_)
+            )
+        })
+    })
 }
 
 /// A `ConnectRequest` as the acceptor needs it.

@@ -30,7 +30,10 @@ fn trace() {
 fn cfg() -> Config {
     trace();
     Config {
-        link_timeout: Duration::from_millis(1500),
+        // Generous: the whole file runs its tests in parallel on two
+        // cores, and a link set up right after a move competes with both
+        // transports re-linking.
+        link_timeout: Duration::from_secs(10),
         peer_lost_after: Duration::from_secs(5),
         ..Config::default()
     }
@@ -464,8 +467,13 @@ fn move_to_another_host_continues_over_tcp() {
     let (ha, hb) = (wa.join().unwrap(), wb.join().unwrap());
     assert_eq!(ra.join().unwrap(), (total, hb));
     assert_eq!(rb.join().unwrap(), (total, ha));
+    // A tears the dead link down (its watch on B's node) in its own time.
+    assert!(
+        eventually(Duration::from_secs(5), || w.a.status().links.is_empty()),
+        "{:?}",
+        w.a.status().links
+    );
     let st = w.a.status();
-    assert!(st.links.is_empty(), "{:?}", st.links);
     assert!(
         matches!(
             &st.connections[0].carrier,
@@ -594,4 +602,179 @@ fn moved_listener_is_found_by_address() {
     exchange(&c2, &s2, 33, 100_000);
     exchange(&c, &s, 35, 100_000);
     assert!(p.a.connect((u32::from(old), 7005)).is_err());
+}
+
+/// Run as a process of a sim domain by `status_and_hooks_reach_other_processes`:
+/// connects through the process-wide transport, says so in
+/// `XENSOCK_TEST_MARK`, then echoes until killed.
+#[test]
+#[ignore = "helper: run as a domain's process by status_and_hooks_reach_other_processes"]
+fn child_echo() {
+    let Ok(addr) = std::env::var("XENSOCK_TEST_CONNECT") else {
+        return;
+    };
+    let s = XenStream::connect(addr.as_str()).unwrap();
+    std::fs::write(std::env::var("XENSOCK_TEST_MARK").unwrap(), "up").unwrap();
+    let mut buf = vec![0u8; 65536];
+    loop {
+        match (&s).read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if (&s).write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// `xensock status` shows another process's connection with its carrier;
+/// `xensock suspend` and `xensock resume` (the migration hook) reach it:
+/// off the rings, then back on.
+#[test]
+fn status_and_hooks_reach_other_processes() {
+    let host = SimHost::start().unwrap();
+    let da = host.create_domain(DomainConfig::new("a")).unwrap();
+    let db = host.create_domain(DomainConfig::new("b")).unwrap();
+    let a = Transport::sim_with(host.dir(), da.domid, cfg()).unwrap();
+    let l = a.bind("xen:self:7006").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let mark = dir.path().join("up");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_echo", "--ignored", "--test-threads=1"])
+        .envs(db.env())
+        .env("XENSOCK_TEST_CONNECT", format!("xen:{}:7006", da.domid))
+        .env("XENSOCK_TEST_MARK", &mark)
+        .env("XENSOCK_RUN_DIR", &run)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (s, _) = l.accept().unwrap();
+    assert!(eventually(Duration::from_secs(20), || mark.exists()));
+    let xensock = |cmd: &str| -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_xensock"))
+            .arg(cmd)
+            .envs(db.env())
+            .env("XENSOCK_RUN_DIR", &run)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let echo = |n: usize| {
+        let msg: Vec<u8> = (0..n).map(|i| (i * 31) as u8).collect();
+        let r = read_n(s.try_clone().unwrap(), n);
+        (&s).write_all(&msg).unwrap();
+        let mut h = FNV_INIT;
+        fnv(&mut h, &msg);
+        assert_eq!(r.join().unwrap(), h);
+    };
+    echo(100_000);
+    let out = xensock("status");
+    assert!(out.contains(&format!("process {}", child.id())), "{out}");
+    assert!(out.contains("carrier: ring"), "{out}");
+    assert!(out.contains("TCP carrier at 127.0.0.1:"), "{out}");
+    let out = xensock("suspend");
+    assert!(out.contains("suspended: 1 connections"), "{out}");
+    echo(100_000);
+    let out = xensock("status");
+    assert!(out.contains("carrier: tx tcp rx tcp"), "{out}");
+    let out = xensock("resume");
+    assert!(out.contains("resumed: domid"), "{out}");
+    assert!(eventually(Duration::from_secs(5), || xensock("status")
+        .contains(
+            "carrier: tx ring rx ring, switches: tx to tcp 1, tx to ring 1, rx to ring 1"
+        )));
+    echo(100_000);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// The agent is told B moved away (it stays on this host: dom0's away
+/// marking): both ends see the other leave their co-residency tables with
+/// a `moved` note and their link withdrawn, so the connection goes on over
+/// TCP; when B is marked back it returns to the rings.
+#[test]
+fn agent_away_marking_moves_to_tcp_and_back() {
+    let world = agent_world(cfg());
+    let p = &world.pair;
+    let l = p.b.bind("xen:self:7007").unwrap();
+    let c = p.a.connect((u32::from(p.db.domid), 7007)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    exchange(&c, &s, 41, 200_000);
+    let carriers = |t: &Transport, want: (&str, &str)| {
+        t.status().connections.iter().all(|c| match &c.carrier {
+            Carrier::Engine { tx, rx, .. } => (*tx, *rx) == want,
+            Carrier::Ring => false,
+        })
+    };
+    xensock_discovery::agent::mark_away(&world.dom0, &p.db.uuid, "elsewhere").unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || carriers(&p.a, ("tcp", "tcp"))
+            && carriers(&p.b, ("tcp", "tcp"))),
+        "{:?}\n{:?}",
+        p.a.status(),
+        p.b.status()
+    );
+    exchange(&c, &s, 43, 300_000);
+    xensock_discovery::agent::mark_back(&world.dom0, &p.db.uuid).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || carriers(&p.a, ("ring", "ring"))
+            && carriers(&p.b, ("ring", "ring"))),
+        "{:?}\n{:?}",
+        p.a.status(),
+        p.b.status()
+    );
+    exchange(&c, &s, 45, 300_000);
+}
+
+/// With the agent, both ends moving at once still return to the rings:
+/// each learns the other's new domid from its co-residency table (by
+/// UUID), which no peer could prove by itself.
+#[test]
+fn both_moving_at_once_return_to_rings_with_the_agent() {
+    let world = agent_world(cfg());
+    let p = &world.pair;
+    let l = p.b.bind("xen:self:7008").unwrap();
+    let c = p.a.connect((u32::from(p.db.domid), 7008)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    exchange(&c, &s, 51, 200_000);
+    let on_rings = |t: &Transport| {
+        t.status().connections.iter().all(|c| {
+            matches!(
+                &c.carrier,
+                Carrier::Engine {
+                    tx: "ring",
+                    rx: "ring",
+                    ..
+                }
+            )
+        })
+    };
+    for round in 0..3 {
+        p.a.suspend();
+        p.b.suspend();
+        for t in [&p.a, &p.b] {
+            let new = p
+                .host
+                .migrate_domain(t.domid(), MigrateTo::SameHost)
+                .unwrap()
+                .unwrap();
+            assert!(eventually(Duration::from_secs(10), || t.domid() == new));
+        }
+        exchange(&c, &s, 53 + round, 300_000);
+        assert!(
+            eventually(Duration::from_secs(10), || on_rings(&p.a) && on_rings(&p.b)),
+            "round {round}\n{:?}\n{:?}",
+            p.a.status(),
+            p.b.status()
+        );
+        exchange(&c, &s, 57 + round, 300_000);
+        assert_eq!(
+            p.a.status().connections[0].peer.domid,
+            u32::from(p.b.domid())
+        );
+    }
 }

@@ -93,6 +93,15 @@ impl RawRing {
         self.geometry
     }
 
+    /// Start of the data area (`geometry().data_size()` bytes), for hosts
+    /// that copy payload straight between it and another address space
+    /// (the kernel module's `copy_from_iter`/`copy_to_iter`) instead of
+    /// through [`RingMemory::write_data`]'s slices. Offsets into it come
+    /// from the producer's or consumer's validated counters.
+    pub fn data_ptr(&self) -> NonNull<u8> {
+        self.data
+    }
+
     fn cell(&self, field: Field) -> &AtomicU32 {
         let h = self.header();
         match field {

@@ -66,8 +66,18 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = Placement::Spread)]
         placement: Placement,
     },
-    /// Backend, links and connections of the calling domain.
+    /// Backend, links and connections of the calling domain (this
+    /// process's and, through their control sockets, every other
+    /// process's user-space transport: carrier and switch counts).
     Status,
+    /// Migration hook, before this guest is suspended, saved or migrated:
+    /// every process's user-space transport moves its connections off the
+    /// rings (onto their TCP carrier). Run it from the guest's suspend path.
+    Suspend,
+    /// Migration hook, after resume: transports follow a new domid and
+    /// bring connections back onto rings. (They also notice a new domid by
+    /// themselves.)
+    Resume,
 }
 
 fn main() {
@@ -86,6 +96,8 @@ fn main() {
             placement,
         } => bench(scale, plot, reps.max(1), placement),
         Cmd::Status => status(),
+        Cmd::Suspend => hook("suspend"),
+        Cmd::Resume => hook("resume"),
     };
     if let Err(e) = r {
         eprintln!("xensock: {e}");
@@ -777,78 +789,55 @@ fn register_font() -> Res<()> {
 
 // ---- status -------------------------------------------------------------
 
+fn hook(cmd: &str) -> Res<()> {
+    let answers = libxensock::control::broadcast(cmd);
+    if answers.is_empty() {
+        println!("no user-space transport runs here");
+    }
+    for (pid, answer) in answers {
+        print!("process {pid}: {answer}");
+    }
+    Ok(())
+}
+
 fn status() -> Res<()> {
     print!("{}", libxensock::backend());
-    let t = match Transport::global() {
-        Ok(t) => t,
-        Err(e) => {
-            println!("no transport: {e}");
-            return Ok(());
-        }
-    };
-    let me = t.domid();
-    println!("domain {me}");
-    // Links as XenStore shows them (written by whichever process of this
-    // domain runs the transport).
-    let xs = xensock_discovery::xs::XsClient::open()?;
-    let dir = format!("/local/domain/{me}/{}", libxensock::LINK_DIR);
-    match xs.directory(&dir) {
-        Ok(peers) if !peers.is_empty() => {
-            println!("links in XenStore ({dir}):");
-            for p in peers {
-                let get = |n: &str| {
-                    xs.read_string(&format!("{dir}/{p}/{n}"))
-                        .unwrap_or_else(|_| "-".into())
-                };
-                println!(
-                    "  peer {p}: state={} ring-ref={} event-channel={} generation={}",
-                    get("state"),
-                    get("ring-ref"),
-                    get("event-channel"),
-                    get("generation")
-                );
+    // No transport of our own: starting one would take this domain's link
+    // nodes from the process that runs the transport.
+    if let Ok(xs) = xensock_discovery::xs::XsClient::open() {
+        if let Ok(me) = xs.read_string("domid") {
+            let me = me.trim();
+            println!("domain {me}");
+            // Links as XenStore shows them (written by whichever process
+            // of this domain runs the transport).
+            let dir = format!("/local/domain/{me}/{}", libxensock::LINK_DIR);
+            match xs.directory(&dir) {
+                Ok(peers) if !peers.is_empty() => {
+                    println!("links in XenStore ({dir}):");
+                    for p in peers {
+                        let get = |n: &str| {
+                            xs.read_string(&format!("{dir}/{p}/{n}"))
+                                .unwrap_or_else(|_| "-".into())
+                        };
+                        println!(
+                            "  peer {p}: state={} ring-ref={} event-channel={} generation={}",
+                            get("state"),
+                            get("ring-ref"),
+                            get("event-channel"),
+                            get("generation")
+                        );
+                    }
+                }
+                _ => println!("no links in XenStore"),
             }
         }
-        _ => println!("no links in XenStore"),
     }
-    let st = t.status();
-    println!(
-        "this process: {} links, {} connections, {} listeners; resets sent {} received {}; ring errors {}; links lost {}; refused {}",
-        st.links.len(),
-        st.connections.len(),
-        st.listeners.len(),
-        st.resets_sent,
-        st.resets_received,
-        st.ring_errors,
-        st.links_lost,
-        st.rejected
-    );
-    for l in &st.links {
-        println!(
-            "  link to domain {}: {}, {} connections, {} frames queued; ring reuse {}: {} rings pooled, {} lent, {} peer rings kept mapped",
-            l.peer,
-            if l.up { "up" } else { "offered" },
-            l.connections,
-            l.pending_frames,
-            if l.ring_reuse { "on" } else { "off" },
-            l.pooled_rings,
-            l.lent_rings,
-            l.kept_mappings
-        );
+    let answers = libxensock::control::broadcast("status");
+    if answers.is_empty() {
+        println!("no user-space transport runs here");
     }
-    for c in st.connections {
-        println!(
-            "  {} -> {} {:?} rx {}/{} tx {}/{} in {} out {}",
-            c.local,
-            c.peer,
-            c.phase,
-            c.rx_fill.0,
-            c.rx_fill.1,
-            c.tx_fill.0,
-            c.tx_fill.1,
-            c.bytes_in,
-            c.bytes_out
-        );
+    for (pid, answer) in answers {
+        print!("process {pid}: {answer}");
     }
     Ok(())
 }

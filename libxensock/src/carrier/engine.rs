@@ -702,6 +702,7 @@ impl Shared {
         {
             let mut why = lock(&self.failure);
             if why.is_none() {
+                tracing::warn!(conn = self.cfg.local_id, "connection fails: {e}");
                 *why = Some(e.to_string());
             }
         }

@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The event-channel interrupt's fast path: wake the sockets whose data
+//! rings moved, straight from the handler.
+//!
+//! A link has one event channel each way, shared by all its connections
+//! and its control ring, so an interrupt does not say what moved. The
+//! handler looks at every data ring of the link (two atomic loads each)
+//! and wakes only the socket of a ring whose peer-written counter or flags
+//! changed since the last interrupt; it schedules the work item only when
+//! the control ring has frames, a control frame waits for room, or the
+//! link is not up yet. Before this, every interrupt went interrupt -> work
+//! item -> wake every socket of the link: a scheduler hop more per round
+//! trip and a wakeup per socket per kick (docs/design.md, "The lab
+//! benchmark").
+
+use crate::mem::RawRing;
+use crate::ring::{Field, RingMemory};
+use crate::sys::{self, counters, IrqSpinLock, Sk, SkRef};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use kernel::prelude::*;
+use kernel::sync::Arc;
+
+/// Every readiness bit: the handler knows that a ring moved, not what the
+/// waiter waits for (data, space, FIN, reset); poll's entries filter.
+const WAKE_ALL: u32 = sys::poll::POLLIN
+    | sys::poll::POLLOUT
+    | sys::poll::POLLRDNORM
+    | sys::poll::POLLWRNORM
+    | sys::poll::POLLRDHUP
+    | sys::poll::POLLHUP
+    | sys::poll::POLLERR;
+
+/// One data ring of a link as the interrupt sees it.
+#[pin_data]
+pub(crate) struct PipeWake {
+    ring: RawRing,
+    /// our receive ring (we consume; the peer moves `prod`) or the peer's
+    /// (we produce; the peer moves `cons`)
+    consumer: bool,
+    /// the peer-written counter at the last interrupt
+    seen: AtomicU32,
+    /// `owner`'s sock (its address), read without the lock: the socket's
+    /// calls set the owner once, then only compare
+    owner_id: AtomicUsize,
+    /// the socket to wake, set by the socket's own calls (sendmsg, recvmsg,
+    /// poll) and cleared when it lets go of the pipe
+    #[pin]
+    owner: IrqSpinLock<Option<SkRef>>,
+}
+
+impl PipeWake {
+    pub(crate) fn new(ring: RawRing, consumer: bool) -> Result<Arc<PipeWake>> {
+        Arc::pin_init(
+            pin_init!(PipeWake {
+                ring,
+                consumer,
+                seen: AtomicU32::new(0),
+                owner_id: AtomicUsize::new(0),
+                owner <- IrqSpinLock::new(None, kernel::c_str!("af_xen_pipe_owner"), kernel::static_lock_class!()),
+            }),
+            GFP_KERNEL,
+        )
+    }
+
+    /// `sk` is the socket to wake for this ring (idempotent; cheap when set).
+    pub(crate) fn set_owner(&self, sk: &Sk) {
+        if self.owner_id.load(Ordering::Acquire) == sk.id() {
+            return;
+        }
+        let mut o = self.owner.lock();
+        if o.as_ref().map(|r| r.is(sk)).unwrap_or(false) {
+            return;
+        }
+        let old = o.replace(SkRef::new(sk));
+        self.owner_id.store(sk.id(), Ordering::Release);
+        drop(o);
+        // sock_put outside the irq-safe lock
+        drop(old);
+    }
+
+    /// The socket lets go of the pipe (closing): no more wakes for it.
+    pub(crate) fn clear_owner(&self, sk: &Sk) {
+        let mut o = self.owner.lock();
+        let old = if o.as_ref().map(|r| r.is(sk)).unwrap_or(false) {
+            self.owner_id.store(0, Ordering::Release);
+            o.take()
+        } else {
+            None
+        };
+        drop(o);
+        drop(old);
+    }
+
+    /// Hard irq: wake the owner if the peer moved this ring or set flags.
+    fn poll(&self) {
+        let (counter, flags) = if self.consumer {
+            (self.ring.load(Field::Prod, Ordering::Acquire), self.ring.load(Field::ProdFlags, Ordering::Acquire))
+        } else {
+            (self.ring.load(Field::Cons, Ordering::Acquire), self.ring.load(Field::ConsFlags, Ordering::Acquire))
+        };
+        let moved = self.seen.swap(counter, Ordering::AcqRel) != counter;
+        if !moved && flags == 0 {
+            return;
+        }
+        if let Some(o) = self.owner.lock().as_ref() {
+            counters::add(&counters::IRQ_WAKES, 1);
+            o.wake(WAKE_ALL);
+        }
+    }
+}
+
+struct WakeInner {
+    pipes: KVec<Arc<PipeWake>>,
+    /// our control receive ring, while its page is granted (Half's drop
+    /// clears it before the grant ends)
+    ctrl: Option<RawRing>,
+}
+
+/// A link's wake table: the interrupt handlers' argument.
+#[pin_data]
+pub(crate) struct LinkWake {
+    #[pin]
+    inner: IrqSpinLock<WakeInner>,
+    /// the link is up (else every interrupt runs the work item)
+    up: AtomicBool,
+    /// control frames wait for room in the peer's control ring
+    backlog: AtomicBool,
+}
+
+impl LinkWake {
+    pub(crate) fn new() -> Result<Arc<LinkWake>> {
+        Arc::pin_init(
+            pin_init!(LinkWake {
+                inner <- IrqSpinLock::new(
+                    WakeInner { pipes: KVec::new(), ctrl: None },
+                    kernel::c_str!("af_xen_link_wake"),
+                    kernel::static_lock_class!()
+                ),
+                up: AtomicBool::new(false),
+                backlog: AtomicBool::new(false),
+            }),
+            GFP_KERNEL,
+        )
+    }
+
+    pub(crate) fn set_ctrl(&self, ring: Option<RawRing>) {
+        self.inner.lock().ctrl = ring;
+    }
+
+    pub(crate) fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Release);
+    }
+
+    pub(crate) fn set_backlog(&self, waiting: bool) {
+        self.backlog.store(waiting, Ordering::Release);
+    }
+
+    pub(crate) fn add(&self, p: &Arc<PipeWake>) -> Result {
+        // GFP_ATOMIC: under a spinlock with interrupts off
+        self.inner.lock().pipes.push(p.clone(), GFP_ATOMIC)?;
+        Ok(())
+    }
+
+    pub(crate) fn remove(&self, p: &PipeWake) {
+        let gone = {
+            let mut i = self.inner.lock();
+            match i.pipes.iter().position(|x| core::ptr::eq(&**x, p)) {
+                Some(at) => Some(sys::vec_remove(&mut i.pipes, at)),
+                None => None,
+            }
+        };
+        // the last reference may hold a sock reference: put outside the lock
+        drop(gone);
+    }
+}
+
+/// The event-channel interrupt of a link (hard irq context).
+pub(crate) fn irq(w: &LinkWake) {
+    counters::add(&counters::IRQS, 1);
+    let ctrl_pending = {
+        let i = w.inner.lock();
+        for p in i.pipes.iter() {
+            p.poll();
+        }
+        match &i.ctrl {
+            Some(r) => r.load(Field::Prod, Ordering::Acquire) != r.load(Field::Cons, Ordering::Relaxed),
+            None => true,
+        }
+    };
+    if ctrl_pending || !w.up.load(Ordering::Acquire) || w.backlog.load(Ordering::Acquire) {
+        counters::add(&counters::IRQ_WORK, 1);
+        sys::schedule_work();
+    }
+}
