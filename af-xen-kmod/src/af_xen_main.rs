@@ -25,6 +25,7 @@ mod ctrl;
 #[path = "../../proto/src/switch.rs"]
 mod switch;
 
+mod carrier;
 mod conn;
 mod link;
 mod seqpacket;
@@ -48,6 +49,7 @@ struct AfXen {
     reg: Option<sys::Registration>,
     proc_: Option<sys::ProcEntry>,
     tcp: Option<tcp::TcpCarrier>,
+    pm: Option<sys_net::PmHooks>,
     _ops: Pin<KBox<sys::Ops>>,
     _globals: Pin<KBox<sock::Globals>>,
 }
@@ -96,8 +98,13 @@ impl kernel::Module for AfXen {
         // before the links: their handshakes advertise its endpoint
         let tcp = tcp::start().ok();
         link::start();
+        // this guest's own save/restore moves its connections (carrier.rs)
+        let pm = sys_net::PmHooks::register();
+        if pm.is_none() {
+            pr_warn!("no save/restore hooks: connections will not survive this guest's save\n");
+        }
         pr_info!("AF_XEN registered as family {} (domid {})\n", family, own);
-        Ok(AfXen { reg: Some(reg), proc_, tcp, _ops: ops, _globals: globals })
+        Ok(AfXen { reg: Some(reg), proc_, tcp, pm, _ops: ops, _globals: globals })
     }
 }
 
@@ -105,6 +112,7 @@ impl Drop for AfXen {
     fn drop(&mut self) {
         // sock_unregister first (no new sockets; every socket held a module
         // reference, so none is left), then the struct proto, then the globals.
+        drop(self.pm.take());
         drop(self.proc_.take());
         drop(self.reg.take());
         link::shutdown_all();

@@ -13,6 +13,7 @@
 #include <linux/inet.h>
 #include <linux/inetdevice.h>
 #include <linux/netdevice.h>
+#include <linux/platform_device.h>
 #include <linux/random.h>
 #include <linux/tcp.h>
 #include <linux/workqueue.h>
@@ -32,7 +33,12 @@ static char *tcp_addr = "";
 module_param(tcp_addr, charp, 0444);
 MODULE_PARM_DESC(tcp_addr, "IPv4 address advertised for the TCP leg (default: the first global IPv4 address of an interface, e.g. netfront's eth0)");
 
+static int peer_lost_ms = 10000;
+module_param(peer_lost_ms, int, 0644);
+MODULE_PARM_DESC(peer_lost_ms, "After a carrier switch, a connection whose TCP legs are not both up within this many milliseconds (or whose peer stops acknowledging for as long) fails with ECONNRESET (default 10000)");
+
 int afx_tcp_port(void) { return tcp_port; }
+int afx_peer_lost_ms(void) { return peer_lost_ms < 100 ? 100 : peer_lost_ms; }
 
 /*
  * The address to advertise, network byte order in out[4]: tcp_addr, or
@@ -88,20 +94,28 @@ static DECLARE_WORK(afx_tcp_work, afx_tcp_work_fn);
 /* the same work, later: hello deadlines */
 static void afx_tcp_dwork_fn(struct work_struct *w) { afx_rs_tcp_work(); }
 static DECLARE_DELAYED_WORK(afx_tcp_dwork, afx_tcp_dwork_fn);
+/* and the carrier's tick (leg connects, the peer-lost bound), separate so
+ * that neither delays the other */
+static void afx_tcp_tick_fn(struct work_struct *w) { afx_rs_tcp_work(); }
+static DECLARE_DELAYED_WORK(afx_tcp_tick, afx_tcp_tick_fn);
 
 static void afx_tcp_data_ready(struct sock *sk) { schedule_work(&afx_tcp_work); }
 static void afx_tcp_state_change(struct sock *sk) { schedule_work(&afx_tcp_work); }
+static void afx_tcp_write_space(struct sock *sk) { schedule_work(&afx_tcp_work); }
 
 /* the callbacks the socket had before ours (the same for every TCP socket) */
 static void (*orig_data_ready)(struct sock *sk);
 static void (*orig_state_change)(struct sock *sk);
+static void (*orig_write_space)(struct sock *sk);
 
 void afx_tcp_schedule(void) { schedule_work(&afx_tcp_work); }
 void afx_tcp_schedule_after_ms(unsigned int ms) { schedule_delayed_work(&afx_tcp_dwork, msecs_to_jiffies(ms)); }
+void afx_tcp_tick_after_ms(unsigned int ms) { schedule_delayed_work(&afx_tcp_tick, msecs_to_jiffies(ms)); }
 u64 afx_now_ms(void) { return ktime_get_boottime_ns() / NSEC_PER_MSEC; }
 void afx_tcp_flush(void)
 {
 	cancel_delayed_work_sync(&afx_tcp_dwork);
+	cancel_delayed_work_sync(&afx_tcp_tick);
 	cancel_work_sync(&afx_tcp_work);
 }
 
@@ -111,9 +125,11 @@ static void afx_hook(struct sock *sk)
 	if (!orig_data_ready) {
 		orig_data_ready = sk->sk_data_ready;
 		orig_state_change = sk->sk_state_change;
+		orig_write_space = sk->sk_write_space;
 	}
 	sk->sk_data_ready = afx_tcp_data_ready;
 	sk->sk_state_change = afx_tcp_state_change;
+	sk->sk_write_space = afx_tcp_write_space;
 	write_unlock_bh(&sk->sk_callback_lock);
 }
 
@@ -172,6 +188,65 @@ int afx_tcp_connect(const u8 *addr, int port, struct socket **out)
 	return 0;
 }
 
+/*
+ * Non-blocking connect of a carrier leg: 0 and *out (connecting or
+ * connected; afx_tcp_leg_state tells), or -errno. Our callbacks are on
+ * before the connect, so its completion schedules the work; the leg gives
+ * up on a peer that stops acknowledging after user_timeout_ms.
+ */
+int afx_tcp_connect_start(const u8 *addr, int port, unsigned int user_timeout_ms, struct socket **out)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+	struct socket *s;
+	int err;
+
+	memcpy(&a.sin_addr.s_addr, addr, 4);
+	err = sock_create_kern(&init_net, AF_INET, SOCK_STREAM, IPPROTO_TCP, &s);
+	if (err)
+		return err;
+	tcp_sock_set_nodelay(s->sk);
+	tcp_sock_set_user_timeout(s->sk, user_timeout_ms);
+	afx_hook(s->sk);
+	err = kernel_connect(s, (struct sockaddr *)&a, sizeof(a), O_NONBLOCK);
+	if (err && err != -EINPROGRESS) {
+		afx_tcp_release(s);
+		return err;
+	}
+	*out = s;
+	return 0;
+}
+
+/* 1 established, 0 still connecting, -errno failed or closed */
+int afx_tcp_leg_state(struct socket *s)
+{
+	struct sock *sk = s->sk;
+	int st = READ_ONCE(sk->sk_state);
+	int err = READ_ONCE(sk->sk_err);
+
+	if (err)
+		return -err;
+	if (st == TCP_ESTABLISHED || st == TCP_CLOSE_WAIT)
+		return 1;
+	if (st == TCP_SYN_SENT || st == TCP_SYN_RECV)
+		return 0;
+	return -ECONNRESET;
+}
+
+void afx_tcp_set_user_timeout(struct socket *s, unsigned int ms)
+{
+	tcp_sock_set_user_timeout(s->sk, ms);
+}
+
+/* Send without blocking: bytes sent, -EAGAIN when the socket is full (its
+ * write_space callback then schedules the work), or -errno. */
+int afx_tcp_send_nb(struct socket *s, const void *buf, size_t len)
+{
+	struct kvec v = { .iov_base = (void *)buf, .iov_len = len };
+	struct msghdr m = { .msg_flags = MSG_NOSIGNAL | MSG_DONTWAIT };
+
+	return kernel_sendmsg(s, &m, &v, 1, len);
+}
+
 /* Non-blocking receive into a kernel buffer: bytes, 0 at EOF, or -errno. */
 int afx_tcp_recv(struct socket *s, void *buf, size_t len)
 {
@@ -199,8 +274,56 @@ void afx_tcp_release(struct socket *s)
 	if (orig_data_ready) {
 		sk->sk_data_ready = orig_data_ready;
 		sk->sk_state_change = orig_state_change;
+		sk->sk_write_space = orig_write_space;
 	}
 	write_unlock_bh(&sk->sk_callback_lock);
 	kernel_sock_shutdown(s, SHUT_RDWR);
 	sock_release(s);
+}
+
+/*
+ * This guest's own save/restore (xl save / restore / migrate): Xen's
+ * do_suspend() freezes every device (dpm_suspend_start(PMSG_FREEZE)) while
+ * grants, mappings and event channels are still valid, and after the
+ * domain is back restores them (PMSG_RESTORE; PMSG_THAW when the suspend
+ * was cancelled). A platform device of ours gets both: the freeze moves
+ * every stream connection to TCP and takes the links down properly, the
+ * restore lets the link work start over under the (new) domid.
+ */
+static int afx_pm_freeze(struct device *dev) { afx_rs_suspend(); return 0; }
+static int afx_pm_thaw(struct device *dev) { afx_rs_resume(0); return 0; }
+static int afx_pm_restore(struct device *dev) { afx_rs_resume(1); return 0; }
+static const struct dev_pm_ops afx_pm_ops = {
+	.freeze = afx_pm_freeze,
+	.thaw = afx_pm_thaw,
+	.restore = afx_pm_restore,
+};
+static struct platform_driver afx_pm_driver = {
+	.driver = { .name = "af_xen_pm", .pm = &afx_pm_ops },
+};
+static struct platform_device *afx_pm_dev;
+
+int afx_pm_register(void)
+{
+	int err = platform_driver_register(&afx_pm_driver);
+
+	if (err)
+		return err;
+	afx_pm_dev = platform_device_register_simple("af_xen_pm", -1, NULL, 0);
+	if (IS_ERR(afx_pm_dev)) {
+		err = PTR_ERR(afx_pm_dev);
+		afx_pm_dev = NULL;
+		platform_driver_unregister(&afx_pm_driver);
+		return err;
+	}
+	return 0;
+}
+
+void afx_pm_unregister(void)
+{
+	if (!afx_pm_dev)
+		return;
+	platform_device_unregister(afx_pm_dev);
+	platform_driver_unregister(&afx_pm_driver);
+	afx_pm_dev = NULL;
 }

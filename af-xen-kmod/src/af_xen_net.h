@@ -18,4 +18,14 @@ int afx_tcp_connect(const u8 *addr, int port, struct socket **out);
 int afx_tcp_recv(struct socket *s, void *buf, size_t len);
 int afx_tcp_send(struct socket *s, const void *buf, size_t len);
 void afx_tcp_release(struct socket *s);
+int afx_peer_lost_ms(void);
+void afx_tcp_tick_after_ms(unsigned int ms);
+int afx_tcp_connect_start(const u8 *addr, int port, unsigned int user_timeout_ms, struct socket **out);
+int afx_tcp_leg_state(struct socket *s);
+void afx_tcp_set_user_timeout(struct socket *s, unsigned int ms);
+int afx_tcp_send_nb(struct socket *s, const void *buf, size_t len);
+void afx_rs_suspend(void);
+void afx_rs_resume(int restored);
+int afx_pm_register(void);
+void afx_pm_unregister(void);
 #endif

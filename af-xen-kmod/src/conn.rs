@@ -80,6 +80,12 @@ pub(crate) enum Read {
     Empty(PeerEnd),
     /// the producer reset the connection (unread data is dropped)
     Reset,
+    /// the connection's switch has left this ring, or TCP bytes come
+    /// first: nothing was read (carrier.rs decides where to read)
+    OffRing,
+    /// the switch refused to count bytes taken off the ring (a read after
+    /// the switch): the connection must reset, the count is lost
+    Untracked,
 }
 
 /// Where a ring's memory lives.
@@ -162,7 +168,8 @@ impl Pipe {
     /// Our receive ring for a connection with the link's peer, of at least
     /// `capacity` bytes (SO_RCVBUF) up to what the peer can map, granted to
     /// it. Returns the pipe and the RingGrant to announce.
-    pub(crate) fn new_granted(link: &Arc<Link>, me: u32, conn_id: u32, capacity: usize) -> Result<(Arc<Pipe>, crate::ctrl::RingGrant)> {
+    /// `epoch`: 0 at connect, then the carrier's next ring (migration).
+    pub(crate) fn new_granted(link: &Arc<Link>, me: u32, conn_id: u32, capacity: usize, epoch: u32) -> Result<(Arc<Pipe>, crate::ctrl::RingGrant)> {
         let mut g = RingGeometry::for_capacity(capacity);
         if g.order() > max_order() {
             g = RingGeometry::new(max_order()).map_err(|_| EINVAL)?;
@@ -173,12 +180,12 @@ impl Pipe {
             owner_domid: me,
             peer_domid: link.peer,
             conn_id,
-            epoch: 0,
+            epoch,
         };
         let (ring, rg, mem) = if g.is_compact() {
             let grant = Grant::new(link.peer)?;
             let ring = grant.ring(g).ok_or(EINVAL)?;
-            let rg = crate::ctrl::RingGrant { order: g.order() as u8, epoch: 0, header_ref: grant.gref, dir_ref: 0 };
+            let rg = crate::ctrl::RingGrant { order: g.order() as u8, epoch, header_ref: grant.gref, dir_ref: 0 };
             (ring, rg, Carrier::Granted(grant))
         } else {
             let header = Grant::new(link.peer)?;
@@ -198,7 +205,7 @@ impl Pipe {
                 dir.directory().write_refs(&refs).map_err(|_| EINVAL)?;
             }
             let ring = header.large_ring(&data, g).ok_or(EINVAL)?;
-            let rg = crate::ctrl::RingGrant { order: g.order() as u8, epoch: 0, header_ref: header.gref, dir_ref: dir.gref };
+            let rg = crate::ctrl::RingGrant { order: g.order() as u8, epoch, header_ref: header.gref, dir_ref: dir.gref };
             (ring, rg, Carrier::GrantedLarge(header, dir, data))
         };
         ring.header().init(&id);
@@ -207,10 +214,11 @@ impl Pipe {
     }
 
     /// The peer's receive ring (named in its ConnectRequest/Accept), mapped
-    /// and checked against what the frame announced.
-    pub(crate) fn new_mapped(link: &Arc<Link>, me: u32, rg: &crate::ctrl::RingGrant, peer_conn: u32) -> Result<Arc<Pipe>> {
+    /// and checked against what the frame announced. `epoch`: the one the
+    /// frame must name (0 at connect, a RingOffer's on a switch back).
+    pub(crate) fn new_mapped(link: &Arc<Link>, me: u32, rg: &crate::ctrl::RingGrant, peer_conn: u32, epoch: u32) -> Result<Arc<Pipe>> {
         let order = rg.order as u32;
-        if rg.epoch != 0 || order < crate::layout::MIN_RING_ORDER || order > max_order() {
+        if rg.epoch != epoch || order < crate::layout::MIN_RING_ORDER || order > max_order() {
             return Err(EINVAL);
         }
         let g = RingGeometry::new(order).map_err(|_| EINVAL)?;
@@ -244,7 +252,7 @@ impl Pipe {
                 owner_domid: link.peer,
                 peer_domid: me,
                 conn_id: peer_conn,
-                epoch: 0,
+                epoch,
             })
             .map_err(|_| EINVAL)?;
         let wake = PipeWake::new(ring, false)?;
@@ -323,9 +331,22 @@ impl Pipe {
     /// One step of recvmsg: copies up to `max` readable bytes (at most
     /// `STEP`) straight from the ring to `msg`; unless `peek`, consumes
     /// what reached the user and kicks the peer if it waits for space.
-    pub(crate) fn read_msg(&self, msg: &mut Msg, max: usize, peek: bool) -> core::result::Result<Read, RingError> {
+    /// `sw`, an inter-domain stream's switch, is asked under the consumer
+    /// lock whether the ring may be read, and told what was taken.
+    pub(crate) fn read_msg(
+        &self,
+        msg: &mut Msg,
+        max: usize,
+        peek: bool,
+        sw: Option<&crate::carrier::Switch>,
+    ) -> core::result::Result<Read, RingError> {
         let (out, short, kick) = {
             let mut c = self.rx.lock();
+            if let Some(sw) = sw {
+                if !crate::carrier::ring_read_ok(sw) {
+                    return Ok(Read::OffRing);
+                }
+            }
             let end = c.peer_end()?;
             if end.reset {
                 return Ok(Read::Reset);
@@ -346,6 +367,11 @@ impl Pipe {
                 return Ok(Read::Bytes(out, out < n as usize));
             }
             c.skip(out as u32)?;
+            if let Some(sw) = sw {
+                if crate::carrier::ring_taken(sw, out).is_err() {
+                    return Ok(Read::Untracked);
+                }
+            }
             (out, out < n as usize, c.flush())
         };
         match &self.link {

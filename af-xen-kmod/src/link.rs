@@ -136,11 +136,13 @@ pub(crate) struct LinkTable {
     pub(crate) links: KVec<Arc<Link>>,
     pub(crate) watches: KVec<xs::Watch>,
     pub(crate) stopping: bool,
+    /// this guest is being saved: no link until it is back
+    pub(crate) suspended: bool,
 }
 
 impl LinkTable {
     pub(crate) fn new() -> Self {
-        LinkTable { links: KVec::new(), watches: KVec::new(), stopping: false }
+        LinkTable { links: KVec::new(), watches: KVec::new(), stopping: false, suspended: false }
     }
 }
 
@@ -208,6 +210,11 @@ impl Link {
             }),
             GFP_KERNEL,
         )
+    }
+
+    /// Whether the peer's half is attached (frames can be sent).
+    pub(crate) fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
     }
 
     /// Kicks the peer (its rings moved or their flags changed).
@@ -319,30 +326,69 @@ impl Link {
         i.peer = Some(PeerHalf { tx, chan, gref, port, _map: map });
         self.up.store(true, Ordering::Release);
         self.wake.set_up(true);
-        let _ = xs::write_state(&self.my_dir, STATE_CONNECTED);
+        // Only into our own advertisement: when the pair's directories are
+        // made again, the peer's half can be back before dom0 made ours, and
+        // a write would create our directory's `state` with the link root's
+        // owner-only permissions, which the peer then cannot read (run
+        // kmod-migrate-20261122-100732: the peer never attached again).
+        // `readvertise` writes the state with the rest.
+        let ours = i.mine.as_ref().map(|m| xs::read_u32(&self.my_dir, c"ring-ref") == Some(m._grant.gref)).unwrap_or(false);
+        if ours {
+            let _ = xs::write_state(&self.my_dir, STATE_CONNECTED);
+        }
         pr_info!("link to dom{} up (peer ring-ref {} event-channel {})\n", self.peer, gref, port);
+        // connections that moved to TCP offer rings again (carrier.rs)
+        crate::carrier::link_up();
         Ok(())
     }
 
-    /// The peer went away: every connection over the link is reset.
+    /// The peer went away: stream connections switch to their TCP legs
+    /// and stay listed (a ring offer finds them when the link is back);
+    /// every other connection over the link is reset.
     fn detach(&self, i: &mut LinkInner, why: &str) {
         sys::counters::add(&sys::counters::LINKS_DOWN, 1);
         self.up.store(false, Ordering::Release);
         self.wake.set_up(false);
         self.kick_port.store(0, Ordering::Release);
-        let ph = i.peer.take();
-        drop(ph);
         // frames for the peer that went away
         i.backlog = KVec::new();
-        let conns = core::mem::replace(&mut i.conns, RBTree::new());
-        for (_, s) in conns.iter() {
-            sock::link_lost(s);
-        }
-        drop(conns);
         // nobody can map them any more (the rings go as the peer unmaps)
         let lent = core::mem::replace(&mut i.lent, RBTree::new());
         drop(lent);
         pr_info!("link to dom{} down: {}\n", self.peer, why);
+        // the peer's rings stay mapped until the switches copied them back
+        let mut lost: KVec<u32> = KVec::new();
+        for (id, s) in i.conns.iter() {
+            if !crate::carrier::peer_gone(s) && lost.push(*id, GFP_KERNEL).is_err() {
+                sock::link_lost(s);
+            }
+        }
+        for id in lost.iter() {
+            if let Some(s) = i.conns.remove(id) {
+                sock::link_lost(&s);
+            }
+        }
+        let ph = i.peer.take();
+        drop(ph);
+    }
+
+    /// Our directory for this link came back empty (dom0/the agent made
+    /// the pair co-resident again): advertise our half again; the peer
+    /// attaches to it as at first.
+    fn readvertise(&self) {
+        let i = self.inner.lock();
+        let Some(mine) = i.mine.as_ref() else { return };
+        // ring-ref, not state: attaching to the peer's half writes our
+        // state into the new, empty directory before we advertised again
+        // (run kmod-migrate-20261122-091200: state 4 without a ring-ref,
+        // and the peer never attached)
+        if xs::read_u32(&self.my_dir, c"ring-ref") == Some(mine._grant.gref) {
+            return;
+        }
+        let state = if i.peer.is_some() { STATE_CONNECTED } else { STATE_INITIALISED };
+        if xs::advertise(&self.my_dir, mine._grant.gref, mine._chan.port, state).is_ok() {
+            pr_info!("link to dom{}: directory back, advertised again\n", self.peer);
+        }
     }
 
     /// Follows the peer's state, drains control frames, wakes sockets.
@@ -389,9 +435,60 @@ impl Link {
             if let (Some(r), Some(p)) = (gref, port) {
                 if let Err(x) = self.attach(i, r, p) {
                     pr_warn!("link to dom{}: cannot attach to ring-ref {} port {}: {:?}\n", self.peer, r, p, x);
+                } else {
+                    self.adopt_moved(i);
                 }
             }
         }
+    }
+
+    /// Stream connections to this peer's domid that went to TCP under an
+    /// earlier link to it (gone with our own save/restore, or with the
+    /// pair's link directories) continue under this one: ring offers go here.
+    fn adopt_moved(self: &Arc<Self>, i: &mut LinkInner) {
+        let p = sock::globals().ports.lock();
+        for (_, xs) in p.all.iter() {
+            let (id, old) = {
+                let mut inner = xs.inner.lock();
+                let stale = inner.link.as_ref().map(|l| !Arc::ptr_eq(l, self) && !l.is_up()).unwrap_or(false);
+                if inner.state != sock::State::Connected || inner.released || inner.sw.is_none() || inner.peer.domid != self.peer || !stale {
+                    continue;
+                }
+                (inner.conn_id, inner.link.replace(self.clone()))
+            };
+            drop(old);
+            if i.conns.get(&id).is_none() {
+                let _ = i.conns.try_create_and_insert(id, xs.clone(), GFP_KERNEL);
+            }
+            pr_info!("connection {}: continues under the new link to dom{}\n", id, self.peer);
+        }
+    }
+
+    /// A `RingOffer` for a connection this link does not know: the peer
+    /// moved (its domid changed with a save/restore) and offers a ring for
+    /// a connection of ours that went to TCP when its old link died. The
+    /// connection id must name such a connection; the ring's identity
+    /// header (owner = this peer, connection = its id) is checked when it
+    /// is mapped.
+    fn adopt_offer(self: &Arc<Self>, i: &mut LinkInner, conn_id: u32) -> Option<Arc<XenSock>> {
+        let p = sock::globals().ports.lock();
+        for (_, xs) in p.all.iter() {
+            let old = {
+                let mut inner = xs.inner.lock();
+                let stale = inner.link.as_ref().map(|l| l.peer != self.peer && !l.is_up()).unwrap_or(false);
+                if inner.conn_id != conn_id || inner.state != sock::State::Connected || inner.released || inner.sw.is_none() || !stale {
+                    continue;
+                }
+                let was = inner.peer.domid;
+                inner.peer.domid = self.peer;
+                pr_info!("connection {}: peer dom{} is now dom{}\n", conn_id, was, self.peer);
+                inner.link.replace(self.clone())
+            };
+            drop(old);
+            let _ = i.conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL);
+            return Some(xs.clone());
+        }
+        None
     }
 
     /// Sends the ConnectRequests of pending connects over this link, if it
@@ -567,6 +664,15 @@ impl Link {
                     sock::link_lost(&s);
                 }
             }
+            Message::RingOffer { conn_id, rx } => {
+                let s = match i.conns.get(&conn_id).cloned() {
+                    Some(s) => Some(s),
+                    None => self.adopt_offer(i, conn_id),
+                };
+                if let Some(s) = s {
+                    crate::carrier::on_ring_offer(&s, rx);
+                }
+            }
             // Both directions' flags are already in the rings; the wake
             // after the drain lets the socket see them.
             Message::Close { conn_id } => {
@@ -587,9 +693,9 @@ fn globals_table() -> &'static Mutex<LinkTable> {
 
 /// The link to `peer`, advertised now if dom0 made its directory for us.
 pub(crate) fn get_or_create(peer: u32) -> core::result::Result<Arc<Link>, i32> {
-    let me = sock::globals().own_domid;
+    let me = sock::globals().own_domid();
     let mut t = globals_table().lock();
-    if t.stopping {
+    if t.stopping || t.suspended {
         return Err(e::ENETUNREACH);
     }
     if let Some(l) = t.links.iter().find(|l| l.peer == peer) {
@@ -612,11 +718,18 @@ pub(crate) fn get_or_create(peer: u32) -> core::result::Result<Arc<Link>, i32> {
 /// Module init: watch our link directory (dom0 creating a link) and domain
 /// deaths, then look once.
 pub(crate) fn start() {
-    let me = sock::globals().own_domid;
+    let me = sock::globals().own_domid();
     if me == 0 {
         return;
     }
     let mut t = globals_table().lock();
+    add_watches(&mut t, me);
+    drop(t);
+    sys::schedule_work();
+}
+
+/// Our link directory (dom0 creating a link) and domain deaths.
+fn add_watches(t: &mut LinkTable, me: u32) {
     if let Ok(p) = root(me) {
         if let Ok(w) = xs::Watch::add(&p) {
             let _ = t.watches.push(w, GFP_KERNEL);
@@ -627,20 +740,79 @@ pub(crate) fn start() {
             let _ = t.watches.push(w, GFP_KERNEL);
         }
     }
-    drop(t);
+}
+
+/// Set by the restore hook: the work item starts over under our new domid.
+static RESUMED: AtomicBool = AtomicBool::new(false);
+
+/// This guest is about to be saved (`xl save`/`migrate`; the freeze hook,
+/// with grants, mappings and event channels still valid): every link goes
+/// down properly, its stream connections move to TCP (carrier.rs, the
+/// read-back copy is taken from the peer's pages while they are mapped),
+/// and our advertisements are retracted. Nothing of it is left to touch
+/// after the restore, when all of it would be stale.
+pub(crate) fn suspend_all() {
+    let (links, watches) = {
+        let mut t = globals_table().lock();
+        if t.stopping {
+            return;
+        }
+        t.suspended = true;
+        (core::mem::replace(&mut t.links, KVec::new()), core::mem::replace(&mut t.watches, KVec::new()))
+    };
+    drop(watches);
+    for l in links.iter() {
+        let (w, mine) = {
+            let mut i = l.inner.lock();
+            l.detach(&mut i, "this domain is being saved");
+            (i.watch.take(), i.mine.take())
+        };
+        drop(w);
+        xs::retract(&l.my_dir);
+        drop(mine);
+    }
+    pr_info!("suspend: {} links down, stream connections on TCP\n", links.len());
+}
+
+/// The freeze is over: restored (a new domain, maybe a new domid) or the
+/// suspend was cancelled. The work item starts the links over.
+pub(crate) fn resumed(restored: bool) {
+    pr_info!("{}: links start over\n", if restored { "restored" } else { "suspend cancelled" });
+    RESUMED.store(true, Ordering::Release);
+    crate::carrier::resumed();
     sys::schedule_work();
+}
+
+/// Work item, after a restore: our domid as XenStore says now, watches on
+/// our (new) link directory.
+fn start_over() {
+    let old = sock::globals().own_domid();
+    let me = sys::xenstore_read_u32(c"domid", c"").unwrap_or(old);
+    sock::globals().set_own_domid(me);
+    let mut t = globals_table().lock();
+    t.suspended = false;
+    let w = core::mem::replace(&mut t.watches, KVec::new());
+    add_watches(&mut t, me);
+    drop(t);
+    drop(w);
+    pr_info!("back as dom{} (was dom{})\n", me, old);
 }
 
 /// The work item.
 pub(crate) fn work() {
-    let me = sock::globals().own_domid;
+    let resumed = RESUMED.swap(false, Ordering::AcqRel);
+    if resumed {
+        start_over();
+    }
+    let me = sock::globals().own_domid();
     if me == 0 {
         return;
     }
-    let xs_changed = sys::take_xs_dirty();
+    let xs_changed = sys::take_xs_dirty() || resumed;
+    let mut ids = [0u32; 64];
+    let mut n = 0;
     if let Ok(dir) = root(me).and_then(|d| if xs_changed { Ok(d) } else { Err(EAGAIN) }) {
-        let mut ids = [0u32; 64];
-        let n = xs::dir_ids(&dir, &mut ids);
+        n = xs::dir_ids(&dir, &mut ids);
         for &peer in &ids[..n] {
             if peer != me {
                 let _ = get_or_create(peer);
@@ -649,7 +821,7 @@ pub(crate) fn work() {
     }
     let links: KVec<Arc<Link>> = {
         let t = globals_table().lock();
-        if t.stopping {
+        if t.stopping || t.suspended {
             return;
         }
         let mut v = KVec::new();
@@ -661,7 +833,54 @@ pub(crate) fn work() {
         v
     };
     for l in links.iter() {
+        if xs_changed && ids[..n].contains(&l.peer) {
+            l.readvertise();
+        }
         l.service(xs_changed);
+    }
+}
+
+/// While stream connections wait on TCP for their link to come back:
+/// look at the links that are down as if a watch had fired (the TCP work
+/// item calls this at most every 500 ms). A watch event can be missed
+/// while a link directory is being made again (run
+/// kmod-migrate-20261122-093132: one side re-advertised, the other never
+/// attached to it), and a connection must not stay on TCP because of it.
+pub(crate) fn poll_down_links() {
+    static LAST_MS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+    let now = crate::sys_net::now_ms();
+    let last = LAST_MS.load(Ordering::Relaxed);
+    if now < last + 500 || LAST_MS.compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+        return;
+    }
+    let me = sock::globals().own_domid();
+    let links: KVec<Arc<Link>> = {
+        let t = globals_table().lock();
+        if t.stopping || t.suspended {
+            return;
+        }
+        let mut v = KVec::new();
+        for l in t.links.iter() {
+            if !l.is_up() && v.push(l.clone(), GFP_KERNEL).is_err() {
+                break;
+            }
+        }
+        v
+    };
+    if links.is_empty() {
+        return;
+    }
+    let mut ids = [0u32; 64];
+    let n = root(me).map(|d| xs::dir_ids(&d, &mut ids)).unwrap_or(0);
+    for l in links.iter() {
+        if !ids[..n].contains(&l.peer) {
+            continue;
+        }
+        l.readvertise();
+        let mut i = l.inner.lock();
+        if i.mine.is_some() && i.peer.is_none() {
+            l.follow_peer(&mut i);
+        }
     }
 }
 

@@ -114,6 +114,8 @@ pub(crate) struct Inner {
     pub(crate) test_bad_directory: bool,
     /// inter-domain: cookie and peer endpoint of the TCP carrier (tcp.rs)
     pub(crate) tcp: crate::tcp::ConnTcp,
+    /// inter-domain stream: the carrier switch (carrier.rs)
+    pub(crate) sw: Option<Arc<crate::carrier::Switch>>,
     /// inter-domain: our one Close or Reset for this connection went out
     /// (or there is nobody to tell)
     pub(crate) end_sent: bool,
@@ -163,6 +165,7 @@ impl XenSock {
                     request: None,
                     test_bad_directory: false,
                     tcp: crate::tcp::ConnTcp::default(),
+                    sw: None,
                     end_sent: false,
                     connect_deadline_ms: 0,
                     peer_ended: false,
@@ -185,7 +188,8 @@ impl PinnedDrop for XenSock {
 /// Module-wide state: the port table and our domid.
 #[pin_data]
 pub(crate) struct Globals {
-    pub(crate) own_domid: u32,
+    /// our domid; a restore after `xl save` gives a new one (carrier.rs)
+    own: core::sync::atomic::AtomicU32,
     #[pin]
     pub(crate) ports: Mutex<Ports>,
     #[pin]
@@ -200,9 +204,18 @@ pub(crate) struct Ports {
 }
 
 impl Globals {
+    pub(crate) fn own_domid(&self) -> u32 {
+        self.own.load(core::sync::atomic::Ordering::Acquire)
+    }
+
+    /// After a restore: the domid XenStore gives us now.
+    pub(crate) fn set_own_domid(&self, domid: u32) {
+        self.own.store(domid, core::sync::atomic::Ordering::Release);
+    }
+
     pub(crate) fn new(own_domid: u32) -> impl PinInit<Self, Error> {
         try_pin_init!(Globals {
-            own_domid,
+            own: core::sync::atomic::AtomicU32::new(own_domid),
             ports <- new_mutex!(Ports {
                 map: RBTree::new(),
                 next_ephemeral: EPHEMERAL_FIRST,
@@ -336,7 +349,8 @@ fn destroy(xs: &Arc<XenSock>) {
         )
     };
     if link.is_some() {
-        // its TCP legs go with it
+        // its TCP legs go once what it sent is out (carrier.rs)
+        crate::carrier::closing(xs);
         crate::tcp::connection_ended();
     }
     // SO_LINGER with l_linger 0: abortive close, the peer sees
@@ -457,7 +471,7 @@ unsafe extern "C" fn xs_release(sock: *mut bindings::socket) -> c_int {
 // ---- bind / listen / getname -------------------------------------------------
 
 fn domid_ok(domid: u32) -> bool {
-    domid == DOMID_ANY || domid == DOMID_SELF || domid == globals().own_domid
+    domid == DOMID_ANY || domid == DOMID_SELF || domid == globals().own_domid()
 }
 
 /// Binds `xs` to `port` (PORT_ANY: ephemeral). Caller checked the state.
@@ -484,7 +498,7 @@ fn do_bind(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
     };
     p.map.try_create_and_insert(port, xs.clone(), GFP_KERNEL).map_err(|_| e::ENOMEM)?;
     let mut i = xs.inner.lock();
-    i.local = Addr { port, domid: globals().own_domid };
+    i.local = Addr { port, domid: globals().own_domid() };
     i.bound = true;
     if i.state == State::Unbound {
         i.state = State::Bound;
@@ -583,7 +597,7 @@ unsafe extern "C" fn xs_connect(
         return pending;
     }
     let nonblock = flags & bindings::O_NONBLOCK as c_int != 0;
-    if a.domid == DOMID_SELF || a.domid == globals().own_domid {
+    if a.domid == DOMID_SELF || a.domid == globals().own_domid() {
         let xs: Arc<XenSock> = xs.into();
         return match connect_local(&xs, a.port) {
             Ok(()) => {
@@ -641,14 +655,15 @@ pub(crate) fn connect_deadline(xs: &XenSock) -> Option<u64> {
 /// waits; SO_SNDTIMEO running out is EINPROGRESS and a signal EINTR (the
 /// connect stays in progress, as TCP's), our own bound ETIMEDOUT (aborted).
 fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::Result<(), i32> {
-    let me = globals().own_domid;
+    let me = globals().own_domid();
     let link = crate::link::get_or_create(a.domid)?;
     if !xs.inner.lock().bound {
         do_bind(xs, PORT_ANY)?;
     }
     let conn_id = crate::link::next_conn_id();
     let cap = crate::conn::rx_ring_capacity(&xs.sk);
-    let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap).map_err(|_| e::ENOMEM)?;
+    let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap, 0).map_err(|_| e::ENOMEM)?;
+    let sw = if xs.inner.lock().seqpacket { None } else { crate::carrier::Switch::new(cap).ok() };
     if xs.inner.lock().test_bad_directory {
         rx.test_spoil_directory();
     }
@@ -663,6 +678,7 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
         i.reset = false;
         i.request = Some(rx_grant);
         i.tcp = crate::tcp::ConnTcp { cookie: crate::tcp::new_cookie(), peer: crate::ctrl::TcpEndpoint::NONE };
+        i.sw = sw;
         i.connect_deadline_ms = crate::sys_net::now_ms() + CONNECT_TIMEOUT_MS as u64;
     }
     if link.inner.lock().conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL).is_err() {
@@ -735,7 +751,7 @@ pub(crate) fn accept_remote(
     rg: &crate::ctrl::RingGrant,
 ) -> core::result::Result<(Arc<XenSock>, u32, crate::ctrl::RingGrant), crate::ctrl::RejectReason> {
     use crate::ctrl::RejectReason as R;
-    let me = globals().own_domid;
+    let me = globals().own_domid();
     let l = {
         let p = globals().ports.lock();
         p.map.get(&dst_port).cloned()
@@ -756,14 +772,15 @@ pub(crate) fn accept_remote(
     let child = new_child(&l).ok_or(R::NoResources)?;
     let my_id = crate::link::next_conn_id();
     let cap = crate::conn::rx_ring_capacity(&child.sk);
-    let (rx, rx_grant) = match Pipe::new_granted(link, me, my_id, cap) {
+    let (rx, rx_grant) = match Pipe::new_granted(link, me, my_id, cap, 0) {
         Ok(v) => v,
         Err(_) => return Err(discard_child(&child, R::NoResources)),
     };
-    let tx = match Pipe::new_mapped(link, me, rg, peer_conn) {
+    let tx = match Pipe::new_mapped(link, me, rg, peer_conn, 0) {
         Ok(t) => t,
         Err(_) => return Err(discard_child(&child, R::BadRequest)),
     };
+    let sw = if seqpacket { None } else { crate::carrier::Switch::new(cap).ok() };
     {
         let mut c = child.inner.lock();
         c.state = State::Connected;
@@ -777,6 +794,7 @@ pub(crate) fn accept_remote(
         c.link = Some(link.clone());
         c.conn_id = my_id;
         c.peer_conn = peer_conn;
+        c.sw = sw;
         c.lends_rx = true;
     }
     match queue_child(&l, &child) {
@@ -883,11 +901,11 @@ pub(crate) fn connect_accepted(
     acceptor_id: u32,
     rg: &crate::ctrl::RingGrant,
 ) -> core::result::Result<(), ()> {
-    let me = globals().own_domid;
+    let me = globals().own_domid();
     if xs.inner.lock().state != State::Connecting {
         return Err(());
     }
-    match Pipe::new_mapped(link, me, rg, acceptor_id) {
+    match Pipe::new_mapped(link, me, rg, acceptor_id, 0) {
         Ok(tx) => {
             {
                 let mut i = xs.inner.lock();
@@ -966,7 +984,7 @@ pub(crate) fn link_lost(xs: &Arc<XenSock>) {
 /// Loopback connection to a listener of this domain: the accepted child and
 /// both rings are made at once, so connect() completes immediately.
 fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
-    let me = globals().own_domid;
+    let me = globals().own_domid();
     let listener = {
         let p = globals().ports.lock();
         p.map.get(&port).cloned()
@@ -1150,6 +1168,19 @@ unsafe extern "C" fn xs_poll(
                     Err(_) => err_ = true,
                 }
             }
+            // a direction on TCP (carrier.rs)
+            let sw = xs.inner.lock().sw.clone();
+            if let Some(sw) = sw.filter(|s| s.is_active()) {
+                let (readable, rdh, writable, wrh) = crate::carrier::poll_bits(&sw);
+                if readable {
+                    mask |= POLLIN | POLLRDNORM;
+                }
+                rd_hup |= rdh;
+                if writable && !shut_wr {
+                    mask |= POLLOUT | POLLWRNORM;
+                }
+                wr_hup |= wrh;
+            }
             if rd_hup {
                 mask |= POLLIN | POLLRDNORM | POLLRDHUP;
             }
@@ -1222,6 +1253,7 @@ unsafe extern "C" fn xs_shutdown(sock: *mut bindings::socket, how: c_int) -> c_i
     i.shut_wr |= wr;
     drop(i);
     if wr {
+        crate::carrier::finish(&xs);
         if let Some(tx) = tx {
             tx.tx.lock().finish();
             tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
@@ -1303,12 +1335,21 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
     if shut_wr {
         return epipe(0);
     }
-    let Some(tx) = tx else { return err(e::ENOTCONN) };
-    // the event-channel interrupt wakes us when the peer frees space
-    tx.set_owner(&xs.sk);
+    // inter-domain stream: the switch says which carrier (carrier.rs)
+    let sw = xs.inner.lock().sw.clone();
     if seqpacket {
+        let Some(tx) = tx else { return err(e::ENOTCONN) };
+        tx.set_owner(&xs.sk);
         return crate::seqpacket::sendmsg(&xs, &mut msg, &tx);
     }
+    if tx.is_none() && sw.is_none() {
+        return err(e::ENOTCONN);
+    }
+    // the event-channel interrupt wakes us when the peer frees space
+    if let Some(tx) = &tx {
+        tx.set_owner(&xs.sk);
+    }
+    let mut tx_cur = tx;
     let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;
     let mut timeo: c_long = xs.sk.sndtimeo(nonblock);
     let total = msg.left();
@@ -1317,12 +1358,62 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
         if xs.inner.lock().reset {
             return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
         }
+        if let Some(sw) = &sw {
+            use crate::carrier::Write;
+            match crate::carrier::send(&xs, sw, &mut msg, total - copied) {
+                Write::Ring => {
+                    let now = xs.inner.lock().tx.clone();
+                    // a ring the switch came back to: its interrupts wake us too
+                    if let Some(t) = &now {
+                        if !tx_cur.as_ref().map(|c| Arc::ptr_eq(c, t)).unwrap_or(false) {
+                            t.set_owner(&xs.sk);
+                        }
+                    }
+                    tx_cur = now;
+                }
+                Write::Sent(n) => {
+                    copied += n;
+                    continue;
+                }
+                Write::Blocked => {
+                    if nonblock {
+                        if copied > 0 {
+                            break;
+                        }
+                        return err(e::EAGAIN);
+                    }
+                    let r = xs.sk.wait(&mut timeo, || crate::carrier::tx_ready(sw) || xs.inner.lock().reset);
+                    if let Err(x) = r {
+                        return if copied > 0 { copied as c_int } else { err(x) };
+                    }
+                    continue;
+                }
+                Write::Pipe => return epipe(copied),
+                Write::Fault => return if copied > 0 { copied as c_int } else { err(e::EFAULT) },
+            }
+        }
+        let Some(tx) = tx_cur.clone() else { return if copied > 0 { copied as c_int } else { err(e::ENOTCONN) } };
+        // the switch stays on this ring until the bytes are counted
+        let mut on_ring = match &sw {
+            Some(sw) => match crate::carrier::ring_writer(sw) {
+                Some(w) => Some(w),
+                None => continue,
+            },
+            None => None,
+        };
         // copied straight from the user's iovecs into the ring, a step at
         // a time (conn.rs, Pipe::write_msg)
         let step = match tx.write_msg(&mut msg, total - copied) {
             Ok(w) => w,
-            Err(why) => return err(conn_reset(&xs, why)),
+            Err(why) => {
+                drop(on_ring);
+                return err(conn_reset(&xs, why));
+            }
         };
+        if let (Some(r), Wrote::Bytes(n)) = (on_ring.as_mut(), &step) {
+            r.sent(*n);
+        }
+        drop(on_ring);
         match step {
             Wrote::Bytes(n) => {
                 copied += n;
@@ -1339,6 +1430,8 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
         if copied > 0 && nonblock {
             break;
         }
+        // the switch leaving the ring ends the wait as well
+        let off_ring = || sw.as_ref().map(|s| !s.tx_on_ring()).unwrap_or(false);
         // prepare_wait publishes our event index and re-checks: the peer
         // kicks once half the ring is free, not on its first byte read (as
         // TCP wakes a writer once a third of its send buffer is free), so
@@ -1354,7 +1447,7 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
         let r = xs.sk.wait(&mut timeo, || {
             let sleep = tx.tx.lock().prepare_wait(want);
             match sleep {
-                Ok(sleep) => !sleep || xs.inner.lock().reset,
+                Ok(sleep) => !sleep || xs.inner.lock().reset || off_ring(),
                 Err(_) => true,
             }
         });
@@ -1388,12 +1481,20 @@ unsafe extern "C" fn xs_recvmsg(
         State::Closed => return 0,
         _ => return err(e::ENOTCONN),
     }
-    let Some(rx) = rx else { return err(e::ENOTCONN) };
-    // the event-channel interrupt wakes us when data arrives
-    rx.set_owner(&xs.sk);
+    let sw = xs.inner.lock().sw.clone();
     if seqpacket {
+        let Some(rx) = rx else { return err(e::ENOTCONN) };
+        rx.set_owner(&xs.sk);
         return crate::seqpacket::recvmsg(&xs, &mut msg, &rx, flags, peer);
     }
+    if rx.is_none() && sw.is_none() {
+        return err(e::ENOTCONN);
+    }
+    // the event-channel interrupt wakes us when data arrives
+    if let Some(rx) = &rx {
+        rx.set_owner(&xs.sk);
+    }
+    let mut rx_cur = rx;
     let peek = flags & bindings::MSG_PEEK as i32 != 0;
     let waitall = flags & bindings::MSG_WAITALL as i32 != 0 && !peek;
     let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;
@@ -1404,10 +1505,51 @@ unsafe extern "C" fn xs_recvmsg(
         if xs.inner.lock().reset {
             return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
         }
+        if let Some(sw) = &sw {
+            use crate::carrier::Read;
+            match crate::carrier::recv(&xs, sw, &mut msg, total - copied, peek) {
+                Read::Ring => {
+                    let now = xs.inner.lock().rx.clone();
+                    // a ring the switch came back to: its interrupts wake us too
+                    if let Some(r) = &now {
+                        if !rx_cur.as_ref().map(|c| Arc::ptr_eq(c, r)).unwrap_or(false) {
+                            r.set_owner(&xs.sk);
+                        }
+                    }
+                    rx_cur = now;
+                }
+                Read::Got(n) => {
+                    if peek {
+                        msg.set_name(&peer.bytes());
+                        return n as c_int;
+                    }
+                    copied += n;
+                    continue;
+                }
+                Read::Empty { eof } => {
+                    if eof || shut_rd || (copied > 0 && !waitall) {
+                        break;
+                    }
+                    let r = xs.sk.wait(&mut timeo, || {
+                        let i = xs.inner.lock();
+                        let stop = i.shut_rd || i.reset;
+                        drop(i);
+                        stop || crate::carrier::rx_ready(sw)
+                    });
+                    if let Err(x) = r {
+                        return if copied > 0 { copied as c_int } else { err(x) };
+                    }
+                    continue;
+                }
+                Read::Fault => return if copied > 0 { copied as c_int } else { err(e::EFAULT) },
+                Read::Reset => return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) },
+            }
+        }
+        let Some(rx) = rx_cur.clone() else { return if copied > 0 { copied as c_int } else { err(e::ENOTCONN) } };
         // copied straight from the ring to the user's iovecs, a step at a
         // time (conn.rs, Pipe::read_msg); a reset drops what was not read
         // yet (TCP's RST does too)
-        let step = match rx.read_msg(&mut msg, total - copied, peek) {
+        let step = match rx.read_msg(&mut msg, total - copied, peek, sw.as_deref()) {
             Ok(r) => r,
             Err(why) => return err(conn_reset(&xs, why)),
         };
@@ -1416,6 +1558,9 @@ unsafe extern "C" fn xs_recvmsg(
                 xs.inner.lock().reset = true;
                 return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
             }
+            // the switch left this ring: it says where to read next
+            Read::OffRing => continue,
+            Read::Untracked => return err(conn_reset(&xs, "ring read after the switch")),
             Read::Bytes(0, _) => {
                 // the user's buffer faulted before any byte moved
                 return if copied > 0 { copied as c_int } else { err(e::EFAULT) };
@@ -1434,6 +1579,8 @@ unsafe extern "C" fn xs_recvmsg(
         if end.fin || shut_rd || (copied > 0 && !waitall) {
             break;
         }
+        // the switch leaving the ring ends the wait as well
+        let off_ring = || sw.as_ref().map(|s| !crate::carrier::ring_read_ok(s)).unwrap_or(false);
         // SO_BUSY_POLL: a reply due within the budget costs no event
         // index, kick, interrupt or sleep
         if timeo != 0 && xs.sk.busy_wait(|| rx.rx_pending()) {
@@ -1446,7 +1593,9 @@ unsafe extern "C" fn xs_recvmsg(
             match sleep {
                 Ok(sleep) => {
                     let i = xs.inner.lock();
-                    !sleep || i.shut_rd || i.reset
+                    let stop = !sleep || i.shut_rd || i.reset;
+                    drop(i);
+                    stop || off_ring()
                 }
                 Err(_) => true,
             }
@@ -1609,12 +1758,12 @@ impl core::fmt::Write for Line {
 /// /proc/net/af_xen: one line per socket.
 pub(crate) fn proc_show(seq: &mut sys::Seq) {
     use core::fmt::Write;
-    seq.write(b"state       local            peer             rx_size rx_fill tx_size tx_fill bytes_in bytes_out carrier\n");
+    seq.write(b"state       local            peer             rx_size rx_fill tx_size tx_fill bytes_in bytes_out carrier    to_tcp to_ring\n");
     let p = globals().ports.lock();
     for (_, xs) in p.all.iter() {
-        let (st, local, peer, bound, tx, rx, bin, bout, reset) = {
+        let (st, local, peer, bound, tx, rx, bin, bout, reset, sw) = {
             let i = xs.inner.lock();
-            (i.state, i.local, i.peer, i.bound, i.tx.clone(), i.rx.clone(), i.bytes_in, i.bytes_out, i.reset)
+            (i.state, i.local, i.peer, i.bound, i.tx.clone(), i.rx.clone(), i.bytes_in, i.bytes_out, i.reset, i.sw.clone())
         };
         let mut l = Line { buf: [0; 256], len: 0 };
         let _ = write!(l, "{:<11} ", st.name());
@@ -1636,8 +1785,17 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
             Some(t) => (t.capacity(), t.tx_state().map(|(free, _)| t.capacity() - free.min(t.capacity())).unwrap_or(0)),
             None => (0, 0),
         };
+        let phase = sw.as_ref().filter(|s| s.is_active()).map(|s| s.phase());
         let carrier = if reset {
             "reset"
+        } else if let Some(p) = phase {
+            use crate::switch::Phase;
+            match p {
+                Phase::Ring => "ring-xen",
+                Phase::Draining => "draining",
+                Phase::Tcp => "tcp",
+                Phase::Upgrading => "upgrading",
+            }
         } else if tx.as_ref().map(|t| t.is_remote()).unwrap_or(false) {
             "ring-xen"
         } else if tx.is_some() {
@@ -1645,7 +1803,11 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
         } else {
             "-"
         };
-        let _ = writeln!(l, "{:>7} {:>7} {:>7} {:>7} {:>8} {:>9} {}", rxs, rxf, txs, txf, bin, bout, carrier);
+        let (to_tcp, to_ring) = sw
+            .as_ref()
+            .map(|s| (s.to_tcp.load(core::sync::atomic::Ordering::Relaxed), s.to_ring.load(core::sync::atomic::Ordering::Relaxed)))
+            .unwrap_or((0, 0));
+        let _ = writeln!(l, "{:>7} {:>7} {:>7} {:>7} {:>8} {:>9} {:<10} {:>6} {:>7}", rxs, rxf, txs, txf, bin, bout, carrier, to_tcp, to_ring);
         seq.write(&l.buf[..l.len]);
     }
 }

@@ -168,6 +168,9 @@ unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
     let mut t = crate::sock::Line::new();
     crate::tcp::stats(&mut t);
     Seq(m).write(t.bytes());
+    let mut c = crate::sock::Line::new();
+    crate::carrier::stats(&mut c);
+    Seq(m).write(c.bytes());
     0
 }
 

@@ -19,6 +19,55 @@ extern "C" {
     fn afx_tcp_recv(s: *mut bindings::socket, buf: *mut c_void, len: usize) -> c_int;
     fn afx_tcp_send(s: *mut bindings::socket, buf: *const c_void, len: usize) -> c_int;
     fn afx_tcp_release(s: *mut bindings::socket);
+    fn afx_peer_lost_ms() -> c_int;
+    fn afx_tcp_tick_after_ms(ms: kernel::ffi::c_uint);
+    fn afx_tcp_connect_start(addr: *const u8, port: c_int, user_timeout_ms: kernel::ffi::c_uint, out: *mut *mut bindings::socket) -> c_int;
+    fn afx_tcp_leg_state(s: *mut bindings::socket) -> c_int;
+    fn afx_tcp_set_user_timeout(s: *mut bindings::socket, ms: kernel::ffi::c_uint);
+    fn afx_tcp_send_nb(s: *mut bindings::socket, buf: *const c_void, len: usize) -> c_int;
+    fn afx_pm_register() -> c_int;
+    fn afx_pm_unregister();
+}
+
+/// The save/restore hooks (a platform device's freeze/thaw/restore).
+pub(crate) struct PmHooks;
+
+impl PmHooks {
+    pub(crate) fn register() -> Option<PmHooks> {
+        // SAFETY: registers a static driver and device once (module init).
+        (unsafe { afx_pm_register() } == 0).then_some(PmHooks)
+    }
+}
+
+impl Drop for PmHooks {
+    fn drop(&mut self) {
+        // SAFETY: unregisters what register() registered (module exit).
+        unsafe { afx_pm_unregister() }
+    }
+}
+
+#[no_mangle]
+extern "C" fn afx_rs_suspend() {
+    crate::link::suspend_all();
+}
+
+#[no_mangle]
+extern "C" fn afx_rs_resume(restored: c_int) {
+    crate::link::resumed(restored != 0);
+}
+
+/// The `peer_lost_ms` module parameter (at least 100).
+pub(crate) fn peer_lost_ms() -> u64 {
+    // SAFETY: reads an int module parameter.
+    let v = unsafe { afx_peer_lost_ms() };
+    u64::try_from(v).unwrap_or(10_000)
+}
+
+/// Runs the TCP work item again in `ms` milliseconds (the carrier's
+/// deadlines; separate from the hello deadlines' delayed work).
+pub(crate) fn tick_after_ms(ms: u32) {
+    // SAFETY: schedules a static delayed work item.
+    unsafe { afx_tcp_tick_after_ms(ms) }
 }
 
 /// The `tcp_port` module parameter (0: no TCP carrier).
@@ -114,6 +163,35 @@ impl TcpSock {
         // SAFETY: `addr` is 4 readable bytes; `s` set only on success.
         to_result(unsafe { afx_tcp_connect(addr.as_ptr(), port as c_int, &mut s) })?;
         Ok(TcpSock(s))
+    }
+
+    /// Starts connecting to `addr:port` without blocking; `state()` tells
+    /// when it is up. The leg gives up after `user_timeout_ms` without
+    /// acknowledgement (TCP_USER_TIMEOUT).
+    pub(crate) fn connect_start(addr: [u8; 4], port: u16, user_timeout_ms: u32) -> core::result::Result<TcpSock, i32> {
+        let mut s: *mut bindings::socket = core::ptr::null_mut();
+        // SAFETY: `addr` is 4 readable bytes; `s` set only on success.
+        to_result(unsafe { afx_tcp_connect_start(addr.as_ptr(), port as c_int, user_timeout_ms, &mut s) })?;
+        Ok(TcpSock(s))
+    }
+
+    /// Ok(true) established, Ok(false) still connecting, Err(errno) failed or closed.
+    pub(crate) fn state(&self) -> core::result::Result<bool, i32> {
+        // SAFETY: self.0 is live.
+        to_result(unsafe { afx_tcp_leg_state(self.0) }).map(|v| v == 1)
+    }
+
+    /// TCP_USER_TIMEOUT: a peer that stops acknowledging for `ms` fails the socket.
+    pub(crate) fn set_user_timeout(&self, ms: u32) {
+        // SAFETY: self.0 is live.
+        unsafe { afx_tcp_set_user_timeout(self.0, ms) }
+    }
+
+    /// Sends what fits without blocking: Ok(n), Err(EAGAIN) when full.
+    pub(crate) fn send_nb(&self, buf: &[u8]) -> core::result::Result<usize, i32> {
+        // SAFETY: self.0 is live; buf is readable for buf.len() bytes.
+        let n = to_result(unsafe { afx_tcp_send_nb(self.0, buf.as_ptr().cast(), buf.len()) })?;
+        Ok(n as usize)
     }
 
     /// Reads what is there without blocking: Ok(0) at EOF, Err(EAGAIN) when nothing.

@@ -3,9 +3,8 @@
 //! one TCP leg listener per module, its endpoint and a random cookie per
 //! connection in `ConnectRequest`/`ConnectAccept`, and legs authenticated
 //! by their first frame, `TcpHello{conn_id, cookie}`, the same wire as
-//! libxensock's `LegListener`. Data does not move over a leg yet: a leg
-//! is opened (test trigger) and authenticated, and held until its
-//! connection ends.
+//! libxensock's `LegListener`. An authenticated leg goes to its
+//! connection's switch (carrier.rs), which this work item also services.
 
 use crate::ctrl::{self, Channel, Message, TcpEndpoint};
 use crate::sock::{State as SockState, XenSock};
@@ -16,7 +15,7 @@ use kernel::sync::{Arc, Mutex};
 use kernel::new_mutex;
 
 /// Bytes of a `TcpHello` frame (header + cookie).
-const HELLO_LEN: usize = ctrl::HEADER_LEN + 8;
+pub(crate) const HELLO_LEN: usize = ctrl::HEADER_LEN + 8;
 /// Unauthenticated legs held at once; more are closed at once.
 const MAX_PENDING: usize = 64;
 /// A leg whose hello has not arrived within this is closed (as
@@ -65,16 +64,31 @@ struct Pending {
     deadline_ms: u64,
 }
 
-/// An authenticated leg, held for its connection.
-struct Leg {
-    xs: Arc<XenSock>,
-    _sock: TcpSock,
+/// A connection's leg (inbound or outbound), counted in `tcp_legs_held`
+/// while it lives.
+pub(crate) struct HeldLeg(TcpSock);
+
+impl HeldLeg {
+    pub(crate) fn new(s: TcpSock) -> HeldLeg {
+        HELD.fetch_add(1, Ordering::Relaxed);
+        HeldLeg(s)
+    }
+    pub(crate) fn sock(&self) -> &TcpSock {
+        &self.0
+    }
+}
+
+impl Drop for HeldLeg {
+    fn drop(&mut self) {
+        HELD.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 struct Legs {
     listener: Option<TcpSock>,
     pending: KVec<Pending>,
-    held: KVec<Leg>,
+    /// connections whose switch is active (carrier.rs): serviced here
+    active: KVec<Arc<XenSock>>,
 }
 
 static STATE: AtomicPtr<Mutex<Legs>> = AtomicPtr::new(core::ptr::null_mut());
@@ -110,7 +124,7 @@ pub(crate) fn start() -> Result<TcpCarrier> {
     };
     let has = listener.is_some();
     let b = KBox::pin_init(
-        new_mutex!(Legs { listener, pending: KVec::new(), held: KVec::new() }, "af_xen_tcp"),
+        new_mutex!(Legs { listener, pending: KVec::new(), active: KVec::new() }, "af_xen_tcp"),
         GFP_KERNEL,
     )?;
     STATE.store(&*b as *const Mutex<Legs> as *mut Mutex<Legs>, Ordering::Release);
@@ -132,8 +146,7 @@ impl Drop for TcpCarrier {
             let mut g = self.0.lock();
             g.listener = None;
             g.pending = KVec::new();
-            g.held = KVec::new();
-            HELD.store(0, Ordering::Relaxed);
+            g.active = KVec::new();
         }
         sys_net::flush();
         STATE.store(core::ptr::null_mut(), Ordering::Release);
@@ -186,68 +199,144 @@ fn check_hello(buf: &[u8]) -> core::result::Result<Arc<XenSock>, &'static Atomic
     Ok(xs)
 }
 
-/// The work item (socket callbacks): accept, read hellos, authenticate,
-/// drop the legs of connections that ended.
+/// The work item (socket callbacks, deadlines): accept, read hellos,
+/// authenticate and hand legs to their connections, then service every
+/// active switch.
 pub(crate) fn work() {
     let Some(s) = state() else { return };
-    let mut g = s.lock();
-    // new connections
-    while let Some(l) = g.listener.as_ref() {
-        let Ok(c) = l.accept() else { break };
-        if g.pending.len() >= MAX_PENDING {
+    let mut authenticated: KVec<(Arc<XenSock>, TcpSock)> = KVec::new();
+    {
+        let mut g = s.lock();
+        // new connections
+        while let Some(l) = g.listener.as_ref() {
+            let Ok(c) = l.accept() else { break };
+            if g.pending.len() >= MAX_PENDING {
+                inc(&DROPPED);
+                continue;
+            }
+            let deadline_ms = sys_net::now_ms() + HELLO_TIMEOUT_MS;
+            if g.pending.push(Pending { sock: c, hello: [0; HELLO_LEN], got: 0, deadline_ms }, GFP_KERNEL).is_err() {
+                inc(&DROPPED);
+            }
+        }
+        // hellos: read at most HELLO_LEN bytes from each, never past it
+        let old = core::mem::replace(&mut g.pending, KVec::new());
+        let mut next: Option<u64> = None;
+        for mut p in old.into_iter() {
+            let verdict = match p.sock.recv(&mut p.hello[p.got..]) {
+                Ok(0) => Some(Err(&MALFORMED)),
+                Ok(n) => {
+                    p.got += n;
+                    // a header that is not a TcpHello is refused at once
+                    if p.got >= ctrl::HEADER_LEN && !is_hello_header(&p.hello[..ctrl::HEADER_LEN]) {
+                        Some(Err(&MALFORMED))
+                    } else if p.got == HELLO_LEN {
+                        Some(check_hello(&p.hello))
+                    } else {
+                        None
+                    }
+                }
+                Err(x) if x == crate::sys::errno::EAGAIN => None,
+                Err(_) => Some(Err(&MALFORMED)),
+            };
+            let now = sys_net::now_ms();
+            match verdict {
+                None if now >= p.deadline_ms => inc(&TIMED_OUT),
+                None => {
+                    next = Some(next.map_or(p.deadline_ms, |d: u64| d.min(p.deadline_ms)));
+                    if g.pending.push(p, GFP_KERNEL).is_err() {
+                        inc(&DROPPED);
+                    }
+                }
+                Some(Ok(xs)) => {
+                    inc(&LEGS_IN);
+                    if authenticated.push((xs, p.sock), GFP_KERNEL).is_err() {
+                        inc(&DROPPED);
+                    }
+                }
+                // refused: closed (dropping releases it) and counted
+                Some(Err(c)) => inc(c),
+            }
+        }
+        // come back at the earliest hello deadline
+        if let Some(d) = next {
+            let wait = d.saturating_sub(sys_net::now_ms()).clamp(10, HELLO_TIMEOUT_MS);
+            sys_net::schedule_after_ms(wait as u32);
+        }
+    }
+    // outside the legs' lock: the switch takes its own locks
+    for (xs, sock) in authenticated.into_iter() {
+        sock.set_user_timeout(sys_net::peer_lost_ms() as u32);
+        if crate::carrier::attach_inbound(&xs, HeldLeg::new(sock)).is_err() {
+            // a second leg for one connection, or no switch: closed
             inc(&DROPPED);
-            continue;
-        }
-        let deadline_ms = sys_net::now_ms() + HELLO_TIMEOUT_MS;
-        if g.pending.push(Pending { sock: c, hello: [0; HELLO_LEN], got: 0, deadline_ms }, GFP_KERNEL).is_err() {
-            inc(&DROPPED);
         }
     }
-    // hellos: read at most HELLO_LEN bytes from each, never past it
-    let old = core::mem::replace(&mut g.pending, KVec::new());
-    let mut next: Option<u64> = None;
-    for mut p in old.into_iter() {
-        let verdict = match p.sock.recv(&mut p.hello[p.got..]) {
-            Ok(0) => Some(Err(&MALFORMED)),
-            Ok(n) => {
-                p.got += n;
-                // a header that is not a TcpHello is refused at once
-                if p.got >= ctrl::HEADER_LEN && !is_hello_header(&p.hello[..ctrl::HEADER_LEN]) {
-                    Some(Err(&MALFORMED))
-                } else if p.got == HELLO_LEN {
-                    Some(check_hello(&p.hello))
-                } else {
-                    None
-                }
+    let active = {
+        let g = s.lock();
+        let mut v = KVec::new();
+        for x in g.active.iter() {
+            if v.push(x.clone(), GFP_KERNEL).is_err() {
+                break;
             }
-            Err(x) if x == crate::sys::errno::EAGAIN => None,
-            Err(_) => Some(Err(&MALFORMED)),
-        };
-        let now = sys_net::now_ms();
-        match verdict {
-            None if now >= p.deadline_ms => inc(&TIMED_OUT),
-            None => {
-                next = Some(next.map_or(p.deadline_ms, |d: u64| d.min(p.deadline_ms)));
-                if g.pending.push(p, GFP_KERNEL).is_err() {
-                    inc(&DROPPED);
-                }
-            }
-            Some(Ok(xs)) => {
-                inc(&LEGS_IN);
-                if g.held.push(Leg { xs, _sock: p.sock }, GFP_KERNEL).is_ok() {
-                    HELD.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            // refused: closed (dropping releases it) and counted
-            Some(Err(c)) => inc(c),
+        }
+        v
+    };
+    let mut done: KVec<Arc<XenSock>> = KVec::new();
+    for xs in active.iter() {
+        if !crate::carrier::service(xs) {
+            let _ = done.push(xs.clone(), GFP_KERNEL);
         }
     }
-    // come back at the earliest hello deadline
-    if let Some(d) = next {
-        let wait = d.saturating_sub(sys_net::now_ms()).clamp(10, HELLO_TIMEOUT_MS);
-        sys_net::schedule_after_ms(wait as u32);
+    if !active.is_empty() {
+        // connections on TCP wait for their link: do not rely on watches alone
+        crate::link::poll_down_links();
     }
-    reap(&mut g);
+    if !done.is_empty() {
+        let mut g = s.lock();
+        let old = core::mem::replace(&mut g.active, KVec::new());
+        for x in old.into_iter() {
+            let finished = done.iter().any(|d| Arc::ptr_eq(d, &x));
+            if !finished {
+                let _ = g.active.push(x, GFP_KERNEL);
+            }
+        }
+    }
+}
+
+/// A connection's switch became active: the work item services it from now on.
+pub(crate) fn register(xs: &Arc<XenSock>) {
+    if let Some(s) = state() {
+        let mut g = s.lock();
+        if !g.active.iter().any(|x| Arc::ptr_eq(x, xs)) {
+            let _ = g.active.push(xs.clone(), GFP_KERNEL);
+        }
+    }
+    sys_net::schedule();
+}
+
+/// The connections whose switch is active, now.
+pub(crate) fn active_snapshot() -> KVec<Arc<XenSock>> {
+    let mut v = KVec::new();
+    if let Some(s) = state() {
+        let g = s.lock();
+        for x in g.active.iter() {
+            if v.push(x.clone(), GFP_KERNEL).is_err() {
+                break;
+            }
+        }
+    }
+    v
+}
+
+/// No TCP carrier (tcp_port=0 or no listener): connections cannot switch.
+pub(crate) fn legs_disabled() -> bool {
+    !LISTENING.load(Ordering::Acquire)
+}
+
+/// An outbound leg connected.
+pub(crate) fn leg_out() {
+    inc(&LEGS_OUT);
 }
 
 fn is_hello_header(h: &[u8]) -> bool {
@@ -256,30 +345,15 @@ fn is_hello_header(h: &[u8]) -> bool {
 
 /// A connection ended: the work item releases its legs.
 pub(crate) fn connection_ended() {
-    if LISTENING.load(Ordering::Relaxed) || HELD.load(Ordering::Relaxed) > 0 {
-        sys_net::schedule();
-    }
-}
-
-/// Legs of connections that ended are released.
-fn reap(g: &mut Legs) {
-    let old = core::mem::replace(&mut g.held, KVec::new());
-    for leg in old.into_iter() {
-        let done = {
-            let i = leg.xs.inner.lock();
-            i.released || i.state != SockState::Connected
-        };
-        if done || g.held.push(leg, GFP_KERNEL).is_err() {
-            HELD.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
+    sys_net::schedule();
 }
 
 /// Test trigger (hostile_test=1, setsockopt XENSOCK_TEST_OPEN_LEG): open
-/// this connection's outbound leg to the peer's listener and send
-/// `TcpHello{peer's conn id, cookie}`; `wrong_cookie` sends a cookie
-/// that differs in one bit (the peer must refuse and count it). Process
-/// context (connect blocks).
+/// this connection's outbound leg (the switch connects it and sends
+/// `TcpHello{peer's conn id, cookie}`; the peer connects its own in turn);
+/// `wrong_cookie` instead sends, on a separate socket, a hello whose cookie
+/// differs in one bit (the peer must refuse and count it). Process context
+/// (that connect blocks).
 pub(crate) fn test_open_leg(xs: &Arc<XenSock>, wrong_cookie: bool) -> core::result::Result<(), i32> {
     use crate::sys::errno as e;
     let (st, peer_conn, t) = {
@@ -293,21 +367,14 @@ pub(crate) fn test_open_leg(xs: &Arc<XenSock>, wrong_cookie: bool) -> core::resu
     if t.peer.port == 0 || a[..10].iter().any(|b| *b != 0) || a[10] != 0xff || a[11] != 0xff {
         return Err(e::ENETUNREACH);
     }
+    if !wrong_cookie {
+        return crate::carrier::open_leg(xs);
+    }
     let sock = TcpSock::connect([a[12], a[13], a[14], a[15]], t.peer.port)?;
-    let cookie = if wrong_cookie { t.cookie ^ 1 } else { t.cookie };
     let mut b = [0u8; HELLO_LEN];
-    let n = Message::TcpHello { conn_id: peer_conn, cookie }.encode(&mut b).map_err(|_| e::EINVAL)?;
+    let n = Message::TcpHello { conn_id: peer_conn, cookie: t.cookie ^ 1 }.encode(&mut b).map_err(|_| e::EINVAL)?;
     sock.send_all(&b[..n])?;
     inc(&LEGS_OUT);
-    if wrong_cookie {
-        return Ok(());
-    }
-    if let Some(s) = state() {
-        let mut g = s.lock();
-        if g.held.push(Leg { xs: xs.clone(), _sock: sock }, GFP_KERNEL).is_ok() {
-            HELD.fetch_add(1, Ordering::Relaxed);
-        }
-    }
     Ok(())
 }
 

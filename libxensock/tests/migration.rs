@@ -362,7 +362,7 @@ fn hundred_migrations_lose_nothing() {
         }
         moves.fetch_add(1, Ordering::Release);
         assert!(
-            eventually(Duration::from_secs(5), || on_rings(&w.a) && on_rings(&w.b)),
+            eventually(Duration::from_secs(20), || on_rings(&w.a) && on_rings(&w.b)),
             "move {i}: not back on rings\n{:?}\n{:?}",
             w.a.status().connections,
             w.b.status().connections

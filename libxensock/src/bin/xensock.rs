@@ -6,7 +6,9 @@
 //! * `xensock bench`: throughput, latency, connection rate and memory per
 //!   idle connection for xensock vs AF_UNIX vs TCP loopback, in one run.
 //! * `xensock status`: the backend, and the links and connections of this
-//!   domain as XenStore and this process see them.
+//!   domain as XenStore and this process see them; with the kernel module
+//!   loaded, its connections from `/proc/net/af_xen` (carrier and switch
+//!   counts) and its switch counters.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -789,6 +791,72 @@ fn register_font() -> Res<()> {
 
 // ---- status -------------------------------------------------------------
 
+/// One connection of the kernel module, as `/proc/net/af_xen` lists it.
+#[derive(Debug, PartialEq, Eq)]
+struct KernelConn<'a> {
+    state: &'a str,
+    local: &'a str,
+    peer: &'a str,
+    carrier: &'a str,
+    to_tcp: u64,
+    to_ring: u64,
+}
+
+/// Parses `/proc/net/af_xen` (header, then one line per socket; the
+/// carrier and switch columns are named in the header, so an older module
+/// without them still parses, with `-` and 0).
+fn parse_proc_af_xen(text: &str) -> Vec<KernelConn<'_>> {
+    let mut lines = text.lines();
+    let Some(header) = lines.next() else {
+        return Vec::new();
+    };
+    let cols: Vec<&str> = header.split_whitespace().collect();
+    let at = |name: &str| cols.iter().position(|c| *c == name);
+    let (carrier, to_tcp, to_ring) = (at("carrier"), at("to_tcp"), at("to_ring"));
+    lines
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() < 3 {
+                return None;
+            }
+            let num = |i: Option<usize>| {
+                i.and_then(|i| f.get(i))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            Some(KernelConn {
+                state: f[0],
+                local: f[1],
+                peer: f[2],
+                carrier: carrier.and_then(|i| f.get(i)).copied().unwrap_or("-"),
+                to_tcp: num(to_tcp),
+                to_ring: num(to_ring),
+            })
+        })
+        .collect()
+}
+
+/// The kernel module's view, when it is loaded.
+fn kernel_status() {
+    let Ok(text) = std::fs::read_to_string("/proc/net/af_xen") else {
+        return;
+    };
+    let conns = parse_proc_af_xen(&text);
+    println!("kernel module (af_xen): {} sockets", conns.len());
+    for c in conns.iter().filter(|c| c.state == "ESTABLISHED") {
+        println!(
+            "  {} -> {}: carrier {}, switched to TCP {} times, back to a ring {} times",
+            c.local, c.peer, c.carrier, c.to_tcp, c.to_ring
+        );
+    }
+    if let Ok(stats) = std::fs::read_to_string("/proc/net/af_xen_stats") {
+        let switch: Vec<&str> = stats.lines().filter(|l| l.starts_with("switch_")).collect();
+        if !switch.is_empty() {
+            println!("  {}", switch.join(", "));
+        }
+    }
+}
+
 fn hook(cmd: &str) -> Res<()> {
     let answers = libxensock::control::broadcast(cmd);
     if answers.is_empty() {
@@ -802,6 +870,7 @@ fn hook(cmd: &str) -> Res<()> {
 
 fn status() -> Res<()> {
     print!("{}", libxensock::backend());
+    kernel_status();
     // No transport of our own: starting one would take this domain's link
     // nodes from the process that runs the transport.
     if let Ok(xs) = xensock_discovery::xs::XsClient::open() {
@@ -840,4 +909,40 @@ fn status() -> Res<()> {
         print!("process {pid}: {answer}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod proc_tests {
+    use super::*;
+
+    #[test]
+    fn proc_af_xen_columns_are_found_by_name() {
+        let text = "state       local            peer             rx_size rx_fill tx_size tx_fill bytes_in bytes_out carrier    to_tcp to_ring\n\
+                    ESTABLISHED     2:7301           1:49155       131072       0  131072       0      100       200 tcp             2       1\n\
+                    LISTEN          2:7301           -:-                0       0       0       0        0         0 -               0       0\n";
+        let c = parse_proc_af_xen(text);
+        assert_eq!(c.len(), 2);
+        assert_eq!(
+            c[0],
+            KernelConn {
+                state: "ESTABLISHED",
+                local: "2:7301",
+                peer: "1:49155",
+                carrier: "tcp",
+                to_tcp: 2,
+                to_ring: 1
+            }
+        );
+        assert_eq!(c[1].state, "LISTEN");
+        assert_eq!(c[1].to_tcp, 0);
+    }
+
+    #[test]
+    fn proc_af_xen_without_switch_columns_still_parses() {
+        let text = "state local peer rx_size rx_fill tx_size tx_fill bytes_in bytes_out carrier\nESTABLISHED 2:1 1:2 1 0 1 0 0 0 ring-xen\n";
+        let c = parse_proc_af_xen(text);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].carrier, "ring-xen");
+        assert_eq!((c[0].to_tcp, c[0].to_ring), (0, 0));
+    }
 }

@@ -20,6 +20,17 @@
  *       right cookie and one with a wrong cookie
  *   xstest_migrate eperm
  *       module loaded without hostile_test: XENSOCK_TEST_OPEN_LEG is EPERM
+ *   xstest_migrate move-server PORT
+ *   xstest_migrate move-client PEER PORT
+ *       the carrier switch (issue #7): one connection streams both ways at
+ *       once, without end, checked against the position-keyed pattern; the
+ *       client drives the phases from its /proc/net/af_xen line and prints
+ *       "m-phase ring-ok" (dom0 then removes the pair's link directories,
+ *       as the agent does when the pair stops being co-resident) and
+ *       "m-phase tcp-ok" (dom0 makes them again): the connection must go to
+ *       TCP, keep streaming there, come back to the ring, and finish with
+ *       FIN each way (client first), every byte intact; the server checks
+ *       its own line's switch counts before it closes
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -310,6 +321,288 @@ static int cmd_client(uint32_t peer, uint32_t port, uint64_t mib, const char *le
 	return failures > 100 ? 100 : failures;
 }
 
+/* this domain's one ESTABLISHED AF_XEN connection in /proc/net/af_xen:
+ * its carrier column and switch counts; 0 when found */
+static int proc_carrier(char *carrier, size_t n, long *to_tcp, long *to_ring)
+{
+	FILE *f = fopen("/proc/net/af_xen", "r");
+	char line[512];
+	int found = -1;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		char st[32], c[32];
+		long t, r;
+
+		/* state local peer rx_size rx_fill tx_size tx_fill bytes_in bytes_out carrier to_tcp to_ring */
+		if (sscanf(line, "%31s %*s %*s %*s %*s %*s %*s %*s %*s %31s %ld %ld", st, c, &t, &r) == 4 && !strcmp(st, "ESTABLISHED")) {
+			snprintf(carrier, n, "%s", c);
+			*to_tcp = t;
+			*to_ring = r;
+			found = 0;
+		}
+	}
+	fclose(f);
+	return found;
+}
+
+static void show_proc(void)
+{
+	char buf[2048];
+	FILE *f = fopen("/proc/net/af_xen", "r");
+	size_t n;
+
+	if (!f)
+		return;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[n] = 0;
+	fclose(f);
+	printf("%s", buf);
+	fflush(stdout);
+}
+
+#define MIB (1ull << 20)
+
+/* the client's phases (see the comment at the top) */
+struct phases {
+	int phase;
+	double since;
+	uint64_t sent0, got0;
+	/* "mv": dom0 ends and remakes the link directories; "sv": dom0 saves
+	 * and restores the server's domain (and makes the new pair's links) */
+	const char *pfx;
+};
+
+static void presult(const struct phases *ph, const char *what, int ok, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void presult(const struct phases *ph, const char *what, int ok, const char *fmt, ...)
+{
+	char name[64], detail[200];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof(detail), fmt, ap);
+	va_end(ap);
+	snprintf(name, sizeof(name), "%s-client-%s", ph->pfx, what);
+	result(name, ok, "%s", detail);
+}
+
+static void phase_to(struct phases *ph, int next, uint64_t sent, uint64_t got)
+{
+	ph->phase = next;
+	ph->since = now();
+	ph->sent0 = sent;
+	ph->got0 = got;
+}
+
+/* one step of the client's phase machine; 1 when it is time to finish */
+static int client_tick(struct phases *ph, uint64_t sent, uint64_t got)
+{
+	char c[32] = "?";
+	long t = -1, r = -1;
+	int ok = proc_carrier(c, sizeof(c), &t, &r) == 0;
+	double waited = now() - ph->since;
+	int save = !strcmp(ph->pfx, "sv");
+
+	switch (ph->phase) {
+	case 0: /* on the ring: stream 8 MiB each way, then ask for the move */
+		if (sent - ph->sent0 >= 8 * MIB && got - ph->got0 >= 8 * MIB) {
+			presult(ph, "ring-before", ok && !strcmp(c, "ring-xen"), "carrier %s to_tcp %ld", c, t);
+			printf("m-phase %s\n", save ? "save-now" : "ring-ok");
+			fflush(stdout);
+			phase_to(ph, 1, sent, got);
+		}
+		return 0;
+	case 1: /* the peer's link goes away: both directions go to TCP */
+		if (ok && (save ? t >= 2 : !strcmp(c, "tcp"))) {
+			presult(ph, "switched-to-tcp", t >= 2, "carrier %s after %.1f s, to_tcp %ld", c, waited, t);
+			show_proc();
+			phase_to(ph, 2, sent, got);
+		} else if (waited > (save ? 180 : 60)) {
+			presult(ph, "switched-to-tcp", 0, "carrier still %s after %.0f s (to_tcp %ld)", c, waited, t);
+			show_proc();
+			return 1;
+		}
+		return 0;
+	case 2: /* keep streaming: 16 MiB each way (on TCP while the link is away) */
+		if (sent - ph->sent0 >= 16 * MIB && got - ph->got0 >= 16 * MIB) {
+			if (save)
+				presult(ph, "streamed-after-move", 1, "16 MiB each way in %.1f s, carrier %s", waited, c);
+			else
+				presult(ph, "streamed-on-tcp", ok && !strcmp(c, "tcp"), "16 MiB each way in %.1f s, carrier %s", waited, c);
+			printf("m-phase %s\n", save ? "moved-ok" : "tcp-ok");
+			fflush(stdout);
+			phase_to(ph, 3, sent, got);
+		} else if (waited > 180) {
+			presult(ph, save ? "streamed-after-move" : "streamed-on-tcp", 0, "only %llu/%llu bytes in 180 s",
+				(unsigned long long)(sent - ph->sent0), (unsigned long long)(got - ph->got0));
+			return 1;
+		}
+		return 0;
+	case 3: /* co-resident again: back to (new) rings */
+		if (ok && !strcmp(c, "ring-xen") && r >= 2) {
+			presult(ph, "back-on-ring", 1, "after %.1f s, to_tcp %ld to_ring %ld", waited, t, r);
+			show_proc();
+			phase_to(ph, 4, sent, got);
+		} else if (waited > 90) {
+			presult(ph, "back-on-ring", 0, "carrier %s to_ring %ld after 90 s", c, r);
+			show_proc();
+			return 1;
+		}
+		return 0;
+	case 4: /* 8 MiB more each way on the new rings, then finish */
+		if (sent - ph->sent0 >= 8 * MIB && got - ph->got0 >= 8 * MIB) {
+			presult(ph, "streamed-on-new-ring", ok && !strcmp(c, "ring-xen"), "carrier %s", c);
+			return 1;
+		}
+		if (waited > 120) {
+			presult(ph, "streamed-on-new-ring", 0, "stalled on the new ring");
+			return 1;
+		}
+		return 0;
+	}
+	return 1;
+}
+
+/*
+ * Both directions at once without a set length: send the pattern until
+ * told to finish (client: its phases; server: the client's EOF), then
+ * shutdown(SHUT_WR); read and check until EOF.
+ */
+static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxseed, int client, const char *pfx)
+{
+	static uint8_t buf[65536];
+	uint64_t sent = 0, got = 0, bad_at = UINT64_MAX;
+	int wr_done = 0, rd_done = 0;
+	double t0 = now(), last = now();
+	struct phases ph = { 0, now(), 0, 0, pfx };
+
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	while (!rd_done || !wr_done) {
+		struct pollfd p = { .fd = fd, .events = (wr_done ? 0 : POLLOUT) | (rd_done ? 0 : POLLIN) };
+		int progress = 0;
+
+		if (poll(&p, 1, 200) < 0) {
+			result(name, 0, "poll: %s", strerror(errno));
+			return -1;
+		}
+		if (!wr_done && (p.revents & (POLLOUT | POLLERR | POLLHUP))) {
+			ssize_t w;
+
+			for (size_t k = 0; k < sizeof(buf); k++)
+				buf[k] = pattern(sent + k, txseed);
+			w = send(fd, buf, sizeof(buf), MSG_NOSIGNAL);
+			if (w < 0 && errno != EAGAIN) {
+				result(name, 0, "send: %s at %llu", strerror(errno), (unsigned long long)sent);
+				return -1;
+			}
+			if (w > 0) {
+				sent += w;
+				progress = 1;
+			}
+		}
+		if (!rd_done && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
+			uint8_t rb[65536];
+			ssize_t r = recv(fd, rb, sizeof(rb), 0);
+
+			if (r == 0) {
+				rd_done = 1;
+				progress = 1;
+				if (!client && !wr_done) {
+					shutdown(fd, SHUT_WR);
+					wr_done = 1;
+				}
+			} else if (r < 0 && errno != EAGAIN) {
+				result(name, 0, "recv: %s at %llu", strerror(errno), (unsigned long long)got);
+				show_proc();
+				return -1;
+			} else if (r > 0) {
+				for (ssize_t k = 0; k < r; k++)
+					if (bad_at == UINT64_MAX && rb[k] != pattern(got + k, rxseed))
+						bad_at = got + k;
+				got += r;
+				progress = 1;
+			}
+		}
+		if (progress)
+			last = now();
+		else if (now() - last > 120) {
+			result(name, 0, "stalled: sent %llu got %llu", (unsigned long long)sent, (unsigned long long)got);
+			show_proc();
+			return -1;
+		}
+		if (client && !wr_done && client_tick(&ph, sent, got)) {
+			shutdown(fd, SHUT_WR);
+			wr_done = 1;
+		}
+	}
+	if (bad_at != UINT64_MAX) {
+		result(name, 0, "byte %llu differs from the pattern", (unsigned long long)bad_at);
+		return -1;
+	}
+	result(name, 1, "%llu bytes sent, %llu received, intact, %.1f s", (unsigned long long)sent, (unsigned long long)got, now() - t0);
+	return 0;
+}
+
+static int cmd_move_server(uint32_t port, const char *pfx)
+{
+	char nm[64];
+	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = XEN_DOMID_ANY };
+	int l = socket(fam, SOCK_STREAM, 0), c;
+	char car[32] = "?";
+	long t = -1, r = -1;
+
+	snprintf(nm, sizeof(nm), "%s-server-listen", pfx);
+	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 4)) {
+		result(nm, 0, "%s", strerror(errno));
+		return 1;
+	}
+	c = accept(l, NULL, NULL);
+	snprintf(nm, sizeof(nm), "%s-server-accept", pfx);
+	result(nm, c >= 0, c < 0 ? "%s" : NULL, strerror(errno));
+	if (c < 0)
+		return 1;
+	snprintf(nm, sizeof(nm), "%s-server-stream", pfx);
+	stream_open(nm, c, 0x5eed0011, 0x5eed0012, 0, pfx);
+	proc_carrier(car, sizeof(car), &t, &r);
+	/* each direction left the ring once and came back once */
+	snprintf(nm, sizeof(nm), "%s-server-switch-counts", pfx);
+	result(nm, t >= 2 && r >= 2, "carrier %s to_tcp %ld to_ring %ld", car, t, r);
+	show_proc();
+	print_stats();
+	close(c);
+	close(l);
+	return failures > 100 ? 100 : failures;
+}
+
+static int cmd_move_client(uint32_t peer, uint32_t port, const char *pfx)
+{
+	char nm[64];
+	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = peer };
+	double end = now() + 120;
+	int c = -1;
+
+	while (now() < end) {
+		c = socket(fam, SOCK_STREAM, 0);
+		if (connect(c, (struct sockaddr *)&a, sizeof(a)) == 0)
+			break;
+		close(c);
+		c = -1;
+		sleep(1);
+	}
+	snprintf(nm, sizeof(nm), "%s-client-connect", pfx);
+	result(nm, c >= 0, c < 0 ? "%s" : NULL, strerror(errno));
+	if (c < 0)
+		return 1;
+	snprintf(nm, sizeof(nm), "%s-client-stream", pfx);
+	stream_open(nm, c, 0x5eed0012, 0x5eed0011, 1, pfx);
+	show_proc();
+	print_stats();
+	close(c);
+	return failures > 100 ? 100 : failures;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -328,6 +621,10 @@ int main(int argc, char **argv)
 	}
 	if (argc == 4 && !strcmp(argv[1], "server"))
 		return cmd_server(strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
+	if ((argc == 3 || argc == 4) && !strcmp(argv[1], "move-server"))
+		return cmd_move_server(strtoul(argv[2], NULL, 0), argc == 4 ? argv[3] : "mv");
+	if ((argc == 4 || argc == 5) && !strcmp(argv[1], "move-client"))
+		return cmd_move_client(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0), argc == 5 ? argv[4] : "mv");
 	if (argc == 7 && !strcmp(argv[1], "client"))
 		return cmd_client(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0), strtoull(argv[4], NULL, 0), argv[5], atoi(argv[6]));
 	fprintf(stderr, "usage: see the comment at the top of xstest_migrate.c\n");

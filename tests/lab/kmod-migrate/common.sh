@@ -3,9 +3,15 @@
 KO=/opt/xensock/af_xen.ko
 LEG_PORT=7919
 M_PORT=7300
+# the move test (carrier switch to TCP and back)
+MV_PORT=7301
+# the save test (this connection follows domu1 through xl save + restore)
+SV_PORT=7302
 # STREAM_MIB each way at once, a TCP leg opened at half of it
 STREAM_MIB=32
-check kmod-insmod insmod $KO hostile_test=1
+# peer_lost_ms: a save under TCG takes ~13 s, and the stayer must wait for
+# the saved side to come back (the default bound is 10 s)
+check kmod-insmod insmod $KO hostile_test=1 peer_lost_ms=90000
 check kmod-tcp-listener sh -c "dmesg | grep -q 'TCP leg listener on port $LEG_PORT' && grep -q '^tcp_port $LEG_PORT' /proc/net/af_xen_stats"
 dmesg | grep -i af_xen
 run_c() {

@@ -1,5 +1,8 @@
 # kmod-migrate, dom0 side: the link directories for the two domUs, as in
-# tests/lab/kmod/dom0.sh (stand-in for the discovery agent).
+# tests/lab/kmod/dom0.sh (stand-in for the discovery agent); then, for the
+# move test, the pair stops being co-resident (both link directories
+# removed, as the agent does when a pair ends) and becomes co-resident
+# again (made again), each when domu2's client says so.
 D1=$(xl domid domu1); D2=$(xl domid domu2)
 log "link directories: dom$D1 <-> dom$D2"
 ln -sf /usr/bin/xenstore-write /tmp/xenstore-chmod
@@ -11,5 +14,47 @@ mklink() {
   /tmp/xenstore-chmod "$_l/$2" "n$1" "r$2" &&
   /tmp/xenstore-chmod "$_l" "n$1"
 }
+linked() {
+  test "$(xenstore-read /local/domain/$D1/data/xensock/link/$D2/state 2>/dev/null)" = 4 &&
+  test "$(xenstore-read /local/domain/$D2/data/xensock/link/$D1/state 2>/dev/null)" = 4
+}
+pair_again() { mklink "$D1" "$D2" && mklink "$D2" "$D1"; }
+pair_ended() {
+  xenstore-rm "/local/domain/$D1/data/xensock/link/$D2" &&
+  xenstore-rm "/local/domain/$D2/data/xensock/link/$D1"
+}
 mklink "$D1" "$D2" && mklink "$D2" "$D1"
-check xs-link-connected wait_until 240 sh -c "test \"\$(xenstore-read /local/domain/$D1/data/xensock/link/$D2/state)\" = 4 && test \"\$(xenstore-read /local/domain/$D2/data/xensock/link/$D1/state)\" = 4"
+check xs-link-connected wait_until 240 linked
+# the move test (agent-told)
+# (each wait also ends when domu2's script ended without asking)
+if wait_domu domu2 'm-phase ring-ok|^@@EXIT' 600 && ! wait_domu domu2 '^@@EXIT' 0; then
+  check xs-pair-ended pair_ended
+  if wait_domu domu2 'm-phase tcp-ok|^@@EXIT' 300 && ! wait_domu domu2 '^@@EXIT' 0; then
+    check xs-pair-again pair_again
+    check xs-link-connected-again wait_until 60 linked
+    xenstore-ls -p "/local/domain/$D1/data/xensock" "/local/domain/$D2/data/xensock" 2>&1 | head -n 20
+    xenstore-ls -p "/local/domain/$D1/data/xensock" 2>&1 | head -n 12
+    xenstore-ls -p "/local/domain/$D2/data/xensock" 2>&1 | head -n 12
+  else
+    log "domu2 never reported streaming on TCP"
+  fi
+else
+  log "domu2 never reported the ring phase"
+fi
+# the save test: domu1 is saved and restored mid-stream (a new domid); the
+# agent's part: the pair with the old domid ended, the new pair is linked
+if wait_domu domu2 'm-phase save-now|^@@EXIT' 900 && ! wait_domu domu2 '^@@EXIT' 0; then
+  OLD=$D1
+  check xl-save-domu1 timeout 180 xl save domu1 /tmp/domu1.save
+  check xl-restore-domu1 timeout 180 xl restore /tmp/domu1.save
+  rm -f /tmp/domu1.save
+  D1=$(xl domid domu1 2>/dev/null || echo none)
+  log "domu1: dom$OLD before save, dom$D1 after restore"
+  check new-domid-after-restore test "$D1" != none -a "$D1" != "$OLD"
+  xenstore-rm "/local/domain/$D2/data/xensock/link/$OLD" 2>/dev/null
+  check xs-pair-after-restore pair_again
+  check xs-link-connected-after-restore wait_until 60 linked
+  xenstore-ls "/local/domain/$D2/data/xensock" 2>/dev/null
+else
+  log "domu2 never asked for the save"
+fi

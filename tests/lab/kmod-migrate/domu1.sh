@@ -1,8 +1,12 @@
 # kmod-migrate, domu1: the server end of the stream, its leg listener
-# receives the client's legs (one good, one with a wrong cookie) and raw hellos.
+# receives the client's legs (one good, one with a wrong cookie) and raw
+# hellos; then the server end of the move test.
 . /scenario/common.sh
 run_c c-migrate-server server $M_PORT $STREAM_MIB
 cat /proc/net/af_xen_stats
+run_c c-move-server move-server $MV_PORT
+run_c c-save-server move-server $SV_PORT sv
+dmesg | grep -E 'af_xen.*(connection|link)' | tail -n 40
 # without the test mode the trigger is refused (EPERM): reload plain, and
 # an unconnected socket's setsockopt must be EPERM before anything else
 rmmod af_xen

@@ -1,0 +1,1271 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The migration switch of an inter-domain stream connection (issue #7,
+//! docs/migration.md, "Kernel switch"): every decision is proto's
+//! `TxPath`/`RxPath`; this file moves the bytes and frames.
+//!
+//! Each connection carries a [`Switch`] from connect on. While both
+//! directions run on rings it only counts bytes (`record_sent`,
+//! `record_ring_taken`, under its two locks). A trigger (the link to the
+//! peer going away: `peer_gone`) freezes both directions: the sender copies
+//! the unconsumed bytes back out of the ring it writes and queues
+//! `TxFreeze`; the receiver keeps what it took and queues `Consumed`. Both
+//! legs are then connected (ours outbound, the peer's arrives through the
+//! listener in tcp.rs); the `Consumed` from the peer makes the sender
+//! resend from there, and the stream continues as `Data` frames. When the
+//! link is up again each receiver offers a new ring (`RingOffer` on the
+//! link) and the sender moves at a byte boundary (`RingFrom` on TCP).
+//!
+//! The receiver never drains a ring it leaves: it answers every freeze with
+//! `Consumed{taken}` (what it holds), so unread ring bytes come again on
+//! TCP from the sender's copy. proto allows that (it is the "trust less"
+//! case), and it keeps TCP data from ever waiting behind a ring.
+//!
+//! Locks: `Switch::tx` before the tx pipe's producer; the rx pipe's
+//! consumer before `Switch::rx` (a reader holds its consumer while it
+//! records what it took). No path takes a link's lock while holding either
+//! switch lock (offers are sent after they are released). The TCP work
+//! item (tcp.rs) services every active switch: leg connects, queue flushes,
+//! frames in both directions, deadlines, ring offers; it wakes the socket
+//! after each pass, and the legs' `sk_data_ready`/`sk_write_space` schedule
+//! it.
+
+use crate::conn::Pipe;
+use crate::ctrl::{self, Channel, Message, RingGrant};
+use crate::sock::{State as SockState, XenSock};
+use crate::switch::{ConsumedOutcome, Phase, RingFromOutcome, RxPath, RxState, TxPath, TxState};
+use crate::sys::{errno as e, poll::*, Msg};
+use crate::sys_net::{self, TcpSock};
+use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use kernel::new_mutex;
+use kernel::prelude::*;
+use kernel::sync::{Arc, Mutex};
+
+/// Encoded frames waiting for the outbound leg.
+const TXQ_BYTES: usize = 256 * 1024;
+/// Stream bytes taken off TCP that the application has not read yet.
+const RXBUF_BYTES: usize = 256 * 1024;
+/// `Consumed` frames waiting for the inbound leg.
+const CTLQ_BYTES: usize = 4096;
+/// Room in the send queue that data (the application's or a resend) leaves
+/// free, so that `RingFrom`, `TxFreeze` and `Fin` always fit.
+const CTL_RESERVE: usize = 4 * ctrl::MAX_CONTROL_FRAME;
+/// Payload of one `Data` frame we send.
+const DATA_CHUNK: usize = 32 * 1024;
+/// How often the work item looks again while legs connect or a bound runs.
+const TICK_MS: u32 = 100;
+/// A receiver that left its ring on its own offers a new one after the
+/// sender's `TxFreeze` for it, or after this long without it.
+const OFFER_AFTER_MS: u64 = 2000;
+/// An offer the sender has not taken after this long is made again.
+const OFFER_TIMEOUT_MS: u64 = 5000;
+
+/// Counters for /proc/net/af_xen_stats.
+pub(crate) mod counters {
+    use super::AtomicI64;
+    pub(crate) static TO_TCP: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static TO_RING: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static TRIGGERS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static OFFERS_SENT: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static OFFERS_TAKEN: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static PEER_LOST: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static RESENT_BYTES: AtomicI64 = AtomicI64::new(0);
+}
+
+fn inc(c: &AtomicI64, n: i64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// A fixed-size byte FIFO (the kernel's Vec has no deque).
+struct Fifo {
+    buf: KVVec<u8>,
+    head: usize,
+    len: usize,
+}
+
+impl Fifo {
+    fn new(cap: usize) -> core::result::Result<Fifo, i32> {
+        let buf = KVVec::from_elem(0u8, cap, GFP_KERNEL).map_err(|_| e::ENOMEM)?;
+        Ok(Fifo { buf, head: 0, len: 0 })
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn room(&self) -> usize {
+        self.buf.len() - self.len
+    }
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The first contiguous run of queued bytes.
+    fn front(&self) -> &[u8] {
+        let end = (self.head + self.len).min(self.buf.len());
+        &self.buf[self.head..end]
+    }
+    fn consume(&mut self, n: usize) {
+        let n = n.min(self.len);
+        self.head = (self.head + n) % self.buf.len();
+        self.len -= n;
+        if self.len == 0 {
+            self.head = 0;
+        }
+    }
+    /// Appends all of `b`, or nothing when it does not fit.
+    fn push(&mut self, b: &[u8]) -> bool {
+        if b.len() > self.room() {
+            return false;
+        }
+        let cap = self.buf.len();
+        let tail = (self.head + self.len) % cap;
+        let first = b.len().min(cap - tail);
+        self.buf[tail..tail + first].copy_from_slice(&b[..first]);
+        self.buf[..b.len() - first].copy_from_slice(&b[first..]);
+        self.len += b.len();
+        true
+    }
+}
+
+/// Our sending direction.
+struct TxSide {
+    path: TxPath,
+    /// outbound leg (ours): frames out, the peer's `Consumed` back
+    leg: Option<crate::tcp::HeldLeg>,
+    leg_up: bool,
+    /// the leg's `TcpHello`, sent before anything in `q`
+    hello: [u8; crate::tcp::HELLO_LEN],
+    hello_left: usize,
+    q: Option<Fifo>,
+    /// the stream from the frozen ring's consumer on (read back)
+    resend: KVVec<u8>,
+    resend_pos: usize,
+    resend_end: usize,
+    resend_off: u64,
+    fin_sent: bool,
+    /// a ring the receiver offered, applied once this side is on TCP
+    offer: Option<RingGrant>,
+    /// the peer's frames on our outbound leg (Consumed, Reset)
+    ib: [u8; 64],
+    ib_got: usize,
+    /// the outbound leg broke or the peer closed it: writes get EPIPE
+    broken: bool,
+    want_leg: bool,
+    next_connect_ms: u64,
+}
+
+/// Our receiving direction.
+struct RxSide {
+    path: RxPath,
+    /// inbound leg (the peer's): frames in, our `Consumed` back
+    leg: Option<crate::tcp::HeldLeg>,
+    buf: Option<Fifo>,
+    ctl: Option<Fifo>,
+    frame: KVVec<u8>,
+    fgot: usize,
+    /// the new receive ring offered, read once its `RingFrom` arrives
+    offered: Option<Arc<Pipe>>,
+    /// the sender's `TxFreeze` for the ring we left arrived
+    saw_freeze: bool,
+    left_ms: u64,
+    offered_ms: u64,
+}
+
+/// The carrier switch of one stream connection.
+#[pin_data]
+pub(crate) struct Switch {
+    #[pin]
+    tx: Mutex<TxSide>,
+    #[pin]
+    rx: Mutex<RxSide>,
+    /// a trigger or a leg made this connection use TCP (the work item
+    /// services it)
+    active: AtomicBool,
+    /// the application closed the socket; finish sending, then release
+    closed: AtomicBool,
+    /// legs must be up by then (boot ms; 0: no bound running)
+    deadline: AtomicU64,
+    pub(crate) to_tcp: AtomicU32,
+    pub(crate) to_ring: AtomicU32,
+    /// receive ring size for offers (the connection's SO_RCVBUF at connect)
+    rx_cap: usize,
+}
+
+impl Switch {
+    /// A connection set up on rings (epoch 0 both ways) whose receive
+    /// rings hold `rx_cap` bytes.
+    pub(crate) fn new(rx_cap: usize) -> Result<Arc<Switch>> {
+        Arc::pin_init(
+            pin_init!(Switch {
+                tx <- new_mutex!(TxSide {
+                    path: TxPath::on_ring(),
+                    leg: None,
+                    leg_up: false,
+                    hello: [0; crate::tcp::HELLO_LEN],
+                    hello_left: 0,
+                    q: None,
+                    resend: KVVec::new(),
+                    resend_pos: 0,
+                    resend_end: 0,
+                    resend_off: 0,
+                    fin_sent: false,
+                    offer: None,
+                    ib: [0; 64],
+                    ib_got: 0,
+                    broken: false,
+                    want_leg: false,
+                    next_connect_ms: 0,
+                }, "af_xen_sw_tx"),
+                rx <- new_mutex!(RxSide {
+                    path: RxPath::on_ring(),
+                    leg: None,
+                    buf: None,
+                    ctl: None,
+                    frame: KVVec::new(),
+                    fgot: 0,
+                    offered: None,
+                    saw_freeze: false,
+                    left_ms: 0,
+                    offered_ms: 0,
+                }, "af_xen_sw_rx"),
+                active: AtomicBool::new(false),
+                closed: AtomicBool::new(false),
+                deadline: AtomicU64::new(0),
+                to_tcp: AtomicU32::new(0),
+                to_ring: AtomicU32::new(0),
+                rx_cap,
+            }),
+            GFP_KERNEL,
+        )
+    }
+
+    pub(crate) fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// The connection's phase (proto's), for /proc/net/af_xen.
+    pub(crate) fn phase(&self) -> Phase {
+        let c = crate::switch::Connection { tx: self.tx.lock().path.clone(), rx: self.rx.lock().path.clone() };
+        c.phase()
+    }
+
+    /// Whether the sending direction writes the ring now.
+    pub(crate) fn tx_on_ring(&self) -> bool {
+        matches!(self.tx.lock().path.state(), TxState::Ring { .. })
+    }
+}
+
+fn tx_activate(t: &mut TxSide) -> core::result::Result<(), i32> {
+    if t.q.is_none() {
+        t.q = Some(Fifo::new(TXQ_BYTES)?);
+    }
+    Ok(())
+}
+
+fn rx_activate(r: &mut RxSide) -> core::result::Result<(), i32> {
+    if r.buf.is_none() {
+        r.buf = Some(Fifo::new(RXBUF_BYTES)?);
+    }
+    if r.ctl.is_none() {
+        r.ctl = Some(Fifo::new(CTLQ_BYTES)?);
+    }
+    if r.frame.is_empty() {
+        r.frame = KVVec::from_elem(0u8, ctrl::DATA_PREFIX_LEN + ctrl::MAX_DATA_PAYLOAD, GFP_KERNEL).map_err(|_| e::ENOMEM)?;
+    }
+    Ok(())
+}
+
+/// Encodes a small control frame into `q` (false: no room or no queue).
+fn push_frame(q: &mut Option<Fifo>, m: &Message<'_>) -> bool {
+    let mut b = [0u8; ctrl::MAX_CONTROL_FRAME];
+    let Ok(n) = m.encode(&mut b) else { return false };
+    q.as_mut().map(|q| q.push(&b[..n])).unwrap_or(false)
+}
+
+struct Ids {
+    conn_id: u32,
+    peer_conn: u32,
+}
+
+fn ids(xs: &XenSock) -> Ids {
+    let i = xs.inner.lock();
+    Ids { conn_id: i.conn_id, peer_conn: i.peer_conn }
+}
+
+fn sw_of(xs: &XenSock) -> Option<Arc<Switch>> {
+    xs.inner.lock().sw.clone()
+}
+
+fn activate(xs: &Arc<XenSock>, sw: &Switch) {
+    if !sw.active.swap(true, Ordering::AcqRel) {
+        crate::tcp::register(xs);
+    }
+}
+
+fn start_bound(sw: &Switch) {
+    let _ = sw.deadline.compare_exchange(0, sys_net::now_ms() + sys_net::peer_lost_ms(), Ordering::AcqRel, Ordering::Acquire);
+}
+
+/// Wakes the socket's waiters, unless the application released it (the
+/// work item may still hold a closed connection; its struct sock is gone).
+fn wake(xs: &XenSock, mask: u32) {
+    let i = xs.inner.lock();
+    if !i.released {
+        xs.sk.wake(mask);
+    }
+}
+
+fn fail(xs: &XenSock, why: &str) {
+    pr_warn!("connection {}: switch failed ({}): reset\n", xs.inner.lock().conn_id, why);
+    let _ = crate::sock::conn_reset(xs, why);
+    wake(xs, POLLIN | POLLOUT | POLLERR | POLLHUP | POLLRDNORM | POLLWRNORM);
+}
+
+// ---- triggers ---------------------------------------------------------------
+
+/// The link to the peer went away while the connection is up (the peer
+/// left this host's co-residency, moved, or its link was retracted):
+/// freeze both directions and continue on TCP. False when the connection
+/// cannot switch (no switch, no TCP endpoint, not connected): the caller
+/// resets it as before.
+pub(crate) fn peer_gone(xs: &Arc<XenSock>) -> bool {
+    let (sw, ok) = {
+        let i = xs.inner.lock();
+        (i.sw.clone(), i.state == SockState::Connected && !i.reset && !i.released && i.tcp.peer.port != 0)
+    };
+    let Some(sw) = sw else { return false };
+    if !ok || crate::tcp::legs_disabled() {
+        return false;
+    }
+    inc(&counters::TRIGGERS, 1);
+    pr_info!("connection {}: peer's link gone, switching to TCP\n", xs.inner.lock().conn_id);
+    activate(xs, &sw);
+    start_bound(&sw);
+    {
+        let mut t = sw.tx.lock();
+        if let Err(why) = freeze_tx_locked(xs, &mut t) {
+            drop(t);
+            fail(xs, why);
+            return true;
+        }
+        t.want_leg = true;
+    }
+    if let Err(why) = freeze_rx(xs, &sw) {
+        fail(xs, why);
+        return true;
+    }
+    sys_net::schedule();
+    wake(xs, POLLIN | POLLOUT | POLLRDNORM | POLLWRNORM);
+    true
+}
+
+/// Stops writing the ring (if it is in use), keeps a copy of what the
+/// receiver has not consumed, queues `TxFreeze`. Caller holds `sw.tx`.
+fn freeze_tx_locked(xs: &XenSock, t: &mut TxSide) -> core::result::Result<(), &'static str> {
+    tx_activate(t).map_err(|_| "no memory for the send queue")?;
+    let ids = ids(xs);
+    let mut copy = KVVec::new();
+    let mut unconsumed = 0u64;
+    let pipe = if let TxState::Ring { .. } = t.path.state() {
+        let pipe = xs.inner.lock().tx.take();
+        if let Some(p) = &pipe {
+            let mut prod = p.tx.lock();
+            let n = prod.unconsumed().map_err(|_| "ring index out of range")? as usize;
+            copy = KVVec::from_elem(0u8, n, GFP_KERNEL).map_err(|_| "no memory for the resend copy")?;
+            let got = prod.read_back(&mut copy).map_err(|_| "ring index out of range")?;
+            if got != n {
+                return Err("ring read back short");
+            }
+            unconsumed = n as u64;
+        }
+        pipe
+    } else {
+        None
+    };
+    let notice = t.path.freeze(unconsumed).map_err(|_| "freeze")?;
+    if matches!(t.path.state(), TxState::Frozen { .. }) && pipe.is_some() {
+        t.resend = copy;
+        t.resend_pos = 0;
+        t.resend_end = 0;
+    }
+    t.fin_sent = false;
+    if !push_frame(&mut t.q, &Message::TxFreeze { conn_id: ids.peer_conn, epoch: notice.epoch, offset: notice.offset }) {
+        return Err("send queue full");
+    }
+    pr_info!("connection {}: tx froze ring {} at {} ({} bytes to resend)\n", ids.conn_id, notice.epoch, notice.offset, unconsumed);
+    // the mapping goes outside the switch lock's critical work
+    drop(pipe);
+    Ok(())
+}
+
+/// The receiving direction leaves its ring on its own: what was taken is
+/// kept, the rest comes again from the sender (`Consumed{taken}`).
+fn freeze_rx(xs: &XenSock, sw: &Switch) -> core::result::Result<(), &'static str> {
+    loop {
+        let pipe = xs.inner.lock().rx.clone();
+        let c = pipe.as_ref().map(|p| p.rx.lock());
+        let r = sw.rx.lock();
+        // a RingFrom may have put a new ring in between: lock that one
+        if !same_pipe(&xs.inner.lock().rx, &pipe) {
+            continue;
+        }
+        return freeze_rx_locked(xs, sw, pipe.clone(), c, r);
+    }
+}
+
+fn same_pipe(a: &Option<Arc<Pipe>>, b: &Option<Arc<Pipe>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+type ConsumerGuard<'a> = kernel::sync::lock::Guard<'a, crate::ring::Consumer<crate::mem::RawRing>, kernel::sync::lock::mutex::MutexBackend>;
+type RxGuard<'a> = kernel::sync::lock::Guard<'a, RxSide, kernel::sync::lock::mutex::MutexBackend>;
+
+fn freeze_rx_locked(
+    xs: &XenSock,
+    sw: &Switch,
+    pipe: Option<Arc<Pipe>>,
+    c: Option<ConsumerGuard<'_>>,
+    mut r: RxGuard<'_>,
+) -> core::result::Result<(), &'static str> {
+    rx_activate(&mut r).map_err(|_| "no memory for the receive buffer")?;
+    if let (RxState::Ring { .. }, Some(c)) = (r.path.state(), c.as_ref()) {
+        // a FIN the ring showed with every byte taken: end of stream known
+        if let (Ok(0), Ok(end)) = (c.readable(), c.peer_end()) {
+            if end.fin {
+                let taken = r.path.taken();
+                let _ = r.path.on_fin(taken);
+            }
+        }
+    }
+    let was_ring = matches!(r.path.state(), RxState::Ring { .. });
+    if let Some(n) = r.path.freeze_local() {
+        let peer_conn = xs.inner.lock().peer_conn;
+        if !push_frame(&mut r.ctl, &Message::Consumed { conn_id: peer_conn, epoch: n.epoch, offset: n.offset }) {
+            return Err("control queue full");
+        }
+        if was_ring {
+            r.saw_freeze = false;
+            r.left_ms = sys_net::now_ms();
+            sw.to_tcp.fetch_add(1, Ordering::Relaxed);
+            inc(&counters::TO_TCP, 1);
+        }
+        pr_info!("connection {}: rx left ring {} at {}\n", xs.inner.lock().conn_id, n.epoch, n.offset);
+    }
+    let dead_offer = if matches!(r.path.state(), RxState::Offered { .. }) { None } else { r.offered.take() };
+    drop(r);
+    drop(c);
+    let old = xs.inner.lock().rx.take();
+    drop((old, dead_offer, pipe));
+    Ok(())
+}
+
+/// A `RingOffer` from the link (under the link's lock: only recorded; the
+/// work item maps and applies it).
+pub(crate) fn on_ring_offer(xs: &Arc<XenSock>, grant: RingGrant) {
+    let Some(sw) = sw_of(xs) else { return };
+    if !sw.is_active() {
+        return;
+    }
+    sw.tx.lock().offer = Some(grant);
+    sys_net::schedule();
+}
+
+/// This guest is back from a save (or the save was cancelled): the clock
+/// may have jumped by the time it was away, so the peer-lost bounds
+/// running start again from now.
+pub(crate) fn resumed() {
+    let now = sys_net::now_ms();
+    for xs in crate::tcp::active_snapshot().iter() {
+        if let Some(sw) = sw_of(xs) {
+            if sw.deadline.load(Ordering::Acquire) != 0 {
+                sw.deadline.store(now + sys_net::peer_lost_ms(), Ordering::Release);
+            }
+        }
+    }
+    sys_net::schedule();
+}
+
+/// The link to the peer is up again: let the work item offer rings.
+pub(crate) fn link_up() {
+    sys_net::schedule();
+}
+
+/// `shutdown(SHUT_WR)` or close: the end of stream goes out on whichever
+/// carrier is current (the ring's FIN flag is set by the caller).
+pub(crate) fn finish(xs: &XenSock) {
+    if let Some(sw) = sw_of(xs) {
+        sw.tx.lock().path.finish();
+        if sw.is_active() {
+            sys_net::schedule();
+        }
+    }
+}
+
+/// The socket was closed: finish sending what is queued, then let go.
+pub(crate) fn closing(xs: &XenSock) {
+    if let Some(sw) = sw_of(xs) {
+        sw.tx.lock().path.finish();
+        sw.closed.store(true, Ordering::Release);
+        if sw.is_active() {
+            let _ = sw.deadline.compare_exchange(0, sys_net::now_ms() + sys_net::peer_lost_ms(), Ordering::AcqRel, Ordering::Acquire);
+            sys_net::schedule();
+        }
+    }
+}
+
+/// An authenticated inbound leg for `xs` (tcp.rs). Err: refused (a second
+/// leg, or no switch).
+pub(crate) fn attach_inbound(xs: &Arc<XenSock>, leg: crate::tcp::HeldLeg) -> core::result::Result<(), crate::tcp::HeldLeg> {
+    let Some(sw) = sw_of(xs) else { return Err(leg) };
+    {
+        let mut r = sw.rx.lock();
+        if r.leg.is_some() || rx_activate(&mut r).is_err() {
+            return Err(leg);
+        }
+        r.leg = Some(leg);
+    }
+    {
+        // the peer uses TCP now: so do we, for what we send
+        let mut t = sw.tx.lock();
+        if tx_activate(&mut t).is_err() {
+            return Ok(());
+        }
+        t.want_leg = true;
+    }
+    activate(xs, &sw);
+    sys_net::schedule();
+    Ok(())
+}
+
+/// Test trigger (XENSOCK_TEST_OPEN_LEG 1): connect this connection's
+/// outbound leg now, without a switch.
+pub(crate) fn open_leg(xs: &Arc<XenSock>) -> core::result::Result<(), i32> {
+    let Some(sw) = sw_of(xs) else { return Err(e::EOPNOTSUPP) };
+    {
+        let mut t = sw.tx.lock();
+        tx_activate(&mut t)?;
+        t.want_leg = true;
+    }
+    {
+        let mut r = sw.rx.lock();
+        rx_activate(&mut r)?;
+    }
+    activate(xs, &sw);
+    sys_net::schedule();
+    Ok(())
+}
+
+// ---- the application's reads and writes --------------------------------------
+
+pub(crate) enum Write {
+    /// the ring carries this direction: use it
+    Ring,
+    Sent(usize),
+    /// no room (or frozen): wait for `tx_ready`
+    Blocked,
+    /// the peer closed (or the leg broke)
+    Pipe,
+    Fault,
+}
+
+/// One step of `sendmsg` on TCP: up to one `Data` frame of the message.
+pub(crate) fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize) -> Write {
+    let mut t = sw.tx.lock();
+    match t.path.state() {
+        TxState::Ring { .. } => return Write::Ring,
+        TxState::Frozen { .. } => return Write::Blocked,
+        TxState::Tcp => {}
+    }
+    if t.broken {
+        return Write::Pipe;
+    }
+    if t.resend_pos < t.resend_end || t.offer.is_some() {
+        return Write::Blocked;
+    }
+    let peer_conn = xs.inner.lock().peer_conn;
+    let room = t.q.as_ref().map(|q| q.room()).unwrap_or(0);
+    if room <= ctrl::DATA_PREFIX_LEN + CTL_RESERVE {
+        return Write::Blocked;
+    }
+    let mut buf = [0u8; 4096];
+    let want = left.min(room - ctrl::DATA_PREFIX_LEN - CTL_RESERVE).min(buf.len());
+    let got = msg.copy_from(&mut buf[..want]);
+    if got == 0 {
+        return Write::Fault;
+    }
+    let Ok(prefix) = ctrl::encode_data_prefix(peer_conn, t.path.sent(), got) else { return Write::Fault };
+    let Some(q) = t.q.as_mut() else { return Write::Fault };
+    // room was checked: both fit
+    q.push(&prefix);
+    q.push(&buf[..got]);
+    if t.path.record_sent(got as u64).is_err() {
+        return Write::Fault;
+    }
+    flush_tx(&mut t);
+    Write::Sent(got)
+}
+
+/// Whether a writer waiting on TCP should look again.
+pub(crate) fn tx_ready(sw: &Switch) -> bool {
+    let t = sw.tx.lock();
+    match t.path.state() {
+        TxState::Ring { .. } => true,
+        TxState::Frozen { .. } => false,
+        TxState::Tcp => {
+            t.broken
+                || (t.resend_pos >= t.resend_end
+                    && t.offer.is_none()
+                    && t.q.as_ref().map(|q| q.room() > ctrl::DATA_PREFIX_LEN + CTL_RESERVE).unwrap_or(false))
+        }
+    }
+}
+
+pub(crate) enum Read {
+    /// the ring carries this direction and no TCP bytes are ahead of it
+    Ring,
+    Got(usize),
+    /// nothing to read; `eof`: the stream ended here
+    Empty { eof: bool },
+    Fault,
+    /// the connection was reset
+    Reset,
+}
+
+/// One step of `recvmsg` on TCP: bytes taken off TCP come before the ring.
+pub(crate) fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: bool) -> Read {
+    let mut r = sw.rx.lock();
+    let pending = r.buf.as_ref().map(|b| b.len()).unwrap_or(0);
+    if pending == 0 {
+        if r.path.reads_ring() {
+            return Read::Ring;
+        }
+        // pull what the leg has now (process context; the work item does
+        // it too). No ring pipe is in use here, so no consumer lock first.
+        if xs.inner.lock().rx.is_none() {
+            let ids = ids(xs);
+            if let Err(why) = pull_frames(xs, sw, &mut r, &ids) {
+                drop(r);
+                fail(xs, why);
+                return Read::Reset;
+            }
+        }
+        let pending = r.buf.as_ref().map(|b| b.len()).unwrap_or(0);
+        if pending == 0 {
+            if r.path.reads_ring() {
+                return Read::Ring;
+            }
+            let eof = r.path.eof_at() == Some(r.path.taken());
+            return Read::Empty { eof };
+        }
+    }
+    let Some(buf) = r.buf.as_mut() else { return Read::Fault };
+    let front = buf.front();
+    let n = front.len().min(left);
+    let out = msg.copy_to(&front[..n]);
+    if out == 0 && n > 0 {
+        return Read::Fault;
+    }
+    if !peek {
+        let was_full = buf.room() < ctrl::DATA_PREFIX_LEN + ctrl::MAX_DATA_PAYLOAD;
+        buf.consume(out);
+        if was_full {
+            // the work item stopped reading the leg for want of room
+            sys_net::schedule();
+        }
+    }
+    Read::Got(out)
+}
+
+/// Whether a reader waiting on TCP should look again.
+pub(crate) fn rx_ready(sw: &Switch) -> bool {
+    let r = sw.rx.lock();
+    r.path.reads_ring()
+        || r.buf.as_ref().map(|b| !b.is_empty()).unwrap_or(false)
+        || r.path.eof_at() == Some(r.path.taken())
+}
+
+
+/// poll() bits of the directions on TCP: (readable, read hangup, writable, write hangup).
+pub(crate) fn poll_bits(sw: &Switch) -> (bool, bool, bool, bool) {
+    let (readable, rd_hup) = {
+        let r = sw.rx.lock();
+        let pending = r.buf.as_ref().map(|b| !b.is_empty()).unwrap_or(false);
+        let eof = !r.path.reads_ring() && r.path.eof_at() == Some(r.path.taken());
+        (pending || eof, eof)
+    };
+    let (writable, wr_hup) = {
+        let t = sw.tx.lock();
+        match t.path.state() {
+            TxState::Tcp => (
+                !t.broken
+                    && t.resend_pos >= t.resend_end
+                    && t.offer.is_none()
+                    && t.q.as_ref().map(|q| q.room() > ctrl::DATA_PREFIX_LEN + CTL_RESERVE).unwrap_or(false),
+                t.broken,
+            ),
+            _ => (false, false),
+        }
+    };
+    (readable, rd_hup, writable, wr_hup)
+}
+
+/// A ring read of `n` bytes (caller holds the rx pipe's consumer). False:
+/// this direction has left the ring (or TCP bytes come first): the reader
+/// must not consume from it.
+pub(crate) fn ring_read_ok(sw: &Switch) -> bool {
+    let r = sw.rx.lock();
+    r.path.reads_ring() && r.buf.as_ref().map(|b| b.is_empty()).unwrap_or(true)
+}
+
+/// Records `n` bytes taken off the ring (caller holds the rx consumer).
+pub(crate) fn ring_taken(sw: &Switch, n: usize) -> core::result::Result<(), ()> {
+    sw.rx.lock().path.record_ring_taken(n as u64).map_err(|_| ())
+}
+
+/// Locks the sending direction for a ring write; None: it is not on the ring.
+pub(crate) fn ring_writer(sw: &Switch) -> Option<RingWriter<'_>> {
+    let g = sw.tx.lock();
+    if matches!(g.path.state(), TxState::Ring { .. }) {
+        Some(RingWriter(g))
+    } else {
+        None
+    }
+}
+
+/// The sending direction, held on the ring for one write.
+pub(crate) struct RingWriter<'a>(kernel::sync::lock::Guard<'a, TxSide, kernel::sync::lock::mutex::MutexBackend>);
+
+impl RingWriter<'_> {
+    pub(crate) fn sent(&mut self, n: usize) {
+        let _ = self.0.path.record_sent(n as u64);
+    }
+}
+
+// ---- the work item -----------------------------------------------------------
+
+/// Sends what the outbound leg takes without blocking.
+fn flush_tx(t: &mut TxSide) {
+    if !t.leg_up {
+        return;
+    }
+    let Some(leg) = t.leg.as_ref() else { return };
+    while t.hello_left > 0 {
+        let start = crate::tcp::HELLO_LEN - t.hello_left;
+        match leg.sock().send_nb(&t.hello[start..]) {
+            Ok(n) if n > 0 => t.hello_left -= n.min(t.hello_left),
+            Ok(_) => return,
+            Err(x) if x == e::EAGAIN => return,
+            Err(_) => {
+                t.broken = true;
+                return;
+            }
+        }
+    }
+    let Some(q) = t.q.as_mut() else { return };
+    while !q.is_empty() {
+        match leg.sock().send_nb(q.front()) {
+            Ok(n) if n > 0 => q.consume(n),
+            Ok(_) => return,
+            Err(x) if x == e::EAGAIN => return,
+            Err(_) => {
+                t.broken = true;
+                return;
+            }
+        }
+    }
+}
+
+/// Resend copy, then `Fin`, then a pending ring offer, into the queue.
+fn pump_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
+    let Some(q) = t.q.as_mut() else { return Ok(()) };
+    while t.resend_pos < t.resend_end && q.room() > ctrl::DATA_PREFIX_LEN + CTL_RESERVE {
+        let n = (t.resend_end - t.resend_pos).min(DATA_CHUNK).min(q.room() - ctrl::DATA_PREFIX_LEN - CTL_RESERVE);
+        let prefix = ctrl::encode_data_prefix(ids.peer_conn, t.resend_off, n).map_err(|_| "encode")?;
+        q.push(&prefix);
+        q.push(&t.resend[t.resend_pos..t.resend_pos + n]);
+        t.resend_pos += n;
+        t.resend_off += n as u64;
+        inc(&counters::RESENT_BYTES, n as i64);
+    }
+    if t.resend_pos < t.resend_end {
+        return Ok(());
+    }
+    if !t.resend.is_empty() && !matches!(t.path.state(), TxState::Frozen { .. }) {
+        t.resend = KVVec::new();
+        t.resend_pos = 0;
+        t.resend_end = 0;
+    }
+    if t.path.state() != TxState::Tcp {
+        return Ok(());
+    }
+    if t.path.is_finished() && !t.fin_sent {
+        if !push_frame(&mut t.q, &Message::Fin { conn_id: ids.peer_conn, offset: t.path.sent() }) {
+            return Ok(());
+        }
+        t.fin_sent = true;
+    }
+    if let Some(grant) = t.offer {
+        if t.path.offer_waits_for_consumed(grant.epoch) {
+            return Ok(());
+        }
+        // room for RingFrom (writers wait while an offer is pending)
+        if t.q.as_ref().map(|q| q.room() < ctrl::MAX_CONTROL_FRAME).unwrap_or(true) {
+            return Ok(());
+        }
+        t.offer = None;
+        take_offer(xs, t, ids, &grant)?;
+    }
+    Ok(())
+}
+
+/// Moves the sending direction onto the ring the receiver offered.
+fn take_offer(xs: &XenSock, t: &mut TxSide, ids: &Ids, grant: &RingGrant) -> core::result::Result<(), &'static str> {
+    if t.path.is_finished() {
+        // after FIN a ring is pointless: decline (the receiver keeps reading TCP)
+        return Ok(());
+    }
+    // the link need not be up from our side yet: the mapping names the
+    // peer's domain, and the pipe kicks through the link once it is
+    let link = xs.inner.lock().link.clone();
+    let Some(link) = link else { return Ok(()) };
+    let me = crate::sock::globals().own_domid();
+    let pipe = match Pipe::new_mapped(&link, me, grant, ids.peer_conn, grant.epoch) {
+        Ok(p) => p,
+        Err(_) => {
+            pr_warn!("connection {}: offered ring {} cannot be mapped; staying on TCP\n", ids.conn_id, grant.epoch);
+            return Ok(());
+        }
+    };
+    match t.path.on_ring_offer(grant.epoch).map_err(|_| "ring offer")? {
+        Some(m) => {
+            if !push_frame(&mut t.q, &Message::RingFrom { conn_id: ids.peer_conn, epoch: grant.epoch, offset: m }) {
+                return Err("send queue full");
+            }
+            let old = xs.inner.lock().tx.replace(pipe);
+            drop(old);
+            inc(&counters::OFFERS_TAKEN, 1);
+            inc(&counters::TO_RING, 1);
+            if let Some(sw) = sw_of(xs) {
+                sw.to_ring.fetch_add(1, Ordering::Relaxed);
+            }
+            pr_info!("connection {}: tx back on a ring (epoch {}) from {}\n", ids.conn_id, grant.epoch, m);
+            Ok(())
+        }
+        None => Ok(()),
+    }
+}
+
+/// Connects the outbound leg when it is wanted, and follows its connect.
+fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids) {
+    let now = sys_net::now_ms();
+    if t.leg.is_none() && t.want_leg && !t.broken && now >= t.next_connect_ms {
+        let peer = xs.inner.lock().tcp;
+        let a = &peer.peer.addr;
+        if peer.peer.port == 0 || a[..10].iter().any(|b| *b != 0) || a[10] != 0xff || a[11] != 0xff {
+            t.broken = true;
+            return;
+        }
+        match TcpSock::connect_start([a[12], a[13], a[14], a[15]], peer.peer.port, sys_net::peer_lost_ms() as u32) {
+            Ok(s) => {
+                let n = Message::TcpHello { conn_id: ids.peer_conn, cookie: peer.cookie }.encode(&mut t.hello).unwrap_or(0);
+                t.hello_left = n;
+                t.leg = Some(crate::tcp::HeldLeg::new(s));
+                t.leg_up = false;
+            }
+            Err(x) => {
+                pr_info!("connection {}: leg to the peer: error {}, retrying\n", ids.conn_id, x);
+                t.next_connect_ms = now + 250;
+            }
+        }
+    }
+    if let Some(leg) = t.leg.as_ref() {
+        if !t.leg_up {
+            match leg.sock().state() {
+                Ok(true) => {
+                    t.leg_up = true;
+                    crate::tcp::leg_out();
+                }
+                Ok(false) => {}
+                Err(_) => {
+                    // refused or unreachable: try again until the bound
+                    t.leg = None;
+                    t.next_connect_ms = now + 250;
+                }
+            }
+        }
+    }
+}
+
+/// Reads the peer's `Consumed` (and `Reset`) off our outbound leg.
+fn read_tx_leg(xs: &XenSock, t: &mut TxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
+    if !t.leg_up {
+        return Ok(());
+    }
+    loop {
+        let Some(leg) = t.leg.as_ref() else { return Ok(()) };
+        let need = if t.ib_got < ctrl::HEADER_LEN {
+            ctrl::HEADER_LEN
+        } else {
+            match ctrl::decode_header(&t.ib[..ctrl::HEADER_LEN], Channel::Tcp) {
+                Ok(h) if h.frame_len() <= t.ib.len() => h.frame_len(),
+                _ => return Err("malformed frame on the outbound leg"),
+            }
+        };
+        if t.ib_got < need {
+            let got = t.ib_got;
+            match leg.sock().recv(&mut t.ib[got..need]) {
+                Ok(0) => {
+                    // the peer closed its end: fine once we are done
+                    t.broken = true;
+                    t.leg = None;
+                    if matches!(t.path.state(), TxState::Frozen { .. }) {
+                        return Err("outbound leg closed while frozen");
+                    }
+                    return Ok(());
+                }
+                Ok(n) => t.ib_got += n,
+                Err(x) if x == e::EAGAIN => return Ok(()),
+                Err(_) => {
+                    t.broken = true;
+                    t.leg = None;
+                    if matches!(t.path.state(), TxState::Frozen { .. }) {
+                        return Err("outbound leg failed while frozen");
+                    }
+                    return Ok(());
+                }
+            }
+            continue;
+        }
+        let frame = t.ib;
+        t.ib_got = 0;
+        let (m, _) = ctrl::decode(&frame[..need], Channel::Tcp).map_err(|_| "malformed frame on the outbound leg")?;
+        match m {
+            Message::Consumed { conn_id, epoch, offset } if conn_id == ids.conn_id => on_consumed(xs, t, ids, epoch, offset)?,
+            Message::Reset { conn_id, .. } if conn_id == ids.conn_id => return Err("peer reset"),
+            _ => return Err("unexpected frame on the outbound leg"),
+        }
+    }
+}
+
+fn on_consumed(xs: &XenSock, t: &mut TxSide, ids: &Ids, epoch: u32, offset: u64) -> core::result::Result<(), &'static str> {
+    let mut out = t.path.on_consumed(epoch, offset).map_err(|_| "bad Consumed")?;
+    if out == ConsumedOutcome::FreezeFirst {
+        freeze_tx_locked(xs, t)?;
+        out = t.path.on_consumed(epoch, offset).map_err(|_| "bad Consumed")?;
+    }
+    if let ConsumedOutcome::Resend(r) = out {
+        let skip = r.skip as usize;
+        let len = r.len as usize;
+        if skip + len > t.resend.len() {
+            return Err("resend beyond the copy");
+        }
+        t.resend_pos = skip;
+        t.resend_end = skip + len;
+        t.resend_off = r.from;
+        t.fin_sent = false;
+        if let Some(sw) = sw_of(xs) {
+            sw.to_tcp.fetch_add(1, Ordering::Relaxed);
+        }
+        inc(&counters::TO_TCP, 1);
+        pr_info!("connection {}: tx on TCP, resending {} bytes from {}\n", ids.conn_id, len, r.from);
+    }
+    Ok(())
+}
+
+/// Reads frames off the inbound leg while the receive buffer has room for
+/// a whole `Data` frame. Caller holds the rx pipe's consumer (if a ring is
+/// in use) and `sw.rx`; on Err it resets the connection after releasing
+/// them (the reset takes the rings' locks).
+fn pull_frames(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
+    let res = pull_frames_inner(xs, sw, r, ids);
+    if res.is_err() {
+        r.leg = None;
+    }
+    res
+}
+
+fn pull_frames_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
+    loop {
+        let room = r.buf.as_ref().map(|b| b.room()).unwrap_or(0);
+        if room < ctrl::MAX_DATA_PAYLOAD || r.frame.is_empty() {
+            return Ok(());
+        }
+        let Some(leg) = r.leg.as_ref() else { return Ok(()) };
+        let need = if r.fgot < ctrl::HEADER_LEN {
+            ctrl::HEADER_LEN
+        } else {
+            ctrl::decode_header(&r.frame[..ctrl::HEADER_LEN], Channel::Tcp).map_err(|_| "malformed frame on the inbound leg")?.frame_len()
+        };
+        if r.fgot < need {
+            let got = r.fgot;
+            match leg.sock().recv(&mut r.frame[got..need]) {
+                Ok(0) => {
+                    r.leg = None;
+                    let done = r.path.eof_at() == Some(r.path.taken());
+                    if !r.path.reads_ring() && !done {
+                        return Err("inbound leg closed mid-stream");
+                    }
+                    return Ok(());
+                }
+                Ok(n) => r.fgot += n,
+                Err(x) if x == e::EAGAIN => return Ok(()),
+                Err(_) => {
+                    r.leg = None;
+                    if !r.path.reads_ring() {
+                        return Err("inbound leg failed");
+                    }
+                    return Ok(());
+                }
+            }
+            continue;
+        }
+        r.fgot = 0;
+        // decode borrows the frame buffer: take it out for the call
+        let frame = core::mem::replace(&mut r.frame, KVVec::new());
+        let res = on_frame(xs, sw, r, ids, &frame[..need]);
+        r.frame = frame;
+        res?;
+    }
+}
+
+fn on_frame(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, frame: &[u8]) -> core::result::Result<(), &'static str> {
+    let (m, _) = ctrl::decode(frame, Channel::Tcp).map_err(|_| "malformed frame on the inbound leg")?;
+    match m {
+        Message::Data { conn_id, offset, payload } if conn_id == ids.conn_id => {
+            r.path.on_data(offset, payload.len() as u64).map_err(|_| "Data out of order")?;
+            let Some(b) = r.buf.as_mut() else { return Err("no buffer") };
+            if !b.push(payload) {
+                return Err("receive buffer overrun");
+            }
+        }
+        Message::TxFreeze { conn_id, epoch, offset } if conn_id == ids.conn_id => {
+            r.saw_freeze = true;
+            let was_ring = matches!(r.path.state(), RxState::Ring { .. });
+            // readable 0: we keep what we took, the sender resends the rest
+            if let Some(n) = r.path.on_tx_freeze(epoch, Some(offset), 0).map_err(|_| "bad TxFreeze")? {
+                if !push_frame(&mut r.ctl, &Message::Consumed { conn_id: ids.peer_conn, epoch: n.epoch, offset: n.offset }) {
+                    return Err("control queue full");
+                }
+                if was_ring {
+                    sw.to_tcp.fetch_add(1, Ordering::Relaxed);
+                    inc(&counters::TO_TCP, 1);
+                    // no one reads that ring again (the caller holds its consumer)
+                    let old = xs.inner.lock().rx.take();
+                    drop(old);
+                }
+                if !matches!(r.path.state(), RxState::Offered { .. }) {
+                    let dead = r.offered.take();
+                    drop(dead);
+                }
+                pr_info!("connection {}: rx: sender froze ring {} at {}; on TCP from {}\n", ids.conn_id, epoch, offset, n.offset);
+            }
+        }
+        Message::RingFrom { conn_id, epoch, offset } if conn_id == ids.conn_id => {
+            match r.path.on_ring_from(epoch, offset).map_err(|_| "bad RingFrom")? {
+                RingFromOutcome::Switch => {
+                    let Some(p) = r.offered.take() else { return Err("RingFrom without a ring") };
+                    let old = xs.inner.lock().rx.replace(p);
+                    drop(old);
+                    sw.to_ring.fetch_add(1, Ordering::Relaxed);
+                    inc(&counters::TO_RING, 1);
+                    pr_info!("connection {}: rx back on a ring (epoch {}) from {}\n", ids.conn_id, epoch, offset);
+                }
+                RingFromOutcome::Ignore => {}
+            }
+        }
+        Message::Fin { conn_id, offset } if conn_id == ids.conn_id => {
+            r.path.on_fin(offset).map_err(|_| "bad Fin")?;
+        }
+        Message::Reset { conn_id, .. } if conn_id == ids.conn_id => return Err("peer reset"),
+        _ => return Err("unexpected frame on the inbound leg"),
+    }
+    Ok(())
+}
+
+/// Sends queued `Consumed` frames on the inbound leg.
+fn flush_ctl(r: &mut RxSide) {
+    let Some(leg) = r.leg.as_ref() else { return };
+    let Some(q) = r.ctl.as_mut() else { return };
+    while !q.is_empty() {
+        match leg.sock().send_nb(q.front()) {
+            Ok(n) if n > 0 => q.consume(n),
+            _ => return,
+        }
+    }
+}
+
+/// The work item's pass over one active connection. Returns false once
+/// it is done with it (closed and flushed, or reset).
+pub(crate) fn service(xs: &Arc<XenSock>) -> bool {
+    let Some(sw) = sw_of(xs) else { return false };
+    let ids = ids(xs);
+    let (reset, state) = {
+        let i = xs.inner.lock();
+        (i.reset, i.state)
+    };
+    let now = sys_net::now_ms();
+    if reset {
+        release_legs(&sw);
+        return false;
+    }
+    let closed = sw.closed.load(Ordering::Acquire) || state != SockState::Connected;
+    // sending direction
+    let tx_err = {
+        let mut t = sw.tx.lock();
+        leg_tx(xs, &mut t, &ids);
+        let r = read_tx_leg(xs, &mut t, &ids).and_then(|_| pump_tx(xs, &mut t, &ids));
+        flush_tx(&mut t);
+        r
+    };
+    if let Err(why) = tx_err {
+        fail(xs, why);
+        release_legs(&sw);
+        return false;
+    }
+    // receiving direction (the ring's consumer first, see the lock order)
+    {
+        let pipe = xs.inner.lock().rx.clone();
+        let c = pipe.as_ref().map(|p| p.rx.lock());
+        let mut r = sw.rx.lock();
+        // a ring put in by a reader's own pull in between: next pass
+        let res = if closed || !same_pipe(&xs.inner.lock().rx, &pipe) { Ok(()) } else { pull_frames(xs, &sw, &mut r, &ids) };
+        flush_ctl(&mut r);
+        drop(r);
+        drop(c);
+        if let Err(why) = res {
+            fail(xs, why);
+        }
+    }
+    if xs.inner.lock().reset {
+        release_legs(&sw);
+        wake(xs, POLLIN | POLLOUT | POLLERR | POLLHUP | POLLRDNORM | POLLWRNORM);
+        return false;
+    }
+    // both legs up: the bound stops (TCP_USER_TIMEOUT covers the rest)
+    let (out_up, tx_done, connecting) = {
+        let t = sw.tx.lock();
+        let done = t.q.as_ref().map(|q| q.is_empty()).unwrap_or(true)
+            && t.hello_left == 0
+            && t.resend_pos >= t.resend_end
+            && (t.fin_sent || matches!(t.path.state(), TxState::Ring { .. }));
+        let connecting = !t.leg_up && t.want_leg && !t.broken;
+        (t.leg_up, done, connecting)
+    };
+    let in_up = sw.rx.lock().leg.is_some();
+    if !closed && out_up && in_up {
+        sw.deadline.store(0, Ordering::Release);
+    }
+    if closed && tx_done {
+        release_legs(&sw);
+        return false;
+    }
+    let d = sw.deadline.load(Ordering::Acquire);
+    if d != 0 && now > d {
+        if closed {
+            release_legs(&sw);
+            return false;
+        }
+        inc(&counters::PEER_LOST, 1);
+        fail(xs, "peer lost: legs not up within peer_lost_ms");
+        release_legs(&sw);
+        return false;
+    }
+    let waits = !closed && maybe_offer(xs, &sw, &ids, now);
+    if d != 0 || connecting || waits {
+        sys_net::tick_after_ms(TICK_MS);
+    }
+    wake(xs, POLLIN | POLLOUT | POLLRDNORM | POLLWRNORM | POLLRDHUP);
+    true
+}
+
+fn release_legs(sw: &Switch) {
+    let (a, b) = {
+        let mut t = sw.tx.lock();
+        t.leg_up = false;
+        let a = t.leg.take();
+        let mut r = sw.rx.lock();
+        (a, r.leg.take())
+    };
+    drop((a, b));
+}
+
+/// Offers a new receive ring when the link to the peer is up and this
+/// direction is on TCP (sent after the switch lock is released). An offer
+/// the sender never answers is abandoned after `OFFER_TIMEOUT_MS` (its
+/// `Consumed` declares the epoch dead) and made again. Returns whether it
+/// waits for time to pass (the work item then ticks).
+fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
+    let link = xs.inner.lock().link.clone();
+    let Some(link) = link else { return false };
+    if !link.is_up() {
+        // keep ticking: the work item looks at links that are down
+        return sw.rx.lock().path.state() == RxState::Tcp;
+    }
+    let grant = {
+        let mut r = sw.rx.lock();
+        if let RxState::Offered { .. } = r.path.state() {
+            if now < r.offered_ms + OFFER_TIMEOUT_MS {
+                return true;
+            }
+            if let Some(n) = r.path.freeze_local() {
+                let _ = push_frame(&mut r.ctl, &Message::Consumed { conn_id: ids.peer_conn, epoch: n.epoch, offset: n.offset });
+                pr_info!("connection {}: offer of ring {} unanswered, abandoned\n", ids.conn_id, n.epoch);
+            }
+            let dead = r.offered.take();
+            drop(r);
+            drop(dead);
+            return true;
+        }
+        if r.path.state() != RxState::Tcp || r.path.eof_at().is_some() || r.leg.is_none() {
+            return false;
+        }
+        if !r.saw_freeze && now < r.left_ms + OFFER_AFTER_MS {
+            return true;
+        }
+        let mut probe = r.path.clone();
+        let Ok(epoch) = probe.offer_ring() else { return false };
+        let me = crate::sock::globals().own_domid();
+        let cap = sw.rx_cap;
+        let Ok((pipe, grant)) = Pipe::new_granted(&link, me, ids.conn_id, cap, epoch) else { return true };
+        r.path = probe;
+        r.offered = Some(pipe);
+        r.offered_ms = now;
+        grant
+    };
+    match link.send(&Message::RingOffer { conn_id: ids.peer_conn, rx: grant }) {
+        Ok(()) => {
+            inc(&counters::OFFERS_SENT, 1);
+            pr_info!("connection {}: offered ring {} to the peer\n", ids.conn_id, grant.epoch);
+        }
+        Err(_) => {
+            // not sent: abandon the epoch as a move would (Consumed says so)
+            let mut r = sw.rx.lock();
+            if let Some(n) = r.path.freeze_local() {
+                let _ = push_frame(&mut r.ctl, &Message::Consumed { conn_id: ids.peer_conn, epoch: n.epoch, offset: n.offset });
+            }
+            let dead = r.offered.take();
+            drop(r);
+            drop(dead);
+        }
+    }
+    true
+}
+
+/// /proc/net/af_xen_stats lines of the switch.
+pub(crate) fn stats(l: &mut crate::sock::Line) {
+    use core::fmt::Write;
+    use counters::*;
+    let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
+    let _ = write!(
+        l,
+        "switch_triggers {}\nswitch_to_tcp {}\nswitch_to_ring {}\nswitch_offers_sent {}\nswitch_offers_taken {}\nswitch_peer_lost {}\nswitch_resent_bytes {}\n",
+        g(&TRIGGERS),
+        g(&TO_TCP),
+        g(&TO_RING),
+        g(&OFFERS_SENT),
+        g(&OFFERS_TAKEN),
+        g(&PEER_LOST),
+        g(&RESENT_BYTES)
+    );
+}
