@@ -5,6 +5,7 @@
 
 mod cases;
 mod common;
+mod pattern;
 
 use std::io;
 use std::time::Duration;

@@ -11,6 +11,7 @@
 //! `cargo test -p libxensock --test kernel_family -- --ignored --test-threads=1`.
 
 mod cases;
+mod pattern;
 
 use std::io;
 use std::time::Duration;

@@ -3,6 +3,7 @@
 //! copes with the nodes a killed predecessor left.
 
 mod common;
+mod pattern;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};

@@ -2,6 +2,7 @@
 //! connections.
 
 mod common;
+mod pattern;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;

@@ -6,6 +6,7 @@
 //! test (default 240).
 
 mod common;
+mod pattern;
 
 use std::io::{Read, Write};
 use std::net::Shutdown;

@@ -4,6 +4,7 @@
 //! kernel module today) gets the old behaviour.
 
 mod common;
+mod pattern;
 
 use std::io::{Read, Write};
 use std::time::Duration;
