@@ -2124,17 +2124,7 @@ impl Inner {
 
     /// Sends `msg` without a kick of its own (see `CLOSE_KICK_DELAY`).
     fn send_frame_lazy(&self, st: &mut State, peer: DomId, msg: &Message<'_>) {
-        let Some(link) = st.links.get_mut(&peer) else {
-            return;
-        };
-        let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
-        let Ok(len) = msg.encode(&mut buf) else {
-            return;
-        };
-        link.pending.push_back((buf, len));
-        if self.flush_link_with(link, false).is_err() {
-            self.counters.ring_errors.fetch_add(1, Ordering::Relaxed);
-            self.link_down(st, peer, true);
+        if !self.queue_frame(st, peer, msg, false) {
             return;
         }
         if !self.kick_timer_armed.swap(true, Ordering::AcqRel) {
@@ -2156,18 +2146,27 @@ impl Inner {
     }
 
     fn send_frame(&self, st: &mut State, peer: DomId, msg: &Message<'_>) {
+        self.queue_frame(st, peer, msg, true);
+    }
+
+    /// Queues `msg` on the link to `peer` and flushes what fits (kicking
+    /// the peer only if `kick`); a broken ring takes the link down. False
+    /// when nothing was queued or the link went down.
+    fn queue_frame(&self, st: &mut State, peer: DomId, msg: &Message<'_>, kick: bool) -> bool {
         let Some(link) = st.links.get_mut(&peer) else {
-            return;
+            return false;
         };
         let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
         let Ok(len) = msg.encode(&mut buf) else {
-            return;
+            return false;
         };
         link.pending.push_back((buf, len));
-        if self.flush_link(link).is_err() {
+        if self.flush_link_with(link, kick).is_err() {
             self.counters.ring_errors.fetch_add(1, Ordering::Relaxed);
             self.link_down(st, peer, true);
+            return false;
         }
+        true
     }
 
     /// The peer kicked the link: liveness, control frames, queued frames,

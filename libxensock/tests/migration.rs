@@ -198,6 +198,15 @@ proptest! {
     }
 }
 
+/// Whether every connection of `t` is on the engine with its sending and
+/// receiving carriers as `want` (e.g. `("tcp", "tcp")`).
+fn carried_on(t: &Transport, want: (&str, &str)) -> bool {
+    t.status().connections.iter().all(|c| match &c.carrier {
+        Carrier::Engine { tx, rx, .. } => (*tx, *rx) == want,
+        Carrier::Ring => false,
+    })
+}
+
 /// Waits until every connection of `t` is back on rings on both
 /// directions, after one switch to TCP and back each way.
 fn back_on_rings(w: &World, t: &Transport) {
@@ -343,18 +352,7 @@ fn hundred_migrations_lose_nothing() {
     let progress = Arc::new(AtomicUsize::new(0));
     let ra = reader(c.try_clone().unwrap(), progress.clone());
     let rb = reader(s.try_clone().unwrap(), progress.clone());
-    let on_rings = |t: &Transport| {
-        t.status().connections.iter().all(|c| {
-            matches!(
-                &c.carrier,
-                Carrier::Engine {
-                    tx: "ring",
-                    rx: "ring",
-                    ..
-                }
-            )
-        })
-    };
+    let on_rings = |t: &Transport| carried_on(t, ("ring", "ring"));
     for i in 0..100 {
         if i % 2 == 0 {
             w.migrate(&[&w.a]);
@@ -705,16 +703,10 @@ fn agent_away_marking_moves_to_tcp_and_back() {
     let c = p.a.connect((u32::from(p.db.domid), 7007)).unwrap();
     let (s, _) = l.accept().unwrap();
     exchange(&c, &s, 41, 200_000);
-    let carriers = |t: &Transport, want: (&str, &str)| {
-        t.status().connections.iter().all(|c| match &c.carrier {
-            Carrier::Engine { tx, rx, .. } => (*tx, *rx) == want,
-            Carrier::Ring => false,
-        })
-    };
     xensock_discovery::agent::mark_away(&world.dom0, &p.db.uuid, "elsewhere").unwrap();
     assert!(
-        eventually(Duration::from_secs(10), || carriers(&p.a, ("tcp", "tcp"))
-            && carriers(&p.b, ("tcp", "tcp"))),
+        eventually(Duration::from_secs(10), || carried_on(&p.a, ("tcp", "tcp"))
+            && carried_on(&p.b, ("tcp", "tcp"))),
         "{:?}\n{:?}",
         p.a.status(),
         p.b.status()
@@ -722,8 +714,13 @@ fn agent_away_marking_moves_to_tcp_and_back() {
     exchange(&c, &s, 43, 300_000);
     xensock_discovery::agent::mark_back(&world.dom0, &p.db.uuid).unwrap();
     assert!(
-        eventually(Duration::from_secs(10), || carriers(&p.a, ("ring", "ring"))
-            && carriers(&p.b, ("ring", "ring"))),
+        eventually(Duration::from_secs(10), || carried_on(
+            &p.a,
+            ("ring", "ring")
+        ) && carried_on(
+            &p.b,
+            ("ring", "ring")
+        )),
         "{:?}\n{:?}",
         p.a.status(),
         p.b.status()
@@ -742,18 +739,7 @@ fn both_moving_at_once_return_to_rings_with_the_agent() {
     let c = p.a.connect((u32::from(p.db.domid), 7008)).unwrap();
     let (s, _) = l.accept().unwrap();
     exchange(&c, &s, 51, 200_000);
-    let on_rings = |t: &Transport| {
-        t.status().connections.iter().all(|c| {
-            matches!(
-                &c.carrier,
-                Carrier::Engine {
-                    tx: "ring",
-                    rx: "ring",
-                    ..
-                }
-            )
-        })
-    };
+    let on_rings = |t: &Transport| carried_on(t, ("ring", "ring"));
     for round in 0..3 {
         p.a.suspend();
         p.b.suspend();
