@@ -11,6 +11,7 @@ use crate::sock::XenSock;
 use crate::link::Link;
 use crate::sys::{Grant, GrantedPages, MappedPages, Mapping, Msg, Region, Sk};
 use crate::wake::PipeWake;
+use core::sync::atomic::{AtomicU32, Ordering};
 use kernel::prelude::*;
 use kernel::sync::{Arc, Mutex, SpinLock};
 use kernel::{new_mutex, new_spinlock};
@@ -36,6 +37,10 @@ pub(crate) struct Pipe {
     pub(crate) link: Option<Arc<Link>>,
     /// Inter-domain: this ring in the link's wake table (wake.rs).
     wake: Option<Arc<PipeWake>>,
+    /// The copy routine between user memory and the ring (af_xen_copy.c):
+    /// the `copy_mode` module parameter at creation, or the socket's
+    /// `XENSOCK_COPY_ROUTINE`.
+    copy: AtomicU32,
     /// Must outlive `tx` and `rx` (declared last: dropped last).
     _mem: Carrier,
 }
@@ -56,6 +61,21 @@ impl PinnedDrop for Pipe {
 /// step while we copy in the next, and under TCG the per-step cost (lock,
 /// fence, counter loads) is not negligible against the copy.
 const STEP: usize = 64 * 1024;
+
+/// Short names for the data path's cost counters (sys.rs).
+mod counters {
+    pub(super) use crate::sys::counters::*;
+    pub(super) use crate::sys::now_ns;
+}
+
+/// An event-channel notification for a data ring, counted and timed (the
+/// notify is a hypercall: under TCG a trap into emulated Xen).
+fn data_kick(l: &Link) {
+    let t0 = counters::now_ns();
+    l.kick();
+    counters::add(&counters::DATA_KICKS, 1);
+    counters::add(&counters::KICK_NS, counters::now_ns() - t0);
+}
 
 /// What one `Pipe::write_msg` step did.
 pub(crate) enum Wrote {
@@ -155,6 +175,7 @@ impl Pipe {
                 ring,
                 link,
                 wake: in_pipe,
+                copy: AtomicU32::new(crate::sys::copy_mode_default()),
                 _mem: mem,
             }),
             GFP_KERNEL,
@@ -304,10 +325,14 @@ impl Pipe {
             let cap = p.capacity();
             let start = p.position() & (cap - 1);
             let first = n.min(cap - start);
-            let mut got = msg.copy_into_ring(&self.ring, start, first as usize);
+            let mode = self.copy_routine();
+            let t0 = counters::now_ns();
+            let mut got = msg.copy_into_ring(&self.ring, start, first as usize, mode);
             if got == first as usize && first < n {
-                got += msg.copy_into_ring(&self.ring, 0, (n - first) as usize);
+                got += msg.copy_into_ring(&self.ring, 0, (n - first) as usize, mode);
             }
+            counters::add(&counters::TX_COPY_NS, counters::now_ns() - t0);
+            counters::add(&counters::TX_COPY_BYTES, got as i64);
             if got == 0 {
                 return Ok(Wrote::Fault);
             }
@@ -319,10 +344,7 @@ impl Pipe {
         };
         match &self.link {
             None => self.wake_reader(crate::sys::poll::POLLIN | crate::sys::poll::POLLRDNORM),
-            Some(l) if kick => {
-                crate::sys::counters::add(&crate::sys::counters::DATA_KICKS, 1);
-                l.kick();
-            }
+            Some(l) if kick => data_kick(l),
             Some(_) => {}
         }
         Ok(Wrote::Bytes(got))
@@ -359,10 +381,14 @@ impl Pipe {
             let cap = c.capacity();
             let start = c.position() & (cap - 1);
             let first = n.min(cap - start);
-            let mut out = msg.copy_from_ring(&self.ring, start, first as usize);
+            let mode = self.copy_routine();
+            let t0 = counters::now_ns();
+            let mut out = msg.copy_from_ring(&self.ring, start, first as usize, mode);
             if out == first as usize && first < n {
-                out += msg.copy_from_ring(&self.ring, 0, (n - first) as usize);
+                out += msg.copy_from_ring(&self.ring, 0, (n - first) as usize, mode);
             }
+            counters::add(&counters::RX_COPY_NS, counters::now_ns() - t0);
+            counters::add(&counters::RX_COPY_BYTES, out as i64);
             if peek {
                 return Ok(Read::Bytes(out, out < n as usize));
             }
@@ -376,10 +402,7 @@ impl Pipe {
         };
         match &self.link {
             None if out > 0 => self.wake_writer(crate::sys::poll::POLLOUT | crate::sys::poll::POLLWRNORM),
-            Some(l) if kick => {
-                crate::sys::counters::add(&crate::sys::counters::DATA_KICKS, 1);
-                l.kick();
-            }
+            Some(l) if kick => data_kick(l),
             _ => {}
         }
         Ok(Read::Bytes(out, short))
@@ -464,6 +487,17 @@ impl Pipe {
 
     pub(crate) fn capacity(&self) -> u32 {
         1u32 << self.order
+    }
+
+    /// The copy routine of this ring (af_xen_copy.c).
+    fn copy_routine(&self) -> u32 {
+        self.copy.load(Ordering::Relaxed)
+    }
+
+    /// `XENSOCK_COPY_ROUTINE`: another copy routine for this ring; the same
+    /// bytes either way, only the instructions differ.
+    pub(crate) fn set_copy_routine(&self, mode: u32) {
+        self.copy.store(mode.min(crate::sys::COPY_MODE_MAX), Ordering::Relaxed);
     }
 
     /// Busy-poll condition of a reader: data, or a flag, or a broken ring

@@ -1307,7 +1307,17 @@ pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
 
 const MSG_NOSIGNAL: i32 = 0x4000;
 
-unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings::msghdr, _len: usize) -> c_int {
+/// sendmsg, counted and timed for the data path's cost counters (sys.rs).
+unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings::msghdr, len: usize) -> c_int {
+    let t0 = sys::now_ns();
+    // SAFETY: the socket layer's arguments, passed on unchanged.
+    let r = unsafe { xs_sendmsg_untimed(sock, msg, len) };
+    sys::counters::add(&sys::counters::SEND_CALLS, 1);
+    sys::counters::add(&sys::counters::SEND_NS, sys::now_ns() - t0);
+    r
+}
+
+unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut bindings::msghdr, _len: usize) -> c_int {
     // SAFETY: live socket.
     let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
     // SAFETY: live msghdr of this call.
@@ -1439,12 +1449,12 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
         // per write (~300 sleeps and kicks per 64 MiB with 64 KiB writes
         // whatever the ring size: run bench-20261122-092840)
         let want = tx.capacity() / 2;
-        if timeo != 0 && xs.sk.busy_wait(|| tx.tx_free_at_least(want)) {
+        if timeo != 0 && xs.sk.busy_wait_timed(|| tx.tx_free_at_least(want)) {
             sys::counters::add(&sys::counters::SPIN_HITS, 1);
             continue;
         }
         sys::counters::add(&sys::counters::SLEEPS, 1);
-        let r = xs.sk.wait(&mut timeo, || {
+        let r = xs.sk.wait_timed(&mut timeo, || {
             let sleep = tx.tx.lock().prepare_wait(want);
             match sleep {
                 Ok(sleep) => !sleep || xs.inner.lock().reset || off_ring(),
@@ -1459,7 +1469,17 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
     copied as c_int
 }
 
-unsafe extern "C" fn xs_recvmsg(
+/// recvmsg, counted and timed for the data path's cost counters (sys.rs).
+unsafe extern "C" fn xs_recvmsg(sock: *mut bindings::socket, msg: *mut bindings::msghdr, len: usize, flags: c_int) -> c_int {
+    let t0 = sys::now_ns();
+    // SAFETY: the socket layer's arguments, passed on unchanged.
+    let r = unsafe { xs_recvmsg_untimed(sock, msg, len, flags) };
+    sys::counters::add(&sys::counters::RECV_CALLS, 1);
+    sys::counters::add(&sys::counters::RECV_NS, sys::now_ns() - t0);
+    r
+}
+
+unsafe extern "C" fn xs_recvmsg_untimed(
     sock: *mut bindings::socket,
     msg: *mut bindings::msghdr,
     _len: usize,
@@ -1583,12 +1603,12 @@ unsafe extern "C" fn xs_recvmsg(
         let off_ring = || sw.as_ref().map(|s| !crate::carrier::ring_read_ok(s)).unwrap_or(false);
         // SO_BUSY_POLL: a reply due within the budget costs no event
         // index, kick, interrupt or sleep
-        if timeo != 0 && xs.sk.busy_wait(|| rx.rx_pending()) {
+        if timeo != 0 && xs.sk.busy_wait_timed(|| rx.rx_pending()) {
             sys::counters::add(&sys::counters::SPIN_HITS, 1);
             continue;
         }
         sys::counters::add(&sys::counters::SLEEPS, 1);
-        let r = xs.sk.wait(&mut timeo, || {
+        let r = xs.sk.wait_timed(&mut timeo, || {
             let sleep = rx.rx.lock().prepare_wait();
             match sleep {
                 Ok(sleep) => {
@@ -1618,6 +1638,8 @@ const XENSOCK_TEST_OPEN_LEG: c_int = 0x7e58;
 /// test mode: this socket's close sends no Close or Reset, as a peer that
 /// never answers (the acceptor's lent ring is then left to the bound)
 const XENSOCK_TEST_SILENT_CLOSE: c_int = 0x7e60;
+/// benchmark knob: this connection's ring copy routine (af_xen_copy.c)
+const XENSOCK_COPY_ROUTINE: c_int = 0x7e61;
 
 unsafe extern "C" fn xs_setsockopt(
     sock: *mut bindings::socket,
@@ -1670,6 +1692,23 @@ unsafe extern "C" fn xs_setsockopt(
                 Err(x) => err(x),
             }
         }
+        XENSOCK_COPY_ROUTINE => match sys::sockopt_int(optval, optlen) {
+            Ok(m) if (0..=sys::COPY_MODE_MAX as i32).contains(&m) => {
+                let (tx, rx) = {
+                    let i = xs.inner.lock();
+                    (i.tx.clone(), i.rx.clone())
+                };
+                if tx.is_none() && rx.is_none() {
+                    return err(e::ENOTCONN);
+                }
+                for p in [tx, rx].into_iter().flatten() {
+                    p.set_copy_routine(m as u32);
+                }
+                0
+            }
+            Ok(_) => err(e::EINVAL),
+            Err(x) => err(x),
+        },
         _ => err(e::ENOPROTOOPT),
     }
 }

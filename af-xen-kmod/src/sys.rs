@@ -76,6 +76,26 @@ extern "C" {
     fn afx_spin_unlock_irqrestore(l: *mut bindings::spinlock_t, flags: core::ffi::c_ulong);
     fn afx_sock_hold(sk: *mut bindings::sock);
     fn afx_busy_wait(sk: *mut bindings::sock, cond: unsafe extern "C" fn(*mut c_void) -> c_int, arg: *mut c_void) -> c_int;
+    fn afx_copy_mode_default() -> c_uint;
+    fn afx_copy_to_iter(mode: c_uint, src: *const c_void, len: usize, i: *mut bindings::iov_iter) -> usize;
+    fn afx_copy_from_iter(mode: c_uint, dst: *mut c_void, len: usize, i: *mut bindings::iov_iter) -> usize;
+    fn afx_now_ns() -> i64;
+}
+
+/// The ring copy routine of new connections (`copy_mode` module parameter,
+/// af_xen_copy.c): 0 copy_{from,to}_iter, 1 nocache writes, 2 uaccess loop.
+pub(crate) fn copy_mode_default() -> u32 {
+    // SAFETY: reads a module parameter.
+    unsafe { afx_copy_mode_default() }
+}
+
+/// Highest copy routine number (af_xen_copy.h).
+pub(crate) const COPY_MODE_MAX: u32 = 2;
+
+/// Monotonic nanoseconds, for the data path's cost counters.
+pub(crate) fn now_ns() -> i64 {
+    // SAFETY: ktime_get_ns, callable in any context.
+    unsafe { afx_now_ns() }
 }
 
 /// Whether the lab's hostile-peer test mode (module parameter) is on.
@@ -122,6 +142,22 @@ pub(crate) mod counters {
     /// waits that a short spin on the ring made unnecessary / that slept
     pub(crate) static SPIN_HITS: AtomicI64 = AtomicI64::new(0);
     pub(crate) static SLEEPS: AtomicI64 = AtomicI64::new(0);
+    /// where the time of the stream data path goes (ns, ktime): sendmsg
+    /// and recvmsg calls and their time, the ring copies (and bytes)
+    /// inside them, their waits for the ring (busy-poll and sleep), the
+    /// data kicks (event-channel notify hypercalls) and the event-channel
+    /// interrupt handler; xlbench prints them per MiB
+    pub(crate) static SEND_CALLS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static SEND_NS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static RECV_CALLS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static RECV_NS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static TX_COPY_NS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static TX_COPY_BYTES: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static RX_COPY_NS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static RX_COPY_BYTES: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static WAIT_NS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static KICK_NS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static IRQ_NS: AtomicI64 = AtomicI64::new(0);
     /// closed connections whose receive ring stays granted until the
     /// peer's Close or Reset (link.rs, lingering)
     pub(crate) static LINGERING: AtomicI64 = AtomicI64::new(0);
@@ -163,6 +199,23 @@ unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
         get(&DATA_KICKS),
         get(&SPIN_HITS),
         get(&SLEEPS)
+    );
+    Seq(m).write(d.bytes());
+    let mut d = crate::sock::Line::new();
+    let _ = write!(
+        d,
+        "send_calls {}\nsend_ns {}\nrecv_calls {}\nrecv_ns {}\ntx_copy_ns {}\ntx_copy_bytes {}\nrx_copy_ns {}\nrx_copy_bytes {}\nwait_ns {}\nkick_ns {}\nirq_ns {}\n",
+        get(&SEND_CALLS),
+        get(&SEND_NS),
+        get(&RECV_CALLS),
+        get(&RECV_NS),
+        get(&TX_COPY_NS),
+        get(&TX_COPY_BYTES),
+        get(&RX_COPY_NS),
+        get(&RX_COPY_BYTES),
+        get(&WAIT_NS),
+        get(&KICK_NS),
+        get(&IRQ_NS)
     );
     Seq(m).write(d.bytes());
     let mut t = crate::sock::Line::new();
@@ -430,6 +483,21 @@ impl Sk {
         // SAFETY: live sock; `cond` outlives the call; tramp matches F.
         unsafe { afx_busy_wait(self.0, tramp::<F>, &mut cond as *mut F as *mut c_void) != 0 }
     }
+    /// `busy_wait`, its time counted in `WAIT_NS` (the ring waits of the
+    /// stream data path).
+    pub(crate) fn busy_wait_timed<F: FnMut() -> bool>(&self, cond: F) -> bool {
+        let t0 = now_ns();
+        let r = self.busy_wait(cond);
+        counters::add(&counters::WAIT_NS, now_ns() - t0);
+        r
+    }
+    /// `wait`, its time counted in `WAIT_NS`.
+    pub(crate) fn wait_timed<F: FnMut() -> bool>(&self, timeo: &mut c_long, cond: F) -> core::result::Result<(), i32> {
+        let t0 = now_ns();
+        let r = self.wait(timeo, cond);
+        counters::add(&counters::WAIT_NS, now_ns() - t0);
+        r
+    }
     /// Sleeps until `cond()` holds. Returns Ok, or Err(EAGAIN) when the
     /// timeout ran out, or the signal errno.
     pub(crate) fn wait<F: FnMut() -> bool>(&self, timeo: &mut c_long, mut cond: F) -> core::result::Result<(), i32> {
@@ -574,7 +642,8 @@ impl Msg {
     /// Copies `len` bytes from the user's iovecs straight into `ring`'s data
     /// area at `offset` (no bounce buffer); returns the bytes copied (short
     /// on a fault, 0 if the range is not inside the data area).
-    pub(crate) fn copy_into_ring(&mut self, ring: &crate::mem::RawRing, offset: u32, len: usize) -> usize {
+    /// `mode` picks the copy routine (af_xen_copy.c): the same bytes either way.
+    pub(crate) fn copy_into_ring(&mut self, ring: &crate::mem::RawRing, offset: u32, len: usize, mode: u32) -> usize {
         let size = ring.geometry().data_size();
         let offset = offset as usize;
         if offset > size || len > size - offset {
@@ -584,13 +653,11 @@ impl Msg {
         // which stays mapped while `ring`'s pipe lives (the caller holds
         // it). The peer may write the same bytes concurrently: payload is
         // opaque (docs/design.md, "Payload copies are raw").
-        unsafe {
-            bindings::_copy_from_iter(ring.data_ptr().as_ptr().add(offset).cast(), len, &mut (*self.0).msg_iter)
-        }
+        unsafe { afx_copy_from_iter(mode, ring.data_ptr().as_ptr().add(offset).cast(), len, &mut (*self.0).msg_iter) }
     }
     /// Copies `len` bytes of `ring`'s data area at `offset` straight out to
     /// the user's iovecs; returns the bytes copied (short on a fault).
-    pub(crate) fn copy_from_ring(&mut self, ring: &crate::mem::RawRing, offset: u32, len: usize) -> usize {
+    pub(crate) fn copy_from_ring(&mut self, ring: &crate::mem::RawRing, offset: u32, len: usize, mode: u32) -> usize {
         let size = ring.geometry().data_size();
         let offset = offset as usize;
         if offset > size || len > size - offset {
@@ -598,9 +665,7 @@ impl Msg {
         }
         // SAFETY: as in copy_into_ring; the source is read once, the
         // destination is user memory behind the iov_iter.
-        unsafe {
-            bindings::_copy_to_iter(ring.data_ptr().as_ptr().add(offset).cast(), len, &mut (*self.0).msg_iter)
-        }
+        unsafe { afx_copy_to_iter(mode, ring.data_ptr().as_ptr().add(offset).cast(), len, &mut (*self.0).msg_iter) }
     }
     /// recvmsg(): report the peer address, if the caller asked for it.
     pub(crate) fn set_name(&mut self, addr: &[u8]) {

@@ -40,7 +40,14 @@
  * For xen, both sides also print the module's data-path counters
  * (/proc/net/af_xen_stats: interrupts, direct wakeups, work item runs,
  * data kicks, sleeps, spin hits) spent on the stream and on the pings.
+ * XLBENCH_COPY=<n> (xen): XENSOCK_COPY_ROUTINE on the connected socket
+ * (the module's ring copy routine for it; xensock.h).
+ * Every transport also prints its process's user/system time and context
+ * switches for the stream, and the xen transport where the kernel time
+ * went (copies, ring waits, notifications, interrupt handler).
  *   xlbench xsread <path> [timeout-s]  (wait for a xenstore node, print it)
+ *   xlbench calib                  (memcpy, memcmp, system call and pipe
+ *                                   costs in this domain)
  *
  * Exit status 0 only if every byte arrived intact (the stream carries a
  * position-dependent pattern that the receiver checks).
@@ -54,7 +61,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -147,9 +157,16 @@ static void init_pattern(void)
 	}
 }
 
-/* /proc/net/af_xen_stats counters of the data path (af-xen-kmod/src/sys.rs) */
-static const char *const afx_ctr[] = { "irqs", "irq_wakes", "irq_work", "data_kicks", "sleeps", "spin_hits" };
+/* /proc/net/af_xen_stats counters of the data path (af-xen-kmod/src/sys.rs);
+ * the first NEVENTS are events, printed per unit; the rest feed the cost line */
+static const char *const afx_ctr[] = { "irqs", "irq_wakes", "irq_work", "data_kicks", "sleeps", "spin_hits",
+				       "send_calls", "send_ns", "recv_calls", "recv_ns", "tx_copy_ns",
+				       "tx_copy_bytes", "rx_copy_ns", "rx_copy_bytes", "wait_ns", "kick_ns",
+				       "irq_ns" };
 #define NCTR (sizeof(afx_ctr) / sizeof(afx_ctr[0]))
+#define NEVENTS 6
+enum { C_IRQS, C_SEND_CALLS = 6, C_SEND_NS, C_RECV_CALLS, C_RECV_NS, C_TX_COPY_NS, C_TX_COPY_BYTES,
+       C_RX_COPY_NS, C_RX_COPY_BYTES, C_WAIT_NS, C_KICK_NS, C_IRQ_NS };
 
 static void afx_stats(long long v[NCTR])
 {
@@ -168,22 +185,68 @@ static void afx_stats(long long v[NCTR])
 	fclose(f);
 }
 
-/* counters spent since `before` (and refreshes it), per `per` units */
+/* counters spent since `before` (and refreshes it), per `per` units; then
+ * where the kernel time of the phase went (per 64 KiB: the calls, their
+ * ring copies, ring waits, notify hypercalls, the interrupt handler) and
+ * the process's user/system time and context switches */
 static void afx_report(struct conn *c, const char *side, const char *phase, long long before[NCTR], double per,
 		       const char *unit)
 {
-	long long now_[NCTR];
+	long long now_[NCTR], d[NCTR];
 
 	if (!c->afxen)
 		return;
 	afx_stats(now_);
 	printf("xlbench %s %s %s:", transport, side, phase);
 	for (size_t i = 0; i < NCTR; i++) {
-		printf(" %s=%lld (%.2f/%s)", afx_ctr[i], now_[i] - before[i], per > 0 ? (now_[i] - before[i]) / per : 0,
-		       unit);
+		d[i] = now_[i] - before[i];
+		if (i < NEVENTS)
+			printf(" %s=%lld (%.2f/%s)", afx_ctr[i], d[i], per > 0 ? d[i] / per : 0, unit);
 		before[i] = now_[i];
 	}
 	printf("\n");
+	long long calls = d[C_SEND_CALLS] + d[C_RECV_CALLS], ns = d[C_SEND_NS] + d[C_RECV_NS];
+	long long cb = d[C_TX_COPY_BYTES] + d[C_RX_COPY_BYTES], cns = d[C_TX_COPY_NS] + d[C_RX_COPY_NS];
+	double chunks = cb / 65536.0;
+	if (calls > 0 && chunks > 0)
+		printf("xlbench %s %s %s cost: %lld calls (%.2f per 64 KiB), in the kernel %.1f us per 64 KiB: "
+		       "copy %.1f (%.1f MiB/s), ring wait %.1f, notify %.1f (%lld), irq handler %.1f (%lld), rest %.1f\n",
+		       transport, side, phase, calls, calls / chunks, ns / chunks / 1e3, cns / chunks / 1e3,
+		       cns > 0 ? cb / 1048576.0 / (cns / 1e9) : 0, d[C_WAIT_NS] / chunks / 1e3,
+		       d[C_KICK_NS] / chunks / 1e3, d[3], d[C_IRQ_NS] / chunks / 1e3, d[C_IRQS],
+		       (ns - cns - d[C_WAIT_NS] - d[C_KICK_NS]) / chunks / 1e3);
+}
+
+/* getrusage deltas of a phase, for every transport: where the process's
+ * time went (user: our memcmp, vchan's memcpy; system: syscalls, kernel
+ * copies) and how often it slept (voluntary context switches) */
+struct usage {
+	double t, user, sys;
+	long nvcsw, nivcsw;
+};
+
+static void usage_now(struct usage *u)
+{
+	struct rusage r;
+
+	getrusage(RUSAGE_SELF, &r);
+	u->t = now();
+	u->user = r.ru_utime.tv_sec + r.ru_utime.tv_usec / 1e6;
+	u->sys = r.ru_stime.tv_sec + r.ru_stime.tv_usec / 1e6;
+	u->nvcsw = r.ru_nvcsw;
+	u->nivcsw = r.ru_nivcsw;
+}
+
+static void usage_report(const char *side, const char *phase, const struct usage *a, double mib)
+{
+	struct usage b;
+
+	usage_now(&b);
+	printf("xlbench %s %s %s usage: wall %.1f ms, user %.1f ms, sys %.1f ms (%.1f / %.1f us per 64 KiB), "
+	       "%ld voluntary / %ld involuntary context switches (%.2f / %.2f per MiB)\n",
+	       transport, side, phase, (b.t - a->t) * 1e3, (b.user - a->user) * 1e3, (b.sys - a->sys) * 1e3,
+	       (b.user - a->user) * 1e6 / (mib * 16), (b.sys - a->sys) * 1e6 / (mib * 16), b.nvcsw - a->nvcsw,
+	       b.nivcsw - a->nivcsw, (b.nvcsw - a->nvcsw) / mib, (b.nivcsw - a->nivcsw) / mib);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -199,8 +262,10 @@ static int serve(struct conn *c, long mib, long n)
 	uint64_t total = (uint64_t)mib << 20, pos = 0, bad = 0;
 	unsigned char b;
 	long long ctr[NCTR];
+	struct usage u;
 
 	afx_stats(ctr);
+	usage_now(&u);
 	while (pos < total) {
 		size_t want = total - pos < CHUNK ? total - pos : CHUNK;
 		ssize_t r = xread_some(c, buf, want);
@@ -217,6 +282,7 @@ static int serve(struct conn *c, long mib, long n)
 	if (xwrite(c, &b, 1))
 		die("ack");
 	afx_report(c, "server", "stream", ctr, mib, "MiB");
+	usage_report("server", "stream", &u, mib);
 	for (long i = 0; i < n; i++) {
 		if (xread(c, &b, 1) || xwrite(c, &b, 1))
 			die("ping-pong echo");
@@ -235,10 +301,12 @@ static int drive(struct conn *c, long mib, long n)
 	unsigned char b;
 
 	long long ctr[NCTR];
+	struct usage u;
 
 	if (!rtt)
 		die("calloc");
 	afx_stats(ctr);
+	usage_now(&u);
 	t0 = now();
 	while (pos < total) {
 		size_t len = total - pos < CHUNK ? total - pos : CHUNK;
@@ -251,6 +319,7 @@ static int drive(struct conn *c, long mib, long n)
 	t1 = now();
 	printf("@@METRIC %s.stream_mib_s %.1f MiB/s\n", transport, mib / (t1 - t0));
 	afx_report(c, "client", "stream", ctr, mib, "MiB");
+	usage_report("client", "stream", &u, mib);
 	if (b != 'K') {
 		printf("xlbench %s: server saw corrupted stream data\n", transport);
 		return 1;
@@ -354,6 +423,26 @@ static void set_busy_poll(int fd, const char *side)
 	fflush(stdout);
 }
 
+/* XLBENCH_COPY (xen): XENSOCK_COPY_ROUTINE of a connected socket, the
+ * module's ring copy routine for this connection (xensock.h) */
+static void set_copy_routine(int fd, int fam, const char *side)
+{
+#ifdef XENSOCK_COPY_ROUTINE
+	const char *e = getenv("XLBENCH_COPY");
+	int v;
+
+	if (!e || !*e)
+		return;
+	v = atoi(e);
+	if (setsockopt(fd, fam, XENSOCK_COPY_ROUTINE, &v, sizeof(v)))
+		die("XENSOCK_COPY_ROUTINE");
+	printf("xlbench %s %s: copy routine %d\n", transport, side, v);
+	fflush(stdout);
+#else
+	(void)fd, (void)fam, (void)side;
+#endif
+}
+
 /* Listen on a, accept one connection, serve it. */
 static int sock_server(int fam, const struct sockaddr *a, socklen_t alen, int nodelay, long mib, long n)
 {
@@ -377,8 +466,10 @@ static int sock_server(int fam, const struct sockaddr *a, socklen_t alen, int no
 	if (nodelay)
 		setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	c.afxen = fam != AF_INET && fam != AF_UNIX;
-	if (c.afxen)
+	if (c.afxen) {
 		set_busy_poll(c.fd, "server");
+		set_copy_routine(c.fd, fam, "server");
+	}
 	int rc = serve(&c, mib, n);
 	close(c.fd);
 	close(l);
@@ -410,8 +501,10 @@ static int sock_client(int fam, const struct sockaddr *a, socklen_t alen, int no
 	if (nodelay)
 		setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	c.afxen = fam != AF_INET && fam != AF_UNIX;
-	if (c.afxen)
+	if (c.afxen) {
 		set_busy_poll(c.fd, "client");
+		set_copy_routine(c.fd, fam, "client");
+	}
 	int rc = drive(&c, mib, n);
 	close(c.fd);
 	return rc;
@@ -511,6 +604,51 @@ static int vchan_main(int argc, char **argv)
 	return 2;
 }
 
+/* calib: this domain's cost of the pieces a transport is made of, under
+ * the same emulation: user-space memcpy and memcmp of 64 KiB (what vchan
+ * copies with, what the receiver checks with), one system call (through
+ * Xen in a PV guest), and a pipe's 64 KiB write + read (two system calls
+ * and two kernel user copies, copy_user_generic). */
+static int calib(void)
+{
+	static unsigned char ring[1 << 20], dst[CHUNK];
+	const int reps = 512, calls = 20000;
+	volatile unsigned long sink = 0;
+	double t;
+	int p[2];
+
+	t = now();
+	for (int i = 0; i < reps; i++)
+		memcpy(ring + (size_t)(i % 16) * CHUNK, pat + (i * 4099) % PATLEN, CHUNK);
+	t = now() - t;
+	printf("xlbench calib: user memcpy of 64 KiB: %.1f us each (%.1f MiB/s)\n", t * 1e6 / reps, reps / 16.0 / t);
+	for (int k = 0; k < 16; k++)	/* equal data: memcmp runs to the end, as the receiver's */
+		memcpy(ring + (size_t)k * CHUNK, pat + (size_t)k * CHUNK % PATLEN, CHUNK);
+	t = now();
+	for (int i = 0; i < reps; i++)
+		sink += memcmp(ring + (size_t)(i % 16) * CHUNK, pat + (size_t)(i % 16) * CHUNK % PATLEN, CHUNK) != 0;
+	t = now() - t;
+	printf("xlbench calib: user memcmp of 64 KiB: %.1f us each (%.1f MiB/s)\n", t * 1e6 / reps, reps / 16.0 / t);
+	t = now();
+	for (int i = 0; i < calls; i++)
+		sink += syscall(SYS_getppid);
+	t = now() - t;
+	printf("xlbench calib: one system call (getppid): %.2f us\n", t * 1e6 / calls);
+	if (pipe(p) || fcntl(p[1], F_SETPIPE_SZ, 1 << 20) < 0)
+		die("pipe");
+	t = now();
+	for (int i = 0; i < reps; i++) {
+		if (write(p[1], pat + (i * 4099) % PATLEN, CHUNK) != CHUNK || read(p[0], dst, CHUNK) != CHUNK)
+			die("pipe write/read");
+	}
+	t = now() - t;
+	printf("xlbench calib: pipe write + read of 64 KiB: %.1f us per pair (%.1f MiB/s; two kernel copies)\n",
+	       t * 1e6 / reps, reps / 16.0 / t);
+	close(p[0]);
+	close(p[1]);
+	return sink == 0xdead ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -519,6 +657,8 @@ int main(int argc, char **argv)
 		printf("%d\n", own_domid());
 		return 0;
 	}
+	if (argc == 2 && !strcmp(argv[1], "calib"))
+		return calib();
 	if (argc >= 3 && !strcmp(argv[1], "xsread"))
 		return xsread(argv[2], argc > 3 ? atoi(argv[3]) : 0);
 	if (argc >= 3) {

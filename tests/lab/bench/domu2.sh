@@ -7,6 +7,7 @@
 . /scenario/params.sh
 PEER=$(xlbench xsread data/peer 60)
 check afxen-insmod insmod /opt/xensock/af_xen.ko
+xlbench-xs calib
 
 # one check per transport over all rounds: FAIL names the failed rounds
 FAILED=
@@ -29,8 +30,13 @@ for ROUND in $(seq "$BENCH_REPS"); do
     timeout 300 xlbench-xs xen client "$PEER" 7311 "$BENCH_MIB" "$BENCH_PINGS" 120
   run_client afxen-1m-busy-client env XLBENCH_LABEL=afxen-1m-busy XLBENCH_BUF=1048576 XLBENCH_BUSY_POLL=1000 \
     timeout 300 xlbench-xs xen client "$PEER" 7321 "$BENCH_MIB" "$BENCH_PINGS" 120
+  run_client afxen-1m-iter-client env XLBENCH_LABEL=afxen-1m-iter XLBENCH_BUF=1048576 XLBENCH_COPY=0 \
+    timeout 300 xlbench-xs xen client "$PEER" 7331 "$BENCH_MIB" "$BENCH_PINGS" 120
+  run_client afxen-1m-nocache-client env XLBENCH_LABEL=afxen-1m-nocache XLBENCH_BUF=1048576 XLBENCH_COPY=1 \
+    timeout 300 xlbench-xs xen client "$PEER" 7341 "$BENCH_MIB" "$BENCH_PINGS" 120
 done
-for c in unix-server unix-client tcp-client vchan-client vchan-1m-client afxen-client afxen-1m-client afxen-1m-busy-client; do
+for c in unix-server unix-client tcp-client vchan-client vchan-1m-client afxen-client afxen-1m-client afxen-1m-busy-client \
+  afxen-1m-iter-client afxen-1m-nocache-client; do
   bad=$(echo "$FAILED" | tr ' ' '\n' | grep "^$c:" | tr '\n' ' ')
   if [ -z "$bad" ]; then result $c PASS; else result $c FAIL "$bad"; fi
 done
