@@ -45,15 +45,13 @@ struct sockaddr_xen {
 #define XENSOCK_CORRUPT_DIRECTORY 4 /* before connect: our ring's grant directory names a bogus grant */
 
 /*
- * XENSOCK_COPY_ROUTINE (int, connected sockets): the routine this
- * connection's rings copy user data with -- the same bytes either way; a
- * benchmark knob (lab/run bench). The module parameter copy_mode is the
- * default of new connections. See docs/design.md, "Ring copies".
+ * XENSOCK_COPY_ROUTINE (int, connected sockets): how this connection's
+ * ring writes copy from user memory -- the same bytes either way; a
+ * benchmark knob (lab/run bench). See docs/design.md, "Ring copies".
  */
 #define XENSOCK_COPY_ROUTINE 0x7e61
-#define XENSOCK_COPY_ITER    0 /* copy_from_iter / copy_to_iter */
-#define XENSOCK_COPY_NOCACHE 1 /* copy_from_iter_nocache for ring writes */
-#define XENSOCK_COPY_LOOP    2 /* an unrolled uaccess loop of 8-byte moves */
+#define XENSOCK_COPY_ITER    0 /* copy_from_iter (the default) */
+#define XENSOCK_COPY_NOCACHE 1 /* copy_from_iter_nocache: non-temporal stores */
 
 /* The AF_XEN family number, or -1 if the module is not loaded (errno set). */
 static inline int xensock_family(void)

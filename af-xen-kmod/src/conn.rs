@@ -9,7 +9,7 @@ use crate::mem::RawRing;
 use crate::ring::{Consumer, PeerEnd, Producer, ReaderEnd, RingError};
 use crate::sock::XenSock;
 use crate::link::Link;
-use crate::sys::{Grant, GrantedPages, MappedPages, Mapping, Msg, Region, Sk};
+use crate::sys::{CopyRoutine, Grant, GrantedPages, MappedPages, Mapping, Msg, Region, Sk};
 use crate::wake::PipeWake;
 use core::sync::atomic::{AtomicU32, Ordering};
 use kernel::prelude::*;
@@ -37,9 +37,8 @@ pub(crate) struct Pipe {
     pub(crate) link: Option<Arc<Link>>,
     /// Inter-domain: this ring in the link's wake table (wake.rs).
     wake: Option<Arc<PipeWake>>,
-    /// The copy routine between user memory and the ring (af_xen_copy.c):
-    /// the `copy_mode` module parameter at creation, or the socket's
-    /// `XENSOCK_COPY_ROUTINE`.
+    /// How writes copy user memory into the ring (`XENSOCK_COPY_ROUTINE`,
+    /// a `sys::CopyRoutine`; copy_from_iter unless the socket asked).
     copy: AtomicU32,
     /// Must outlive `tx` and `rx` (declared last: dropped last).
     _mem: Carrier,
@@ -108,7 +107,9 @@ pub(crate) enum Read {
     Untracked,
 }
 
-/// Where a ring's memory lives.
+/// Where a ring's memory lives. The fields are owned for their drop (free,
+/// end the grants, unmap), not read: hence the allow.
+#[allow(dead_code)]
 pub(crate) enum Carrier {
     /// loopback: local memory
     Local(Region),
@@ -175,7 +176,7 @@ impl Pipe {
                 ring,
                 link,
                 wake: in_pipe,
-                copy: AtomicU32::new(crate::sys::copy_mode_default()),
+                copy: AtomicU32::new(CopyRoutine::Iter as u32),
                 _mem: mem,
             }),
             GFP_KERNEL,
@@ -304,6 +305,13 @@ impl Pipe {
     /// `msg` straight into the ring, publishes them and kicks the peer if
     /// it asked. The reader's flags are checked first, once per step.
     pub(crate) fn write_msg(&self, msg: &mut Msg, max: usize) -> core::result::Result<Wrote, RingError> {
+        let t0 = counters::now_ns();
+        let r = self.write_msg_untimed(msg, max);
+        counters::add(&counters::STEP_NS, counters::now_ns() - t0);
+        r
+    }
+
+    fn write_msg_untimed(&self, msg: &mut Msg, max: usize) -> core::result::Result<Wrote, RingError> {
         let (got, kick) = {
             let mut p = self.tx.lock();
             let end = p.reader_end()?;
@@ -325,11 +333,11 @@ impl Pipe {
             let cap = p.capacity();
             let start = p.position() & (cap - 1);
             let first = n.min(cap - start);
-            let mode = self.copy_routine();
+            let how = self.copy_routine();
             let t0 = counters::now_ns();
-            let mut got = msg.copy_into_ring(&self.ring, start, first as usize, mode);
+            let mut got = msg.copy_into_ring(&self.ring, start, first as usize, how);
             if got == first as usize && first < n {
-                got += msg.copy_into_ring(&self.ring, 0, (n - first) as usize, mode);
+                got += msg.copy_into_ring(&self.ring, 0, (n - first) as usize, how);
             }
             counters::add(&counters::TX_COPY_NS, counters::now_ns() - t0);
             counters::add(&counters::TX_COPY_BYTES, got as i64);
@@ -362,6 +370,19 @@ impl Pipe {
         peek: bool,
         sw: Option<&crate::carrier::Switch>,
     ) -> core::result::Result<Read, RingError> {
+        let t0 = counters::now_ns();
+        let r = self.read_msg_untimed(msg, max, peek, sw);
+        counters::add(&counters::STEP_NS, counters::now_ns() - t0);
+        r
+    }
+
+    fn read_msg_untimed(
+        &self,
+        msg: &mut Msg,
+        max: usize,
+        peek: bool,
+        sw: Option<&crate::carrier::Switch>,
+    ) -> core::result::Result<Read, RingError> {
         let (out, short, kick) = {
             let mut c = self.rx.lock();
             if let Some(sw) = sw {
@@ -381,11 +402,10 @@ impl Pipe {
             let cap = c.capacity();
             let start = c.position() & (cap - 1);
             let first = n.min(cap - start);
-            let mode = self.copy_routine();
             let t0 = counters::now_ns();
-            let mut out = msg.copy_from_ring(&self.ring, start, first as usize, mode);
+            let mut out = msg.copy_from_ring(&self.ring, start, first as usize);
             if out == first as usize && first < n {
-                out += msg.copy_from_ring(&self.ring, 0, (n - first) as usize, mode);
+                out += msg.copy_from_ring(&self.ring, 0, (n - first) as usize);
             }
             counters::add(&counters::RX_COPY_NS, counters::now_ns() - t0);
             counters::add(&counters::RX_COPY_BYTES, out as i64);
@@ -489,15 +509,19 @@ impl Pipe {
         1u32 << self.order
     }
 
-    /// The copy routine of this ring (af_xen_copy.c).
-    fn copy_routine(&self) -> u32 {
-        self.copy.load(Ordering::Relaxed)
+    /// How writes to this ring copy from user memory.
+    fn copy_routine(&self) -> CopyRoutine {
+        if self.copy.load(Ordering::Relaxed) == CopyRoutine::Nocache as u32 {
+            CopyRoutine::Nocache
+        } else {
+            CopyRoutine::Iter
+        }
     }
 
-    /// `XENSOCK_COPY_ROUTINE`: another copy routine for this ring; the same
-    /// bytes either way, only the instructions differ.
-    pub(crate) fn set_copy_routine(&self, mode: u32) {
-        self.copy.store(mode.min(crate::sys::COPY_MODE_MAX), Ordering::Relaxed);
+    /// `XENSOCK_COPY_ROUTINE`: another copy routine for writes to this
+    /// ring; the same bytes either way, only the instructions differ.
+    pub(crate) fn set_copy_routine(&self, how: CopyRoutine) {
+        self.copy.store(how as u32, Ordering::Relaxed);
     }
 
     /// Busy-poll condition of a reader: data, or a flag, or a broken ring

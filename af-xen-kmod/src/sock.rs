@@ -1638,7 +1638,7 @@ const XENSOCK_TEST_OPEN_LEG: c_int = 0x7e58;
 /// test mode: this socket's close sends no Close or Reset, as a peer that
 /// never answers (the acceptor's lent ring is then left to the bound)
 const XENSOCK_TEST_SILENT_CLOSE: c_int = 0x7e60;
-/// benchmark knob: this connection's ring copy routine (af_xen_copy.c)
+/// benchmark knob: how this connection's ring writes copy (sys::CopyRoutine)
 const XENSOCK_COPY_ROUTINE: c_int = 0x7e61;
 
 unsafe extern "C" fn xs_setsockopt(
@@ -1692,8 +1692,8 @@ unsafe extern "C" fn xs_setsockopt(
                 Err(x) => err(x),
             }
         }
-        XENSOCK_COPY_ROUTINE => match sys::sockopt_int(optval, optlen) {
-            Ok(m) if (0..=sys::COPY_MODE_MAX as i32).contains(&m) => {
+        XENSOCK_COPY_ROUTINE => match sys::sockopt_int(optval, optlen).map(sys::CopyRoutine::from_int) {
+            Ok(Some(how)) => {
                 let (tx, rx) = {
                     let i = xs.inner.lock();
                     (i.tx.clone(), i.rx.clone())
@@ -1702,11 +1702,11 @@ unsafe extern "C" fn xs_setsockopt(
                     return err(e::ENOTCONN);
                 }
                 for p in [tx, rx].into_iter().flatten() {
-                    p.set_copy_routine(m as u32);
+                    p.set_copy_routine(how);
                 }
                 0
             }
-            Ok(_) => err(e::EINVAL),
+            Ok(None) => err(e::EINVAL),
             Err(x) => err(x),
         },
         _ => err(e::ENOPROTOOPT),

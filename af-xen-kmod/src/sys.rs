@@ -76,26 +76,33 @@ extern "C" {
     fn afx_spin_unlock_irqrestore(l: *mut bindings::spinlock_t, flags: core::ffi::c_ulong);
     fn afx_sock_hold(sk: *mut bindings::sock);
     fn afx_busy_wait(sk: *mut bindings::sock, cond: unsafe extern "C" fn(*mut c_void) -> c_int, arg: *mut c_void) -> c_int;
-    fn afx_copy_mode_default() -> c_uint;
-    fn afx_copy_to_iter(mode: c_uint, src: *const c_void, len: usize, i: *mut bindings::iov_iter) -> usize;
-    fn afx_copy_from_iter(mode: c_uint, dst: *mut c_void, len: usize, i: *mut bindings::iov_iter) -> usize;
-    fn afx_now_ns() -> i64;
 }
 
-/// The ring copy routine of new connections (`copy_mode` module parameter,
-/// af_xen_copy.c): 0 copy_{from,to}_iter, 1 nocache writes, 2 uaccess loop.
-pub(crate) fn copy_mode_default() -> u32 {
-    // SAFETY: reads a module parameter.
-    unsafe { afx_copy_mode_default() }
+/// How ring writes copy from user memory (`XENSOCK_COPY_ROUTINE`, a
+/// benchmark knob; docs/design.md, "Ring copies"). Reads always use
+/// copy_to_iter.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CopyRoutine {
+    /// copy_from_iter: copy_user_generic (`rep movs`), the default
+    Iter = 0,
+    /// copy_from_iter_nocache: non-temporal stores into the ring
+    Nocache = 1,
 }
 
-/// Highest copy routine number (af_xen_copy.h).
-pub(crate) const COPY_MODE_MAX: u32 = 2;
+impl CopyRoutine {
+    pub(crate) fn from_int(v: i32) -> Option<Self> {
+        match v {
+            0 => Some(Self::Iter),
+            1 => Some(Self::Nocache),
+            _ => None,
+        }
+    }
+}
 
 /// Monotonic nanoseconds, for the data path's cost counters.
 pub(crate) fn now_ns() -> i64 {
-    // SAFETY: ktime_get_ns, callable in any context.
-    unsafe { afx_now_ns() }
+    // SAFETY: ktime_get reads the clocksource; callable in any context.
+    unsafe { bindings::ktime_get() }
 }
 
 /// Whether the lab's hostile-peer test mode (module parameter) is on.
@@ -155,6 +162,8 @@ pub(crate) mod counters {
     pub(crate) static TX_COPY_BYTES: AtomicI64 = AtomicI64::new(0);
     pub(crate) static RX_COPY_NS: AtomicI64 = AtomicI64::new(0);
     pub(crate) static RX_COPY_BYTES: AtomicI64 = AtomicI64::new(0);
+    /// Pipe::write_msg/read_msg steps (ring lock, checks, copy, commit, kick)
+    pub(crate) static STEP_NS: AtomicI64 = AtomicI64::new(0);
     pub(crate) static WAIT_NS: AtomicI64 = AtomicI64::new(0);
     pub(crate) static KICK_NS: AtomicI64 = AtomicI64::new(0);
     pub(crate) static IRQ_NS: AtomicI64 = AtomicI64::new(0);
@@ -201,18 +210,26 @@ unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
         get(&SLEEPS)
     );
     Seq(m).write(d.bytes());
+    // two lines: a Line holds 256 bytes
     let mut d = crate::sock::Line::new();
     let _ = write!(
         d,
-        "send_calls {}\nsend_ns {}\nrecv_calls {}\nrecv_ns {}\ntx_copy_ns {}\ntx_copy_bytes {}\nrx_copy_ns {}\nrx_copy_bytes {}\nwait_ns {}\nkick_ns {}\nirq_ns {}\n",
+        "send_calls {}\nsend_ns {}\nrecv_calls {}\nrecv_ns {}\ntx_copy_ns {}\ntx_copy_bytes {}\n",
         get(&SEND_CALLS),
         get(&SEND_NS),
         get(&RECV_CALLS),
         get(&RECV_NS),
         get(&TX_COPY_NS),
-        get(&TX_COPY_BYTES),
+        get(&TX_COPY_BYTES)
+    );
+    Seq(m).write(d.bytes());
+    let mut d = crate::sock::Line::new();
+    let _ = write!(
+        d,
+        "rx_copy_ns {}\nrx_copy_bytes {}\nstep_ns {}\nwait_ns {}\nkick_ns {}\nirq_ns {}\n",
         get(&RX_COPY_NS),
         get(&RX_COPY_BYTES),
+        get(&STEP_NS),
         get(&WAIT_NS),
         get(&KICK_NS),
         get(&IRQ_NS)
@@ -642,8 +659,14 @@ impl Msg {
     /// Copies `len` bytes from the user's iovecs straight into `ring`'s data
     /// area at `offset` (no bounce buffer); returns the bytes copied (short
     /// on a fault, 0 if the range is not inside the data area).
-    /// `mode` picks the copy routine (af_xen_copy.c): the same bytes either way.
-    pub(crate) fn copy_into_ring(&mut self, ring: &crate::mem::RawRing, offset: u32, len: usize, mode: u32) -> usize {
+    /// `how` picks the copy routine: the same bytes either way.
+    pub(crate) fn copy_into_ring(
+        &mut self,
+        ring: &crate::mem::RawRing,
+        offset: u32,
+        len: usize,
+        how: CopyRoutine,
+    ) -> usize {
         let size = ring.geometry().data_size();
         let offset = offset as usize;
         if offset > size || len > size - offset {
@@ -653,11 +676,18 @@ impl Msg {
         // which stays mapped while `ring`'s pipe lives (the caller holds
         // it). The peer may write the same bytes concurrently: payload is
         // opaque (docs/design.md, "Payload copies are raw").
-        unsafe { afx_copy_from_iter(mode, ring.data_ptr().as_ptr().add(offset).cast(), len, &mut (*self.0).msg_iter) }
+        unsafe {
+            let dst = ring.data_ptr().as_ptr().add(offset).cast();
+            let iter = &mut (*self.0).msg_iter;
+            match how {
+                CopyRoutine::Iter => bindings::_copy_from_iter(dst, len, iter),
+                CopyRoutine::Nocache => bindings::_copy_from_iter_nocache(dst, len, iter),
+            }
+        }
     }
     /// Copies `len` bytes of `ring`'s data area at `offset` straight out to
     /// the user's iovecs; returns the bytes copied (short on a fault).
-    pub(crate) fn copy_from_ring(&mut self, ring: &crate::mem::RawRing, offset: u32, len: usize, mode: u32) -> usize {
+    pub(crate) fn copy_from_ring(&mut self, ring: &crate::mem::RawRing, offset: u32, len: usize) -> usize {
         let size = ring.geometry().data_size();
         let offset = offset as usize;
         if offset > size || len > size - offset {
@@ -665,7 +695,9 @@ impl Msg {
         }
         // SAFETY: as in copy_into_ring; the source is read once, the
         // destination is user memory behind the iov_iter.
-        unsafe { afx_copy_to_iter(mode, ring.data_ptr().as_ptr().add(offset).cast(), len, &mut (*self.0).msg_iter) }
+        unsafe {
+            bindings::_copy_to_iter(ring.data_ptr().as_ptr().add(offset).cast(), len, &mut (*self.0).msg_iter)
+        }
     }
     /// recvmsg(): report the peer address, if the caller asked for it.
     pub(crate) fn set_name(&mut self, addr: &[u8]) {

@@ -161,12 +161,12 @@ static void init_pattern(void)
  * the first NEVENTS are events, printed per unit; the rest feed the cost line */
 static const char *const afx_ctr[] = { "irqs", "irq_wakes", "irq_work", "data_kicks", "sleeps", "spin_hits",
 				       "send_calls", "send_ns", "recv_calls", "recv_ns", "tx_copy_ns",
-				       "tx_copy_bytes", "rx_copy_ns", "rx_copy_bytes", "wait_ns", "kick_ns",
+				       "tx_copy_bytes", "rx_copy_ns", "rx_copy_bytes", "step_ns", "wait_ns", "kick_ns",
 				       "irq_ns" };
 #define NCTR (sizeof(afx_ctr) / sizeof(afx_ctr[0]))
 #define NEVENTS 6
 enum { C_IRQS, C_SEND_CALLS = 6, C_SEND_NS, C_RECV_CALLS, C_RECV_NS, C_TX_COPY_NS, C_TX_COPY_BYTES,
-       C_RX_COPY_NS, C_RX_COPY_BYTES, C_WAIT_NS, C_KICK_NS, C_IRQ_NS };
+       C_RX_COPY_NS, C_RX_COPY_BYTES, C_STEP_NS, C_WAIT_NS, C_KICK_NS, C_IRQ_NS };
 
 static void afx_stats(long long v[NCTR])
 {
@@ -207,14 +207,18 @@ static void afx_report(struct conn *c, const char *side, const char *phase, long
 	printf("\n");
 	long long calls = d[C_SEND_CALLS] + d[C_RECV_CALLS], ns = d[C_SEND_NS] + d[C_RECV_NS];
 	long long cb = d[C_TX_COPY_BYTES] + d[C_RX_COPY_BYTES], cns = d[C_TX_COPY_NS] + d[C_RX_COPY_NS];
-	double chunks = cb / 65536.0;
-	if (calls > 0 && chunks > 0)
-		printf("xlbench %s %s %s cost: %lld calls (%.2f per 64 KiB), in the kernel %.1f us per 64 KiB: "
-		       "copy %.1f (%.1f MiB/s), ring wait %.1f, notify %.1f (%lld), irq handler %.1f (%lld), rest %.1f\n",
-		       transport, side, phase, calls, calls / chunks, ns / chunks / 1e3, cns / chunks / 1e3,
-		       cns > 0 ? cb / 1048576.0 / (cns / 1e9) : 0, d[C_WAIT_NS] / chunks / 1e3,
-		       d[C_KICK_NS] / chunks / 1e3, d[3], d[C_IRQ_NS] / chunks / 1e3, d[C_IRQS],
-		       (ns - cns - d[C_WAIT_NS] - d[C_KICK_NS]) / chunks / 1e3);
+	/* the stream per 64 KiB copied, the pings per round trip */
+	int stream = !strcmp(unit, "MiB");
+	double units = stream ? cb / 65536.0 : per;
+	if (calls > 0 && units > 0)
+		printf("xlbench %s %s %s cost: %lld calls (%.2f per %s), in the kernel %.1f us per %s: "
+		       "ring steps %.1f (copy %.1f at %.1f MiB/s, notify %.1f for %lld kicks, the rest %.1f), "
+		       "ring wait %.1f, outside steps and waits %.1f; irq handler %.1f (%lld irqs)\n",
+		       transport, side, phase, calls, calls / units, stream ? "64 KiB" : unit, ns / units / 1e3,
+		       stream ? "64 KiB" : unit, d[C_STEP_NS] / units / 1e3, cns / units / 1e3,
+		       cns > 0 ? cb / 1048576.0 / (cns / 1e9) : 0, d[C_KICK_NS] / units / 1e3, d[3],
+		       (d[C_STEP_NS] - cns - d[C_KICK_NS]) / units / 1e3, d[C_WAIT_NS] / units / 1e3,
+		       (ns - d[C_STEP_NS] - d[C_WAIT_NS]) / units / 1e3, d[C_IRQ_NS] / units / 1e3, d[C_IRQS]);
 }
 
 /* getrusage deltas of a phase, for every transport: where the process's

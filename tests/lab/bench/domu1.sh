@@ -41,12 +41,8 @@ AFXEN1M=$!
 # before sleeping; under TCG a round trip takes about a millisecond)
 serve_rounds /tmp/afxen1mbusy.log 'env XLBENCH_BUF=1048576 XLBENCH_BUSY_POLL=1000 xlbench-xs xen server 7321 $BENCH_MIB $BENCH_PINGS' &
 AFXEN1MBUSY=$!
-# the ring copy routines (XENSOCK_COPY_ROUTINE, af_xen_copy.c) side by
-# side: 1 MiB rings with copy_{from,to}_iter (rep movs) and with
-# copy_from_iter_nocache for the writes; the default rows use the module's
-# default routine (the uaccess loop)
-serve_rounds /tmp/afxen1miter.log 'env XLBENCH_BUF=1048576 XLBENCH_COPY=0 xlbench-xs xen server 7331 $BENCH_MIB $BENCH_PINGS' &
-AFXEN1MITER=$!
+# and with ring writes by copy_from_iter_nocache (XENSOCK_COPY_ROUTINE,
+# docs/design.md "Ring copies"): does the writer's copy routine matter?
 serve_rounds /tmp/afxen1mnt.log 'env XLBENCH_BUF=1048576 XLBENCH_COPY=1 xlbench-xs xen server 7341 $BENCH_MIB $BENCH_PINGS' &
 AFXEN1MNT=$!
 check_wait tcp-server "$TCP" /tmp/tcp.log
@@ -55,11 +51,10 @@ check_wait vchan-1m-server "$VCHAN1M" /tmp/vchan1m.log
 check_wait afxen-server "$AFXEN" /tmp/afxen.log
 check_wait afxen-1m-server "$AFXEN1M" /tmp/afxen1m.log
 check_wait afxen-1m-busy-server "$AFXEN1MBUSY" /tmp/afxen1mbusy.log
-check_wait afxen-1m-iter-server "$AFXEN1MITER" /tmp/afxen1miter.log
 check_wait afxen-1m-nocache-server "$AFXEN1MNT" /tmp/afxen1mnt.log
 check_wait iperf3-server "$IPERF" /tmp/iperf3.log
 cat /tmp/tcp.log /tmp/vchan.log /tmp/vchan1m.log /tmp/afxen.log /tmp/afxen1m.log /tmp/afxen1mbusy.log \
-  /tmp/afxen1miter.log /tmp/afxen1mnt.log
+  /tmp/afxen1mnt.log
 grep af_xen /proc/interrupts
 
 # ---- AF_XEN through libxensock (kernel backend), once ----------------------------
