@@ -70,6 +70,17 @@ int afx_take_inject_bad_dir(void) { return xchg(&inject_bad_dir, 0); }
  * scribbles over its connection's shared ring header. Off by default, and
  * read-only once loaded (an unprivileged program cannot switch it on).
  */
+/*
+ * Time the stream data path (/proc/net/af_xen_stats send_ns ... irq_ns):
+ * off by default, as each timed part reads the clock twice, and under the
+ * lab's emulation a clock read is not free (docs/design.md, "Counters of
+ * the data path"). The bench turns it on for its timed rows.
+ */
+static bool time_data_path;
+module_param(time_data_path, bool, 0644);
+MODULE_PARM_DESC(time_data_path, "sum the time of sendmsg/recvmsg, ring steps, copies, waits, kicks and the interrupt handler in /proc/net/af_xen_stats (default off)");
+int afx_time_data_path(void) { return READ_ONCE(time_data_path); }
+
 static bool hostile_test;
 module_param(hostile_test, bool, 0444);
 MODULE_PARM_DESC(hostile_test, "lab only: allow XENSOCK_TEST_CORRUPT (corrupt a connection's shared ring on purpose)");

@@ -51,3 +51,4 @@ unsigned long afx_spin_lock_irqsave(spinlock_t *l);
 void afx_spin_unlock_irqrestore(spinlock_t *l, unsigned long f);
 void afx_sock_hold(struct sock *sk);
 int afx_busy_wait(struct sock *sk, int (*cond)(void *), void *arg);
+int afx_time_data_path(void);

@@ -64,16 +64,16 @@ const STEP: usize = 64 * 1024;
 /// Short names for the data path's cost counters (sys.rs).
 mod counters {
     pub(super) use crate::sys::counters::*;
-    pub(super) use crate::sys::now_ns;
+    pub(super) use crate::sys::Timer;
 }
 
 /// An event-channel notification for a data ring, counted and timed (the
 /// notify is a hypercall: under TCG a trap into emulated Xen).
 fn data_kick(l: &Link) {
-    let t0 = counters::now_ns();
+    let t = counters::Timer::start();
     l.kick();
     counters::add(&counters::DATA_KICKS, 1);
-    counters::add(&counters::KICK_NS, counters::now_ns() - t0);
+    t.stop(&counters::KICK_NS);
 }
 
 /// What one `Pipe::write_msg` step did.
@@ -305,9 +305,9 @@ impl Pipe {
     /// `msg` straight into the ring, publishes them and kicks the peer if
     /// it asked. The reader's flags are checked first, once per step.
     pub(crate) fn write_msg(&self, msg: &mut Msg, max: usize) -> core::result::Result<Wrote, RingError> {
-        let t0 = counters::now_ns();
+        let t = counters::Timer::start();
         let r = self.write_msg_untimed(msg, max);
-        counters::add(&counters::STEP_NS, counters::now_ns() - t0);
+        t.stop(&counters::STEP_NS);
         r
     }
 
@@ -334,12 +334,12 @@ impl Pipe {
             let start = p.position() & (cap - 1);
             let first = n.min(cap - start);
             let how = self.copy_routine();
-            let t0 = counters::now_ns();
+            let t = counters::Timer::start();
             let mut got = msg.copy_into_ring(&self.ring, start, first as usize, how);
             if got == first as usize && first < n {
                 got += msg.copy_into_ring(&self.ring, 0, (n - first) as usize, how);
             }
-            counters::add(&counters::TX_COPY_NS, counters::now_ns() - t0);
+            t.stop(&counters::TX_COPY_NS);
             counters::add(&counters::TX_COPY_BYTES, got as i64);
             if got == 0 {
                 return Ok(Wrote::Fault);
@@ -370,9 +370,9 @@ impl Pipe {
         peek: bool,
         sw: Option<&crate::carrier::Switch>,
     ) -> core::result::Result<Read, RingError> {
-        let t0 = counters::now_ns();
+        let t = counters::Timer::start();
         let r = self.read_msg_untimed(msg, max, peek, sw);
-        counters::add(&counters::STEP_NS, counters::now_ns() - t0);
+        t.stop(&counters::STEP_NS);
         r
     }
 
@@ -402,12 +402,12 @@ impl Pipe {
             let cap = c.capacity();
             let start = c.position() & (cap - 1);
             let first = n.min(cap - start);
-            let t0 = counters::now_ns();
+            let t = counters::Timer::start();
             let mut out = msg.copy_from_ring(&self.ring, start, first as usize);
             if out == first as usize && first < n {
                 out += msg.copy_from_ring(&self.ring, 0, (n - first) as usize);
             }
-            counters::add(&counters::RX_COPY_NS, counters::now_ns() - t0);
+            t.stop(&counters::RX_COPY_NS);
             counters::add(&counters::RX_COPY_BYTES, out as i64);
             if peek {
                 return Ok(Read::Bytes(out, out < n as usize));

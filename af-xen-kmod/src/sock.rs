@@ -1309,11 +1309,11 @@ const MSG_NOSIGNAL: i32 = 0x4000;
 
 /// sendmsg, counted and timed for the data path's cost counters (sys.rs).
 unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings::msghdr, len: usize) -> c_int {
-    let t0 = sys::now_ns();
+    let t = sys::Timer::start();
     // SAFETY: the socket layer's arguments, passed on unchanged.
     let r = unsafe { xs_sendmsg_untimed(sock, msg, len) };
     sys::counters::add(&sys::counters::SEND_CALLS, 1);
-    sys::counters::add(&sys::counters::SEND_NS, sys::now_ns() - t0);
+    t.stop(&sys::counters::SEND_NS);
     r
 }
 
@@ -1471,11 +1471,11 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
 
 /// recvmsg, counted and timed for the data path's cost counters (sys.rs).
 unsafe extern "C" fn xs_recvmsg(sock: *mut bindings::socket, msg: *mut bindings::msghdr, len: usize, flags: c_int) -> c_int {
-    let t0 = sys::now_ns();
+    let t = sys::Timer::start();
     // SAFETY: the socket layer's arguments, passed on unchanged.
     let r = unsafe { xs_recvmsg_untimed(sock, msg, len, flags) };
     sys::counters::add(&sys::counters::RECV_CALLS, 1);
-    sys::counters::add(&sys::counters::RECV_NS, sys::now_ns() - t0);
+    t.stop(&sys::counters::RECV_NS);
     r
 }
 

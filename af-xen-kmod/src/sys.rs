@@ -76,6 +76,7 @@ extern "C" {
     fn afx_spin_unlock_irqrestore(l: *mut bindings::spinlock_t, flags: core::ffi::c_ulong);
     fn afx_sock_hold(sk: *mut bindings::sock);
     fn afx_busy_wait(sk: *mut bindings::sock, cond: unsafe extern "C" fn(*mut c_void) -> c_int, arg: *mut c_void) -> c_int;
+    fn afx_time_data_path() -> c_int;
 }
 
 /// How ring writes copy from user memory (`XENSOCK_COPY_ROUTINE`, a
@@ -100,9 +101,26 @@ impl CopyRoutine {
 }
 
 /// Monotonic nanoseconds, for the data path's cost counters.
-pub(crate) fn now_ns() -> i64 {
+fn now_ns() -> i64 {
     // SAFETY: ktime_get reads the clocksource; callable in any context.
     unsafe { bindings::ktime_get() }
+}
+
+/// Times one part of the data path into a counter, when the
+/// `time_data_path` module parameter is on (else no clock is read).
+pub(crate) struct Timer(Option<i64>);
+
+impl Timer {
+    pub(crate) fn start() -> Self {
+        // SAFETY: reads a bool module parameter.
+        Timer(if unsafe { afx_time_data_path() } != 0 { Some(now_ns()) } else { None })
+    }
+    /// Adds the time since `start` to `c` (nothing if timing was off then).
+    pub(crate) fn stop(self, c: &core::sync::atomic::AtomicI64) {
+        if let Some(t0) = self.0 {
+            counters::add(c, now_ns() - t0);
+        }
+    }
 }
 
 /// Whether the lab's hostile-peer test mode (module parameter) is on.
@@ -149,7 +167,8 @@ pub(crate) mod counters {
     /// waits that a short spin on the ring made unnecessary / that slept
     pub(crate) static SPIN_HITS: AtomicI64 = AtomicI64::new(0);
     pub(crate) static SLEEPS: AtomicI64 = AtomicI64::new(0);
-    /// where the time of the stream data path goes (ns, ktime): sendmsg
+    /// where the time of the stream data path goes (ns, ktime; summed only
+    /// with the `time_data_path` module parameter on, calls always): sendmsg
     /// and recvmsg calls and their time, the ring copies (and bytes)
     /// inside them, their waits for the ring (busy-poll and sleep), the
     /// data kicks (event-channel notify hypercalls) and the event-channel
@@ -503,16 +522,16 @@ impl Sk {
     /// `busy_wait`, its time counted in `WAIT_NS` (the ring waits of the
     /// stream data path).
     pub(crate) fn busy_wait_timed<F: FnMut() -> bool>(&self, cond: F) -> bool {
-        let t0 = now_ns();
+        let t = Timer::start();
         let r = self.busy_wait(cond);
-        counters::add(&counters::WAIT_NS, now_ns() - t0);
+        t.stop(&counters::WAIT_NS);
         r
     }
     /// `wait`, its time counted in `WAIT_NS`.
     pub(crate) fn wait_timed<F: FnMut() -> bool>(&self, timeo: &mut c_long, cond: F) -> core::result::Result<(), i32> {
-        let t0 = now_ns();
+        let t = Timer::start();
         let r = self.wait(timeo, cond);
-        counters::add(&counters::WAIT_NS, now_ns() - t0);
+        t.stop(&counters::WAIT_NS);
         r
     }
     /// Sleeps until `cond()` holds. Returns Ok, or Err(EAGAIN) when the

@@ -184,7 +184,7 @@ impl LinkWake {
 
 /// The event-channel interrupt of a link (hard irq context).
 pub(crate) fn irq(w: &LinkWake) {
-    let t0 = sys::now_ns();
+    let t = sys::Timer::start();
     counters::add(&counters::IRQS, 1);
     let ctrl_pending = {
         let i = w.inner.lock();
@@ -200,5 +200,5 @@ pub(crate) fn irq(w: &LinkWake) {
         counters::add(&counters::IRQ_WORK, 1);
         sys::schedule_work();
     }
-    counters::add(&counters::IRQ_NS, sys::now_ns() - t0);
+    t.stop(&counters::IRQ_NS);
 }

@@ -52,6 +52,17 @@ check_wait afxen-server "$AFXEN" /tmp/afxen.log
 check_wait afxen-1m-server "$AFXEN1M" /tmp/afxen1m.log
 check_wait afxen-1m-busy-server "$AFXEN1MBUSY" /tmp/afxen1mbusy.log
 check_wait afxen-1m-nocache-server "$AFXEN1MNT" /tmp/afxen1mnt.log
+# the timed rows, once each after the rounds: the module sums where the
+# time of sendmsg/recvmsg goes (time_data_path; off for the rows above,
+# as reading the clock costs something under emulation) and xlbench
+# prints it per 64 KiB (docs/lab.md, "Where the time goes in bench")
+echo 1 > /sys/module/af_xen/parameters/time_data_path
+timeout 300 xlbench-xs xen server 7351 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/afxen-timed.log 2>&1 &
+check_wait afxen-timed-server $! /tmp/afxen-timed.log
+XLBENCH_BUF=1048576 timeout 300 xlbench-xs xen server 7361 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/afxen1m-timed.log 2>&1 &
+check_wait afxen-1m-timed-server $! /tmp/afxen1m-timed.log
+echo 0 > /sys/module/af_xen/parameters/time_data_path
+cat /tmp/afxen-timed.log /tmp/afxen1m-timed.log
 check_wait iperf3-server "$IPERF" /tmp/iperf3.log
 cat /tmp/tcp.log /tmp/vchan.log /tmp/vchan1m.log /tmp/afxen.log /tmp/afxen1m.log /tmp/afxen1mbusy.log \
   /tmp/afxen1mnt.log

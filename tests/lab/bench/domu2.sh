@@ -40,6 +40,18 @@ for c in unix-server unix-client tcp-client vchan-client vchan-1m-client afxen-c
 done
 grep af_xen /proc/interrupts
 
+log "AF_XEN timed rows (time_data_path on): where the time goes"
+echo 1 > /sys/module/af_xen/parameters/time_data_path
+# (not through check: its output, the metrics and cost lines, must reach the console)
+if XLBENCH_LABEL=afxen-timed timeout 300 xlbench-xs xen client "$PEER" 7351 "$BENCH_MIB" "$BENCH_PINGS" 120; then
+  result afxen-timed-client PASS
+else result afxen-timed-client FAIL "rc=$?"; fi
+if XLBENCH_LABEL=afxen-1m-timed XLBENCH_BUF=1048576 \
+  timeout 300 xlbench-xs xen client "$PEER" 7361 "$BENCH_MIB" "$BENCH_PINGS" 120; then
+  result afxen-1m-timed-client PASS
+else result afxen-1m-timed-client FAIL "rc=$?"; fi
+echo 0 > /sys/module/af_xen/parameters/time_data_path
+
 log "iperf3 (netfront): ${IPERF_SECS}s"
 ok=
 for try in 1 2 3; do
