@@ -14,6 +14,7 @@ log "stack $MIG_STACK, moves: $MIG_MOVES; domu1 dom$D1 ($UUID), domu2 dom$D2"
 since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}'; }
 note() { xenstore-write "/local/domain/$1/data/lab/$2" "${3:-1}"; }
 seen() { xenstore-read "/local/domain/$1/data/lab/$2" >/dev/null 2>&1; }
+hook() { [ "$MIG_STACK" = userspace ] && [ "${MIG_HOOK:-1}" = 1 ]; }
 both_seen() { seen "$D1" "$1" && seen "$D2" "$1"; }
 await() { wait_until "$2" both_seen "$1" || log "not both domUs reported $1 within $2 s (d1 $(seen "$D1" "$1" && echo y), d2 $(seen "$D2" "$1" && echo y))"; }
 lists() { xenstore-ls "/local/domain/$1/xensock/peers" 2>/dev/null | grep -q "^$2 "; }
@@ -39,6 +40,12 @@ for MOVE in $MIG_MOVES; do
   note "$D2" "$MOVE-go" "$D1"
   await "$MOVE-flowing" 600
   sleep 3
+  # the user-space transport's hook before the move (see common.sh)
+  if hook && [ "$MOVE" != away ]; then
+    note "$D1" "$MOVE-suspend"
+    wait_until 120 seen "$D1" "$MOVE-suspended" || log "domu1 never ran its suspend hook for $MOVE"
+  fi
+  DOWN=0
   case $MOVE in
     saverestore)
       xenstore-write "/tool/xensock/moved/$UUID" lab-a
@@ -49,6 +56,7 @@ for MOVE in $MIG_MOVES; do
       check xl-restore timeout 300 xl restore /tmp/domu1.save
       metric saverestore.restore_s "$(since "$t1")" s
       metric saverestore.total_s "$(since "$t0")" s
+      DOWN=$(since "$t0")
       rm -f /tmp/domu1.save
       xenstore-rm "/tool/xensock/moved/$UUID" ;;
     migrate)
@@ -58,6 +66,7 @@ for MOVE in $MIG_MOVES; do
         t0=$(uptime_s)
         check xl-migrate timeout 600 xl migrate -s "" domu1 "xl migrate-receive"
         metric migrate.migrate_s "$(since "$t0")" s
+        DOWN=$(since "$t0")
       fi ;;
     away)
       t0=$(uptime_s)
@@ -75,6 +84,13 @@ for MOVE in $MIG_MOVES; do
       note "$D1" away-back; note "$D2" away-back ;;
   esac
   NEW=$(xl domid domu1 2>/dev/null || echo none)
+  # the guest's own downtime, for the streams' added-pause metrics
+  [ "$NEW" != none ] && note "$NEW" "$MOVE-downtime" "$DOWN"
+  note "$D2" "$MOVE-downtime" "$DOWN"
+  if hook && [ "$MOVE" != away ] && [ "$NEW" != none ]; then
+    note "$NEW" "$MOVE-resume"
+    wait_until 120 seen "$NEW" "$MOVE-resumed" || log "domu1 never ran its resume hook for $MOVE"
+  fi
   if [ "$MOVE" != away ]; then
     log "$MOVE: domu1 dom$D1 -> dom$NEW"
     check "$MOVE-new-domid" test "$NEW" != none -a "$NEW" != "$D1"
