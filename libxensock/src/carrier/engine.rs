@@ -1521,6 +1521,7 @@ impl Shared {
                     continue;
                 }
                 rx.leg = Some(sock);
+                tracing::info!(conn = self.cfg.local_id, "inbound leg up");
                 let r = &mut *rx;
                 if let Some(leg) = r.leg.as_ref() {
                     if let Err(e) = r.out.flush(leg) {
@@ -1544,10 +1545,14 @@ impl Shared {
                         cookie: self.cfg.cookie,
                     });
                     tx.leg = Some(sock);
+                    tracing::info!(conn = self.cfg.local_id, "outbound leg up");
                     self.flush_tx(&mut tx);
                     self.notify_tx(&tx);
                 }
-                Err(_) => tx.retry_at = Some(Instant::now() + Duration::from_millis(100)),
+                Err(e) => {
+                    tracing::info!(conn = self.cfg.local_id, "outbound leg: {e}; retrying");
+                    tx.retry_at = Some(Instant::now() + Duration::from_millis(100));
+                }
             }
         }
     }
