@@ -16,7 +16,13 @@ note() { xenstore-write "/local/domain/$1/data/lab/$2" "${3:-1}"; }
 seen() { xenstore-read "/local/domain/$1/data/lab/$2" >/dev/null 2>&1; }
 hook() { [ "$MIG_STACK" = userspace ] && [ "${MIG_HOOK:-1}" = 1 ]; }
 both_seen() { seen "$D1" "$1" && seen "$D2" "$1"; }
-await() { wait_until "$2" both_seen "$1" || log "not both domUs reported $1 within $2 s (d1 $(seen "$D1" "$1" && echo y), d2 $(seen "$D2" "$1" && echo y))"; }
+# xenstored died under the userspace scenario (runs userspace-20261122-053936,
+# -124118; a guest's XenStore requests then hang for good): say so
+xenstored_report() {
+  if pidof xenstored >/dev/null; then log "xenstored runs"
+  else log "xenstored is NOT running"; dmesg | grep -i -E "xenstored|segfault|trap" | tail -n 5; fi
+}
+await() { wait_until "$2" both_seen "$1" || { log "not both domUs reported $1 within $2 s (d1 $(seen "$D1" "$1" && echo y), d2 $(seen "$D2" "$1" && echo y))"; xenstored_report; }; }
 lists() { xenstore-ls "/local/domain/$1/xensock/peers" 2>/dev/null | grep -q "^$2 "; }
 linked() { xenstore-read "/local/domain/$1/data/xensock/link/$2" >/dev/null 2>&1; }
 pair_linked() { linked "$1" "$2" && linked "$2" "$1"; }
@@ -108,5 +114,6 @@ for MOVE in $MIG_MOVES; do
   echo "@@PHASE $MOVE-done up=$(uptime_s)"
 done
 xl list
+xenstored_report
 tail -n 30 /tmp/agent.log
 kill $AGENT
