@@ -21,7 +21,8 @@
 //! holds back the last 8 bytes, checks everything before them, and at EOF
 //! compares the marker with what it got. Prints
 //! `@@RESULT tokio-NAME-connect` and `@@RESULT tokio-NAME PASS|FAIL <why>`
-//! and progress every 5 s; exit status 0 on success.
+//! and progress every 5 s; exit status 0 on success. With `RUST_LOG` set,
+//! the transport's traces go to stderr.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,6 +78,15 @@ fn usage() -> ! {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    // RUST_LOG=libxensock=info (the lab sets it): the transport's link and
+    // carrier events on stderr, next to the stream's own lines.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+    }
     let a: Vec<String> = std::env::args().collect();
     let server = match a.get(1).map(String::as_str) {
         Some("server") => true,

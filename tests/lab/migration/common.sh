@@ -29,6 +29,8 @@ is_xen_stream() { [ "$1" != tcp ]; }
 
 # ---- setup and teardown --------------------------------------------------------
 mig_setup() {
+  # the user-space transport's link and carrier events, on the console
+  [ "$MIG_STACK" = userspace ] && export RUST_LOG=libxensock=info
   if [ "$MIG_STACK" = kmod ]; then
     check kmod-insmod insmod /opt/xensock/af_xen.ko
     log "af_xen family $(cat /sys/module/af_xen/parameters/family 2>&1)"
@@ -47,6 +49,48 @@ mig_finish() {
     check kmod-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t|leak"'
     dmesg | grep -E "af_xen|BUG|WARNING|Oops" | tail -n 30
   fi
+}
+
+# ---- the user-space transport's migration hook ----------------------------------
+# A PV guest's processes are frozen through its suspend, and grant mappings
+# do not survive a save (a domU restored with gntdev mappings of its peer's
+# pages oopsed in the lab): the guest's suspend path runs `xensock suspend`
+# (every transport of the domain leaves its rings and releases every grant,
+# mapping and event channel), the resume path `xensock resume`. Here dom0
+# asks for both around xl save/restore and xl migrate (MIG_HOOK=0: not).
+uses_hook() { [ "$MIG_STACK" = userspace ] && [ "${MIG_HOOK:-1}" = 1 ]; }
+# no grant page mapped (gntdev) or granted (gntalloc) by any process, and no
+# user event channel bound (the evtchn driver names those "evtchn:<comm>")
+nothing_shared() {
+  _m=$(cat /proc/[0-9]*/maps 2>/dev/null | grep -c -E '/dev/xen/(gntdev|gntalloc)')
+  _e=$(grep -c 'evtchn:' /proc/interrupts)
+  echo "gntdev/gntalloc mappings $_m, user event channels $_e"
+  [ "$_m" = 0 ] && [ "$_e" = 0 ]
+}
+suspend_hook() {
+  lab_wait "$1-suspend" 900 >/dev/null
+  _t0=$(uptime_s)
+  xensock suspend 2>&1 | sed "s/^/  [xensock suspend] /"
+  metric "$1.suspend_hook_s" "$(awk -v a="$_t0" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}')" s
+  check "$1-suspend-releases" nothing_shared
+  lab_note "$1-suspended"
+  lab_wait "$1-resume" 900 >/dev/null
+  xensock resume 2>&1 | sed "s/^/  [xensock resume] /"
+  lab_note "$1-resumed"
+}
+
+# pause_metrics MOVE: each stream's longest silence as this side received
+# it (<role>_gap_s) and what the move added beyond the guest's own
+# downtime, which dom0 notes (xl save + restore; the whole live migration;
+# 0 for away): <role>_added_s. Shown in the run's METRICS table.
+pause_metrics() {
+  _down=$(xenstore-read "data/lab/$1-downtime" 2>/dev/null || echo 0)
+  for s in $(streams); do
+    _gap=$(awk '{print $6; exit}' "/tmp/$s-$1.status" 2>/dev/null)
+    [ -n "$_gap" ] || continue
+    metric "$s-$1.${LAB_ROLE}_gap_s" "$_gap" s
+    metric "$s-$1.${LAB_ROLE}_added_s" "$(awk -v g="$_gap" -v d="$_down" 'BEGIN{a = g - d; printf "%.2f", a < 0 ? 0 : a}')" s
+  done
 }
 
 # run_phase ROLE MOVE: one move's streams on this side, with the checks
@@ -74,7 +118,7 @@ run_phase() {
         is_xen_stream "$s" && carrier_is "$s-away" "$(stream_port "$s" away)" '^tcp(/tcp)?$' "$s-away-carrier-tcp"
         flowing "$s-away" "$s-away-flows-while-away" || true
       done
-      lab_note away-checked
+      lab_note away-tcp-checked
       lab_wait away-back 600 >/dev/null
       for s in $(streams); do
         if is_xen_stream "$s"; then
@@ -84,6 +128,7 @@ run_phase() {
         flowing "$s-away" "$s-away-flows-after-back" || true
       done ;;
     *)
+      [ "$_role" = server ] && uses_hook && suspend_hook "$MOVE"
       lab_wait "$MOVE-moved" 900 >/dev/null
       log "$MOVE: domid $(own_domid) now"
       for s in $(streams); do flowing "$s-$MOVE" "$s-$MOVE-flows-after" || true; done
@@ -94,5 +139,6 @@ run_phase() {
   for s in $(streams); do touch "/tmp/$s-$MOVE.stop"; done
   # each program prints its own @@RESULT; wait for them (bounded by --stall)
   for s in $(streams); do stop_stream "$s-$MOVE"; done
+  pause_metrics "$MOVE"
   lab_note "$MOVE-done"
 }

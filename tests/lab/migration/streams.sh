@@ -55,6 +55,20 @@ stop_stream() {
 # got NAME: bytes received so far
 got() { awk '{print $4; exit}' "/tmp/$1.status" 2>/dev/null || echo 0; }
 
+# stuck_report NAME: what a stream's threads (and this domain's other
+# XenStore users) sleep in, and whether XenStore still answers: printed when
+# a check fails, for a stall that leaves no other trace
+stuck_report() {
+  for _p in $(cat "/tmp/$1.pid" 2>/dev/null) $(pidof xensock-discover xenstore-read xenstore-write 2>/dev/null); do
+    for _t in /proc/"$_p"/task/*; do
+      [ -r "$_t/stat" ] || continue
+      log "  [$1 stuck] pid $_p $(cat "$_t/comm" 2>/dev/null) state $(awk '{print $3}' "$_t/stat") wchan $(cat "$_t/wchan" 2>/dev/null)"
+    done
+  done
+  if timeout 10 xenstore-read domid >/dev/null 2>&1; then log "  [$1 stuck] XenStore answers"
+  else log "  [$1 stuck] XenStore does not answer within 10 s"; fi
+}
+
 # flowing NAME CHECK: the stream receives FLOW_KIB more within FLOW_WAIT s
 flowing() {
   _g0=$(got "$1"); _want=$((_g0 + FLOW_KIB * 1024)); _t=0
@@ -64,10 +78,10 @@ flowing() {
     fi
     _t=$((_t + 1))
     if [ $_t -gt "$FLOW_WAIT" ] && [ ! -e "/tmp/$1.status" ]; then
-      result "$2" FAIL "not connected after ${FLOW_WAIT}s (still in connect/accept; see $1-connect)"; return 1
+      result "$2" FAIL "not connected after ${FLOW_WAIT}s (still in connect/accept; see $1-connect)"; stuck_report "$1"; return 1
     fi
     if [ $_t -gt "$FLOW_WAIT" ]; then
-      result "$2" FAIL "stalled: received $(got "$1") bytes, $((_want - $(got "$1"))) short of +${FLOW_KIB} KiB after ${FLOW_WAIT}s"; return 1
+      result "$2" FAIL "stalled: received $(got "$1") bytes, $((_want - $(got "$1"))) short of +${FLOW_KIB} KiB after ${FLOW_WAIT}s"; stuck_report "$1"; return 1
     fi
     sleep 1
   done
