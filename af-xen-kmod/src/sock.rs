@@ -176,6 +176,19 @@ impl XenSock {
         )
         .inspect(|_| sys::counters::add(&sys::counters::SOCKS, 1))
     }
+
+    /// Wakes the socket's waiters, unless the application released it.
+    /// `sk` is not a counted reference: a link's table, a pipe's ends or
+    /// the TCP work item can hold this XenSock after close() freed its
+    /// `struct sock` (an oops in the work item's wake after a restore, run
+    /// kmod-moves-20261122-105012). `destroy` sets `released` under `inner`
+    /// before the sock goes, and this wakes under `inner`.
+    pub(crate) fn wake_live(&self, mask: u32) {
+        let i = self.inner.lock();
+        if !i.released {
+            self.sk.wake(mask);
+        }
+    }
 }
 
 #[pinned_drop]
@@ -890,7 +903,7 @@ pub(crate) fn accepted_remote(child: &Arc<XenSock>) {
     };
     let listener = globals().ports.lock().map.get(&l).cloned();
     if let Some(l) = listener {
-        l.sk.wake(POLLIN | POLLRDNORM);
+        l.wake_live(POLLIN | POLLRDNORM);
     }
 }
 
@@ -913,7 +926,7 @@ pub(crate) fn connect_accepted(
                 i.peer_conn = acceptor_id;
                 i.state = State::Connected;
             }
-            xs.sk.wake(POLLOUT | POLLWRNORM);
+            xs.wake_live(POLLOUT | POLLWRNORM);
             Ok(())
         }
         Err(_) => {
@@ -943,7 +956,7 @@ pub(crate) fn connect_failed(xs: &Arc<XenSock>, errno: i32) {
         i.request = None;
         (i.rx.take(), i.link.take())
     };
-    xs.sk.wake(POLLOUT | POLLWRNORM | POLLERR | POLLHUP);
+    xs.wake_live(POLLOUT | POLLWRNORM | POLLERR | POLLHUP);
     // outside the spinlock: ending a grant may sleep
     drop((rx, link));
 }
@@ -978,7 +991,7 @@ pub(crate) fn link_lost(xs: &Arc<XenSock>) {
         // peer's incarnation that knew this connection id) is gone
         i.end_sent = true;
     }
-    xs.sk.wake(POLLIN | POLLOUT | POLLERR | POLLHUP);
+    xs.wake_live(POLLIN | POLLOUT | POLLERR | POLLHUP);
 }
 
 /// Loopback connection to a listener of this domain: the accepted child and

@@ -304,6 +304,26 @@ pub(crate) fn work() {
     }
 }
 
+/// This guest is back from a save (or the save was cancelled). The clock
+/// (boot time) jumped by the time it was away, which expired every
+/// pending leg's hello deadline at once, and the peer's copy of a hello it
+/// sent us while we were away comes only with its next retransmission,
+/// backed off to tens of seconds by then: a leg connected just before the
+/// save was closed as "timed out" before its hello arrived, and its
+/// connection reset ("outbound leg closed while frozen" on the peer, run
+/// kmod-saverestore-20261122-114731). Pending legs get the peer-lost bound
+/// from now.
+pub(crate) fn resumed() {
+    if let Some(s) = state() {
+        let deadline_ms = sys_net::now_ms() + sys_net::peer_lost_ms().max(HELLO_TIMEOUT_MS);
+        let mut g = s.lock();
+        for p in g.pending.iter_mut() {
+            p.deadline_ms = deadline_ms;
+        }
+    }
+    sys_net::schedule();
+}
+
 /// A connection's switch became active: the work item services it from now on.
 pub(crate) fn register(xs: &Arc<XenSock>) {
     if let Some(s) = state() {

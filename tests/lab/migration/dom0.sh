@@ -66,7 +66,7 @@ for MOVE in $MIG_MOVES; do
       check away-link-dirs-gone wait_until 30 pair_unlinked "$D1" "$D2"
       check away-moved-noted sh -c "test \"\$(xenstore-read /local/domain/$D2/xensock/moved/$UUID)\" = host-b"
       note "$D1" away-marked; note "$D2" away-marked
-      await away-checked 900
+      await away-while-checked 900
       metric away.away_s "$(since "$t0")" s
       t0=$(uptime_s)
       check agent-back xensock-agent back "$D1"
