@@ -702,6 +702,13 @@ pub(crate) fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: 
     Read::Got(out)
 }
 
+/// Bytes taken off the TCP carrier that the application has not read
+/// (FIONREAD adds the ring's). The work item pulls frames into this buffer
+/// as they arrive, so it is what a read returns now.
+pub(crate) fn tcp_readable(sw: &Switch) -> usize {
+    sw.rx.lock().buf.as_ref().map_or(0, |b| b.len())
+}
+
 /// Whether a reader waiting on TCP should look again.
 pub(crate) fn rx_ready(sw: &Switch) -> bool {
     let r = sw.rx.lock();

@@ -975,6 +975,25 @@ pub(crate) fn answer_lost(child: &Arc<XenSock>) {
         i.end_sent = true;
         i.lends_rx = false;
     }
+    // Not accepted yet: it never existed for the requester, so accept()
+    // must not hand it out (it stayed ESTABLISHED, reset, in the queue).
+    let port = child.inner.lock().local.port;
+    let listener = globals().ports.lock().map.get(&port).cloned();
+    let unqueued = listener.and_then(|l| {
+        let mut li = l.inner.lock();
+        let at = li.accept_q.iter().position(|c| Arc::ptr_eq(c, child))?;
+        Some(sys::vec_remove(&mut li.accept_q, at))
+    });
+    if unqueued.is_some() {
+        drop(unqueued);
+        // as queue_child's refusal: no link, so destroy() never takes the
+        // link's lock, which the work item holds while it calls us
+        child.inner.lock().link = None;
+        destroy(child);
+        discard_child(child, ());
+        return;
+    }
+    // accept() took it already: the application sees a reset
     link_lost(child);
 }
 
@@ -1231,10 +1250,13 @@ unsafe extern "C" fn xs_ioctl(sock: *mut bindings::socket, cmd: core::ffi::c_uin
     let value: c_int = if cmd == SIOCINQ && seqpacket {
         rx.map_or(0, |rx| crate::seqpacket::next_len(&rx) as c_int)
     } else if cmd == SIOCINQ {
-        match rx.map(|rx| rx.rx_state()) {
-            Some(Ok((n, _))) => n as c_int,
+        // bytes taken off the TCP carrier come first (carrier.rs)
+        let on_tcp = xs.inner.lock().sw.clone().map_or(0, |sw| crate::carrier::tcp_readable(&sw));
+        let on_ring = match rx.map(|rx| rx.rx_state()) {
+            Some(Ok((n, _))) => n as usize,
             Some(Err(_)) | None => 0,
-        }
+        };
+        c_int::try_from(on_tcp + on_ring).unwrap_or(c_int::MAX)
     } else {
         match tx.map(|tx| tx.tx_state().map(|(free, _)| tx.capacity().saturating_sub(free))) {
             Some(Ok(n)) => n as c_int,
