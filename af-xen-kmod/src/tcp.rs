@@ -214,7 +214,7 @@ pub(crate) fn work() {
                 inc(&DROPPED);
                 continue;
             }
-            let deadline_ms = sys_net::now_ms() + HELLO_TIMEOUT_MS;
+            let deadline_ms = (sys_net::now_ms() + HELLO_TIMEOUT_MS).max(HELLO_GRACE_UNTIL_MS.load(Ordering::Acquire));
             if g.pending.push(Pending { sock: c, hello: [0; HELLO_LEN], got: 0, deadline_ms }, GFP_KERNEL).is_err() {
                 inc(&DROPPED);
             }
@@ -311,18 +311,26 @@ pub(crate) fn work() {
 /// backed off to tens of seconds by then: a leg connected just before the
 /// save was closed as "timed out" before its hello arrived, and its
 /// connection reset ("outbound leg closed while frozen" on the peer, run
-/// kmod-saverestore-20261122-114731). Pending legs get the peer-lost bound
-/// from now.
+/// kmod-saverestore-20261122-114731). Pending legs, and legs accepted in
+/// the next peer-lost bound, wait that long for their hello (the clock no
+/// longer jumps, sys_net::now_ms, but a hello from the peer's backoff still
+/// comes tens of seconds late: kmod-moves-20261122-120320).
 pub(crate) fn resumed() {
+    let deadline_ms = sys_net::now_ms() + sys_net::peer_lost_ms().max(HELLO_TIMEOUT_MS);
+    // legs the kernel completed before the save but we accept only now
+    HELLO_GRACE_UNTIL_MS.store(deadline_ms, Ordering::Release);
     if let Some(s) = state() {
-        let deadline_ms = sys_net::now_ms() + sys_net::peer_lost_ms().max(HELLO_TIMEOUT_MS);
         let mut g = s.lock();
         for p in g.pending.iter_mut() {
-            p.deadline_ms = deadline_ms;
+            p.deadline_ms = p.deadline_ms.max(deadline_ms);
         }
     }
     sys_net::schedule();
 }
+
+/// Until then (sys_net::now_ms), a leg accepted after a resume waits for
+/// its hello as long as the peer-lost bound (see `resumed`).
+static HELLO_GRACE_UNTIL_MS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
 
 /// A connection's switch became active: the work item services it from now on.
 pub(crate) fn register(xs: &Arc<XenSock>) {
