@@ -85,6 +85,17 @@ pub(crate) mod counters {
     pub(crate) static RESENT_BYTES: AtomicI64 = AtomicI64::new(0);
     pub(crate) static LEG_CONNECTS: AtomicI64 = AtomicI64::new(0);
     pub(crate) static LEG_RETRIES: AtomicI64 = AtomicI64::new(0);
+    /// the longest pass of the TCP work item and of the link work item (ms)
+    pub(crate) static TCP_WORK_MAX_MS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static LINK_WORK_MAX_MS: AtomicI64 = AtomicI64::new(0);
+}
+
+/// Records a work item's pass of `ms` milliseconds in `max`.
+pub(crate) fn note_work_ms(max: &AtomicI64, ms: u64) {
+    let ms = i64::try_from(ms).unwrap_or(i64::MAX);
+    if ms > max.fetch_max(ms, Ordering::Relaxed) && ms >= 1000 {
+        pr_info!("a work item's pass took {} ms\n", ms);
+    }
 }
 
 fn inc(c: &AtomicI64, n: i64) {
@@ -1300,7 +1311,7 @@ pub(crate) fn stats(l: &mut crate::sock::Line) {
     let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
     let _ = write!(
         l,
-        "switch_triggers {}\nswitch_to_tcp {}\nswitch_to_ring {}\nswitch_offers_sent {}\nswitch_offers_taken {}\nswitch_peer_lost {}\nswitch_resent_bytes {}\nswitch_leg_connects {}\nswitch_leg_retries {}\n",
+        "switch_triggers {}\nswitch_to_tcp {}\nswitch_to_ring {}\nswitch_offers_sent {}\nswitch_offers_taken {}\nswitch_peer_lost {}\nswitch_resent_bytes {}\nswitch_leg_connects {}\nswitch_leg_retries {}\ntcp_work_max_ms {}\nlink_work_max_ms {}\n",
         g(&TRIGGERS),
         g(&TO_TCP),
         g(&TO_RING),
@@ -1309,6 +1320,8 @@ pub(crate) fn stats(l: &mut crate::sock::Line) {
         g(&PEER_LOST),
         g(&RESENT_BYTES),
         g(&LEG_CONNECTS),
-        g(&LEG_RETRIES)
+        g(&LEG_RETRIES),
+        g(&TCP_WORK_MAX_MS),
+        g(&LINK_WORK_MAX_MS)
     );
 }

@@ -821,6 +821,12 @@ fn start_over() {
 
 /// The work item.
 pub(crate) fn work() {
+    let t0 = crate::sys_net::now_ms();
+    work_pass();
+    crate::carrier::note_work_ms(&crate::carrier::counters::LINK_WORK_MAX_MS, crate::sys_net::now_ms() - t0);
+}
+
+fn work_pass() {
     let resumed = RESUMED.swap(false, Ordering::AcqRel);
     if resumed {
         start_over();
