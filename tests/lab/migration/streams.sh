@@ -55,14 +55,15 @@ stop_stream() {
 # got NAME: bytes received so far
 got() { awk '{print $4; exit}' "/tmp/$1.status" 2>/dev/null || echo 0; }
 
-# stream_stacks NAME: where the stream's threads are (kernel stacks), once
-# per stream, when it stands still: a thread asleep in af_xen shows there
+# stream_stacks NAME: where the stream's threads are (wchan, state, the
+# syscall in progress; kernel stacks where the kernel has them), once per
+# stream, when it stands still: a thread asleep in af_xen shows there
 stream_stacks() {
   [ -e "/tmp/$1.stacks" ] && return 0
   touch "/tmp/$1.stacks"
   _p=$(cat "/tmp/$1.pid" 2>/dev/null) || return 0
   for _d in /proc/"$_p"/task/*; do
-    echo "  [stacks $1] task ${_d##*/} $(cat "$_d/comm" 2>/dev/null) wchan $(cat "$_d/wchan" 2>/dev/null) state $(awk '{print $3}' "$_d/stat" 2>/dev/null)"
+    echo "  [stacks $1] task ${_d##*/} $(cat "$_d/comm" 2>/dev/null) wchan $(cat "$_d/wchan" 2>/dev/null) state $(awk '{print $3}' "$_d/stat" 2>/dev/null) syscall $(cat "$_d/syscall" 2>/dev/null)"
     sed "s/^/  [stacks $1]   /" "$_d/stack" 2>/dev/null | head -n 25
   done
   [ "$MIG_STACK" = kmod ] && sed "s/^/  [stacks $1] /" /proc/net/af_xen
