@@ -68,6 +68,25 @@ forward_file() {
   tail -n +1 -F "$2" 2>/dev/null | tr -d '\r' | while IFS= read -r l; do echo "$1| $l"; done
 }
 
+# mklink A B   stand in for the discovery agent: make domain A's link
+# directory for B, /local/domain/A/data/xensock/link/B, owned by A and
+# readable by B ("nA,rB"). A domU kernel cannot set XenStore permissions,
+# so the directory comes from dom0. A node gets its parent's permissions
+# when it is created, and the domU acts as soon as link/B appears, so
+# link/B must be born with nA,rB (an agent does write+chmod in one
+# transaction; the shell tools cannot): open the parent to B for the
+# creation, then close it again. The dom0 initramfs has no xenstore-chmod,
+# but the xenstore tools are one binary that dispatches on its name.
+mklink() {
+  ln -sf /usr/bin/xenstore-write /tmp/xenstore-chmod &&
+  _l=/local/domain/$1/data/xensock/link &&
+  xenstore-write "$_l" "" &&
+  /tmp/xenstore-chmod "$_l" "n$1" "r$2" &&
+  xenstore-write "$_l/$2" "" &&
+  /tmp/xenstore-chmod "$_l/$2" "n$1" "r$2" &&
+  /tmp/xenstore-chmod "$_l" "n$1"
+}
+
 # check_wait NAME PID [LOG]   wait for a background job of this shell and
 # report it (its log's tail on failure). Start such jobs under `timeout`.
 check_wait() {

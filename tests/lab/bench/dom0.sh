@@ -1,21 +1,11 @@
 # bench, dom0: the link directories af_xen.ko needs (standing in for the
-# discovery agent, as tests/lab/kmod/dom0.sh), and the switch from the
+# discovery agent: mklink of lab/guest/lib.sh), and the switch from the
 # kernel family to the user-space transport: both own a domain's
 # data/xensock/link, so the user-space phase starts only after both
 # domUs unloaded the module and the directories are gone.
 D1=$(xl domid domu1); D2=$(xl domid domu2)
 # the xenstore tools are one binary that dispatches on its name
-ln -sf /usr/bin/xenstore-write /tmp/xenstore-chmod
 ln -sf /usr/bin/xenstore-write /tmp/xenstore-rm
-# link/<B> must be born with nA,rB (see tests/lab/kmod/dom0.sh)
-mklink() {
-  _l=/local/domain/$1/data/xensock/link
-  xenstore-write "$_l" "" &&
-  /tmp/xenstore-chmod "$_l" "n$1" "r$2" &&
-  xenstore-write "$_l/$2" "" &&
-  /tmp/xenstore-chmod "$_l/$2" "n$1" "r$2" &&
-  /tmp/xenstore-chmod "$_l" "n$1"
-}
 wait_domu domu1 'afxen-insmod (PASS|FAIL)' 120
 wait_domu domu2 'afxen-insmod (PASS|FAIL)' 120
 mklink "$D1" "$D2" && mklink "$D2" "$D1"

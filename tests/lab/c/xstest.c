@@ -69,18 +69,6 @@ static int xsock(void)
 	return socket(fam, SOCK_STREAM, 0);
 }
 
-static uint32_t own_domid(void)
-{
-	FILE *p = popen("xenstore-read domid", "r");
-	unsigned d = 0;
-
-	if (p) {
-		if (fscanf(p, "%u", &d) != 1)
-			d = 0;
-		pclose(p);
-	}
-	return d;
-}
 
 /* a counter of /proc/net/af_xen_stats, or -1 */
 static long long afx_stat(const char *name)
@@ -316,7 +304,6 @@ static int lpair(uint32_t me, uint32_t port, int *c, int *a, int *l)
 	return *a < 0 ? -1 : 0;
 }
 
-static uint64_t pattern(uint64_t i) { return (i * 2654435761u) >> 7; }
 
 static void test_loop(void)
 {
@@ -418,7 +405,7 @@ static void test_loop(void)
 				size_t n = sizeof(w), k;
 
 				for (k = 0; k < 1024; k++)
-					w[k] = pattern(off / 8 + k);
+					w[k] = pattern_word(off / 8 + k);
 				if (total - off < n)
 					n = total - off;
 				ssize_t m = send(c, w, n, 0);
@@ -442,7 +429,7 @@ static void test_loop(void)
 			if (m <= 0)
 				break;
 			for (ssize_t k = 0; k < m / 8; k++)
-				if (w[k] != pattern(off / 8 + k))
+				if (w[k] != pattern_word(off / 8 + k))
 					bad++;
 			off += m;
 		}
@@ -583,54 +570,7 @@ static int read_all(int fd, char *buf, int max)
 	return n;
 }
 
-/* stream `total` bytes of pattern() out; returns 0 on success */
-static int stream_out(int fd, uint64_t total)
-{
-	static uint64_t blk[8192];
-	uint64_t i = 0;
 
-	while (i < total / 8) {
-		uint64_t n = total / 8 - i, k;
-		ssize_t w;
-
-		if (n > 8192)
-			n = 8192;
-		for (k = 0; k < n; k++)
-			blk[k] = pattern(i + k);
-		w = send(fd, blk, n * 8, MSG_NOSIGNAL | MSG_WAITALL);
-		if (w != (ssize_t)(n * 8))
-			return -1;
-		i += n;
-	}
-	return 0;
-}
-
-/* read to EOF, check the pattern; returns bytes read or -1 on mismatch */
-static int64_t stream_in(int fd)
-{
-	static uint64_t blk[8192];
-	uint64_t got = 0;
-
-	for (;;) {
-		ssize_t r = recv(fd, blk, sizeof(blk), MSG_WAITALL);
-		uint64_t k;
-
-		if (r < 0)
-			return -1;
-		if (r == 0)
-			return got;
-		if (r % 8) {	/* keep word alignment: read the rest of the word */
-			ssize_t r2 = recv(fd, (char *)blk + r, 8 - r % 8, MSG_WAITALL);
-			if (r2 != 8 - r % 8)
-				return -1;
-			r += r2;
-		}
-		for (k = 0; k < (uint64_t)r / 8; k++)
-			if (blk[k] != pattern(got / 8 + k))
-				return -1;
-		got += r;
-	}
-}
 
 /* echo on every fd until each ends; st[i]: 0 EOF, else the errno it ended with */
 static void echo_until_end(int *fds, int n, int *st, int secs)
@@ -824,7 +764,7 @@ static void test_xserver(uint64_t mib)
 		double dt = now() - t0;
 
 		result("x-stream-in", got == (int64_t)(mib << 20), "%lld bytes in %.1fs (%.2f MiB/s)", (long long)got, dt, got / dt / 1048576);
-		result("x-stream-out", stream_out(a, mib << 20) == 0, "errno=%s", strerrorname_np(errno) ?: "0");
+		result("x-stream-out", stream_out(a, mib << 20, 64 << 10) == 0, "errno=%s", strerrorname_np(errno) ?: "0");
 		close(a);
 	}
 	/* 3: the client's process gets killed while we wait in recv: EOF */
@@ -934,7 +874,7 @@ static void test_xclient(uint32_t peer, uint64_t mib)
 		int64_t got;
 
 		t0 = now();
-		r = stream_out(c, mib << 20);
+		r = stream_out(c, mib << 20, 64 << 10);
 		dt = now() - t0;
 		result("x-stream-out-client", r == 0, "%llu MiB in %.1fs (%.2f MiB/s)", (unsigned long long)mib, dt, mib / dt);
 		if (r == 0)
@@ -1406,7 +1346,7 @@ static void test_xvictim(uint32_t peer)
 		uint64_t k;
 
 		for (k = 0; k < 8192; k++)
-			blk[k] = pattern(i + k);
+			blk[k] = pattern_word(i + k);
 		if (send(s, blk, sizeof(blk), MSG_NOSIGNAL) != (ssize_t)sizeof(blk)) {
 			result("xv-stream", 0, "send failed: %s", strerrorname_np(errno) ?: "0");
 			return;
@@ -1443,7 +1383,7 @@ static void test_xdeath(void)
 		if (r <= 0 || r % 8)
 			break;
 		for (k = 0; k < r / 8; k++)
-			if (blk[k] != pattern(got / 8 + k))
+			if (blk[k] != pattern_word(got / 8 + k))
 				bad++;
 		got += r;
 	}
@@ -1470,7 +1410,7 @@ static void test_xdeath(void)
 					r = r2 == 8 - r % 8 ? r + r2 : -1;
 				}
 				for (k = 0; r > 0 && k < r / 8; k++)
-					if (blk[k] != pattern(got / 8 + k))
+					if (blk[k] != pattern_word(got / 8 + k))
 						bad++;
 				if (r > 0) {
 					got += r;
@@ -1834,7 +1774,7 @@ int main(int argc, char **argv)
 		if (!f)
 			return 1;
 		for (i = 0; i < n; i++) {
-			uint64_t w = pattern(i);
+			uint64_t w = pattern_word(i);
 
 			fwrite(&w, 8, 1, f);
 		}

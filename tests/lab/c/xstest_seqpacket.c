@@ -46,18 +46,6 @@
 
 static const char *en(int e) { return e ? (strerrorname_np(e) ?: "?") : "0"; }
 
-static uint32_t own_domid(void)
-{
-	FILE *p = popen("xenstore-read domid", "r");
-	unsigned d = 0;
-
-	if (p) {
-		if (fscanf(p, "%u", &d) != 1)
-			d = 0;
-		pclose(p);
-	}
-	return d;
-}
 
 /* ---- ports and the client/server request ---------------------------------- */
 
@@ -84,7 +72,6 @@ enum { CMD_SINK = 1, CMD_SOURCE = 2, CMD_QUIT = 3 };
 struct req { uint32_t magic, cmd; uint64_t arg; };
 struct sink_reply { uint64_t got, ok; };
 
-static uint64_t pattern(uint64_t i) { return (i * 2654435761u) >> 7 ^ (i << 29); }
 
 /* sets the receive buffer so the ring is `bytes` (the kernel doubles it) */
 static int set_rcvbuf(int s, int bytes)
@@ -124,79 +111,9 @@ static long ring_for(int s)
 	return r;
 }
 
-static int write_full(int fd, const void *p, size_t n)
-{
-	const char *c = p;
 
-	while (n) {
-		ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
 
-		if (w <= 0)
-			return -1;
-		c += w;
-		n -= w;
-	}
-	return 0;
-}
 
-static int read_full(int fd, void *p, size_t n)
-{
-	char *c = p;
-
-	while (n) {
-		ssize_t r = recv(fd, c, n, 0);
-
-		if (r <= 0)
-			return -1;
-		c += r;
-		n -= r;
-	}
-	return 0;
-}
-
-/* stream `total` bytes of pattern() out in writes of `wsize` (multiple of 8) */
-static int stream_out(int fd, uint64_t total, size_t wsize)
-{
-	static uint64_t blk[(4 << 20) / 8];
-	uint64_t i = 0, words = total / 8, per = wsize / 8;
-
-	while (i < words) {
-		uint64_t n = words - i < per ? words - i : per, k;
-
-		for (k = 0; k < n; k++)
-			blk[k] = pattern(i + k);
-		if (write_full(fd, blk, n * 8))
-			return -1;
-		i += n;
-	}
-	return 0;
-}
-
-/* read to EOF checking the pattern; bytes read, -1 on error or mismatch */
-static int64_t stream_in(int fd)
-{
-	static uint64_t blk[8192];
-	uint64_t got = 0;
-
-	for (;;) {
-		ssize_t r = recv(fd, blk, sizeof(blk), MSG_WAITALL);
-		uint64_t k;
-
-		if (r < 0)
-			return -1;
-		if (r == 0)
-			return got;
-		if (r % 8) {
-			if (read_full(fd, (char *)blk + r, 8 - r % 8))
-				return -1;
-			r += 8 - r % 8;
-		}
-		for (k = 0; k < (uint64_t)r / 8; k++)
-			if (blk[k] != pattern(got / 8 + k))
-				return -1;
-		got += r;
-	}
-}
 
 /* ---- module counters ------------------------------------------------------ */
 

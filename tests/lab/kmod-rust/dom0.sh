@@ -1,18 +1,8 @@
 # kmod-rust, dom0: stand in for the discovery agent and make the link
 # directories /local/domain/<A>/data/xensock/link/<B> ("nA,rB") both ways,
-# as tests/lab/kmod/dom0.sh does (see there why link/<B> must be born
-# with those permissions).
+# with mklink (lab/guest/lib.sh).
 D1=$(xl domid domu1); D2=$(xl domid domu2)
 log "link directories: dom$D1 <-> dom$D2"
-ln -sf /usr/bin/xenstore-write /tmp/xenstore-chmod
-mklink() {
-  _l=/local/domain/$1/data/xensock/link
-  xenstore-write "$_l" "" &&
-  /tmp/xenstore-chmod "$_l" "n$1" "r$2" &&
-  xenstore-write "$_l/$2" "" &&
-  /tmp/xenstore-chmod "$_l/$2" "n$1" "r$2" &&
-  /tmp/xenstore-chmod "$_l" "n$1"
-}
 # both modules must be loaded first: each reacts to link/<B> appearing
 wait_domu domu1 'kmod-insmod PASS' 120
 wait_domu domu2 'kmod-insmod PASS' 120

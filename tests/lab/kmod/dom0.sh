@@ -4,21 +4,7 @@
 # set XenStore permissions, so the directory comes from dom0.
 D1=$(xl domid domu1); D2=$(xl domid domu2)
 log "link directories: dom$D1 <-> dom$D2"
-# The dom0 initramfs has no xenstore-chmod, but the xenstore tools are one
-# binary that dispatches on its name.
-ln -sf /usr/bin/xenstore-write /tmp/xenstore-chmod
-# A node gets its parent's permissions when it is created, and the domU acts
-# as soon as link/<B> appears: so link/<B> must be born with nA,rB (an agent
-# does write+chmod in one transaction; the shell tools cannot). Open the
-# parent to B for the creation, then close it again.
-mklink() {
-  _l=/local/domain/$1/data/xensock/link
-  xenstore-write "$_l" "" &&
-  /tmp/xenstore-chmod "$_l" "n$1" "r$2" &&
-  xenstore-write "$_l/$2" "" &&
-  /tmp/xenstore-chmod "$_l/$2" "n$1" "r$2" &&
-  /tmp/xenstore-chmod "$_l" "n$1"
-}
+# mklink (lab/guest/lib.sh) says why link/<B> is made the way it is
 mklink "$D1" "$D2" && mklink "$D2" "$D1"
 # a link from domu2 to dom0, which runs no module: connects over it stay in
 # progress (xstest xpending)
