@@ -66,6 +66,14 @@ stream_stacks() {
     echo "  [stacks $1] task ${_d##*/} $(cat "$_d/comm" 2>/dev/null) wchan $(cat "$_d/wchan" 2>/dev/null) state $(awk '{print $3}' "$_d/stat" 2>/dev/null) syscall $(cat "$_d/syscall" 2>/dev/null)"
     sed "s/^/  [stacks $1]   /" "$_d/stack" 2>/dev/null | head -n 25
   done
+  # CPU time (user, system ticks) of each thread over 2 s: a thread that
+  # spins shows where (user space or the kernel)
+  _c0=$(for _d in /proc/"$_p"/task/*; do echo "${_d##*/} $(awk '{print $14, $15}' "$_d/stat" 2>/dev/null)"; done)
+  sleep 2
+  for _d in /proc/"$_p"/task/*; do
+    _t=${_d##*/}
+    echo "  [stacks $1] task $_t utime/stime ticks: $(echo "$_c0" | awk -v t="$_t" '$1 == t {print $2, $3}') -> $(awk '{print $14, $15}' "$_d/stat" 2>/dev/null) (2 s)"
+  done
   [ "$MIG_STACK" = kmod ] && sed "s/^/  [stacks $1] /" /proc/net/af_xen
   return 0
 }
