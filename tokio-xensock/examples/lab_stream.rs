@@ -192,12 +192,19 @@ fn transport_line(local: Option<u32>, peer: Option<u32>) -> Option<String> {
     Some(lines.join(" | "))
 }
 
+/// Seconds since boot, suspended time included (/proc/uptime, CLOCK_BOOTTIME).
+fn boot_secs() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/uptime").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
 async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -> bool {
     let local_port = s.local_addr().ok().map(|a| a.port);
     let peer_port = s.peer_addr().ok().map(|a| a.port);
     let (mut r, mut w) = s.into_split();
     let c = Arc::new(Counters::default());
     let t0 = Instant::now();
+    let boot0 = boot_secs();
     let why: Arc<Mutex<Option<String>>> = Arc::default();
 
     // status + progress
@@ -385,6 +392,13 @@ async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -
         sent as f64 / 1048576.0
     );
     println!("@@METRIC {name}.got_mib {:.1} MiB", got as f64 / 1048576.0);
+    // max_gap_s is on Instant (CLOCK_MONOTONIC), which stands still while
+    // this guest is suspended: on the guest that moved it is the pause
+    // beyond its own suspended time, which this is (boot time went further)
+    if let (Some(b0), Some(b1)) = (boot0, boot_secs()) {
+        let suspended = (b1 - b0 - t0.elapsed().as_secs_f64()).max(0.0);
+        println!("@@METRIC {name}.suspended_s {suspended:.2} s");
+    }
     let why = why.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let why = match (finished, why) {
         (_, Some(w)) => Some(w),

@@ -94,6 +94,18 @@ pause_metrics() {
 }
 
 # run_phase ROLE MOVE: one move's streams on this side, with the checks
+# kmod_trace: the module's lines of dmesg since the last call, and its
+# counters (what the switch did in this phase, not just its last 30 lines)
+KMSG_SEEN=0
+kmod_trace() {
+  [ "$MIG_STACK" = kmod ] || return 0
+  dmesg | grep -E "af_xen|BUG|Oops|WARNING" > /tmp/kmsg.now
+  _n=$(wc -l < /tmp/kmsg.now)
+  tail -n +$((KMSG_SEEN + 1)) /tmp/kmsg.now | tail -n 150 | sed "s/^/  [dmesg $1] /"
+  KMSG_SEEN=$_n
+  sed "s/^/  [stats $1] /" /proc/net/af_xen_stats
+}
+
 run_phase() {
   _role=$1; MOVE=$2
   log "==== $MOVE: streams $(streams) ($_role side)"
@@ -118,7 +130,11 @@ run_phase() {
         is_xen_stream "$s" && carrier_is "$s-away" "$(stream_port "$s" away)" '^tcp(/tcp)?$' "$s-away-carrier-tcp"
         flowing "$s-away" "$s-away-flows-while-away" || true
       done
+<<<<<<< HEAD
       lab_note away-tcp-checked
+=======
+      lab_note away-while-checked
+>>>>>>> kmig2
       lab_wait away-back 600 >/dev/null
       for s in $(streams); do
         if is_xen_stream "$s"; then
@@ -126,12 +142,14 @@ run_phase() {
           switches_at_least "$s-away" "$(stream_port "$s" away)" 2 "$s-away-switches"
         fi
         flowing "$s-away" "$s-away-flows-after-back" || true
-      done ;;
+      done
+      kmod_trace away-back ;;
     *)
       [ "$_role" = server ] && uses_hook && suspend_hook "$MOVE"
       lab_wait "$MOVE-moved" 900 >/dev/null
       log "$MOVE: domid $(own_domid) now"
       for s in $(streams); do flowing "$s-$MOVE" "$s-$MOVE-flows-after" || true; done
+      kmod_trace "$MOVE-after"
       if [ "$MIG_STACK" = kmod ]; then sed "s/^/  [af_xen] /" /proc/net/af_xen; fi ;;
   esac
   lab_note "$MOVE-checked"
@@ -139,6 +157,10 @@ run_phase() {
   for s in $(streams); do touch "/tmp/$s-$MOVE.stop"; done
   # each program prints its own @@RESULT; wait for them (bounded by --stall)
   for s in $(streams); do stop_stream "$s-$MOVE"; done
+<<<<<<< HEAD
   pause_metrics "$MOVE"
+=======
+  kmod_trace "$MOVE"
+>>>>>>> kmig2
   lab_note "$MOVE-done"
 }
