@@ -111,7 +111,10 @@ static void (*orig_write_space)(struct sock *sk);
 void afx_tcp_schedule(void) { schedule_work(&afx_tcp_work); }
 void afx_tcp_schedule_after_ms(unsigned int ms) { schedule_delayed_work(&afx_tcp_dwork, msecs_to_jiffies(ms)); }
 void afx_tcp_tick_after_ms(unsigned int ms) { schedule_delayed_work(&afx_tcp_tick, msecs_to_jiffies(ms)); }
-u64 afx_now_ms(void) { return ktime_get_boottime_ns() / NSEC_PER_MSEC; }
+/* CLOCK_MONOTONIC, which stands still while this guest is saved: boot time
+ * jumps by the time it was away, and every bound running (a pending leg's
+ * hello, the peer-lost bound, connects) expired at once on the restore */
+u64 afx_now_ms(void) { return ktime_get_ns() / NSEC_PER_MSEC; }
 void afx_tcp_flush(void)
 {
 	cancel_delayed_work_sync(&afx_tcp_dwork);

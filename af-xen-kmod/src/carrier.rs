@@ -53,11 +53,25 @@ const CTL_RESERVE: usize = 4 * ctrl::MAX_CONTROL_FRAME;
 const DATA_CHUNK: usize = 32 * 1024;
 /// How often the work item looks again while legs connect or a bound runs.
 const TICK_MS: u32 = 100;
+/// An outbound leg still connecting after this long is connected again.
+/// A SYN sent while the peer is paused (being saved, restored, or moved)
+/// is retransmitted with exponential backoff (1, 3, 7, 15, 31, 63 s after
+/// the first), so a peer back after a 36 s save + restore got our next
+/// SYN only at 63 s, after the 60 s bound had reset the connection (run
+/// kmod-moves-20261122-110212); a fresh attempt every few seconds reaches
+/// it within that much of its return.
+const LEG_CONNECT_RETRY_MS: u64 = 3000;
 /// A receiver that left its ring on its own offers a new one after the
 /// sender's `TxFreeze` for it, or after this long without it.
 const OFFER_AFTER_MS: u64 = 2000;
-/// An offer the sender has not taken after this long is made again.
-const OFFER_TIMEOUT_MS: u64 = 5000;
+/// An offer the sender has not taken after this long is made again. The
+/// sender takes it only once its own direction is on TCP (the peer's
+/// `Consumed` came, which after a restore can wait for a backed-off TCP
+/// retransmission) and answers with `RingFrom` behind the data it queued:
+/// 5 s abandoned offers the sender was taking, and each abandoned epoch
+/// sent it off the ring it had just moved to (four round trips before the
+/// ring held, run kmod-saverestore-20261122-114731).
+const OFFER_TIMEOUT_MS: u64 = 15000;
 
 /// Counters for /proc/net/af_xen_stats.
 pub(crate) mod counters {
@@ -69,6 +83,19 @@ pub(crate) mod counters {
     pub(crate) static OFFERS_TAKEN: AtomicI64 = AtomicI64::new(0);
     pub(crate) static PEER_LOST: AtomicI64 = AtomicI64::new(0);
     pub(crate) static RESENT_BYTES: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static LEG_CONNECTS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static LEG_RETRIES: AtomicI64 = AtomicI64::new(0);
+    /// the longest pass of the TCP work item and of the link work item (ms)
+    pub(crate) static TCP_WORK_MAX_MS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static LINK_WORK_MAX_MS: AtomicI64 = AtomicI64::new(0);
+}
+
+/// Records a work item's pass of `ms` milliseconds in `max`.
+pub(crate) fn note_work_ms(max: &AtomicI64, ms: u64) {
+    let ms = i64::try_from(ms).unwrap_or(i64::MAX);
+    if ms > max.fetch_max(ms, Ordering::Relaxed) && ms >= 1000 {
+        pr_info!("a work item's pass took {} ms\n", ms);
+    }
 }
 
 fn inc(c: &AtomicI64, n: i64) {
@@ -149,6 +176,8 @@ struct TxSide {
     broken: bool,
     want_leg: bool,
     next_connect_ms: u64,
+    /// when the current outbound connect attempt started
+    connect_started_ms: u64,
 }
 
 /// Our receiving direction.
@@ -212,6 +241,7 @@ impl Switch {
                     broken: false,
                     want_leg: false,
                     next_connect_ms: 0,
+                    connect_started_ms: 0,
                 }, "af_xen_sw_tx"),
                 rx <- new_mutex!(RxSide {
                     path: RxPath::on_ring(),
@@ -306,10 +336,7 @@ fn start_bound(sw: &Switch) {
 /// Wakes the socket's waiters, unless the application released it (the
 /// work item may still hold a closed connection; its struct sock is gone).
 fn wake(xs: &XenSock, mask: u32) {
-    let i = xs.inner.lock();
-    if !i.released {
-        xs.sk.wake(mask);
-    }
+    xs.wake_live(mask);
 }
 
 fn fail(xs: &XenSock, why: &str) {
@@ -475,6 +502,7 @@ pub(crate) fn on_ring_offer(xs: &Arc<XenSock>, grant: RingGrant) {
 /// may have jumped by the time it was away, so the peer-lost bounds
 /// running start again from now.
 pub(crate) fn resumed() {
+    crate::tcp::resumed();
     let now = sys_net::now_ms();
     for xs in crate::tcp::active_snapshot().iter() {
         if let Some(sw) = sw_of(xs) {
@@ -532,6 +560,14 @@ pub(crate) fn attach_inbound(xs: &Arc<XenSock>, leg: crate::tcp::HeldLeg) -> cor
             return Ok(());
         }
         t.want_leg = true;
+        // the peer reaches us now, so we reach it: an attempt of ours that
+        // waits for a backed-off SYN retransmit starts over at once
+        let now = sys_net::now_ms();
+        if t.leg.is_some() && !t.leg_up && now >= t.connect_started_ms + 1000 {
+            t.leg = None;
+            t.next_connect_ms = now;
+            inc(&counters::LEG_RETRIES, 1);
+        }
     }
     activate(xs, &sw);
     sys_net::schedule();
@@ -675,6 +711,13 @@ pub(crate) fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: 
         }
     }
     Read::Got(out)
+}
+
+/// Bytes taken off the TCP carrier that the application has not read
+/// (FIONREAD adds the ring's). The work item pulls frames into this buffer
+/// as they arrive, so it is what a read returns now.
+pub(crate) fn tcp_readable(sw: &Switch) -> usize {
+    sw.rx.lock().buf.as_ref().map_or(0, |b| b.len())
 }
 
 /// Whether a reader waiting on TCP should look again.
@@ -872,6 +915,8 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids) {
                 t.hello_left = n;
                 t.leg = Some(crate::tcp::HeldLeg::new(s));
                 t.leg_up = false;
+                t.connect_started_ms = now;
+                inc(&counters::LEG_CONNECTS, 1);
             }
             Err(x) => {
                 pr_info!("connection {}: leg to the peer: error {}, retrying\n", ids.conn_id, x);
@@ -885,6 +930,13 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids) {
                 Ok(true) => {
                     t.leg_up = true;
                     crate::tcp::leg_out();
+                }
+                Ok(false) if now >= t.connect_started_ms + LEG_CONNECT_RETRY_MS => {
+                    // its SYNs back off: start over (see LEG_CONNECT_RETRY_MS)
+                    pr_info!("connection {}: leg to the peer not up after {} ms, connecting again\n", ids.conn_id, now - t.connect_started_ms);
+                    t.leg = None;
+                    t.next_connect_ms = now;
+                    inc(&counters::LEG_RETRIES, 1);
                 }
                 Ok(false) => {}
                 Err(_) => {
@@ -1259,13 +1311,17 @@ pub(crate) fn stats(l: &mut crate::sock::Line) {
     let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
     let _ = write!(
         l,
-        "switch_triggers {}\nswitch_to_tcp {}\nswitch_to_ring {}\nswitch_offers_sent {}\nswitch_offers_taken {}\nswitch_peer_lost {}\nswitch_resent_bytes {}\n",
+        "switch_triggers {}\nswitch_to_tcp {}\nswitch_to_ring {}\nswitch_offers_sent {}\nswitch_offers_taken {}\nswitch_peer_lost {}\nswitch_resent_bytes {}\nswitch_leg_connects {}\nswitch_leg_retries {}\ntcp_work_max_ms {}\nlink_work_max_ms {}\n",
         g(&TRIGGERS),
         g(&TO_TCP),
         g(&TO_RING),
         g(&OFFERS_SENT),
         g(&OFFERS_TAKEN),
         g(&PEER_LOST),
-        g(&RESENT_BYTES)
+        g(&RESENT_BYTES),
+        g(&LEG_CONNECTS),
+        g(&LEG_RETRIES),
+        g(&TCP_WORK_MAX_MS),
+        g(&LINK_WORK_MAX_MS)
     );
 }

@@ -107,8 +107,8 @@ pub(crate) enum Read {
     Untracked,
 }
 
-/// Where a ring's memory lives. The fields are owned for their drop (free,
-/// end the grants, unmap), not read: hence the allow.
+/// Where a ring's memory lives. The variants only own it: their fields
+/// are never read, and dropping them ends the grant or the mapping.
 #[allow(dead_code)]
 pub(crate) enum Carrier {
     /// loopback: local memory

@@ -356,6 +356,7 @@ impl Link {
         let lent = core::mem::replace(&mut i.lent, RBTree::new());
         drop(lent);
         pr_info!("link to dom{} down: {}\n", self.peer, why);
+        self.prune(i);
         // the peer's rings stay mapped until the switches copied them back
         let mut lost: KVec<u32> = KVec::new();
         for (id, s) in i.conns.iter() {
@@ -414,8 +415,28 @@ impl Link {
             | sys::poll::POLLRDHUP
             | sys::poll::POLLHUP
             | sys::poll::POLLERR;
+        self.prune(&mut i);
         for (_, s) in i.conns.iter() {
-            s.sk.wake(all);
+            s.wake_live(all);
+        }
+    }
+
+    /// Drops the entries of connections this link no longer carries: a
+    /// connection that went on under a newer link to its peer
+    /// (`adopt_moved`, `adopt_offer`) stayed listed here too, and its
+    /// close only takes it off the newer one; this link must neither wake
+    /// it nor switch it again when it goes down.
+    fn prune(&self, i: &mut LinkInner) {
+        let mut stale: KVec<u32> = KVec::new();
+        for (id, s) in i.conns.iter() {
+            let here = s.inner.lock().link.as_ref().map(|l| core::ptr::eq(&**l, self)).unwrap_or(false);
+            if !here && stale.push(*id, GFP_KERNEL).is_err() {
+                break;
+            }
+        }
+        for id in stale.iter() {
+            let gone = i.conns.remove(id);
+            drop(gone);
         }
     }
 
@@ -800,6 +821,12 @@ fn start_over() {
 
 /// The work item.
 pub(crate) fn work() {
+    let t0 = crate::sys_net::now_ms();
+    work_pass();
+    crate::carrier::note_work_ms(&crate::carrier::counters::LINK_WORK_MAX_MS, crate::sys_net::now_ms() - t0);
+}
+
+fn work_pass() {
     let resumed = RESUMED.swap(false, Ordering::AcqRel);
     if resumed {
         start_over();

@@ -176,6 +176,19 @@ impl XenSock {
         )
         .inspect(|_| sys::counters::add(&sys::counters::SOCKS, 1))
     }
+
+    /// Wakes the socket's waiters, unless the application released it.
+    /// `sk` is not a counted reference: a link's table, a pipe's ends or
+    /// the TCP work item can hold this XenSock after close() freed its
+    /// `struct sock` (an oops in the work item's wake after a restore, run
+    /// kmod-moves-20261122-105012). `destroy` sets `released` under `inner`
+    /// before the sock goes, and this wakes under `inner`.
+    pub(crate) fn wake_live(&self, mask: u32) {
+        let i = self.inner.lock();
+        if !i.released {
+            self.sk.wake(mask);
+        }
+    }
 }
 
 #[pinned_drop]
@@ -890,7 +903,7 @@ pub(crate) fn accepted_remote(child: &Arc<XenSock>) {
     };
     let listener = globals().ports.lock().map.get(&l).cloned();
     if let Some(l) = listener {
-        l.sk.wake(POLLIN | POLLRDNORM);
+        l.wake_live(POLLIN | POLLRDNORM);
     }
 }
 
@@ -913,7 +926,7 @@ pub(crate) fn connect_accepted(
                 i.peer_conn = acceptor_id;
                 i.state = State::Connected;
             }
-            xs.sk.wake(POLLOUT | POLLWRNORM);
+            xs.wake_live(POLLOUT | POLLWRNORM);
             Ok(())
         }
         Err(_) => {
@@ -943,7 +956,7 @@ pub(crate) fn connect_failed(xs: &Arc<XenSock>, errno: i32) {
         i.request = None;
         (i.rx.take(), i.link.take())
     };
-    xs.sk.wake(POLLOUT | POLLWRNORM | POLLERR | POLLHUP);
+    xs.wake_live(POLLOUT | POLLWRNORM | POLLERR | POLLHUP);
     // outside the spinlock: ending a grant may sleep
     drop((rx, link));
 }
@@ -962,6 +975,25 @@ pub(crate) fn answer_lost(child: &Arc<XenSock>) {
         i.end_sent = true;
         i.lends_rx = false;
     }
+    // Not accepted yet: it never existed for the requester, so accept()
+    // must not hand it out (it stayed ESTABLISHED, reset, in the queue).
+    let port = child.inner.lock().local.port;
+    let listener = globals().ports.lock().map.get(&port).cloned();
+    let unqueued = listener.and_then(|l| {
+        let mut li = l.inner.lock();
+        let at = li.accept_q.iter().position(|c| Arc::ptr_eq(c, child))?;
+        Some(sys::vec_remove(&mut li.accept_q, at))
+    });
+    if unqueued.is_some() {
+        drop(unqueued);
+        // as queue_child's refusal: no link, so destroy() never takes the
+        // link's lock, which the work item holds while it calls us
+        child.inner.lock().link = None;
+        destroy(child);
+        discard_child(child, ());
+        return;
+    }
+    // accept() took it already: the application sees a reset
     link_lost(child);
 }
 
@@ -978,7 +1010,7 @@ pub(crate) fn link_lost(xs: &Arc<XenSock>) {
         // peer's incarnation that knew this connection id) is gone
         i.end_sent = true;
     }
-    xs.sk.wake(POLLIN | POLLOUT | POLLERR | POLLHUP);
+    xs.wake_live(POLLIN | POLLOUT | POLLERR | POLLHUP);
 }
 
 /// Loopback connection to a listener of this domain: the accepted child and
@@ -1218,10 +1250,13 @@ unsafe extern "C" fn xs_ioctl(sock: *mut bindings::socket, cmd: core::ffi::c_uin
     let value: c_int = if cmd == SIOCINQ && seqpacket {
         rx.map_or(0, |rx| crate::seqpacket::next_len(&rx) as c_int)
     } else if cmd == SIOCINQ {
-        match rx.map(|rx| rx.rx_state()) {
-            Some(Ok((n, _))) => n as c_int,
+        // bytes taken off the TCP carrier come first (carrier.rs)
+        let on_tcp = xs.inner.lock().sw.clone().map_or(0, |sw| crate::carrier::tcp_readable(&sw));
+        let on_ring = match rx.map(|rx| rx.rx_state()) {
+            Some(Ok((n, _))) => n as usize,
             Some(Err(_)) | None => 0,
-        }
+        };
+        c_int::try_from(on_tcp + on_ring).unwrap_or(c_int::MAX)
     } else {
         match tx.map(|tx| tx.tx_state().map(|(free, _)| tx.capacity().saturating_sub(free))) {
             Some(Ok(n)) => n as c_int,

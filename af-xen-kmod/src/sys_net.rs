@@ -103,7 +103,8 @@ pub(crate) fn schedule_after_ms(ms: u32) {
     unsafe { afx_tcp_schedule_after_ms(ms) }
 }
 
-/// A monotonic clock in milliseconds (boot time).
+/// A monotonic clock in milliseconds (CLOCK_MONOTONIC: it does not count
+/// the time this guest was saved).
 pub(crate) fn now_ms() -> u64 {
     // SAFETY: reads the clock.
     unsafe { afx_now_ms() }

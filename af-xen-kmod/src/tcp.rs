@@ -203,6 +203,14 @@ fn check_hello(buf: &[u8]) -> core::result::Result<Arc<XenSock>, &'static Atomic
 /// authenticate and hand legs to their connections, then service every
 /// active switch.
 pub(crate) fn work() {
+    let t0 = sys_net::now_ms();
+    work_pass();
+    // a pass that blocks holds up every leg's frames and every wake of a
+    // socket on TCP (an epoll reader waits for those): shown in the stats
+    crate::carrier::note_work_ms(&crate::carrier::counters::TCP_WORK_MAX_MS, sys_net::now_ms() - t0);
+}
+
+fn work_pass() {
     let Some(s) = state() else { return };
     let mut authenticated: KVec<(Arc<XenSock>, TcpSock)> = KVec::new();
     {
@@ -214,7 +222,7 @@ pub(crate) fn work() {
                 inc(&DROPPED);
                 continue;
             }
-            let deadline_ms = sys_net::now_ms() + HELLO_TIMEOUT_MS;
+            let deadline_ms = (sys_net::now_ms() + HELLO_TIMEOUT_MS).max(HELLO_GRACE_UNTIL_MS.load(Ordering::Acquire));
             if g.pending.push(Pending { sock: c, hello: [0; HELLO_LEN], got: 0, deadline_ms }, GFP_KERNEL).is_err() {
                 inc(&DROPPED);
             }
@@ -303,6 +311,34 @@ pub(crate) fn work() {
         }
     }
 }
+
+/// This guest is back from a save (or the save was cancelled). The clock
+/// (boot time) jumped by the time it was away, which expired every
+/// pending leg's hello deadline at once, and the peer's copy of a hello it
+/// sent us while we were away comes only with its next retransmission,
+/// backed off to tens of seconds by then: a leg connected just before the
+/// save was closed as "timed out" before its hello arrived, and its
+/// connection reset ("outbound leg closed while frozen" on the peer, run
+/// kmod-saverestore-20261122-114731). Pending legs, and legs accepted in
+/// the next peer-lost bound, wait that long for their hello (the clock no
+/// longer jumps, sys_net::now_ms, but a hello from the peer's backoff still
+/// comes tens of seconds late: kmod-moves-20261122-120320).
+pub(crate) fn resumed() {
+    let deadline_ms = sys_net::now_ms() + sys_net::peer_lost_ms().max(HELLO_TIMEOUT_MS);
+    // legs the kernel completed before the save but we accept only now
+    HELLO_GRACE_UNTIL_MS.store(deadline_ms, Ordering::Release);
+    if let Some(s) = state() {
+        let mut g = s.lock();
+        for p in g.pending.iter_mut() {
+            p.deadline_ms = p.deadline_ms.max(deadline_ms);
+        }
+    }
+    sys_net::schedule();
+}
+
+/// Until then (sys_net::now_ms), a leg accepted after a resume waits for
+/// its hello as long as the peer-lost bound (see `resumed`).
+static HELLO_GRACE_UNTIL_MS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
 
 /// A connection's switch became active: the work item services it from now on.
 pub(crate) fn register(xs: &Arc<XenSock>) {

@@ -95,11 +95,14 @@ fn serve(conn: UnixStream, t: Transport) -> io::Result<()> {
     let mut out = &conn;
     match line.trim() {
         "status" => write!(out, "{}", t.status().render()),
-        "suspend" => writeln!(
-            out,
-            "suspended: {} connections left their rings",
-            t.suspend()
-        ),
+        "suspend" => {
+            let moved = t.suspend();
+            writeln!(
+                out,
+                "suspended: {moved} connections left their rings; {} still hold shared pages",
+                t.shared_pages_held()
+            )
+        }
         "resume" => writeln!(
             out,
             "resumed: domid {}{}",

@@ -871,7 +871,38 @@ impl Transport {
         {
             std::thread::sleep(Duration::from_millis(1));
         }
+        // Nothing shared may stay through the save: a PV guest restored
+        // with gntdev mappings of another domain's pages crashed in the
+        // lab. The links go (control rings, event channels, kept and
+        // pooled rings; the peers see them withdrawn), offers not taken
+        // are dropped, and rings the connections still drain are waited
+        // for. No link comes up again until `resume` or a new domid.
+        for e in &engines {
+            e.drop_pending_offer();
+        }
+        {
+            let mut st = inner.state();
+            let peers: Vec<DomId> = st.links.keys().copied().collect();
+            for p in peers {
+                inner.link_down(&mut st, p, false);
+            }
+        }
+        while Instant::now() < deadline && inner.shared_pages_held() > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let held = inner.shared_pages_held();
+        if held > 0 {
+            tracing::warn!(held, "suspend: shared pages still held at the bound");
+        }
+        tracing::info!(connections = engines.len(), "suspended");
         engines.len()
+    }
+
+    /// Links and connections that still hold a shared page (a grant of
+    /// ours or a mapping of a peer's page): 0 after a complete
+    /// [`Transport::suspend`].
+    pub fn shared_pages_held(&self) -> usize {
+        self.owner.inner.shared_pages_held()
     }
 
     /// The resume hook: looks whether this domain's id changed (a
@@ -882,8 +913,28 @@ impl Transport {
     /// needs this call to let connections back onto rings. Returns whether
     /// the domid changed.
     pub fn resume(&self) -> bool {
-        let moved = self.owner.inner.check_domid();
-        self.owner.inner.suspended.store(false, Ordering::Release);
+        let inner = &self.owner.inner;
+        let moved = inner.check_domid();
+        if !moved {
+            inner.suspended.store(false, Ordering::Release);
+            // The suspend took the links down: new ones bring the moved
+            // connections back to rings.
+            let mut st = inner.state();
+            inner.relink_carriers(&mut st);
+            // Offers that came while suspended were left alone: answer them.
+            let offered: Vec<DomId> = lock(&inner.watches)
+                .by_path
+                .keys()
+                .filter_map(|p| inner.is_link_event(p))
+                .collect();
+            for p in offered {
+                if !st.links.contains_key(&p) {
+                    inner.on_peer_node(&mut st, p);
+                }
+            }
+        }
+        inner.link_cv.notify_all();
+        tracing::info!(domid = inner.domid(), moved, "resumed");
         moved
     }
 
@@ -1343,6 +1394,7 @@ impl Inner {
         }
         let sink = self.sink.clone();
         let watch = self.xs.watch_with(path, move |ev| sink.push(ev.path))?;
+        tracing::debug!(path, "watching");
         w.by_path.insert(path.to_string(), watch);
         Ok(())
     }
@@ -1761,6 +1813,10 @@ impl Inner {
 
     /// Creates our half of a link to `peer` (grant, port, XenStore node).
     fn create_link(&self, st: &mut State, peer: DomId, peer_gen: Option<u32>) -> Result<(), Error> {
+        if self.suspended.load(Ordering::Acquire) {
+            // Its grants and mappings would go into the save.
+            return Err(Error::Io(errno(libc::EAGAIN)));
+        }
         let rx = grant_ring(
             self.xen.as_ref(),
             self.domid(),
@@ -1814,6 +1870,7 @@ impl Inner {
             Ok(!exists)
         })?;
         epoll_add(&self.epoll, rx_chan.as_raw_fd(), u64::from(peer) + 1)?;
+        tracing::info!(peer, gen, answering = peer_gen, "link offered");
         // When the peer's domain is destroyed, xenstored reports the removal
         // of its node only to watchers of that path (it may already be
         // watched: a candidate peer).
@@ -1871,6 +1928,7 @@ impl Inner {
         link.tx = Some(LinkTx { ring, p, chan });
         link.peer_gen = Some(info.gen);
         link.reuse = self.cfg.ring_reuse && info.ring_reuse;
+        tracing::info!(peer, gen = link.gen, peer_gen = info.gen, "link up");
         let _ = self
             .xs
             .write(&format!("{}/state", self.my_node(peer)), STATE_CONNECTED);
@@ -1920,6 +1978,10 @@ impl Inner {
 
     /// A peer's link node for us changed (or appeared, or went away).
     fn on_peer_node(&self, st: &mut State, peer: DomId) {
+        if self.suspended.load(Ordering::Acquire) && !st.links.contains_key(&peer) {
+            // Answered after the resume (which offers a link itself).
+            return;
+        }
         let info = match self.read_peer_node(peer) {
             Ok(i) => i,
             Err(_) => return,
@@ -1977,6 +2039,7 @@ impl Inner {
         if lost {
             self.counters.links_lost.fetch_add(1, Ordering::Relaxed);
         }
+        tracing::info!(peer, lost, gen = link.gen, "link down");
         if let Some(g) = link.peer_gen {
             st.dead_gens.insert(peer, g);
         }
@@ -1994,8 +2057,11 @@ impl Inner {
         let moved = lost && self.peer_moved(peer);
         for id in &link.conns {
             // A connection on its carrier engine goes on over TCP (its legs
-            // are its own); it comes back to a ring on a new link.
-            if st.conns.get(id).is_some_and(|c| c.engine().is_some()) {
+            // are its own); it comes back to a ring on a new link. The
+            // link's event channel goes with the link.
+            if let Some(c) = st.conns.get(id).filter(|c| c.engine().is_some()) {
+                lock(&c.carrier_kick).take();
+                c.io().kicker = None;
                 continue;
             }
             // The agent says the peer moved: this one leaves its rings now.
@@ -2541,6 +2607,19 @@ impl Inner {
         peer: DomId,
         deadline: Instant,
     ) -> io::Result<MutexGuard<'a, State>> {
+        // Suspended: no new link (it would go into the save); wait for the
+        // resume.
+        while self.suspended.load(Ordering::Acquire) && !st.links.contains_key(&peer) {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(errno(libc::EHOSTUNREACH));
+            }
+            st = self
+                .link_cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
         if !st.links.contains_key(&peer) {
             // A domain discovery does not know is unreachable now, not
             // after the link timeout.
@@ -3192,13 +3271,14 @@ impl Inner {
         let Ok(new) = v.trim().parse::<DomId>() else {
             return false;
         };
+        // Under the state lock: the watch and the resume hook may both look.
+        let mut st = self.state();
         let old = self.domid();
         if new == old {
             return false;
         }
         tracing::info!(old, new, "this domain migrated");
         self.suspended.store(false, Ordering::Release);
-        let mut st = self.state();
         let peers: Vec<DomId> = st.links.keys().copied().collect();
         for p in peers {
             self.link_down(&mut st, p, true);
@@ -3209,10 +3289,24 @@ impl Inner {
         for c in st.conns.values() {
             lock(&c.pending_offer).take();
         }
-        lock(&self.watches).by_path.clear();
+        // Watches of paths named after the old domid go; `domid` (relative)
+        // and the broad `/local/domain` stay registered, so that an offer
+        // made to the new domid while the others are re-registered is
+        // not missed.
+        lock(&self.watches)
+            .by_path
+            .retain(|path, _| path == "domid" || path == "/local/domain");
         let _ = self.add_watch("domid");
         let _ = self.add_watch(&self.table_dir());
         let _ = self.refresh_peers(&st);
+        self.relink_carriers(&mut st);
+        self.link_cv.notify_all();
+        true
+    }
+
+    /// Offers a link to the peer of every carrier connection that has
+    /// none (after a move or a suspend), whose coming up offers rings.
+    fn relink_carriers(&self, st: &mut State) {
         let mut peers: Vec<DomId> = st
             .conns
             .values()
@@ -3222,11 +3316,21 @@ impl Inner {
         peers.sort_unstable();
         peers.dedup();
         for p in peers {
-            if !st.links.contains_key(&p) && self.create_link(&mut st, p, None).is_ok() {
-                self.on_peer_node(&mut st, p);
+            if !st.links.contains_key(&p) && self.create_link(st, p, None).is_ok() {
+                self.on_peer_node(st, p);
             }
         }
-        true
+    }
+
+    /// Links, and connections whose engine holds a ring: what a save
+    /// would carry in grant mappings.
+    fn shared_pages_held(&self) -> usize {
+        let st = self.state();
+        st.links.len()
+            + st.conns
+                .values()
+                .filter(|c| c.engine().is_some_and(|e| e.holds_rings()))
+                .count()
     }
 
     fn status(&self) -> Status {

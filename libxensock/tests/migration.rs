@@ -270,6 +270,74 @@ fn read_n(s: XenStream, len: usize) -> thread::JoinHandle<u64> {
     })
 }
 
+/// The suspend hook leaves nothing shared for the save: every grant,
+/// mapping and event channel of both domains is released (the stayer
+/// tears its half down when it sees the link withdrawn) while the
+/// connection goes on over TCP; no link comes up while suspended; the
+/// resume brings the connection back onto rings.
+#[test]
+fn suspend_releases_every_grant_mapping_and_port() {
+    let w = World::new();
+    let l = w.b.bind("xen:self:7010").unwrap();
+    let c = w.a.connect((u32::from(w.b.domid()), 7010)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    exchange(&c, &s, 41, 200_000);
+    assert!(!w.host.stats().grants_and_channels_released());
+    assert_eq!(w.b.suspend(), 1);
+    assert_eq!(w.b.shared_pages_held(), 0, "{:?}", w.b.status());
+    assert!(w.b.status().links.is_empty());
+    assert!(
+        eventually(Duration::from_secs(5), || w
+            .host
+            .stats()
+            .grants_and_channels_released()),
+        "{:?}\n{:?}\n{:?}",
+        w.host.stats(),
+        w.a.status(),
+        w.b.status()
+    );
+    exchange(&c, &s, 43, 300_000);
+    assert!(carried_on(&w.a, ("tcp", "tcp")) && carried_on(&w.b, ("tcp", "tcp")));
+    // A new connection while suspended waits for the resume (no link).
+    let l2 = w.a.bind("xen:self:7011").unwrap();
+    let b2 = w.b.clone();
+    let to = u32::from(w.a.domid());
+    let late = thread::spawn(move || b2.connect((to, 7011)));
+    thread::sleep(Duration::from_millis(300));
+    assert!(w.b.status().links.is_empty());
+    assert!(w.host.stats().grants_and_channels_released());
+    assert!(!w.b.resume());
+    let c2 = late.join().unwrap().unwrap();
+    let (s2, _) = l2.accept().unwrap();
+    exchange(&c2, &s2, 45, 100_000);
+    // The moved connection (the new one never left its rings).
+    for t in [&w.a, &w.b] {
+        assert!(
+            eventually(Duration::from_secs(5), || t
+                .status()
+                .connections
+                .iter()
+                .any(|c| {
+                    matches!(
+                        &c.carrier,
+                        Carrier::Engine {
+                            tx: "ring",
+                            rx: "ring",
+                            tx_to_tcp: 1,
+                            tx_to_ring: 1,
+                            rx_to_ring: 1,
+                            ..
+                        }
+                    )
+                })),
+            "{:?}",
+            t.status()
+        );
+    }
+    exchange(&c, &s, 47, 300_000);
+    drop((c, s, c2, s2));
+}
+
 #[test]
 fn same_host_migration_moves_to_tcp_and_back() {
     let w = World::new();
@@ -677,6 +745,7 @@ fn status_and_hooks_reach_other_processes() {
     assert!(out.contains("TCP carrier at 127.0.0.1:"), "{out}");
     let out = xensock("suspend");
     assert!(out.contains("suspended: 1 connections"), "{out}");
+    assert!(out.contains("0 still hold shared pages"), "{out}");
     echo(100_000);
     let out = xensock("status");
     assert!(out.contains("carrier: tx tcp rx tcp"), "{out}");

@@ -21,7 +21,8 @@
 //! holds back the last 8 bytes, checks everything before them, and at EOF
 //! compares the marker with what it got. Prints
 //! `@@RESULT tokio-NAME-connect` and `@@RESULT tokio-NAME PASS|FAIL <why>`
-//! and progress every 5 s; exit status 0 on success.
+//! and progress every 5 s; exit status 0 on success. With `RUST_LOG` set,
+//! the transport's traces go to stderr.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,6 +78,15 @@ fn usage() -> ! {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    // RUST_LOG=libxensock=info (the lab sets it): the transport's link and
+    // carrier events on stderr, next to the stream's own lines.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+    }
     let a: Vec<String> = std::env::args().collect();
     let server = match a.get(1).map(String::as_str) {
         Some("server") => true,
@@ -182,12 +192,19 @@ fn transport_line(local: Option<u32>, peer: Option<u32>) -> Option<String> {
     Some(lines.join(" | "))
 }
 
+/// Seconds since boot, suspended time included (/proc/uptime, CLOCK_BOOTTIME).
+fn boot_secs() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/uptime").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
 async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -> bool {
     let local_port = s.local_addr().ok().map(|a| a.port);
     let peer_port = s.peer_addr().ok().map(|a| a.port);
     let (mut r, mut w) = s.into_split();
     let c = Arc::new(Counters::default());
     let t0 = Instant::now();
+    let boot0 = boot_secs();
     let why: Arc<Mutex<Option<String>>> = Arc::default();
 
     // status + progress
@@ -375,6 +392,13 @@ async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -
         sent as f64 / 1048576.0
     );
     println!("@@METRIC {name}.got_mib {:.1} MiB", got as f64 / 1048576.0);
+    // max_gap_s is on Instant (CLOCK_MONOTONIC), which stands still while
+    // this guest is suspended: on the guest that moved it is the pause
+    // beyond its own suspended time, which this is (boot time went further)
+    if let (Some(b0), Some(b1)) = (boot0, boot_secs()) {
+        let suspended = (b1 - b0 - t0.elapsed().as_secs_f64()).max(0.0);
+        println!("@@METRIC {name}.suspended_s {suspended:.2} s");
+    }
     let why = why.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let why = match (finished, why) {
         (_, Some(w)) => Some(w),

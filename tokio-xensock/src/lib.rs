@@ -270,10 +270,14 @@ impl XenStream {
     }
 
     fn poll_read_priv(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        // one unit of the task's budget per operation, as tokio's own
+        // sockets: see poll_op
+        let coop = ready!(tokio::task::coop::poll_proceed(cx));
         loop {
             let unfilled = buf.initialize_unfilled();
             match io::Read::read(&mut self.inner.get_ref(), unfilled) {
                 Ok(n) => {
+                    coop.made_progress();
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
@@ -298,15 +302,28 @@ impl XenStream {
 
     /// Tries `op` first (the descriptor only gets an edge after a
     /// `WouldBlock`), then waits for readiness, clears it and retries.
+    ///
+    /// Each operation takes a unit of the task's cooperative budget (as
+    /// tokio's TcpStream does): an operation that succeeds at once never
+    /// returns `Pending` otherwise, and a task writing in a loop then held
+    /// its worker forever, with the I/O driver and the timers of every
+    /// other task on it (run kmod-away-20261122-123925: on the TCP carrier
+    /// the lab's tokio stream writer was never ahead of its rate, never
+    /// slept, and its reader and status task stood still until the
+    /// connection reset).
     fn poll_op<T>(
         &self,
         cx: &mut Context<'_>,
         mut op: impl FnMut(&libxensock::XenStream) -> io::Result<T>,
     ) -> Poll<io::Result<T>> {
+        let coop = ready!(tokio::task::coop::poll_proceed(cx));
         loop {
             match op(self.inner.get_ref()) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                r => return Poll::Ready(r),
+                r => {
+                    coop.made_progress();
+                    return Poll::Ready(r);
+                }
             }
             ready!(self.inner.poll_write_ready(cx))?.clear_ready();
         }

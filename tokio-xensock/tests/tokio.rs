@@ -81,3 +81,10 @@ fn concurrent_connects_on_a_current_thread_runtime() {
 async fn hyper_http1_serves_requests() {
     cases::hyper_http1_serves_requests(&sim(), 104).await;
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn writes_that_never_block_leave_room_for_other_tasks() {
+    let w = sim();
+    w.prepare();
+    cases::writes_that_never_block_leave_room_for_other_tasks(&w, 105).await;
+}

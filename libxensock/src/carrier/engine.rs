@@ -529,6 +529,26 @@ impl Engine {
         self.shared.accept_ring_offer(epoch, ring)
     }
 
+    /// Whether the connection still holds a shared page: a ring of ours
+    /// granted to the peer or one of the peer's mapped, in either
+    /// direction (in use, draining, offered). The suspend hook waits for
+    /// none: grant mappings do not survive a save (a PV guest restored with
+    /// `gntdev` mappings of another domain's pages crashed in the lab).
+    pub(crate) fn holds_rings(&self) -> bool {
+        let tx = {
+            let t = lock(&self.shared.tx);
+            t.producer.is_some() || t.ring.is_some() || t.pending_offer.is_some()
+        };
+        let r = lock(&self.shared.rx);
+        tx || r.consumer.is_some() || r.ring.is_some() || r.offered.is_some()
+    }
+
+    /// Drops a peer's ring offer not taken yet (the suspend hook: it would
+    /// stay mapped through the move). The peer offers again on a new link.
+    pub(crate) fn drop_pending_offer(&self) {
+        lock(&self.shared.tx).pending_offer = None;
+    }
+
     /// A snapshot for tests and status displays.
     pub(crate) fn status(&self) -> EngineStatus {
         let s = &self.shared;
@@ -1501,6 +1521,7 @@ impl Shared {
                     continue;
                 }
                 rx.leg = Some(sock);
+                tracing::info!(conn = self.cfg.local_id, "inbound leg up");
                 let r = &mut *rx;
                 if let Some(leg) = r.leg.as_ref() {
                     if let Err(e) = r.out.flush(leg) {
@@ -1524,10 +1545,14 @@ impl Shared {
                         cookie: self.cfg.cookie,
                     });
                     tx.leg = Some(sock);
+                    tracing::info!(conn = self.cfg.local_id, "outbound leg up");
                     self.flush_tx(&mut tx);
                     self.notify_tx(&tx);
                 }
-                Err(_) => tx.retry_at = Some(Instant::now() + Duration::from_millis(100)),
+                Err(e) => {
+                    tracing::info!(conn = self.cfg.local_id, "outbound leg: {e}; retrying");
+                    tx.retry_at = Some(Instant::now() + Duration::from_millis(100));
+                }
             }
         }
     }

@@ -30,6 +30,13 @@
  *       "mismatch at offset N", "EOF at offset N without the end marker",
  *       "lost N bytes: peer sent T, got G", "stalled ...", "recv: errno")
  *   @@METRIC NAME.max_gap_s / NAME.sent_mib / NAME.got_mib
+ *   @@METRIC NAME.silence_s / NAME.suspended_s
+ * max_gap_s is the longest time without a received byte on CLOCK_MONOTONIC,
+ * which stands still while this guest is suspended (saved, migrating), so
+ * on the guest that moved it is the pause beyond its own suspended time;
+ * silence_s is the same on CLOCK_BOOTTIME (which counts the suspension),
+ * and suspended_s this guest's own suspended time during the stream (how
+ * much further CLOCK_BOOTTIME went than CLOCK_MONOTONIC).
  * plus a progress line every 5 s. Exit status: number of failures.
  */
 #define _GNU_SOURCE
@@ -55,6 +62,25 @@
 #define END_MAGIC 0x58534e4450454e44ull /* "XSNDPEND" */
 #define CONNECT_S 150 /* a client retries its connect this long */
 #define HOLD 8
+
+/* CLOCK_BOOTTIME: counts the time this guest was suspended */
+static double boot_now(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_BOOTTIME, &t);
+	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* a byte arrived: the longest silence so far, on CLOCK_BOOTTIME */
+static void note_silence(double *last, double *max)
+{
+	double tb = boot_now();
+
+	if (tb - *last > *max)
+		*max = tb - *last;
+	*last = tb;
+}
 
 static uint8_t pattern(uint64_t i, uint32_t seed)
 {
@@ -220,6 +246,7 @@ static int stream(int fd, const char *name, const struct opts *o, uint32_t txsee
 	size_t marker_off = 0;      /* bytes of the end marker written */
 	int stopping = 0, tx_done = 0, rx_done = 0;
 	double t0 = now(), last_rx = t0, max_gap = 0, next_progress = t0 + 5, next_status = t0;
+	double suspended0 = boot_now() - t0, last_rx_boot = boot_now(), max_silence = 0;
 	char why[200] = "";
 
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -276,6 +303,7 @@ static int stream(int fd, const char *name, const struct opts *o, uint32_t txsee
 				if (t - last_rx > max_gap)
 					max_gap = t - last_rx;
 				last_rx = t;
+				note_silence(&last_rx_boot, &max_silence);
 			} else if (r == 0) {
 				uint64_t m, peer_sent;
 				size_t i;
@@ -303,6 +331,7 @@ static int stream(int fd, const char *name, const struct opts *o, uint32_t txsee
 				rx_done = 1;
 				if (t - last_rx > max_gap)
 					max_gap = t - last_rx;
+				note_silence(&last_rx_boot, &max_silence);
 				printf("xsstream %s: peer's end after %llu bytes, all checked\n", name, (unsigned long long)checked);
 				fflush(stdout);
 			} else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
@@ -364,6 +393,9 @@ out:
 	write_status(o, sent, got, max_gap, now() - t0);
 	printf("@@METRIC %s.max_gap_s %.2f s\n@@METRIC %s.sent_mib %.1f MiB\n@@METRIC %s.got_mib %.1f MiB\n", name, max_gap, name,
 	       sent / 1048576.0, name, got / 1048576.0);
+	suspended0 = boot_now() - now() - suspended0;
+	printf("@@METRIC %s.silence_s %.2f s\n@@METRIC %s.suspended_s %.2f s\n", name, max_silence, name,
+	       suspended0 > 0 ? suspended0 : 0);
 	if (why[0])
 		result(name, 0, "%s", why);
 	else

@@ -43,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -372,6 +373,9 @@ struct phases {
 	/* "mv": dom0 ends and remakes the link directories; "sv": dom0 saves
 	 * and restores the server's domain (and makes the new pair's links) */
 	const char *pfx;
+	/* mv, phase 2 (on TCP): reads poll called readable, and how many of
+	 * them FIONREAD said 0 for (it must count the bytes taken off TCP) */
+	long fionread_polls, fionread_zero;
 };
 
 static void presult(const struct phases *ph, const char *what, int ok, const char *fmt, ...)
@@ -429,8 +433,11 @@ static int client_tick(struct phases *ph, uint64_t sent, uint64_t got)
 		if (sent - ph->sent0 >= 16 * MIB && got - ph->got0 >= 16 * MIB) {
 			if (save)
 				presult(ph, "streamed-after-move", 1, "16 MiB each way in %.1f s, carrier %s", waited, c);
-			else
+			else {
 				presult(ph, "streamed-on-tcp", ok && !strcmp(c, "tcp"), "16 MiB each way in %.1f s, carrier %s", waited, c);
+				presult(ph, "fionread-on-tcp", ph->fionread_polls > 0 && ph->fionread_zero == 0,
+					"FIONREAD 0 in %ld of %ld readable polls on TCP", ph->fionread_zero, ph->fionread_polls);
+			}
 			printf("m-phase %s\n", save ? "moved-ok" : "tcp-ok");
 			fflush(stdout);
 			phase_to(ph, 3, sent, got);
@@ -476,7 +483,7 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 	uint64_t sent = 0, got = 0, bad_at = UINT64_MAX;
 	int wr_done = 0, rd_done = 0;
 	double t0 = now(), last = now();
-	struct phases ph = { 0, now(), 0, 0, pfx };
+	struct phases ph = { 0, now(), 0, 0, pfx, 0, 0 };
 
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 	while (!rd_done || !wr_done) {
@@ -504,7 +511,18 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 		}
 		if (!rd_done && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
 			uint8_t rb[65536];
-			ssize_t r = recv(fd, rb, sizeof(rb), 0);
+			ssize_t r;
+			int inq = -1;
+
+			/* poll said readable: FIONREAD must say how much (not 0),
+			 * whichever carrier the bytes came on */
+			if (client && ph.phase == 2 && !strcmp(pfx, "mv") && (p.revents & POLLIN) &&
+			    !(p.revents & (POLLHUP | POLLERR)) && ioctl(fd, FIONREAD, &inq) == 0) {
+				ph.fionread_polls++;
+				if (inq == 0)
+					ph.fionread_zero++;
+			}
+			r = recv(fd, rb, sizeof(rb), 0);
 
 			if (r == 0) {
 				rd_done = 1;

@@ -29,6 +29,8 @@ is_xen_stream() { [ "$1" != tcp ]; }
 
 # ---- setup and teardown --------------------------------------------------------
 mig_setup() {
+  # the user-space transport's link and carrier events, on the console
+  [ "$MIG_STACK" = userspace ] && export RUST_LOG=libxensock=info
   if [ "$MIG_STACK" = kmod ]; then
     check kmod-insmod insmod /opt/xensock/af_xen.ko
     log "af_xen family $(cat /sys/module/af_xen/parameters/family 2>&1)"
@@ -49,7 +51,61 @@ mig_finish() {
   fi
 }
 
+# ---- the user-space transport's migration hook ----------------------------------
+# A PV guest's processes are frozen through its suspend, and grant mappings
+# do not survive a save (a domU restored with gntdev mappings of its peer's
+# pages oopsed in the lab): the guest's suspend path runs `xensock suspend`
+# (every transport of the domain leaves its rings and releases every grant,
+# mapping and event channel), the resume path `xensock resume`. Here dom0
+# asks for both around xl save/restore and xl migrate (MIG_HOOK=0: not).
+uses_hook() { [ "$MIG_STACK" = userspace ] && [ "${MIG_HOOK:-1}" = 1 ]; }
+# no grant page mapped (gntdev) or granted (gntalloc) by any process, and no
+# user event channel bound (the evtchn driver names those "evtchn:<comm>")
+nothing_shared() {
+  _m=$(cat /proc/[0-9]*/maps 2>/dev/null | grep -c -E '/dev/xen/(gntdev|gntalloc)')
+  _e=$(grep -c 'evtchn:' /proc/interrupts)
+  echo "gntdev/gntalloc mappings $_m, user event channels $_e"
+  [ "$_m" = 0 ] && [ "$_e" = 0 ]
+}
+suspend_hook() {
+  lab_wait "$1-suspend" 900 >/dev/null
+  _t0=$(uptime_s)
+  xensock suspend 2>&1 | sed "s/^/  [xensock suspend] /"
+  metric "$1.suspend_hook_s" "$(awk -v a="$_t0" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}')" s
+  check "$1-suspend-releases" nothing_shared
+  lab_note "$1-suspended"
+  lab_wait "$1-resume" 900 >/dev/null
+  xensock resume 2>&1 | sed "s/^/  [xensock resume] /"
+  lab_note "$1-resumed"
+}
+
+# pause_metrics MOVE: each stream's longest silence as this side received
+# it (<role>_gap_s) and what the move added beyond the guest's own
+# downtime, which dom0 notes (xl save + restore; the whole live migration;
+# 0 for away): <role>_added_s. Shown in the run's METRICS table.
+pause_metrics() {
+  _down=$(xenstore-read "data/lab/$1-downtime" 2>/dev/null || echo 0)
+  for s in $(streams); do
+    _gap=$(awk '{print $6; exit}' "/tmp/$s-$1.status" 2>/dev/null)
+    [ -n "$_gap" ] || continue
+    metric "$s-$1.${LAB_ROLE}_gap_s" "$_gap" s
+    metric "$s-$1.${LAB_ROLE}_added_s" "$(awk -v g="$_gap" -v d="$_down" 'BEGIN{a = g - d; printf "%.2f", a < 0 ? 0 : a}')" s
+  done
+}
+
 # run_phase ROLE MOVE: one move's streams on this side, with the checks
+# kmod_trace: the module's lines of dmesg since the last call, and its
+# counters (what the switch did in this phase, not just its last 30 lines)
+KMSG_SEEN=0
+kmod_trace() {
+  [ "$MIG_STACK" = kmod ] || return 0
+  dmesg | grep -E "af_xen|BUG|Oops|WARNING" > /tmp/kmsg.now
+  _n=$(wc -l < /tmp/kmsg.now)
+  tail -n +$((KMSG_SEEN + 1)) /tmp/kmsg.now | tail -n 150 | sed "s/^/  [dmesg $1] /"
+  KMSG_SEEN=$_n
+  sed "s/^/  [stats $1] /" /proc/net/af_xen_stats
+}
+
 run_phase() {
   _role=$1; MOVE=$2
   log "==== $MOVE: streams $(streams) ($_role side)"
@@ -74,7 +130,11 @@ run_phase() {
         is_xen_stream "$s" && carrier_is "$s-away" "$(stream_port "$s" away)" '^tcp(/tcp)?$' "$s-away-carrier-tcp"
         flowing "$s-away" "$s-away-flows-while-away" || true
       done
-      lab_note away-checked
+<<<<<<< HEAD
+      lab_note away-tcp-checked
+=======
+      lab_note away-while-checked
+>>>>>>> kmig2
       lab_wait away-back 600 >/dev/null
       for s in $(streams); do
         if is_xen_stream "$s"; then
@@ -82,11 +142,14 @@ run_phase() {
           switches_at_least "$s-away" "$(stream_port "$s" away)" 2 "$s-away-switches"
         fi
         flowing "$s-away" "$s-away-flows-after-back" || true
-      done ;;
+      done
+      kmod_trace away-back ;;
     *)
+      [ "$_role" = server ] && uses_hook && suspend_hook "$MOVE"
       lab_wait "$MOVE-moved" 900 >/dev/null
       log "$MOVE: domid $(own_domid) now"
       for s in $(streams); do flowing "$s-$MOVE" "$s-$MOVE-flows-after" || true; done
+      kmod_trace "$MOVE-after"
       if [ "$MIG_STACK" = kmod ]; then sed "s/^/  [af_xen] /" /proc/net/af_xen; fi ;;
   esac
   lab_note "$MOVE-checked"
@@ -94,5 +157,10 @@ run_phase() {
   for s in $(streams); do touch "/tmp/$s-$MOVE.stop"; done
   # each program prints its own @@RESULT; wait for them (bounded by --stall)
   for s in $(streams); do stop_stream "$s-$MOVE"; done
+<<<<<<< HEAD
+  pause_metrics "$MOVE"
+=======
+  kmod_trace "$MOVE"
+>>>>>>> kmig2
   lab_note "$MOVE-done"
 }

@@ -28,6 +28,7 @@ for _m in $MIG_MOVES; do
                    dom0:agent-back dom0:back-tables dom0:back-link-dirs) ;;
   esac
   [[ $_m != away ]] && EXPECT+=(dom0:$_m-new-domid dom0:$_m-tables-again dom0:$_m-link-dirs-again)
+  [[ $_m != away && $MIG_STACK == userspace && ${MIG_HOOK:-1} == 1 ]] && EXPECT+=(domu1:$_m-suspend-releases)
   for _s in $(mig_streams); do
     for _g in domu1 domu2; do
       EXPECT+=("$_g:$(mig_prefix "$_s")-$_s-$_m-connect" "$_g:$(mig_prefix "$_s")-$_s-$_m" "$_g:$_s-$_m-flows-before")
@@ -50,7 +51,7 @@ scenario_build() {
   local out=$1 t=x86_64-unknown-linux-gnu
   local tdir=${CARGO_TARGET_DIR:-$REPO_DIR/target}/lab-static
   mkdir -p "$out/bin"
-  printf 'MIG_STACK=%s\nMIG_MOVES="%s"\n' "$MIG_STACK" "$MIG_MOVES" > "$out/migration.params"
+  printf 'MIG_STACK=%s\nMIG_MOVES="%s"\nMIG_HOOK=%s\n' "$MIG_STACK" "$MIG_MOVES" "${MIG_HOOK:-1}" > "$out/migration.params"
   # AFX_TREE=DIR (holding af-xen-kmod/ and proto/, e.g. from `git archive
   # <branch> af-xen-kmod proto | tar -x -C DIR`) tests that module instead;
   # RUST_TREE=DIR (a whole workspace, e.g. `git archive <branch> | tar -x
@@ -86,6 +87,13 @@ scenario_build() {
     RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$rtdir \
       cargo build --release --target $t -p tokio-xensock --example lab_stream ) || return 1
   for b in xensock-discover xensock-agent; do cp "$tdir/$t/release/$b" "$out/bin/"; done
+  # the user-space transport's migration hook (xensock suspend|resume)
+  if [[ $MIG_STACK == userspace ]]; then
+    ( cd "$rsrc" &&
+      RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$rtdir \
+        cargo build --release --target $t -p libxensock --bin xensock ) || return 1
+    cp "$rtdir/$t/release/xensock" "$out/bin/"
+  fi
   cp "$rtdir/$t/release/examples/lab_stream" "$out/bin/"
   strip "$out"/bin/*
   file "$out"/bin/*

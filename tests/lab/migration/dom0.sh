@@ -14,8 +14,15 @@ log "stack $MIG_STACK, moves: $MIG_MOVES; domu1 dom$D1 ($UUID), domu2 dom$D2"
 since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}'; }
 note() { xenstore-write "/local/domain/$1/data/lab/$2" "${3:-1}"; }
 seen() { xenstore-read "/local/domain/$1/data/lab/$2" >/dev/null 2>&1; }
+hook() { [ "$MIG_STACK" = userspace ] && [ "${MIG_HOOK:-1}" = 1 ]; }
 both_seen() { seen "$D1" "$1" && seen "$D2" "$1"; }
-await() { wait_until "$2" both_seen "$1" || log "not both domUs reported $1 within $2 s (d1 $(seen "$D1" "$1" && echo y), d2 $(seen "$D2" "$1" && echo y))"; }
+# xenstored died under the userspace scenario (runs userspace-20261122-053936,
+# -124118; a guest's XenStore requests then hang for good): say so
+xenstored_report() {
+  if pidof xenstored >/dev/null; then log "xenstored runs"
+  else log "xenstored is NOT running"; dmesg | grep -i -E "xenstored|segfault|trap" | tail -n 5; fi
+}
+await() { wait_until "$2" both_seen "$1" || { log "not both domUs reported $1 within $2 s (d1 $(seen "$D1" "$1" && echo y), d2 $(seen "$D2" "$1" && echo y))"; xenstored_report; }; }
 lists() { xenstore-ls "/local/domain/$1/xensock/peers" 2>/dev/null | grep -q "^$2 "; }
 linked() { xenstore-read "/local/domain/$1/data/xensock/link/$2" >/dev/null 2>&1; }
 pair_linked() { linked "$1" "$2" && linked "$2" "$1"; }
@@ -39,6 +46,12 @@ for MOVE in $MIG_MOVES; do
   note "$D2" "$MOVE-go" "$D1"
   await "$MOVE-flowing" 600
   sleep 3
+  # the user-space transport's hook before the move (see common.sh)
+  if hook && [ "$MOVE" != away ]; then
+    note "$D1" "$MOVE-suspend"
+    wait_until 120 seen "$D1" "$MOVE-suspended" || log "domu1 never ran its suspend hook for $MOVE"
+  fi
+  DOWN=0
   case $MOVE in
     saverestore)
       xenstore-write "/tool/xensock/moved/$UUID" lab-a
@@ -49,6 +62,7 @@ for MOVE in $MIG_MOVES; do
       check xl-restore timeout 300 xl restore /tmp/domu1.save
       metric saverestore.restore_s "$(since "$t1")" s
       metric saverestore.total_s "$(since "$t0")" s
+      DOWN=$(since "$t0")
       rm -f /tmp/domu1.save
       xenstore-rm "/tool/xensock/moved/$UUID" ;;
     migrate)
@@ -58,6 +72,7 @@ for MOVE in $MIG_MOVES; do
         t0=$(uptime_s)
         check xl-migrate timeout 600 xl migrate -s "" domu1 "xl migrate-receive"
         metric migrate.migrate_s "$(since "$t0")" s
+        DOWN=$(since "$t0")
       fi ;;
     away)
       t0=$(uptime_s)
@@ -66,7 +81,14 @@ for MOVE in $MIG_MOVES; do
       check away-link-dirs-gone wait_until 30 pair_unlinked "$D1" "$D2"
       check away-moved-noted sh -c "test \"\$(xenstore-read /local/domain/$D2/xensock/moved/$UUID)\" = host-b"
       note "$D1" away-marked; note "$D2" away-marked
-      await away-checked 900
+<<<<<<< HEAD
+      # a key of its own: with "away-checked" for both this and the end of
+      # the phase, dom0 stopped the streams after `back` while domu2 was
+      # still checking them (userspace-moves-20261122-123338)
+      await away-tcp-checked 900
+=======
+      await away-while-checked 900
+>>>>>>> kmig2
       metric away.away_s "$(since "$t0")" s
       t0=$(uptime_s)
       check agent-back xensock-agent back "$D1"
@@ -75,6 +97,13 @@ for MOVE in $MIG_MOVES; do
       note "$D1" away-back; note "$D2" away-back ;;
   esac
   NEW=$(xl domid domu1 2>/dev/null || echo none)
+  # the guest's own downtime, for the streams' added-pause metrics
+  [ "$NEW" != none ] && note "$NEW" "$MOVE-downtime" "$DOWN"
+  note "$D2" "$MOVE-downtime" "$DOWN"
+  if hook && [ "$MOVE" != away ] && [ "$NEW" != none ]; then
+    note "$NEW" "$MOVE-resume"
+    wait_until 120 seen "$NEW" "$MOVE-resumed" || log "domu1 never ran its resume hook for $MOVE"
+  fi
   if [ "$MOVE" != away ]; then
     log "$MOVE: domu1 dom$D1 -> dom$NEW"
     check "$MOVE-new-domid" test "$NEW" != none -a "$NEW" != "$D1"
@@ -89,5 +118,6 @@ for MOVE in $MIG_MOVES; do
   echo "@@PHASE $MOVE-done up=$(uptime_s)"
 done
 xl list
+xenstored_report
 tail -n 30 /tmp/agent.log
 kill $AGENT

@@ -55,19 +55,58 @@ stop_stream() {
 # got NAME: bytes received so far
 got() { awk '{print $4; exit}' "/tmp/$1.status" 2>/dev/null || echo 0; }
 
+<<<<<<< HEAD
+# stuck_report NAME: what a stream's threads (and this domain's other
+# XenStore users) sleep in, and whether XenStore still answers: printed when
+# a check fails, for a stall that leaves no other trace
+stuck_report() {
+  for _p in $(cat "/tmp/$1.pid" 2>/dev/null) $(pidof xensock-discover xenstore-read xenstore-write 2>/dev/null); do
+    for _t in /proc/"$_p"/task/*; do
+      [ -r "$_t/stat" ] || continue
+      log "  [$1 stuck] pid $_p $(cat "$_t/comm" 2>/dev/null) state $(awk '{print $3}' "$_t/stat") wchan $(cat "$_t/wchan" 2>/dev/null)"
+    done
+  done
+  if timeout 10 xenstore-read domid >/dev/null 2>&1; then log "  [$1 stuck] XenStore answers"
+  else log "  [$1 stuck] XenStore does not answer within 10 s"; fi
+=======
+# stream_stacks NAME: where the stream's threads are (wchan, state, the
+# syscall in progress; kernel stacks where the kernel has them), once per
+# stream, when it stands still: a thread asleep in af_xen shows there
+stream_stacks() {
+  [ -e "/tmp/$1.stacks" ] && return 0
+  touch "/tmp/$1.stacks"
+  _p=$(cat "/tmp/$1.pid" 2>/dev/null) || return 0
+  for _d in /proc/"$_p"/task/*; do
+    echo "  [stacks $1] task ${_d##*/} $(cat "$_d/comm" 2>/dev/null) wchan $(cat "$_d/wchan" 2>/dev/null) state $(awk '{print $3}' "$_d/stat" 2>/dev/null) syscall $(cat "$_d/syscall" 2>/dev/null)"
+    sed "s/^/  [stacks $1]   /" "$_d/stack" 2>/dev/null | head -n 25
+  done
+  # CPU time (user, system ticks) of each thread over 2 s: a thread that
+  # spins shows where (user space or the kernel)
+  _c0=$(for _d in /proc/"$_p"/task/*; do echo "${_d##*/} $(awk '{print $14, $15}' "$_d/stat" 2>/dev/null)"; done)
+  sleep 2
+  for _d in /proc/"$_p"/task/*; do
+    _t=${_d##*/}
+    echo "  [stacks $1] task $_t utime/stime ticks: $(echo "$_c0" | awk -v t="$_t" '$1 == t {print $2, $3}') -> $(awk '{print $14, $15}' "$_d/stat" 2>/dev/null) (2 s)"
+  done
+  [ "$MIG_STACK" = kmod ] && sed "s/^/  [stacks $1] /" /proc/net/af_xen
+  return 0
+>>>>>>> kmig2
+}
+
 # flowing NAME CHECK: the stream receives FLOW_KIB more within FLOW_WAIT s
 flowing() {
   _g0=$(got "$1"); _want=$((_g0 + FLOW_KIB * 1024)); _t=0
   while [ "$(got "$1")" -lt "$_want" ]; do
+    [ $_t -eq 30 ] && stream_stacks "$1"
     if ! stream_alive "$1"; then
       result "$2" FAIL "the stream ended (its own result says why) at $(got "$1") bytes received"; return 1
     fi
     _t=$((_t + 1))
     if [ $_t -gt "$FLOW_WAIT" ] && [ ! -e "/tmp/$1.status" ]; then
-      result "$2" FAIL "not connected after ${FLOW_WAIT}s (still in connect/accept; see $1-connect)"; return 1
+      result "$2" FAIL "not connected after ${FLOW_WAIT}s (still in connect/accept; see $1-connect)"; stuck_report "$1"; return 1
     fi
     if [ $_t -gt "$FLOW_WAIT" ]; then
-      result "$2" FAIL "stalled: received $(got "$1") bytes, $((_want - $(got "$1"))) short of +${FLOW_KIB} KiB after ${FLOW_WAIT}s"; return 1
+      result "$2" FAIL "stalled: received $(got "$1") bytes, $((_want - $(got "$1"))) short of +${FLOW_KIB} KiB after ${FLOW_WAIT}s"; stuck_report "$1"; return 1
     fi
     sleep 1
   done

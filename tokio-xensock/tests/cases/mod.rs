@@ -270,3 +270,44 @@ pub fn concurrent_connects_on_a_current_thread_runtime<W: World>(w: W, port: u32
         "a connect used tokio's blocking pool"
     );
 }
+
+/// A task whose reads and writes all succeed at once still lets the other
+/// tasks of its runtime run: each operation takes a unit of tokio's
+/// cooperative budget, as tokio's own sockets do. Without it a writer that
+/// never met a full buffer never returned `Pending` and held its worker
+/// (on a multi-thread runtime with the I/O driver and the timers: the lab's
+/// tokio stream on the TCP carrier, run kmod-away-20261122-123925).
+/// Run on a current-thread runtime, where nothing else can take over.
+pub async fn writes_that_never_block_leave_room_for_other_tasks<W: World>(w: &W, port: u32) {
+    const WRITES: usize = 1000;
+    let l = w.bind(port).unwrap();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.unwrap();
+        got.len()
+    });
+    let mut c = w.connect(port).await.unwrap();
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let t = ticks.clone();
+    let ticker = tokio::spawn(async move {
+        loop {
+            t.fetch_add(1, Ordering::Relaxed);
+            tokio::task::yield_now().await;
+        }
+    });
+    let before = ticks.load(Ordering::Relaxed);
+    // 1000 bytes in one-byte writes: far less than any ring or buffer, so
+    // none of them has to wait
+    for _ in 0..WRITES {
+        c.write_all(b"x").await.unwrap();
+    }
+    let during = ticks.load(Ordering::Relaxed) - before;
+    ticker.abort();
+    c.shutdown().await.unwrap();
+    assert_eq!(server.await.unwrap(), WRITES);
+    assert!(
+        during > 0,
+        "no other task ran during {WRITES} writes that did not have to wait"
+    );
+}
