@@ -130,11 +130,7 @@ run_phase() {
         is_xen_stream "$s" && carrier_is "$s-away" "$(stream_port "$s" away)" '^tcp(/tcp)?$' "$s-away-carrier-tcp"
         flowing "$s-away" "$s-away-flows-while-away" || true
       done
-<<<<<<< HEAD
       lab_note away-tcp-checked
-=======
-      lab_note away-while-checked
->>>>>>> kmig2
       lab_wait away-back 600 >/dev/null
       for s in $(streams); do
         if is_xen_stream "$s"; then
@@ -157,10 +153,7 @@ run_phase() {
   for s in $(streams); do touch "/tmp/$s-$MOVE.stop"; done
   # each program prints its own @@RESULT; wait for them (bounded by --stall)
   for s in $(streams); do stop_stream "$s-$MOVE"; done
-<<<<<<< HEAD
   pause_metrics "$MOVE"
-=======
   kmod_trace "$MOVE"
->>>>>>> kmig2
   lab_note "$MOVE-done"
 }
