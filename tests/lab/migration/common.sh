@@ -93,7 +93,6 @@ pause_metrics() {
   done
 }
 
-# run_phase ROLE MOVE: one move's streams on this side, with the checks
 # kmod_trace: the module's lines of dmesg since the last call, and its
 # counters (what the switch did in this phase, not just its last 30 lines)
 KMSG_SEEN=0
@@ -106,6 +105,7 @@ kmod_trace() {
   sed "s/^/  [stats $1] /" /proc/net/af_xen_stats
 }
 
+# run_phase ROLE MOVE: one move's streams on this side, with the checks
 run_phase() {
   _role=$1; MOVE=$2
   log "==== $MOVE: streams $(streams) ($_role side)"
@@ -130,11 +130,7 @@ run_phase() {
         is_xen_stream "$s" && carrier_is "$s-away" "$(stream_port "$s" away)" '^tcp(/tcp)?$' "$s-away-carrier-tcp"
         flowing "$s-away" "$s-away-flows-while-away" || true
       done
-<<<<<<< HEAD
-      lab_note away-tcp-checked
-=======
       lab_note away-while-checked
->>>>>>> kmig2
       lab_wait away-back 600 >/dev/null
       for s in $(streams); do
         if is_xen_stream "$s"; then
@@ -157,10 +153,7 @@ run_phase() {
   for s in $(streams); do touch "/tmp/$s-$MOVE.stop"; done
   # each program prints its own @@RESULT; wait for them (bounded by --stall)
   for s in $(streams); do stop_stream "$s-$MOVE"; done
-<<<<<<< HEAD
   pause_metrics "$MOVE"
-=======
   kmod_trace "$MOVE"
->>>>>>> kmig2
   lab_note "$MOVE-done"
 }

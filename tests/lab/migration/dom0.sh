@@ -81,14 +81,10 @@ for MOVE in $MIG_MOVES; do
       check away-link-dirs-gone wait_until 30 pair_unlinked "$D1" "$D2"
       check away-moved-noted sh -c "test \"\$(xenstore-read /local/domain/$D2/xensock/moved/$UUID)\" = host-b"
       note "$D1" away-marked; note "$D2" away-marked
-<<<<<<< HEAD
       # a key of its own: with "away-checked" for both this and the end of
       # the phase, dom0 stopped the streams after `back` while domu2 was
       # still checking them (userspace-moves-20261122-123338)
-      await away-tcp-checked 900
-=======
       await away-while-checked 900
->>>>>>> kmig2
       metric away.away_s "$(since "$t0")" s
       t0=$(uptime_s)
       check agent-back xensock-agent back "$D1"

@@ -55,12 +55,11 @@ stop_stream() {
 # got NAME: bytes received so far
 got() { awk '{print $4; exit}' "/tmp/$1.status" 2>/dev/null || echo 0; }
 
-<<<<<<< HEAD
-# stuck_report NAME: what a stream's threads (and this domain's other
-# XenStore users) sleep in, and whether XenStore still answers: printed when
-# a check fails, for a stall that leaves no other trace
+# stuck_report NAME: at a failed check, this domain's other XenStore users'
+# threads and whether XenStore still answers (a dead xenstored in dom0
+# hangs every guest request; the stream's own threads: stream_stacks)
 stuck_report() {
-  for _p in $(cat "/tmp/$1.pid" 2>/dev/null) $(pidof xensock-discover xenstore-read xenstore-write 2>/dev/null); do
+  for _p in $(pidof xensock-discover xenstore-read xenstore-write 2>/dev/null); do
     for _t in /proc/"$_p"/task/*; do
       [ -r "$_t/stat" ] || continue
       log "  [$1 stuck] pid $_p $(cat "$_t/comm" 2>/dev/null) state $(awk '{print $3}' "$_t/stat") wchan $(cat "$_t/wchan" 2>/dev/null)"
@@ -68,7 +67,8 @@ stuck_report() {
   done
   if timeout 10 xenstore-read domid >/dev/null 2>&1; then log "  [$1 stuck] XenStore answers"
   else log "  [$1 stuck] XenStore does not answer within 10 s"; fi
-=======
+}
+
 # stream_stacks NAME: where the stream's threads are (wchan, state, the
 # syscall in progress; kernel stacks where the kernel has them), once per
 # stream, when it stands still: a thread asleep in af_xen shows there
@@ -90,7 +90,6 @@ stream_stacks() {
   done
   [ "$MIG_STACK" = kmod ] && sed "s/^/  [stacks $1] /" /proc/net/af_xen
   return 0
->>>>>>> kmig2
 }
 
 # flowing NAME CHECK: the stream receives FLOW_KIB more within FLOW_WAIT s
