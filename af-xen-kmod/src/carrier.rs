@@ -1255,10 +1255,11 @@ pub(crate) fn service(xs: &Arc<XenSock>) -> bool {
 /// close, and the receiver reset without the stream's last 131072 bytes).
 fn ring_all_taken(xs: &XenSock, t: &TxSide) -> bool {
     let pipe = xs.inner.lock().tx.clone().or_else(|| t.closed_ring.clone());
-    match pipe {
-        Some(p) => matches!(p.tx.lock().unconsumed(), Ok(0)),
-        None => true,
-    }
+    let Some(p) = pipe else { return true };
+    let mut prod = p.tx.lock();
+    // a reader that closed or reset takes nothing more: nothing to wait for
+    let gone = prod.reader_end().map(|r| r.closed || r.reset).unwrap_or(true);
+    gone || matches!(prod.unconsumed(), Ok(0))
 }
 
 fn release_legs(sw: &Switch) {
