@@ -65,12 +65,6 @@ MODULE_PARM_DESC(inject_bad_dir, "test hook: 1 = the next large ring's grant dir
 int afx_take_inject_bad_dir(void) { return xchg(&inject_bad_dir, 0); }
 
 /*
- * Test mode for the lab's hostile-peer tests: with hostile_test=1 a socket
- * accepts setsockopt(fd, <family>, XENSOCK_TEST_CORRUPT, ...), which
- * scribbles over its connection's shared ring header. Off by default, and
- * read-only once loaded (an unprivileged program cannot switch it on).
- */
-/*
  * Time the stream data path (/proc/net/af_xen_stats send_ns ... irq_ns):
  * off by default, as each timed part reads the clock twice, and under the
  * lab's emulation a clock read is not free (docs/design.md, "Counters of
@@ -81,6 +75,12 @@ module_param(time_data_path, bool, 0644);
 MODULE_PARM_DESC(time_data_path, "sum the time of sendmsg/recvmsg, ring steps, copies, waits, kicks and the interrupt handler in /proc/net/af_xen_stats (default off)");
 int afx_time_data_path(void) { return READ_ONCE(time_data_path); }
 
+/*
+ * Test mode for the lab's hostile-peer tests: with hostile_test=1 a socket
+ * accepts setsockopt(fd, <family>, XENSOCK_TEST_CORRUPT, ...), which
+ * scribbles over its connection's shared ring header. Off by default, and
+ * read-only once loaded (an unprivileged program cannot switch it on).
+ */
 static bool hostile_test;
 module_param(hostile_test, bool, 0444);
 MODULE_PARM_DESC(hostile_test, "lab only: allow XENSOCK_TEST_CORRUPT (corrupt a connection's shared ring on purpose)");

@@ -93,7 +93,6 @@ pause_metrics() {
   done
 }
 
-# run_phase ROLE MOVE: one move's streams on this side, with the checks
 # kmod_trace: the module's lines of dmesg since the last call, and its
 # counters (what the switch did in this phase, not just its last 30 lines)
 KMSG_SEEN=0
@@ -106,6 +105,7 @@ kmod_trace() {
   sed "s/^/  [stats $1] /" /proc/net/af_xen_stats
 }
 
+# run_phase ROLE MOVE: one move's streams on this side, with the checks
 run_phase() {
   _role=$1; MOVE=$2
   log "==== $MOVE: streams $(streams) ($_role side)"
@@ -130,7 +130,7 @@ run_phase() {
         is_xen_stream "$s" && carrier_is "$s-away" "$(stream_port "$s" away)" '^tcp(/tcp)?$' "$s-away-carrier-tcp"
         flowing "$s-away" "$s-away-flows-while-away" || true
       done
-      lab_note away-tcp-checked
+      lab_note away-while-checked
       lab_wait away-back 600 >/dev/null
       for s in $(streams); do
         if is_xen_stream "$s"; then

@@ -84,7 +84,7 @@ for MOVE in $MIG_MOVES; do
       # a key of its own: with "away-checked" for both this and the end of
       # the phase, dom0 stopped the streams after `back` while domu2 was
       # still checking them (userspace-moves-20261122-123338)
-      await away-tcp-checked 900
+      await away-while-checked 900
       metric away.away_s "$(since "$t0")" s
       t0=$(uptime_s)
       check agent-back xensock-agent back "$D1"

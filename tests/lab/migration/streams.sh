@@ -55,11 +55,11 @@ stop_stream() {
 # got NAME: bytes received so far
 got() { awk '{print $4; exit}' "/tmp/$1.status" 2>/dev/null || echo 0; }
 
-# stuck_report NAME: what a stream's threads (and this domain's other
-# XenStore users) sleep in, and whether XenStore still answers: printed when
-# a check fails, for a stall that leaves no other trace
+# stuck_report NAME: at a failed check, this domain's other XenStore users'
+# threads and whether XenStore still answers (a dead xenstored in dom0
+# hangs every guest request; the stream's own threads: stream_stacks)
 stuck_report() {
-  for _p in $(cat "/tmp/$1.pid" 2>/dev/null) $(pidof xensock-discover xenstore-read xenstore-write 2>/dev/null); do
+  for _p in $(pidof xensock-discover xenstore-read xenstore-write 2>/dev/null); do
     for _t in /proc/"$_p"/task/*; do
       [ -r "$_t/stat" ] || continue
       log "  [$1 stuck] pid $_p $(cat "$_t/comm" 2>/dev/null) state $(awk '{print $3}' "$_t/stat") wchan $(cat "$_t/wchan" 2>/dev/null)"
