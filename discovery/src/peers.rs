@@ -225,6 +225,16 @@ impl CoResidency {
         Ok(self.table()?.by_uuid(uuid).cloned())
     }
 
+    /// The co-resident peer named by an IP address or, failing that
+    /// parse, a UUID: how a program finds a peer's *current* domid after
+    /// it moved, since a domid it remembered may be stale.
+    pub fn resolve(&self, ip_or_uuid: &str) -> Result<Option<Peer>, XsError> {
+        match ip_or_uuid.parse::<IpAddr>() {
+            Ok(ip) => self.lookup_ip(ip),
+            Err(_) => self.lookup_uuid(ip_or_uuid),
+        }
+    }
+
     /// The same events as a `futures_core::Stream`, for async code. A
     /// thread follows the table and forwards its events; it ends within
     /// 100 ms of the stream being dropped.

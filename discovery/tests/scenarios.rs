@@ -240,6 +240,13 @@ fn migrated_peer_reappears_under_its_new_domid() {
     let t = co(&w.a).table().unwrap();
     assert!(t.by_domid(old).is_none(), "old entry gone: {t:?}");
     assert_eq!(t.by_ip(w.b.ip).map(|p| p.domid), Some(new));
+    // `xensock-discover resolve`: by address or UUID, the new domid
+    let by_ip = co(&w.a).resolve(&w.b.ip.to_string()).unwrap();
+    assert_eq!(by_ip.map(|p| p.domid), Some(new));
+    let by_uuid = co(&w.a).resolve(&w.b.dom.uuid.to_uppercase()).unwrap();
+    assert_eq!(by_uuid.map(|p| p.domid), Some(new));
+    assert_eq!(co(&w.a).resolve("10.0.0.99").unwrap(), None);
+    assert_eq!(co(&w.a).resolve("no-such-uuid").unwrap(), None);
     // The migrated guest's own connection followed it: it advertises and
     // sees A from its new home.
     assert_eq!(w.b.xs.read_string("domid").unwrap(), new.to_string());

@@ -37,6 +37,12 @@ enum Cmd {
         /// The address.
         ip: IpAddr,
     },
+    /// Print a co-resident peer's current domid (it changes when the peer
+    /// moves; its address and UUID do not). Exit status 1 if not listed.
+    Resolve {
+        /// The peer's IP address or UUID.
+        peer: String,
+    },
     /// Print peer changes as they happen.
     Watch {
         /// Stop after this many seconds.
@@ -109,6 +115,13 @@ fn run(cli: Cli) -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
             }
             None => {
                 println!("{ip}: not co-resident");
+                return Ok(1);
+            }
+        },
+        Cmd::Resolve { peer } => match CoResidency::new(XsClient::open()?).resolve(&peer)? {
+            Some(p) => println!("{}", p.domid),
+            None => {
+                eprintln!("xensock-discover: {peer} is not listed as co-resident");
                 return Ok(1);
             }
         },
