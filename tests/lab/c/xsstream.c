@@ -38,6 +38,14 @@
  * and suspended_s this guest's own suspended time during the stream (how
  * much further CLOCK_BOOTTIME went than CLOCK_MONOTONIC).
  * plus a progress line every 5 s. Exit status: number of failures.
+ *
+ *   xsstream echo PORT
+ *       one AF_XEN listener for the whole scenario: accepts connections one
+ *       after another and echoes each until its EOF. Made before any move,
+ *       it shows whether a listener survives its guest's moves.
+ *   xsstream ping DOMID PORT MESSAGE
+ *       connects to DOMID:PORT (retrying for 30 s), sends MESSAGE, half-closes
+ *       and checks the echo up to EOF. Exit status 0 if it came back intact.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -116,8 +124,112 @@ static int read_family(void)
 static void usage(void)
 {
 	fprintf(stderr, "usage: xsstream server xen|tcp PORT NAME [--rate KIB] [--stop FILE] [--status FILE] [--stall S] [--max S]\n"
-			"       xsstream client xen|tcp PEER PORT NAME [options]\n");
+			"       xsstream client xen|tcp PEER PORT NAME [options]\n"
+			"       xsstream echo PORT\n"
+			"       xsstream ping DOMID PORT MESSAGE\n");
 	exit(100);
+}
+
+/* a stuck peer must not hold the serial echo loop or the ping forever */
+static void set_timeouts(int fd, int seconds)
+{
+	struct timeval tv = { .tv_sec = seconds };
+
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+static int echo_server(unsigned port)
+{
+	struct sockaddr_xen a;
+	unsigned long n = 0;
+	int fd;
+
+	fam = read_family();
+	a = xaddr(XEN_DOMID_ANY, port);
+	fd = socket(fam, SOCK_STREAM, 0);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || listen(fd, 8)) {
+		printf("xsstream echo: listen on xen port %u: %s\n", port, strerror(errno));
+		return 1;
+	}
+	printf("xsstream echo: listening on xen port %u\n", port);
+	for (;;) {
+		struct sockaddr_xen from = { 0 };
+		socklen_t flen = sizeof(from);
+		char buf[4096];
+		unsigned long long echoed = 0;
+		ssize_t r = 0;
+		int c = accept(fd, (struct sockaddr *)&from, &flen);
+
+		if (c < 0) {
+			printf("xsstream echo: accept: %s\n", strerror(errno));
+			if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN)
+				continue;
+			sleep(1);
+			continue;
+		}
+		n++;
+		set_timeouts(c, 20);
+		while ((r = read(c, buf, sizeof(buf))) > 0 && !write_full(c, buf, (size_t)r))
+			echoed += (unsigned long long)r;
+		printf("xsstream echo: connection %lu from dom%u (own dom%u): %llu bytes echoed, %s\n", n, from.sxen_domid,
+		       own_domid(), echoed, r == 0 ? "EOF" : strerror(errno));
+		close(c);
+	}
+}
+
+static int ping(uint32_t domid, unsigned port, const char *msg)
+{
+	struct sockaddr_xen a;
+	size_t len = strlen(msg), got = 0;
+	char buf[4096];
+	int fd = -1, err = 0;
+
+	fam = read_family();
+	a = xaddr(domid, port);
+	for (double end = now() + 30; now() < end; sleep(1)) {
+		fd = socket(fam, SOCK_STREAM, 0);
+		if (fd < 0) {
+			printf("xsstream ping: socket: %s\n", strerror(errno));
+			return 1;
+		}
+		set_timeouts(fd, 20);
+		if (!connect(fd, (struct sockaddr *)&a, sizeof(a)))
+			break;
+		err = errno;
+		printf("xsstream ping: connect dom%u:%u: %s\n", domid, port, strerror(err));
+		close(fd);
+		fd = -1;
+	}
+	if (fd < 0)
+		return 1;
+	if (write_full(fd, msg, len) || shutdown(fd, SHUT_WR)) {
+		printf("xsstream ping: send to dom%u:%u: %s\n", domid, port, strerror(errno));
+		close(fd);
+		return 1;
+	}
+	for (;;) {
+		ssize_t r = read(fd, buf + got, sizeof(buf) - got);
+
+		if (r < 0) {
+			printf("xsstream ping: recv after %zu bytes: %s\n", got, strerror(errno));
+			close(fd);
+			return 1;
+		}
+		if (r == 0 || got + (size_t)r >= sizeof(buf)) {
+			got += (size_t)r;
+			break;
+		}
+		got += (size_t)r;
+	}
+	close(fd);
+	if (got != len || memcmp(buf, msg, len)) {
+		printf("xsstream ping: dom%u:%u echoed %zu bytes \"%.*s\", sent %zu \"%s\"\n", domid, port, got, (int)got, buf, len,
+		       msg);
+		return 1;
+	}
+	printf("xsstream ping: dom%u:%u echoed \"%s\"\n", domid, port, msg);
+	return 0;
 }
 
 struct opts {
@@ -411,6 +523,10 @@ int main(int argc, char **argv)
 	unsigned port;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc == 3 && !strcmp(argv[1], "echo"))
+		return echo_server((unsigned)strtoul(argv[2], NULL, 0));
+	if (argc == 5 && !strcmp(argv[1], "ping"))
+		return ping((uint32_t)strtoul(argv[2], NULL, 0), (unsigned)strtoul(argv[3], NULL, 0), argv[4]);
 	if (argc < 5)
 		usage();
 	server = !strcmp(argv[1], "server");

@@ -27,6 +27,31 @@ stream_port() {
 stream_prefix() { case $1 in kt|ut) echo tokio ;; *) echo c ;; esac; }
 is_xen_stream() { [ "$1" != tcp ]; }
 
+# ---- one listener for the whole run (kernel stack) ------------------------------
+# domu1 makes ONE AF_XEN listener before the first move (`xsstream echo`);
+# after each move domu2 finds domu1's current domid by its address
+# (`xensock-discover resolve`, as a C program would) and connects to that
+# old listener: issue #7's "listeners survive their guest's move;
+# connections to a moved domain resolve through UUID or IP".
+ECHO_PORT=7600
+has_listener_check() { [ "$MIG_STACK" = kmod ]; }
+start_echo_listener() {
+  xsstream echo "$ECHO_PORT" > /tmp/echo.log 2>&1 &
+  ECHO_PID=$!
+}
+# listener_check MOVE DOMID: DOMID is domu1's current domid as dom0 saw it
+listener_check() {
+  has_listener_check || return 0
+  _res=$(xensock-discover resolve "$LAB_NET_DOMU1" 2>&1); _rc=$?
+  if [ "$_rc" = 0 ] && [ "$_res" = "$2" ]; then
+    result "resolve-$1" PASS "dom$_res"
+  else
+    result "resolve-$1" FAIL "resolve $LAB_NET_DOMU1 gave '$_res' (exit $_rc), dom0 says dom$2"
+  fi
+  # the domid dom0 gave, so a resolve failure does not hide the listener's fate
+  check "listener-survives-$1" xsstream ping "$2" "$ECHO_PORT" "after-$1-from-domu2"
+}
+
 # ---- setup and teardown --------------------------------------------------------
 mig_setup() {
   # the user-space transport's link and carrier events, on the console
@@ -41,9 +66,14 @@ mig_setup() {
   xensock-discover advertise --keep --addr "$MY_IP" > /tmp/advertise.log 2>&1 &
   ADV=$!
   check advertise wait_until 30 xenstore-read data/xensock/addrs
+  [ "$LAB_ROLE" = domu1 ] && has_listener_check && start_echo_listener
 }
 mig_finish() {
   kill "$ADV" 2>/dev/null
+  if [ -n "${ECHO_PID:-}" ]; then
+    kill "$ECHO_PID" 2>/dev/null
+    sed "s/^/  [echo] /" /tmp/echo.log
+  fi
   if [ "$MIG_STACK" = kmod ]; then
     head -n 40 /proc/net/af_xen; cat /proc/net/af_xen_stats
     check kmod-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t|leak"'
@@ -139,12 +169,14 @@ run_phase() {
         fi
         flowing "$s-away" "$s-away-flows-after-back" || true
       done
+      [ "$_role" = client ] && listener_check away "$PEER"
       kmod_trace away-back ;;
     *)
       [ "$_role" = server ] && uses_hook && suspend_hook "$MOVE"
-      lab_wait "$MOVE-moved" 900 >/dev/null
-      log "$MOVE: domid $(own_domid) now"
+      _now=$(lab_wait "$MOVE-moved" 900) || _now=none
+      log "$MOVE: domid $(own_domid) now (domu1 dom$_now)"
       for s in $(streams); do flowing "$s-$MOVE" "$s-$MOVE-flows-after" || true; done
+      [ "$_role" = client ] && listener_check "$MOVE" "$_now"
       kmod_trace "$MOVE-after"
       if [ "$MIG_STACK" = kmod ]; then sed "s/^/  [af_xen] /" /proc/net/af_xen; fi ;;
   esac
