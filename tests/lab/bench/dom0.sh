@@ -14,7 +14,7 @@ check xs-link-connected wait_until 240 sh -c "test \"\$(xenstore-read /local/dom
 # co-resident when the client's connection is on the ring (the agent's
 # part: both link directories removed, as in tests/lab/kmod-migrate), and
 # is linked again once the round is over; domu2 starts the next round (and
-# the module's later phases) only after data/tcpc-linked-<round>
+# both domUs the module's later phases: rmmod) only after data/tcpc-linked-<round>
 . /scenario/params.sh
 linked() {
   test "$(xenstore-read /local/domain/$D1/data/xensock/link/$D2/state 2>/dev/null)" = 4 &&
@@ -34,7 +34,7 @@ for ROUND in $(seq "$BENCH_REPS"); do
   wait_domu domu2 "switch-note tcpc-$ROUND end|^@@EXIT" 400 || links_ok=1
   { mklink "$D1" "$D2" && mklink "$D2" "$D1" && wait_until 60 linked; } || links_ok=1
   log "tcpc-$ROUND: linked again (rc $links_ok so far)"
-  xenstore-write "/local/domain/$D2/data/tcpc-linked-$ROUND" 1
+  xenstore-write "/local/domain/$D1/data/tcpc-linked-$ROUND" 1 "/local/domain/$D2/data/tcpc-linked-$ROUND" 1
 done
 if [ $links_ok = 0 ]; then result tcp-carrier-links PASS
 else result tcp-carrier-links FAIL "a round's link directories were not removed and made again"; fi

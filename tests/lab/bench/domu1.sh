@@ -82,6 +82,9 @@ TCPC=$!
 check_wait tcp-same-phase-server "$TCPSAME" /tmp/tcp-same.log
 check_wait afxen-tcp-carrier-server "$TCPC" /tmp/afxen-tcpc.log
 cat /tmp/tcp-same.log /tmp/afxen-tcpc.log
+# dom0 links the pair again after the last round: the module stays until then
+# (run bench-20261122-131612 unloaded it first and the link never came back)
+xlbench xsread "data/tcpc-linked-$BENCH_REPS" 120 > /dev/null || log "no links from dom0 after the TCP carrier phase"
 cat /proc/net/af_xen /proc/net/af_xen_stats
 check afxen-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t"'
 dmesg | grep af_xen | tail -n 5

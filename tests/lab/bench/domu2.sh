@@ -95,7 +95,7 @@ done
 # the carrier's counters over the phase (frames, legs, switches; the
 # data-path sums count ring work only)
 cat /proc/net/af_xen_stats | paste -d' ' /tmp/stats-before-carrier - |
-  awk '$1 == $3 && $4 != $2 { printf "  carrier phase: %s +%s\n", $1, $4 - $2 }'
+  awk '$1 == $3 && $4 != $2 { printf "  carrier phase: %s %+d\n", $1, $4 - $2 }'
 cat /proc/net/af_xen /proc/net/af_xen_stats
 check afxen-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t"'
 check afxen-rmmod rmmod af_xen
