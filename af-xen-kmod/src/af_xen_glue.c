@@ -136,7 +136,6 @@ long afx_rcvtimeo(struct sock *sk, int nonblock) { return sock_rcvtimeo(sk, nonb
 long afx_sndtimeo(struct sock *sk, int nonblock) { return sock_sndtimeo(sk, nonblock); }
 int afx_rcvbuf(struct sock *sk) { return READ_ONCE(sk->sk_rcvbuf); }
 int afx_rcvbuf_locked(struct sock *sk) { return !!(READ_ONCE(sk->sk_userlocks) & SOCK_RCVBUF_LOCK); }
-int afx_sndbuf(struct sock *sk) { return READ_ONCE(sk->sk_sndbuf); }
 void afx_set_err(struct sock *sk, int err) { WRITE_ONCE(sk->sk_err, err); sk_error_report(sk); }
 int afx_sock_error(struct sock *sk) { return sock_error(sk); }
 /* pending error without consuming it (poll) */

@@ -16,7 +16,6 @@ int afx_rcvbuf_locked(struct sock *sk);
 unsigned int afx_default_ring_kib(void);
 int afx_take_inject_bad_record(void);
 int afx_take_inject_bad_dir(void);
-int afx_sndbuf(struct sock *sk);
 void afx_set_err(struct sock *sk, int err);
 int afx_sock_error(struct sock *sk);
 int afx_wait(struct sock *sk, long *timeo, int (*cond)(void *), void *arg);

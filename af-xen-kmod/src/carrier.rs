@@ -178,6 +178,9 @@ struct TxSide {
     next_connect_ms: u64,
     /// when the current outbound connect attempt started
     connect_started_ms: u64,
+    /// the ring this direction was on when the application closed (the
+    /// socket lets go of it): read back if the receiver abandons it
+    closed_ring: Option<Arc<Pipe>>,
 }
 
 /// Our receiving direction.
@@ -242,6 +245,7 @@ impl Switch {
                     want_leg: false,
                     next_connect_ms: 0,
                     connect_started_ms: 0,
+                    closed_ring: None,
                 }, "af_xen_sw_tx"),
                 rx <- new_mutex!(RxSide {
                     path: RxPath::on_ring(),
@@ -391,7 +395,8 @@ fn freeze_tx_locked(xs: &XenSock, t: &mut TxSide) -> core::result::Result<(), &'
     let mut copy = KVVec::new();
     let mut unconsumed = 0u64;
     let pipe = if let TxState::Ring { .. } = t.path.state() {
-        let pipe = xs.inner.lock().tx.take();
+        // after close the socket no longer holds the ring: closing() kept it
+        let pipe = xs.inner.lock().tx.take().or_else(|| t.closed_ring.take());
         if let Some(p) = &pipe {
             let mut prod = p.tx.lock();
             let n = prod.unconsumed().map_err(|_| "ring index out of range")? as usize;
@@ -531,9 +536,18 @@ pub(crate) fn finish(xs: &XenSock) {
 }
 
 /// The socket was closed: finish sending what is queued, then let go.
-pub(crate) fn closing(xs: &XenSock) {
+/// `tx` is the ring it wrote (the socket lets go of it now), kept while the
+/// switch is active until the receiver has taken it all (see
+/// `ring_all_taken`).
+pub(crate) fn closing(xs: &XenSock, tx: Option<&Arc<Pipe>>) {
     if let Some(sw) = sw_of(xs) {
-        sw.tx.lock().path.finish();
+        {
+            let mut t = sw.tx.lock();
+            t.path.finish();
+            if sw.is_active() && matches!(t.path.state(), TxState::Ring { .. }) {
+                t.closed_ring = tx.cloned();
+            }
+        }
         sw.closed.store(true, Ordering::Release);
         if sw.is_active() {
             let _ = sw.deadline.compare_exchange(0, sys_net::now_ms() + sys_net::peer_lost_ms(), Ordering::AcqRel, Ordering::Acquire);
@@ -1200,7 +1214,7 @@ pub(crate) fn service(xs: &Arc<XenSock>) -> bool {
         let done = t.q.as_ref().map(|q| q.is_empty()).unwrap_or(true)
             && t.hello_left == 0
             && t.resend_pos >= t.resend_end
-            && (t.fin_sent || matches!(t.path.state(), TxState::Ring { .. }));
+            && (t.fin_sent || (matches!(t.path.state(), TxState::Ring { .. }) && ring_all_taken(xs, &t)));
         let connecting = !t.leg_up && t.want_leg && !t.broken;
         (t.leg_up, done, connecting)
     };
@@ -1231,15 +1245,33 @@ pub(crate) fn service(xs: &Arc<XenSock>) -> bool {
     true
 }
 
+/// Whether the receiver took every byte written into the ring this
+/// direction is on (caller holds `Switch::tx`, which comes before the
+/// pipe's producer). A closed connection keeps its legs until then: the
+/// receiver may still abandon the ring it offered (an offer it thought
+/// unanswered, behind a TCP retransmission), and its `Consumed` then makes
+/// us resend the ring's bytes on TCP (twohost-20261122-130156: the sender
+/// closed on a ring the receiver had abandoned, its legs went with the
+/// close, and the receiver reset without the stream's last 131072 bytes).
+fn ring_all_taken(xs: &XenSock, t: &TxSide) -> bool {
+    let pipe = xs.inner.lock().tx.clone().or_else(|| t.closed_ring.clone());
+    let Some(p) = pipe else { return true };
+    let mut prod = p.tx.lock();
+    // a reader that closed or reset takes nothing more: nothing to wait for
+    let gone = prod.reader_end().map(|r| r.closed || r.reset).unwrap_or(true);
+    gone || matches!(prod.unconsumed(), Ok(0))
+}
+
 fn release_legs(sw: &Switch) {
-    let (a, b) = {
+    let (a, b, ring) = {
         let mut t = sw.tx.lock();
         t.leg_up = false;
         let a = t.leg.take();
+        let ring = t.closed_ring.take();
         let mut r = sw.rx.lock();
-        (a, r.leg.take())
+        (a, r.leg.take(), ring)
     };
-    drop((a, b));
+    drop((a, b, ring));
 }
 
 /// Offers a new receive ring when the link to the peer is up and this

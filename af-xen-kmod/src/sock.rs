@@ -363,7 +363,7 @@ fn destroy(xs: &Arc<XenSock>) {
     };
     if link.is_some() {
         // its TCP legs go once what it sent is out (carrier.rs)
-        crate::carrier::closing(xs);
+        crate::carrier::closing(xs, tx.as_ref());
         crate::tcp::connection_ended();
     }
     // SO_LINGER with l_linger 0: abortive close, the peer sees

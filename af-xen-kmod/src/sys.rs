@@ -49,7 +49,6 @@ extern "C" {
     fn afx_default_ring_kib() -> c_uint;
     fn afx_take_inject_bad_record() -> c_int;
     fn afx_take_inject_bad_dir() -> c_int;
-    fn afx_sndbuf(sk: *mut bindings::sock) -> c_int;
     fn afx_set_err(sk: *mut bindings::sock, err: c_int);
     fn afx_sock_error(sk: *mut bindings::sock) -> c_int;
     fn afx_wait(
@@ -266,16 +265,12 @@ unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
 /// errno values (positive), as the socket layer returns them negated.
 pub(crate) mod errno {
     pub(crate) const EPERM: i32 = 1;
-    pub(crate) const EINTR: i32 = 4;
     pub(crate) const EAGAIN: i32 = 11;
     pub(crate) const ENOMEM: i32 = 12;
     pub(crate) const EFAULT: i32 = 14;
     pub(crate) const EINVAL: i32 = 22;
     pub(crate) const EPIPE: i32 = 32;
-    pub(crate) const ENOTSOCK: i32 = 88;
-    pub(crate) const EDESTADDRREQ: i32 = 89;
     pub(crate) const EMSGSIZE: i32 = 90;
-    pub(crate) const EPROTOTYPE: i32 = 91;
     pub(crate) const ENOPROTOOPT: i32 = 92;
     pub(crate) const EPROTONOSUPPORT: i32 = 93;
     pub(crate) const ESOCKTNOSUPPORT: i32 = 94;
@@ -480,10 +475,6 @@ impl Sk {
     pub(crate) fn rcvbuf_locked(&self) -> bool {
         // SAFETY: live sock; reads one field.
         unsafe { afx_rcvbuf_locked(self.0) != 0 }
-    }
-    pub(crate) fn sndbuf(&self) -> i32 {
-        // SAFETY: live sock.
-        unsafe { afx_sndbuf(self.0) }
     }
     pub(crate) fn set_err(&self, err: i32) {
         // SAFETY: live sock.
@@ -902,6 +893,10 @@ impl Drop for Region {
     }
 }
 
+// The kernel structs behind these pointers hold an empty struct
+// (mod_arch_specific on x86), which improper_ctypes flags even though only
+// pointers cross the boundary and C owns the layout.
+#[allow(improper_ctypes)]
 extern "C" {
     fn afx_proc_init() -> c_int;
     fn afx_proc_exit();

@@ -5,6 +5,10 @@
 use kernel::bindings;
 use kernel::ffi::{c_int, c_void};
 
+// The kernel structs behind these pointers hold an empty struct
+// (mod_arch_specific on x86), which improper_ctypes flags even though only
+// pointers cross the boundary and C owns the layout.
+#[allow(improper_ctypes)]
 extern "C" {
     fn afx_tcp_port() -> c_int;
     fn afx_tcp_local_addr(out: *mut u8) -> c_int;
