@@ -44,6 +44,14 @@
  * data kicks, sleeps, spin hits) spent on the stream and on the pings.
  * XLBENCH_COPY=<n> (xen): XENSOCK_COPY_ROUTINE on the connected socket
  * (the module's ring copy routine for it; xensock.h).
+ * XLBENCH_SWITCH_NOTE=<note> (xen client): measure af_xen.ko's TCP
+ * carrier (issue #7). Once connected (on the ring: /proc/net/af_xen must
+ * say ring-xen), print "switch-note <note> ring-ok" (dom0 then removes the
+ * pair's link directories), wait up to XLBENCH_SWITCH_WAIT s (default 120)
+ * until the connection's carrier is tcp with both directions switched
+ * (to_tcp >= 2), then run the workload; the stream's metric is printed only
+ * if the carrier is still tcp after it and the server found every byte
+ * intact. Any failure there exits non-zero without a metric.
  * Every transport also prints its process's user/system time and context
  * switches for the stream, and the xen transport where the kernel time
  * went (copies, ring waits, notifications, interrupt handler).
@@ -89,6 +97,7 @@ struct conn {
 	int fd;                       /* tcp */
 	struct libxenvchan *vc;       /* vchan */
 	int afxen;                    /* fd is AF_XEN: report its counters */
+	const char *switch_note;      /* XLBENCH_SWITCH_NOTE: must stay on tcp */
 };
 
 static const char *transport;
@@ -301,6 +310,87 @@ static int serve(struct conn *c, long mib, long n)
 	return bad ? 1 : 0;
 }
 
+/* This connection's line of /proc/net/af_xen (af-xen-kmod/src/sock.rs,
+ * proc_show), found by its local port: its carrier column and how many of
+ * its directions went to TCP. 0 when found. */
+static int afx_carrier(int fd, char *carrier, size_t cn, long *to_tcp)
+{
+#ifdef XLBENCH_AF_XEN
+	struct sockaddr_xen me;
+	socklen_t ml = sizeof(me);
+	char line[512], want[32];
+	int found = -1;
+	FILE *f;
+
+	if (getsockname(fd, (struct sockaddr *)&me, &ml))
+		return -1;
+	snprintf(want, sizeof(want), "%u:%u", me.sxen_domid, me.sxen_port);
+	f = fopen("/proc/net/af_xen", "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		char st[32], local[48], car[32];
+		long t;
+
+		/* state local peer rx_size rx_fill tx_size tx_fill bytes_in bytes_out carrier to_tcp to_ring */
+		if (sscanf(line, "%31s %47s %*s %*s %*s %*s %*s %*s %*s %31s %ld", st, local, car, &t) == 4 &&
+		    !strcmp(st, "ESTABLISHED") && !strcmp(local, want)) {
+			snprintf(carrier, cn, "%s", car);
+			*to_tcp = t;
+			found = 0;
+		}
+	}
+	fclose(f);
+	return found;
+#else
+	(void)fd, (void)carrier, (void)cn, (void)to_tcp;
+	return -1;
+#endif
+}
+
+/* XLBENCH_SWITCH_NOTE: 0 if the connection is on tcp, both ways */
+static int carrier_check(struct conn *c, const char *when)
+{
+	char car[32] = "?";
+	long t = -1;
+
+	if (afx_carrier(c->fd, car, sizeof(car), &t) || strcmp(car, "tcp") || t < 2) {
+		printf("xlbench %s client: carrier %s, to_tcp %ld %s (want tcp, 2)\n", transport, car, t, when);
+		printf("switch-note %s fail\n", c->switch_note);
+		return 1;
+	}
+	return 0;
+}
+
+/* XLBENCH_SWITCH_NOTE: on the ring now; ask dom0 for the switch (the note)
+ * and wait until the connection is on tcp both ways */
+static int switch_to_tcp(struct conn *c)
+{
+	const char *w = getenv("XLBENCH_SWITCH_WAIT");
+	double limit = w && *w ? atof(w) : 120, t0 = now(), waited;
+	char car[32] = "?";
+	long t = -1;
+
+	if (afx_carrier(c->fd, car, sizeof(car), &t) || strcmp(car, "ring-xen")) {
+		printf("xlbench %s client: carrier %s before the switch (want ring-xen)\n", transport, car);
+		printf("switch-note %s fail\n", c->switch_note);
+		return 1;
+	}
+	printf("switch-note %s ring-ok\n", c->switch_note);
+	fflush(stdout);
+	for (;;) {
+		waited = now() - t0;
+		if (!afx_carrier(c->fd, car, sizeof(car), &t) && !strcmp(car, "tcp") && t >= 2)
+			break;
+		if (waited > limit)
+			return carrier_check(c, "at the end of the wait");
+		usleep(100000);
+	}
+	printf("xlbench %s client: carrier tcp (to_tcp %ld) %.1f s after the note\n", transport, t, waited);
+	fflush(stdout);
+	return 0;
+}
+
 static int drive(struct conn *c, long mib, long n)
 {
 	uint64_t total = (uint64_t)mib << 20, pos = 0;
@@ -325,13 +415,17 @@ static int drive(struct conn *c, long mib, long n)
 	if (xread(c, &b, 1))
 		die("stream ack");
 	t1 = now();
-	printf("@@METRIC %s.stream_mib_s %.1f MiB/s\n", transport, mib / (t1 - t0));
-	afx_report(c, "client", "stream", ctr, mib, "MiB");
-	usage_report("client", "stream", &u, mib);
+	/* a number only for a stream that arrived intact (and, measuring the
+	 * TCP carrier, went over it) */
 	if (b != 'K') {
 		printf("xlbench %s: server saw corrupted stream data\n", transport);
 		return 1;
 	}
+	if (c->switch_note && carrier_check(c, "after the stream"))
+		return 1;
+	printf("@@METRIC %s.stream_mib_s %.1f MiB/s\n", transport, mib / (t1 - t0));
+	afx_report(c, "client", "stream", ctr, mib, "MiB");
+	usage_report("client", "stream", &u, mib);
 	for (long i = 0; i < n; i++) {
 		double s = now();
 		b = (unsigned char)i;
@@ -524,8 +618,17 @@ static int sock_client(int fam, const struct sockaddr *a, socklen_t alen, int no
 	if (c.afxen) {
 		set_busy_poll(c.fd, "client");
 		set_copy_routine(c.fd, fam, "client");
+		c.switch_note = getenv("XLBENCH_SWITCH_NOTE");
+		if (c.switch_note && !*c.switch_note)
+			c.switch_note = NULL;
+		if (c.switch_note && switch_to_tcp(&c)) {
+			close(c.fd);
+			return 1;
+		}
 	}
 	int rc = drive(&c, mib, n);
+	if (c.switch_note)
+		printf("switch-note %s %s\n", c.switch_note, rc ? "fail" : "done");
 	close(c.fd);
 	return rc;
 }

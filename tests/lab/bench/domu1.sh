@@ -72,6 +72,19 @@ grep af_xen /proc/interrupts
 timeout 200 lab_bench server kernel 7302 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/afxen-rust.log 2>&1 &
 check_wait afxen-libxensock-server $! /tmp/afxen-rust.log
 cat /tmp/afxen-rust.log
+
+# ---- issue #7: af_xen.ko's TCP carrier, the server ends (domu2.sh says how) ----
+echo 30000 > /sys/module/af_xen/parameters/peer_lost_ms
+serve_rounds /tmp/tcp-same.log 'xlbench tcp server 7002 $BENCH_MIB $BENCH_PINGS' &
+TCPSAME=$!
+serve_rounds /tmp/afxen-tcpc.log 'env XLBENCH_LABEL=afxen-tcp-carrier xlbench-xs xen server 7371 $BENCH_MIB $BENCH_PINGS' &
+TCPC=$!
+check_wait tcp-same-phase-server "$TCPSAME" /tmp/tcp-same.log
+check_wait afxen-tcp-carrier-server "$TCPC" /tmp/afxen-tcpc.log
+cat /tmp/tcp-same.log /tmp/afxen-tcpc.log
+# dom0 links the pair again after the last round: the module stays until then
+# (run bench-20261122-131612 unloaded it first and the link never came back)
+xlbench xsread "data/tcpc-linked-$BENCH_REPS" 120 > /dev/null || log "no links from dom0 after the TCP carrier phase"
 cat /proc/net/af_xen /proc/net/af_xen_stats
 check afxen-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t"'
 dmesg | grep af_xen | tail -n 5

@@ -67,6 +67,35 @@ log "AF_XEN through libxensock (kernel backend)"
 if XLBENCH_LABEL=afxen-libxensock timeout 300 lab_bench client kernel "$PEER" 7302 "$BENCH_MIB" "$BENCH_PINGS" 120; then
   result afxen-libxensock-client PASS
 else result afxen-libxensock-client FAIL "rc=$?"; fi
+
+# ---- issue #7: af_xen.ko's TCP carrier against plain TCP, same phase ----------
+# Each round: plain TCP over netfront (row tcp-same-phase), then an AF_XEN
+# connection made on the ring; on its "switch-note tcpc-<round> ring-ok"
+# dom0 removes the pair's link directories, the client waits until the
+# connection's carrier is tcp both ways (/proc/net/af_xen) and streams
+# over it (row afxen-tcp-carrier); "... end" tells dom0 to make the
+# links again for the next round (and for what follows).
+log "TCP carrier phase: $BENCH_REPS rounds of tcp-same-phase and afxen-tcp-carrier"
+# the legs must be up within peer_lost_ms of the switch; under TCG 10 s is tight
+echo 30000 > /sys/module/af_xen/parameters/peer_lost_ms
+cat /proc/net/af_xen_stats > /tmp/stats-before-carrier
+FAILED=
+for ROUND in $(seq "$BENCH_REPS"); do
+  run_client tcp-same-phase-client env XLBENCH_LABEL=tcp-same-phase \
+    xlbench tcp client "$LAB_NET_DOMU1" 7002 "$BENCH_MIB" "$BENCH_PINGS" 120
+  run_client afxen-tcp-carrier-client env XLBENCH_LABEL=afxen-tcp-carrier XLBENCH_SWITCH_NOTE=tcpc-$ROUND \
+    timeout 300 xlbench-xs xen client "$PEER" 7371 "$BENCH_MIB" "$BENCH_PINGS" 120
+  log "switch-note tcpc-$ROUND end"
+  xlbench xsread data/tcpc-linked-$ROUND 120 > /dev/null || log "tcpc-$ROUND: no links from dom0 after 120 s"
+done
+for c in tcp-same-phase-client afxen-tcp-carrier-client; do
+  bad=$(echo "$FAILED" | tr ' ' '\n' | grep "^$c:" | tr '\n' ' ')
+  if [ -z "$bad" ]; then result $c PASS; else result $c FAIL "$bad"; fi
+done
+# the carrier's counters over the phase (frames, legs, switches; the
+# data-path sums count ring work only)
+cat /proc/net/af_xen_stats | paste -d' ' /tmp/stats-before-carrier - |
+  awk '$1 == $3 && $4 != $2 { printf "  carrier phase: %s %+d\n", $1, $4 - $2 }'
 cat /proc/net/af_xen /proc/net/af_xen_stats
 check afxen-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t"'
 check afxen-rmmod rmmod af_xen
