@@ -367,6 +367,7 @@ pub(crate) fn peer_gone(xs: &Arc<XenSock>) -> bool {
     }
     inc(&counters::TRIGGERS, 1);
     pr_info!("connection {}: peer's link gone, switching to TCP\n", xs.inner.lock().conn_id);
+    crate::tcp::hold_hellos_for_peer_lost();
     activate(xs, &sw);
     start_bound(&sw);
     {

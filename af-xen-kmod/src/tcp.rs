@@ -324,6 +324,18 @@ fn work_pass() {
 /// longer jumps, sys_net::now_ms, but a hello from the peer's backoff still
 /// comes tens of seconds late: kmod-moves-20261122-120320).
 pub(crate) fn resumed() {
+    hold_hellos_for_peer_lost();
+}
+
+/// A peer's link went away: the peer may be being saved. A leg it
+/// connected just before its save is complete in our kernel, but its hello
+/// comes only after its restore, tens of seconds later: with the 5 s
+/// deadline we closed that leg as timed out and the restored peer reset
+/// the connection ("outbound leg failed while frozen", run
+/// kmod-saverestore-20261122-135849, tcp_timed_out 1 on the domain that
+/// stayed). Pending legs, and legs accepted in the next peer-lost bound,
+/// wait that long for their hello, as after our own resume.
+pub(crate) fn hold_hellos_for_peer_lost() {
     let deadline_ms = sys_net::now_ms() + sys_net::peer_lost_ms().max(HELLO_TIMEOUT_MS);
     // legs the kernel completed before the save but we accept only now
     HELLO_GRACE_UNTIL_MS.store(deadline_ms, Ordering::Release);
