@@ -16,7 +16,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
-use libxensock::{Carrier, Config, SocketOptions, Transport, XenStream};
+use libxensock::{Carrier, Config, ConnStatus, SocketOptions, Transport, XenStream};
 use proptest::prelude::*;
 use xensock_sim::{DomainConfig, MigrateTo, SimHost};
 
@@ -207,24 +207,27 @@ fn carried_on(t: &Transport, want: (&str, &str)) -> bool {
     })
 }
 
+/// On rings both ways after exactly one switch to TCP and back.
+fn switched_once_and_back(c: &ConnStatus) -> bool {
+    matches!(
+        &c.carrier,
+        Carrier::Engine {
+            tx: "ring",
+            rx: "ring",
+            tx_to_tcp: 1,
+            tx_to_ring: 1,
+            rx_to_ring: 1,
+            ..
+        }
+    )
+}
+
 /// Waits until every connection of `t` is back on rings on both
 /// directions, after one switch to TCP and back each way.
 fn back_on_rings(w: &World, t: &Transport) {
     assert!(
         eventually(Duration::from_secs(5), || {
-            t.status().connections.iter().all(|c| {
-                matches!(
-                    &c.carrier,
-                    Carrier::Engine {
-                        tx: "ring",
-                        rx: "ring",
-                        tx_to_tcp: 1,
-                        tx_to_ring: 1,
-                        rx_to_ring: 1,
-                        ..
-                    }
-                )
-            })
+            t.status().connections.iter().all(switched_once_and_back)
         }),
         "{:?}\n{:?}",
         w.a.status(),
@@ -317,19 +320,7 @@ fn suspend_releases_every_grant_mapping_and_port() {
                 .status()
                 .connections
                 .iter()
-                .any(|c| {
-                    matches!(
-                        &c.carrier,
-                        Carrier::Engine {
-                            tx: "ring",
-                            rx: "ring",
-                            tx_to_tcp: 1,
-                            tx_to_ring: 1,
-                            rx_to_ring: 1,
-                            ..
-                        }
-                    )
-                })),
+                .any(switched_once_and_back)),
             "{:?}",
             t.status()
         );
