@@ -846,25 +846,30 @@ fn work_pass() {
             }
         }
     }
-    let links: KVec<Arc<Link>> = {
-        let t = globals_table().lock();
-        if t.stopping || t.suspended {
-            return;
-        }
-        let mut v = KVec::new();
-        for l in t.links.iter() {
-            if v.push(l.clone(), GFP_KERNEL).is_err() {
-                break;
-            }
-        }
-        v
-    };
+    let Some(links) = links_snapshot(|_| true) else { return };
     for l in links.iter() {
         if xs_changed && ids[..n].contains(&l.peer) {
             l.readvertise();
         }
         l.service(xs_changed);
     }
+}
+
+/// The links `keep` selects, taken out of the table so they can be
+/// serviced without its lock; None while the module stops or the guest
+/// is suspended.
+fn links_snapshot(keep: impl Fn(&Link) -> bool) -> Option<KVec<Arc<Link>>> {
+    let t = globals_table().lock();
+    if t.stopping || t.suspended {
+        return None;
+    }
+    let mut v = KVec::new();
+    for l in t.links.iter() {
+        if keep(l) && v.push(l.clone(), GFP_KERNEL).is_err() {
+            break;
+        }
+    }
+    Some(v)
 }
 
 /// While stream connections wait on TCP for their link to come back:
@@ -881,19 +886,7 @@ pub(crate) fn poll_down_links() {
         return;
     }
     let me = sock::globals().own_domid();
-    let links: KVec<Arc<Link>> = {
-        let t = globals_table().lock();
-        if t.stopping || t.suspended {
-            return;
-        }
-        let mut v = KVec::new();
-        for l in t.links.iter() {
-            if !l.is_up() && v.push(l.clone(), GFP_KERNEL).is_err() {
-                break;
-            }
-        }
-        v
-    };
+    let Some(links) = links_snapshot(|l| !l.is_up()) else { return };
     if links.is_empty() {
         return;
     }
