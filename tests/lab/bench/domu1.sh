@@ -1,6 +1,7 @@
 # bench, domu1: the server side of every transport. domu2 runs the
 # clients in rounds (tcp, vchan, vchan-1m, afxen, afxen-1m, BENCH_REPS
-# times, interleaved so that host load hits every transport alike); here
+# times, interleaved so that host load hits every transport alike; each
+# of these also once more unchecked, right after its checked run); here
 # each transport has one background loop that serves one connection per
 # round, in order. Every client retries its connect until its server is up.
 . /scenario/params.sh
@@ -13,37 +14,46 @@ check afxen-insmod insmod /opt/xensock/af_xen.ko
 # copies under the emulation (docs/lab.md, "Where the time goes")
 xlbench-xs calib
 
-# serve_rounds LOG 'CMD': CMD once per round, eval'd with $ROUND set;
-# fails if any round failed
+# serve_rounds LOG 'CMD' [unchecked]: CMD once per round, eval'd with
+# $ROUND set and $PINGS the round trips to echo; fails if any round
+# failed. With "unchecked", each round serves a second connection right
+# after the first: the same stream read into the same 64 KiB buffer but
+# not compared (XLBENCH_NOCHECK, the iperf-style rows "<row>-unchecked";
+# no round trips), $MODE "-u" (for names that must differ)
 serve_rounds() {
   _ok=0
   for ROUND in $(seq "$BENCH_REPS"); do
+    MODE= PINGS=$BENCH_PINGS
     eval "timeout 300 $2" >> "$1" 2>&1 || _ok=1
+    if [ "$3" = unchecked ]; then
+      MODE=-u PINGS=0
+      eval "timeout 300 env XLBENCH_NOCHECK=1 $2" >> "$1" 2>&1 || _ok=1
+    fi
   done
   return $_ok
 }
 timeout 800 iperf3 -s -1 -p 5201 > /tmp/iperf3.log 2>&1 &
 IPERF=$!
-serve_rounds /tmp/tcp.log 'xlbench tcp server 7001 $BENCH_MIB $BENCH_PINGS' &
+serve_rounds /tmp/tcp.log 'xlbench tcp server 7001 $BENCH_MIB $PINGS' unchecked &
 TCP=$!
-serve_rounds /tmp/vchan.log 'xlbench vchan server $PEER /local/domain/$ME/data/bench-vchan-$ROUND $BENCH_MIB $BENCH_PINGS 65536' &
+serve_rounds /tmp/vchan.log 'xlbench vchan server $PEER /local/domain/$ME/data/bench-vchan-$ROUND$MODE $BENCH_MIB $PINGS 65536' unchecked &
 VCHAN=$!
 # libxenvchan's largest ring (1 MiB each way), closer to xensock's ring sizes
-serve_rounds /tmp/vchan1m.log 'xlbench vchan server $PEER /local/domain/$ME/data/bench-vchan1m-$ROUND $BENCH_MIB $BENCH_PINGS 1048576' &
+serve_rounds /tmp/vchan1m.log 'xlbench vchan server $PEER /local/domain/$ME/data/bench-vchan1m-$ROUND$MODE $BENCH_MIB $PINGS 1048576' unchecked &
 VCHAN1M=$!
 # AF_XEN with the module's default ring (128 KiB), and with SO_RCVBUF =
 # SO_SNDBUF = 1 MiB (a 1 MiB ring each way, as vchan-1m)
-serve_rounds /tmp/afxen.log 'xlbench-xs xen server 7301 $BENCH_MIB $BENCH_PINGS' &
+serve_rounds /tmp/afxen.log 'xlbench-xs xen server 7301 $BENCH_MIB $PINGS' unchecked &
 AFXEN=$!
-serve_rounds /tmp/afxen1m.log 'env XLBENCH_BUF=1048576 xlbench-xs xen server 7311 $BENCH_MIB $BENCH_PINGS' &
+serve_rounds /tmp/afxen1m.log 'env XLBENCH_BUF=1048576 xlbench-xs xen server 7311 $BENCH_MIB $PINGS' unchecked &
 AFXEN1M=$!
 # and the same with SO_BUSY_POLL 1000 us on both ends (spin on the ring
 # before sleeping; under TCG a round trip takes about a millisecond)
-serve_rounds /tmp/afxen1mbusy.log 'env XLBENCH_BUF=1048576 XLBENCH_BUSY_POLL=1000 xlbench-xs xen server 7321 $BENCH_MIB $BENCH_PINGS' &
+serve_rounds /tmp/afxen1mbusy.log 'env XLBENCH_BUF=1048576 XLBENCH_BUSY_POLL=1000 xlbench-xs xen server 7321 $BENCH_MIB $PINGS' &
 AFXEN1MBUSY=$!
 # and with ring writes by copy_from_iter_nocache (XENSOCK_COPY_ROUTINE,
 # docs/design.md "Ring copies"): does the writer's copy routine matter?
-serve_rounds /tmp/afxen1mnt.log 'env XLBENCH_BUF=1048576 XLBENCH_COPY=1 xlbench-xs xen server 7341 $BENCH_MIB $BENCH_PINGS' &
+serve_rounds /tmp/afxen1mnt.log 'env XLBENCH_BUF=1048576 XLBENCH_COPY=1 xlbench-xs xen server 7341 $BENCH_MIB $PINGS' &
 AFXEN1MNT=$!
 check_wait tcp-server "$TCP" /tmp/tcp.log
 check_wait vchan-server "$VCHAN" /tmp/vchan.log
@@ -75,9 +85,9 @@ cat /tmp/afxen-rust.log
 
 # ---- issue #7: af_xen.ko's TCP carrier, the server ends (domu2.sh says how) ----
 echo 30000 > /sys/module/af_xen/parameters/peer_lost_ms
-serve_rounds /tmp/tcp-same.log 'xlbench tcp server 7002 $BENCH_MIB $BENCH_PINGS' &
+serve_rounds /tmp/tcp-same.log 'xlbench tcp server 7002 $BENCH_MIB $PINGS' &
 TCPSAME=$!
-serve_rounds /tmp/afxen-tcpc.log 'env XLBENCH_LABEL=afxen-tcp-carrier xlbench-xs xen server 7371 $BENCH_MIB $BENCH_PINGS' &
+serve_rounds /tmp/afxen-tcpc.log 'env XLBENCH_LABEL=afxen-tcp-carrier xlbench-xs xen server 7371 $BENCH_MIB $PINGS' &
 TCPC=$!
 check_wait tcp-same-phase-server "$TCPSAME" /tmp/tcp-same.log
 check_wait afxen-tcp-carrier-server "$TCPC" /tmp/afxen-tcpc.log

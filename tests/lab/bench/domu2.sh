@@ -15,26 +15,47 @@ run_client() { # NAME CMD...: one round's client
   _n=$1; shift
   "$@" || FAILED="$FAILED $_n:$ROUND:rc=$?"
 }
+# unchecked NAME CMD...: the same client once more, right after its
+# checked run, the iperf way: the server reads the stream into the same
+# 64 KiB buffer and does not compare it (XLBENCH_NOCHECK; row
+# "<row>-unchecked", no round trips; domu1's serve_rounds ... unchecked)
+unchecked() {
+  _n=$1; shift
+  run_client "$_n" env XLBENCH_NOCHECK=1 "$@"
+}
 for ROUND in $(seq "$BENCH_REPS"); do
-  log "round $ROUND of $BENCH_REPS: $BENCH_MIB MiB + $BENCH_PINGS round trips per transport"
+  log "round $ROUND of $BENCH_REPS: $BENCH_MIB MiB + $BENCH_PINGS round trips per transport, then $BENCH_MIB MiB unchecked"
   timeout 300 xlbench-xs unix server /tmp/bench.sock "$BENCH_MIB" "$BENCH_PINGS" >> /tmp/unix.log 2>&1 &
   US=$!
   run_client unix-client xlbench-xs unix client /tmp/bench.sock "$BENCH_MIB" "$BENCH_PINGS" 30
   wait $US || FAILED="$FAILED unix-server:$ROUND"
+  XLBENCH_NOCHECK=1 timeout 300 xlbench-xs unix server /tmp/bench.sock "$BENCH_MIB" 0 >> /tmp/unix.log 2>&1 &
+  US=$!
+  unchecked unix-unchecked-client xlbench-xs unix client /tmp/bench.sock "$BENCH_MIB" 0 30
+  wait $US || FAILED="$FAILED unix-server:$ROUND-unchecked"
   run_client tcp-client xlbench tcp client "$LAB_NET_DOMU1" 7001 "$BENCH_MIB" "$BENCH_PINGS" 120
+  unchecked tcp-unchecked-client xlbench tcp client "$LAB_NET_DOMU1" 7001 "$BENCH_MIB" 0 120
   run_client vchan-client xlbench vchan client "$PEER" "/local/domain/$PEER/data/bench-vchan-$ROUND" "$BENCH_MIB" "$BENCH_PINGS" 120
+  unchecked vchan-unchecked-client \
+    xlbench vchan client "$PEER" "/local/domain/$PEER/data/bench-vchan-$ROUND-u" "$BENCH_MIB" 0 120
   run_client vchan-1m-client env XLBENCH_LABEL=vchan-1m \
     xlbench vchan client "$PEER" "/local/domain/$PEER/data/bench-vchan1m-$ROUND" "$BENCH_MIB" "$BENCH_PINGS" 120
+  unchecked vchan-1m-unchecked-client env XLBENCH_LABEL=vchan-1m \
+    xlbench vchan client "$PEER" "/local/domain/$PEER/data/bench-vchan1m-$ROUND-u" "$BENCH_MIB" 0 120
   run_client afxen-client env XLBENCH_LABEL=afxen timeout 300 xlbench-xs xen client "$PEER" 7301 "$BENCH_MIB" "$BENCH_PINGS" 120
+  unchecked afxen-unchecked-client env XLBENCH_LABEL=afxen timeout 300 xlbench-xs xen client "$PEER" 7301 "$BENCH_MIB" 0 120
   run_client afxen-1m-client env XLBENCH_LABEL=afxen-1m XLBENCH_BUF=1048576 \
     timeout 300 xlbench-xs xen client "$PEER" 7311 "$BENCH_MIB" "$BENCH_PINGS" 120
+  unchecked afxen-1m-unchecked-client env XLBENCH_LABEL=afxen-1m XLBENCH_BUF=1048576 \
+    timeout 300 xlbench-xs xen client "$PEER" 7311 "$BENCH_MIB" 0 120
   run_client afxen-1m-busy-client env XLBENCH_LABEL=afxen-1m-busy XLBENCH_BUF=1048576 XLBENCH_BUSY_POLL=1000 \
     timeout 300 xlbench-xs xen client "$PEER" 7321 "$BENCH_MIB" "$BENCH_PINGS" 120
   run_client afxen-1m-nocache-client env XLBENCH_LABEL=afxen-1m-nocache XLBENCH_BUF=1048576 XLBENCH_COPY=1 \
     timeout 300 xlbench-xs xen client "$PEER" 7341 "$BENCH_MIB" "$BENCH_PINGS" 120
 done
 for c in unix-server unix-client tcp-client vchan-client vchan-1m-client afxen-client afxen-1m-client afxen-1m-busy-client \
-  afxen-1m-nocache-client; do
+  afxen-1m-nocache-client unix-unchecked-client tcp-unchecked-client vchan-unchecked-client vchan-1m-unchecked-client \
+  afxen-unchecked-client afxen-1m-unchecked-client; do
   bad=$(echo "$FAILED" | tr ' ' '\n' | grep "^$c:" | tr '\n' ' ')
   if [ -z "$bad" ]; then result $c PASS; else result $c FAIL "$bad"; fi
 done
