@@ -814,9 +814,33 @@ pub(crate) fn ring_read_ok(sw: &Switch) -> bool {
     r.path.reads_ring() && r.buf.as_ref().map(|b| b.is_empty()).unwrap_or(true)
 }
 
-/// Records `n` bytes taken off the ring (caller holds the rx consumer).
-pub(crate) fn ring_taken(sw: &Switch, n: usize) -> core::result::Result<(), ()> {
-    sw.rx.lock().path.record_ring_taken(n as u64).map_err(|_| ())
+/// Locks the receiving direction for one ring read (caller holds the
+/// consumer of the ring of `epoch`): Some only if this direction reads that
+/// very ring and no TCP bytes come first. One take of the lock for the
+/// check and the count of what was taken (the ring data path's fast path:
+/// ring_read_ok and a second take for the count cost a lock each per step).
+pub(crate) fn ring_reader(sw: &Switch, epoch: u32) -> Option<RingReader<'_>> {
+    let g = sw.rx.lock();
+    let this_ring = match g.path.state() {
+        RxState::Ring { epoch: e, .. } | RxState::Draining { epoch: e, .. } => e == epoch,
+        _ => false,
+    };
+    if this_ring && g.buf.as_ref().map(|b| b.is_empty()).unwrap_or(true) {
+        Some(RingReader(g))
+    } else {
+        None
+    }
+}
+
+/// The receiving direction, held on its ring for one read.
+pub(crate) struct RingReader<'a>(kernel::sync::lock::Guard<'a, RxSide, kernel::sync::lock::mutex::MutexBackend>);
+
+impl RingReader<'_> {
+    /// Records `n` bytes taken off the ring; Err: the switch refuses the
+    /// count (more than a draining ring's trusted bytes).
+    pub(crate) fn taken(&mut self, n: usize) -> core::result::Result<(), ()> {
+        self.0.path.record_ring_taken(n as u64).map_err(|_| ())
+    }
 }
 
 /// Locks the sending direction for a ring write; None: it is not on the ring.
@@ -833,6 +857,15 @@ pub(crate) fn ring_writer(sw: &Switch) -> Option<RingWriter<'_>> {
 pub(crate) struct RingWriter<'a>(kernel::sync::lock::Guard<'a, TxSide, kernel::sync::lock::mutex::MutexBackend>);
 
 impl RingWriter<'_> {
+    /// The epoch of the ring it holds (Pipe::epoch names the same).
+    pub(crate) fn epoch(&self) -> u32 {
+        match self.0.path.state() {
+            TxState::Ring { epoch, .. } => epoch,
+            // (ring_writer hands out a guard on a ring only)
+            _ => u32::MAX,
+        }
+    }
+
     pub(crate) fn sent(&mut self, n: usize) {
         let _ = self.0.path.record_sent(n as u64);
     }

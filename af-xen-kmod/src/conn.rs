@@ -30,6 +30,9 @@ pub(crate) struct Pipe {
     #[pin]
     ends: SpinLock<Ends>,
     pub(crate) order: u32,
+    /// The ring's epoch (RingIdentity; 0 at connect and loopback, then the
+    /// carrier's next ring): a switch guard names the ring it holds by it.
+    pub(crate) epoch: u32,
     /// The ring itself, for copies straight between it and user memory
     /// (`write_msg`, `read_msg`); offsets come from `tx`/`rx`'s counters.
     ring: RawRing,
@@ -99,8 +102,9 @@ pub(crate) enum Read {
     Empty(PeerEnd),
     /// the producer reset the connection (unread data is dropped)
     Reset,
-    /// the connection's switch has left this ring, or TCP bytes come
-    /// first: nothing was read (carrier.rs decides where to read)
+    /// the connection's switch does not read this ring (it left it, or
+    /// reads a newer one), or TCP bytes come first: nothing was read
+    /// (carrier.rs decides where to read)
     OffRing,
     /// the switch refused to count bytes taken off the ring (a read after
     /// the switch): the connection must reset, the count is lost
@@ -160,12 +164,19 @@ impl Pipe {
             conn_id,
             epoch: 0,
         });
-        Self::over(ring, g.order(), None, Carrier::Local(region), None)
+        Self::over(ring, g.order(), 0, None, Carrier::Local(region), None)
     }
 
     /// The pipe of a ring in `mem` (which must outlive it: the pipe owns it);
     /// inter-domain, `wake` puts the ring in the link's wake table.
-    fn over(ring: RawRing, order: u32, link: Option<Arc<Link>>, mem: Carrier, wake: Option<Arc<PipeWake>>) -> Result<Arc<Pipe>> {
+    fn over(
+        ring: RawRing,
+        order: u32,
+        epoch: u32,
+        link: Option<Arc<Link>>,
+        mem: Carrier,
+        wake: Option<Arc<PipeWake>>,
+    ) -> Result<Arc<Pipe>> {
         let in_pipe = wake.clone();
         let p = Arc::pin_init(
             pin_init!(Pipe {
@@ -173,6 +184,7 @@ impl Pipe {
                 rx <- new_mutex!(Consumer::new(ring), "af_xen_rx"),
                 ends <- new_spinlock!(Ends { reader: None, writer: None }, "af_xen_ends"),
                 order,
+                epoch,
                 ring,
                 link,
                 wake: in_pipe,
@@ -232,7 +244,7 @@ impl Pipe {
         };
         ring.header().init(&id);
         let wake = PipeWake::new(ring, true)?;
-        Ok((Self::over(ring, g.order(), Some(link.clone()), mem, Some(wake))?, rg))
+        Ok((Self::over(ring, g.order(), epoch, Some(link.clone()), mem, Some(wake))?, rg))
     }
 
     /// The peer's receive ring (named in its ConnectRequest/Accept), mapped
@@ -278,7 +290,7 @@ impl Pipe {
             })
             .map_err(|_| EINVAL)?;
         let wake = PipeWake::new(ring, false)?;
-        Self::over(ring, g.order(), Some(link.clone()), mem, Some(wake))
+        Self::over(ring, g.order(), epoch, Some(link.clone()), mem, Some(wake))
     }
 
     /// Test mode (hostile_test): a bogus grant reference in the first
@@ -361,8 +373,9 @@ impl Pipe {
     /// One step of recvmsg: copies up to `max` readable bytes (at most
     /// `STEP`) straight from the ring to `msg`; unless `peek`, consumes
     /// what reached the user and kicks the peer if it waits for space.
-    /// `sw`, an inter-domain stream's switch, is asked under the consumer
-    /// lock whether the ring may be read, and told what was taken.
+    /// `sw`, an inter-domain stream's switch, is held for the step under
+    /// the consumer lock (one take: whether it reads this very ring with
+    /// no TCP bytes ahead, then what was taken; carrier::ring_reader).
     pub(crate) fn read_msg(
         &self,
         msg: &mut Msg,
@@ -385,11 +398,13 @@ impl Pipe {
     ) -> core::result::Result<Read, RingError> {
         let (out, short, kick) = {
             let mut c = self.rx.lock();
-            if let Some(sw) = sw {
-                if !crate::carrier::ring_read_ok(sw) {
-                    return Ok(Read::OffRing);
-                }
-            }
+            let mut on_ring = match sw {
+                Some(sw) => match crate::carrier::ring_reader(sw, self.epoch) {
+                    Some(g) => Some(g),
+                    None => return Ok(Read::OffRing),
+                },
+                None => None,
+            };
             let end = c.peer_end()?;
             if end.reset {
                 return Ok(Read::Reset);
@@ -413,11 +428,12 @@ impl Pipe {
                 return Ok(Read::Bytes(out, out < n as usize));
             }
             c.skip(out as u32)?;
-            if let Some(sw) = sw {
-                if crate::carrier::ring_taken(sw, out).is_err() {
+            if let Some(g) = on_ring.as_mut() {
+                if g.taken(out).is_err() {
                     return Ok(Read::Untracked);
                 }
             }
+            drop(on_ring);
             (out, out < n as usize, c.flush())
         };
         match &self.link {
@@ -522,6 +538,17 @@ impl Pipe {
     /// ring; the same bytes either way, only the instructions differ.
     pub(crate) fn set_copy_routine(&self, how: CopyRoutine) {
         self.copy.store(how as u32, Ordering::Relaxed);
+    }
+
+    /// A writer (or poller) of this ring waits until `want` bytes are
+    /// free: asks the interrupt to wake it on the peer's next read
+    /// (wake.rs, space_wanted), then publishes its event index and
+    /// re-checks. Ok(true): sleep; Ok(false): the space is there.
+    pub(crate) fn tx_prepare_wait(&self, want: u32) -> core::result::Result<bool, RingError> {
+        if let Some(w) = &self.wake {
+            w.want_space();
+        }
+        self.tx.lock().prepare_wait(want)
     }
 
     /// Busy-poll condition of a reader: data, or a flag, or a broken ring

@@ -69,7 +69,7 @@ pub(crate) fn sendmsg(xs: &XenSock, msg: &mut Msg, tx: &Pipe) -> c_int {
         }
         // sleep until the whole record fits (the peer kicks once `need`
         // bytes are free)
-        let r = xs.sk.wait(&mut timeo, || match tx.tx.lock().prepare_wait(need) {
+        let r = xs.sk.wait(&mut timeo, || match tx.tx_prepare_wait(need) {
             Ok(sleep) => !sleep || xs.inner.lock().reset,
             Err(_) => true,
         });

@@ -1184,7 +1184,7 @@ unsafe extern "C" fn xs_poll(
             if let Some(tx) = tx {
                 if tx.is_remote() {
                     tx.set_owner(&xs.sk);
-                    let _ = tx.tx.lock().prepare_wait(1);
+                    let _ = tx.tx_prepare_wait(1);
                 }
                 match tx.tx_state() {
                     Ok((free, end)) => {
@@ -1367,9 +1367,10 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
         }
         err(e::EPIPE)
     };
-    let (state, shut_wr, reset, tx, seqpacket) = {
+    // inter-domain stream: `sw`, the switch, says which carrier (carrier.rs)
+    let (state, shut_wr, reset, tx, seqpacket, sw) = {
         let i = xs.inner.lock();
-        (i.state, i.shut_wr, i.reset, i.tx.clone(), i.seqpacket)
+        (i.state, i.shut_wr, i.reset, i.tx.clone(), i.seqpacket, i.sw.clone())
     };
     if reset {
         return err(e::ECONNRESET);
@@ -1380,8 +1381,6 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
     if shut_wr {
         return epipe(0);
     }
-    // inter-domain stream: the switch says which carrier (carrier.rs)
-    let sw = xs.inner.lock().sw.clone();
     if seqpacket {
         let Some(tx) = tx else { return err(e::ENOTCONN) };
         tx.set_owner(&xs.sk);
@@ -1400,52 +1399,77 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
     let total = msg.left();
     let mut copied = 0usize;
     while copied < total {
-        if xs.inner.lock().reset {
-            return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
-        }
-        if let Some(sw) = &sw {
-            use crate::carrier::Write;
-            match crate::carrier::send(&xs, sw, &mut msg, total - copied) {
-                Write::Ring => {
-                    let now = xs.inner.lock().tx.clone();
-                    // a ring the switch came back to: its interrupts wake us too
-                    if let Some(t) = &now {
-                        if !tx_cur.as_ref().map(|c| Arc::ptr_eq(c, t)).unwrap_or(false) {
-                            t.set_owner(&xs.sk);
-                        }
-                    }
-                    tx_cur = now;
-                }
-                Write::Sent(n) => {
-                    copied += n;
-                    continue;
-                }
-                Write::Blocked => {
-                    if nonblock {
-                        if copied > 0 {
-                            break;
-                        }
-                        return err(e::EAGAIN);
-                    }
-                    let r = xs.sk.wait(&mut timeo, || crate::carrier::tx_ready(sw) || xs.inner.lock().reset);
-                    if let Err(x) = r {
-                        return if copied > 0 { copied as c_int } else { err(x) };
-                    }
-                    continue;
-                }
-                Write::Pipe => return epipe(copied),
-                Write::Fault => return if copied > 0 { copied as c_int } else { err(e::EFAULT) },
-            }
-        }
-        let Some(tx) = tx_cur.clone() else { return if copied > 0 { copied as c_int } else { err(e::ENOTCONN) } };
-        // the switch stays on this ring until the bytes are counted
+        // With a switch, the ring fast path is one take of its lock: the
+        // guard holds this direction on its ring for the step (the bytes
+        // are counted before a freeze can look), and names the ring by its
+        // epoch; only when it is not on a ring does the carrier write.
         let mut on_ring = match &sw {
+            None => None,
             Some(sw) => match crate::carrier::ring_writer(sw) {
                 Some(w) => Some(w),
-                None => continue,
+                None => {
+                    if xs.inner.lock().reset {
+                        return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
+                    }
+                    use crate::carrier::Write;
+                    match crate::carrier::send(&xs, sw, &mut msg, total - copied) {
+                        // back on a ring meanwhile: take the guard again
+                        Write::Ring => continue,
+                        Write::Sent(n) => {
+                            copied += n;
+                            continue;
+                        }
+                        Write::Blocked => {
+                            if nonblock {
+                                if copied > 0 {
+                                    break;
+                                }
+                                return err(e::EAGAIN);
+                            }
+                            let r = xs.sk.wait(&mut timeo, || crate::carrier::tx_ready(sw) || xs.inner.lock().reset);
+                            if let Err(x) = r {
+                                return if copied > 0 { copied as c_int } else { err(x) };
+                            }
+                            continue;
+                        }
+                        Write::Pipe => return epipe(copied),
+                        Write::Fault => return if copied > 0 { copied as c_int } else { err(e::EFAULT) },
+                    }
+                }
             },
-            None => None,
         };
+        // one look at the socket: reset, and, when the guard names another
+        // ring than ours (the switch came back to a new one), that ring
+        // (the switch replaces it under the lock the guard holds)
+        let (reset, newer) = {
+            let i = xs.inner.lock();
+            let stale = match (&on_ring, &tx_cur) {
+                (Some(w), Some(t)) => w.epoch() != t.epoch,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            (i.reset, if stale { Some(i.tx.clone()) } else { None })
+        };
+        if reset {
+            drop(on_ring);
+            return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
+        }
+        if let Some(now) = newer {
+            // a ring the switch came back to: its interrupts wake us too
+            if let Some(t) = &now {
+                t.set_owner(&xs.sk);
+            }
+            tx_cur = now;
+        }
+        let Some(tx) = tx_cur.clone() else {
+            drop(on_ring);
+            return if copied > 0 { copied as c_int } else { err(e::ENOTCONN) };
+        };
+        if on_ring.as_ref().map(|w| w.epoch() != tx.epoch).unwrap_or(false) {
+            // the switch replaces the ring and its epoch under one lock
+            drop(on_ring);
+            return err(conn_reset(&xs, "the switch's ring is not the socket's"));
+        }
         // copied straight from the user's iovecs into the ring, a step at
         // a time (conn.rs, Pipe::write_msg)
         let step = match tx.write_msg(&mut msg, total - copied) {
@@ -1490,7 +1514,7 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
         }
         sys::counters::add(&sys::counters::SLEEPS, 1);
         let r = xs.sk.wait_timed(&mut timeo, || {
-            let sleep = tx.tx.lock().prepare_wait(want);
+            let sleep = tx.tx_prepare_wait(want);
             match sleep {
                 Ok(sleep) => !sleep || xs.inner.lock().reset || off_ring(),
                 Err(_) => true,
@@ -1524,9 +1548,9 @@ unsafe extern "C" fn xs_recvmsg_untimed(
     let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
     // SAFETY: live msghdr of this call.
     let mut msg = unsafe { Msg::from_raw(msg) };
-    let (state, shut_rd, reset, rx, peer, seqpacket) = {
+    let (state, shut_rd, reset, rx, peer, seqpacket, sw) = {
         let i = xs.inner.lock();
-        (i.state, i.shut_rd, i.reset, i.rx.clone(), i.peer, i.seqpacket)
+        (i.state, i.shut_rd, i.reset, i.rx.clone(), i.peer, i.seqpacket, i.sw.clone())
     };
     if reset {
         return err(e::ECONNRESET);
@@ -1536,7 +1560,6 @@ unsafe extern "C" fn xs_recvmsg_untimed(
         State::Closed => return 0,
         _ => return err(e::ENOTCONN),
     }
-    let sw = xs.inner.lock().sw.clone();
     if seqpacket {
         let Some(rx) = rx else { return err(e::ENOTCONN) };
         rx.set_owner(&xs.sk);
@@ -1560,7 +1583,20 @@ unsafe extern "C" fn xs_recvmsg_untimed(
         if xs.inner.lock().reset {
             return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
         }
-        if let Some(sw) = &sw {
+        // the ring first: read_msg holds the switch (if any) on this very
+        // ring for the step, one take of its lock (conn.rs); copied
+        // straight from the ring to the user's iovecs; a reset drops what
+        // was not read yet (TCP's RST does too)
+        let step = match rx_cur.as_ref() {
+            Some(rx) => match rx.read_msg(&mut msg, total - copied, peek, sw.as_deref()) {
+                Ok(r) => r,
+                Err(why) => return err(conn_reset(&xs, why)),
+            },
+            None => Read::OffRing,
+        };
+        if let (Read::OffRing, Some(sw)) = (&step, &sw) {
+            // not this ring: TCP bytes come first, or the switch reads TCP
+            // or a newer ring (carrier.rs says which)
             use crate::carrier::Read;
             match crate::carrier::recv(&xs, sw, &mut msg, total - copied, peek) {
                 Read::Ring => {
@@ -1571,7 +1607,11 @@ unsafe extern "C" fn xs_recvmsg_untimed(
                             r.set_owner(&xs.sk);
                         }
                     }
+                    if now.is_none() {
+                        return if copied > 0 { copied as c_int } else { err(e::ENOTCONN) };
+                    }
                     rx_cur = now;
+                    continue;
                 }
                 Read::Got(n) => {
                     if peek {
@@ -1600,21 +1640,13 @@ unsafe extern "C" fn xs_recvmsg_untimed(
                 Read::Reset => return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) },
             }
         }
-        let Some(rx) = rx_cur.clone() else { return if copied > 0 { copied as c_int } else { err(e::ENOTCONN) } };
-        // copied straight from the ring to the user's iovecs, a step at a
-        // time (conn.rs, Pipe::read_msg); a reset drops what was not read
-        // yet (TCP's RST does too)
-        let step = match rx.read_msg(&mut msg, total - copied, peek, sw.as_deref()) {
-            Ok(r) => r,
-            Err(why) => return err(conn_reset(&xs, why)),
-        };
         let end = match step {
             Read::Reset => {
                 xs.inner.lock().reset = true;
                 return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
             }
-            // the switch left this ring: it says where to read next
-            Read::OffRing => continue,
+            // only with a switch, whose carrier has read or waited above
+            Read::OffRing => return if copied > 0 { copied as c_int } else { err(e::ENOTCONN) },
             Read::Untracked => return err(conn_reset(&xs, "ring read after the switch")),
             Read::Bytes(0, _) => {
                 // the user's buffer faulted before any byte moved
@@ -1634,6 +1666,8 @@ unsafe extern "C" fn xs_recvmsg_untimed(
         if end.fin || shut_rd || (copied > 0 && !waitall) {
             break;
         }
+        // (read_msg read it)
+        let Some(rx) = rx_cur.as_ref() else { return if copied > 0 { copied as c_int } else { err(e::ENOTCONN) } };
         // the switch leaving the ring ends the wait as well
         let off_ring = || sw.as_ref().map(|s| !crate::carrier::ring_read_ok(s)).unwrap_or(false);
         // SO_BUSY_POLL: a reply due within the budget costs no event
