@@ -42,6 +42,24 @@ MODULE_PARM_DESC(default_ring_kib, "receive ring size in KiB for sockets without
 unsigned int afx_default_ring_kib(void) { return READ_ONCE(default_ring_kib); }
 
 /*
+ * The default under little grant pressure (docs/design.md, "A larger
+ * default ring while grants are plentiful"): an inter-domain stream socket
+ * without SO_RCVBUF gets a large_ring_kib receive ring while the grants
+ * this module has handed out, that ring's included, stay within
+ * large_ring_grants; past that, default_ring_kib, as before. As tcp_mem
+ * lets TCP grow its buffers until memory gets tight. large_ring_grants 0
+ * (or large_ring_kib <= default_ring_kib) turns it off.
+ */
+static unsigned int large_ring_kib = 1024;
+module_param(large_ring_kib, uint, 0644);
+MODULE_PARM_DESC(large_ring_kib, "receive ring size in KiB for stream sockets without SO_RCVBUF while grant use is low (see large_ring_grants; default 1024)");
+unsigned int afx_large_ring_kib(void) { return READ_ONCE(large_ring_kib); }
+static unsigned int large_ring_grants = 4096;
+module_param(large_ring_grants, uint, 0644);
+MODULE_PARM_DESC(large_ring_grants, "large_ring_kib rings only while this module's granted pages, the new ring's included, stay within this many (default 4096, an eighth of a 32768-entry grant table; 0: never)");
+unsigned int afx_large_ring_grants(void) { return READ_ONCE(large_ring_grants); }
+
+/*
  * Test hook: play a hostile peer once. Writing 1 makes the next SEQPACKET
  * message sent from this domain carry a record header whose length exceeds
  * the ring; the receiving domain must reset the connection. Used by the lab

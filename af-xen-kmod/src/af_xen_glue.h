@@ -14,6 +14,8 @@ long afx_sndtimeo(struct sock *sk, int nonblock);
 int afx_rcvbuf(struct sock *sk);
 int afx_rcvbuf_locked(struct sock *sk);
 unsigned int afx_default_ring_kib(void);
+unsigned int afx_large_ring_kib(void);
+unsigned int afx_large_ring_grants(void);
 int afx_take_inject_bad_record(void);
 int afx_take_inject_bad_dir(void);
 void afx_set_err(struct sock *sk, int err);

@@ -150,6 +150,38 @@ pub(crate) fn rx_ring_capacity(sk: &crate::sys::Sk) -> usize {
     }
 }
 
+/// Receive ring size of an inter-domain connection: as `rx_ring_capacity`,
+/// but a stream without SO_RCVBUF gets the `large_ring_kib` ring while this
+/// module's grants, that ring's included, stay within `large_ring_grants`
+/// (as TCP grows its buffers until tcp_mem says memory is tight): one
+/// stream at a time then streams as `SO_RCVBUF` 1 MiB would let it, and
+/// 1000 default connections still cost what they did, 34 grants each
+/// past the first few. A check, not a reservation: connects racing each
+/// other may pass the budget by a ring each, which only makes it soft.
+pub(crate) fn remote_rx_ring_capacity(sk: &crate::sys::Sk, stream: bool) -> usize {
+    let base = rx_ring_capacity(sk);
+    if sk.rcvbuf_locked() || !stream {
+        return base;
+    }
+    let large = crate::sys::large_ring_bytes();
+    if large <= base {
+        return base;
+    }
+    let mut g = RingGeometry::for_capacity(large);
+    if g.order() > max_order() {
+        match RingGeometry::new(max_order()) {
+            Ok(m) => g = m,
+            Err(_) => return base,
+        }
+    }
+    let granted = crate::sys::counters::GRANTS.load(Ordering::Relaxed).max(0) as usize;
+    if granted.saturating_add(g.total_grants()) <= crate::sys::large_ring_grants() {
+        large
+    } else {
+        base
+    }
+}
+
 impl Pipe {
     /// A loopback ring of at least `capacity` bytes (from the reader's SO_RCVBUF).
     pub(crate) fn new_local(capacity: usize, domid: u32, conn_id: u32) -> Result<Arc<Pipe>> {

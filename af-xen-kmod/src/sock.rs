@@ -674,7 +674,8 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
         do_bind(xs, PORT_ANY)?;
     }
     let conn_id = crate::link::next_conn_id();
-    let cap = crate::conn::rx_ring_capacity(&xs.sk);
+    let stream = !xs.inner.lock().seqpacket;
+    let cap = crate::conn::remote_rx_ring_capacity(&xs.sk, stream);
     let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap, 0).map_err(|_| e::ENOMEM)?;
     let sw = if xs.inner.lock().seqpacket { None } else { crate::carrier::Switch::new(cap).ok() };
     if xs.inner.lock().test_bad_directory {
@@ -784,7 +785,7 @@ pub(crate) fn accept_remote(
     }
     let child = new_child(&l).ok_or(R::NoResources)?;
     let my_id = crate::link::next_conn_id();
-    let cap = crate::conn::rx_ring_capacity(&child.sk);
+    let cap = crate::conn::remote_rx_ring_capacity(&child.sk, !seqpacket);
     let (rx, rx_grant) = match Pipe::new_granted(link, me, my_id, cap, 0) {
         Ok(v) => v,
         Err(_) => return Err(discard_child(&child, R::NoResources)),

@@ -47,6 +47,8 @@ extern "C" {
     fn afx_rcvbuf(sk: *mut bindings::sock) -> c_int;
     fn afx_rcvbuf_locked(sk: *mut bindings::sock) -> c_int;
     fn afx_default_ring_kib() -> c_uint;
+    fn afx_large_ring_kib() -> c_uint;
+    fn afx_large_ring_grants() -> c_uint;
     fn afx_take_inject_bad_record() -> c_int;
     fn afx_take_inject_bad_dir() -> c_int;
     fn afx_set_err(sk: *mut bindings::sock, err: c_int);
@@ -612,6 +614,20 @@ pub(crate) type IrqSpinLock<T> = kernel::sync::lock::Lock<T, IrqSaveBackend>;
 pub(crate) fn default_ring_bytes() -> usize {
     // SAFETY: reads a module parameter.
     (unsafe { afx_default_ring_kib() } as usize).saturating_mul(1024)
+}
+
+/// The `large_ring_kib` module parameter, in bytes: the default receive
+/// ring of a stream while grants are plentiful (conn.rs).
+pub(crate) fn large_ring_bytes() -> usize {
+    // SAFETY: reads a module parameter.
+    (unsafe { afx_large_ring_kib() } as usize).saturating_mul(1024)
+}
+
+/// The `large_ring_grants` module parameter: how many pages this module
+/// may have granted, a new large default ring's included.
+pub(crate) fn large_ring_grants() -> usize {
+    // SAFETY: reads a module parameter.
+    unsafe { afx_large_ring_grants() as usize }
 }
 
 /// Test hook (module parameter `inject_bad_record`): whether to corrupt the

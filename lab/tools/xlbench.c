@@ -362,6 +362,37 @@ static int afx_carrier(int fd, char *carrier, size_t cn, long *to_tcp)
 #endif
 }
 
+/* The connection's ring sizes from its /proc/net/af_xen line (printed:
+ * the module sizes a ring without SO_RCVBUF by its grant use). */
+static void afx_print_rings(int fd, const char *side)
+{
+#ifdef XLBENCH_AF_XEN
+	struct sockaddr_xen me;
+	socklen_t ml = sizeof(me);
+	char line[512], want[32];
+	FILE *f;
+
+	if (getsockname(fd, (struct sockaddr *)&me, &ml))
+		return;
+	snprintf(want, sizeof(want), "%u:%u", me.sxen_domid, me.sxen_port);
+	f = fopen("/proc/net/af_xen", "r");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		char st[32], local[48];
+		long rx, tx;
+
+		/* state local peer rx_size rx_fill tx_size tx_fill ... */
+		if (sscanf(line, "%31s %47s %*s %ld %*s %ld", st, local, &rx, &tx) == 4 && !strcmp(st, "ESTABLISHED") &&
+		    !strcmp(local, want))
+			printf("xlbench %s %s: rings rx %ld tx %ld bytes\n", transport, side, rx, tx);
+	}
+	fclose(f);
+#else
+	(void)fd, (void)side;
+#endif
+}
+
 /* XLBENCH_SWITCH_NOTE: 0 if the connection is on tcp, both ways */
 static int carrier_check(struct conn *c, const char *when)
 {
@@ -601,6 +632,7 @@ static int sock_server(int fam, const struct sockaddr *a, socklen_t alen, int no
 	if (c.afxen) {
 		set_busy_poll(c.fd, "server");
 		set_copy_routine(c.fd, fam, "server");
+		afx_print_rings(c.fd, "server");
 	}
 	int rc = serve(&c, mib, n);
 	close(c.fd);
@@ -636,6 +668,7 @@ static int sock_client(int fam, const struct sockaddr *a, socklen_t alen, int no
 	if (c.afxen) {
 		set_busy_poll(c.fd, "client");
 		set_copy_routine(c.fd, fam, "client");
+		afx_print_rings(c.fd, "client");
 		c.switch_note = getenv("XLBENCH_SWITCH_NOTE");
 		if (c.switch_note && !*c.switch_note)
 			c.switch_note = NULL;
