@@ -47,6 +47,10 @@ serve_rounds /tmp/afxen.log 'xlbench-xs xen server 7301 $BENCH_MIB $PINGS' unche
 AFXEN=$!
 serve_rounds /tmp/afxen1m.log 'env XLBENCH_BUF=1048576 xlbench-xs xen server 7311 $BENCH_MIB $PINGS' unchecked &
 AFXEN1M=$!
+# AF_XEN with SO_RCVBUF 128 KiB: the default ring under grant pressure
+# (without SO_RCVBUF a stream gets 1 MiB while the module's grants are few)
+serve_rounds /tmp/afxen128k.log 'env XLBENCH_BUF=131072 xlbench-xs xen server 7331 $BENCH_MIB $PINGS' &
+AFXEN128K=$!
 # and the same with SO_BUSY_POLL 1000 us on both ends (spin on the ring
 # before sleeping; under TCG a round trip takes about a millisecond)
 serve_rounds /tmp/afxen1mbusy.log 'env XLBENCH_BUF=1048576 XLBENCH_BUSY_POLL=1000 xlbench-xs xen server 7321 $BENCH_MIB $PINGS' &
@@ -60,6 +64,7 @@ check_wait vchan-server "$VCHAN" /tmp/vchan.log
 check_wait vchan-1m-server "$VCHAN1M" /tmp/vchan1m.log
 check_wait afxen-server "$AFXEN" /tmp/afxen.log
 check_wait afxen-1m-server "$AFXEN1M" /tmp/afxen1m.log
+check_wait afxen-128k-server "$AFXEN128K" /tmp/afxen128k.log
 check_wait afxen-1m-busy-server "$AFXEN1MBUSY" /tmp/afxen1mbusy.log
 check_wait afxen-1m-nocache-server "$AFXEN1MNT" /tmp/afxen1mnt.log
 # the timed rows, once each after the rounds: the module sums where the
@@ -74,7 +79,7 @@ check_wait afxen-1m-timed-server $! /tmp/afxen1m-timed.log
 echo 0 > /sys/module/af_xen/parameters/time_data_path
 cat /tmp/afxen-timed.log /tmp/afxen1m-timed.log
 check_wait iperf3-server "$IPERF" /tmp/iperf3.log
-cat /tmp/tcp.log /tmp/vchan.log /tmp/vchan1m.log /tmp/afxen.log /tmp/afxen1m.log /tmp/afxen1mbusy.log \
+cat /tmp/tcp.log /tmp/vchan.log /tmp/vchan1m.log /tmp/afxen.log /tmp/afxen1m.log /tmp/afxen128k.log /tmp/afxen1mbusy.log \
   /tmp/afxen1mnt.log
 grep af_xen /proc/interrupts
 

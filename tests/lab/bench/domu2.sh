@@ -48,12 +48,14 @@ for ROUND in $(seq "$BENCH_REPS"); do
     timeout 300 xlbench-xs xen client "$PEER" 7311 "$BENCH_MIB" "$BENCH_PINGS" 120
   unchecked afxen-1m-unchecked-client env XLBENCH_LABEL=afxen-1m XLBENCH_BUF=1048576 \
     timeout 300 xlbench-xs xen client "$PEER" 7311 "$BENCH_MIB" 0 120
+  run_client afxen-128k-client env XLBENCH_LABEL=afxen-128k XLBENCH_BUF=131072 \
+    timeout 300 xlbench-xs xen client "$PEER" 7331 "$BENCH_MIB" "$BENCH_PINGS" 120
   run_client afxen-1m-busy-client env XLBENCH_LABEL=afxen-1m-busy XLBENCH_BUF=1048576 XLBENCH_BUSY_POLL=1000 \
     timeout 300 xlbench-xs xen client "$PEER" 7321 "$BENCH_MIB" "$BENCH_PINGS" 120
   run_client afxen-1m-nocache-client env XLBENCH_LABEL=afxen-1m-nocache XLBENCH_BUF=1048576 XLBENCH_COPY=1 \
     timeout 300 xlbench-xs xen client "$PEER" 7341 "$BENCH_MIB" "$BENCH_PINGS" 120
 done
-for c in unix-server unix-client tcp-client vchan-client vchan-1m-client afxen-client afxen-1m-client afxen-1m-busy-client \
+for c in unix-server unix-client tcp-client vchan-client vchan-1m-client afxen-client afxen-1m-client afxen-128k-client afxen-1m-busy-client \
   afxen-1m-nocache-client unix-unchecked-client tcp-unchecked-client vchan-unchecked-client vchan-1m-unchecked-client \
   afxen-unchecked-client afxen-1m-unchecked-client; do
   bad=$(echo "$FAILED" | tr ' ' '\n' | grep "^$c:" | tr '\n' ' ')
