@@ -94,10 +94,11 @@ static long wait_stat(const char *name, long want, int secs)
 	return v;
 }
 
-static void print_stats(void)
+/* copies a /proc file (its first 4 KiB) into the test's log */
+static void print_file(const char *path)
 {
-	char buf[1024];
-	FILE *f = fopen("/proc/net/af_xen_stats", "r");
+	char buf[4096];
+	FILE *f = fopen(path, "r");
 	size_t n;
 
 	if (!f)
@@ -107,6 +108,11 @@ static void print_stats(void)
 	fclose(f);
 	printf("%s", buf);
 	fflush(stdout);
+}
+
+static void print_stats(void)
+{
+	print_file("/proc/net/af_xen_stats");
 }
 
 /*
@@ -350,17 +356,7 @@ static int proc_carrier(char *carrier, size_t n, long *to_tcp, long *to_ring)
 
 static void show_proc(void)
 {
-	char buf[2048];
-	FILE *f = fopen("/proc/net/af_xen", "r");
-	size_t n;
-
-	if (!f)
-		return;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	buf[n] = 0;
-	fclose(f);
-	printf("%s", buf);
-	fflush(stdout);
+	print_file("/proc/net/af_xen");
 }
 
 #define MIB (1ull << 20)
