@@ -559,18 +559,35 @@ unsafe extern "C" fn xs_listen(sock: *mut bindings::socket, backlog: c_int) -> c
     0
 }
 
+/// A socket's local and peer address as of now: the local domid is this
+/// domain's current one (the stored one is from bind/connect time, and a
+/// restore or a migration gives the domain a new one), and so is a
+/// loopback peer's (stored equal to the local one).
+fn current_addrs(i: &Inner) -> (Addr, Addr) {
+    let (mut local, mut peer) = (i.local, i.peer);
+    if local.domid != DOMID_ANY {
+        let own = globals().own_domid();
+        if peer.domid == local.domid {
+            peer.domid = own;
+        }
+        local.domid = own;
+    }
+    (local, peer)
+}
+
 unsafe extern "C" fn xs_getname(sock: *mut bindings::socket, addr: *mut bindings::sockaddr, peer: c_int) -> c_int {
     // SAFETY: live socket.
     let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
     let i = xs.inner.lock();
+    let (local_now, peer_now) = current_addrs(&i);
     let a = if peer != 0 {
         if i.state != State::Connected {
             return err(e::ENOTCONN);
         }
-        i.peer
+        peer_now
     } else if i.bound || i.state == State::Connected {
         // an accepted socket never bound, but has its listener's address
-        i.local
+        local_now
     } else {
         Addr { port: PORT_ANY, domid: DOMID_ANY }
     };
@@ -1872,7 +1889,8 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
     for (_, xs) in p.all.iter() {
         let (st, local, peer, bound, tx, rx, bin, bout, reset, sw) = {
             let i = xs.inner.lock();
-            (i.state, i.local, i.peer, i.bound, i.tx.clone(), i.rx.clone(), i.bytes_in, i.bytes_out, i.reset, i.sw.clone())
+            let (local, peer) = current_addrs(&i);
+            (i.state, local, peer, i.bound, i.tx.clone(), i.rx.clone(), i.bytes_in, i.bytes_out, i.reset, i.sw.clone())
         };
         let mut l = Line { buf: [0; 256], len: 0 };
         let _ = write!(l, "{:<11} ", st.name());

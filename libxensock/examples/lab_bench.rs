@@ -4,6 +4,8 @@
 //! ```text
 //! lab_bench server kernel|user <port> <MiB> <N>
 //! lab_bench client kernel|user <server-domid> <port> <MiB> <N> [connect-timeout-s]
+//! lab_bench server user-tcpc <port> <tcp-port> <MiB> <N> <rounds>
+//! lab_bench client user-tcpc <server-domid> <port> <server-ip> <tcp-port> <MiB> <N> <rounds> [connect-timeout-s]
 //! ```
 //!
 //! `kernel`: `XenListener::bind` / `XenStream::connect`, which use the
@@ -17,11 +19,29 @@
 //! byte, then `<N>` one-byte round trips. The client prints
 //! `@@METRIC <label>.stream_mib_s` and `<label>.rtt_us_{avg,p50,p99}`
 //! (label: `$XLBENCH_LABEL`, default `xensock-<mode>`).
+//!
+//! `user-tcpc` (issue #7): the user-space transport's TCP carrier against
+//! plain TCP over the same path, `<rounds>` interleaved rounds in one
+//! process each side. Per round the client runs the workload over a plain
+//! `TcpStream` to `<server-ip>:<tcp-port>` (row `tcp-same-phase-user`),
+//! then connects over the user-space transport, checks that the
+//! connection is on its ring, runs the transport's suspend hook
+//! (`Transport::suspend`: every connection leaves its rings for its TCP
+//! carrier and the links go down, as before a save or a move to another
+//! host; nothing brings the connection back until `resume`), checks that
+//! it sends on TCP with both legs up, and runs the workload over the
+//! carrier (row `xensock-user-tcp-carrier`); the metrics are printed only
+//! if the connection stayed on TCP throughout and every byte arrived
+//! intact. Then `Transport::resume` lets the next round start on a ring.
+//! Both rows also time `<N>` more round trips as one batch
+//! (`rtt_us_batch`, as xlbench: clock reads are costly in these guests).
 
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
-use libxensock::{BackendKind, Config, SockAddrXen, Transport, XenListener, XenStream, DOMID_ANY};
+use libxensock::{
+    BackendKind, Carrier, Config, SockAddrXen, Transport, XenListener, XenStream, DOMID_ANY,
+};
 use xensock_discovery::xs::XsClient;
 
 const CHUNK: usize = 64 * 1024;
@@ -46,7 +66,17 @@ fn arg<T: std::str::FromStr>(a: &[String], i: usize, what: &str) -> Res<T> {
 }
 
 fn user_transport() -> Res<Transport> {
+    let cfg = Config {
+        link_timeout: Duration::from_secs(30),
+        ..Default::default()
+    };
     let report = libxensock::backend();
+    if report.user_space == BackendKind::Sim {
+        // a trial run on the simulated host (XENSOCK_SIM, XENSOCK_SIM_DOMID)
+        let dir = std::env::var("XENSOCK_SIM")?;
+        let domid = std::env::var("XENSOCK_SIM_DOMID")?.parse()?;
+        return Ok(Transport::sim_with(std::path::Path::new(&dir), domid, cfg)?);
+    }
     if report.user_space != BackendKind::DevXen {
         return Err(format!(
             "user-space transport needs /dev/xen, have {}",
@@ -56,10 +86,6 @@ fn user_transport() -> Res<Transport> {
     }
     let xs = XsClient::open()?;
     let domid = xs.read_string("domid")?.trim().parse()?;
-    let cfg = Config {
-        link_timeout: Duration::from_secs(30),
-        ..Default::default()
-    };
     let dev = xensock_xenif::dev::DevXen::open()?;
     Ok(Transport::with_backend(
         dev,
@@ -83,7 +109,7 @@ fn main() {
     let r = match a.get(1).map(String::as_str) {
         Some("server") => server(&a),
         Some("client") => client(&a),
-        _ => Err("usage: lab_bench server kernel|user PORT MIB N | client kernel|user DOMID PORT MIB N [TIMEOUT]".into()),
+        _ => Err("usage: lab_bench server kernel|user PORT MIB N | client kernel|user DOMID PORT MIB N [TIMEOUT]\n       lab_bench server user-tcpc PORT TCP-PORT MIB N ROUNDS | client user-tcpc DOMID PORT IP TCP-PORT MIB N ROUNDS [TIMEOUT]".into()),
     };
     match r {
         Ok(code) => std::process::exit(code),
@@ -94,8 +120,277 @@ fn main() {
     }
 }
 
+/// The receiving side of the workload on one connection: checks the
+/// stream, answers `K` (or `X`), echoes `pings` bytes. Returns how many
+/// reads were not what was sent (0: every byte intact).
+fn serve_one<S: Read + Write>(s: &mut S, pat: &[u8], mib: u64, pings: u64) -> Res<u64> {
+    let total = mib << 20;
+    let mut buf = vec![0u8; CHUNK];
+    let (mut pos, mut bad) = (0u64, 0u64);
+    while pos < total {
+        let want = (total - pos).min(CHUNK as u64) as usize;
+        let r = s.read(&mut buf[..want])?;
+        if r == 0 {
+            return Err(format!("stream ended at {pos} of {total} bytes").into());
+        }
+        let off = (pos % PATLEN as u64) as usize;
+        if buf[..r] != pat[off..off + r] {
+            bad += 1;
+        }
+        pos += r as u64;
+    }
+    s.write_all(if bad == 0 { b"K" } else { b"X" })?;
+    let mut b = [0u8; 1];
+    for _ in 0..pings {
+        s.read_exact(&mut b)?;
+        s.write_all(&b)?;
+    }
+    Ok(bad)
+}
+
+/// What the sending side of the workload measured.
+struct Measured {
+    stream_mib_s: f64,
+    intact: bool,
+    /// Each round trip, microseconds, sorted.
+    rtt_us: Vec<f64>,
+    /// The mean of `batch` more round trips timed as one.
+    batch_us: Option<f64>,
+}
+
+/// The sending side: `mib` MiB in 64 KiB writes, the receiver's verdict,
+/// `pings` timed round trips, then `batch` more timed together (the
+/// receiver must echo `pings + batch`).
+fn drive_one<S: Read + Write>(
+    s: &mut S,
+    pat: &[u8],
+    mib: u64,
+    pings: usize,
+    batch: usize,
+) -> Res<Measured> {
+    let total = mib << 20;
+    let t0 = Instant::now();
+    let mut pos = 0u64;
+    while pos < total {
+        let len = (total - pos).min(CHUNK as u64) as usize;
+        let off = (pos % PATLEN as u64) as usize;
+        s.write_all(&pat[off..off + len])?;
+        pos += len as u64;
+    }
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b)?;
+    let stream_mib_s = mib as f64 / t0.elapsed().as_secs_f64();
+    let mut m = Measured {
+        stream_mib_s,
+        intact: b[0] == b'K',
+        rtt_us: Vec::with_capacity(pings),
+        batch_us: None,
+    };
+    if !m.intact {
+        return Ok(m);
+    }
+    let mut ping = |i: usize| -> Res<()> {
+        s.write_all(&[i as u8])?;
+        s.read_exact(&mut b)?;
+        if b[0] != i as u8 {
+            return Err("ping-pong byte mismatch".into());
+        }
+        Ok(())
+    };
+    for i in 0..pings {
+        let t = Instant::now();
+        ping(i)?;
+        m.rtt_us.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    if batch > 0 {
+        let t = Instant::now();
+        for i in 0..batch {
+            ping(i)?;
+        }
+        m.batch_us = Some(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
+    }
+    m.rtt_us.sort_by(f64::total_cmp);
+    Ok(m)
+}
+
+fn print_metrics(label: &str, m: &Measured) {
+    println!("@@METRIC {label}.stream_mib_s {:.1} MiB/s", m.stream_mib_s);
+    let n = m.rtt_us.len();
+    if n > 0 {
+        let avg = m.rtt_us.iter().sum::<f64>() / n as f64;
+        println!("@@METRIC {label}.rtt_us_avg {avg:.1} us");
+        println!("@@METRIC {label}.rtt_us_p50 {:.1} us", m.rtt_us[n / 2]);
+        println!(
+            "@@METRIC {label}.rtt_us_p99 {:.1} us",
+            m.rtt_us[n * 99 / 100]
+        );
+    }
+    if let Some(b) = m.batch_us {
+        println!("@@METRIC {label}.rtt_us_batch {b:.1} us");
+    }
+}
+
+/// `user-tcpc` server: per round one plain TCP connection, then one over
+/// the user-space transport, each with the workload (pings echoed twice:
+/// timed one by one, then as a batch).
+fn server_tcpc(a: &[String]) -> Res<i32> {
+    let port: u32 = arg(a, 3, "port")?;
+    let tcp_port: u16 = arg(a, 4, "TCP port")?;
+    let mib: u64 = arg(a, 5, "MiB")?;
+    let n: u64 = arg(a, 6, "N")?;
+    let rounds: u32 = arg(a, 7, "rounds")?;
+    let transport = user_transport()?;
+    let listener = transport.bind(SockAddrXen::new(DOMID_ANY, port))?;
+    let tcp = std::net::TcpListener::bind(("0.0.0.0", tcp_port))?;
+    println!(
+        "lab_bench user-tcpc server: {} on {}, TCP on {}",
+        listener.backend_kind(),
+        listener.local_addr()?,
+        tcp.local_addr()?
+    );
+    let pat = pattern();
+    let mut all_intact = true;
+    for round in 1..=rounds {
+        let (mut s, peer) = tcp.accept()?;
+        s.set_nodelay(true)?;
+        let ok = serve_one(&mut s, &pat, mib, 2 * n)? == 0;
+        println!("lab_bench user-tcpc server: round {round}: TCP from {peer}: intact {ok}");
+        all_intact &= ok;
+        let (mut s, peer) = listener.accept()?;
+        let ok = serve_one(&mut s, &pat, mib, 2 * n)? == 0;
+        println!("lab_bench user-tcpc server: round {round}: xensock from {peer}: intact {ok}");
+        all_intact &= ok;
+        // the client reads the last echo before it closes
+        let mut b = [0u8; 1];
+        let _ = s.read(&mut b);
+    }
+    println!("lab_bench user-tcpc server: served {rounds} rounds of {mib} MiB, echoed {n}+{n} pings each");
+    drop(listener);
+    drop(transport);
+    Ok(if all_intact { 0 } else { 1 })
+}
+
+/// This process's connection `s` as `Transport::status` shows it.
+fn carrier_of(t: &Transport, s: &XenStream) -> Res<Carrier> {
+    let local = s.local_addr()?;
+    t.status()
+        .connections
+        .into_iter()
+        .find(|c| c.local == local)
+        .map(|c| c.carrier)
+        .ok_or_else(|| format!("{local} is not in the transport's status").into())
+}
+
+/// Sends on the TCP carrier with both legs up, never back on a ring.
+fn on_tcp(c: &Carrier) -> bool {
+    matches!(
+        c,
+        Carrier::Engine {
+            tx: "tcp",
+            legs_up: true,
+            tx_to_ring: 0,
+            failure: None,
+            ..
+        }
+    )
+}
+
+fn tcp_connect(addr: &str, secs: u64) -> Res<std::net::TcpStream> {
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        match std::net::TcpStream::connect(addr) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() < end => {
+                println!("connect {addr}: {e}; retrying");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => return Err(format!("connect {addr}: {e}").into()),
+        }
+    }
+}
+
+/// `user-tcpc` client (see the module comment).
+fn client_tcpc(a: &[String]) -> Res<i32> {
+    let domid: u32 = arg(a, 3, "domid")?;
+    let port: u32 = arg(a, 4, "port")?;
+    let ip: std::net::IpAddr = arg(a, 5, "server IP")?;
+    let tcp_port: u16 = arg(a, 6, "TCP port")?;
+    let mib: u64 = arg(a, 7, "MiB")?;
+    let n: usize = arg(a, 8, "N")?;
+    let rounds: u32 = arg(a, 9, "rounds")?;
+    let timeout: u64 = if a.len() > 10 {
+        arg(a, 10, "timeout")?
+    } else {
+        120
+    };
+    let tcp_addr = std::net::SocketAddr::new(ip, tcp_port).to_string();
+    let transport = user_transport()?;
+    let pat = pattern();
+    let mut failed = 0;
+    for round in 1..=rounds {
+        let mut s = tcp_connect(&tcp_addr, timeout)?;
+        s.set_nodelay(true)?;
+        let m = drive_one(&mut s, &pat, mib, n, n)?;
+        if m.intact {
+            print_metrics("tcp-same-phase-user", &m);
+        } else {
+            println!(
+                "lab_bench user-tcpc client: round {round}: the server saw corrupted TCP data"
+            );
+            failed += 1;
+        }
+        drop(s);
+
+        let mut s = connect(
+            "user",
+            Some(&transport),
+            SockAddrXen::new(domid, port),
+            timeout,
+        )?;
+        let before = carrier_of(&transport, &s)?;
+        if before != Carrier::Ring {
+            println!("lab_bench user-tcpc client: round {round}: carrier {before} before the switch (want ring)");
+            failed += 1;
+            continue;
+        }
+        let t0 = Instant::now();
+        let moved = transport.suspend();
+        let after = carrier_of(&transport, &s)?;
+        println!(
+            "lab_bench user-tcpc client: round {round}: suspend hook moved {moved} connection(s) in {:.0} ms; carrier {after}",
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        if !on_tcp(&after) {
+            println!("lab_bench user-tcpc client: round {round}: not on the TCP carrier after the suspend hook");
+            failed += 1;
+            transport.resume();
+            continue;
+        }
+        let m = drive_one(&mut s, &pat, mib, n, n)?;
+        let end = carrier_of(&transport, &s)?;
+        println!("lab_bench user-tcpc client: round {round}: carrier {end} after the workload");
+        if !m.intact {
+            println!("lab_bench user-tcpc client: round {round}: the server saw corrupted data");
+            failed += 1;
+        } else if !on_tcp(&end) {
+            println!("lab_bench user-tcpc client: round {round}: left the TCP carrier during the workload");
+            failed += 1;
+        } else {
+            print_metrics("xensock-user-tcp-carrier", &m);
+        }
+        io::stdout().flush()?;
+        drop(s);
+        transport.resume();
+    }
+    drop(transport);
+    Ok(if failed == 0 { 0 } else { 1 })
+}
+
 fn server(a: &[String]) -> Res<i32> {
     let mode = a.get(2).map(String::as_str).unwrap_or("");
+    if mode == "user-tcpc" {
+        return server_tcpc(a);
+    }
     let port: u32 = arg(a, 3, "port")?;
     let mib: u64 = arg(a, 4, "MiB")?;
     let n: u64 = arg(a, 5, "N")?;
@@ -116,28 +411,7 @@ fn server(a: &[String]) -> Res<i32> {
     );
     let (mut s, peer) = listener.accept()?;
     println!("lab_bench {mode} server: connection from {peer}");
-    let pat = pattern();
-    let total = mib << 20;
-    let mut buf = vec![0u8; CHUNK];
-    let (mut pos, mut bad) = (0u64, 0u64);
-    while pos < total {
-        let want = (total - pos).min(CHUNK as u64) as usize;
-        let r = s.read(&mut buf[..want])?;
-        if r == 0 {
-            return Err(format!("stream ended at {pos} of {total} bytes").into());
-        }
-        let off = (pos % PATLEN as u64) as usize;
-        if buf[..r] != pat[off..off + r] {
-            bad += 1;
-        }
-        pos += r as u64;
-    }
-    s.write_all(if bad == 0 { b"K" } else { b"X" })?;
-    let mut b = [0u8; 1];
-    for _ in 0..n {
-        s.read_exact(&mut b)?;
-        s.write_all(&b)?;
-    }
+    let bad = serve_one(&mut s, &pattern(), mib, n)?;
     println!("lab_bench {mode} server: received {mib} MiB ({bad} bad reads), echoed {n} pings");
     // let the client read the last echo before the connection goes
     std::thread::sleep(Duration::from_secs(1));
@@ -168,6 +442,9 @@ fn connect(mode: &str, t: Option<&Transport>, addr: SockAddrXen, secs: u64) -> R
 
 fn client(a: &[String]) -> Res<i32> {
     let mode = a.get(2).map(String::as_str).unwrap_or("");
+    if mode == "user-tcpc" {
+        return client_tcpc(a);
+    }
     let domid: u32 = arg(a, 3, "domid")?;
     let port: u32 = arg(a, 4, "port")?;
     let mib: u64 = arg(a, 5, "MiB")?;
@@ -198,45 +475,12 @@ fn client(a: &[String]) -> Res<i32> {
         s.local_addr()?,
         s.peer_addr()?
     );
-    let pat = pattern();
-    let total = mib << 20;
-    let t0 = Instant::now();
-    let mut pos = 0u64;
-    while pos < total {
-        let len = (total - pos).min(CHUNK as u64) as usize;
-        let off = (pos % PATLEN as u64) as usize;
-        s.write_all(&pat[off..off + len])?;
-        pos += len as u64;
-    }
-    let mut b = [0u8; 1];
-    s.read_exact(&mut b)?;
-    let secs = t0.elapsed().as_secs_f64();
-    println!(
-        "@@METRIC {label}.stream_mib_s {:.1} MiB/s",
-        mib as f64 / secs
-    );
-    if b[0] != b'K' {
+    let m = drive_one(&mut s, &pattern(), mib, n, 0)?;
+    if !m.intact {
         println!("lab_bench {mode}: server saw corrupted stream data");
         return Ok(1);
     }
-    let mut rtt = Vec::with_capacity(n);
-    for i in 0..n {
-        let t = Instant::now();
-        s.write_all(&[i as u8])?;
-        s.read_exact(&mut b)?;
-        rtt.push(t.elapsed().as_secs_f64() * 1e6);
-        if b[0] != i as u8 {
-            println!("lab_bench {mode}: ping-pong byte mismatch");
-            return Ok(1);
-        }
-    }
-    if n > 0 {
-        let avg = rtt.iter().sum::<f64>() / n as f64;
-        rtt.sort_by(f64::total_cmp);
-        println!("@@METRIC {label}.rtt_us_avg {avg:.1} us");
-        println!("@@METRIC {label}.rtt_us_p50 {:.1} us", rtt[n / 2]);
-        println!("@@METRIC {label}.rtt_us_p99 {:.1} us", rtt[n * 99 / 100]);
-    }
+    print_metrics(&label, &m);
     io::stdout().flush()?;
     drop(s);
     drop(transport);

@@ -89,11 +89,15 @@ struct World {
 
 impl World {
     fn new() -> World {
+        World::with(cfg())
+    }
+
+    fn with(cfg: Config) -> World {
         let host = SimHost::start().unwrap();
         let da = host.create_domain(DomainConfig::new("a")).unwrap();
         let db = host.create_domain(DomainConfig::new("b")).unwrap();
-        let a = Transport::sim_with(host.dir(), da.domid, cfg()).unwrap();
-        let b = Transport::sim_with(host.dir(), db.domid, cfg()).unwrap();
+        let a = Transport::sim_with(host.dir(), da.domid, cfg.clone()).unwrap();
+        let b = Transport::sim_with(host.dir(), db.domid, cfg).unwrap();
         World {
             host,
             a,
@@ -824,4 +828,95 @@ fn both_moving_at_once_return_to_rings_with_the_agent() {
             u32::from(p.b.domid())
         );
     }
+}
+
+/// Threads of this process named as the carrier's driver pool names them.
+fn carrier_threads() -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim() == "xensock-carrier")
+        })
+        .count()
+}
+
+/// 200 connections, each with bytes in flight both ways, moved at once
+/// (B's suspend hook): all of them go on over TCP and arrive intact, and
+/// their engines are driven by the bounded pool (at most 4 driver threads
+/// in the process, whatever else runs in it), not a thread each.
+#[test]
+fn two_hundred_connections_move_at_once() {
+    const N: usize = 200;
+    const BEFORE: usize = 1000;
+    const AFTER: usize = 20_000;
+    let w = World::with(Config {
+        // 400 legs come up at once on two loaded cores
+        peer_lost_after: Duration::from_secs(30),
+        ..cfg()
+    });
+    // 2 KiB rings, as for many idle connections (the grant table's room)
+    let small = SocketOptions {
+        recv_buffer: Some(2048),
+        backlog: Some(N + 1),
+    };
+    let l = w.b.bind_with("xen:self:7020", small).unwrap();
+    let pairs: Vec<(XenStream, XenStream)> = (0..N)
+        .map(|_| {
+            let to = (u32::from(w.b.domid()), 7020);
+            let c = w.a.connect_with(to, None, small).unwrap();
+            let (s, _) = l.accept().unwrap();
+            (c, s)
+        })
+        .collect();
+    // Each direction of pair i carries the pattern of seed 2i (A to B) or
+    // 2i+1 (B to A); its first BEFORE bytes are in the rings at the move.
+    let data = |seed: u64| {
+        let mut v = vec![0u8; BEFORE + AFTER];
+        Pattern::new(seed).fill(&mut v);
+        v
+    };
+    for (i, (c, s)) in pairs.iter().enumerate() {
+        (&*c).write_all(&data(2 * i as u64)[..BEFORE]).unwrap();
+        (&*s).write_all(&data(2 * i as u64 + 1)[..BEFORE]).unwrap();
+    }
+    assert_eq!(w.b.suspend(), N);
+    let threads = carrier_threads();
+    assert!(
+        (1..=4).contains(&threads),
+        "{threads} carrier driver threads for {N} moved connections"
+    );
+    let pairs = Arc::new(pairs);
+    let workers: Vec<_> = (0..4)
+        .map(|k| {
+            let pairs = pairs.clone();
+            thread::spawn(move || {
+                for (i, (c, s)) in pairs.iter().enumerate().skip(k).step_by(4) {
+                    let (ab, ba) = (data(2 * i as u64), data(2 * i as u64 + 1));
+                    (&*c).write_all(&ab[BEFORE..]).unwrap();
+                    (&*s).write_all(&ba[BEFORE..]).unwrap();
+                    let mut got = vec![0u8; BEFORE + AFTER];
+                    (&*s).read_exact(&mut got).unwrap();
+                    assert!(got == ab, "A to B of connection {i} corrupted");
+                    (&*c).read_exact(&mut got).unwrap();
+                    assert!(got == ba, "B to A of connection {i} corrupted");
+                }
+            })
+        })
+        .collect();
+    for t in workers {
+        t.join().unwrap();
+    }
+    for t in [&w.a, &w.b] {
+        assert!(carried_on(t, ("tcp", "tcp")), "{:?}", t.status());
+        assert_eq!(t.status().connections.len(), N);
+    }
+    let threads = carrier_threads();
+    assert!(
+        (1..=4).contains(&threads),
+        "{threads} carrier driver threads"
+    );
 }

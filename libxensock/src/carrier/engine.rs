@@ -7,9 +7,11 @@
 //! threads and the driver thread informed.
 //!
 //! Threads: the application's reader and writer (one of each at a time),
-//! and one driver thread per engine that watches the TCP legs, the ring
-//! doorbell and the deadlines, so control frames are answered while the
-//! application is busy elsewhere. The two directions have separate locks
+//! and a driver that watches the TCP legs, the ring doorbell and the
+//! deadlines, so control frames are answered while the application is busy
+//! elsewhere. The drivers of all engines share a small pool of threads
+//! (`driver.rs`), so a thousand moved connections do not cost a thousand
+//! threads. The two directions have separate locks
 //! and no code path holds both.
 
 use std::io;
@@ -17,7 +19,6 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use xensock_proto::ctrl::{Message, ResetReason};
@@ -27,6 +28,7 @@ use xensock_proto::switch::{
     ConsumedOutcome, RingFromOutcome, RxPath, RxState, SwitchError, TxPath, TxState,
 };
 
+use super::driver::{self, Attachment, Driven};
 use super::frames::{protocol_error, send_data_direct, Frame, Inbox, Incoming, Outbox};
 use super::leg::{lock, LegListener};
 use super::ring::{NewRing, SharedRing};
@@ -181,6 +183,9 @@ struct Rx {
     /// We left ring `epoch` on our own (move, peer gone) and have not seen
     /// the sender's `TxFreeze` for it yet.
     awaiting_freeze: Option<u32>,
+    /// The reader's last read from the leg emptied it: a blocking reader
+    /// polls before it reads again.
+    leg_drained: bool,
     out: Outbox,
     delivered: u64,
     waiting: bool,
@@ -243,6 +248,8 @@ struct Shared {
     /// What broke the connection, for status displays.
     failure: Mutex<Option<String>>,
     stop: AtomicBool,
+    /// The failure was told to the peer (`propagate_failure`, once).
+    propagated: AtomicBool,
     counters: Counters,
     ready_hook: Option<ReadyHook>,
     /// Closed by the application after `linger`: close the legs the way
@@ -254,7 +261,8 @@ struct Shared {
 pub(crate) struct Engine {
     shared: Arc<Shared>,
     listener: Arc<LegListener>,
-    driver: Option<JoinHandle<()>>,
+    /// Our place in the driver pool (`driver.rs`).
+    driver: Option<Attachment>,
 }
 
 fn switch_error(e: SwitchError) -> io::Error {
@@ -356,6 +364,7 @@ impl Engine {
                 held: None,
                 payload_left: 0,
                 awaiting_freeze: None,
+                leg_drained: false,
                 out: Outbox::default(),
                 delivered: seed.delivered,
                 waiting: false,
@@ -382,6 +391,7 @@ impl Engine {
             failure_reason: Mutex::new(ResetReason::ProtocolError),
             failure: Mutex::new(None),
             stop: AtomicBool::new(false),
+            propagated: AtomicBool::new(false),
             counters: Counters::default(),
             ready_hook: ready,
             graceful: AtomicBool::new(false),
@@ -401,11 +411,7 @@ impl Engine {
         if tx_on_tcp {
             shared.ensure_tx_leg(&mut lock(&shared.tx));
         }
-        let s = shared.clone();
-        let driver = std::thread::Builder::new()
-            .name("xensock-carrier".into())
-            .spawn(move || s.drive());
-        let driver = match driver {
+        let driver = match driver::attach(shared.clone()) {
             Ok(d) => d,
             Err(e) => {
                 listener.unregister(shared.cfg.local_id);
@@ -578,10 +584,8 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.listener.unregister(self.shared.cfg.local_id);
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.ctl.signal();
-        if let Some(d) = self.driver.take() {
-            let _ = d.join();
-        }
+        // Once detached, the pool never calls into us again.
+        drop(self.driver.take());
         if self.shared.graceful.load(Ordering::SeqCst)
             && self.shared.failed.load(Ordering::SeqCst) == 0
         {
@@ -1133,6 +1137,19 @@ impl Shared {
                         continue;
                     }
                 }
+            } else if rx.leg_drained
+                && !nonblocking
+                && got == 0
+                && rx.held.is_none()
+                && rx.inbox.buffered() == 0
+                && rx.leg.is_some()
+                && !rx.leg_closed
+            {
+                // The last read emptied the leg: wait for it first rather
+                // than read only to be told so (a system call costs tens
+                // of microseconds in a PV guest under emulation).
+                rx.leg_drained = false;
+                leg_events = libc::POLLIN;
             } else if rx.payload_left > 0 {
                 let r = &mut *rx;
                 let want = (buf.len() - got).min(r.payload_left.min(usize::MAX as u64) as usize);
@@ -1141,14 +1158,19 @@ impl Shared {
                 };
                 let left = r.payload_left;
                 match r.inbox.read_payload(leg, &mut buf[got..got + want], left) {
-                    Ok(0) => return Err(self.breach(io::ErrorKind::UnexpectedEof.into())),
-                    Ok(n) => {
+                    Ok((0, _)) => return Err(self.breach(io::ErrorKind::UnexpectedEof.into())),
+                    Ok((n, drained)) => {
                         got += n;
                         r.payload_left -= n as u64;
+                        if drained {
+                            r.leg_drained = true;
+                            break;
+                        }
                         continue;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         if got > 0 {
+                            r.leg_drained = true;
                             break;
                         }
                         leg_events = libc::POLLIN;
@@ -1161,6 +1183,7 @@ impl Shared {
                     Ok(Pump::Progress) => continue,
                     Ok(Pump::Idle) | Ok(Pump::Blocked) => {
                         if got > 0 {
+                            rx.leg_drained = true;
                             break;
                         }
                         if rx.leg.is_some() && !rx.leg_closed {
@@ -1408,107 +1431,103 @@ impl Shared {
 }
 
 impl Shared {
-    /// The driver thread: legs, doorbell, deadlines.
-    fn drive(self: Arc<Self>) {
-        let mut propagated = false;
-        while !self.stop.load(Ordering::SeqCst) {
-            let failed = self.failed.load(Ordering::SeqCst) != 0;
-            if failed && !propagated {
-                self.propagate_failure();
-                propagated = true;
-            }
-            let mut fds = vec![
-                libc::pollfd {
-                    fd: self.ctl.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.doorbell.0.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            let mut wake_at: Option<Instant> = None;
-            if !failed {
-                {
-                    let tx = lock(&self.tx);
-                    if let (Some(leg), false) = (&tx.leg, tx.leg_closed) {
-                        let mut events = libc::POLLIN;
-                        if (!tx.out.is_empty() || tx.nb_waiting.load(Ordering::Acquire))
-                            && !tx.writer_polls
-                        {
-                            events |= libc::POLLOUT;
-                        }
-                        fds.push(libc::pollfd {
-                            fd: leg.as_raw_fd(),
-                            events,
-                            revents: 0,
-                        });
-                    }
-                    if tx.leg.is_none() {
-                        wake_at = earliest(wake_at, tx.retry_at);
-                    }
-                }
-                {
-                    let mut rx = lock(&self.rx);
-                    rx.driver_watches = false;
-                    if let (Some(leg), false) = (&rx.leg, rx.leg_closed) {
-                        let mut events = 0;
-                        if (rx.driver_must_watch() || rx.nb_waiting.load(Ordering::Acquire))
-                            && !rx.reader_polls
-                        {
-                            events |= libc::POLLIN;
-                        }
-                        if !rx.out.is_empty() {
-                            events |= libc::POLLOUT;
-                        }
-                        if events != 0 {
-                            let fd = leg.as_raw_fd();
-                            rx.driver_watches = events & libc::POLLIN != 0;
-                            fds.push(libc::pollfd {
-                                fd,
-                                events,
-                                revents: 0,
-                            });
-                        }
-                    }
-                }
-                let stall = *lock(&self.stall_since);
-                wake_at = earliest(wake_at, stall.map(|t| t + self.cfg.peer_lost_after));
-            }
-            let timeout = wake_at.map_or(-1, |t| {
-                let d = t.saturating_duration_since(Instant::now());
-                (d.as_millis() + 1).min(i32::MAX as u128) as i32
-            });
-            // SAFETY: `fds` is a valid array of pollfds of that length.
-            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-            self.ctl.drain();
-            let leg_moved = fds[2..].iter().any(|f| f.revents != 0);
-            if fds[1].revents != 0 || leg_moved {
-                if fds[1].revents != 0 {
-                    self.doorbell.0.drain();
-                }
-                // A ring or a leg moved: whoever waits on it looks again.
-                self.notify_tx(&lock(&self.tx));
-                self.notify_rx(&lock(&self.rx));
-            }
-            if self.stop.load(Ordering::SeqCst) || failed {
-                continue;
-            }
-            self.install_legs();
-            let r = self.service_tx(&mut lock(&self.tx));
-            if let Err(e) = r {
-                self.breach(e);
-                continue;
-            }
-            let r = self.service_rx(&mut lock(&self.rx));
-            if let Err(e) = r {
-                self.breach(e);
-                continue;
-            }
-            self.check_stall();
+    /// What the driver waits on now (see [`Driven::interest`]): the wake
+    /// eventfd and the doorbell always, the legs while they are needed
+    /// (first failure: tell the peer, then only those two).
+    fn wait_set(&self, fds: &mut Vec<libc::pollfd>) -> Option<Instant> {
+        let failed = self.failed.load(Ordering::SeqCst) != 0;
+        if failed && !self.propagated.swap(true, Ordering::SeqCst) {
+            self.propagate_failure();
         }
+        fds.push(libc::pollfd {
+            fd: self.ctl.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        fds.push(libc::pollfd {
+            fd: self.doorbell.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        if failed || self.stop.load(Ordering::SeqCst) {
+            return None;
+        }
+        let mut wake_at: Option<Instant> = None;
+        {
+            let tx = lock(&self.tx);
+            if let (Some(leg), false) = (&tx.leg, tx.leg_closed) {
+                let mut events = libc::POLLIN;
+                if (!tx.out.is_empty() || tx.nb_waiting.load(Ordering::Acquire)) && !tx.writer_polls
+                {
+                    events |= libc::POLLOUT;
+                }
+                fds.push(libc::pollfd {
+                    fd: leg.as_raw_fd(),
+                    events,
+                    revents: 0,
+                });
+            }
+            if tx.leg.is_none() {
+                wake_at = earliest(wake_at, tx.retry_at);
+            }
+        }
+        {
+            let mut rx = lock(&self.rx);
+            rx.driver_watches = false;
+            if let (Some(leg), false) = (&rx.leg, rx.leg_closed) {
+                let mut events = 0;
+                if (rx.driver_must_watch() || rx.nb_waiting.load(Ordering::Acquire))
+                    && !rx.reader_polls
+                {
+                    events |= libc::POLLIN;
+                }
+                if !rx.out.is_empty() {
+                    events |= libc::POLLOUT;
+                }
+                if events != 0 {
+                    let fd = leg.as_raw_fd();
+                    rx.driver_watches = events & libc::POLLIN != 0;
+                    fds.push(libc::pollfd {
+                        fd,
+                        events,
+                        revents: 0,
+                    });
+                }
+            }
+        }
+        let stall = *lock(&self.stall_since);
+        earliest(wake_at, stall.map(|t| t + self.cfg.peer_lost_after))
+    }
+
+    /// After the poll (see [`Driven::step`]): whoever waits on a ring or
+    /// leg that moved looks again; new legs, frames to answer, deadlines.
+    fn on_ready(&self, fds: &[libc::pollfd]) {
+        self.ctl.drain();
+        let rang = fds.get(1).is_some_and(|f| f.revents != 0);
+        let leg_moved = fds.iter().skip(2).any(|f| f.revents != 0);
+        if rang || leg_moved {
+            if rang {
+                self.doorbell.0.drain();
+            }
+            // A ring or a leg moved: whoever waits on it looks again.
+            self.notify_tx(&lock(&self.tx));
+            self.notify_rx(&lock(&self.rx));
+        }
+        if self.stop.load(Ordering::SeqCst) || self.failed.load(Ordering::SeqCst) != 0 {
+            return;
+        }
+        self.install_legs();
+        let r = self.service_tx(&mut lock(&self.tx));
+        if let Err(e) = r {
+            self.breach(e);
+            return;
+        }
+        let r = self.service_rx(&mut lock(&self.rx));
+        if let Err(e) = r {
+            self.breach(e);
+            return;
+        }
+        self.check_stall();
     }
 
     fn install_legs(&self) {
@@ -1657,6 +1676,16 @@ impl Shared {
         self.kick();
         self.tx_wake.signal();
         self.rx_wake.signal();
+    }
+}
+
+impl Driven for Shared {
+    fn interest(&self, fds: &mut Vec<libc::pollfd>) -> Option<Instant> {
+        self.wait_set(fds)
+    }
+
+    fn step(&self, fds: &[libc::pollfd]) {
+        self.on_ready(fds)
     }
 }
 

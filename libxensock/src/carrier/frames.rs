@@ -60,9 +60,13 @@ impl Inbox {
     /// Malformed frames, frames for another connection and `TcpHello` after
     /// authentication are `InvalidData`.
     pub(super) fn next(&mut self, mut sock: &TcpStream, conn_id: u32) -> io::Result<Incoming> {
+        let mut drained = false;
         loop {
             let want = if self.have < HEADER_LEN {
-                HEADER_LEN
+                // The whole prefix of a `Data` frame in one system call:
+                // every frame but `Reset` is at least that long, and
+                // nothing may follow a `Reset`.
+                DATA_PREFIX_LEN
             } else {
                 let hdr =
                     decode_header(&self.buf[..self.have], Channel::Tcp).map_err(protocol_error)?;
@@ -89,9 +93,18 @@ impl Inbox {
                 self.have = 0;
                 return Ok(Incoming::Frame(frame));
             }
+            if drained {
+                // The last read took less than asked: the socket is empty,
+                // another read would only say so.
+                return Ok(Incoming::WouldBlock);
+            }
+            let asked = want - self.have;
             match sock.read(&mut self.buf[self.have..want]) {
                 Ok(0) => return Ok(Incoming::Closed),
-                Ok(n) => self.have += n,
+                Ok(n) => {
+                    self.have += n;
+                    drained = n < asked;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Incoming::WouldBlock),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
@@ -102,24 +115,27 @@ impl Inbox {
     /// Reads payload bytes of the current `Data` frame (`payload_left` of
     /// them still in the socket) into `dst`. When `dst` takes the rest of
     /// the payload, the next frame's first bytes come along in the same
-    /// system call. Returns the payload bytes read; 0 means the leg closed.
+    /// system call. Returns the payload bytes read (0: the leg closed) and
+    /// whether the read took less than it asked for (the socket is empty
+    /// now: the next read can wait for it first).
     pub(super) fn read_payload(
         &mut self,
         mut sock: &TcpStream,
         dst: &mut [u8],
         payload_left: u64,
-    ) -> io::Result<usize> {
+    ) -> io::Result<(usize, bool)> {
         let left = usize::try_from(payload_left).unwrap_or(usize::MAX);
         if self.have != 0 || dst.len() < left {
             let n = dst.len().min(left);
-            return sock.read(&mut dst[..n]);
+            let got = sock.read(&mut dst[..n])?;
+            return Ok((got, got < n));
         }
         let (payload, prefix) = (&mut dst[..left], &mut self.buf[..DATA_PREFIX_LEN]);
         let n = sock.read_vectored(&mut [IoSliceMut::new(payload), IoSliceMut::new(prefix)])?;
         if n > left {
             self.have = n - left;
         }
-        Ok(n.min(left))
+        Ok((n.min(left), n < left + DATA_PREFIX_LEN))
     }
 
     fn parse(&self, len: usize) -> io::Result<Frame> {

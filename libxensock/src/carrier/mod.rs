@@ -8,6 +8,7 @@
 //! ([`leg`]), frames on them ([`frames`]) and the engine that moves bytes
 //! and answers the peer ([`engine`]).
 
+mod driver;
 mod engine;
 mod frames;
 mod leg;

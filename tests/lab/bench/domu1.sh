@@ -122,3 +122,19 @@ for p in $(pidof lab_bench); do
   for t in /proc/$p/task/*; do echo "  [stall] $t wchan=$(cat $t/wchan 2>/dev/null) $(grep State $t/status)"; done
   kill -9 $p
 done
+
+# ---- issue #7: the user-space transport's TCP carrier against plain TCP, same phase ----
+# lab_bench user-tcpc (libxensock/examples/lab_bench.rs): per round one
+# plain TCP connection, then one the client's suspend hook moves off its
+# ring onto the TCP carrier; one process and transport for all rounds.
+# Judged by its log, as the server above.
+timeout -s KILL 500 lab_bench server user-tcpc 7304 7004 "$BENCH_MIB" "$BENCH_PINGS" "$BENCH_REPS" > /tmp/user-tcpc.log 2>&1 &
+if wait_until 500 grep -q "served $BENCH_REPS rounds" /tmp/user-tcpc.log && ! grep -q "intact false" /tmp/user-tcpc.log; then
+  result xensock-user-tcp-carrier-server PASS
+else tail -n 15 /tmp/user-tcpc.log; result xensock-user-tcp-carrier-server FAIL "not every round served intact"; fi
+cat /tmp/user-tcpc.log
+sleep 5
+for p in $(pidof lab_bench); do
+  log "lab_bench (pid $p) still running 5 s after its last round: teardown stalled"
+  kill -9 $p
+done

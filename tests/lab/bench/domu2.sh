@@ -128,3 +128,14 @@ xlbench xsread data/bench-user-go 400 > /dev/null || log "no go from dom0 after 
 if XLBENCH_LABEL=xensock-user timeout 300 lab_bench client user "$PEER" 7303 "$BENCH_MIB" "$BENCH_PINGS" 120; then
   result xensock-user-client PASS
 else result xensock-user-client FAIL "rc=$?"; fi
+
+# ---- issue #7: the user-space transport's TCP carrier against plain TCP, same phase ----
+# BENCH_REPS rounds in one process (lab_bench user-tcpc): plain TCP over
+# netfront (row tcp-same-phase-user), then a connection made on the ring
+# that the transport's suspend hook moves to its TCP carrier (row
+# xensock-user-tcp-carrier; metrics only if it stayed on TCP and arrived
+# intact); resume before the next round.
+log "user-space TCP carrier phase: $BENCH_REPS rounds of tcp-same-phase-user and xensock-user-tcp-carrier"
+if timeout 400 lab_bench client user-tcpc "$PEER" 7304 "$LAB_NET_DOMU1" 7004 "$BENCH_MIB" "$BENCH_PINGS" "$BENCH_REPS" 120; then
+  result xensock-user-tcp-carrier-client PASS
+else result xensock-user-tcp-carrier-client FAIL "rc=$?"; fi

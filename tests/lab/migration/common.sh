@@ -135,6 +135,14 @@ kmod_trace() {
   sed "s/^/  [stats $1] /" /proc/net/af_xen_stats
 }
 
+# /proc/net/af_xen names every socket under this domain's current domid
+# (it showed the pre-move one: the socket's stored address is from
+# bind/connect time)
+proc_own_domid() {
+  awk -v me="$(own_domid)" 'NR > 1 { split($2, a, ":"); if (a[1] != "*" && a[1] != me) { print "not dom" me ": " $0; bad = 1 } }
+    END { exit bad }' /proc/net/af_xen
+}
+
 # run_phase ROLE MOVE: one move's streams on this side, with the checks
 run_phase() {
   _role=$1; MOVE=$2
@@ -178,7 +186,10 @@ run_phase() {
       for s in $(streams); do flowing "$s-$MOVE" "$s-$MOVE-flows-after" || true; done
       [ "$_role" = client ] && listener_check "$MOVE" "$_now"
       kmod_trace "$MOVE-after"
-      if [ "$MIG_STACK" = kmod ]; then sed "s/^/  [af_xen] /" /proc/net/af_xen; fi ;;
+      if [ "$MIG_STACK" = kmod ]; then
+        sed "s/^/  [af_xen] /" /proc/net/af_xen
+        check "$MOVE-proc-own-domid" proc_own_domid
+      fi ;;
   esac
   lab_note "$MOVE-checked"
   lab_wait "$MOVE-stop" 600 >/dev/null

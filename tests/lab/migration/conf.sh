@@ -31,6 +31,7 @@ for _m in $MIG_MOVES; do
   [[ $_m != away && $MIG_STACK == userspace && ${MIG_HOOK:-1} == 1 ]] && EXPECT+=(domu1:$_m-suspend-releases)
   # the one listener domu1 made before the first move (common.sh)
   [[ $MIG_STACK == kmod ]] && EXPECT+=(domu2:resolve-$_m domu2:listener-survives-$_m)
+  [[ $MIG_STACK == kmod && $_m != away ]] && EXPECT+=(domu1:$_m-proc-own-domid domu2:$_m-proc-own-domid)
   for _s in $(mig_streams); do
     for _g in domu1 domu2; do
       EXPECT+=("$_g:$(mig_prefix "$_s")-$_s-$_m-connect" "$_g:$(mig_prefix "$_s")-$_s-$_m" "$_g:$_s-$_m-flows-before")
