@@ -4,6 +4,8 @@
 #define AF_XEN_NET_H
 #include <linux/types.h>
 struct socket;
+struct sock;
+struct msghdr;
 int afx_tcp_port(void);
 int afx_tcp_local_addr(u8 *out);
 u64 afx_random_u64(void);
@@ -24,6 +26,13 @@ int afx_tcp_connect_start(const u8 *addr, int port, unsigned int user_timeout_ms
 int afx_tcp_leg_state(struct socket *s);
 void afx_tcp_set_user_timeout(struct socket *s, unsigned int ms);
 int afx_tcp_send_nb(struct socket *s, const void *buf, size_t len);
+int afx_tcp_recv_msg(struct socket *s, struct msghdr *user, size_t len);
+int afx_tcp_send_msg_nb(struct socket *s, struct msghdr *user, size_t len);
+int afx_tcp_send_more_nb(struct socket *s, const void *buf, size_t len);
+size_t afx_msg_fault_in(struct msghdr *user, size_t len);
+int afx_tcp_readable(struct socket *s);
+void afx_tcp_set_owner(struct socket *s, struct sock *owner, int pulls);
+int afx_tcp_writable(struct socket *s);
 void afx_rs_suspend(void);
 void afx_rs_resume(int restored);
 int afx_pm_register(void);

@@ -105,14 +105,18 @@ fn inc(c: &AtomicI64, n: i64) {
 /// A fixed-size byte FIFO (the kernel's Vec has no deque).
 struct Fifo {
     buf: KVVec<u8>,
+    /// buf.len(), never 0: the index arithmetic has no division panic
+    /// (objtool saw `consume` fall through into the next function)
+    cap: core::num::NonZeroUsize,
     head: usize,
     len: usize,
 }
 
 impl Fifo {
     fn new(cap: usize) -> core::result::Result<Fifo, i32> {
+        let nz = core::num::NonZeroUsize::new(cap).ok_or(e::EINVAL)?;
         let buf = KVVec::from_elem(0u8, cap, GFP_KERNEL).map_err(|_| e::ENOMEM)?;
-        Ok(Fifo { buf, head: 0, len: 0 })
+        Ok(Fifo { buf, cap: nz, head: 0, len: 0 })
     }
     fn len(&self) -> usize {
         self.len
@@ -130,7 +134,7 @@ impl Fifo {
     }
     fn consume(&mut self, n: usize) {
         let n = n.min(self.len);
-        self.head = (self.head + n) % self.buf.len();
+        self.head = (self.head + n) % self.cap;
         self.len -= n;
         if self.len == 0 {
             self.head = 0;
@@ -147,7 +151,7 @@ impl Fifo {
             return 0;
         }
         let cap = self.buf.len();
-        let start = (self.head + self.len + ctrl::DATA_PREFIX_LEN) % cap;
+        let start = (self.head + self.len + ctrl::DATA_PREFIX_LEN) % self.cap;
         let first = max.min(cap - start);
         let mut got = msg.copy_from(&mut self.buf[start..start + first]);
         if got == first && first < max {
@@ -162,13 +166,45 @@ impl Fifo {
         self.len += got;
         got
     }
+    /// The free bytes right after the queued ones, up to the buffer's end
+    /// (a receive straight into the queue; `commit` then counts them).
+    fn tail_room(&mut self) -> &mut [u8] {
+        let cap = self.buf.len();
+        if self.len == cap {
+            return &mut [];
+        }
+        let tail = (self.head + self.len) % self.cap;
+        let end = if tail >= self.head { cap } else { self.head };
+        &mut self.buf[tail..end]
+    }
+    /// Counts `n` bytes written into `tail_room` as queued.
+    fn commit(&mut self, n: usize) {
+        self.len += n.min(self.room());
+    }
+    /// Appends `n` bytes copied straight from the user's iovecs (the rest
+    /// of a frame the socket did not take); returns the bytes copied
+    /// (short on a fault), 0 when they do not fit.
+    fn push_from(&mut self, msg: &mut Msg, n: usize) -> usize {
+        if n == 0 || n > self.room() {
+            return 0;
+        }
+        let cap = self.buf.len();
+        let tail = (self.head + self.len) % self.cap;
+        let first = n.min(cap - tail);
+        let mut got = msg.copy_from(&mut self.buf[tail..tail + first]);
+        if got == first && first < n {
+            got += msg.copy_from(&mut self.buf[..n - first]);
+        }
+        self.len += got;
+        got
+    }
     /// Appends all of `b`, or nothing when it does not fit.
     fn push(&mut self, b: &[u8]) -> bool {
         if b.len() > self.room() {
             return false;
         }
         let cap = self.buf.len();
-        let tail = (self.head + self.len) % cap;
+        let tail = (self.head + self.len) % self.cap;
         let first = b.len().min(cap - tail);
         self.buf[tail..tail + first].copy_from_slice(&b[..first]);
         self.buf[..b.len() - first].copy_from_slice(&b[first..]);
@@ -216,8 +252,14 @@ struct RxSide {
     leg: Option<crate::tcp::HeldLeg>,
     buf: Option<Fifo>,
     ctl: Option<Fifo>,
-    frame: KVVec<u8>,
+    /// the frame being read: a control frame whole, a `Data` frame's
+    /// prefix only (its payload goes straight to where it is read to)
+    hdr: [u8; ctrl::MAX_CONTROL_FRAME],
     fgot: usize,
+    /// payload bytes of the current `Data` frame still on the leg
+    data_left: usize,
+    /// what the leg's owner flag says now (`own_inbound`; None: not set)
+    owner_pulls: Option<bool>,
     /// the new receive ring offered, read once its `RingFrom` arrives
     offered: Option<Arc<Pipe>>,
     /// the sender's `TxFreeze` for the ring we left arrived
@@ -278,8 +320,10 @@ impl Switch {
                     leg: None,
                     buf: None,
                     ctl: None,
-                    frame: KVVec::new(),
+                    hdr: [0; ctrl::MAX_CONTROL_FRAME],
                     fgot: 0,
+                    data_left: 0,
+                    owner_pulls: None,
                     offered: None,
                     saw_freeze: false,
                     left_ms: 0,
@@ -325,9 +369,6 @@ fn rx_activate(r: &mut RxSide) -> core::result::Result<(), i32> {
     }
     if r.ctl.is_none() {
         r.ctl = Some(Fifo::new(CTLQ_BYTES)?);
-    }
-    if r.frame.is_empty() {
-        r.frame = KVVec::from_elem(0u8, ctrl::DATA_PREFIX_LEN + ctrl::MAX_DATA_PAYLOAD, GFP_KERNEL).map_err(|_| e::ENOMEM)?;
     }
     Ok(())
 }
@@ -583,6 +624,51 @@ pub(crate) fn closing(xs: &XenSock, tx: Option<&Arc<Pipe>>) {
     }
 }
 
+/// A leg of `xs`'s connection wakes its socket's waiters straight from its
+/// callbacks (af_xen_net.c, afx_leg_wake) while the application holds the
+/// socket. Caller holds the switch lock of the leg's direction, which
+/// `disown` takes after `closed`: either this sees `closed` or `disown`
+/// clears what this set.
+fn own(xs: &XenSock, sw: &Switch, leg: &crate::tcp::HeldLeg) {
+    if !sw.closed.load(Ordering::Acquire) {
+        leg.sock().set_owner(Some(&xs.sk), false);
+    }
+}
+
+/// The inbound leg's owner, and who reads it: the application's recvmsg
+/// while this direction is on TCP (the leg's data then wakes only it), the
+/// work item while it is on a ring (a TxFreeze comes there). Called with
+/// `sw.rx` held wherever the direction may have changed; a flag that lags
+/// behind a move off the ring only schedules the work item once more.
+fn own_inbound(xs: &XenSock, sw: &Switch, r: &mut RxSide) {
+    let Some(leg) = r.leg.as_ref() else { return };
+    if sw.closed.load(Ordering::Acquire) {
+        return;
+    }
+    let pulls = !r.path.reads_ring();
+    if r.owner_pulls != Some(pulls) {
+        leg.sock().set_owner(Some(&xs.sk), pulls);
+        r.owner_pulls = Some(pulls);
+    }
+}
+
+/// The application releases the socket: its legs (which may outlive it
+/// until what it sent is out) wake nobody from now on.
+pub(crate) fn disown(xs: &XenSock) {
+    let Some(sw) = sw_of(xs) else { return };
+    sw.closed.store(true, Ordering::Release);
+    {
+        let t = sw.tx.lock();
+        if let Some(l) = t.leg.as_ref() {
+            l.sock().set_owner(None, false);
+        }
+    }
+    let r = sw.rx.lock();
+    if let Some(l) = r.leg.as_ref() {
+        l.sock().set_owner(None, false);
+    }
+}
+
 /// An authenticated inbound leg for `xs` (tcp.rs). Err: refused (a second
 /// leg, or no switch).
 pub(crate) fn attach_inbound(xs: &Arc<XenSock>, leg: crate::tcp::HeldLeg) -> core::result::Result<(), crate::tcp::HeldLeg> {
@@ -593,6 +679,8 @@ pub(crate) fn attach_inbound(xs: &Arc<XenSock>, leg: crate::tcp::HeldLeg) -> cor
             return Err(leg);
         }
         r.leg = Some(leg);
+        r.owner_pulls = None;
+        own_inbound(xs, &sw, &mut r);
     }
     {
         // the peer uses TCP now: so do we, for what we send
@@ -659,6 +747,9 @@ pub(crate) fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize) -> Wri
         TxState::Frozen { .. } => return Write::Blocked,
         TxState::Tcp => {}
     }
+    // what is queued goes first, from here: a writer woken by the leg's
+    // write_space (afx_leg_wake) makes its own room, no work item between
+    flush_tx(&mut t);
     if t.broken {
         return Write::Pipe;
     }
@@ -668,6 +759,21 @@ pub(crate) fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize) -> Wri
     let peer_conn = xs.inner.lock().peer_conn;
     let mut sent = 0usize;
     while sent < left {
+        match send_direct(&mut t, peer_conn, msg, (left - sent).min(DATA_CHUNK)) {
+            Direct::Sent(n) => {
+                sent += n;
+                continue;
+            }
+            Direct::Queue => {}
+            // the leg is full: the writer waits for it (as TCP's own
+            // writer does) rather than copying into the queue
+            Direct::Full => break,
+            Direct::Torn => {
+                drop(t);
+                fail(xs, "the sender's buffer went away mid-frame");
+                return Write::Fault;
+            }
+        }
         let room = t.q.as_ref().map(|q| q.room()).unwrap_or(0);
         if room <= ctrl::DATA_PREFIX_LEN + CTL_RESERVE {
             break;
@@ -695,19 +801,94 @@ pub(crate) fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize) -> Wri
     Write::Sent(sent)
 }
 
+enum Direct {
+    /// a whole frame of this many payload bytes is on the leg or queued behind it
+    Sent(usize),
+    /// not now: the queued path takes it (or reports why not): the leg is
+    /// not up yet, or the user's buffer faults
+    Queue,
+    /// the leg takes nothing now, or holds a frame's rest in the queue
+    Full,
+    /// the frame's prefix went out and the user's buffer faulted after all
+    Torn,
+}
+
+/// A `Data` frame of `want` bytes sent straight from the user's buffers
+/// when nothing is queued ahead of it: the prefix (held back with
+/// MSG_MORE), then the payload from the iovecs, one copy as TCP's own
+/// sendmsg; what the leg does not take now goes to the queue behind it,
+/// which the work item drains. The queue's room for the whole frame is
+/// checked first and the user's pages faulted in, so a frame whose
+/// prefix went out is always completed (a buffer unmapped by another
+/// thread in between is `Torn`).
+fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, want: usize) -> Direct {
+    if want == 0 || !leg_ready(t) || !t.path.writable() {
+        return Direct::Queue;
+    }
+    match t.q.as_ref() {
+        Some(q) if q.is_empty() && q.room() >= ctrl::DATA_PREFIX_LEN + want + CTL_RESERVE => {}
+        Some(_) => return Direct::Full,
+        None => return Direct::Queue,
+    }
+    let Some(leg) = t.leg.as_ref() else { return Direct::Queue };
+    if !msg.fault_in(want) {
+        return Direct::Queue;
+    }
+    let Ok(prefix) = ctrl::encode_data_prefix(conn, t.path.sent(), want) else { return Direct::Queue };
+    let p = match leg.sock().send_more_nb(&prefix) {
+        Ok(n) if n > 0 => n.min(prefix.len()),
+        Ok(_) => return Direct::Full,
+        Err(x) if x == e::EAGAIN => return Direct::Full,
+        Err(_) => {
+            t.broken = true;
+            return Direct::Queue;
+        }
+    };
+    // committed: the frame's bytes are counted and all follow its prefix
+    let _ = t.path.record_sent(want as u64);
+    let mut on_leg = 0;
+    if p == prefix.len() {
+        // an error here (the leg broke) leaves the rest to the queue,
+        // whose flush finds the leg broken
+        on_leg = leg.sock().send_from_user(msg, want).unwrap_or(0).min(want);
+    }
+    let Some(q) = t.q.as_mut() else { return Direct::Torn };
+    if p < prefix.len() {
+        q.push(&prefix[p..]);
+    }
+    let rest = want - on_leg;
+    if rest > 0 && q.push_from(msg, rest) < rest {
+        return Direct::Torn;
+    }
+    Direct::Sent(want)
+}
+
 /// Whether a writer waiting on TCP should look again.
 pub(crate) fn tx_ready(sw: &Switch) -> bool {
     let t = sw.tx.lock();
     match t.path.state() {
         TxState::Ring { .. } => true,
         TxState::Frozen { .. } => false,
-        TxState::Tcp => {
-            t.broken
-                || (t.resend_pos >= t.resend_end
-                    && t.offer.is_none()
-                    && t.q.as_ref().map(|q| q.room() > ctrl::DATA_PREFIX_LEN + CTL_RESERVE).unwrap_or(false))
-        }
+        TxState::Tcp => t.broken || tcp_writable(&t),
     }
+}
+
+/// The outbound leg is up and its hello out: frames go on it.
+fn leg_ready(t: &TxSide) -> bool {
+    t.leg_up && t.hello_left == 0 && t.leg.is_some()
+}
+
+/// A write on TCP would take bytes now: nothing to resend or offer first,
+/// and a leg that takes bytes (the writer flushes what is queued itself,
+/// `send`), or, while the leg connects, room in the queue.
+fn tcp_writable(t: &TxSide) -> bool {
+    if t.resend_pos < t.resend_end || t.offer.is_some() {
+        return false;
+    }
+    if leg_ready(t) {
+        return t.leg.as_ref().is_some_and(|l| l.sock().writable());
+    }
+    t.q.as_ref().is_some_and(|q| q.room() > ctrl::DATA_PREFIX_LEN + CTL_RESERVE)
 }
 
 pub(crate) enum Read {
@@ -730,13 +911,28 @@ pub(crate) fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: 
             return Read::Ring;
         }
         // pull what the leg has now (process context; the work item does
-        // it too). No ring pipe is in use here, so no consumer lock first.
+        // it too when no reader waits). No ring pipe is in use here, so no
+        // consumer lock first. A read takes the payload straight into the
+        // user's buffers; a peek goes through the buffer (it must not consume).
         if xs.inner.lock().rx.is_none() {
             let ids = ids(xs);
-            if let Err(why) = pull_frames(xs, sw, &mut r, &ids) {
+            let mut sink = if peek { Sink::Buffer } else { Sink::User { msg: &mut *msg, left, got: 0, fault: false } };
+            let res = pull(xs, sw, &mut r, &ids, &mut sink);
+            let (got, fault) = match sink {
+                Sink::User { got, fault, .. } => (got, fault),
+                Sink::Buffer | Sink::Control => (0, false),
+            };
+            if let Err(why) = res {
                 drop(r);
                 fail(xs, why);
-                return Read::Reset;
+                // what arrived before the failure was the stream's
+                return if got > 0 { Read::Got(got) } else { Read::Reset };
+            }
+            if got > 0 {
+                return Read::Got(got);
+            }
+            if fault {
+                return Read::Fault;
             }
         }
         let pending = r.buf.as_ref().map(|b| b.len()).unwrap_or(0);
@@ -766,40 +962,50 @@ pub(crate) fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: 
     Read::Got(out)
 }
 
-/// Bytes taken off the TCP carrier that the application has not read
-/// (FIONREAD adds the ring's). The work item pulls frames into this buffer
-/// as they arrive, so it is what a read returns now.
-pub(crate) fn tcp_readable(sw: &Switch) -> usize {
-    sw.rx.lock().buf.as_ref().map_or(0, |b| b.len())
+/// Bytes on the TCP carrier that the application has not read (FIONREAD
+/// adds the ring's): what the leg has is taken into the buffer first (the
+/// work item leaves it to the reader), so it is what a read returns now.
+pub(crate) fn tcp_readable(xs: &XenSock, sw: &Switch) -> usize {
+    let mut r = sw.rx.lock();
+    if !r.path.reads_ring() && xs.inner.lock().rx.is_none() {
+        let ids = ids(xs);
+        if let Err(why) = pull_frames(xs, sw, &mut r, &ids) {
+            drop(r);
+            fail(xs, why);
+            return 0;
+        }
+    }
+    r.buf.as_ref().map_or(0, |b| b.len())
 }
 
-/// Whether a reader waiting on TCP should look again.
-pub(crate) fn rx_ready(sw: &Switch) -> bool {
+/// Whether a reader waiting on TCP should look again: bytes buffered, the
+/// leg has something (the reader pulls it itself, see `service`), the end,
+/// or back on a ring.
+pub(crate) fn rx_ready(xs: &XenSock, sw: &Switch) -> bool {
     let r = sw.rx.lock();
     r.path.reads_ring()
         || r.buf.as_ref().map(|b| !b.is_empty()).unwrap_or(false)
         || r.path.eof_at() == Some(r.path.taken())
+        || (r.leg.as_ref().is_some_and(|l| l.sock().readable()) && xs.inner.lock().rx.is_none())
 }
 
-
 /// poll() bits of the directions on TCP: (readable, read hangup, writable, write hangup).
-pub(crate) fn poll_bits(sw: &Switch) -> (bool, bool, bool, bool) {
+/// Readable includes a leg with something on it while no ring is in use:
+/// recvmsg pulls it itself (the leg's callbacks wake the poller directly).
+pub(crate) fn poll_bits(xs: &XenSock, sw: &Switch) -> (bool, bool, bool, bool) {
     let (readable, rd_hup) = {
         let r = sw.rx.lock();
         let pending = r.buf.as_ref().map(|b| !b.is_empty()).unwrap_or(false);
         let eof = !r.path.reads_ring() && r.path.eof_at() == Some(r.path.taken());
-        (pending || eof, eof)
+        let on_leg = !r.path.reads_ring()
+            && r.leg.as_ref().is_some_and(|l| l.sock().readable())
+            && xs.inner.lock().rx.is_none();
+        (pending || eof || on_leg, eof)
     };
     let (writable, wr_hup) = {
         let t = sw.tx.lock();
         match t.path.state() {
-            TxState::Tcp => (
-                !t.broken
-                    && t.resend_pos >= t.resend_end
-                    && t.offer.is_none()
-                    && t.q.as_ref().map(|q| q.room() > ctrl::DATA_PREFIX_LEN + CTL_RESERVE).unwrap_or(false),
-                t.broken,
-            ),
+            TxState::Tcp => (!t.broken && tcp_writable(&t), t.broken),
             _ => (false, false),
         }
     };
@@ -999,7 +1205,11 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids) {
             Ok(s) => {
                 let n = Message::TcpHello { conn_id: ids.peer_conn, cookie: peer.cookie }.encode(&mut t.hello).unwrap_or(0);
                 t.hello_left = n;
-                t.leg = Some(crate::tcp::HeldLeg::new(s));
+                let leg = crate::tcp::HeldLeg::new(s);
+                if let Some(sw) = sw_of(xs) {
+                    own(xs, &sw, &leg);
+                }
+                t.leg = Some(leg);
                 t.leg_up = false;
                 t.connect_started_ms = now;
                 inc(&counters::LEG_CONNECTS, 1);
@@ -1111,72 +1321,151 @@ fn on_consumed(xs: &XenSock, t: &mut TxSide, ids: &Ids, epoch: u32, offset: u64)
     Ok(())
 }
 
-/// Reads frames off the inbound leg while the receive buffer has room for
-/// a whole `Data` frame. Caller holds the rx pipe's consumer (if a ring is
-/// in use) and `sw.rx`; on Err it resets the connection after releasing
-/// them (the reset takes the rings' locks).
+/// Where the payload of `Data` frames goes as it comes off the inbound leg.
+enum Sink<'m> {
+    /// the receive buffer (a peeking reader, FIONREAD)
+    Buffer,
+    /// none: control frames only, up to the next `Data` payload (the work
+    /// item, which leaves the payload to the application's recvmsg)
+    Control,
+    /// straight into the user buffers of the recvmsg being served, at
+    /// most `left` bytes in all: one copy, as TCP's own recvmsg (through
+    /// the buffer it was three, docs/lab.md "The TCP carrier")
+    User { msg: &'m mut Msg, left: usize, got: usize, fault: bool },
+}
+
+/// Reads frames off the inbound leg: control frames whole, `Data` payload
+/// into `sink` while it has room. Caller holds the rx pipe's consumer (if
+/// a ring is in use) and `sw.rx`; on Err it resets the connection after
+/// releasing them (the reset takes the rings' locks).
 fn pull_frames(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
-    let res = pull_frames_inner(xs, sw, r, ids);
+    pull(xs, sw, r, ids, &mut Sink::Buffer)
+}
+
+fn pull(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut Sink<'_>) -> core::result::Result<(), &'static str> {
+    let res = pull_inner(xs, sw, r, ids, sink);
     if res.is_err() {
         r.leg = None;
     }
     res
 }
 
-fn pull_frames_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
+/// The inbound leg said EOF or failed (`failed`): fine only where the
+/// stream no longer needs it.
+fn leg_gone(r: &mut RxSide, failed: bool) -> core::result::Result<(), &'static str> {
+    r.leg = None;
+    let mid_frame = r.data_left > 0 || r.fgot > 0;
+    let done = r.path.eof_at() == Some(r.path.taken());
+    if r.path.reads_ring() && !mid_frame {
+        return Ok(());
+    }
+    if failed {
+        return Err("inbound leg failed");
+    }
+    if mid_frame || !done {
+        return Err("inbound leg closed mid-stream");
+    }
+    Ok(())
+}
+
+fn pull_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut Sink<'_>) -> core::result::Result<(), &'static str> {
     loop {
-        let room = r.buf.as_ref().map(|b| b.room()).unwrap_or(0);
-        if room < ctrl::MAX_DATA_PAYLOAD || r.frame.is_empty() {
-            return Ok(());
-        }
         let Some(leg) = r.leg.as_ref() else { return Ok(()) };
-        let need = if r.fgot < ctrl::HEADER_LEN {
-            ctrl::HEADER_LEN
-        } else {
-            ctrl::decode_header(&r.frame[..ctrl::HEADER_LEN], Channel::Tcp).map_err(|_| "malformed frame on the inbound leg")?.frame_len()
-        };
-        if r.fgot < need {
-            let got = r.fgot;
-            match leg.sock().recv(&mut r.frame[got..need]) {
-                Ok(0) => {
-                    r.leg = None;
-                    let done = r.path.eof_at() == Some(r.path.taken());
-                    if !r.path.reads_ring() && !done {
-                        return Err("inbound leg closed mid-stream");
+        if r.data_left > 0 {
+            let res = match sink {
+                Sink::User { msg, left, got, .. } => {
+                    let want = r.data_left.min(*left - *got);
+                    if want == 0 {
+                        return Ok(());
                     }
-                    return Ok(());
+                    leg.sock().recv_to_user(msg, want).inspect(|n| *got += n)
                 }
-                Ok(n) => r.fgot += n,
+                Sink::Buffer => {
+                    let Some(b) = r.buf.as_mut() else { return Ok(()) };
+                    let room = b.tail_room();
+                    let want = r.data_left.min(room.len());
+                    if want == 0 {
+                        // full: the leg waits (TCP's window closes) until the reader takes some
+                        return Ok(());
+                    }
+                    leg.sock().recv(&mut room[..want]).inspect(|n| b.commit(*n))
+                }
+                Sink::Control => return Ok(()),
+            };
+            match res {
+                Ok(0) => return leg_gone(r, false),
+                Ok(n) => r.data_left -= n.min(r.data_left),
                 Err(x) if x == e::EAGAIN => return Ok(()),
-                Err(_) => {
-                    r.leg = None;
-                    if !r.path.reads_ring() {
-                        return Err("inbound leg failed");
+                Err(x) if x == e::EFAULT => {
+                    // the user's buffer, not the leg: the bytes stay queued
+                    if let Sink::User { fault, .. } = sink {
+                        *fault = true;
                     }
                     return Ok(());
                 }
+                Err(_) => return leg_gone(r, true),
             }
             continue;
         }
-        r.fgot = 0;
-        // decode borrows the frame buffer: take it out for the call
-        let frame = core::mem::replace(&mut r.frame, KVVec::new());
-        let res = on_frame(xs, sw, r, ids, &frame[..need]);
-        r.frame = frame;
-        res?;
+        if let Sink::User { left, got, .. } = sink {
+            if *got >= *left {
+                return Ok(());
+            }
+        }
+        // a frame: its header and, every frame on a leg but a Reset being
+        // at least that long, a Data frame's offset in the same read
+        let need = if r.fgot < ctrl::HEADER_LEN {
+            ctrl::DATA_PREFIX_LEN
+        } else {
+            let h = ctrl::decode_header(&r.hdr[..ctrl::HEADER_LEN], Channel::Tcp).map_err(|_| "malformed frame on the inbound leg")?;
+            if h.kind == ctrl::Kind::Data {
+                ctrl::DATA_PREFIX_LEN
+            } else if h.frame_len() <= r.hdr.len() {
+                h.frame_len()
+            } else {
+                return Err("malformed frame on the inbound leg");
+            }
+        };
+        if r.fgot < need || r.fgot < ctrl::HEADER_LEN {
+            let got = r.fgot;
+            match leg.sock().recv(&mut r.hdr[got..need]) {
+                Ok(0) => return leg_gone(r, false),
+                Ok(n) => r.fgot += n,
+                Err(x) if x == e::EAGAIN => return Ok(()),
+                Err(_) => return leg_gone(r, true),
+            }
+            continue;
+        }
+        // the frame is in hdr[..need]; a short frame (Reset) read with
+        // the next one's first bytes keeps those for it
+        let frame = r.hdr;
+        let extra = r.fgot - need;
+        r.hdr.copy_within(need..need + extra, 0);
+        r.fgot = extra;
+        if ctrl::decode_header(&frame[..ctrl::HEADER_LEN], Channel::Tcp).map(|h| h.kind) == Ok(ctrl::Kind::Data) {
+            let (h, offset) = ctrl::decode_data_prefix(&frame[..need], Channel::Tcp).map_err(|_| "malformed frame on the inbound leg")?;
+            if h.conn_id != ids.conn_id {
+                return Err("unexpected frame on the inbound leg");
+            }
+            let len = h.frame_len() - ctrl::DATA_PREFIX_LEN;
+            // the whole frame's range is accepted now (nothing reads the
+            // count before its payload is in: the next frame comes after it)
+            r.path.on_data(offset, len as u64).map_err(|_| "Data out of order")?;
+            r.data_left = len;
+            continue;
+        }
+        on_frame(xs, sw, r, ids, &frame[..need])?;
+        own_inbound(xs, sw, r);
+        if r.path.reads_ring() {
+            // back on a ring: nothing more of this direction comes on TCP
+            return Ok(());
+        }
     }
 }
 
 fn on_frame(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, frame: &[u8]) -> core::result::Result<(), &'static str> {
     let (m, _) = ctrl::decode(frame, Channel::Tcp).map_err(|_| "malformed frame on the inbound leg")?;
     match m {
-        Message::Data { conn_id, offset, payload } if conn_id == ids.conn_id => {
-            r.path.on_data(offset, payload.len() as u64).map_err(|_| "Data out of order")?;
-            let Some(b) = r.buf.as_mut() else { return Err("no buffer") };
-            if !b.push(payload) {
-                return Err("receive buffer overrun");
-            }
-        }
         Message::TxFreeze { conn_id, epoch, offset } if conn_id == ids.conn_id => {
             r.saw_freeze = true;
             let was_ring = matches!(r.path.state(), RxState::Ring { .. });
@@ -1266,8 +1555,23 @@ pub(crate) fn service(xs: &Arc<XenSock>) -> bool {
         let pipe = xs.inner.lock().rx.clone();
         let c = pipe.as_ref().map(|p| p.rx.lock());
         let mut r = sw.rx.lock();
-        // a ring put in by a reader's own pull in between: next pass
-        let res = if closed || !same_pipe(&xs.inner.lock().rx, &pipe) { Ok(()) } else { pull_frames(xs, &sw, &mut r, &ids) };
+        // a ring put in by a reader's own pull in between: next pass. On
+        // TCP the application's recvmsg pulls for itself, one copy straight
+        // into its buffers (the leg's callbacks wake it, poll says readable
+        // when the leg is); the work item pulled into the buffer and the
+        // reader copied it out again, preempted by it 5-6 times per MiB
+        // (docs/lab.md "The TCP carrier"). Frames the application does not
+        // read wait in the leg, as in a TCP socket; the control frames up
+        // to them are taken here. On a ring, what the leg brings is control
+        // (TxFreeze).
+        let res = if closed || !same_pipe(&xs.inner.lock().rx, &pipe) {
+            Ok(())
+        } else if pipe.is_none() {
+            pull(xs, &sw, &mut r, &ids, &mut Sink::Control)
+        } else {
+            pull_frames(xs, &sw, &mut r, &ids)
+        };
+        own_inbound(xs, &sw, &mut r);
         flush_ctl(&mut r);
         drop(r);
         drop(c);

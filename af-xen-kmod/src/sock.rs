@@ -361,6 +361,8 @@ fn destroy(xs: &Arc<XenSock>) {
             i.lends_rx,
         )
     };
+    // before the struct sock can go: its TCP legs' callbacks stop waking it
+    crate::carrier::disown(xs);
     if link.is_some() {
         // its TCP legs go once what it sent is out (carrier.rs)
         crate::carrier::closing(xs, tx.as_ref());
@@ -1221,7 +1223,7 @@ unsafe extern "C" fn xs_poll(
             // a direction on TCP (carrier.rs)
             let sw = xs.inner.lock().sw.clone();
             if let Some(sw) = sw.filter(|s| s.is_active()) {
-                let (readable, rdh, writable, wrh) = crate::carrier::poll_bits(&sw);
+                let (readable, rdh, writable, wrh) = crate::carrier::poll_bits(&xs, &sw);
                 if readable {
                     mask |= POLLIN | POLLRDNORM;
                 }
@@ -1269,7 +1271,7 @@ unsafe extern "C" fn xs_ioctl(sock: *mut bindings::socket, cmd: core::ffi::c_uin
         rx.map_or(0, |rx| crate::seqpacket::next_len(&rx) as c_int)
     } else if cmd == SIOCINQ {
         // bytes taken off the TCP carrier come first (carrier.rs)
-        let on_tcp = xs.inner.lock().sw.clone().map_or(0, |sw| crate::carrier::tcp_readable(&sw));
+        let on_tcp = xs.inner.lock().sw.clone().map_or(0, |sw| crate::carrier::tcp_readable(&xs, &sw));
         let on_ring = match rx.map(|rx| rx.rx_state()) {
             Some(Ok((n, _))) => n as usize,
             Some(Err(_)) | None => 0,
@@ -1647,7 +1649,7 @@ unsafe extern "C" fn xs_recvmsg_untimed(
                         let i = xs.inner.lock();
                         let stop = i.shut_rd || i.reset;
                         drop(i);
-                        stop || crate::carrier::rx_ready(sw)
+                        stop || crate::carrier::rx_ready(&xs, sw)
                     });
                     if let Err(x) = r {
                         return if copied > 0 { copied as c_int } else { err(x) };

@@ -68,6 +68,7 @@ extern "C" {
     fn afx_sigpipe();
     fn afx_xen_domain() -> c_int;
     fn afx_msg_left(msg: *mut bindings::msghdr) -> usize;
+    fn afx_msg_fault_in(msg: *mut bindings::msghdr, len: usize) -> usize;
     fn afx_accept_flags(arg: *mut bindings::proto_accept_arg) -> c_int;
     fn afx_hostile_test() -> c_int;
     fn afx_sk_err_pending(sk: *mut bindings::sock) -> c_int;
@@ -449,6 +450,14 @@ unsafe impl Send for Sk {}
 unsafe impl Sync for Sk {}
 
 impl Sk {
+    /// The struct sock, for a kernel call that keeps it only while this
+    /// socket lives (a TCP leg's owner, sys_net.rs).
+    pub(crate) fn as_raw(&self) -> *mut bindings::sock {
+        self.0
+    }
+}
+
+impl Sk {
     /// The sock's address, as an identity (never dereferenced).
     pub(crate) fn id(&self) -> usize {
         self.0 as usize
@@ -670,6 +679,18 @@ impl Msg {
     pub(crate) fn left(&self) -> usize {
         // SAFETY: live msghdr.
         unsafe { afx_msg_left(self.0) }
+    }
+    /// The msghdr, for a kernel socket call that copies to or from the
+    /// same user buffers (sys_net.rs).
+    pub(crate) fn as_raw(&mut self) -> *mut bindings::msghdr {
+        self.0
+    }
+    /// Whether the next `len` bytes of the user's buffers are all present
+    /// (faulted in now, as the socket layer's own writers do before they
+    /// commit to a length).
+    pub(crate) fn fault_in(&mut self, len: usize) -> bool {
+        // SAFETY: live msghdr; the helper only reads its iterator.
+        unsafe { afx_msg_fault_in(self.0, len) == 0 }
     }
     /// Copies from the user's iovecs into `buf`; returns the bytes copied
     /// (short on a fault).

@@ -29,6 +29,12 @@ extern "C" {
     fn afx_tcp_leg_state(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_set_user_timeout(s: *mut bindings::socket, ms: kernel::ffi::c_uint);
     fn afx_tcp_send_nb(s: *mut bindings::socket, buf: *const c_void, len: usize) -> c_int;
+    fn afx_tcp_recv_msg(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize) -> c_int;
+    fn afx_tcp_send_msg_nb(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize) -> c_int;
+    fn afx_tcp_send_more_nb(s: *mut bindings::socket, buf: *const c_void, len: usize) -> c_int;
+    fn afx_tcp_readable(s: *mut bindings::socket) -> c_int;
+    fn afx_tcp_set_owner(s: *mut bindings::socket, owner: *mut bindings::sock, pulls: c_int);
+    fn afx_tcp_writable(s: *mut bindings::socket) -> c_int;
     fn afx_pm_register() -> c_int;
     fn afx_pm_unregister();
 }
@@ -204,6 +210,59 @@ impl TcpSock {
         // SAFETY: self.0 is live; buf is writable for buf.len() bytes.
         let n = to_result(unsafe { afx_tcp_recv(self.0, buf.as_mut_ptr().cast(), buf.len()) })?;
         Ok(n as usize)
+    }
+
+    /// Sends what fits of a frame's first part without blocking, held back
+    /// (MSG_MORE) for the rest that follows at once: Ok(n), Err(EAGAIN).
+    pub(crate) fn send_more_nb(&self, buf: &[u8]) -> core::result::Result<usize, i32> {
+        // SAFETY: self.0 is live; buf is readable for buf.len() bytes.
+        let n = to_result(unsafe { afx_tcp_send_more_nb(self.0, buf.as_ptr().cast(), buf.len()) })?;
+        Ok(n as usize)
+    }
+
+    /// Sends at most `len` bytes straight from the user buffers of the
+    /// sendmsg being served (`msg` advances by what was taken), without
+    /// blocking: Ok(n), Err(EAGAIN) when full, Err(EFAULT).
+    pub(crate) fn send_from_user(&self, msg: &mut crate::sys::Msg, len: usize) -> core::result::Result<usize, i32> {
+        // SAFETY: self.0 is live; msg is the live msghdr of this sendmsg,
+        // whose iterator the helper copies, truncates and advances.
+        let n = to_result(unsafe { afx_tcp_send_msg_nb(self.0, msg.as_raw(), len) })?;
+        Ok(n as usize)
+    }
+
+    /// Receives at most `len` bytes straight into the user buffers of the
+    /// recvmsg being served (`msg` advances), without blocking: Ok(0) at
+    /// EOF, Err(EAGAIN) when nothing, Err(EFAULT) with the data left queued.
+    pub(crate) fn recv_to_user(&self, msg: &mut crate::sys::Msg, len: usize) -> core::result::Result<usize, i32> {
+        // SAFETY: self.0 is live; msg is the live msghdr of this recvmsg,
+        // whose iterator the helper copies, truncates and advances.
+        let n = to_result(unsafe { afx_tcp_recv_msg(self.0, msg.as_raw(), len) })?;
+        Ok(n as usize)
+    }
+
+    /// Whether a read would find something now (bytes, an error or EOF).
+    pub(crate) fn readable(&self) -> bool {
+        // SAFETY: self.0 is live; the helper reads its queue locklessly.
+        unsafe { afx_tcp_readable(self.0) != 0 }
+    }
+
+    /// Whether a send would take bytes now (TCP's own EPOLLOUT).
+    pub(crate) fn writable(&self) -> bool {
+        // SAFETY: self.0 is live; the helper reads its send space locklessly.
+        unsafe { afx_tcp_writable(self.0) != 0 }
+    }
+
+    /// The AF_XEN socket whose waiters this leg's callbacks wake from now
+    /// on (None: nobody's), and whether its recvmsg pulls this leg (then
+    /// the leg's data does not schedule the work item). The caller clears
+    /// it before that socket can go (`carrier::disown`, under the switch
+    /// locks that set it).
+    pub(crate) fn set_owner(&self, owner: Option<&crate::sys::Sk>, pulls: bool) {
+        let p = owner.map_or(core::ptr::null_mut(), |o| o.as_raw());
+        // SAFETY: self.0 is live; the owner is live now and is cleared here
+        // (under sk_callback_lock, which the callbacks read it under)
+        // before its socket is released.
+        unsafe { afx_tcp_set_owner(self.0, p, c_int::from(pulls)) }
     }
 
     /// Sends all of `buf` (may block for room).

@@ -875,6 +875,28 @@ pub fn encode_data_prefix(
     Ok(out)
 }
 
+/// Decodes the [`DATA_PREFIX_LEN`]-byte prefix of a `Data` frame (what
+/// [`encode_data_prefix`] makes): its header and stream offset. The
+/// payload, `frame_len() - DATA_PREFIX_LEN` bytes, follows; a host can
+/// receive it straight into its destination instead of buffering the
+/// whole frame for [`decode`]. Any other kind is an error.
+pub fn decode_data_prefix(buf: &[u8], channel: Channel) -> Result<(FrameHeader, u64), DecodeError> {
+    let hdr = decode_header(buf, channel)?;
+    if hdr.kind != Kind::Data {
+        return Err(DecodeError::BadField("kind of a Data prefix"));
+    }
+    if buf.len() < DATA_PREFIX_LEN {
+        return Err(DecodeError::Incomplete {
+            needed: DATA_PREFIX_LEN,
+        });
+    }
+    let mut r = Reader {
+        buf: &buf[HEADER_LEN..DATA_PREFIX_LEN],
+        pos: 0,
+    };
+    Ok((hdr, r.u64()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1025,5 +1047,49 @@ mod tests {
             encode_data_prefix(4, 0, MAX_DATA_PAYLOAD + 1),
             Err(EncodeError::PayloadTooLarge)
         );
+    }
+
+    #[test]
+    fn data_prefix_decodes_what_the_full_encoding_says() {
+        let payload = [9u8; 300];
+        let msg = Message::Data {
+            conn_id: 11,
+            offset: (1 << 33) + 5,
+            payload: &payload,
+        };
+        let mut buf = [0u8; 400];
+        let n = msg.encode(&mut buf).unwrap();
+        let (hdr, offset) = decode_data_prefix(&buf[..DATA_PREFIX_LEN], Channel::Tcp).unwrap();
+        assert_eq!(hdr.kind, Kind::Data);
+        assert_eq!(hdr.conn_id, 11);
+        assert_eq!(offset, (1 << 33) + 5);
+        assert_eq!(hdr.frame_len(), n);
+        assert_eq!(hdr.frame_len() - DATA_PREFIX_LEN, payload.len());
+    }
+
+    #[test]
+    fn data_prefix_refuses_other_kinds_short_input_and_the_link_channel() {
+        let mut buf = [0u8; 64];
+        let n = Message::Fin {
+            conn_id: 3,
+            offset: 77,
+        }
+        .encode(&mut buf)
+        .unwrap();
+        assert_eq!(
+            decode_data_prefix(&buf[..n], Channel::Tcp),
+            Err(DecodeError::BadField("kind of a Data prefix"))
+        );
+        let prefix = encode_data_prefix(3, 0, 10).unwrap();
+        assert_eq!(
+            decode_data_prefix(&prefix[..DATA_PREFIX_LEN - 1], Channel::Tcp),
+            Err(DecodeError::Incomplete {
+                needed: DATA_PREFIX_LEN
+            })
+        );
+        assert!(matches!(
+            decode_data_prefix(&prefix, Channel::Link),
+            Err(DecodeError::WrongChannel(Kind::Data))
+        ));
     }
 }

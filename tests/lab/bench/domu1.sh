@@ -32,6 +32,7 @@ serve_rounds() {
   done
   return $_ok
 }
+if phase main; then # ---- every transport's servers, the timed rows, libxensock ----
 timeout 800 iperf3 -s -1 -p 5201 > /tmp/iperf3.log 2>&1 &
 IPERF=$!
 serve_rounds /tmp/tcp.log 'xlbench tcp server 7001 $BENCH_MIB $PINGS' unchecked &
@@ -87,8 +88,10 @@ grep af_xen /proc/interrupts
 timeout 200 lab_bench server kernel 7302 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/afxen-rust.log 2>&1 &
 check_wait afxen-libxensock-server $! /tmp/afxen-rust.log
 cat /tmp/afxen-rust.log
+fi # phase main
 
 # ---- issue #7: af_xen.ko's TCP carrier, the server ends (domu2.sh says how) ----
+if phase tcp-carrier; then
 echo 30000 > /sys/module/af_xen/parameters/peer_lost_ms
 serve_rounds /tmp/tcp-same.log 'xlbench tcp server 7002 $BENCH_MIB $PINGS' &
 TCPSAME=$!
@@ -100,12 +103,14 @@ cat /tmp/tcp-same.log /tmp/afxen-tcpc.log
 # dom0 links the pair again after the last round: the module stays until then
 # (run bench-20261122-131612 unloaded it first and the link never came back)
 xlbench xsread "data/tcpc-linked-$BENCH_REPS" 120 > /dev/null || log "no links from dom0 after the TCP carrier phase"
+fi # phase tcp-carrier
 cat /proc/net/af_xen /proc/net/af_xen_stats
 check afxen-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t"'
 dmesg | grep af_xen | tail -n 5
 # the module and the user-space transport both own data/xensock/link: unload first
 check afxen-rmmod rmmod af_xen
 
+phase user || exit 0
 # ---- libxensock's user-space transport over /dev/xen -----------------------------
 # dom0 clears the link directories once both modules are gone, then says go
 xlbench xsread data/bench-user-go 400 > /dev/null || log "no go from dom0 after 400 s"

@@ -23,6 +23,7 @@ unchecked() {
   _n=$1; shift
   run_client "$_n" env XLBENCH_NOCHECK=1 "$@"
 }
+if phase main; then # ---- the rounds of every transport, timed rows, iperf3, libxensock ----
 for ROUND in $(seq "$BENCH_REPS"); do
   log "round $ROUND of $BENCH_REPS: $BENCH_MIB MiB + $BENCH_PINGS round trips per transport, then $BENCH_MIB MiB unchecked"
   timeout 300 xlbench-xs unix server /tmp/bench.sock "$BENCH_MIB" "$BENCH_PINGS" >> /tmp/unix.log 2>&1 &
@@ -90,6 +91,7 @@ log "AF_XEN through libxensock (kernel backend)"
 if XLBENCH_LABEL=afxen-libxensock timeout 300 lab_bench client kernel "$PEER" 7302 "$BENCH_MIB" "$BENCH_PINGS" 120; then
   result afxen-libxensock-client PASS
 else result afxen-libxensock-client FAIL "rc=$?"; fi
+fi # phase main
 
 # ---- issue #7: af_xen.ko's TCP carrier against plain TCP, same phase ----------
 # Each round: plain TCP over netfront (row tcp-same-phase), then an AF_XEN
@@ -98,6 +100,7 @@ else result afxen-libxensock-client FAIL "rc=$?"; fi
 # connection's carrier is tcp both ways (/proc/net/af_xen) and streams
 # over it (row afxen-tcp-carrier); "... end" tells dom0 to make the
 # links again for the next round (and for what follows).
+if phase tcp-carrier; then
 log "TCP carrier phase: $BENCH_REPS rounds of tcp-same-phase and afxen-tcp-carrier"
 # the legs must be up within peer_lost_ms of the switch; under TCG 10 s is tight
 echo 30000 > /sys/module/af_xen/parameters/peer_lost_ms
@@ -119,10 +122,12 @@ done
 # data-path sums count ring work only)
 cat /proc/net/af_xen_stats | paste -d' ' /tmp/stats-before-carrier - |
   awk '$1 == $3 && $4 != $2 { printf "  carrier phase: %s %+d\n", $1, $4 - $2 }'
+fi # phase tcp-carrier
 cat /proc/net/af_xen /proc/net/af_xen_stats
 check afxen-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t"'
 check afxen-rmmod rmmod af_xen
 
+phase user || exit 0
 log "libxensock user-space transport over /dev/xen"
 xlbench xsread data/bench-user-go 400 > /dev/null || log "no go from dom0 after 400 s"
 if XLBENCH_LABEL=xensock-user timeout 300 lab_bench client user "$PEER" 7303 "$BENCH_MIB" "$BENCH_PINGS" 120; then
