@@ -990,17 +990,29 @@ pub(crate) fn rx_ready(xs: &XenSock, sw: &Switch) -> bool {
 }
 
 /// poll() bits of the directions on TCP: (readable, read hangup, writable, write hangup).
-/// Readable includes a leg with something on it while no ring is in use:
-/// recvmsg pulls it itself (the leg's callbacks wake the poller directly).
+/// While the leg is this direction's carrier, poll takes its control frames
+/// and a `Data` prefix (never payload, `Sink::Control`), so that readable
+/// means payload is there or the stream ended, as TCP's poll says (a
+/// partial header or a `RingFrom` alone made it say readable for a read
+/// that found nothing). A `RingFrom` taken here says readable once: the
+/// reader's next call moves to the ring (and its interrupts wake it).
 pub(crate) fn poll_bits(xs: &XenSock, sw: &Switch) -> (bool, bool, bool, bool) {
     let (readable, rd_hup) = {
-        let r = sw.rx.lock();
+        let mut r = sw.rx.lock();
+        let mut to_ring = false;
+        if !r.path.reads_ring() && r.leg.is_some() && xs.inner.lock().rx.is_none() {
+            let ids = ids(xs);
+            if let Err(why) = pull(xs, sw, &mut r, &ids, &mut Sink::Control) {
+                drop(r);
+                fail(xs, why);
+                return (true, true, false, true);
+            }
+            to_ring = r.path.reads_ring();
+        }
         let pending = r.buf.as_ref().map(|b| !b.is_empty()).unwrap_or(false);
         let eof = !r.path.reads_ring() && r.path.eof_at() == Some(r.path.taken());
-        let on_leg = !r.path.reads_ring()
-            && r.leg.as_ref().is_some_and(|l| l.sock().readable())
-            && xs.inner.lock().rx.is_none();
-        (pending || eof || on_leg, eof)
+        let payload = r.data_left > 0 && r.leg.as_ref().is_some_and(|l| l.sock().readable());
+        (pending || eof || payload || to_ring, eof)
     };
     let (writable, wr_hup) = {
         let t = sw.tx.lock();
@@ -1371,7 +1383,14 @@ fn leg_gone(r: &mut RxSide, failed: bool) -> core::result::Result<(), &'static s
 fn pull_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut Sink<'_>) -> core::result::Result<(), &'static str> {
     loop {
         let Some(leg) = r.leg.as_ref() else { return Ok(()) };
+        // an empty leg is seen without a call: a reader that caught up
+        // with the stream made two more that said EAGAIN per recvmsg (a
+        // frame already whole in `hdr` is handled below without reading)
+        let empty = !leg.sock().readable();
         if r.data_left > 0 {
+            if empty {
+                return Ok(());
+            }
             let res = match sink {
                 Sink::User { msg, left, got, .. } => {
                     let want = r.data_left.min(*left - *got);
@@ -1426,7 +1445,10 @@ fn pull_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut S
                 return Err("malformed frame on the inbound leg");
             }
         };
-        if r.fgot < need || r.fgot < ctrl::HEADER_LEN {
+        if r.fgot < need {
+            if empty {
+                return Ok(());
+            }
             let got = r.fgot;
             match leg.sock().recv(&mut r.hdr[got..need]) {
                 Ok(0) => return leg_gone(r, false),

@@ -1271,7 +1271,9 @@ unsafe extern "C" fn xs_ioctl(sock: *mut bindings::socket, cmd: core::ffi::c_uin
         rx.map_or(0, |rx| crate::seqpacket::next_len(&rx) as c_int)
     } else if cmd == SIOCINQ {
         // bytes taken off the TCP carrier come first (carrier.rs)
-        let on_tcp = xs.inner.lock().sw.clone().map_or(0, |sw| crate::carrier::tcp_readable(&xs, &sw));
+        // (the socket's lock is let go first: the carrier takes it after its own)
+        let sw = xs.inner.lock().sw.clone();
+        let on_tcp = sw.map_or(0, |sw| crate::carrier::tcp_readable(&xs, &sw));
         let on_ring = match rx.map(|rx| rx.rx_state()) {
             Some(Ok((n, _))) => n as usize,
             Some(Err(_)) | None => 0,
