@@ -444,6 +444,16 @@ void afx_unmap_page(void *cookie)
 }
 
 /* version, ring-ref, event-channel, state in one transaction (EAGAIN: retry) */
+/*
+ * The link directory is dom0's (the agent's): it makes it with the
+ * permissions that let the peer read it, and our nodes inherit them. A
+ * write after dom0 removed it would create it again with the link root's
+ * owner-only permissions, which the peer cannot read, and dom0's making
+ * it again would not change our nodes' (run kmod-migrate-20261126-082850:
+ * a directory listing taken before the removal, then readvertise; the
+ * peer stayed at state 3). So every write checks, in its transaction, that
+ * the directory is there; -ENOENT if not.
+ */
 int afx_xs_advertise(const char *dir, unsigned int ref, unsigned int port, int state)
 {
 	struct xenbus_transaction t;
@@ -452,7 +462,9 @@ again:
 	err = xenbus_transaction_start(&t);
 	if (err)
 		return err;
-	err = xenbus_printf(t, dir, "version", "%u", 1);
+	err = xenbus_exists(t, dir, "") ? 0 : -ENOENT;
+	if (!err)
+		err = xenbus_printf(t, dir, "version", "%u", 1);
 	if (!err)
 		err = xenbus_printf(t, dir, "ring-ref", "%u", ref);
 	if (!err)
@@ -469,11 +481,33 @@ again:
 	return err;
 }
 
-int afx_xs_write_state(const char *dir, int state) { return xenbus_printf(XBT_NIL, dir, "state", "%d", state); }
+int afx_xs_write_state(const char *dir, int state)
+{
+	struct xenbus_transaction t;
+	int err;
+again:
+	err = xenbus_transaction_start(&t);
+	if (err)
+		return err;
+	err = xenbus_exists(t, dir, "") ? 0 : -ENOENT;
+	if (!err)
+		err = xenbus_printf(t, dir, "state", "%d", state);
+	if (err) {
+		xenbus_transaction_end(t, 1);
+		return err;
+	}
+	err = xenbus_transaction_end(t, 0);
+	if (err == -EAGAIN)
+		goto again;
+	return err;
+}
 
 /* unload: state 6, advertisement gone (the directory is dom0's: it stays) */
 void afx_xs_retract(const char *dir)
 {
+	/* a directory dom0 removed is not made again (see afx_xs_advertise) */
+	if (!xenbus_exists(XBT_NIL, dir, ""))
+		return;
 	xenbus_rm(XBT_NIL, dir, "ring-ref");
 	xenbus_rm(XBT_NIL, dir, "event-channel");
 	xenbus_printf(XBT_NIL, dir, "state", "%d", 6);

@@ -340,9 +340,9 @@ int afx_tcp_recv_msg(struct socket *s, struct msghdr *user, size_t len)
  * the sendmsg being served (advanced by what the socket took): the payload
  * of a Data frame whose prefix went just before.
  */
-int afx_tcp_send_msg_nb(struct socket *s, struct msghdr *user, size_t len)
+int afx_tcp_send_msg_nb(struct socket *s, struct msghdr *user, size_t len, int more)
 {
-	struct msghdr m = { .msg_flags = MSG_NOSIGNAL | MSG_DONTWAIT };
+	struct msghdr m = { .msg_flags = MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0) };
 	int n;
 
 	m.msg_iter = user->msg_iter;
@@ -360,6 +360,12 @@ int afx_tcp_send_more_nb(struct socket *s, const void *buf, size_t len)
 	struct msghdr m = { .msg_flags = MSG_NOSIGNAL | MSG_DONTWAIT | MSG_MORE };
 
 	return kernel_sendmsg(s, &m, &v, 1, len);
+}
+
+/* Steps the user's iterator back by n bytes it was advanced by (a copy that came out short). */
+void afx_msg_revert(struct msghdr *user, size_t n)
+{
+	iov_iter_revert(&user->msg_iter, n);
 }
 
 /* Bytes of the next len of the user's buffers that cannot be faulted in now (0: all present). */

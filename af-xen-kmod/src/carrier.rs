@@ -51,6 +51,9 @@ const CTLQ_BYTES: usize = 4096;
 const CTL_RESERVE: usize = 4 * ctrl::MAX_CONTROL_FRAME;
 /// Payload of one `Data` frame we send.
 const DATA_CHUNK: usize = 32 * 1024;
+/// A frame up to this payload goes to the leg in one call, copied behind
+/// its prefix (a 1-byte ping-pong made two sendmsg calls per byte).
+const SMALL_FRAME: usize = 256;
 /// How often the work item looks again while legs connect or a bound runs.
 const TICK_MS: u32 = 100;
 /// An outbound leg still connecting after this long is connected again.
@@ -759,7 +762,8 @@ pub(crate) fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize) -> Wri
     let peer_conn = xs.inner.lock().peer_conn;
     let mut sent = 0usize;
     while sent < left {
-        match send_direct(&mut t, peer_conn, msg, (left - sent).min(DATA_CHUNK)) {
+        let want = (left - sent).min(DATA_CHUNK);
+        match send_direct(&mut t, peer_conn, msg, want, sent + want < left) {
             Direct::Sent(n) => {
                 sent += n;
                 continue;
@@ -821,7 +825,7 @@ enum Direct {
 /// checked first and the user's pages faulted in, so a frame whose
 /// prefix went out is always completed (a buffer unmapped by another
 /// thread in between is `Torn`).
-fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, want: usize) -> Direct {
+fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, want: usize, more: bool) -> Direct {
     if want == 0 || !leg_ready(t) || !t.path.writable() {
         return Direct::Queue;
     }
@@ -831,10 +835,43 @@ fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, want: usize) -> Direct 
         None => return Direct::Queue,
     }
     let Some(leg) = t.leg.as_ref() else { return Direct::Queue };
+    let Ok(prefix) = ctrl::encode_data_prefix(conn, t.path.sent(), want) else { return Direct::Queue };
+    if want <= SMALL_FRAME {
+        let mut frame = [0u8; ctrl::DATA_PREFIX_LEN + SMALL_FRAME];
+        frame[..ctrl::DATA_PREFIX_LEN].copy_from_slice(&prefix);
+        let n = ctrl::DATA_PREFIX_LEN + want;
+        let got = msg.copy_from(&mut frame[ctrl::DATA_PREFIX_LEN..n]);
+        if got < want {
+            // the queued path copies what it can and reports the fault
+            msg.revert(got);
+            return Direct::Queue;
+        }
+        let sent = if more { leg.sock().send_more_nb(&frame[..n]) } else { leg.sock().send_nb(&frame[..n]) };
+        let on_leg = match sent {
+            Ok(k) if k > 0 => k.min(n),
+            Ok(_) => 0,
+            Err(x) if x == e::EAGAIN => 0,
+            Err(_) => {
+                t.broken = true;
+                0
+            }
+        };
+        if on_leg == 0 {
+            msg.revert(got);
+            return if t.broken { Direct::Queue } else { Direct::Full };
+        }
+        // committed; the rest is ours, not the user's: it always fits
+        let _ = t.path.record_sent(want as u64);
+        if on_leg < n {
+            if let Some(q) = t.q.as_mut() {
+                q.push(&frame[on_leg..n]);
+            }
+        }
+        return Direct::Sent(want);
+    }
     if !msg.fault_in(want) {
         return Direct::Queue;
     }
-    let Ok(prefix) = ctrl::encode_data_prefix(conn, t.path.sent(), want) else { return Direct::Queue };
     let p = match leg.sock().send_more_nb(&prefix) {
         Ok(n) if n > 0 => n.min(prefix.len()),
         Ok(_) => return Direct::Full,
@@ -850,7 +887,7 @@ fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, want: usize) -> Direct 
     if p == prefix.len() {
         // an error here (the leg broke) leaves the rest to the queue,
         // whose flush finds the leg broken
-        on_leg = leg.sock().send_from_user(msg, want).unwrap_or(0).min(want);
+        on_leg = leg.sock().send_from_user(msg, want, more).unwrap_or(0).min(want);
     }
     let Some(q) = t.q.as_mut() else { return Direct::Torn };
     if p < prefix.len() {

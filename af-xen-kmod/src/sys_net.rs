@@ -30,7 +30,7 @@ extern "C" {
     fn afx_tcp_set_user_timeout(s: *mut bindings::socket, ms: kernel::ffi::c_uint);
     fn afx_tcp_send_nb(s: *mut bindings::socket, buf: *const c_void, len: usize) -> c_int;
     fn afx_tcp_recv_msg(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize) -> c_int;
-    fn afx_tcp_send_msg_nb(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize) -> c_int;
+    fn afx_tcp_send_msg_nb(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize, more: c_int) -> c_int;
     fn afx_tcp_send_more_nb(s: *mut bindings::socket, buf: *const c_void, len: usize) -> c_int;
     fn afx_tcp_readable(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_set_owner(s: *mut bindings::socket, owner: *mut bindings::sock, pulls: c_int);
@@ -222,11 +222,12 @@ impl TcpSock {
 
     /// Sends at most `len` bytes straight from the user buffers of the
     /// sendmsg being served (`msg` advances by what was taken), without
-    /// blocking: Ok(n), Err(EAGAIN) when full, Err(EFAULT).
-    pub(crate) fn send_from_user(&self, msg: &mut crate::sys::Msg, len: usize) -> core::result::Result<usize, i32> {
+    /// blocking, held back (MSG_MORE) when `more` follows at once: Ok(n),
+    /// Err(EAGAIN) when full, Err(EFAULT).
+    pub(crate) fn send_from_user(&self, msg: &mut crate::sys::Msg, len: usize, more: bool) -> core::result::Result<usize, i32> {
         // SAFETY: self.0 is live; msg is the live msghdr of this sendmsg,
         // whose iterator the helper copies, truncates and advances.
-        let n = to_result(unsafe { afx_tcp_send_msg_nb(self.0, msg.as_raw(), len) })?;
+        let n = to_result(unsafe { afx_tcp_send_msg_nb(self.0, msg.as_raw(), len, c_int::from(more)) })?;
         Ok(n as usize)
     }
 
