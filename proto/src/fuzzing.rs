@@ -10,7 +10,9 @@ use std::vec::Vec;
 
 use arbitrary::{Arbitrary, Result, Unstructured};
 
-use crate::ctrl::{decode, decode_header, Channel, DecodeError, Message};
+use crate::ctrl::{
+    decode, decode_data_prefix, decode_header, Channel, DecodeError, Message, DATA_PREFIX_LEN,
+};
 use crate::layout::{GrantDirectory, RingGeometry, RingHeader, RingIdentity, PAGE_SIZE};
 use crate::mem::RawRing;
 use crate::record::{self, Next, RECORD_FLAG_EOR, RECORD_HEADER_SIZE};
@@ -19,10 +21,25 @@ use crate::switch::{RxPath, TxPath};
 
 /// Decodes arbitrary bytes as a frame on both channels. A frame that
 /// decodes must re-encode to exactly the bytes it came from (strict,
-/// canonical decoding) and never claim more bytes than it was given.
+/// canonical decoding) and never claim more bytes than it was given; a
+/// `Data` prefix decoded alone must say what the whole frame says.
 pub fn decode_frame(data: &[u8]) {
     for channel in [Channel::Link, Channel::Tcp] {
         let _ = decode_header(data, channel);
+        let prefix = decode_data_prefix(data, channel);
+        if let Ok((
+            Message::Data {
+                conn_id,
+                offset,
+                payload,
+            },
+            used,
+        )) = decode(data, channel)
+        {
+            let (hdr, at) = prefix.expect("a whole Data frame has a decodable prefix");
+            assert_eq!((hdr.conn_id, at, hdr.frame_len()), (conn_id, offset, used));
+            assert_eq!(used - DATA_PREFIX_LEN, payload.len());
+        }
         match decode(data, channel) {
             Ok((msg, used)) => {
                 assert!(used <= data.len());
