@@ -146,10 +146,22 @@ static void afx_tcp_state_change(struct sock *sk)
 	afx_leg_wake(sk, EPOLLIN | EPOLLRDNORM | EPOLLOUT | EPOLLWRNORM);
 	schedule_work(&afx_tcp_work);
 }
+/*
+ * As sk_stream_write_space: only once a third of the send buffer is free,
+ * and SOCK_NOSPACE cleared then. Left set, tcp_check_space called us on
+ * every ACK, and each call ran the work item (1-1.4 involuntary context
+ * switches per MiB on the writer, bench-20261126-085412); the next send
+ * that finds the buffer full sets it again.
+ */
 static void afx_tcp_write_space(struct sock *sk)
 {
-	if (sk_stream_is_writeable(sk))
-		afx_leg_wake(sk, EPOLLOUT | EPOLLWRNORM);
+	struct socket *sock = sk->sk_socket;
+
+	if (!sk_stream_is_writeable(sk))
+		return;
+	if (sock)
+		clear_bit(SOCK_NOSPACE, &sock->flags);
+	afx_leg_wake(sk, EPOLLOUT | EPOLLWRNORM);
 	schedule_work(&afx_tcp_work);
 }
 
@@ -188,8 +200,19 @@ void afx_tcp_flush(void)
 	cancel_work_sync(&afx_tcp_work);
 }
 
+/*
+ * A leg starts with a 1 MiB send buffer (not locked: TCP's autotuning
+ * still grows it, never shrinks it). Its writer is woken once a third of
+ * the buffer is free (afx_tcp_write_space); from tcp_wmem's 16 KiB start
+ * the pipe ran dry between wakes (bench-20261126-085714: 0.65x TCP with
+ * half the writer's CPU).
+ */
+#define AFX_LEG_SNDBUF (1 << 20)
+
 static void afx_hook(struct sock *sk)
 {
+	if (READ_ONCE(sk->sk_sndbuf) < AFX_LEG_SNDBUF && sk->sk_state != TCP_LISTEN)
+		WRITE_ONCE(sk->sk_sndbuf, AFX_LEG_SNDBUF);
 	write_lock_bh(&sk->sk_callback_lock);
 	if (!orig_data_ready) {
 		orig_data_ready = sk->sk_data_ready;
