@@ -443,8 +443,8 @@ void afx_unmap_page(void *cookie)
 	kfree(m);
 }
 
-/* version, ring-ref, event-channel, state in one transaction (EAGAIN: retry) */
 /*
+ * Our nodes in a link directory, in one transaction (EAGAIN: retry).
  * The link directory is dom0's (the agent's): it makes it with the
  * permissions that let the peer read it, and our nodes inherit them. A
  * write after dom0 removed it would create it again with the link root's
@@ -454,7 +454,7 @@ void afx_unmap_page(void *cookie)
  * peer stayed at state 3). So every write checks, in its transaction, that
  * the directory is there; -ENOENT if not.
  */
-int afx_xs_advertise(const char *dir, unsigned int ref, unsigned int port, int state)
+static int afx_xs_write_link(const char *dir, bool whole, unsigned int ref, unsigned int port, int state)
 {
 	struct xenbus_transaction t;
 	int err;
@@ -463,11 +463,11 @@ again:
 	if (err)
 		return err;
 	err = xenbus_exists(t, dir, "") ? 0 : -ENOENT;
-	if (!err)
+	if (!err && whole)
 		err = xenbus_printf(t, dir, "version", "%u", 1);
-	if (!err)
+	if (!err && whole)
 		err = xenbus_printf(t, dir, "ring-ref", "%u", ref);
-	if (!err)
+	if (!err && whole)
 		err = xenbus_printf(t, dir, "event-channel", "%u", port);
 	if (!err)
 		err = xenbus_printf(t, dir, "state", "%d", state);
@@ -481,25 +481,15 @@ again:
 	return err;
 }
 
+/* our whole advertisement (version, ring-ref, event-channel, state) */
+int afx_xs_advertise(const char *dir, unsigned int ref, unsigned int port, int state)
+{
+	return afx_xs_write_link(dir, true, ref, port, state);
+}
+
 int afx_xs_write_state(const char *dir, int state)
 {
-	struct xenbus_transaction t;
-	int err;
-again:
-	err = xenbus_transaction_start(&t);
-	if (err)
-		return err;
-	err = xenbus_exists(t, dir, "") ? 0 : -ENOENT;
-	if (!err)
-		err = xenbus_printf(t, dir, "state", "%d", state);
-	if (err) {
-		xenbus_transaction_end(t, 1);
-		return err;
-	}
-	err = xenbus_transaction_end(t, 0);
-	if (err == -EAGAIN)
-		goto again;
-	return err;
+	return afx_xs_write_link(dir, false, 0, 0, state);
 }
 
 /* unload: state 6, advertisement gone (the directory is dom0's: it stays) */
