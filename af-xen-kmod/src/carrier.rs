@@ -22,12 +22,18 @@
 //!
 //! Locks: `Switch::tx` before the tx pipe's producer; the rx pipe's
 //! consumer before `Switch::rx` (a reader holds its consumer while it
-//! records what it took). No path takes a link's lock while holding either
-//! switch lock (offers are sent after they are released). The TCP work
-//! item (tcp.rs) services every active switch: leg connects, queue flushes,
-//! frames in both directions, deadlines, ring offers; it wakes the socket
-//! after each pass, and the legs' `sk_data_ready`/`sk_write_space` schedule
-//! it.
+//! records what it took); `Switch::rx` before the socket's lock. No path
+//! takes a link's lock while holding either switch lock (offers are sent
+//! after they are released).
+//!
+//! On TCP the application's own calls move the data, one copy each way:
+//! `sendmsg` writes frames straight from its iovecs to the outbound leg
+//! (`send_direct`), `recvmsg` reads payload from the inbound leg straight
+//! into its iovecs (`pull` into `Sink::User`), and the legs' callbacks wake
+//! its socket directly (`own`, `own_inbound`). The TCP work item (tcp.rs)
+//! services every active switch for the rest: leg connects, queue flushes,
+//! the peer's `Consumed` and resends, control frames up to the next
+//! payload, deadlines, ring offers; it wakes the socket after each pass.
 
 use crate::conn::Pipe;
 use crate::ctrl::{self, Channel, Message, RingGrant};
@@ -947,10 +953,10 @@ pub(crate) fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: 
         if r.path.reads_ring() {
             return Read::Ring;
         }
-        // pull what the leg has now (process context; the work item does
-        // it too when no reader waits). No ring pipe is in use here, so no
-        // consumer lock first. A read takes the payload straight into the
-        // user's buffers; a peek goes through the buffer (it must not consume).
+        // pull what the leg has now (process context; the work item takes
+        // control frames only). No ring pipe is in use here, so no consumer
+        // lock first. A read takes the payload straight into the user's
+        // buffers; a peek goes through the buffer (it must not consume).
         if xs.inner.lock().rx.is_none() {
             let ids = ids(xs);
             let mut sink = if peek { Sink::Buffer } else { Sink::User { msg: &mut *msg, left, got: 0, fault: false } };
