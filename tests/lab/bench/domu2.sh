@@ -107,10 +107,14 @@ echo 30000 > /sys/module/af_xen/parameters/peer_lost_ms
 cat /proc/net/af_xen_stats > /tmp/stats-before-carrier
 FAILED=
 for ROUND in $(seq "$BENCH_REPS"); do
+  tcp_snap /tmp/tcp-counters
   run_client tcp-same-phase-client env XLBENCH_LABEL=tcp-same-phase \
     xlbench tcp client "$LAB_NET_DOMU1" 7002 "$BENCH_MIB" "$BENCH_PINGS" 120
+  tcp_delta "tcp-same-phase round $ROUND (sender)" /tmp/tcp-counters
+  tcp_snap /tmp/tcp-counters
   run_client afxen-tcp-carrier-client env XLBENCH_LABEL=afxen-tcp-carrier XLBENCH_SWITCH_NOTE=tcpc-$ROUND \
     timeout 300 xlbench-xs xen client "$PEER" 7371 "$BENCH_MIB" "$BENCH_PINGS" 120
+  tcp_delta "afxen-tcp-carrier round $ROUND (sender)" /tmp/tcp-counters
   log "switch-note tcpc-$ROUND end"
   xlbench xsread data/tcpc-linked-$ROUND 120 > /dev/null || log "tcpc-$ROUND: no links from dom0 after 120 s"
 done

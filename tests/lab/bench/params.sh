@@ -14,3 +14,19 @@ BENCH_ONLY=
 [ -f /opt/xensock/bench.env ] && . /opt/xensock/bench.env
 # phase NAME: whether this run includes the phase NAME (main, tcp-carrier, user)
 phase() { [ -z "$BENCH_ONLY" ] || [ "$BENCH_ONLY" = "$1" ]; }
+# tcp_snap FILE / tcp_delta LABEL FILE: the kernel's TCP counters
+# (/proc/net/snmp Tcp, /proc/net/netstat TcpExt) now, and one line of
+# those that changed since the snapshot: segments, ACK kinds, windows,
+# corking, coalescing, retransmissions, for comparing a transport's TCP
+# with plain TCP's in the same round (what the carrier's ends wait for)
+tcp_snap() {
+  awk '/^(Tcp|TcpExt):/ { k = $1; if (!(k in h)) { for (i = 2; i <= NF; i++) n[k, i] = $i; h[k] = 1 }
+       else for (i = 2; i <= NF; i++) print n[k, i], $i }' /proc/net/snmp /proc/net/netstat > "$1"
+}
+tcp_delta() {
+  tcp_snap "$2.now"
+  awk -v l="$1" 'NR == FNR { a[$1] = $2; next }
+    $1 ~ /^(InSegs|OutSegs|RetransSegs|DelayedACKs|TCPHPHits|TCPPureAcks|TCPHPAcks|TCPAutoCorking|TCPRcvCoalesce|TCPBacklogCoalesce|TCPOFOQueue|TCPToZeroWindowAdv|TCPWantZeroWindowAdv|TCPFromZeroWindowAdv|TCPWinProbe|TCPRcvQDrop|TCPSackRecovery|TCPLostRetransmit|TCPTimeouts|TCPDSACKRecv|TCPDelivered)$/ && $2 != a[$1] {
+      out = out sprintf(" %s=%d", $1, $2 - a[$1]) }
+    END { printf "  tcp counters %s:%s\n", l, out }' "$2" "$2.now"
+}
