@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /* C glue of af_xen.ko: the functions Rust calls (declared again in src/sys.rs). */
+#include <linux/sockptr.h>
 struct net; struct socket; struct sock; struct file; struct poll_table_struct;
 int afx_family(void);
 int afx_proto_register(void);
@@ -53,3 +54,28 @@ void afx_spin_unlock_irqrestore(spinlock_t *l, unsigned long f);
 void afx_sock_hold(struct sock *sk);
 int afx_busy_wait(struct sock *sk, int (*cond)(void *), void *arg);
 int afx_time_data_path(void);
+
+/* grants, event channels, work items and XenStore (wrapped by src/sys.rs) */
+int afx_bind_irq(unsigned int port, void *wake);
+void afx_cancel_reap(void);
+void afx_cancel_work(void);
+void afx_end_grant(unsigned int ref, void *p);
+int afx_evtchn_alloc_unbound(unsigned int remote, unsigned int *port);
+int afx_evtchn_bind_interdomain(unsigned int remote, unsigned int rport, unsigned int *lport);
+void afx_evtchn_close(unsigned int port);
+void *afx_grant_page(unsigned int domid, unsigned int *ref);
+void *afx_map_page(unsigned int domid, unsigned int ref, void **cookie);
+void afx_notify(unsigned int port);
+void afx_schedule(void);
+void afx_schedule_reap(unsigned int ms);
+int afx_sockopt_int(sockptr_t optval, unsigned int optlen, int *out);
+int afx_take_xs_dirty(void);
+void afx_unbind_irq(int irq, void *wake);
+void afx_unmap_page(void *cookie);
+void *afx_watch_add(const char *path);
+void afx_watch_del(void *p);
+int afx_xs_advertise(const char *dir, unsigned int ref, unsigned int port, int state);
+int afx_xs_dir_ids(const char *dir, unsigned int *out, int max);
+int afx_xs_read_uint(const char *dir, const char *node, unsigned int *out);
+void afx_xs_retract(const char *dir);
+int afx_xs_write_state(const char *dir, int state);
