@@ -330,11 +330,13 @@ void afx_tcp_set_user_timeout(struct socket *s, unsigned int ms)
 }
 
 /* Send without blocking: bytes sent, -EAGAIN when the socket is full (its
- * write_space callback then schedules the work), or -errno. */
-int afx_tcp_send_nb(struct socket *s, const void *buf, size_t len)
+ * write_space callback then schedules the work), or -errno; with more,
+ * held back (MSG_MORE) for what follows at once (a Data frame's payload
+ * behind its prefix). */
+int afx_tcp_send_nb(struct socket *s, const void *buf, size_t len, int more)
 {
 	struct kvec v = { .iov_base = (void *)buf, .iov_len = len };
-	struct msghdr m = { .msg_flags = MSG_NOSIGNAL | MSG_DONTWAIT };
+	struct msghdr m = { .msg_flags = MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0) };
 
 	return kernel_sendmsg(s, &m, &v, 1, len);
 }
@@ -374,27 +376,6 @@ int afx_tcp_send_msg_nb(struct socket *s, struct msghdr *user, size_t len, int m
 	if (n > 0)
 		iov_iter_advance(&user->msg_iter, n);
 	return n;
-}
-
-/* A Data frame's prefix, held back (MSG_MORE) for the payload behind it. */
-int afx_tcp_send_more_nb(struct socket *s, const void *buf, size_t len)
-{
-	struct kvec v = { .iov_base = (void *)buf, .iov_len = len };
-	struct msghdr m = { .msg_flags = MSG_NOSIGNAL | MSG_DONTWAIT | MSG_MORE };
-
-	return kernel_sendmsg(s, &m, &v, 1, len);
-}
-
-/* Steps the user's iterator back by n bytes it was advanced by (a copy that came out short). */
-void afx_msg_revert(struct msghdr *user, size_t n)
-{
-	iov_iter_revert(&user->msg_iter, n);
-}
-
-/* Bytes of the next len of the user's buffers that cannot be faulted in now (0: all present). */
-size_t afx_msg_fault_in(struct msghdr *user, size_t len)
-{
-	return fault_in_iov_iter_readable(&user->msg_iter, len);
 }
 
 /*

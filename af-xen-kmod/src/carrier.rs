@@ -159,13 +159,7 @@ impl Fifo {
         if max == 0 || ctrl::DATA_PREFIX_LEN + max > self.room() {
             return 0;
         }
-        let cap = self.buf.len();
-        let start = (self.head + self.len + ctrl::DATA_PREFIX_LEN) % self.cap;
-        let first = max.min(cap - start);
-        let mut got = msg.copy_from(&mut self.buf[start..start + first]);
-        if got == first && first < max {
-            got += msg.copy_from(&mut self.buf[..max - first]);
-        }
+        let got = self.copy_in_from(ctrl::DATA_PREFIX_LEN, msg, max);
         if got == 0 {
             return 0;
         }
@@ -197,14 +191,21 @@ impl Fifo {
         if n == 0 || n > self.room() {
             return 0;
         }
+        let got = self.copy_in_from(0, msg, n);
+        self.len += got;
+        got
+    }
+    /// Copies `n` bytes from the user's iovecs into the free space `gap`
+    /// bytes past the queued ones, wrapping at the end; the bytes copied
+    /// (short on a fault). The caller checked the room and counts them.
+    fn copy_in_from(&mut self, gap: usize, msg: &mut Msg, n: usize) -> usize {
         let cap = self.buf.len();
-        let tail = (self.head + self.len) % self.cap;
-        let first = n.min(cap - tail);
-        let mut got = msg.copy_from(&mut self.buf[tail..tail + first]);
+        let start = (self.head + self.len + gap) % self.cap;
+        let first = n.min(cap - start);
+        let mut got = msg.copy_from(&mut self.buf[start..start + first]);
         if got == first && first < n {
             got += msg.copy_from(&mut self.buf[..n - first]);
         }
-        self.len += got;
         got
     }
     /// Appends all of `b`, or nothing when it does not fit.
@@ -852,7 +853,7 @@ fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, want: usize, more: bool
             msg.revert(got);
             return Direct::Queue;
         }
-        let sent = if more { leg.sock().send_more_nb(&frame[..n]) } else { leg.sock().send_nb(&frame[..n]) };
+        let sent = leg.sock().send_nb(&frame[..n], more);
         let on_leg = match sent {
             Ok(k) if k > 0 => k.min(n),
             Ok(_) => 0,
@@ -878,7 +879,7 @@ fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, want: usize, more: bool
     if !msg.fault_in(want) {
         return Direct::Queue;
     }
-    let p = match leg.sock().send_more_nb(&prefix) {
+    let p = match leg.sock().send_nb(&prefix, true) {
         Ok(n) if n > 0 => n.min(prefix.len()),
         Ok(_) => return Direct::Full,
         Err(x) if x == e::EAGAIN => return Direct::Full,
@@ -1005,12 +1006,18 @@ pub(crate) fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: 
     Read::Got(out)
 }
 
+/// This direction reads its inbound leg now: off every ring and none in
+/// use (caller holds `sw.rx`, which comes before the socket's lock).
+fn reads_leg(xs: &XenSock, r: &RxSide) -> bool {
+    !r.path.reads_ring() && xs.inner.lock().rx.is_none()
+}
+
 /// Bytes on the TCP carrier that the application has not read (FIONREAD
 /// adds the ring's): what the leg has is taken into the buffer first (the
 /// work item leaves it to the reader), so it is what a read returns now.
 pub(crate) fn tcp_readable(xs: &XenSock, sw: &Switch) -> usize {
     let mut r = sw.rx.lock();
-    if !r.path.reads_ring() && xs.inner.lock().rx.is_none() {
+    if reads_leg(xs, &r) {
         let ids = ids(xs);
         if let Err(why) = pull_frames(xs, sw, &mut r, &ids) {
             drop(r);
@@ -1029,7 +1036,7 @@ pub(crate) fn rx_ready(xs: &XenSock, sw: &Switch) -> bool {
     r.path.reads_ring()
         || r.buf.as_ref().map(|b| !b.is_empty()).unwrap_or(false)
         || r.path.eof_at() == Some(r.path.taken())
-        || (r.leg.as_ref().is_some_and(|l| l.sock().readable()) && xs.inner.lock().rx.is_none())
+        || (r.leg.as_ref().is_some_and(|l| l.sock().readable()) && reads_leg(xs, &r))
 }
 
 /// poll() bits of the directions on TCP: (readable, read hangup, writable, write hangup).
@@ -1043,7 +1050,7 @@ pub(crate) fn poll_bits(xs: &XenSock, sw: &Switch) -> (bool, bool, bool, bool) {
     let (readable, rd_hup) = {
         let mut r = sw.rx.lock();
         let mut to_ring = false;
-        if !r.path.reads_ring() && r.leg.is_some() && xs.inner.lock().rx.is_none() {
+        if r.leg.is_some() && reads_leg(xs, &r) {
             let ids = ids(xs);
             if let Err(why) = pull(xs, sw, &mut r, &ids, &mut Sink::Control) {
                 drop(r);
@@ -1142,7 +1149,7 @@ fn flush_tx(t: &mut TxSide) {
     let Some(leg) = t.leg.as_ref() else { return };
     while t.hello_left > 0 {
         let start = crate::tcp::HELLO_LEN - t.hello_left;
-        match leg.sock().send_nb(&t.hello[start..]) {
+        match leg.sock().send_nb(&t.hello[start..], false) {
             Ok(n) if n > 0 => t.hello_left -= n.min(t.hello_left),
             Ok(_) => return,
             Err(x) if x == e::EAGAIN => return,
@@ -1154,7 +1161,7 @@ fn flush_tx(t: &mut TxSide) {
     }
     let Some(q) = t.q.as_mut() else { return };
     while !q.is_empty() {
-        match leg.sock().send_nb(q.front()) {
+        match leg.sock().send_nb(q.front(), false) {
             Ok(n) if n > 0 => q.consume(n),
             Ok(_) => return,
             Err(x) if x == e::EAGAIN => return,
@@ -1476,19 +1483,19 @@ fn pull_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut S
         }
         // a frame: its header and, every frame on a leg but a Reset being
         // at least that long, a Data frame's offset in the same read
-        let need = if r.fgot < ctrl::HEADER_LEN {
-            ctrl::DATA_PREFIX_LEN
+        let header = if r.fgot < ctrl::HEADER_LEN {
+            None
         } else {
-            let h = ctrl::decode_header(&r.hdr[..ctrl::HEADER_LEN], Channel::Tcp).map_err(|_| "malformed frame on the inbound leg")?;
-            if h.kind == ctrl::Kind::Data {
-                ctrl::DATA_PREFIX_LEN
-            } else if h.frame_len() <= r.hdr.len() {
-                h.frame_len()
-            } else {
-                return Err("malformed frame on the inbound leg");
-            }
+            Some(ctrl::decode_header(&r.hdr[..ctrl::HEADER_LEN], Channel::Tcp).map_err(|_| "malformed frame on the inbound leg")?)
         };
-        if r.fgot < need {
+        let need = match header {
+            None => ctrl::DATA_PREFIX_LEN,
+            Some(h) if h.kind == ctrl::Kind::Data => ctrl::DATA_PREFIX_LEN,
+            Some(h) if h.frame_len() <= r.hdr.len() => h.frame_len(),
+            Some(_) => return Err("malformed frame on the inbound leg"),
+        };
+        // (without a header, need is more than fgot: read)
+        let Some(header) = header.filter(|_| r.fgot >= need) else {
             if empty {
                 return Ok(());
             }
@@ -1500,14 +1507,14 @@ fn pull_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut S
                 Err(_) => return leg_gone(r, true),
             }
             continue;
-        }
+        };
         // the frame is in hdr[..need]; a short frame (Reset) read with
         // the next one's first bytes keeps those for it
         let frame = r.hdr;
         let extra = r.fgot - need;
         r.hdr.copy_within(need..need + extra, 0);
         r.fgot = extra;
-        if ctrl::decode_header(&frame[..ctrl::HEADER_LEN], Channel::Tcp).map(|h| h.kind) == Ok(ctrl::Kind::Data) {
+        if header.kind == ctrl::Kind::Data {
             let (h, offset) = ctrl::decode_data_prefix(&frame[..need], Channel::Tcp).map_err(|_| "malformed frame on the inbound leg")?;
             if h.conn_id != ids.conn_id {
                 return Err("unexpected frame on the inbound leg");
@@ -1580,7 +1587,7 @@ fn flush_ctl(r: &mut RxSide) {
     let Some(leg) = r.leg.as_ref() else { return };
     let Some(q) = r.ctl.as_mut() else { return };
     while !q.is_empty() {
-        match leg.sock().send_nb(q.front()) {
+        match leg.sock().send_nb(q.front(), false) {
             Ok(n) if n > 0 => q.consume(n),
             _ => return,
         }

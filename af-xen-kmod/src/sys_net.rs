@@ -28,10 +28,9 @@ extern "C" {
     fn afx_tcp_connect_start(addr: *const u8, port: c_int, user_timeout_ms: kernel::ffi::c_uint, out: *mut *mut bindings::socket) -> c_int;
     fn afx_tcp_leg_state(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_set_user_timeout(s: *mut bindings::socket, ms: kernel::ffi::c_uint);
-    fn afx_tcp_send_nb(s: *mut bindings::socket, buf: *const c_void, len: usize) -> c_int;
+    fn afx_tcp_send_nb(s: *mut bindings::socket, buf: *const c_void, len: usize, more: c_int) -> c_int;
     fn afx_tcp_recv_msg(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize) -> c_int;
     fn afx_tcp_send_msg_nb(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize, more: c_int) -> c_int;
-    fn afx_tcp_send_more_nb(s: *mut bindings::socket, buf: *const c_void, len: usize) -> c_int;
     fn afx_tcp_readable(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_set_owner(s: *mut bindings::socket, owner: *mut bindings::sock, pulls: c_int);
     fn afx_tcp_writable(s: *mut bindings::socket) -> c_int;
@@ -198,10 +197,11 @@ impl TcpSock {
         unsafe { afx_tcp_set_user_timeout(self.0, ms) }
     }
 
-    /// Sends what fits without blocking: Ok(n), Err(EAGAIN) when full.
-    pub(crate) fn send_nb(&self, buf: &[u8]) -> core::result::Result<usize, i32> {
+    /// Sends what fits without blocking: Ok(n), Err(EAGAIN) when full;
+    /// held back (MSG_MORE) when `more` follows at once.
+    pub(crate) fn send_nb(&self, buf: &[u8], more: bool) -> core::result::Result<usize, i32> {
         // SAFETY: self.0 is live; buf is readable for buf.len() bytes.
-        let n = to_result(unsafe { afx_tcp_send_nb(self.0, buf.as_ptr().cast(), buf.len()) })?;
+        let n = to_result(unsafe { afx_tcp_send_nb(self.0, buf.as_ptr().cast(), buf.len(), c_int::from(more)) })?;
         Ok(n as usize)
     }
 
@@ -209,14 +209,6 @@ impl TcpSock {
     pub(crate) fn recv(&self, buf: &mut [u8]) -> core::result::Result<usize, i32> {
         // SAFETY: self.0 is live; buf is writable for buf.len() bytes.
         let n = to_result(unsafe { afx_tcp_recv(self.0, buf.as_mut_ptr().cast(), buf.len()) })?;
-        Ok(n as usize)
-    }
-
-    /// Sends what fits of a frame's first part without blocking, held back
-    /// (MSG_MORE) for the rest that follows at once: Ok(n), Err(EAGAIN).
-    pub(crate) fn send_more_nb(&self, buf: &[u8]) -> core::result::Result<usize, i32> {
-        // SAFETY: self.0 is live; buf is readable for buf.len() bytes.
-        let n = to_result(unsafe { afx_tcp_send_more_nb(self.0, buf.as_ptr().cast(), buf.len()) })?;
         Ok(n as usize)
     }
 
