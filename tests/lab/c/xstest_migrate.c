@@ -372,6 +372,12 @@ struct phases {
 	/* mv, phase 2 (on TCP): reads poll called readable, and how many of
 	 * them FIONREAD said 0 for (it must count the bytes taken off TCP) */
 	long fionread_polls, fionread_zero;
+	/* mv, phase 2: a recv and a send with an unmapped buffer must say
+	 * EFAULT and move no byte (the stream's own check sees any loss):
+	 * 0 not tried yet, 1 EFAULT, -1 anything else; sends that found the
+	 * leg full (EAGAIN) are tried again, at most efault_send_tries times */
+	int efault_recv, efault_send, efault_send_tries;
+	char efault_detail[96];
 };
 
 static void presult(const struct phases *ph, const char *what, int ok, const char *fmt, ...)
@@ -433,6 +439,9 @@ static int client_tick(struct phases *ph, uint64_t sent, uint64_t got)
 				presult(ph, "streamed-on-tcp", ok && !strcmp(c, "tcp"), "16 MiB each way in %.1f s, carrier %s", waited, c);
 				presult(ph, "fionread-on-tcp", ph->fionread_polls > 0 && ph->fionread_zero == 0,
 					"FIONREAD 0 in %ld of %ld readable polls on TCP", ph->fionread_zero, ph->fionread_polls);
+				presult(ph, "efault-on-tcp", ph->efault_recv == 1 && ph->efault_send == 1,
+					"recv %s, send %s%s", ph->efault_recv == 1 ? "EFAULT" : ph->efault_recv ? "wrong" : "not tried",
+					ph->efault_send == 1 ? "EFAULT" : ph->efault_send ? "wrong" : "not tried", ph->efault_detail);
 			}
 			printf("m-phase %s\n", save ? "moved-ok" : "tcp-ok");
 			fflush(stdout);
@@ -479,7 +488,9 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 	uint64_t sent = 0, got = 0, bad_at = UINT64_MAX;
 	int wr_done = 0, rd_done = 0;
 	double t0 = now(), last = now();
-	struct phases ph = { 0, now(), 0, 0, pfx, 0, 0 };
+	struct phases ph = { 0, now(), 0, 0, pfx, 0, 0, 0, 0, 0, "" };
+	/* an address no process maps (the first page) */
+	void *const unmapped = (void *)8;
 
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 	while (!rd_done || !wr_done) {
@@ -492,6 +503,18 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 		}
 		if (!wr_done && (p.revents & (POLLOUT | POLLERR | POLLHUP))) {
 			ssize_t w;
+
+			if (client && ph.phase == 2 && !strcmp(pfx, "mv") && ph.efault_send == 0 &&
+			    (p.revents & POLLOUT) && ph.efault_send_tries++ < 50) {
+				w = send(fd, unmapped, 4096, MSG_NOSIGNAL);
+				if (w < 0 && errno == EFAULT)
+					ph.efault_send = 1;
+				else if (!(w < 0 && errno == EAGAIN)) {
+					ph.efault_send = -1;
+					snprintf(ph.efault_detail, sizeof(ph.efault_detail), " (send: %zd, %s)", w,
+						 w < 0 ? strerror(errno) : "bytes taken");
+				}
+			}
 
 			for (size_t k = 0; k < sizeof(buf); k++)
 				buf[k] = pattern(sent + k, txseed);
@@ -517,6 +540,13 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 				ph.fionread_polls++;
 				if (inq == 0)
 					ph.fionread_zero++;
+				if (inq > 0 && ph.efault_recv == 0) {
+					r = recv(fd, unmapped, sizeof(rb), 0);
+					ph.efault_recv = r < 0 && errno == EFAULT ? 1 : -1;
+					if (ph.efault_recv < 0)
+						snprintf(ph.efault_detail, sizeof(ph.efault_detail), " (recv: %zd, %s)", r,
+							 r < 0 ? strerror(errno) : "bytes taken");
+				}
 			}
 			r = recv(fd, rb, sizeof(rb), 0);
 
