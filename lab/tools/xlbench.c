@@ -249,7 +249,28 @@ static void afx_report(struct conn *c, const char *side, const char *phase, long
 struct usage {
 	double t, user, sys;
 	long nvcsw, nivcsw;
+	/* the whole domain's /proc/stat ticks: idle, softirq, steal (its
+	 * vCPU runnable while Xen ran another: the QEMU machine's CPUs are
+	 * shared by dom0 and the domUs) */
+	long long idle, softirq, steal;
 };
+
+static void domain_ticks(struct usage *u)
+{
+	long long v[8] = { 0 };
+	FILE *f = fopen("/proc/stat", "r");
+
+	u->idle = u->softirq = u->steal = 0;
+	if (!f)
+		return;
+	if (fscanf(f, "cpu %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+		   &v[6], &v[7]) == 8) {
+		u->idle = v[3];
+		u->softirq = v[6];
+		u->steal = v[7];
+	}
+	fclose(f);
+}
 
 static void usage_now(struct usage *u)
 {
@@ -261,6 +282,7 @@ static void usage_now(struct usage *u)
 	u->sys = r.ru_stime.tv_sec + r.ru_stime.tv_usec / 1e6;
 	u->nvcsw = r.ru_nvcsw;
 	u->nivcsw = r.ru_nivcsw;
+	domain_ticks(u);
 }
 
 static void usage_report(const char *side, const char *phase, const struct usage *a, double mib)
@@ -273,6 +295,11 @@ static void usage_report(const char *side, const char *phase, const struct usage
 	       transport, side, phase, (b.t - a->t) * 1e3, (b.user - a->user) * 1e3, (b.sys - a->sys) * 1e3,
 	       (b.user - a->user) * 1e6 / (mib * 16), (b.sys - a->sys) * 1e6 / (mib * 16), b.nvcsw - a->nvcsw,
 	       b.nivcsw - a->nivcsw, (b.nvcsw - a->nvcsw) / mib, (b.nivcsw - a->nivcsw) / mib);
+	long hz = sysconf(_SC_CLK_TCK) > 0 ? sysconf(_SC_CLK_TCK) : 100;
+
+	printf("xlbench %s %s %s domain: idle %lld ms, softirq %lld ms, steal %lld ms (of %.0f ms)\n", transport, side,
+	       phase, (b.idle - a->idle) * 1000 / hz, (b.softirq - a->softirq) * 1000 / hz,
+	       (b.steal - a->steal) * 1000 / hz, (b.t - a->t) * 1e3);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -290,11 +317,18 @@ static int serve(struct conn *c, long mib, long n)
 	long long ctr[NCTR];
 	struct usage u;
 
+	long reads = 0;
+
 	afx_stats(ctr);
 	usage_now(&u);
 	while (pos < total) {
 		size_t want = total - pos < CHUNK ? total - pos : CHUNK;
 		ssize_t r = xread_some(c, buf, want);
+
+		/* the server's usage counts from the stream's first bytes: a
+		 * client may wait before it writes (the TCP carrier's switch) */
+		if (reads++ == 0)
+			usage_now(&u);
 		if (r <= 0) {
 			fprintf(stderr, "xlbench %s server: stream ended at %llu of %llu bytes\n",
 				transport, (unsigned long long)pos, (unsigned long long)total);
@@ -309,6 +343,10 @@ static int serve(struct conn *c, long mib, long n)
 		die("ack");
 	afx_report(c, "server", "stream", ctr, mib, "MiB");
 	usage_report("server", "stream", &u, mib);
+	/* how finely the reads cut the stream: a reader that keeps finding a
+	 * little (woken per arrival) makes many short reads */
+	printf("xlbench %s server stream reads: %ld of %d bytes asked, %.1f KiB each\n", transport, reads, CHUNK,
+	       reads ? (double)total / reads / 1024 : 0);
 	/* twice n: the client's timed round trips, then its batch (see drive) */
 	for (long i = 0; i < 2 * n; i++) {
 		if (xread(c, &b, 1) || xwrite(c, &b, 1))
