@@ -18,6 +18,7 @@
 #include <linux/tcp.h>
 #include <linux/workqueue.h>
 #include <net/sock.h>
+#include <net/tcp.h>
 #include <net/net_namespace.h>
 #include "af_xen_net.h"
 #include "af_xen_glue.h"
@@ -99,6 +100,9 @@ static DECLARE_DELAYED_WORK(afx_tcp_dwork, afx_tcp_dwork_fn);
  * that neither delays the other */
 static void afx_tcp_tick_fn(struct work_struct *w) { afx_rs_tcp_work(); }
 static DECLARE_DELAYED_WORK(afx_tcp_tick, afx_tcp_tick_fn);
+/* and a jiffy after a leg's send buffer drained (afx_tcp_write_space) */
+static void afx_tcp_space_fn(struct work_struct *w) { afx_rs_tcp_work(); }
+static DECLARE_DELAYED_WORK(afx_tcp_space, afx_tcp_space_fn);
 
 /*
  * A leg's owner (sk_user_data): the AF_XEN socket whose connection it
@@ -162,7 +166,15 @@ static void afx_tcp_write_space(struct sock *sk)
 	if (sock)
 		clear_bit(SOCK_NOSPACE, &sock->flags);
 	afx_leg_wake(sk, EPOLLOUT | EPOLLWRNORM);
-	schedule_work(&afx_tcp_work);
+	/*
+	 * The writer this wakes flushes what is queued itself; the work item
+	 * is for a queue nobody writes behind, and runs a jiffy later. Run at
+	 * once, it competed with the writer it had just woken (for the
+	 * switch's lock and the leg, on the same vCPU) at every drain: the
+	 * stream was 0.65-0.79x TCP's with the sending domain idle a third of
+	 * the time, 0.97x with this (docs/lab.md, bench-20261126-104613).
+	 */
+	schedule_delayed_work(&afx_tcp_space, 1);
 }
 
 /* The leg's owner from now on (NULL: none), and whether its recvmsg pulls the leg; see afx_leg_wake. */
@@ -197,6 +209,7 @@ void afx_tcp_flush(void)
 {
 	cancel_delayed_work_sync(&afx_tcp_dwork);
 	cancel_delayed_work_sync(&afx_tcp_tick);
+	cancel_delayed_work_sync(&afx_tcp_space);
 	cancel_work_sync(&afx_tcp_work);
 }
 
@@ -213,6 +226,9 @@ static void afx_hook(struct sock *sk)
 {
 	if (READ_ONCE(sk->sk_sndbuf) < AFX_LEG_SNDBUF && sk->sk_state != TCP_LISTEN)
 		WRITE_ONCE(sk->sk_sndbuf, AFX_LEG_SNDBUF);
+	/* as the TCP it is measured against: a write's frames go out with
+	 * MSG_MORE until its last; a 1-byte frame must not wait for an ACK */
+	tcp_sock_set_nodelay(sk);
 	write_lock_bh(&sk->sk_callback_lock);
 	if (!orig_data_ready) {
 		orig_data_ready = sk->sk_data_ready;
@@ -389,6 +405,49 @@ int afx_tcp_readable(struct socket *s)
 
 	return !skb_queue_empty_lockless(&sk->sk_receive_queue) || READ_ONCE(sk->sk_err) ||
 	       (READ_ONCE(sk->sk_shutdown) & RCV_SHUTDOWN);
+}
+
+/*
+ * The reader's frames straight off a leg's receive queue (tcp_read_sock, as
+ * in-kernel protocols over TCP read theirs): the Rust actor takes headers
+ * and payload from each skb in turn, under one lock_sock and with one
+ * tcp_cleanup_rbuf for the whole call, where a recvmsg per header and per
+ * payload made four calls (and up to four window updates) per 64 KiB.
+ * Bytes the actor takes are consumed; it stops the walk through *stop.
+ * Returns the bytes taken (0: none), or -errno from tcp_read_sock. EOF and
+ * socket errors are not reported here: the caller's next recv sees them.
+ */
+static int afx_read_actor(read_descriptor_t *desc, struct sk_buff *skb, unsigned int offset, size_t len)
+{
+	int stop = 0;
+	size_t used = afx_rs_read_actor(desc->arg.data, skb, offset, len, &stop);
+
+	if (stop)
+		desc->count = 0;
+	return used > len ? len : used;
+}
+
+int afx_tcp_read_frames(struct socket *s, void *actor)
+{
+	read_descriptor_t desc = { .arg.data = actor, .count = 1 };
+	int n;
+
+	lock_sock(s->sk);
+	n = tcp_read_sock(s->sk, &desc, afx_read_actor);
+	release_sock(s->sk);
+	return n;
+}
+
+/* Copies of an skb's bytes for the actor: 0, or -EFAULT (the user's buffer;
+ * the iterator is left where it was). */
+int afx_skb_copy(const struct sk_buff *skb, int offset, void *to, int len)
+{
+	return skb_copy_bits(skb, offset, to, len);
+}
+
+int afx_skb_copy_to_msg(const struct sk_buff *skb, int offset, struct msghdr *user, int len)
+{
+	return skb_copy_datagram_msg(skb, offset, user, len);
 }
 
 /* Non-blocking receive into a kernel buffer: bytes, 0 at EOF, or -errno. */

@@ -6,6 +6,7 @@
 struct socket;
 struct sock;
 struct msghdr;
+struct sk_buff;
 int afx_tcp_port(void);
 int afx_tcp_local_addr(u8 *out);
 u64 afx_random_u64(void);
@@ -31,6 +32,10 @@ int afx_tcp_send_msg_nb(struct socket *s, struct msghdr *user, size_t len, int m
 int afx_tcp_readable(struct socket *s);
 void afx_tcp_set_owner(struct socket *s, struct sock *owner, int pulls);
 int afx_tcp_writable(struct socket *s);
+int afx_tcp_read_frames(struct socket *s, void *actor);
+int afx_skb_copy(const struct sk_buff *skb, int offset, void *to, int len);
+int afx_skb_copy_to_msg(const struct sk_buff *skb, int offset, struct msghdr *user, int len);
+size_t afx_rs_read_actor(void *actor, const struct sk_buff *skb, unsigned int offset, size_t len, int *stop);
 void afx_rs_suspend(void);
 void afx_rs_resume(int restored);
 int afx_pm_register(void);

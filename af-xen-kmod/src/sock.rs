@@ -1448,6 +1448,7 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
                                 }
                                 return err(e::EAGAIN);
                             }
+                            crate::carrier::counters::TCP_WRITE_WAITS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
                             let r = xs.sk.wait(&mut timeo, || crate::carrier::tx_ready(sw) || xs.inner.lock().reset);
                             if let Err(x) = r {
                                 return if copied > 0 { copied as c_int } else { err(x) };
@@ -1647,6 +1648,7 @@ unsafe extern "C" fn xs_recvmsg_untimed(
                     if eof || shut_rd || (copied > 0 && !waitall) {
                         break;
                     }
+                    crate::carrier::counters::TCP_READ_WAITS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
                     let r = xs.sk.wait(&mut timeo, || {
                         let i = xs.inner.lock();
                         let stop = i.shut_rd || i.reset;

@@ -263,6 +263,9 @@ unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
     let mut c = crate::sock::Line::new();
     crate::carrier::stats(&mut c);
     Seq(m).write(c.bytes());
+    let mut w = crate::sock::Line::new();
+    crate::carrier::work_stats(&mut w);
+    Seq(m).write(w.bytes());
     0
 }
 

@@ -204,6 +204,7 @@ fn check_hello(buf: &[u8]) -> core::result::Result<Arc<XenSock>, &'static Atomic
 /// active switch.
 pub(crate) fn work() {
     let t0 = sys_net::now_ms();
+    crate::carrier::counters::TCP_WORK_PASSES.fetch_add(1, Ordering::Relaxed);
     work_pass();
     // a pass that blocks holds up every leg's frames and every wake of a
     // socket on TCP (an epoll reader waits for those): shown in the stats
