@@ -100,9 +100,6 @@ static DECLARE_DELAYED_WORK(afx_tcp_dwork, afx_tcp_dwork_fn);
  * that neither delays the other */
 static void afx_tcp_tick_fn(struct work_struct *w) { afx_rs_tcp_work(); }
 static DECLARE_DELAYED_WORK(afx_tcp_tick, afx_tcp_tick_fn);
-/* and a jiffy after a leg's send buffer drained (afx_tcp_write_space) */
-static void afx_tcp_space_fn(struct work_struct *w) { afx_rs_tcp_work(); }
-static DECLARE_DELAYED_WORK(afx_tcp_space, afx_tcp_space_fn);
 
 /*
  * A leg's owner (sk_user_data): the AF_XEN socket whose connection it
@@ -114,22 +111,28 @@ static DECLARE_DELAYED_WORK(afx_tcp_space, afx_tcp_space_fn);
  * work item alone each wake cost a context switch to the worker first
  * (5-6 per MiB on the reader, docs/lab.md "The TCP carrier").
  */
-/* bit 0 of sk_user_data: the owner's recvmsg pulls this leg (see below) */
+/*
+ * The low bits of sk_user_data: the owner's recvmsg pulls this leg (see
+ * afx_tcp_data_ready); the owner's writer flushes what this leg's queue
+ * holds, so a drain need not run the work item (afx_tcp_write_space).
+ */
 #define AFX_OWNER_PULLS 1UL
+#define AFX_OWNER_WRITES 2UL
+#define AFX_OWNER_FLAGS (AFX_OWNER_PULLS | AFX_OWNER_WRITES)
 
-/* Wakes the leg's owner; returns whether the owner pulls the leg itself. */
-static bool afx_leg_wake(struct sock *sk, unsigned int mask)
+/* Wakes the leg's owner; returns the owner's flags (0: no owner). */
+static unsigned long afx_leg_wake(struct sock *sk, unsigned int mask)
 {
 	unsigned long v;
 	struct sock *owner;
 
 	read_lock_bh(&sk->sk_callback_lock);
 	v = (unsigned long)sk->sk_user_data;
-	owner = (struct sock *)(v & ~AFX_OWNER_PULLS);
+	owner = (struct sock *)(v & ~AFX_OWNER_FLAGS);
 	if (owner)
 		afx_wake(owner, mask);
 	read_unlock_bh(&sk->sk_callback_lock);
-	return owner && (v & AFX_OWNER_PULLS);
+	return owner ? v & AFX_OWNER_FLAGS : 0;
 }
 
 /*
@@ -142,7 +145,7 @@ static bool afx_leg_wake(struct sock *sk, unsigned int mask)
  */
 static void afx_tcp_data_ready(struct sock *sk)
 {
-	if (!afx_leg_wake(sk, EPOLLIN | EPOLLRDNORM))
+	if (!(afx_leg_wake(sk, EPOLLIN | EPOLLRDNORM) & AFX_OWNER_PULLS))
 		schedule_work(&afx_tcp_work);
 }
 static void afx_tcp_state_change(struct sock *sk)
@@ -165,25 +168,25 @@ static void afx_tcp_write_space(struct sock *sk)
 		return;
 	if (sock)
 		clear_bit(SOCK_NOSPACE, &sock->flags);
-	afx_leg_wake(sk, EPOLLOUT | EPOLLWRNORM);
 	/*
-	 * The writer this wakes flushes what is queued itself; the work item
-	 * is for a queue nobody writes behind, and runs a jiffy later. Run at
-	 * once, it competed with the writer it had just woken (for the
-	 * switch's lock and the leg, on the same vCPU) at every drain: the
-	 * stream was 0.65-0.79x TCP's with the sending domain idle a third of
-	 * the time, 0.97x with this (docs/lab.md, bench-20261126-104613).
+	 * The work item only when something is queued that no writer will
+	 * flush (carrier.rs own_outbound). Run at every drain, it competed
+	 * with the writer it had just woken, on the same vCPU: the stream was
+	 * 0.65-0.79x TCP's with both domains idling more than TCP's (the pipe
+	 * ran dry between drains); 0.86x with the work a jiffy later, 0.93x
+	 * without it (docs/lab.md, "The TCP carrier at TCP's speed").
 	 */
-	schedule_delayed_work(&afx_tcp_space, 1);
+	if (!(afx_leg_wake(sk, EPOLLOUT | EPOLLWRNORM) & AFX_OWNER_WRITES))
+		schedule_work(&afx_tcp_work);
 }
 
-/* The leg's owner from now on (NULL: none), and whether its recvmsg pulls the leg; see afx_leg_wake. */
-void afx_tcp_set_owner(struct socket *s, struct sock *owner, int pulls)
+/* The leg's owner from now on (NULL: none) and its AFX_OWNER_* flags; see afx_leg_wake. */
+void afx_tcp_set_owner(struct socket *s, struct sock *owner, int flags)
 {
 	struct sock *sk = s->sk;
 
 	write_lock_bh(&sk->sk_callback_lock);
-	sk->sk_user_data = owner ? (void *)((unsigned long)owner | (pulls ? AFX_OWNER_PULLS : 0)) : NULL;
+	sk->sk_user_data = owner ? (void *)((unsigned long)owner | ((unsigned long)flags & AFX_OWNER_FLAGS)) : NULL;
 	write_unlock_bh(&sk->sk_callback_lock);
 }
 
@@ -209,7 +212,6 @@ void afx_tcp_flush(void)
 {
 	cancel_delayed_work_sync(&afx_tcp_dwork);
 	cancel_delayed_work_sync(&afx_tcp_tick);
-	cancel_delayed_work_sync(&afx_tcp_space);
 	cancel_work_sync(&afx_tcp_work);
 }
 

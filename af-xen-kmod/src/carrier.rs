@@ -258,6 +258,10 @@ struct TxSide {
     /// the ring this direction was on when the application closed (the
     /// socket lets go of it): read back if the receiver abandons it
     closed_ring: Option<Arc<Pipe>>,
+    /// a blocking writer waits for room on the leg (`send` said Blocked)
+    writer_waits: bool,
+    /// what the outbound leg's owner flag says (`own_outbound`)
+    owner_writes: bool,
 }
 
 /// Our receiving direction.
@@ -329,6 +333,8 @@ impl Switch {
                     next_connect_ms: 0,
                     connect_started_ms: 0,
                     closed_ring: None,
+                    writer_waits: false,
+                    owner_writes: false,
                 }, "af_xen_sw_tx"),
                 rx <- new_mutex!(RxSide {
                     path: RxPath::on_ring(),
@@ -646,8 +652,50 @@ pub(crate) fn closing(xs: &XenSock, tx: Option<&Arc<Pipe>>) {
 /// clears what this set.
 fn own(xs: &XenSock, sw: &Switch, leg: &crate::tcp::HeldLeg) {
     if !sw.closed.load(Ordering::Acquire) {
-        leg.sock().set_owner(Some(&xs.sk), false);
+        leg.sock().set_owner(Some(&xs.sk), false, false);
     }
+}
+
+/// Whether the application's writer, when it writes or is woken, sends
+/// everything this direction has for its leg: the hello is out and no
+/// resend, ring offer or failure waits for the work item (it sends the
+/// queue's frames itself, `flush_tx` in `send`).
+fn writer_flushes(t: &TxSide) -> bool {
+    t.leg_up
+        && !t.broken
+        && t.hello_left == 0
+        && t.resend_pos >= t.resend_end
+        && t.offer.is_none()
+        && matches!(t.path.state(), TxState::Tcp)
+}
+
+/// Tells the outbound leg whether a drain (`write_space`) must run the
+/// work item: not while the writer covers the leg, i.e. it waits for room
+/// (and flushes when woken) or nothing is queued behind it. A drain that
+/// ran the work item every time competed with the writer it woke, on the
+/// same vCPU (docs/lab.md "The TCP carrier at TCP's speed"). Caller holds
+/// `sw.tx`; called wherever the answer may have changed.
+fn own_outbound(xs: &XenSock, sw: &Switch, t: &mut TxSide) {
+    let queued = t.q.as_ref().is_some_and(|q| !q.is_empty());
+    let writes = writer_flushes(t) && (t.writer_waits || !queued);
+    if writes == t.owner_writes || sw.closed.load(Ordering::Acquire) {
+        return;
+    }
+    let Some(leg) = t.leg.as_ref() else { return };
+    leg.sock().set_owner(Some(&xs.sk), false, writes);
+    t.owner_writes = writes;
+    // a drain before this found the flag still set and left the queue
+    if !writes && leg.sock().writable() {
+        sys_net::schedule();
+    }
+}
+
+/// A writer that waited for room leaves `sendmsg` without writing again
+/// (a signal, its timeout): what it left queued is the work item's again.
+pub(crate) fn writer_gone(xs: &XenSock, sw: &Switch) {
+    let mut t = sw.tx.lock();
+    t.writer_waits = false;
+    own_outbound(xs, sw, &mut t);
 }
 
 /// The inbound leg's owner, and who reads it: the application's recvmsg
@@ -662,7 +710,7 @@ fn own_inbound(xs: &XenSock, sw: &Switch, r: &mut RxSide) {
     }
     let pulls = !r.path.reads_ring();
     if r.owner_pulls != Some(pulls) {
-        leg.sock().set_owner(Some(&xs.sk), pulls);
+        leg.sock().set_owner(Some(&xs.sk), pulls, false);
         r.owner_pulls = Some(pulls);
     }
 }
@@ -675,12 +723,12 @@ pub(crate) fn disown(xs: &XenSock) {
     {
         let t = sw.tx.lock();
         if let Some(l) = t.leg.as_ref() {
-            l.sock().set_owner(None, false);
+            l.sock().set_owner(None, false, false);
         }
     }
     let r = sw.rx.lock();
     if let Some(l) = r.leg.as_ref() {
-        l.sock().set_owner(None, false);
+        l.sock().set_owner(None, false, false);
     }
 }
 
@@ -754,28 +802,45 @@ pub(crate) enum Write {
 /// the user's iovecs, under one take of the switch lock and with one flush
 /// (a 4 KiB bounce buffer per frame made the carrier 0.41-0.53x TCP,
 /// docs/lab.md). Each frame's offset is `path.sent()` when it is queued,
-/// as before, so resends and switches see the same byte offsets.
-pub(crate) fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize) -> Write {
+/// as before, so resends and switches see the same byte offsets. `waits`:
+/// the caller, told Blocked, waits for room and calls again when woken
+/// (a blocking writer; `writer_gone` if it leaves instead), so it flushes
+/// what is queued and the leg's drains need not run the work item.
+pub(crate) fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, waits: bool) -> Write {
     let mut t = sw.tx.lock();
+    t.writer_waits = false;
+    let Some(res) = send_locked(xs, &mut t, msg, left) else {
+        drop(t);
+        fail(xs, "the sender's buffer went away mid-frame");
+        return Write::Fault;
+    };
+    // a blocking writer told Blocked waits for room and flushes when woken
+    t.writer_waits = waits && matches!(res, Write::Blocked);
+    own_outbound(xs, sw, &mut t);
+    res
+}
+
+/// `send` under the switch's lock; None: a frame went out torn (`Direct::Torn`).
+fn send_locked(xs: &XenSock, t: &mut TxSide, msg: &mut Msg, left: usize) -> Option<Write> {
     match t.path.state() {
-        TxState::Ring { .. } => return Write::Ring,
-        TxState::Frozen { .. } => return Write::Blocked,
+        TxState::Ring { .. } => return Some(Write::Ring),
+        TxState::Frozen { .. } => return Some(Write::Blocked),
         TxState::Tcp => {}
     }
     // what is queued goes first, from here: a writer woken by the leg's
     // write_space (afx_leg_wake) makes its own room, no work item between
-    flush_tx(&mut t);
+    flush_tx(t);
     if t.broken {
-        return Write::Pipe;
+        return Some(Write::Pipe);
     }
     if t.resend_pos < t.resend_end || t.offer.is_some() {
-        return Write::Blocked;
+        return Some(Write::Blocked);
     }
     let peer_conn = xs.inner.lock().peer_conn;
     let mut sent = 0usize;
     while sent < left {
         let want = (left - sent).min(DATA_CHUNK);
-        match send_direct(&mut t, peer_conn, msg, want, sent + want < left) {
+        match send_direct(t, peer_conn, msg, want, sent + want < left) {
             Direct::Sent(n) => {
                 sent += n;
                 continue;
@@ -784,11 +849,7 @@ pub(crate) fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize) -> Wri
             // the leg is full: the writer waits for it (as TCP's own
             // writer does) rather than copying into the queue
             Direct::Full => break,
-            Direct::Torn => {
-                drop(t);
-                fail(xs, "the sender's buffer went away mid-frame");
-                return Write::Fault;
-            }
+            Direct::Torn => return None,
         }
         let room = t.q.as_ref().map(|q| q.room()).unwrap_or(0);
         if room <= ctrl::DATA_PREFIX_LEN + CTL_RESERVE {
@@ -801,7 +862,7 @@ pub(crate) fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize) -> Wri
         if got == 0 || t.path.record_sent(got as u64).is_err() {
             // a fault (or nothing queued): report what went before it
             if sent == 0 {
-                return Write::Fault;
+                return Some(Write::Fault);
             }
             break;
         }
@@ -811,10 +872,10 @@ pub(crate) fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize) -> Wri
         }
     }
     if sent == 0 {
-        return Write::Blocked;
+        return Some(Write::Blocked);
     }
-    flush_tx(&mut t);
-    Write::Sent(sent)
+    flush_tx(t);
+    Some(Write::Sent(sent))
 }
 
 enum Direct {
@@ -1276,6 +1337,7 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids) {
                 if let Some(sw) = sw_of(xs) {
                     own(xs, &sw, &leg);
                 }
+                t.owner_writes = false;
                 t.leg = Some(leg);
                 t.leg_up = false;
                 t.connect_started_ms = now;
@@ -1713,6 +1775,7 @@ pub(crate) fn service(xs: &Arc<XenSock>) -> bool {
         leg_tx(xs, &mut t, &ids);
         let r = read_tx_leg(xs, &mut t, &ids).and_then(|_| pump_tx(xs, &mut t, &ids));
         flush_tx(&mut t);
+        own_outbound(xs, &sw, &mut t);
         r
     };
     if let Err(why) = tx_err {

@@ -1434,7 +1434,7 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
                         return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
                     }
                     use crate::carrier::Write;
-                    match crate::carrier::send(&xs, sw, &mut msg, total - copied) {
+                    match crate::carrier::send(&xs, sw, &mut msg, total - copied, !nonblock) {
                         // back on a ring meanwhile: take the guard again
                         Write::Ring => continue,
                         Write::Sent(n) => {
@@ -1451,6 +1451,7 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
                             crate::carrier::counters::TCP_WRITE_WAITS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
                             let r = xs.sk.wait(&mut timeo, || crate::carrier::tx_ready(sw) || xs.inner.lock().reset);
                             if let Err(x) = r {
+                                crate::carrier::writer_gone(&xs, sw);
                                 return if copied > 0 { copied as c_int } else { err(x) };
                             }
                             continue;

@@ -32,7 +32,7 @@ extern "C" {
     fn afx_tcp_recv_msg(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize) -> c_int;
     fn afx_tcp_send_msg_nb(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize, more: c_int) -> c_int;
     fn afx_tcp_readable(s: *mut bindings::socket) -> c_int;
-    fn afx_tcp_set_owner(s: *mut bindings::socket, owner: *mut bindings::sock, pulls: c_int);
+    fn afx_tcp_set_owner(s: *mut bindings::socket, owner: *mut bindings::sock, flags: c_int);
     fn afx_tcp_writable(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_read_frames(s: *mut bindings::socket, actor: *mut c_void) -> c_int;
     fn afx_skb_copy(skb: *const bindings::sk_buff, offset: c_int, to: *mut c_void, len: c_int) -> c_int;
@@ -264,16 +264,19 @@ impl TcpSock {
     }
 
     /// The AF_XEN socket whose waiters this leg's callbacks wake from now
-    /// on (None: nobody's), and whether its recvmsg pulls this leg (then
-    /// the leg's data does not schedule the work item). The caller clears
-    /// it before that socket can go (`carrier::disown`, under the switch
+    /// on (None: nobody's), and what it does itself: `pulls`, its recvmsg
+    /// reads this leg (its data then does not schedule the work item);
+    /// `writes`, its writer flushes what is queued for this leg (a drain
+    /// then does not schedule the work item either). The caller clears it
+    /// before that socket can go (`carrier::disown`, under the switch
     /// locks that set it).
-    pub(crate) fn set_owner(&self, owner: Option<&crate::sys::Sk>, pulls: bool) {
+    pub(crate) fn set_owner(&self, owner: Option<&crate::sys::Sk>, pulls: bool, writes: bool) {
         let p = owner.map_or(core::ptr::null_mut(), |o| o.as_raw());
+        let flags = c_int::from(pulls) | (c_int::from(writes) << 1);
         // SAFETY: self.0 is live; the owner is live now and is cleared here
         // (under sk_callback_lock, which the callbacks read it under)
         // before its socket is released.
-        unsafe { afx_tcp_set_owner(self.0, p, c_int::from(pulls)) }
+        unsafe { afx_tcp_set_owner(self.0, p, flags) }
     }
 
     /// Sends all of `buf` (may block for room).
