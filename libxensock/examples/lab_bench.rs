@@ -123,15 +123,133 @@ fn main() {
 /// The receiving side of the workload on one connection: checks the
 /// stream, answers `K` (or `X`), echoes `pings` bytes. Returns how many
 /// reads were not what was sent (0: every byte intact).
+/// The process's CPU (every thread: the transport's own too), its context
+/// switches and the domain's idle/softirq/steal ticks (/proc/stat), for
+/// where a stream's time went (as xlbench's usage and domain lines).
+struct Usage {
+    t: Instant,
+    cpu_ms: f64,
+    switches: (i64, i64),
+    ticks: [i64; 3],
+    /// each thread's name and CPU ticks (utime + stime)
+    threads: Vec<(u64, String, i64)>,
+}
+
+/// This process's threads: id, name, CPU ticks so far (/proc/self/task).
+fn thread_ticks() -> Vec<(u64, String, i64)> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Ok(tid) = e.file_name().to_string_lossy().parse::<u64>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // "tid (comm) state ppid ..."; utime and stime are fields 14 and 15
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let name = stat[open + 1..close].to_string();
+        let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let field = |i: usize| rest.get(i).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+        out.push((tid, name, field(11) + field(12)));
+    }
+    out
+}
+
+impl Usage {
+    fn now() -> Usage {
+        // SAFETY: getrusage fills the zeroed struct it is given.
+        let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `r` is a valid, writable rusage.
+        unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut r) };
+        let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let v: Vec<i64> = stat
+            .lines()
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let tick = |i: usize| v.get(i).copied().unwrap_or(0);
+        Usage {
+            t: Instant::now(),
+            cpu_ms: ms(r.ru_utime) + ms(r.ru_stime),
+            switches: (r.ru_nvcsw, r.ru_nivcsw),
+            ticks: [tick(3), tick(6), tick(7)],
+            threads: thread_ticks(),
+        }
+    }
+
+    /// One line: since `self`, `calls` reads or writes moved `bytes`.
+    fn report(&self, label: &str, calls: u64, bytes: u64) {
+        let b = Usage::now();
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+        let t = |i: usize| (b.ticks[i] - self.ticks[i]) * 1000 / hz;
+        println!(
+            "lab_bench {label} stream: wall {:.0} ms, process cpu {:.0} ms, {} voluntary / {} involuntary switches, {calls} calls ({:.1} KiB each); domain idle {} ms, softirq {} ms, steal {} ms",
+            b.t.duration_since(self.t).as_secs_f64() * 1e3,
+            b.cpu_ms - self.cpu_ms,
+            b.switches.0 - self.switches.0,
+            b.switches.1 - self.switches.1,
+            bytes as f64 / calls.max(1) as f64 / 1024.0,
+            t(0),
+            t(1),
+            t(2)
+        );
+        // which of the process's threads used its CPU (the transport's own
+        // threads run beside the application's)
+        let mut per: Vec<(String, i64)> = b
+            .threads
+            .iter()
+            .map(|(id, name, now)| {
+                let was = self
+                    .threads
+                    .iter()
+                    .find(|(i, ..)| i == id)
+                    .map_or(0, |(_, _, v)| *v);
+                (format!("{name}/{id}"), (now - was) * 1000 / hz)
+            })
+            .filter(|(_, ms)| *ms > 0)
+            .collect();
+        per.sort_by_key(|p| std::cmp::Reverse(p.1));
+        let list: Vec<String> = per.iter().map(|(n, ms)| format!("{n} {ms} ms")).collect();
+        println!("lab_bench {label} stream threads: {}", list.join(", "));
+    }
+}
+
 fn serve_one<S: Read + Write>(s: &mut S, pat: &[u8], mib: u64, pings: u64) -> Res<u64> {
+    serve_one_as(s, pat, mib, pings, None)
+}
+
+/// `serve_one`, printing the stream's `Usage` (from its first bytes) as `label`.
+fn serve_one_as<S: Read + Write>(
+    s: &mut S,
+    pat: &[u8],
+    mib: u64,
+    pings: u64,
+    label: Option<&str>,
+) -> Res<u64> {
     let total = mib << 20;
     let mut buf = vec![0u8; CHUNK];
     let (mut pos, mut bad) = (0u64, 0u64);
+    let mut reads = 0u64;
+    let mut usage = None;
     while pos < total {
         let want = (total - pos).min(CHUNK as u64) as usize;
         let r = s.read(&mut buf[..want])?;
         if r == 0 {
             return Err(format!("stream ended at {pos} of {total} bytes").into());
+        }
+        reads += 1;
+        if usage.is_none() {
+            usage = Some(Usage::now());
         }
         let off = (pos % PATLEN as u64) as usize;
         if buf[..r] != pat[off..off + r] {
@@ -140,6 +258,9 @@ fn serve_one<S: Read + Write>(s: &mut S, pat: &[u8], mib: u64, pings: u64) -> Re
         pos += r as u64;
     }
     s.write_all(if bad == 0 { b"K" } else { b"X" })?;
+    if let (Some(label), Some(u)) = (label, usage) {
+        u.report(label, reads, total);
+    }
     let mut b = [0u8; 1];
     for _ in 0..pings {
         s.read_exact(&mut b)?;
@@ -160,26 +281,32 @@ struct Measured {
 
 /// The sending side: `mib` MiB in 64 KiB writes, the receiver's verdict,
 /// `pings` timed round trips, then `batch` more timed together (the
-/// receiver must echo `pings + batch`).
+/// receiver must echo `pings + batch`); the stream's `Usage` is printed as
+/// the row `label`.
 fn drive_one<S: Read + Write>(
     s: &mut S,
     pat: &[u8],
     mib: u64,
     pings: usize,
     batch: usize,
+    label: &str,
 ) -> Res<Measured> {
     let total = mib << 20;
+    let usage = Usage::now();
     let t0 = Instant::now();
     let mut pos = 0u64;
+    let mut writes = 0u64;
     while pos < total {
         let len = (total - pos).min(CHUNK as u64) as usize;
         let off = (pos % PATLEN as u64) as usize;
         s.write_all(&pat[off..off + len])?;
         pos += len as u64;
+        writes += 1;
     }
     let mut b = [0u8; 1];
     s.read_exact(&mut b)?;
     let stream_mib_s = mib as f64 / t0.elapsed().as_secs_f64();
+    usage.report(&format!("{label} client"), writes, total);
     let mut m = Measured {
         stream_mib_s,
         intact: b[0] == b'K',
@@ -253,11 +380,17 @@ fn server_tcpc(a: &[String]) -> Res<i32> {
     for round in 1..=rounds {
         let (mut s, peer) = tcp.accept()?;
         s.set_nodelay(true)?;
-        let ok = serve_one(&mut s, &pat, mib, 2 * n)? == 0;
+        let ok = serve_one_as(&mut s, &pat, mib, 2 * n, Some("tcp-same-phase-user server"))? == 0;
         println!("lab_bench user-tcpc server: round {round}: TCP from {peer}: intact {ok}");
         all_intact &= ok;
         let (mut s, peer) = listener.accept()?;
-        let ok = serve_one(&mut s, &pat, mib, 2 * n)? == 0;
+        let ok = serve_one_as(
+            &mut s,
+            &pat,
+            mib,
+            2 * n,
+            Some("xensock-user-tcp-carrier server"),
+        )? == 0;
         println!("lab_bench user-tcpc server: round {round}: xensock from {peer}: intact {ok}");
         all_intact &= ok;
         // the client reads the last echo before it closes
@@ -330,7 +463,7 @@ fn client_tcpc(a: &[String]) -> Res<i32> {
     for round in 1..=rounds {
         let mut s = tcp_connect(&tcp_addr, timeout)?;
         s.set_nodelay(true)?;
-        let m = drive_one(&mut s, &pat, mib, n, n)?;
+        let m = drive_one(&mut s, &pat, mib, n, n, "tcp-same-phase-user")?;
         if m.intact {
             print_metrics("tcp-same-phase-user", &m);
         } else {
@@ -366,7 +499,7 @@ fn client_tcpc(a: &[String]) -> Res<i32> {
             transport.resume();
             continue;
         }
-        let m = drive_one(&mut s, &pat, mib, n, n)?;
+        let m = drive_one(&mut s, &pat, mib, n, n, "xensock-user-tcp-carrier")?;
         let end = carrier_of(&transport, &s)?;
         println!("lab_bench user-tcpc client: round {round}: carrier {end} after the workload");
         if !m.intact {
@@ -475,7 +608,7 @@ fn client(a: &[String]) -> Res<i32> {
         s.local_addr()?,
         s.peer_addr()?
     );
-    let m = drive_one(&mut s, &pattern(), mib, n, 0)?;
+    let m = drive_one(&mut s, &pattern(), mib, n, 0, &label)?;
     if !m.intact {
         println!("lab_bench {mode}: server saw corrupted stream data");
         return Ok(1);
