@@ -1215,18 +1215,32 @@ fn epoll_del(ep: &OwnedFd, fd: i32) {
 
 /// How often the manager retries ring offers for connections on TCP.
 const CARRIER_SWEEP: Duration = Duration::from_millis(20);
+/// The sweep's interval doubles up to this while no carrier connection has
+/// a usable link or a kept offer (nothing a sweep could do), and is back
+/// at `CARRIER_SWEEP` after any event: every 20 ms it cost the process
+/// 20-40 ms of CPU per second in a lab guest with its links down, on the
+/// streaming application's vCPU (docs/lab.md).
+const CARRIER_SWEEP_IDLE_MAX: Duration = Duration::from_millis(320);
 
 fn manager_thread(inner: Arc<Inner>) {
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
     let mut last_sweep = Instant::now();
+    let mut sweep_every = CARRIER_SWEEP;
     while !inner.stop.load(Ordering::Acquire) {
         let carriers = inner.carriers.load(Ordering::Relaxed) > 0;
-        if carriers && last_sweep.elapsed() >= CARRIER_SWEEP {
+        if carriers && last_sweep.elapsed() >= sweep_every {
             last_sweep = Instant::now();
-            inner.sweep_carriers();
+            sweep_every = if inner.sweep_carriers() {
+                CARRIER_SWEEP
+            } else {
+                (sweep_every * 2).min(CARRIER_SWEEP_IDLE_MAX)
+            };
         }
         let timeout = if carriers {
-            CARRIER_SWEEP.as_millis() as i32
+            sweep_every
+                .saturating_sub(last_sweep.elapsed())
+                .as_millis()
+                .max(1) as i32
         } else {
             -1
         };
@@ -1247,6 +1261,10 @@ fn manager_thread(inner: Arc<Inner>) {
         }
         if inner.stop.load(Ordering::Acquire) {
             break;
+        }
+        if n > 0 {
+            // something changed: a link, the table, a kick; sweep soon
+            sweep_every = CARRIER_SWEEP;
         }
         let mut ready = Vec::new();
         let mut owed = false;
@@ -3166,14 +3184,17 @@ impl Inner {
     /// Retries what a carrier connection on TCP needs to return to a ring
     /// (an offer refused for now by the engine, e.g. before the sender's
     /// freeze notice arrived, or voided by a later freeze), and moves
-    /// connections whose peer proved to be on another domain.
-    fn sweep_carriers(&self) {
+    /// connections whose peer proved to be on another domain. Returns
+    /// whether any of them could use a sweep: a usable link to its
+    /// target, or an offer kept for later.
+    fn sweep_carriers(&self) -> bool {
         let mut st = self.state();
         let conns: Vec<(Arc<Conn>, Arc<Engine>)> = st
             .conns
             .values()
             .filter_map(|c| c.engine().map(|e| (c.clone(), e)))
             .collect();
+        let mut busy = false;
         for (conn, engine) in conns {
             if engine.failed() {
                 continue;
@@ -3183,10 +3204,12 @@ impl Inner {
                 _ => conn.peer(),
             };
             if link_usable(&st, target) {
+                busy = true;
                 self.offer_ring_to(&mut st, &conn, &engine, target);
             }
             // An offer from the peer's own domain kept while suspended.
             let kept = *lock(&conn.pending_offer);
+            busy |= kept.is_some();
             if let Some((from, grant)) = kept {
                 if from == conn.peer() && !self.suspended.load(Ordering::Acquire) {
                     *lock(&conn.pending_offer) = None;
@@ -3195,6 +3218,7 @@ impl Inner {
             }
             self.check_rehome(&mut st, &conn, &engine);
         }
+        busy
     }
 
     /// Connections waiting to follow a peer that may have moved to `peer`.
