@@ -378,6 +378,12 @@ struct phases {
 	 * leg full (EAGAIN) are tried again, at most efault_send_tries times */
 	int efault_recv, efault_send, efault_send_tries;
 	char efault_detail[96];
+	/* mv, phase 2: one blocking send of 4 MiB with SO_SNDTIMEO 20 ms on
+	 * the leg (a writer whose wait for room times out hands what it left
+	 * queued back to the work item): 0 not yet, 1 it returned a count or
+	 * EAGAIN within 5 s, -1 anything else; the stream's check sees loss */
+	int timed_send;
+	char timed_detail[96];
 };
 
 static void presult(const struct phases *ph, const char *what, int ok, const char *fmt, ...)
@@ -439,6 +445,8 @@ static int client_tick(struct phases *ph, uint64_t sent, uint64_t got)
 				presult(ph, "streamed-on-tcp", ok && !strcmp(c, "tcp"), "16 MiB each way in %.1f s, carrier %s", waited, c);
 				presult(ph, "fionread-on-tcp", ph->fionread_polls > 0 && ph->fionread_zero == 0,
 					"FIONREAD 0 in %ld of %ld readable polls on TCP", ph->fionread_zero, ph->fionread_polls);
+				presult(ph, "sndtimeo-on-tcp", ph->timed_send == 1, "%s",
+					ph->timed_send ? ph->timed_detail : "not tried");
 				presult(ph, "efault-on-tcp", ph->efault_recv == 1 && ph->efault_send == 1,
 					"recv %s, send %s%s", ph->efault_recv == 1 ? "EFAULT" : ph->efault_recv ? "wrong" : "not tried",
 					ph->efault_send == 1 ? "EFAULT" : ph->efault_send ? "wrong" : "not tried", ph->efault_detail);
@@ -488,7 +496,7 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 	uint64_t sent = 0, got = 0, bad_at = UINT64_MAX;
 	int wr_done = 0, rd_done = 0;
 	double t0 = now(), last = now();
-	struct phases ph = { 0, now(), 0, 0, pfx, 0, 0, 0, 0, 0, "" };
+	struct phases ph = { 0, now(), 0, 0, pfx, 0, 0, 0, 0, 0, "", 0, "" };
 	/* an address no process maps (the first page) */
 	void *const unmapped = (void *)8;
 
@@ -514,6 +522,31 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 					snprintf(ph.efault_detail, sizeof(ph.efault_detail), " (send: %zd, %s)", w,
 						 w < 0 ? strerror(errno) : "bytes taken");
 				}
+			}
+
+			if (client && ph.phase == 2 && !strcmp(pfx, "mv") && ph.efault_send != 0 && ph.timed_send == 0 &&
+			    (p.revents & POLLOUT)) {
+				static uint8_t big[4 << 20];
+				struct timeval tv = { .tv_usec = 20000 };
+				double t = now();
+
+				for (size_t k = 0; k < sizeof(big); k++)
+					big[k] = pattern(sent + k, txseed);
+				setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+				fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+				w = send(fd, big, sizeof(big), MSG_NOSIGNAL);
+				int e = errno;
+				double took = now() - t;
+
+				fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+				tv.tv_usec = 0;
+				setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+				if (w > 0)
+					sent += w;
+				ph.timed_send = ((w > 0) || (w < 0 && e == EAGAIN)) && took < 5 ? 1 : -1;
+				snprintf(ph.timed_detail, sizeof(ph.timed_detail), "send of 4 MiB: %zd (%s) in %.3f s", w,
+					 w < 0 ? strerror(e) : w < (ssize_t)sizeof(big) ? "timed out part way" : "all",
+					 took);
 			}
 
 			for (size_t k = 0; k < sizeof(buf); k++)
