@@ -43,7 +43,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/time.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -384,6 +386,10 @@ struct phases {
 	 * EAGAIN within 5 s, -1 anything else; the stream's check sees loss */
 	int timed_send;
 	char timed_detail[96];
+	/* the same with a signal (SIGALRM after 20 ms, no SA_RESTART) ending
+	 * the wait instead of the timeout: a count or EINTR */
+	int signalled_send;
+	char signalled_detail[96];
 };
 
 static void presult(const struct phases *ph, const char *what, int ok, const char *fmt, ...)
@@ -447,6 +453,8 @@ static int client_tick(struct phases *ph, uint64_t sent, uint64_t got)
 					"FIONREAD 0 in %ld of %ld readable polls on TCP", ph->fionread_zero, ph->fionread_polls);
 				presult(ph, "sndtimeo-on-tcp", ph->timed_send == 1, "%s",
 					ph->timed_send ? ph->timed_detail : "not tried");
+				presult(ph, "signal-send-on-tcp", ph->signalled_send == 1, "%s",
+					ph->signalled_send ? ph->signalled_detail : "not tried");
 				presult(ph, "efault-on-tcp", ph->efault_recv == 1 && ph->efault_send == 1,
 					"recv %s, send %s%s", ph->efault_recv == 1 ? "EFAULT" : ph->efault_recv ? "wrong" : "not tried",
 					ph->efault_send == 1 ? "EFAULT" : ph->efault_send ? "wrong" : "not tried", ph->efault_detail);
@@ -490,13 +498,19 @@ static int client_tick(struct phases *ph, uint64_t sent, uint64_t got)
  * told to finish (client: its phases; server: the client's EOF), then
  * shutdown(SHUT_WR); read and check until EOF.
  */
+/* SIGALRM ends a blocking send (signal-send-on-tcp) */
+static void on_alarm(int sig)
+{
+	(void)sig;
+}
+
 static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxseed, int client, const char *pfx)
 {
 	static uint8_t buf[65536];
 	uint64_t sent = 0, got = 0, bad_at = UINT64_MAX;
 	int wr_done = 0, rd_done = 0;
 	double t0 = now(), last = now();
-	struct phases ph = { 0, now(), 0, 0, pfx, 0, 0, 0, 0, 0, "", 0, "" };
+	struct phases ph = { 0, now(), 0, 0, pfx, 0, 0, 0, 0, 0, "", 0, "", 0, "" };
 	/* an address no process maps (the first page) */
 	void *const unmapped = (void *)8;
 
@@ -546,6 +560,31 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 				ph.timed_send = ((w > 0) || (w < 0 && e == EAGAIN)) && took < 5 ? 1 : -1;
 				snprintf(ph.timed_detail, sizeof(ph.timed_detail), "send of 4 MiB: %zd (%s) in %.3f s", w,
 					 w < 0 ? strerror(e) : w < (ssize_t)sizeof(big) ? "timed out part way" : "all",
+					 took);
+			} else if (client && ph.phase == 2 && !strcmp(pfx, "mv") && ph.timed_send != 0 &&
+				   ph.signalled_send == 0 && (p.revents & POLLOUT)) {
+				static uint8_t big[4 << 20];
+				struct sigaction sa = { .sa_handler = on_alarm }; /* no SA_RESTART */
+				struct itimerval it = { .it_value = { .tv_usec = 20000 } };
+				double t = now();
+
+				for (size_t k = 0; k < sizeof(big); k++)
+					big[k] = pattern(sent + k, txseed);
+				sigaction(SIGALRM, &sa, NULL);
+				fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+				setitimer(ITIMER_REAL, &it, NULL);
+				w = send(fd, big, sizeof(big), MSG_NOSIGNAL);
+				int e = errno;
+				double took = now() - t;
+
+				it.it_value.tv_usec = 0;
+				setitimer(ITIMER_REAL, &it, NULL);
+				fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+				if (w > 0)
+					sent += w;
+				ph.signalled_send = ((w > 0) || (w < 0 && e == EINTR)) && took < 5 ? 1 : -1;
+				snprintf(ph.signalled_detail, sizeof(ph.signalled_detail), "send of 4 MiB: %zd (%s) in %.3f s",
+					 w, w < 0 ? strerror(e) : w < (ssize_t)sizeof(big) ? "interrupted part way" : "all",
 					 took);
 			}
 
