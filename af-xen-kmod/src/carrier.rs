@@ -1594,15 +1594,7 @@ fn pull_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut S
         r.hdr.copy_within(need..need + extra, 0);
         r.fgot = extra;
         if header.kind == ctrl::Kind::Data {
-            let (h, offset) = ctrl::decode_data_prefix(&frame[..need], Channel::Tcp).map_err(|_| "malformed frame on the inbound leg")?;
-            if h.conn_id != ids.conn_id {
-                return Err("unexpected frame on the inbound leg");
-            }
-            let len = h.frame_len() - ctrl::DATA_PREFIX_LEN;
-            // the whole frame's range is accepted now (nothing reads the
-            // count before its payload is in: the next frame comes after it)
-            r.path.on_data(offset, len as u64).map_err(|_| "Data out of order")?;
-            r.data_left = len;
+            r.data_left = start_data(&mut r.path, ids, &frame[..need])?;
             continue;
         }
         on_frame(xs, sw, r, ids, &frame[..need])?;
@@ -1612,6 +1604,19 @@ fn pull_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut S
             return Ok(());
         }
     }
+}
+
+/// A `Data` frame's prefix off the inbound leg: its payload length, once
+/// the switch has accepted the frame's whole range (nothing reads the count
+/// before its payload is in: the next frame comes after it).
+fn start_data(path: &mut RxPath, ids: &Ids, prefix: &[u8]) -> core::result::Result<usize, &'static str> {
+    let (h, offset) = ctrl::decode_data_prefix(prefix, Channel::Tcp).map_err(|_| "malformed frame on the inbound leg")?;
+    if h.conn_id != ids.conn_id {
+        return Err("unexpected frame on the inbound leg");
+    }
+    let len = h.frame_len() - ctrl::DATA_PREFIX_LEN;
+    path.on_data(offset, len as u64).map_err(|_| "Data out of order")?;
+    Ok(len)
 }
 
 /// The recvmsg's fast path on TCP: `Data` frames straight off the leg's
@@ -1671,20 +1676,13 @@ fn read_data_frames(r: &mut RxSide, ids: &Ids, msg: &mut Msg, left: usize, got: 
                 // a control frame: pull_inner reads the rest and acts on it
                 return sys_net::Took::Stop(used);
             }
-            let Ok((h, offset)) = ctrl::decode_data_prefix(&hdr[..ctrl::DATA_PREFIX_LEN], Channel::Tcp) else {
-                bad = Some("malformed frame on the inbound leg");
-                return sys_net::Took::Stop(used);
-            };
-            if h.conn_id != ids.conn_id {
-                bad = Some("unexpected frame on the inbound leg");
-                return sys_net::Took::Stop(used);
+            match start_data(path, ids, &hdr[..ctrl::DATA_PREFIX_LEN]) {
+                Ok(len) => *data_left = len,
+                Err(why) => {
+                    bad = Some(why);
+                    return sys_net::Took::Stop(used);
+                }
             }
-            let len = h.frame_len() - ctrl::DATA_PREFIX_LEN;
-            if path.on_data(offset, len as u64).is_err() {
-                bad = Some("Data out of order");
-                return sys_net::Took::Stop(used);
-            }
-            *data_left = len;
             *fgot = 0;
         }
         sys_net::Took::More(used)

@@ -322,14 +322,20 @@ impl Queued<'_> {
         self.len
     }
 
+    /// The skb offset and length of `n` bytes of the run from `at`, if
+    /// they are within it.
+    fn span(&self, at: usize, n: usize) -> Option<(c_int, c_int)> {
+        if at.checked_add(n).is_none_or(|end| end > self.len) {
+            return None;
+        }
+        Some((c_int::try_from(self.offset + at).ok()?, c_int::try_from(n).ok()?))
+    }
+
     /// Copies the run's bytes from `at` into `to` (all of it, or false).
     pub(crate) fn copy(&self, at: usize, to: &mut [u8]) -> bool {
-        if at.checked_add(to.len()).is_none_or(|end| end > self.len) {
-            return false;
-        }
-        let (Ok(off), Ok(n)) = (c_int::try_from(self.offset + at), c_int::try_from(to.len())) else { return false };
+        let Some((off, n)) = self.span(at, to.len()) else { return false };
         // SAFETY: the skb is live for this call (tcp_read_sock holds it);
-        // [offset + at, + n) is within it (checked above); `to` is writable.
+        // [off, off + n) is within it (`span`); `to` is writable for n bytes.
         unsafe { afx_skb_copy(self.skb, off, to.as_mut_ptr().cast(), n) == 0 }
     }
 
@@ -337,10 +343,7 @@ impl Queued<'_> {
     /// the recvmsg being served (`msg` advances), or false (EFAULT: the
     /// iterator stays where it was).
     pub(crate) fn copy_to_user(&self, at: usize, msg: &mut crate::sys::Msg, n: usize) -> bool {
-        if at.checked_add(n).is_none_or(|end| end > self.len) {
-            return false;
-        }
-        let (Ok(off), Ok(n)) = (c_int::try_from(self.offset + at), c_int::try_from(n)) else { return false };
+        let Some((off, n)) = self.span(at, n) else { return false };
         // SAFETY: as in `copy`; msg is the live msghdr of this recvmsg.
         unsafe { afx_skb_copy_to_msg(self.skb, off, msg.as_raw(), n) == 0 }
     }
