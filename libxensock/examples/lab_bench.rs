@@ -129,6 +129,8 @@ fn main() {
 struct Usage {
     t: Instant,
     cpu_ms: f64,
+    /// of `cpu_ms`, in the kernel
+    sys_ms: f64,
     switches: (i64, i64),
     ticks: [i64; 3],
     /// each thread's name and CPU ticks (utime + stime)
@@ -180,6 +182,7 @@ impl Usage {
         Usage {
             t: Instant::now(),
             cpu_ms: ms(r.ru_utime) + ms(r.ru_stime),
+            sys_ms: ms(r.ru_stime),
             switches: (r.ru_nvcsw, r.ru_nivcsw),
             ticks: [tick(3), tick(6), tick(7)],
             threads: thread_ticks(),
@@ -193,9 +196,10 @@ impl Usage {
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
         let t = |i: usize| (b.ticks[i] - self.ticks[i]) * 1000 / hz;
         println!(
-            "lab_bench {label} stream: wall {:.0} ms, process cpu {:.0} ms, {} voluntary / {} involuntary switches, {calls} calls ({:.1} KiB each); domain idle {} ms, softirq {} ms, steal {} ms",
+            "lab_bench {label} stream: wall {:.0} ms, process cpu {:.0} ms ({:.0} in the kernel), {} voluntary / {} involuntary switches, {calls} calls ({:.1} KiB each); domain idle {} ms, softirq {} ms, steal {} ms",
             b.t.duration_since(self.t).as_secs_f64() * 1e3,
             b.cpu_ms - self.cpu_ms,
+            b.sys_ms - self.sys_ms,
             b.switches.0 - self.switches.0,
             b.switches.1 - self.switches.1,
             bytes as f64 / calls.max(1) as f64 / 1024.0,

@@ -29,7 +29,9 @@ use xensock_proto::switch::{
 };
 
 use super::driver::{self, Attachment, Driven};
-use super::frames::{protocol_error, send_data_direct, Frame, Inbox, Incoming, Outbox};
+use super::frames::{
+    protocol_error, send_data_direct, Frame, Inbox, Incoming, Outbox, RX_LOOKAHEAD,
+};
 use super::leg::{lock, LegListener};
 use super::ring::{NewRing, SharedRing};
 use crate::evfd::EventFd;
@@ -348,7 +350,8 @@ impl Engine {
                 connecting: false,
                 retry_at: None,
                 out: Outbox::default(),
-                inbox: Inbox::new(),
+                // Only `Consumed` (and `Reset`) come back on a sending leg.
+                inbox: Inbox::new(0),
                 waiting: false,
                 writer_polls: false,
                 nb_waiting: AtomicBool::new(false),
@@ -360,7 +363,7 @@ impl Engine {
                 offered: None,
                 leg: None,
                 leg_closed: false,
-                inbox: Inbox::new(),
+                inbox: Inbox::new(RX_LOOKAHEAD),
                 held: None,
                 payload_left: 0,
                 awaiting_freeze: None,
@@ -1203,16 +1206,16 @@ impl Shared {
             rx = self.wait_rx(rx, leg_events);
         }
         rx.delivered += got as u64;
-        if rx.payload_left == 0 && rx.held.is_none() && rx.inbox.buffered() > 0 {
-            // The last payload read took the next frame's prefix along:
-            // take that frame now (no system call), so the driver is not
-            // woken for it. An error resets; the caller sees it next time.
+        if rx.payload_left == 0 && rx.held.is_none() && rx.inbox.frame_ready() {
+            // The last payload read took the next frame along: take it now
+            // (no system call), so the driver is not woken for it. An
+            // error resets; the caller sees it next time.
             if let Err(e) = self.pump_rx(&mut rx) {
                 self.breach(e);
             }
         }
         // The driver watches the leg while this direction is on a ring (see
-        // `Rx::driver_must_watch`); bytes already read along with the last
+        // `Rx::driver_must_watch`); frames already read along with the last
         // payload do not make the socket readable, so it must look without
         // being asked.
         if rx.driver_must_watch() && (!rx.driver_watches || rx.inbox.buffered() > 0) {
@@ -1228,9 +1231,13 @@ impl Shared {
         };
         rx.waiting = true;
         rx.reader_polls = fd.is_some();
-        if !rx.reader_polls && rx.driver_must_watch() && !rx.driver_watches {
+        if !rx.reader_polls
+            && rx.driver_must_watch()
+            && (!rx.driver_watches || rx.inbox.buffered() > 0)
+        {
             // E.g. we just switched onto a ring: a TxFreeze for it must be
-            // answered while we sleep on the ring.
+            // answered while we sleep on the ring, and may already be in
+            // the inbox, where polling the leg would not see it.
             self.ctl.signal();
         }
         drop(rx);
@@ -1474,6 +1481,11 @@ impl Shared {
         {
             let mut rx = lock(&self.rx);
             rx.driver_watches = false;
+            if rx.driver_must_watch() && !rx.reader_polls && rx.inbox.frame_ready() {
+                // A frame read along with a payload: polling the leg would
+                // not see it.
+                self.ctl.signal();
+            }
             if let (Some(leg), false) = (&rx.leg, rx.leg_closed) {
                 let mut events = 0;
                 if (rx.driver_must_watch() || rx.nb_waiting.load(Ordering::Acquire))
