@@ -128,13 +128,68 @@ fn main() {
 /// where a stream's time went (as xlbench's usage and domain lines).
 struct Usage {
     t: Instant,
+    /// CLOCK_MONOTONIC in seconds, as `perf record -k mono` stamps samples
+    mono: f64,
     cpu_ms: f64,
     /// of `cpu_ms`, in the kernel
     sys_ms: f64,
     switches: (i64, i64),
     ticks: [i64; 3],
+    /// the domain's TCP and network-device counters (`net_counters`)
+    net: Vec<(String, i64)>,
     /// each thread's name and CPU ticks (utime + stime)
     threads: Vec<(u64, String, i64)>,
+}
+
+/// The domain's TCP segments and ACK/coalescing counters (/proc/net/snmp,
+/// /proc/net/netstat) and its network devices' packets (/proc/net/dev):
+/// how finely a stream was cut and acknowledged, for comparing a
+/// transport's TCP with plain TCP's in the same round.
+fn net_counters() -> Vec<(String, i64)> {
+    const WANTED: [&str; 8] = [
+        "InSegs",
+        "OutSegs",
+        "DelayedACKs",
+        "TCPPureAcks",
+        "TCPHPHits",
+        "TCPRcvCoalesce",
+        "TCPBacklogCoalesce",
+        "TCPAutoCorking",
+    ];
+    let mut out = Vec::new();
+    for file in ["/proc/net/snmp", "/proc/net/netstat"] {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        // pairs of lines: "Tcp: names..." then "Tcp: values..."
+        for pair in lines.chunks(2) {
+            let [names, values] = pair else { continue };
+            for (n, v) in names
+                .split_whitespace()
+                .zip(values.split_whitespace())
+                .skip(1)
+            {
+                if let (true, Ok(v)) = (WANTED.contains(&n), v.parse::<i64>()) {
+                    out.push((n.to_string(), v));
+                }
+            }
+        }
+    }
+    let dev = std::fs::read_to_string("/proc/net/dev").unwrap_or_default();
+    for line in dev.lines().skip(2) {
+        let Some((name, rest)) = line.split_once(':') else {
+            continue;
+        };
+        let name = name.trim();
+        let f: Vec<i64> = rest
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        if name != "lo" && f.len() > 9 {
+            out.push((format!("{name}_rxpk"), f[1]));
+            out.push((format!("{name}_txpk"), f[9]));
+        }
+    }
+    out
 }
 
 /// This process's threads: id, name, CPU ticks so far (/proc/self/task).
@@ -179,13 +234,19 @@ impl Usage {
             .filter_map(|x| x.parse().ok())
             .collect();
         let tick = |i: usize| v.get(i).copied().unwrap_or(0);
+        // SAFETY: clock_gettime fills the zeroed timespec it is given.
+        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+        // SAFETY: `ts` is a valid, writable timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
         Usage {
             t: Instant::now(),
+            mono: ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9,
             cpu_ms: ms(r.ru_utime) + ms(r.ru_stime),
             sys_ms: ms(r.ru_stime),
             switches: (r.ru_nvcsw, r.ru_nivcsw),
             ticks: [tick(3), tick(6), tick(7)],
             threads: thread_ticks(),
+            net: net_counters(),
         }
     }
 
@@ -206,6 +267,20 @@ impl Usage {
             t(0),
             t(1),
             t(2)
+        );
+        let net: Vec<String> = b
+            .net
+            .iter()
+            .filter_map(|(n, now)| {
+                let was = self.net.iter().find(|(m, _)| m == n).map_or(0, |(_, v)| *v);
+                (now != &was).then(|| format!("{n}={}", now - was))
+            })
+            .collect();
+        println!("lab_bench {label} stream net: {}", net.join(" "));
+        // for a profile of just this stream (tests/lab/bench, BENCH_PERF)
+        println!(
+            "lab_bench {label} stream window: monotonic {:.6},{:.6}",
+            self.mono, b.mono
         );
         // which of the process's threads used its CPU (the transport's own
         // threads run beside the application's)

@@ -93,16 +93,17 @@ impl Inbox {
     }
 
     /// The next frame addressed to `conn_id`; for `Data`, the prefix only.
-    /// Reads no byte past the frame. Malformed frames, frames for another
-    /// connection and `TcpHello` after authentication are `InvalidData`.
+    /// A read for it takes whatever else fits the inbox along (a small
+    /// message's payload comes with its prefix). Malformed frames, frames
+    /// for another connection and `TcpHello` after authentication are
+    /// `InvalidData`.
     pub(super) fn next(&mut self, mut sock: &TcpStream, conn_id: u32) -> io::Result<Incoming> {
         let mut drained = false;
         loop {
             let have = self.end - self.start;
             let want = if have < HEADER_LEN {
-                // The whole prefix of a `Data` frame in one system call
-                // when it is not here yet: every frame but `Reset` is at
-                // least that long, and nothing may follow a `Reset`.
+                // Every frame but `Reset` is at least as long as a `Data`
+                // prefix; a `Reset` is the last frame.
                 DATA_PREFIX_LEN
             } else {
                 let hdr = decode_header(&self.buf[self.start..self.end], Channel::Tcp)
@@ -136,13 +137,13 @@ impl Inbox {
                 // another read would only say so.
                 return Ok(Incoming::WouldBlock);
             }
-            if self.start + want > self.buf.len() {
-                self.buf.copy_within(self.start..self.end, 0);
-                self.start = 0;
-                self.end = have;
-            }
-            let asked = want - have;
-            match sock.read(&mut self.buf[self.end..self.start + want]) {
+            // Less than a frame is here (want <= MAX_CONTROL_FRAME): a cheap
+            // move makes the whole inbox free for the read.
+            self.buf.copy_within(self.start..self.end, 0);
+            self.start = 0;
+            self.end = have;
+            let asked = self.buf.len() - have;
+            match sock.read(&mut self.buf[have..]) {
                 Ok(0) => return Ok(Incoming::Closed),
                 Ok(n) => {
                     self.end += n;

@@ -37,3 +37,30 @@ tcp_delta() {
       out = out sprintf(" %s=%d", $1, $2 - a[$1]) }
     END { printf "  tcp counters %s:%s\n", l, out }' "$2" "$2.now"
 }
+# perf_start NAME / perf_report NAME SIDE LOG: with LAB_PERF=1 on the host
+# (perf in the domU root, BENCH_PERF in bench.env), a whole-domain profile
+# by software clock (no PMU in the guests), stamped with CLOCK_MONOTONIC,
+# reported for the windows lab_bench printed for the plain TCP streams and
+# for the carrier streams of SIDE (server|client) separately. Samples land
+# where a PV guest re-enables interrupts (after a hypercall or a trapped
+# clock read), so compare rows, not symbols within one.
+perf_start() {
+  PERF_PID=
+  [ -n "${BENCH_PERF:-}" ] && command -v perf > /dev/null || return 0
+  echo -1 > /proc/sys/kernel/perf_event_paranoid; echo 0 > /proc/sys/kernel/kptr_restrict
+  perf record -q -g -k mono -e cpu-clock -F 999 -a -o "/tmp/perf-$1.data" > "/tmp/perf-$1.log" 2>&1 &
+  PERF_PID=$!
+}
+perf_report() {
+  [ -n "${PERF_PID:-}" ] || return 0
+  kill -INT "$PERF_PID"; wait "$PERF_PID"; cat "/tmp/perf-$1.log"
+  for row in tcp-same-phase-user xensock-user-tcp-carrier; do
+    windows=$(sed -n "s/^lab_bench $row $2 stream window: monotonic //p" "$3" | tr '\n' ' ' | sed 's/ *$//')
+    echo "---- perf profile: $row $2 streams (windows $windows) ----"
+    perf report -i "/tmp/perf-$1.data" --time "$windows" --stdio -n --no-children --sort comm,dso,sym \
+      -g none --percent-limit 0.7 2>/dev/null | grep -v '^#' | grep -v '^$' | head -40
+    echo "---- perf callers: $row $2 streams, lab_bench only ----"
+    perf report -i "/tmp/perf-$1.data" --time "$windows" --stdio -n --no-children --comms lab_bench \
+      --sort sym -g caller,0.5,callee,function,percent --percent-limit 2 2>&1 | grep -v '^#' | grep -v '^$' | head -400
+  done
+}
