@@ -1339,7 +1339,14 @@ fn leg_listener(kind: BackendKind) -> (Option<Arc<LegListener>>, TcpEndpoint) {
             let ip = xensock_discovery::advert::local_addresses()
                 .ok()
                 .and_then(|v| v.into_iter().next());
-            (IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), ip)
+            // Peers connect to the advertised address only: a listener of
+            // its family. (An IPv4 leg accepted on `[::]` is an IPv6
+            // socket carrying v4-mapped traffic, a different path through
+            // the kernel from the plain TCP it is measured against.)
+            match ip {
+                Some(IpAddr::V4(_)) => (IpAddr::V4(Ipv4Addr::UNSPECIFIED), ip),
+                _ => (IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), ip),
+            }
         }
     };
     // `[::]` needs IPv6 in the guest's kernel; IPv4 alone does too.
