@@ -568,8 +568,76 @@ mod tests {
         ]
     }
 
+    /// Reads the leg until it ends or the inbox refuses a frame, with
+    /// destination buffers of the given sizes. Returns whether it ended in
+    /// a refusal.
+    fn read_until_refused(r: &TcpStream, dst_sizes: &[usize]) -> bool {
+        let mut inbox = Inbox::new(RX_LOOKAHEAD);
+        let mut sizes = dst_sizes.iter().cycle();
+        loop {
+            match inbox.next(r, CONN) {
+                Err(e) => {
+                    assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+                    return true;
+                }
+                Ok(Incoming::Closed) => return false,
+                Ok(Incoming::WouldBlock) => wait_readable(r),
+                Ok(Incoming::Frame(Frame::Data { len, .. })) => {
+                    let mut left = len;
+                    while left > 0 {
+                        let mut dst = vec![0u8; *sizes.next().unwrap()];
+                        match inbox.read_payload(r, &mut dst, left) {
+                            // The leg ended inside the payload.
+                            Ok((0, _)) => return false,
+                            Ok((n, _)) => left -= n as u64,
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_readable(r),
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+                Ok(Incoming::Frame(_)) => {}
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// A peer that writes garbage (after some good frames, cut at any
+        /// point) gets a refusal (`InvalidData`) or the end of the leg,
+        /// never a panic or a hang, however the reader's reads fall.
+        #[test]
+        fn garbage_on_the_leg_is_refused(
+            good in proptest::collection::vec(1usize..5000, 0..4),
+            cut in any::<prop::sample::Index>(),
+            // with the version byte below, at least a header's worth
+            garbage in proptest::collection::vec(any::<u8>(), HEADER_LEN - 1..300),
+            dst_sizes in proptest::collection::vec(1usize..9000, 1..4),
+        ) {
+            let mut out = Outbox::default();
+            let mut offset = 0u64;
+            for n in &good {
+                out.push_data(CONN, offset, &vec![0x5a; *n]);
+                offset += *n as u64;
+            }
+            let mut bytes = out.buf;
+            let whole = bytes.len();
+            let keep = cut.index(whole + 1);
+            bytes.truncate(keep);
+            // A version byte no frame has: refused for sure when it starts
+            // a frame (the cut fell on a frame boundary).
+            bytes.push(0xee);
+            bytes.extend_from_slice(&garbage);
+            let (mut w, r) = leg_pair();
+            let writer = std::thread::spawn(move || {
+                w.write_all(&bytes).unwrap();
+            });
+            let refused = read_until_refused(&r, &dst_sizes);
+            writer.join().unwrap();
+            if keep == whole {
+                prop_assert!(refused, "a frame of version 0xee was taken");
+            }
+        }
 
         /// Whatever the frame sizes, the writer's chunking and the reader's
         /// buffer sizes, the reader sees exactly the frames sent, in order,
