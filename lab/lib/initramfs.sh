@@ -52,11 +52,13 @@ build_domu_root() {
   rm -rf "$root"; common_root "$root"
   cp "$LAB_DIR/guest/domu-init" "$root/init"
   copy_bin "$root" /usr/bin /usr/bin/iperf3
-  # LAB_PERF=1 (host environment): perf in the domUs, for profiles by
-  # software clock (the guests have no PMU); scenarios look for it
+  # LAB_PERF=1 (host environment): perf and strace in the domUs, for
+  # profiles by software clock (the guests have no PMU) and system-call
+  # counts; scenarios look for them
   if [[ -n ${LAB_PERF:-} ]]; then
-    [[ -x /usr/bin/perf ]] || die "LAB_PERF: no /usr/bin/perf on the host (apt-get install linux-perf)"
-    copy_bin "$root" /usr/bin /usr/bin/perf
+    [[ -x /usr/bin/perf && -x /usr/bin/strace ]] ||
+      die "LAB_PERF: perf and strace needed on the host (apt-get install linux-perf strace)"
+    copy_bin "$root" /usr/bin /usr/bin/perf /usr/bin/strace
   fi
   # in-tree modules of the lab kernel (e.g. rust_minimal) + out-of-tree ones
   cp -a "$KDIR/modules/lib" "$root/"

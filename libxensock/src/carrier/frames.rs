@@ -54,6 +54,9 @@ pub(super) struct Inbox {
     buf: Box<[u8]>,
     start: usize,
     end: usize,
+    /// The last read from the socket took less than it asked for: the
+    /// socket was empty then.
+    socket_was_empty: bool,
 }
 
 impl Inbox {
@@ -64,6 +67,7 @@ impl Inbox {
             buf: vec![0; lookahead.max(MAX_CONTROL_FRAME)].into_boxed_slice(),
             start: 0,
             end: 0,
+            socket_was_empty: false,
         }
     }
 
@@ -148,8 +152,12 @@ impl Inbox {
                 Ok(n) => {
                     self.end += n;
                     drained = n < asked;
+                    self.socket_was_empty = drained;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Incoming::WouldBlock),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.socket_was_empty = true;
+                    return Ok(Incoming::WouldBlock);
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
@@ -161,8 +169,9 @@ impl Inbox {
     /// from the socket, with whatever follows the payload (up to the
     /// look-ahead) coming along into the inbox in the same system call.
     /// Returns the payload bytes read (0: the leg closed) and whether the
-    /// socket was found empty with nothing left buffered (the next read can
-    /// wait for the socket first).
+    /// socket was found empty and nothing is left buffered (the next read
+    /// can wait for the socket first): a small message read along with
+    /// its prefix says so as well as a read that came up short.
     pub(super) fn read_payload(
         &mut self,
         mut sock: &TcpStream,
@@ -174,8 +183,11 @@ impl Inbox {
         let copied = want.min(self.buffered());
         dst[..copied].copy_from_slice(&self.buf[self.start..self.start + copied]);
         self.take(copied);
-        if copied == want || self.buffered() != 0 {
+        if self.buffered() != 0 {
             return Ok((copied, false));
+        }
+        if copied == want {
+            return Ok((copied, self.socket_was_empty));
         }
         // Nothing buffered now: the socket's bytes come next, the rest of
         // the payload first.
@@ -186,8 +198,12 @@ impl Inbox {
         {
             Ok(0) if copied > 0 => return Ok((copied, true)),
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock && copied > 0 => {
-                return Ok((copied, true))
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.socket_was_empty = true;
+                if copied > 0 {
+                    return Ok((copied, true));
+                }
+                return Err(e);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted && copied > 0 => {
                 return Ok((copied, false))
@@ -196,7 +212,11 @@ impl Inbox {
         };
         let into_payload = n.min(want - copied);
         self.end = n - into_payload;
-        Ok((copied + into_payload, n < asked && self.end == 0))
+        self.socket_was_empty = n < asked;
+        Ok((
+            copied + into_payload,
+            self.socket_was_empty && self.end == 0,
+        ))
     }
 
     fn parse(&self, len: usize) -> io::Result<Frame> {
@@ -509,6 +529,42 @@ mod tests {
         assert_eq!(inbox.buffered(), 0);
         assert!(!inbox.frame_ready());
         assert!(matches!(inbox.next(&r, CONN).unwrap(), Incoming::Closed));
+    }
+
+    #[test]
+    fn a_small_message_comes_with_its_prefix_and_says_the_leg_is_empty() {
+        let (mut w, r) = leg_pair();
+        let sent = encode(&[Message::Data {
+            conn_id: CONN,
+            offset: 5,
+            payload: b"p",
+        }]);
+        w.write_all(&sent).unwrap();
+        wait_until_queued(&r, sent.len());
+        let mut inbox = Inbox::new(RX_LOOKAHEAD);
+        assert!(matches!(
+            inbox.next(&r, CONN).unwrap(),
+            Incoming::Frame(Frame::Data { offset: 5, len: 1 })
+        ));
+        assert_eq!(inbox.buffered(), 1, "the payload came with its prefix");
+        let mut dst = [0u8; 64];
+        // From the inbox, no system call; and the socket had nothing more,
+        // so a blocking reader may wait for it before reading again.
+        assert_eq!(inbox.read_payload(&r, &mut dst, 1).unwrap(), (1, true));
+        assert_eq!(dst[0], b'p');
+        w.write_all(&sent).unwrap();
+        w.write_all(&encode(&[Message::Fin {
+            conn_id: CONN,
+            offset: 7,
+        }]))
+        .unwrap();
+        wait_until_queued(&r, sent.len() + 16);
+        assert!(matches!(
+            inbox.next(&r, CONN).unwrap(),
+            Incoming::Frame(Frame::Data { len: 1, .. })
+        ));
+        // The Fin is still buffered: not empty.
+        assert_eq!(inbox.read_payload(&r, &mut dst, 1).unwrap(), (1, false));
     }
 
     #[test]

@@ -134,7 +134,7 @@ done
 # ring onto the TCP carrier; one process and transport for all rounds.
 # Judged by its log, as the server above.
 perf_start user-tcpc-server
-timeout -s KILL 500 lab_bench server user-tcpc 7304 7004 "$BENCH_MIB" "$BENCH_PINGS" "$BENCH_REPS" > /tmp/user-tcpc.log 2>&1 &
+timeout -s KILL 500 $BENCH_WRAP lab_bench server user-tcpc 7304 7004 "$BENCH_MIB" "$BENCH_PINGS" "$BENCH_REPS" > /tmp/user-tcpc.log 2>&1 &
 if wait_until 500 grep -q "served $BENCH_REPS rounds" /tmp/user-tcpc.log && ! grep -q "intact false" /tmp/user-tcpc.log; then
   result xensock-user-tcp-carrier-server PASS
 else tail -n 15 /tmp/user-tcpc.log; result xensock-user-tcp-carrier-server FAIL "not every round served intact"; fi

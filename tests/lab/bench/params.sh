@@ -44,14 +44,26 @@ tcp_delta() {
 # for the carrier streams of SIDE (server|client) separately. Samples land
 # where a PV guest re-enables interrupts (after a hypercall or a trapped
 # clock read), so compare rows, not symbols within one.
+# LAB_PERF=strace instead: the phase's server runs under strace -f -c
+# (BENCH_WRAP), which counts every system call of every thread.
 perf_start() {
-  PERF_PID=
+  PERF_PID=; BENCH_WRAP=
+  if [ "${BENCH_PERF:-}" = strace ] && command -v strace > /dev/null; then
+    BENCH_WRAP="strace -f -c -o /tmp/strace-$1.txt"
+    return 0
+  fi
   [ -n "${BENCH_PERF:-}" ] && command -v perf > /dev/null || return 0
   echo -1 > /proc/sys/kernel/perf_event_paranoid; echo 0 > /proc/sys/kernel/kptr_restrict
   perf record -q -g -k mono -e cpu-clock -F 999 -a -o "/tmp/perf-$1.data" > "/tmp/perf-$1.log" 2>&1 &
   PERF_PID=$!
 }
 perf_report() {
+  # strace writes its table when the process has exited
+  [ -z "${BENCH_WRAP:-}" ] || wait_until 30 test -s "/tmp/strace-$1.txt" || true
+  if [ -f "/tmp/strace-$1.txt" ]; then
+    echo "---- strace -f -c: $1 (every round, TCP and carrier) ----"
+    cat "/tmp/strace-$1.txt"
+  fi
   [ -n "${PERF_PID:-}" ] || return 0
   kill -INT "$PERF_PID"; wait "$PERF_PID"; cat "/tmp/perf-$1.log"
   for row in tcp-same-phase-user xensock-user-tcp-carrier; do
