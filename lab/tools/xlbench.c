@@ -300,6 +300,8 @@ static void usage_report(const char *side, const char *phase, const struct usage
 	printf("xlbench %s %s %s domain: idle %lld ms, softirq %lld ms, steal %lld ms (of %.0f ms)\n", transport, side,
 	       phase, (b.idle - a->idle) * 1000 / hz, (b.softirq - a->softirq) * 1000 / hz,
 	       (b.steal - a->steal) * 1000 / hz, (b.t - a->t) * 1e3);
+	/* the phase's span, for a profile of just it (tests/lab/bench, LAB_PERF) */
+	printf("xlbench %s %s %s window: monotonic %.6f,%.6f\n", transport, side, phase, a->t, b.t);
 }
 
 static int cmp_double(const void *a, const void *b)

@@ -93,6 +93,7 @@ fi # phase main
 # ---- issue #7: af_xen.ko's TCP carrier, the server ends (domu2.sh says how) ----
 if phase tcp-carrier; then
 echo 30000 > /sys/module/af_xen/parameters/peer_lost_ms
+perf_start tcpc-server
 serve_rounds /tmp/tcp-same.log 'xlbench tcp server 7002 $BENCH_MIB $PINGS' &
 TCPSAME=$!
 serve_rounds /tmp/afxen-tcpc.log 'env XLBENCH_LABEL=afxen-tcp-carrier xlbench-xs xen server 7371 $BENCH_MIB $PINGS' &
@@ -100,6 +101,9 @@ TCPC=$!
 check_wait tcp-same-phase-server "$TCPSAME" /tmp/tcp-same.log
 check_wait afxen-tcp-carrier-server "$TCPC" /tmp/afxen-tcpc.log
 cat /tmp/tcp-same.log /tmp/afxen-tcpc.log
+perf_report tcpc-server \
+  "tcp-same-phase server" "$(perf_windows /tmp/tcp-same.log 'xlbench tcp server stream')" \
+  "afxen-tcp-carrier server" "$(perf_windows /tmp/afxen-tcpc.log 'xlbench afxen-tcp-carrier server stream')"
 # dom0 links the pair again after the last round: the module stays until then
 # (run bench-20261122-131612 unloaded it first and the link never came back)
 xlbench xsread "data/tcpc-linked-$BENCH_REPS" 120 > /dev/null || log "no links from dom0 after the TCP carrier phase"
@@ -139,7 +143,9 @@ if wait_until 500 grep -q "served $BENCH_REPS rounds" /tmp/user-tcpc.log && ! gr
   result xensock-user-tcp-carrier-server PASS
 else tail -n 15 /tmp/user-tcpc.log; result xensock-user-tcp-carrier-server FAIL "not every round served intact"; fi
 cat /tmp/user-tcpc.log
-perf_report user-tcpc-server server /tmp/user-tcpc.log
+perf_report user-tcpc-server \
+  "tcp-same-phase-user server" "$(perf_windows /tmp/user-tcpc.log 'lab_bench tcp-same-phase-user server stream')" \
+  "xensock-user-tcp-carrier server" "$(perf_windows /tmp/user-tcpc.log 'lab_bench xensock-user-tcp-carrier server stream')"
 sleep 5
 for p in $(pidof lab_bench); do
   log "lab_bench (pid $p) still running 5 s after its last round: teardown stalled"

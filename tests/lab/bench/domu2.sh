@@ -11,9 +11,12 @@ xlbench-xs calib
 
 # one check per transport over all rounds: FAIL names the failed rounds
 FAILED=
-run_client() { # NAME CMD...: one round's client
+run_client() { # NAME CMD...: one round's client, its output also in /tmp/clients.log
   _n=$1; shift
-  "$@" || FAILED="$FAILED $_n:$ROUND:rc=$?"
+  # streamed as it comes: dom0 acts on the switch notes on the console
+  { "$@"; echo $? > /tmp/run-client.rc; } 2>&1 | tee -a /tmp/clients.log
+  _rc=$(cat /tmp/run-client.rc)
+  [ "$_rc" = 0 ] || FAILED="$FAILED $_n:$ROUND:rc=$_rc"
 }
 # unchecked NAME CMD...: the same client once more, right after its
 # checked run, the iperf way: the server reads the stream into the same
@@ -106,6 +109,7 @@ log "TCP carrier phase: $BENCH_REPS rounds of tcp-same-phase and afxen-tcp-carri
 echo 30000 > /sys/module/af_xen/parameters/peer_lost_ms
 cat /proc/net/af_xen_stats > /tmp/stats-before-carrier
 FAILED=
+perf_start tcpc-client
 for ROUND in $(seq "$BENCH_REPS"); do
   tcp_snap /tmp/tcp-counters
   run_client tcp-same-phase-client env XLBENCH_LABEL=tcp-same-phase \
@@ -118,6 +122,9 @@ for ROUND in $(seq "$BENCH_REPS"); do
   log "switch-note tcpc-$ROUND end"
   xlbench xsread data/tcpc-linked-$ROUND 120 > /dev/null || log "tcpc-$ROUND: no links from dom0 after 120 s"
 done
+perf_report tcpc-client \
+  "tcp-same-phase client" "$(perf_windows /tmp/clients.log 'xlbench tcp-same-phase client stream')" \
+  "afxen-tcp-carrier client" "$(perf_windows /tmp/clients.log 'xlbench afxen-tcp-carrier client stream')"
 for c in tcp-same-phase-client afxen-tcp-carrier-client; do
   bad=$(echo "$FAILED" | tr ' ' '\n' | grep "^$c:" | tr '\n' ' ')
   if [ -z "$bad" ]; then result $c PASS; else result $c FAIL "$bad"; fi
@@ -151,4 +158,7 @@ rc=$?
 cat /tmp/user-tcpc-client.log
 if [ $rc -eq 0 ]; then result xensock-user-tcp-carrier-client PASS
 else result xensock-user-tcp-carrier-client FAIL "rc=$rc"; fi
-perf_report user-tcpc-client client /tmp/user-tcpc-client.log
+perf_report user-tcpc-client \
+  "tcp-same-phase-user client" "$(perf_windows /tmp/user-tcpc-client.log 'lab_bench tcp-same-phase-user client stream')" \
+  "xensock-user-tcp-carrier client" "$(perf_windows /tmp/user-tcpc-client.log 'lab_bench xensock-user-tcp-carrier client stream')"
+

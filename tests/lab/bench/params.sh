@@ -37,14 +37,14 @@ tcp_delta() {
       out = out sprintf(" %s=%d", $1, $2 - a[$1]) }
     END { printf "  tcp counters %s:%s\n", l, out }' "$2" "$2.now"
 }
-# perf_start NAME / perf_report NAME SIDE LOG: with LAB_PERF=1 on the host
-# (perf in the domU root, BENCH_PERF in bench.env), a whole-domain profile
-# by software clock (no PMU in the guests), stamped with CLOCK_MONOTONIC,
-# reported for the windows lab_bench printed for the plain TCP streams and
-# for the carrier streams of SIDE (server|client) separately. Samples land
-# where a PV guest re-enables interrupts (after a hypercall or a trapped
-# clock read), so compare rows, not symbols within one.
-# LAB_PERF=strace instead: the phase's server runs under strace -f -c
+# perf_start NAME / perf_report NAME LABEL WINDOWS LABEL WINDOWS: with
+# LAB_PERF=1 on the host (perf in the domU root, BENCH_PERF in bench.env),
+# a whole-domain profile by software clock (no PMU in the guests), stamped
+# with CLOCK_MONOTONIC, reported for each LABEL's WINDOWS ("start,stop
+# start,stop ...", from perf_windows) separately. Samples land where a PV
+# guest re-enables interrupts (after a hypercall or a trapped clock read),
+# so compare rows, not symbols within one.
+# LAB_PERF=strace instead: the phase's program runs under strace -f -c
 # (BENCH_WRAP), which counts every system call of every thread.
 perf_start() {
   PERF_PID=; BENCH_WRAP=
@@ -57,22 +57,28 @@ perf_start() {
   perf record -q -g -k mono -e cpu-clock -F 999 -a -o "/tmp/perf-$1.data" > "/tmp/perf-$1.log" 2>&1 &
   PERF_PID=$!
 }
+# perf_windows FILE PREFIX: the windows of the lines "PREFIX window:
+# monotonic start,stop" (lab_bench, xlbench) in FILE, space-separated
+perf_windows() {
+  sed -n "s/^$2 window: monotonic //p" "$1" | tr '\n' ' ' | sed 's/ *$//'
+}
 perf_report() {
+  _name=$1; shift
   # strace writes its table when the process has exited
-  [ -z "${BENCH_WRAP:-}" ] || wait_until 30 test -s "/tmp/strace-$1.txt" || true
-  if [ -f "/tmp/strace-$1.txt" ]; then
-    echo "---- strace -f -c: $1 (every round, TCP and carrier) ----"
-    cat "/tmp/strace-$1.txt"
+  [ -z "${BENCH_WRAP:-}" ] || wait_until 30 sh -c '! pidof strace' || true
+  if [ -f "/tmp/strace-$_name.txt" ]; then
+    echo "---- strace -f -c: $_name (every round, TCP and carrier) ----"
+    cat "/tmp/strace-$_name.txt"
   fi
   [ -n "${PERF_PID:-}" ] || return 0
-  kill -INT "$PERF_PID"; wait "$PERF_PID"; cat "/tmp/perf-$1.log"
-  for row in tcp-same-phase-user xensock-user-tcp-carrier; do
-    windows=$(sed -n "s/^lab_bench $row $2 stream window: monotonic //p" "$3" | tr '\n' ' ' | sed 's/ *$//')
-    echo "---- perf profile: $row $2 streams (windows $windows) ----"
-    perf report -i "/tmp/perf-$1.data" --time "$windows" --stdio -n --no-children --sort comm,dso,sym \
+  kill -INT "$PERF_PID"; wait "$PERF_PID"; cat "/tmp/perf-$_name.log"
+  while [ $# -ge 2 ]; do
+    echo "---- perf profile: $1 (windows $2) ----"
+    perf report -i "/tmp/perf-$_name.data" --time "$2" --stdio -n --no-children --sort comm,dso,sym \
       -g none --percent-limit 0.7 2>/dev/null | grep -v '^#' | grep -v '^$' | head -40
-    echo "---- perf callers: $row $2 streams, lab_bench only ----"
-    perf report -i "/tmp/perf-$1.data" --time "$windows" --stdio -n --no-children --comms lab_bench \
-      --sort sym -g caller,0.5,callee,function,percent --percent-limit 2 2>&1 | grep -v '^#' | grep -v '^$' | head -400
+    echo "---- perf callers: $1 ----"
+    perf report -i "/tmp/perf-$_name.data" --time "$2" --stdio -n --no-children \
+      --sort comm,sym -g caller,0.5,callee,function,percent --percent-limit 2 2>&1 | grep -v '^#' | grep -v '^$' | head -400
+    shift 2
   done
 }
