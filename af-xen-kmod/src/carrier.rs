@@ -56,10 +56,11 @@ const CTLQ_BYTES: usize = 4096;
 /// free, so that `RingFrom`, `TxFreeze` and `Fin` always fit.
 const CTL_RESERVE: usize = 4 * ctrl::MAX_CONTROL_FRAME;
 /// Payload of one `Data` frame we send: the most the wire carries, so a
-/// 64 KiB write is three socket calls (a prefix, its payload, and a 9-byte
-/// frame in one), not four as with 32 KiB frames (bench-20261126-121724:
-/// 0.93x TCP over 9 rounds, against 0.89x with 32 KiB frames just before
-/// in -121546: within the spread between runs; the call saved is not).
+/// 64 KiB write is two socket calls (a 9-byte frame and the big frame's
+/// prefix in one, then its payload: `send_direct`'s head), not four as
+/// with 32 KiB frames (bench-20261126-121724: 0.93x TCP over 9 rounds,
+/// against 0.89x with 32 KiB frames just before in -121546: within the
+/// spread between runs; the calls saved are not).
 const DATA_CHUNK: usize = ctrl::MAX_DATA_PAYLOAD;
 /// A frame up to this payload goes to the leg in one call, copied behind
 /// its prefix (a 1-byte ping-pong made two sendmsg calls per byte).
@@ -843,8 +844,14 @@ fn send_locked(xs: &XenSock, t: &mut TxSide, msg: &mut Msg, left: usize) -> Opti
     let peer_conn = xs.inner.lock().peer_conn;
     let mut sent = 0usize;
     while sent < left {
-        let want = (left - sent).min(DATA_CHUNK);
-        match send_direct(t, peer_conn, msg, want, sent + want < left) {
+        // a rest just over a frame (a 64 KiB write: 9 bytes over) goes as
+        // a small frame whose bytes travel with the big one's prefix
+        let rest = left - sent;
+        let (head, want) = match rest.checked_sub(DATA_CHUNK) {
+            Some(over) if over > 0 && over <= SMALL_FRAME => (over, DATA_CHUNK),
+            _ => (0, rest.min(DATA_CHUNK)),
+        };
+        match send_direct(t, peer_conn, msg, head, want, sent + head + want < left) {
             Direct::Sent(n) => {
                 sent += n;
                 continue;
@@ -901,19 +908,23 @@ enum Direct {
 /// which the work item drains. The queue's room for the whole frame is
 /// checked first and the user's pages faulted in, so a frame whose
 /// prefix went out is always completed (a buffer unmapped by another
-/// thread in between is `Torn`).
-fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, want: usize, more: bool) -> Direct {
-    if want == 0 || !leg_ready(t) || !t.path.writable() {
+/// thread in between is `Torn`). `head` (at most `SMALL_FRAME`) bytes
+/// before it go as a frame of their own, copied in front of its prefix:
+/// a 64 KiB write is two socket calls, not three.
+fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, head: usize, want: usize, more: bool) -> Direct {
+    if want == 0 || head > SMALL_FRAME || !leg_ready(t) || !t.path.writable() {
         return Direct::Queue;
     }
+    let head_frame = if head > 0 { ctrl::DATA_PREFIX_LEN + head } else { 0 };
     match t.q.as_ref() {
-        Some(q) if q.is_empty() && q.room() >= ctrl::DATA_PREFIX_LEN + want + CTL_RESERVE => {}
+        Some(q) if q.is_empty() && q.room() >= head_frame + ctrl::DATA_PREFIX_LEN + want + CTL_RESERVE => {}
         Some(_) => return Direct::Full,
         None => return Direct::Queue,
     }
     let Some(leg) = t.leg.as_ref() else { return Direct::Queue };
-    let Ok(prefix) = ctrl::encode_data_prefix(conn, t.path.sent(), want) else { return Direct::Queue };
-    if want <= SMALL_FRAME {
+    let at = t.path.sent() + head as u64;
+    let Ok(prefix) = ctrl::encode_data_prefix(conn, at, want) else { return Direct::Queue };
+    if head == 0 && want <= SMALL_FRAME {
         let mut frame = [0u8; ctrl::DATA_PREFIX_LEN + SMALL_FRAME];
         frame[..ctrl::DATA_PREFIX_LEN].copy_from_slice(&prefix);
         let n = ctrl::DATA_PREFIX_LEN + want;
@@ -946,35 +957,60 @@ fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, want: usize, more: bool
         }
         return Direct::Sent(want);
     }
-    if !msg.fault_in(want) {
+    if !msg.fault_in(head + want) {
         return Direct::Queue;
     }
-    let p = match leg.sock().send_nb(&prefix, true) {
-        Ok(n) if n > 0 => n.min(prefix.len()),
-        Ok(_) => return Direct::Full,
-        Err(x) if x == e::EAGAIN => return Direct::Full,
+    // what goes before the user's bytes, in one call: the head frame
+    // (copied), then the big frame's prefix
+    let mut lead = [0u8; 2 * ctrl::DATA_PREFIX_LEN + SMALL_FRAME];
+    let mut n = 0;
+    if head > 0 {
+        let Ok(head_prefix) = ctrl::encode_data_prefix(conn, t.path.sent(), head) else { return Direct::Queue };
+        lead[..ctrl::DATA_PREFIX_LEN].copy_from_slice(&head_prefix);
+        n = ctrl::DATA_PREFIX_LEN;
+        let got = msg.copy_from(&mut lead[n..n + head]);
+        if got < head {
+            // the queued path copies what it can and reports the fault
+            msg.revert(got);
+            return Direct::Queue;
+        }
+        n += head;
+    }
+    lead[n..n + ctrl::DATA_PREFIX_LEN].copy_from_slice(&prefix);
+    n += ctrl::DATA_PREFIX_LEN;
+    let p = match leg.sock().send_nb(&lead[..n], true) {
+        Ok(k) if k > 0 => k.min(n),
+        Ok(_) => {
+            msg.revert(head);
+            return Direct::Full;
+        }
+        Err(x) if x == e::EAGAIN => {
+            msg.revert(head);
+            return Direct::Full;
+        }
         Err(_) => {
             t.broken = true;
+            msg.revert(head);
             return Direct::Queue;
         }
     };
-    // committed: the frame's bytes are counted and all follow its prefix
-    let _ = t.path.record_sent(want as u64);
+    // committed: the frames' bytes are counted and all follow what went
+    let _ = t.path.record_sent((head + want) as u64);
     let mut on_leg = 0;
-    if p == prefix.len() {
+    if p == n {
         // an error here (the leg broke) leaves the rest to the queue,
         // whose flush finds the leg broken
         on_leg = leg.sock().send_from_user(msg, want, more).unwrap_or(0).min(want);
     }
     let Some(q) = t.q.as_mut() else { return Direct::Torn };
-    if p < prefix.len() {
-        q.push(&prefix[p..]);
+    if p < n {
+        q.push(&lead[p..n]);
     }
     let rest = want - on_leg;
     if rest > 0 && q.push_from(msg, rest) < rest {
         return Direct::Torn;
     }
-    Direct::Sent(want)
+    Direct::Sent(head + want)
 }
 
 /// Whether a writer waiting on TCP should look again.
