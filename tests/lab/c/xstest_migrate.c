@@ -43,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/time.h>
@@ -390,6 +391,13 @@ struct phases {
 	 * the wait instead of the timeout: a count or EINTR */
 	int signalled_send;
 	char signalled_detail[96];
+	/* mv, phase 2, after the EFAULT send: a non-blocking 64 KiB send (a
+	 * 9-byte frame in front of a full one on the leg) whose buffer is
+	 * mapped for its first 9 bytes only must take those 9, as TCP's
+	 * send takes what it copied before a fault; 0 not yet, 1 it did,
+	 * -1 anything else; tries as efault_send's */
+	int edge_send, edge_send_tries;
+	char edge_detail[96];
 };
 
 static void presult(const struct phases *ph, const char *what, int ok, const char *fmt, ...)
@@ -455,6 +463,8 @@ static int client_tick(struct phases *ph, uint64_t sent, uint64_t got)
 					ph->timed_send ? ph->timed_detail : "not tried");
 				presult(ph, "signal-send-on-tcp", ph->signalled_send == 1, "%s",
 					ph->signalled_send ? ph->signalled_detail : "not tried");
+				presult(ph, "fault-part-way-on-tcp", ph->edge_send == 1, "64 KiB send, 9 bytes mapped: %s",
+					ph->edge_send ? ph->edge_detail : "not tried");
 				presult(ph, "efault-on-tcp", ph->efault_recv == 1 && ph->efault_send == 1,
 					"recv %s, send %s%s", ph->efault_recv == 1 ? "EFAULT" : ph->efault_recv ? "wrong" : "not tried",
 					ph->efault_send == 1 ? "EFAULT" : ph->efault_send ? "wrong" : "not tried", ph->efault_detail);
@@ -510,7 +520,7 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 	uint64_t sent = 0, got = 0, bad_at = UINT64_MAX;
 	int wr_done = 0, rd_done = 0;
 	double t0 = now(), last = now();
-	struct phases ph = { 0, now(), 0, 0, pfx, 0, 0, 0, 0, 0, "", 0, "", 0, "" };
+	struct phases ph = { 0, now(), 0, 0, pfx, 0, 0, 0, 0, 0, "", 0, "", 0, "", 0, 0, "" };
 	/* an address no process maps (the first page) */
 	void *const unmapped = (void *)8;
 
@@ -538,7 +548,37 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 				}
 			}
 
-			if (client && ph.phase == 2 && !strcmp(pfx, "mv") && ph.efault_send != 0 && ph.timed_send == 0 &&
+			if (client && ph.phase == 2 && !strcmp(pfx, "mv") && ph.efault_send != 0 && ph.edge_send == 0 &&
+			    (p.revents & POLLOUT)) {
+				static uint8_t *page;
+
+				if (!page) {
+					page = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+					if (page == MAP_FAILED || munmap(page + 4096, 4096)) {
+						page = NULL;
+						ph.edge_send = -1;
+						snprintf(ph.edge_detail, sizeof(ph.edge_detail), "mmap: %s", strerror(errno));
+					}
+				}
+				if (page) {
+					uint8_t *edge = page + 4096 - 9;
+
+					for (size_t k = 0; k < 9; k++)
+						edge[k] = pattern(sent + k, txseed);
+					w = send(fd, edge, 65536, MSG_NOSIGNAL);
+					if (w == 9) {
+						sent += 9;
+						ph.edge_send = 1;
+						snprintf(ph.edge_detail, sizeof(ph.edge_detail), "took the 9 mapped bytes");
+					} else if (!(w < 0 && errno == EAGAIN) || ++ph.edge_send_tries >= 50) {
+						ph.edge_send = -1;
+						snprintf(ph.edge_detail, sizeof(ph.edge_detail), "send: %zd%s%s", w,
+							 w < 0 ? ", " : "", w < 0 ? strerror(errno) : "");
+					}
+				}
+			}
+
+			if (client && ph.phase == 2 && !strcmp(pfx, "mv") && ph.edge_send != 0 && ph.timed_send == 0 &&
 			    (p.revents & POLLOUT)) {
 				static uint8_t big[4 << 20];
 				struct timeval tv = { .tv_usec = 20000 };
