@@ -8,8 +8,8 @@ use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
 
 use xensock_proto::ctrl::{
-    decode, decode_header, encode_data_prefix, Channel, Kind, Message, DATA_PREFIX_LEN, HEADER_LEN,
-    MAX_CONTROL_FRAME, MAX_DATA_PAYLOAD,
+    decode, decode_header, encode_data_prefix, Channel, FrameHeader, Kind, Message,
+    DATA_PREFIX_LEN, HEADER_LEN, MAX_CONTROL_FRAME, MAX_DATA_PAYLOAD,
 };
 
 /// A frame read from a leg. `Data` carries only its position: the payload
@@ -46,6 +46,16 @@ pub(super) fn protocol_error(what: impl std::fmt::Display) -> io::Error {
 /// come in the same call, for a copy of at most this many bytes.
 pub(super) const RX_LOOKAHEAD: usize = 4096;
 
+/// The bytes [`Inbox::next`] needs of a frame with this header: for
+/// `Data`, its prefix (the payload is read by `read_payload`).
+fn needed(h: &FrameHeader) -> usize {
+    if h.kind == Kind::Data {
+        DATA_PREFIX_LEN
+    } else {
+        h.frame_len()
+    }
+}
+
 /// Reads frames from a non-blocking stream. Bytes read but not yet taken
 /// (the next frames, or the start of the current `Data` payload) wait in
 /// `buf[start..end]`, in stream order: they come before anything still in
@@ -60,8 +70,8 @@ pub(super) struct Inbox {
 }
 
 impl Inbox {
-    /// An inbox that reads control frames only up to their end, and up to
-    /// `lookahead` bytes past a `Data` payload.
+    /// An inbox that reads up to `lookahead` bytes past a `Data` payload
+    /// (and always holds a whole control frame).
     pub(super) fn new(lookahead: usize) -> Self {
         Inbox {
             buf: vec![0; lookahead.max(MAX_CONTROL_FRAME)].into_boxed_slice(),
@@ -82,8 +92,7 @@ impl Inbox {
     pub(super) fn frame_ready(&self) -> bool {
         let have = &self.buf[self.start..self.end];
         match decode_header(have, Channel::Tcp) {
-            Ok(h) if h.kind == Kind::Data => have.len() >= DATA_PREFIX_LEN,
-            Ok(h) => have.len() >= h.frame_len(),
+            Ok(h) => have.len() >= needed(&h),
             Err(_) => have.len() >= HEADER_LEN,
         }
     }
@@ -118,18 +127,17 @@ impl Inbox {
                         hdr.conn_id
                     )));
                 }
-                match hdr.kind {
-                    Kind::Data => DATA_PREFIX_LEN,
-                    Kind::TcpHello => return Err(protocol_error("TcpHello on an open leg")),
-                    _ if hdr.frame_len() > MAX_CONTROL_FRAME => {
-                        return Err(protocol_error(format!(
-                            "{:?} frame of {} bytes",
-                            hdr.kind,
-                            hdr.frame_len()
-                        )))
-                    }
-                    _ => hdr.frame_len(),
+                if hdr.kind == Kind::TcpHello {
+                    return Err(protocol_error("TcpHello on an open leg"));
                 }
+                if needed(&hdr) > MAX_CONTROL_FRAME {
+                    return Err(protocol_error(format!(
+                        "{:?} frame of {} bytes",
+                        hdr.kind,
+                        hdr.frame_len()
+                    )));
+                }
+                needed(&hdr)
             };
             if have >= want {
                 let frame = self.parse(want)?;
