@@ -910,54 +910,23 @@ enum Direct {
 /// prefix went out is always completed (a buffer unmapped by another
 /// thread in between is `Torn`). `head` (at most `SMALL_FRAME`) bytes
 /// before it go as a frame of their own, copied in front of its prefix:
-/// a 64 KiB write is two socket calls, not three.
+/// a 64 KiB write is two socket calls, not three. A frame of at most
+/// `SMALL_FRAME` bytes goes whole in that copy, in one call (a 1-byte
+/// ping-pong made two sendmsg calls per byte).
 fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, head: usize, want: usize, more: bool) -> Direct {
-    if want == 0 || head > SMALL_FRAME || !leg_ready(t) || !t.path.writable() {
+    // `big`: the payload sent from the user's buffers behind the copied lead
+    let (head, big) = if head == 0 && want <= SMALL_FRAME { (want, 0) } else { (head, want) };
+    if head + big == 0 || head > SMALL_FRAME || !leg_ready(t) || !t.path.writable() {
         return Direct::Queue;
     }
-    let head_frame = if head > 0 { ctrl::DATA_PREFIX_LEN + head } else { 0 };
+    let frame_len = |payload: usize| if payload > 0 { ctrl::DATA_PREFIX_LEN + payload } else { 0 };
     match t.q.as_ref() {
-        Some(q) if q.is_empty() && q.room() >= head_frame + ctrl::DATA_PREFIX_LEN + want + CTL_RESERVE => {}
+        Some(q) if q.is_empty() && q.room() >= frame_len(head) + frame_len(big) + CTL_RESERVE => {}
         Some(_) => return Direct::Full,
         None => return Direct::Queue,
     }
     let Some(leg) = t.leg.as_ref() else { return Direct::Queue };
-    let at = t.path.sent() + head as u64;
-    let Ok(prefix) = ctrl::encode_data_prefix(conn, at, want) else { return Direct::Queue };
-    if head == 0 && want <= SMALL_FRAME {
-        let mut frame = [0u8; ctrl::DATA_PREFIX_LEN + SMALL_FRAME];
-        frame[..ctrl::DATA_PREFIX_LEN].copy_from_slice(&prefix);
-        let n = ctrl::DATA_PREFIX_LEN + want;
-        let got = msg.copy_from(&mut frame[ctrl::DATA_PREFIX_LEN..n]);
-        if got < want {
-            // the queued path copies what it can and reports the fault
-            msg.revert(got);
-            return Direct::Queue;
-        }
-        let sent = leg.sock().send_nb(&frame[..n], more);
-        let on_leg = match sent {
-            Ok(k) if k > 0 => k.min(n),
-            Ok(_) => 0,
-            Err(x) if x == e::EAGAIN => 0,
-            Err(_) => {
-                t.broken = true;
-                0
-            }
-        };
-        if on_leg == 0 {
-            msg.revert(got);
-            return if t.broken { Direct::Queue } else { Direct::Full };
-        }
-        // committed; the rest is ours, not the user's: it always fits
-        let _ = t.path.record_sent(want as u64);
-        if on_leg < n {
-            if let Some(q) = t.q.as_mut() {
-                q.push(&frame[on_leg..n]);
-            }
-        }
-        return Direct::Sent(want);
-    }
-    if !msg.fault_in(head + want) {
+    if big > 0 && !msg.fault_in(head + big) {
         return Direct::Queue;
     }
     // what goes before the user's bytes, in one call: the head frame
@@ -965,8 +934,8 @@ fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, head: usize, want: usiz
     let mut lead = [0u8; 2 * ctrl::DATA_PREFIX_LEN + SMALL_FRAME];
     let mut n = 0;
     if head > 0 {
-        let Ok(head_prefix) = ctrl::encode_data_prefix(conn, t.path.sent(), head) else { return Direct::Queue };
-        lead[..ctrl::DATA_PREFIX_LEN].copy_from_slice(&head_prefix);
+        let Ok(prefix) = ctrl::encode_data_prefix(conn, t.path.sent(), head) else { return Direct::Queue };
+        lead[..ctrl::DATA_PREFIX_LEN].copy_from_slice(&prefix);
         n = ctrl::DATA_PREFIX_LEN;
         let got = msg.copy_from(&mut lead[n..n + head]);
         if got < head {
@@ -976,9 +945,15 @@ fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, head: usize, want: usiz
         }
         n += head;
     }
-    lead[n..n + ctrl::DATA_PREFIX_LEN].copy_from_slice(&prefix);
-    n += ctrl::DATA_PREFIX_LEN;
-    let p = match leg.sock().send_nb(&lead[..n], true) {
+    if big > 0 {
+        let Ok(prefix) = ctrl::encode_data_prefix(conn, t.path.sent() + head as u64, big) else {
+            msg.revert(head);
+            return Direct::Queue;
+        };
+        lead[n..n + ctrl::DATA_PREFIX_LEN].copy_from_slice(&prefix);
+        n += ctrl::DATA_PREFIX_LEN;
+    }
+    let p = match leg.sock().send_nb(&lead[..n], big > 0 || more) {
         Ok(k) if k > 0 => k.min(n),
         Ok(_) => {
             msg.revert(head);
@@ -995,22 +970,23 @@ fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, head: usize, want: usiz
         }
     };
     // committed: the frames' bytes are counted and all follow what went
-    let _ = t.path.record_sent((head + want) as u64);
+    let _ = t.path.record_sent((head + big) as u64);
     let mut on_leg = 0;
-    if p == n {
+    if big > 0 && p == n {
         // an error here (the leg broke) leaves the rest to the queue,
         // whose flush finds the leg broken
-        on_leg = leg.sock().send_from_user(msg, want, more).unwrap_or(0).min(want);
+        on_leg = leg.sock().send_from_user(msg, big, more).unwrap_or(0).min(big);
     }
     let Some(q) = t.q.as_mut() else { return Direct::Torn };
+    // the rest of the lead is ours, not the user's: it always fits
     if p < n {
         q.push(&lead[p..n]);
     }
-    let rest = want - on_leg;
+    let rest = big - on_leg;
     if rest > 0 && q.push_from(msg, rest) < rest {
         return Direct::Torn;
     }
-    Direct::Sent(head + want)
+    Direct::Sent(head + big)
 }
 
 /// Whether a writer waiting on TCP should look again.
