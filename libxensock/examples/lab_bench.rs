@@ -144,7 +144,8 @@ struct Usage {
 /// The domain's TCP segments and ACK/coalescing counters (/proc/net/snmp,
 /// /proc/net/netstat) and its network devices' packets (/proc/net/dev):
 /// how finely a stream was cut and acknowledged, for comparing a
-/// transport's TCP with plain TCP's in the same round.
+/// transport's TCP with plain TCP's in the same round; and the domain's
+/// interrupts by source and context switches.
 fn net_counters() -> Vec<(String, i64)> {
     const WANTED: [&str; 8] = [
         "InSegs",
@@ -187,6 +188,38 @@ fn net_counters() -> Vec<(String, i64)> {
         if name != "lo" && f.len() > 9 {
             out.push((format!("{name}_rxpk"), f[1]));
             out.push((format!("{name}_txpk"), f[9]));
+        }
+    }
+    // Interrupts by source, summed over CPUs (in a PV guest: event
+    // channels for the timer, IPIs, netfront and our links), and the
+    // domain's context switches: where kernel time goes besides calls.
+    let irqs = std::fs::read_to_string("/proc/interrupts").unwrap_or_default();
+    let cpus = irqs.lines().next().map_or(0, |l| l.split_whitespace().count());
+    for line in irqs.lines().skip(1) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let counts: Vec<i64> = fields
+            .iter()
+            .skip(1)
+            .take(cpus)
+            .map_while(|x| x.parse().ok())
+            .collect();
+        let Some(last) = fields.last() else { continue };
+        if counts.is_empty() {
+            continue;
+        }
+        let name = if fields.len() > cpus + 1 {
+            last.to_string()
+        } else {
+            fields[0].trim_end_matches(':').to_string()
+        };
+        out.push((format!("irq_{name}"), counts.iter().sum()));
+    }
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    for line in stat.lines() {
+        if let Some(v) = line.strip_prefix("ctxt ") {
+            if let Ok(v) = v.trim().parse() {
+                out.push(("ctxt".to_string(), v));
+            }
         }
     }
     out

@@ -9,7 +9,8 @@ IPERF_SECS=5
 # scenario_build): run one phase of the bench only -- "tcp-carrier" (issue
 # #7's af_xen.ko TCP carrier against TCP in the same phase) or "user"
 # (the user-space transport's phases); empty: everything. BENCH_REPS may be
-# set the same way.
+# set the same way, and BENCH_PINGS (fewer round trips: more rounds in
+# the same time, for stream ratios).
 BENCH_ONLY=
 [ -f /opt/xensock/bench.env ] && . /opt/xensock/bench.env
 # phase NAME: whether this run includes the phase NAME (main, tcp-carrier, user)
