@@ -83,6 +83,30 @@ MODULE_PARM_DESC(inject_bad_dir, "test hook: 1 = the next large ring's grant dir
 int afx_take_inject_bad_dir(void) { return xchg(&inject_bad_dir, 0); }
 
 /*
+ * Test hook (lab kmod-impostor): writing N sends, over every link that is
+ * up, a RingOffer naming each of our peers' connection ids 1..N, with grant
+ * refs that name nothing: a guest posing as the moved peer of another
+ * guest's connections. The receiver must keep such an offer until its
+ * sender proves to be the peer (carrier.rs, on_candidate_offer).
+ */
+static int inject_ring_offers;
+static int set_inject_ring_offers(const char *val, const struct kernel_param *kp)
+{
+	int r = param_set_int(val, kp);
+
+	if (r == 0)
+		afx_schedule();
+	return r;
+}
+static const struct kernel_param_ops inject_ring_offers_ops = {
+	.set = set_inject_ring_offers,
+	.get = param_get_int,
+};
+module_param_cb(inject_ring_offers, &inject_ring_offers_ops, &inject_ring_offers, 0600);
+MODULE_PARM_DESC(inject_ring_offers, "test hook: N = send forged RingOffers for connection ids 1..N over every link that is up (a guest posing as a moved peer)");
+int afx_take_inject_ring_offers(void) { return xchg(&inject_ring_offers, 0); }
+
+/*
  * Time the stream data path (/proc/net/af_xen_stats send_ns ... irq_ns):
  * off by default, as each timed part reads the clock twice, and under the
  * lab's emulation a clock read is not free (docs/design.md, "Counters of

@@ -19,6 +19,7 @@ unsigned int afx_large_ring_kib(void);
 unsigned int afx_large_ring_grants(void);
 int afx_take_inject_bad_record(void);
 int afx_take_inject_bad_dir(void);
+int afx_take_inject_ring_offers(void);
 void afx_set_err(struct sock *sk, int err);
 int afx_sock_error(struct sock *sk);
 int afx_wait(struct sock *sk, long *timeo, int (*cond)(void *), void *arg);

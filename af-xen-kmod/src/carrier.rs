@@ -37,6 +37,7 @@
 
 use crate::conn::Pipe;
 use crate::ctrl::{self, Channel, Message, RingGrant};
+use crate::link::Link;
 use crate::sock::{State as SockState, XenSock};
 use crate::switch::{ConsumedOutcome, Phase, RingFromOutcome, RxPath, RxState, TxPath, TxState};
 use crate::sys::{errno as e, poll::*, Msg};
@@ -99,6 +100,10 @@ pub(crate) mod counters {
     pub(crate) static RESENT_BYTES: AtomicI64 = AtomicI64::new(0);
     pub(crate) static LEG_CONNECTS: AtomicI64 = AtomicI64::new(0);
     pub(crate) static LEG_RETRIES: AtomicI64 = AtomicI64::new(0);
+    /// ring offers for a connection from a domain not its peer's, kept
+    /// (`on_candidate_offer`), and those domains that proved to be the peer
+    pub(crate) static CANDIDATES: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static PEERS_PROVED: AtomicI64 = AtomicI64::new(0);
     /// the longest pass of the TCP work item and of the link work item (ms)
     pub(crate) static TCP_WORK_MAX_MS: AtomicI64 = AtomicI64::new(0);
     pub(crate) static LINK_WORK_MAX_MS: AtomicI64 = AtomicI64::new(0);
@@ -251,6 +256,11 @@ struct TxSide {
     fin_sent: bool,
     /// a ring the receiver offered, applied once this side is on TCP
     offer: Option<RingGrant>,
+    /// a ring offered for this connection by a domain that is not the
+    /// peer's, while the link to the peer is gone: the peer, moved (its
+    /// domid changed), or another guest. Kept until that domain proves to
+    /// be the peer (see `on_candidate_offer`).
+    candidate: Option<(Arc<Link>, RingGrant)>,
     /// the peer's frames on our outbound leg (Consumed, Reset)
     ib: [u8; 64],
     ib_got: usize,
@@ -286,6 +296,12 @@ struct RxSide {
     owner_pulls: Option<bool>,
     /// the new receive ring offered, read once its `RingFrom` arrives
     offered: Option<Arc<Pipe>>,
+    /// the link `offered` went over when it went to a candidate for the
+    /// moved peer (`TxSide::candidate`) rather than over the peer's link
+    offered_via: Option<Arc<Link>>,
+    /// a candidate proved to be the peer (the peer switched onto the ring
+    /// granted to it, said so on its leg): the work item adopts its link
+    adopt: Option<Arc<Link>>,
     /// the sender's `TxFreeze` for the ring we left arrived
     saw_freeze: bool,
     left_ms: u64,
@@ -331,6 +347,7 @@ impl Switch {
                     resend_off: 0,
                     fin_sent: false,
                     offer: None,
+                    candidate: None,
                     ib: [0; 64],
                     ib_got: 0,
                     broken: false,
@@ -351,6 +368,8 @@ impl Switch {
                     data_left: 0,
                     owner_pulls: None,
                     offered: None,
+                    offered_via: None,
+                    adopt: None,
                     saw_freeze: false,
                     left_ms: 0,
                     offered_ms: 0,
@@ -595,6 +614,55 @@ pub(crate) fn on_ring_offer(xs: &Arc<XenSock>, grant: RingGrant) {
     }
     sw.tx.lock().offer = Some(grant);
     sys_net::schedule();
+}
+
+/// A `RingOffer` naming this connection over `link`, from a domain that
+/// is not its peer's, while the link to the peer is gone (under `link`'s
+/// lock). The peer may have moved and come back under a new domid; but a
+/// `RingOffer` carries no secret, and connection ids are small numbers, so
+/// any guest on this host could send one: taken at its word, our sending
+/// direction would move onto that guest's ring, and it would read the
+/// stream. So the offer is only kept, and the work item offers our own
+/// receive ring over `link` (granted to that domain alone). Only the peer
+/// can answer that with `RingFrom` on its inbound leg, which its cookie
+/// authenticated; then the link is adopted and the kept offer taken
+/// (`adopt_proven`). A later candidate replaces an earlier one.
+pub(crate) fn on_candidate_offer(xs: &Arc<XenSock>, link: Arc<Link>, grant: RingGrant) {
+    let Some(sw) = sw_of(xs) else { return };
+    if !sw.is_active() {
+        return;
+    }
+    pr_info!("connection {}: ring offer from dom{}, not the peer's domain: kept until it proves to be the peer\n", xs.inner.lock().conn_id, link.peer);
+    inc(&counters::CANDIDATES, 1);
+    let earlier = sw.tx.lock().candidate.replace((link, grant));
+    drop(earlier);
+    sys_net::schedule();
+}
+
+/// The work item's half of `on_candidate_offer`: a candidate that proved
+/// to be the peer becomes the connection's link, and its kept offer is
+/// taken as the peer's own would be.
+fn adopt_proven(xs: &Arc<XenSock>, sw: &Switch) {
+    let Some(link) = sw.rx.lock().adopt.take() else { return };
+    if !link.adopt(xs) {
+        return;
+    }
+    inc(&counters::PEERS_PROVED, 1);
+    let kept = {
+        let mut t = sw.tx.lock();
+        match t.candidate.take() {
+            Some((l, grant)) if Arc::ptr_eq(&l, &link) => Some(grant),
+            // another domain's offer came since: the peer offers again
+            // over its link, now ours (its offer times out)
+            other => {
+                drop(other);
+                None
+            }
+        }
+    };
+    if let Some(grant) = kept {
+        on_ring_offer(xs, grant);
+    }
 }
 
 /// This guest is back from a save (or the save was cancelled): the clock
@@ -1740,6 +1808,13 @@ fn on_frame(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, frame: &[u8]) 
                     let Some(p) = r.offered.take() else { return Err("RingFrom without a ring") };
                     let old = xs.inner.lock().rx.replace(p);
                     drop(old);
+                    if let Some(l) = r.offered_via.take() {
+                        // only the domain the ring was granted to could
+                        // have mapped it, and only the peer writes this leg
+                        pr_info!("connection {}: dom{} proved to be the peer (switched onto the ring granted to it)\n", ids.conn_id, l.peer);
+                        r.adopt = Some(l);
+                        sys_net::schedule();
+                    }
                     sw.to_ring.fetch_add(1, Ordering::Relaxed);
                     inc(&counters::TO_RING, 1);
                     pr_info!("connection {}: rx back on a ring (epoch {}) from {}\n", ids.conn_id, epoch, offset);
@@ -1783,6 +1858,7 @@ pub(crate) fn service(xs: &Arc<XenSock>) -> bool {
         return false;
     }
     let closed = sw.closed.load(Ordering::Acquire) || state != SockState::Connected;
+    adopt_proven(xs, &sw);
     // sending direction
     let tx_err = {
         let mut t = sw.tx.lock();
@@ -1914,16 +1990,23 @@ fn release_legs(sw: &Switch) {
 /// `Consumed` declares the epoch dead) and made again. Returns whether it
 /// waits for time to pass (the work item then ticks).
 fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
-    let link = xs.inner.lock().link.clone();
-    let Some(link) = link else { return false };
-    if !link.is_up() {
-        // nothing to offer on: the link's coming up schedules the work
-        // item (link_up). Ticking every 100 ms here woke a connection on
-        // TCP ten times a second for as long as its peer stayed away
-        // (30-40 passes per bench round, each waking the socket's waiters)
-        return false;
-    }
-    let grant = {
+    let own = xs.inner.lock().link.clone().filter(|l| l.is_up());
+    // without the peer's link: a domain that may be the peer, moved
+    // (`on_candidate_offer`)
+    let candidate = || sw.tx.lock().candidate.as_ref().map(|(l, _)| l.clone()).filter(|l| l.is_up());
+    let (link, via) = match own {
+        Some(l) => (l, None),
+        None => match candidate() {
+            Some(l) => (l.clone(), Some(l)),
+            // nothing to offer on: the link's coming up schedules the work
+            // item (link_up). Ticking every 100 ms here woke a connection
+            // on TCP ten times a second for as long as its peer stayed away
+            // (30-40 passes per bench round, each waking the socket's
+            // waiters)
+            None => return false,
+        },
+    };
+    {
         let mut r = sw.rx.lock();
         if let RxState::Offered { .. } = r.path.state() {
             if now < r.offered_ms + OFFER_TIMEOUT_MS {
@@ -1934,8 +2017,26 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
                 pr_info!("connection {}: offer of ring {} unanswered, abandoned\n", ids.conn_id, n.epoch);
             }
             let dead = r.offered.take();
+            let via = r.offered_via.take();
             drop(r);
             drop(dead);
+            if let Some(l) = via {
+                // a candidate that never answered is not the peer: its
+                // offer goes (an earlier one would block the peer's)
+                let mut t = sw.tx.lock();
+                if t.candidate.as_ref().is_some_and(|(c, _)| Arc::ptr_eq(c, &l)) {
+                    pr_info!("connection {}: dom{} did not prove to be the peer; its offer is dropped\n", ids.conn_id, l.peer);
+                    let dead = t.candidate.take();
+                    drop(t);
+                    drop(dead);
+                }
+            }
+            return true;
+        }
+    }
+    let grant = {
+        let mut r = sw.rx.lock();
+        if let RxState::Offered { .. } = r.path.state() {
             return true;
         }
         if r.path.state() != RxState::Tcp || r.path.eof_at().is_some() || r.leg.is_none() {
@@ -1951,6 +2052,7 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
         let Ok((pipe, grant)) = Pipe::new_granted(&link, me, ids.conn_id, cap, epoch) else { return true };
         r.path = probe;
         r.offered = Some(pipe);
+        r.offered_via = via;
         r.offered_ms = now;
         grant
     };
@@ -1965,7 +2067,7 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
             if let Some(n) = r.path.freeze_local() {
                 let _ = push_frame(&mut r.ctl, &Message::Consumed { conn_id: ids.peer_conn, epoch: n.epoch, offset: n.offset });
             }
-            let dead = r.offered.take();
+            let dead = (r.offered.take(), r.offered_via.take());
             drop(r);
             drop(dead);
         }
@@ -1991,6 +2093,15 @@ pub(crate) fn stats(l: &mut crate::sock::Line) {
         g(&LEG_CONNECTS),
         g(&LEG_RETRIES),
     );
+}
+
+/// /proc/net/af_xen_stats lines of the offers from a moved peer's new
+/// domain (a `Line` of its own).
+pub(crate) fn peer_stats(l: &mut crate::sock::Line) {
+    use core::fmt::Write;
+    use counters::*;
+    let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
+    let _ = write!(l, "switch_peer_candidates {}\nswitch_peers_proved {}\n", g(&CANDIDATES), g(&PEERS_PROVED));
 }
 
 /// /proc/net/af_xen_stats lines of the work items and of the waits on TCP

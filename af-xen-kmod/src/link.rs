@@ -423,7 +423,7 @@ impl Link {
 
     /// Drops the entries of connections this link no longer carries: a
     /// connection that went on under a newer link to its peer
-    /// (`adopt_moved`, `adopt_offer`) stayed listed here too, and its
+    /// (`adopt_moved`, `adopt`) stayed listed here too, and its
     /// close only takes it off the newer one; this link must neither wake
     /// it nor switch it again when it goes down.
     fn prune(&self, i: &mut LinkInner) {
@@ -486,30 +486,58 @@ impl Link {
     }
 
     /// A `RingOffer` for a connection this link does not know: the peer
-    /// moved (its domid changed with a save/restore) and offers a ring for
-    /// a connection of ours that went to TCP when its old link died. The
-    /// connection id must name such a connection; the ring's identity
-    /// header (owner = this peer, connection = its id) is checked when it
-    /// is mapped.
-    fn adopt_offer(self: &Arc<Self>, i: &mut LinkInner, conn_id: u32) -> Option<Arc<XenSock>> {
+    /// may have moved (its domid changed with a save/restore or a
+    /// migration) and offer a ring for a connection of ours that went to
+    /// TCP when its old link died. Returns that connection, if `conn_id`
+    /// names one; nothing is changed (`carrier::on_candidate_offer` says
+    /// why).
+    fn moved_peer_candidate(&self, conn_id: u32) -> Option<Arc<XenSock>> {
         let p = sock::globals().ports.lock();
         for (_, xs) in p.all.iter() {
-            let old = {
-                let mut inner = xs.inner.lock();
-                let stale = inner.link.as_ref().map(|l| l.peer != self.peer && !l.is_up()).unwrap_or(false);
-                if inner.conn_id != conn_id || inner.state != sock::State::Connected || inner.released || inner.sw.is_none() || !stale {
-                    continue;
-                }
-                let was = inner.peer.domid;
-                inner.peer.domid = self.peer;
-                pr_info!("connection {}: peer dom{} is now dom{}\n", conn_id, was, self.peer);
-                inner.link.replace(self.clone())
-            };
-            drop(old);
-            let _ = i.conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL);
-            return Some(xs.clone());
+            let inner = xs.inner.lock();
+            let stale = inner.link.as_ref().map(|l| l.peer != self.peer && !l.is_up()).unwrap_or(false);
+            if inner.conn_id == conn_id && inner.state == sock::State::Connected && !inner.released && inner.sw.is_some() && stale {
+                return Some(xs.clone());
+            }
         }
         None
+    }
+
+    /// Makes this link the connection's, its peer proved to be this link's
+    /// domain (`carrier::adopt_proven`). Returns whether it did: not if
+    /// the link went down since, or the connection ended or has a live
+    /// link again.
+    pub(crate) fn adopt(self: &Arc<Self>, xs: &Arc<XenSock>) -> bool {
+        let mut i = self.inner.lock();
+        if !self.is_up() {
+            return false;
+        }
+        let (conn_id, old) = {
+            let mut inner = xs.inner.lock();
+            let stale = inner.link.as_ref().map(|l| !Arc::ptr_eq(l, self) && !l.is_up()).unwrap_or(false);
+            if inner.state != sock::State::Connected || inner.released || !stale {
+                return false;
+            }
+            let was = inner.peer.domid;
+            inner.peer.domid = self.peer;
+            pr_info!("connection {}: peer dom{} is now dom{}\n", inner.conn_id, was, self.peer);
+            (inner.conn_id, inner.link.replace(self.clone()))
+        };
+        drop(old);
+        let _ = i.conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL);
+        true
+    }
+
+    /// Test hook (`inject_ring_offers`): ring offers for the peer's
+    /// connection ids 1..=n whose grant refs name nothing.
+    fn send_forged_offers(&self, n: u32) {
+        pr_warn!("inject_ring_offers: forged ring offers for connections 1..{} to dom{}\n", n, self.peer);
+        for conn_id in 1..=n {
+            let rx = crate::ctrl::RingGrant { order: 12, epoch: 1, header_ref: 0, dir_ref: 0 };
+            if self.send(&Message::RingOffer { conn_id, rx }).is_err() {
+                break;
+            }
+        }
     }
 
     /// Sends the ConnectRequests of pending connects over this link, if it
@@ -686,12 +714,10 @@ impl Link {
                 }
             }
             Message::RingOffer { conn_id, rx } => {
-                let s = match i.conns.get(&conn_id).cloned() {
-                    Some(s) => Some(s),
-                    None => self.adopt_offer(i, conn_id),
-                };
-                if let Some(s) = s {
+                if let Some(s) = i.conns.get(&conn_id).cloned() {
                     crate::carrier::on_ring_offer(&s, rx);
+                } else if let Some(s) = self.moved_peer_candidate(conn_id) {
+                    crate::carrier::on_candidate_offer(&s, self.clone(), rx);
                 }
             }
             // Both directions' flags are already in the rings; the wake
@@ -847,9 +873,13 @@ fn work_pass() {
         }
     }
     let Some(links) = links_snapshot(|_| true) else { return };
+    let forge = sys::take_inject_ring_offers();
     for l in links.iter() {
         if xs_changed && ids[..n].contains(&l.peer) {
             l.readvertise();
+        }
+        if forge > 0 && l.is_up() {
+            l.send_forged_offers(forge);
         }
         l.service(xs_changed);
     }

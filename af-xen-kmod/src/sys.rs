@@ -51,6 +51,7 @@ extern "C" {
     fn afx_large_ring_grants() -> c_uint;
     fn afx_take_inject_bad_record() -> c_int;
     fn afx_take_inject_bad_dir() -> c_int;
+    fn afx_take_inject_ring_offers() -> c_int;
     fn afx_set_err(sk: *mut bindings::sock, err: c_int);
     fn afx_sock_error(sk: *mut bindings::sock) -> c_int;
     fn afx_wait(
@@ -262,6 +263,9 @@ unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
     Seq(m).write(t.bytes());
     let mut c = crate::sock::Line::new();
     crate::carrier::stats(&mut c);
+    Seq(m).write(c.bytes());
+    let mut c = crate::sock::Line::new();
+    crate::carrier::peer_stats(&mut c);
     Seq(m).write(c.bytes());
     let mut w = crate::sock::Line::new();
     crate::carrier::work_stats(&mut w);
@@ -655,6 +659,14 @@ pub(crate) fn take_inject_bad_record() -> bool {
 pub(crate) fn take_inject_bad_dir() -> bool {
     // SAFETY: atomic exchange on a module parameter.
     unsafe { afx_take_inject_bad_dir() != 0 }
+}
+
+/// Test hook (module parameter `inject_ring_offers`): how many forged ring
+/// offers to send over each link (0: none); clears the request.
+pub(crate) fn take_inject_ring_offers() -> u32 {
+    // SAFETY: atomic exchange on a module parameter.
+    let n = unsafe { afx_take_inject_ring_offers() };
+    u32::try_from(n).unwrap_or(0)
 }
 
 pub(crate) fn send_sigpipe() {
