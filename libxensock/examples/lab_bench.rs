@@ -194,7 +194,10 @@ fn net_counters() -> Vec<(String, i64)> {
     // channels for the timer, IPIs, netfront and our links), and the
     // domain's context switches: where kernel time goes besides calls.
     let irqs = std::fs::read_to_string("/proc/interrupts").unwrap_or_default();
-    let cpus = irqs.lines().next().map_or(0, |l| l.split_whitespace().count());
+    let cpus = irqs
+        .lines()
+        .next()
+        .map_or(0, |l| l.split_whitespace().count());
     for line in irqs.lines().skip(1) {
         let fields: Vec<&str> = line.split_whitespace().collect();
         let counts: Vec<i64> = fields

@@ -853,6 +853,34 @@ impl Transport {
         self.owner.inner.status()
     }
 
+    /// Test hook: sends `RingOffer`s naming the peer's connection ids
+    /// `ids` over our link to `peer` (if it is up), with grant refs that
+    /// name nothing, as a guest posing as another guest's moved peer would.
+    /// Returns how many were queued. Not for applications.
+    #[doc(hidden)]
+    pub fn send_forged_ring_offers(
+        &self,
+        peer: DomId,
+        ids: std::ops::RangeInclusive<u32>,
+    ) -> usize {
+        let inner = &self.owner.inner;
+        let mut st = inner.state();
+        let mut sent = 0;
+        for conn_id in ids {
+            let rx = ctrl::RingGrant {
+                order: 12,
+                epoch: 1,
+                header_ref: 0,
+                dir_ref: 0,
+            };
+            if !inner.queue_frame(&mut st, peer, &Message::RingOffer { conn_id, rx }, true) {
+                break;
+            }
+            sent += 1;
+        }
+        sent
+    }
+
     /// The suspend hook: this domain is about to be suspended, saved or
     /// migrated. Every open stream connection leaves its rings for its TCP
     /// carrier while the rings are still shared (the unconsumed bytes of
@@ -1215,6 +1243,10 @@ fn epoll_del(ep: &OwnedFd, fd: i32) {
 
 /// How often the manager retries ring offers for connections on TCP.
 const CARRIER_SWEEP: Duration = Duration::from_millis(20);
+/// How long a domain that offered a ring for a connection whose peer it is
+/// not (yet) has to take ours, proving it is the peer (as the kernel
+/// module's offer timeout).
+const UNPROVEN_OFFER_TIMEOUT: Duration = Duration::from_secs(15);
 /// The sweep's interval doubles up to this while no carrier connection has
 /// a usable link or a kept offer (nothing a sweep could do), and is back
 /// at `CARRIER_SWEEP` after any event: every 20 ms it cost the process
@@ -2072,7 +2104,7 @@ impl Inner {
         // Ring offers that went over this link can no longer be taken.
         for c in st.conns.values() {
             let mut offered = lock(&c.offered_to);
-            if let (Some((to, epoch)), Some(e)) = (*offered, c.engine()) {
+            if let (Some((to, epoch, _)), Some(e)) = (*offered, c.engine()) {
                 if to == peer && e.withdraw_offer(epoch) {
                     *offered = None;
                     tracing::info!(conn = c.id, peer, epoch, "ring offer withdrawn");
@@ -3078,7 +3110,7 @@ impl Inner {
                 let Some(grant) = lock(&conn.offered_grant).take() else {
                     return;
                 };
-                *lock(&conn.offered_to) = Some((to, epoch));
+                *lock(&conn.offered_to) = Some((to, epoch, Instant::now()));
                 let peer_id = conn.io().peer_id;
                 tracing::info!(conn = conn.id, to, epoch, "ring offered");
                 self.send_frame(
@@ -3119,7 +3151,7 @@ impl Inner {
         if conn.peer() != peer {
             *lock(&conn.pending_offer) = Some((peer, *rx));
             let offered = *lock(&conn.offered_to);
-            if offered.map(|(to, _)| to) != Some(peer) {
+            if offered.map(|(to, ..)| to) != Some(peer) {
                 self.offer_ring_to(st, &conn, &engine, peer);
             }
             self.check_rehome(st, &conn, &engine);
@@ -3165,7 +3197,7 @@ impl Inner {
         let Some((from, grant)) = *lock(&conn.pending_offer) else {
             return;
         };
-        let Some((to, epoch)) = *lock(&conn.offered_to) else {
+        let Some((to, epoch, _)) = *lock(&conn.offered_to) else {
             return;
         };
         if from != to {
@@ -3224,8 +3256,41 @@ impl Inner {
                 }
             }
             self.check_rehome(&mut st, &conn, &engine);
+            self.drop_unproven(&conn, &engine);
         }
         busy
+    }
+
+    /// Our ring offered to a domain that is not the connection's peer
+    /// (whose own offer named the connection: the peer, moved, or a guest
+    /// posing as it) and not taken within [`UNPROVEN_OFFER_TIMEOUT`]: that
+    /// domain is not the peer. The offer is abandoned (`Consumed` for its
+    /// epoch tells the sender, should it have switched after all), its
+    /// kept offer dropped, and the next candidate gets our ring; until
+    /// then, one silent guest posing as the peer kept the connection on
+    /// TCP for good.
+    fn drop_unproven(&self, conn: &Arc<Conn>, engine: &Engine) {
+        let mut offered = lock(&conn.offered_to);
+        let Some((to, epoch, at)) = *offered else {
+            return;
+        };
+        if to == conn.peer() || at.elapsed() < UNPROVEN_OFFER_TIMEOUT {
+            return;
+        }
+        if engine.abandon_offer(epoch) {
+            tracing::info!(
+                conn = conn.id,
+                to,
+                epoch,
+                "unanswered ring offer to a domain not the peer's: abandoned"
+            );
+        }
+        *offered = None;
+        drop(offered);
+        let mut kept = lock(&conn.pending_offer);
+        if kept.is_some_and(|(from, _)| from == to) {
+            *kept = None;
+        }
     }
 
     /// Connections waiting to follow a peer that may have moved to `peer`.

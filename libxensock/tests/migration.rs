@@ -371,6 +371,78 @@ fn same_host_migration_moves_to_tcp_and_back() {
     }));
 }
 
+/// A third guest on the host sends ring offers naming A's connection ids
+/// while A's peer B is away (suspended, then moved to a new domid): A
+/// keeps them without handing the connection over (its stream would go
+/// to that guest), and follows B only once B proved itself by switching
+/// onto the ring A granted it.
+#[test]
+fn a_guest_posing_as_the_moved_peer_never_gets_the_connection() {
+    let w = World::new();
+    let dc = w.host.create_domain(DomainConfig::new("c")).unwrap();
+    let c_t = Transport::sim_with(w.host.dir(), dc.domid, cfg()).unwrap();
+    let l = w.b.bind("xen:self:7020").unwrap();
+    let c = w.a.connect((u32::from(w.b.domid()), 7020)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    exchange(&c, &s, 1, 100_000);
+    // C has a link to A (any connection makes one)
+    let la = w.a.bind("xen:self:7021").unwrap();
+    let _cc = c_t.connect((u32::from(w.a.domid()), 7021)).unwrap();
+    let _ = la.accept().unwrap();
+    let mine = c.local_addr().unwrap();
+    let carrier = |w: &World| {
+        w.a.status()
+            .connections
+            .into_iter()
+            .find(|k| k.local == mine)
+            .expect("A's connection to B")
+    };
+    let old = w.b.domid();
+    w.b.suspend();
+    assert!(eventually(Duration::from_secs(10), || matches!(
+        carrier(&w).carrier,
+        Carrier::Engine {
+            tx: "tcp",
+            rx: "tcp",
+            ..
+        }
+    )));
+    let forged = c_t.send_forged_ring_offers(w.a.domid(), 1..=64);
+    assert_eq!(forged, 64);
+    let never_c = |w: &World| {
+        w.a.status()
+            .connections
+            .iter()
+            .all(|k| k.peer.domid != u32::from(dc.domid))
+    };
+    // the offers arrive and are looked at while B is away
+    thread::sleep(Duration::from_millis(300));
+    assert!(
+        never_c(&w),
+        "A handed a connection to the guest posing as B"
+    );
+    exchange(&c, &s, 3, 100_000);
+    let new = w
+        .host
+        .migrate_domain(old, MigrateTo::SameHost)
+        .unwrap()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(10), || w.b.domid() == new));
+    assert!(
+        eventually(Duration::from_secs(40), || switched_once_and_back(
+            &carrier(&w)
+        )),
+        "{:?}",
+        carrier(&w)
+    );
+    assert!(
+        never_c(&w),
+        "A handed a connection to the guest posing as B"
+    );
+    assert_eq!(carrier(&w).peer.domid, u32::from(new));
+    exchange(&c, &s, 5, 300_000);
+}
+
 /// Writes `segments` segments of `seg` pattern bytes, each only once the
 /// mover has done `segment - 2` moves (so data is in flight at every
 /// move), then FIN; returns the checksum.

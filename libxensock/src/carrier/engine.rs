@@ -532,6 +532,23 @@ impl Engine {
         }
     }
 
+    /// Gives up our offer of ring `epoch` if it is still pending: this
+    /// side goes on on TCP and says so with `Consumed` for the epoch (a
+    /// sender that switched onto the ring after all resends from there).
+    /// Returns whether it was pending.
+    pub(crate) fn abandon_offer(&self, epoch: u32) -> bool {
+        let mut rx = lock(&self.shared.rx);
+        if rx.path.state() != (RxState::Offered { epoch }) {
+            return false;
+        }
+        let Some(n) = rx.path.freeze_local() else {
+            return false;
+        };
+        rx.offered = None;
+        self.shared.queue_consumed(&mut rx, n.epoch, n.offset);
+        true
+    }
+
     /// The peer's `RingOffer` for our sending direction. Returns whether
     /// this side switches to it (`false`: stale offer, declined).
     pub(crate) fn accept_ring_offer(&self, epoch: u32, ring: SharedRing) -> io::Result<bool> {
