@@ -4,6 +4,8 @@
 # (module parameter inject_ring_offers), as domu1 would when back under a
 # new domid.
 . /scenario/common.sh
+# domu2's connection ids the offers name
+FORGED=64
 VICTIM=$(xlbench xsread data/forge 600)
 log "posing as domu2's moved peer towards dom$VICTIM"
 check impostor-linked wait_until 60 sh -c "dmesg | grep -q 'link to dom$VICTIM up'"
