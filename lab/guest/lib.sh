@@ -87,6 +87,19 @@ mklink() {
   /tmp/xenstore-chmod "$_l" "n$1"
 }
 
+# restore_as_new NAME OLD STAYER   (dom0) `xl restore` of /tmp/NAME.save,
+# saved as domain OLD: checks xl-restore-NAME and new-domid-after-restore,
+# sets NEW_DOMID ("none" if it is not there), and removes STAYER's link
+# directory for OLD (the pair with the old domid ended, as the agent does).
+restore_as_new() {
+  check "xl-restore-$1" timeout 180 xl restore "/tmp/$1.save"
+  rm -f "/tmp/$1.save"
+  NEW_DOMID=$(xl domid "$1" 2>/dev/null || echo none)
+  log "$1: dom$2 before save, dom$NEW_DOMID after restore"
+  check new-domid-after-restore test "$NEW_DOMID" != none -a "$NEW_DOMID" != "$2"
+  xenstore-rm "/local/domain/$3/data/xensock/link/$2" 2>/dev/null
+}
+
 # check_wait NAME PID [LOG]   wait for a background job of this shell and
 # report it (its log's tail on failure). Start such jobs under `timeout`.
 check_wait() {

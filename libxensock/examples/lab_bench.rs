@@ -145,8 +145,9 @@ struct Usage {
 /// /proc/net/netstat) and its network devices' packets (/proc/net/dev):
 /// how finely a stream was cut and acknowledged, for comparing a
 /// transport's TCP with plain TCP's in the same round; and the domain's
-/// interrupts by source and context switches.
-fn net_counters() -> Vec<(String, i64)> {
+/// interrupts by source and context switches (from `stat`, the text of
+/// /proc/stat the caller read).
+fn net_counters(stat: &str) -> Vec<(String, i64)> {
     const WANTED: [&str; 8] = [
         "InSegs",
         "OutSegs",
@@ -217,7 +218,6 @@ fn net_counters() -> Vec<(String, i64)> {
         };
         out.push((format!("irq_{name}"), counts.iter().sum()));
     }
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     for line in stat.lines() {
         if let Some(v) = line.strip_prefix("ctxt ") {
             if let Ok(v) = v.trim().parse() {
@@ -282,7 +282,7 @@ impl Usage {
             switches: (r.ru_nvcsw, r.ru_nivcsw),
             ticks: [tick(3), tick(6), tick(7)],
             threads: thread_ticks(),
-            net: net_counters(),
+            net: net_counters(&stat),
         }
     }
 

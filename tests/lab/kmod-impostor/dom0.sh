@@ -30,12 +30,8 @@ if wait_domu domu2 'm-phase save-now|^@@EXIT' 600 && ! wait_domu domu2 '^@@EXIT'
   check impostor-done wait_domu domu3 'impostor-offers-sent' 60
   # the offers reach domu2 before the real domu1 is back
   sleep 2
-  check xl-restore-domu1 timeout 180 xl restore /tmp/domu1.save
-  rm -f /tmp/domu1.save
-  D1=$(xl domid domu1 2>/dev/null || echo none)
-  log "domu1: dom$OLD before save, dom$D1 after restore"
-  check new-domid-after-restore test "$D1" != none -a "$D1" != "$OLD"
-  xenstore-rm "/local/domain/$D2/data/xensock/link/$OLD" 2>/dev/null
+  restore_as_new domu1 "$OLD" "$D2"
+  D1=$NEW_DOMID
   check xs-pair-after-restore pair "$D1" "$D2"
   check xs-link-connected-after-restore wait_until 60 linked "$D1" "$D2"
   # for domu2's checks: who is who

@@ -37,12 +37,8 @@ fi
 if wait_domu domu2 'm-phase save-now|^@@EXIT' 900 && ! wait_domu domu2 '^@@EXIT' 0; then
   OLD=$D1
   check xl-save-domu1 timeout 180 xl save domu1 /tmp/domu1.save
-  check xl-restore-domu1 timeout 180 xl restore /tmp/domu1.save
-  rm -f /tmp/domu1.save
-  D1=$(xl domid domu1 2>/dev/null || echo none)
-  log "domu1: dom$OLD before save, dom$D1 after restore"
-  check new-domid-after-restore test "$D1" != none -a "$D1" != "$OLD"
-  xenstore-rm "/local/domain/$D2/data/xensock/link/$OLD" 2>/dev/null
+  restore_as_new domu1 "$OLD" "$D2"
+  D1=$NEW_DOMID
   check xs-pair-after-restore pair_again
   check xs-link-connected-after-restore wait_until 60 linked
   xenstore-ls "/local/domain/$D2/data/xensock" 2>/dev/null
