@@ -347,6 +347,42 @@ void afx_tcp_set_user_timeout(struct socket *s, unsigned int ms)
 	tcp_sock_set_user_timeout(s->sk, ms);
 }
 
+/* Segments the leg has received (pure ACKs included): the peer heard from. */
+u32 afx_tcp_segs_in(struct socket *s)
+{
+	return READ_ONCE(tcp_sk(s->sk)->segs_in);
+}
+
+/*
+ * A leg whose retransmission (or zero-window probe) has backed off at least
+ * twice -- its peer was unreachable: saved, paused, moving -- retransmits
+ * now instead of at the end of the back-off, which after a save of tens of
+ * seconds is as long again (carrier.rs kick_if_heard calls this once the
+ * peer has been heard from). The retransmission's ACK resets the back-off,
+ * as at any RTO; the bound (TCP_USER_TIMEOUT) counts from the first
+ * retransmission, so firing early never ends the leg sooner. 1 if kicked.
+ */
+int afx_tcp_kick_retransmit(struct socket *s)
+{
+	struct sock *sk = s->sk;
+	struct inet_connection_sock *icsk = inet_csk(sk);
+	int kicked = 0;
+
+	/* the common case, a leg not backed off, without its lock */
+	if (READ_ONCE(icsk->icsk_backoff) < 2)
+		return 0;
+	lock_sock(sk);
+	if ((sk->sk_state == TCP_ESTABLISHED || sk->sk_state == TCP_CLOSE_WAIT) &&
+	    icsk->icsk_backoff >= 2 &&
+	    (icsk->icsk_pending == ICSK_TIME_RETRANS || icsk->icsk_pending == ICSK_TIME_PROBE0) &&
+	    time_after(icsk->icsk_timeout, jiffies + 1)) {
+		inet_csk_reset_xmit_timer(sk, icsk->icsk_pending, 1, TCP_RTO_MAX);
+		kicked = 1;
+	}
+	release_sock(sk);
+	return kicked;
+}
+
 /* Send without blocking: bytes sent, -EAGAIN when the socket is full (its
  * write_space callback then schedules the work), or -errno; with more,
  * held back (MSG_MORE) for what follows at once (a Data frame's payload

@@ -26,6 +26,8 @@ void afx_tcp_tick_after_ms(unsigned int ms);
 int afx_tcp_connect_start(const u8 *addr, int port, unsigned int user_timeout_ms, struct socket **out);
 int afx_tcp_leg_state(struct socket *s);
 void afx_tcp_set_user_timeout(struct socket *s, unsigned int ms);
+u32 afx_tcp_segs_in(struct socket *s);
+int afx_tcp_kick_retransmit(struct socket *s);
 int afx_tcp_send_nb(struct socket *s, const void *buf, size_t len, int more);
 int afx_tcp_recv_msg(struct socket *s, struct msghdr *user, size_t len);
 int afx_tcp_send_msg_nb(struct socket *s, struct msghdr *user, size_t len, int more);

@@ -104,6 +104,9 @@ pub(crate) mod counters {
     /// (`on_candidate_offer`), and those domains that proved to be the peer
     pub(crate) static CANDIDATES: AtomicI64 = AtomicI64::new(0);
     pub(crate) static PEERS_PROVED: AtomicI64 = AtomicI64::new(0);
+    /// backed-off retransmissions of an outbound leg fired at once because
+    /// the peer was heard from again (`kick_if_heard`)
+    pub(crate) static LEG_KICKS: AtomicI64 = AtomicI64::new(0);
     /// the longest pass of the TCP work item and of the link work item (ms)
     pub(crate) static TCP_WORK_MAX_MS: AtomicI64 = AtomicI64::new(0);
     pub(crate) static LINK_WORK_MAX_MS: AtomicI64 = AtomicI64::new(0);
@@ -277,6 +280,8 @@ struct TxSide {
     writer_waits: bool,
     /// what the outbound leg's owner flag says (`own_outbound`)
     owner_writes: bool,
+    /// segments both legs had received at the last pass (`kick_if_heard`)
+    heard: u32,
 }
 
 /// Our receiving direction.
@@ -357,6 +362,7 @@ impl Switch {
                     closed_ring: None,
                     writer_waits: false,
                     owner_writes: false,
+                    heard: 0,
                 }, "af_xen_sw_tx"),
                 rx <- new_mutex!(RxSide {
                     path: RxPath::on_ring(),
@@ -1918,6 +1924,7 @@ pub(crate) fn service(xs: &Arc<XenSock>) -> bool {
         wake(xs, POLLIN | POLLOUT | POLLERR | POLLHUP | POLLRDNORM | POLLWRNORM);
         return false;
     }
+    kick_if_heard(&sw);
     // both legs up: the bound stops (TCP_USER_TIMEOUT covers the rest)
     let (out_up, tx_done, connecting) = {
         let t = sw.tx.lock();
@@ -1970,6 +1977,33 @@ fn ring_all_taken(xs: &XenSock, t: &TxSide) -> bool {
     // a reader that closed or reset takes nothing more: nothing to wait for
     let gone = prod.reader_end().map(|r| r.closed || r.reset).unwrap_or(true);
     gone || matches!(prod.unconsumed(), Ok(0))
+}
+
+/// After a save, the peer's bytes sent to us while we were away, and ours
+/// to a peer that was away, come with the sender's next TCP retransmission,
+/// backed off by then (1, 3, 7, 15, 31 s ...): the pause after a restore
+/// could last about as long again as the suspension (docs/migration.md,
+/// "Around a save"). Once the peer is heard from on either leg, it is
+/// reachable again: a backed-off retransmission of our outbound leg fires
+/// now (sys_net kick_retransmit). Evidence of reception only: a kick into
+/// a path still down would double the back-off again.
+fn kick_if_heard(sw: &Switch) {
+    let inbound = sw.rx.lock().leg.as_ref().map(|l| l.sock().segs_in()).unwrap_or(0);
+    let mut t = sw.tx.lock();
+    if !t.leg_up {
+        return;
+    }
+    let (heard, kicked) = match t.leg.as_ref() {
+        Some(leg) => {
+            let heard = inbound.wrapping_add(leg.sock().segs_in());
+            (heard, heard != t.heard && leg.sock().kick_retransmit())
+        }
+        None => return,
+    };
+    t.heard = heard;
+    if kicked {
+        inc(&counters::LEG_KICKS, 1);
+    }
 }
 
 fn release_legs(sw: &Switch) {
@@ -2101,7 +2135,13 @@ pub(crate) fn peer_stats(l: &mut crate::sock::Line) {
     use core::fmt::Write;
     use counters::*;
     let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
-    let _ = write!(l, "switch_peer_candidates {}\nswitch_peers_proved {}\n", g(&CANDIDATES), g(&PEERS_PROVED));
+    let _ = write!(
+        l,
+        "switch_peer_candidates {}\nswitch_peers_proved {}\nswitch_leg_kicks {}\n",
+        g(&CANDIDATES),
+        g(&PEERS_PROVED),
+        g(&LEG_KICKS)
+    );
 }
 
 /// /proc/net/af_xen_stats lines of the work items and of the waits on TCP

@@ -28,6 +28,8 @@ extern "C" {
     fn afx_tcp_connect_start(addr: *const u8, port: c_int, user_timeout_ms: kernel::ffi::c_uint, out: *mut *mut bindings::socket) -> c_int;
     fn afx_tcp_leg_state(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_set_user_timeout(s: *mut bindings::socket, ms: kernel::ffi::c_uint);
+    fn afx_tcp_segs_in(s: *mut bindings::socket) -> u32;
+    fn afx_tcp_kick_retransmit(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_send_nb(s: *mut bindings::socket, buf: *const c_void, len: usize, more: c_int) -> c_int;
     fn afx_tcp_recv_msg(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize) -> c_int;
     fn afx_tcp_send_msg_nb(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize, more: c_int) -> c_int;
@@ -198,6 +200,19 @@ impl TcpSock {
     pub(crate) fn set_user_timeout(&self, ms: u32) {
         // SAFETY: self.0 is live.
         unsafe { afx_tcp_set_user_timeout(self.0, ms) }
+    }
+
+    /// Segments received so far (pure ACKs included; wraps).
+    pub(crate) fn segs_in(&self) -> u32 {
+        // SAFETY: self.0 is live; the glue reads one counter of its sock.
+        unsafe { afx_tcp_segs_in(self.0) }
+    }
+
+    /// A retransmission backed off at least twice fires now (see the glue's
+    /// afx_tcp_kick_retransmit); whether it did. Takes the socket's lock.
+    pub(crate) fn kick_retransmit(&self) -> bool {
+        // SAFETY: self.0 is live; process context (the TCP work item).
+        unsafe { afx_tcp_kick_retransmit(self.0) != 0 }
     }
 
     /// Sends what fits without blocking: Ok(n), Err(EAGAIN) when full;

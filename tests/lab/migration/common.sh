@@ -13,7 +13,7 @@ lab_wait() {
   xenstore-read "data/lab/$1"
 }
 
-move_index() { case $1 in saverestore) echo 0 ;; away) echo 1 ;; migrate) echo 2 ;; esac; }
+move_index() { case $1 in saverestore) echo 0 ;; away) echo 1 ;; migrate) echo 2 ;; churn) echo 3 ;; esac; }
 # streams of a stack: kx = C xsstream over AF_XEN, kt = tokio over the
 # kernel family, ut = tokio over the user-space transport, tcp = C xsstream
 # over TCP between the same two domUs (the baseline: it must pass whatever
@@ -143,6 +143,69 @@ proc_own_domid() {
     END { exit bad }' /proc/net/af_xen
 }
 
+# churn_cycles ROLE: dom0's MIG_CHURN away/back cycles under this phase's
+# streams. Each cycle: dom0 notes churn-away-<i>; every AF_XEN stream here
+# shows carrier tcp; we note churn-tcp-<i>; dom0 notes churn-back-<i>; every
+# stream shows its ring again; we note churn-ring-<i>. A stream that does not
+# switch within CARRIER_WAIT s ends the cycles (churn-failed). The streams'
+# own verdicts at the stop say whether every byte arrived intact.
+churn_cycles() {
+  _n=$MIG_CHURN; _i=1; _bad=; _ok=0
+  : > /tmp/churn-tcp.s; : > /tmp/churn-ring.s
+  while [ $_i -le "$_n" ] && [ -z "$_bad" ]; do
+    _step=$(churn_wait "churn-away-$_i") || { _bad="no churn-away-$_i from dom0"; break; }
+    [ "$_step" = end ] && { _bad="dom0 ended the cycles at $_i"; break; }
+    _t0=$(uptime_s)
+    for s in $(streams); do
+      is_xen_stream "$s" || continue
+      carrier_wait "$s-churn" "$(stream_port "$s" churn)" '^tcp(/tcp)?$' $((CARRIER_WAIT * 10)) ||
+        { _bad="cycle $_i: $s carrier '$CARRIER_SEEN' after the away, not tcp"; break; }
+    done
+    [ -n "$_bad" ] && break
+    awk -v a="$_t0" -v b="$(uptime_s)" 'BEGIN{printf "%.2f\n", b-a}' >> /tmp/churn-tcp.s
+    lab_note "churn-tcp-$_i"
+    _step=$(churn_wait "churn-back-$_i") || { _bad="no churn-back-$_i from dom0"; break; }
+    [ "$_step" = end ] && { _bad="dom0 ended the cycles at $_i"; break; }
+    _t0=$(uptime_s)
+    for s in $(streams); do
+      is_xen_stream "$s" || continue
+      carrier_wait "$s-churn" "$(stream_port "$s" churn)" '^ring(-xen)?(/ring)?$' $((CARRIER_WAIT * 10)) ||
+        { _bad="cycle $_i: $s carrier '$CARRIER_SEEN' after the back, not a ring"; break; }
+    done
+    [ -n "$_bad" ] && break
+    awk -v a="$_t0" -v b="$(uptime_s)" 'BEGIN{printf "%.2f\n", b-a}' >> /tmp/churn-ring.s
+    lab_note "churn-ring-$_i"
+    _ok=$_i
+    [ $((_i % 10)) = 0 ] && log "churn: $_i of $_n cycles; $(for s in $(streams); do printf '%s got %s  ' "$s" "$(got "$s-churn")"; done)"
+    _i=$((_i + 1))
+  done
+  [ -n "$_bad" ] && { lab_note churn-failed "$_bad"; log "churn: $_bad"; kmod_trace churn-failed; }
+  for f in tcp ring; do
+    sort -n "/tmp/churn-$f.s" | awk -v f="$f" -v r="$LAB_ROLE" '{ v[NR] = $1 } END {
+      if (NR) printf "@@METRIC churn.%s_to_%s_p50_s %s s\n@@METRIC churn.%s_to_%s_max_s %s s\n", r, f, v[int((NR + 1) / 2)], r, f, v[NR] }'
+  done
+  for s in $(streams); do
+    is_xen_stream "$s" || continue
+    if [ -z "$_bad" ]; then result "$s-churn-every-cycle" PASS "$_ok of $_n cycles: to tcp and back to the ring"
+    else result "$s-churn-every-cycle" FAIL "$_ok of $_n cycles, then: $_bad"; fi
+    switches_at_least "$s-churn" "$(stream_port "$s" churn)" $((2 * _ok)) "$s-churn-switches"
+  done
+  for s in $(streams); do flowing "$s-churn" "$s-churn-flows-after" || true; done
+  [ "$_role" = client ] && listener_check churn "$PEER"
+  kmod_trace churn
+}
+# churn_wait KEY: prints "go" once dom0 wrote KEY, "end" if dom0 ended the
+# cycles first; fails after 300 s
+churn_wait() {
+  _w=0
+  while [ $_w -lt 1500 ]; do
+    xenstore-read "data/lab/$1" >/dev/null 2>&1 && { echo go; return 0; }
+    xenstore-read data/lab/churn-end >/dev/null 2>&1 && { echo end; return 0; }
+    usleep 200000; _w=$((_w + 1))
+  done
+  return 1
+}
+
 # run_phase ROLE MOVE: one move's streams on this side, with the checks
 run_phase() {
   _role=$1; MOVE=$2
@@ -179,6 +242,7 @@ run_phase() {
       done
       [ "$_role" = client ] && listener_check away "$PEER"
       kmod_trace away-back ;;
+    churn) churn_cycles "$_role" ;;
     *)
       [ "$_role" = server ] && uses_hook && suspend_hook "$MOVE"
       _now=$(lab_wait "$MOVE-moved" 900) || _now=none

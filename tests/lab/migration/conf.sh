@@ -1,7 +1,9 @@
 # shellcheck shell=bash
 # Host side of the migration scenarios, sourced by their scenario.conf after
 # it set MIG_STACK (kmod | userspace) and MIG_MOVES (any of: saverestore
-# away migrate). The guest scripts are this directory's (SCENARIO_INCLUDE).
+# away migrate churn; churn is MIG_CHURN away/back cycles, default 100, under
+# one set of streams; MIG_RATE sets the streams' KiB/s). The guest scripts
+# are this directory's (SCENARIO_INCLUDE).
 SCENARIO_INCLUDE=migration
 BOOT_TIMEOUT=${BOOT_TIMEOUT_MIG:-2400}
 GUEST_TIMEOUT=2200
@@ -26,18 +28,23 @@ for _m in $MIG_MOVES; do
     migrate) EXPECT+=(dom0:xl-migrate) ;;
     away) EXPECT+=(dom0:agent-away dom0:away-tables dom0:away-link-dirs-gone dom0:away-moved-noted
                    dom0:agent-back dom0:back-tables dom0:back-link-dirs) ;;
+    churn) EXPECT+=(dom0:churn-cycles) ;;
   esac
-  [[ $_m != away ]] && EXPECT+=(dom0:$_m-new-domid dom0:$_m-tables-again dom0:$_m-link-dirs-again)
-  [[ $_m != away && $MIG_STACK == userspace && ${MIG_HOOK:-1} == 1 ]] && EXPECT+=(domu1:$_m-suspend-releases)
+  _stays=0; [[ $_m == away || $_m == churn ]] && _stays=1
+  [[ $_stays == 0 ]] && EXPECT+=(dom0:$_m-new-domid dom0:$_m-tables-again dom0:$_m-link-dirs-again)
+  [[ $_stays == 0 && $MIG_STACK == userspace && ${MIG_HOOK:-1} == 1 ]] && EXPECT+=(domu1:$_m-suspend-releases)
   # the one listener domu1 made before the first move (common.sh)
   [[ $MIG_STACK == kmod ]] && EXPECT+=(domu2:resolve-$_m domu2:listener-survives-$_m)
-  [[ $MIG_STACK == kmod && $_m != away ]] && EXPECT+=(domu1:$_m-proc-own-domid domu2:$_m-proc-own-domid)
+  [[ $MIG_STACK == kmod && $_stays == 0 ]] && EXPECT+=(domu1:$_m-proc-own-domid domu2:$_m-proc-own-domid)
   for _s in $(mig_streams); do
     for _g in domu1 domu2; do
       EXPECT+=("$_g:$(mig_prefix "$_s")-$_s-$_m-connect" "$_g:$(mig_prefix "$_s")-$_s-$_m" "$_g:$_s-$_m-flows-before")
       if [[ $_m == away ]]; then
         EXPECT+=("$_g:$_s-away-flows-while-away" "$_g:$_s-away-flows-after-back")
         [[ $_s != tcp ]] && EXPECT+=("$_g:$_s-away-carrier-tcp" "$_g:$_s-away-carrier-ring" "$_g:$_s-away-switches")
+      elif [[ $_m == churn ]]; then
+        EXPECT+=("$_g:$_s-churn-flows-after")
+        [[ $_s != tcp ]] && EXPECT+=("$_g:$_s-churn-every-cycle" "$_g:$_s-churn-switches")
       else
         EXPECT+=("$_g:$_s-$_m-flows-after")
       fi
@@ -54,7 +61,9 @@ scenario_build() {
   local out=$1 t=x86_64-unknown-linux-gnu
   local tdir=${CARGO_TARGET_DIR:-$REPO_DIR/target}/lab-static
   mkdir -p "$out/bin"
-  printf 'MIG_STACK=%s\nMIG_MOVES="%s"\nMIG_HOOK=%s\n' "$MIG_STACK" "$MIG_MOVES" "${MIG_HOOK:-1}" > "$out/migration.params"
+  printf 'MIG_STACK=%s\nMIG_MOVES="%s"\nMIG_HOOK=%s\nMIG_CHURN=%s\n' "$MIG_STACK" "$MIG_MOVES" "${MIG_HOOK:-1}" "${MIG_CHURN:-100}" > "$out/migration.params"
+  # a stream rate of the scenario's own (the guests' default: streams.sh)
+  [[ -n ${MIG_RATE:-} ]] && echo "RATE=$MIG_RATE" >> "$out/migration.params"
   # AFX_TREE=DIR (holding af-xen-kmod/ and proto/, e.g. from `git archive
   # <branch> af-xen-kmod proto | tar -x -C DIR`) tests that module instead;
   # RUST_TREE=DIR (a whole workspace, e.g. `git archive <branch> | tar -x

@@ -5,6 +5,10 @@
 #                not "destroyed")
 #   away         xensock-agent away/back: domu1 stays, discovery says it left
 #   migrate      xl migrate to localhost (needs lab/run --xen shadow)
+#   churn        MIG_CHURN cycles of away + back under the same streams, each
+#                cycle waiting until both domUs see their connections on TCP,
+#                then back on rings (issue #7's "zero bytes lost over 100
+#                moves", on real Xen)
 # The domUs and dom0 take turns through data/lab/<key> nodes in each domU's
 # home (see common.sh); dom0 writes into domu1's *current* home.
 . /opt/xensock/migration.params
@@ -15,6 +19,8 @@ since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}'; }
 note() { xenstore-write "/local/domain/$1/data/lab/$2" "${3:-1}"; }
 seen() { xenstore-read "/local/domain/$1/data/lab/$2" >/dev/null 2>&1; }
 hook() { [ "$MIG_STACK" = userspace ] && [ "${MIG_HOOK:-1}" = 1 ]; }
+# moves after which domu1 has the same domid (nothing suspended)
+stays() { [ "$1" = away ] || [ "$1" = churn ]; }
 both_seen() { seen "$D1" "$1" && seen "$D2" "$1"; }
 # xenstored died under the userspace scenario (runs userspace-20261122-053936,
 # -124118; a guest's XenStore requests then hang for good): say so
@@ -27,6 +33,9 @@ lists() { xenstore-ls "/local/domain/$1/xensock/peers" 2>/dev/null | grep -q "^$
 linked() { xenstore-read "/local/domain/$1/data/xensock/link/$2" >/dev/null 2>&1; }
 pair_linked() { linked "$1" "$2" && linked "$2" "$1"; }
 pair_unlinked() { ! linked "$1" "$2" && ! linked "$2" "$1"; }
+# churn: both domUs noted data/lab/churn-<step>, or one noted churn-failed
+churn_step() { both_seen "churn-$1" || churn_failed; }
+churn_failed() { seen "$D1" churn-failed || seen "$D2" churn-failed; }
 
 # our XenStore client (agent, away/back) talks to xenstored's socket
 XENSTORED_PATH=/run/xenstored/socket
@@ -47,7 +56,7 @@ for MOVE in $MIG_MOVES; do
   await "$MOVE-flowing" 600
   sleep 3
   # the user-space transport's hook before the move (see common.sh)
-  if hook && [ "$MOVE" != away ]; then
+  if hook && ! stays "$MOVE"; then
     note "$D1" "$MOVE-suspend"
     wait_until 120 seen "$D1" "$MOVE-suspended" || log "domu1 never ran its suspend hook for $MOVE"
   fi
@@ -91,16 +100,41 @@ for MOVE in $MIG_MOVES; do
       check back-tables wait_until 30 sh -c "xenstore-ls /local/domain/$D2/xensock/peers | grep -q '^$D1 ' && xenstore-ls /local/domain/$D1/xensock/peers | grep -q '^$D2 '"
       check back-link-dirs wait_until 30 pair_linked "$D1" "$D2"
       note "$D1" away-back; note "$D2" away-back ;;
+    churn)
+      # one check for the whole run; a cycle that fails ends the loop (the
+      # domUs say which of their checks failed and why)
+      done_n=0; why=
+      t0=$(uptime_s)
+      i=1
+      while [ "$i" -le "$MIG_CHURN" ]; do
+        xensock-agent away "$D1" host-b >> /tmp/churn-agent.log 2>&1 || { why="agent away failed at cycle $i"; break; }
+        note "$D1" "churn-away-$i"; note "$D2" "churn-away-$i"
+        wait_until 120 churn_step "tcp-$i" || { why="cycle $i: not both domUs on TCP within 120 s"; break; }
+        churn_failed && { why="cycle $i: a domU gave up"; break; }
+        xensock-agent back "$D1" >> /tmp/churn-agent.log 2>&1 || { why="agent back failed at cycle $i"; break; }
+        note "$D1" "churn-back-$i"; note "$D2" "churn-back-$i"
+        wait_until 120 churn_step "ring-$i" || { why="cycle $i: not both domUs back on rings within 120 s"; break; }
+        churn_failed && { why="cycle $i: a domU gave up"; break; }
+        done_n=$i
+        [ $((i % 10)) = 0 ] && log "churn: $i of $MIG_CHURN cycles, $(since "$t0") s"
+        i=$((i + 1))
+      done
+      metric churn.cycles "$done_n" n
+      metric churn.total_s "$(since "$t0")" s
+      # the domUs stop waiting for cycles that will not come
+      note "$D1" churn-end "$done_n"; note "$D2" churn-end "$done_n"
+      if [ "$done_n" = "$MIG_CHURN" ]; then result churn-cycles PASS "$done_n away/back cycles in $(since "$t0") s"
+      else result churn-cycles FAIL "$done_n of $MIG_CHURN cycles: $why"; tail -n 20 /tmp/churn-agent.log; fi ;;
   esac
   NEW=$(xl domid domu1 2>/dev/null || echo none)
   # the guest's own downtime, for the streams' added-pause metrics
   [ "$NEW" != none ] && note "$NEW" "$MOVE-downtime" "$DOWN"
   note "$D2" "$MOVE-downtime" "$DOWN"
-  if hook && [ "$MOVE" != away ] && [ "$NEW" != none ]; then
+  if hook && ! stays "$MOVE" && [ "$NEW" != none ]; then
     note "$NEW" "$MOVE-resume"
     wait_until 120 seen "$NEW" "$MOVE-resumed" || log "domu1 never ran its resume hook for $MOVE"
   fi
-  if [ "$MOVE" != away ]; then
+  if ! stays "$MOVE"; then
     log "$MOVE: domu1 dom$D1 -> dom$NEW"
     check "$MOVE-new-domid" test "$NEW" != none -a "$NEW" != "$D1"
     [ "$NEW" != none ] && D1=$NEW

@@ -162,6 +162,20 @@ switches() { # NAME PORT
 carrier_source() {
   if [ "$MIG_STACK" = kmod ]; then echo "/proc/net/af_xen"; else echo "the connection's Transport::status() line"; fi
 }
+# carrier_wait NAME PORT REGEX TENTHS: quietly, until the carrier matches
+# REGEX (0), the stream ended or the connection is gone (1) or TENTHS tenths
+# of a second passed (1); the last carrier seen in CARRIER_SEEN
+carrier_wait() {
+  _t=0
+  while :; do
+    CARRIER_SEEN=$(carrier "$1" "$2")
+    echo "$CARRIER_SEEN" | grep -qiE "$3" && return 0
+    case $CARRIER_SEEN in '?nocol'|'?noconn') return 1 ;; esac
+    stream_alive "$1" || return 1
+    _t=$((_t + 1)); [ $_t -gt "$4" ] && return 1
+    usleep 100000
+  done
+}
 # carrier_is NAME PORT REGEX CHECK: wait until the carrier matches REGEX
 carrier_is() {
   _t=0
