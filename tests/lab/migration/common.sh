@@ -144,16 +144,17 @@ proc_own_domid() {
 }
 
 # churn_cycles ROLE: dom0's MIG_CHURN away/back cycles under this phase's
-# streams. Each cycle: dom0 notes churn-away-<i>; every AF_XEN stream here
-# shows carrier tcp; we note churn-tcp-<i>; dom0 notes churn-back-<i>; every
-# stream shows its ring again; we note churn-ring-<i>. A stream that does not
+# streams. Each cycle: dom0 sets data/lab/churn to away-<i>; every AF_XEN
+# stream here shows carrier tcp; we set data/lab/churn-ack to tcp-<i>; dom0
+# sets churn to back-<i>; every stream shows its ring again; we ack
+# ring-<i>. A stream that does not
 # switch within CARRIER_WAIT s ends the cycles (churn-failed). The streams'
 # own verdicts at the stop say whether every byte arrived intact.
 churn_cycles() {
   _n=$MIG_CHURN; _i=1; _bad=; _ok=0
   : > /tmp/churn-tcp.s; : > /tmp/churn-ring.s
   while [ $_i -le "$_n" ] && [ -z "$_bad" ]; do
-    _step=$(churn_wait "churn-away-$_i") || { _bad="no churn-away-$_i from dom0"; break; }
+    _step=$(churn_wait "away-$_i") || { _bad="no away-$_i from dom0"; break; }
     [ "$_step" = end ] && { _bad="dom0 ended the cycles at $_i"; break; }
     _t0=$(uptime_s)
     for s in $(streams); do
@@ -163,8 +164,8 @@ churn_cycles() {
     done
     [ -n "$_bad" ] && break
     awk -v a="$_t0" -v b="$(uptime_s)" 'BEGIN{printf "%.2f\n", b-a}' >> /tmp/churn-tcp.s
-    lab_note "churn-tcp-$_i"
-    _step=$(churn_wait "churn-back-$_i") || { _bad="no churn-back-$_i from dom0"; break; }
+    lab_note churn-ack "tcp-$_i" || { _bad="cycle $_i: could not tell dom0 (tcp)"; break; }
+    _step=$(churn_wait "back-$_i") || { _bad="no back-$_i from dom0"; break; }
     [ "$_step" = end ] && { _bad="dom0 ended the cycles at $_i"; break; }
     _t0=$(uptime_s)
     for s in $(streams); do
@@ -174,7 +175,7 @@ churn_cycles() {
     done
     [ -n "$_bad" ] && break
     awk -v a="$_t0" -v b="$(uptime_s)" 'BEGIN{printf "%.2f\n", b-a}' >> /tmp/churn-ring.s
-    lab_note "churn-ring-$_i"
+    lab_note churn-ack "ring-$_i" || { _bad="cycle $_i: could not tell dom0 (ring)"; break; }
     _ok=$_i
     [ $((_i % 10)) = 0 ] && log "churn: $_i of $_n cycles; $(for s in $(streams); do printf '%s got %s  ' "$s" "$(got "$s-churn")"; done)"
     _i=$((_i + 1))
@@ -194,12 +195,12 @@ churn_cycles() {
   [ "$_role" = client ] && listener_check churn "$PEER"
   kmod_trace churn
 }
-# churn_wait KEY: prints "go" once dom0 wrote KEY, "end" if dom0 ended the
-# cycles first; fails after 300 s
+# churn_wait STEP: prints "go" once dom0 set data/lab/churn to STEP, "end" if
+# dom0 ended the cycles first; fails after 300 s
 churn_wait() {
   _w=0
   while [ $_w -lt 1500 ]; do
-    xenstore-read "data/lab/$1" >/dev/null 2>&1 && { echo go; return 0; }
+    [ "$(xenstore-read data/lab/churn 2>/dev/null)" = "$1" ] && { echo go; return 0; }
     xenstore-read data/lab/churn-end >/dev/null 2>&1 && { echo end; return 0; }
     usleep 200000; _w=$((_w + 1))
   done

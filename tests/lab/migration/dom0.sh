@@ -33,8 +33,12 @@ lists() { xenstore-ls "/local/domain/$1/xensock/peers" 2>/dev/null | grep -q "^$
 linked() { xenstore-read "/local/domain/$1/data/xensock/link/$2" >/dev/null 2>&1; }
 pair_linked() { linked "$1" "$2" && linked "$2" "$1"; }
 pair_unlinked() { ! linked "$1" "$2" && ! linked "$2" "$1"; }
-# churn: both domUs noted data/lab/churn-<step>, or one noted churn-failed
-churn_step() { both_seen "churn-$1" || churn_failed; }
+# churn: both domUs acknowledged STEP (data/lab/churn-ack), or one noted
+# churn-failed. One node each way whose value moves on, not a node per
+# cycle: a XenStore directory's list of children is capped (2048 bytes by
+# default), and the domUs' writes failed at cycle 37
+acked() { [ "$(xenstore-read "/local/domain/$1/data/lab/churn-ack" 2>/dev/null)" = "$2" ]; }
+churn_step() { { acked "$D1" "$1" && acked "$D2" "$1"; } || churn_failed; }
 churn_failed() { seen "$D1" churn-failed || seen "$D2" churn-failed; }
 
 # our XenStore client (agent, away/back) talks to xenstored's socket
@@ -108,11 +112,11 @@ for MOVE in $MIG_MOVES; do
       i=1
       while [ "$i" -le "$MIG_CHURN" ]; do
         xensock-agent away "$D1" host-b >> /tmp/churn-agent.log 2>&1 || { why="agent away failed at cycle $i"; break; }
-        note "$D1" "churn-away-$i"; note "$D2" "churn-away-$i"
+        note "$D1" churn "away-$i"; note "$D2" churn "away-$i"
         wait_until 120 churn_step "tcp-$i" || { why="cycle $i: not both domUs on TCP within 120 s"; break; }
         churn_failed && { why="cycle $i: a domU gave up"; break; }
         xensock-agent back "$D1" >> /tmp/churn-agent.log 2>&1 || { why="agent back failed at cycle $i"; break; }
-        note "$D1" "churn-back-$i"; note "$D2" "churn-back-$i"
+        note "$D1" churn "back-$i"; note "$D2" churn "back-$i"
         wait_until 120 churn_step "ring-$i" || { why="cycle $i: not both domUs back on rings within 120 s"; break; }
         churn_failed && { why="cycle $i: a domU gave up"; break; }
         done_n=$i
