@@ -354,13 +354,15 @@ u32 afx_tcp_segs_in(struct socket *s)
 }
 
 /*
- * A leg whose retransmission (or zero-window probe) has backed off at least
- * twice -- its peer was unreachable: saved, paused, moving -- retransmits
- * now instead of at the end of the back-off, which after a save of tens of
- * seconds is as long again (carrier.rs kick_if_heard calls this once the
- * peer has been heard from). The retransmission's ACK resets the back-off,
- * as at any RTO; the bound (TCP_USER_TIMEOUT) counts from the first
- * retransmission, so firing early never ends the leg sooner. 1 if kicked.
+ * A leg whose retransmission has backed off at least twice -- its peer was
+ * unreachable: saved, paused, moving -- retransmits now instead of at the
+ * end of the back-off, which after a save of tens of seconds is as long
+ * again (carrier.rs kick_if_heard calls this once the peer has been heard
+ * from). The retransmission's ACK resets the back-off, as at any RTO; the
+ * bound (TCP_USER_TIMEOUT) counts from the first retransmission, so firing
+ * early never ends the leg sooner. Never a zero-window probe: a peer that
+ * answers probes is reachable, and its window update restarts the sending
+ * by itself. 1 if kicked.
  */
 int afx_tcp_kick_retransmit(struct socket *s)
 {
@@ -374,7 +376,7 @@ int afx_tcp_kick_retransmit(struct socket *s)
 	lock_sock(sk);
 	if ((sk->sk_state == TCP_ESTABLISHED || sk->sk_state == TCP_CLOSE_WAIT) &&
 	    icsk->icsk_backoff >= 2 &&
-	    (icsk->icsk_pending == ICSK_TIME_RETRANS || icsk->icsk_pending == ICSK_TIME_PROBE0) &&
+	    icsk->icsk_pending == ICSK_TIME_RETRANS &&
 	    time_after(icsk->icsk_timeout, jiffies + 1)) {
 		inet_csk_reset_xmit_timer(sk, icsk->icsk_pending, 1, TCP_RTO_MAX);
 		kicked = 1;

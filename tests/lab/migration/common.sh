@@ -151,9 +151,30 @@ proc_own_domid() {
 # switch within CARRIER_WAIT s ends the cycles (churn-failed). The streams'
 # own verdicts at the stop say whether every byte arrived intact.
 churn_cycles() {
-  _n=$MIG_CHURN; _i=1; _bad=; _ok=0
+  _cn=$MIG_CHURN; _i=1; _bad=; _ok=0
+  # MIG_SAMPLE=1: every 0.5 s, each AF_XEN stream's /proc/net/af_xen row
+  # and the TCP legs' /proc/net/tcp rows (queues, timer: 1 retransmit,
+  # 4 zero-window probe), printed at the end (where a stream stands still)
+  if [ "${MIG_SAMPLE:-0}" = 1 ] && [ "$MIG_STACK" = kmod ]; then
+    ( _last=; _same=0
+      while :; do
+        echo "t $(uptime_s)"
+        grep ESTABLISHED /proc/net/af_xen
+        awk 'NR > 1 && ($2 ~ /:1EEF$/ || $3 ~ /:1EEF$/) { print "tcp", $2, $3, $4, $5, $6, $7 }' /proc/net/tcp
+        # a tokio stream whose bytes_in stands still for ~2 s: where its
+        # threads are (stream_stacks: state, wchan, syscall, kernel stack)
+        _in=$(awk -v p=":$(stream_port kt churn)\$" '$1 == "ESTABLISHED" && ($2 ~ p || $3 ~ p) { print $8 }' /proc/net/af_xen)
+        if [ -n "$_in" ] && [ "$_in" = "$_last" ]; then _same=$((_same + 1)); else _same=0; fi
+        _last=$_in
+        if [ "$_same" = 4 ]; then
+          echo "kt bytes_in $_in still: stacks"; rm -f /tmp/kt-churn.stacks; stream_stacks kt-churn
+        fi
+        usleep 500000
+      done > /tmp/churn-sample.log 2>&1 ) &
+    _sampler=$!
+  fi
   : > /tmp/churn-tcp.s; : > /tmp/churn-ring.s
-  while [ $_i -le "$_n" ] && [ -z "$_bad" ]; do
+  while [ $_i -le "$_cn" ] && [ -z "$_bad" ]; do
     _step=$(churn_wait "away-$_i") || { _bad="no away-$_i from dom0"; break; }
     [ "$_step" = end ] && { _bad="dom0 ended the cycles at $_i"; break; }
     _t0=$(uptime_s)
@@ -177,18 +198,21 @@ churn_cycles() {
     awk -v a="$_t0" -v b="$(uptime_s)" 'BEGIN{printf "%.2f\n", b-a}' >> /tmp/churn-ring.s
     lab_note churn-ack "ring-$_i" || { _bad="cycle $_i: could not tell dom0 (ring)"; break; }
     _ok=$_i
-    [ $((_i % 10)) = 0 ] && log "churn: $_i of $_n cycles; $(for s in $(streams); do printf '%s got %s  ' "$s" "$(got "$s-churn")"; done)"
+    [ $((_i % 10)) = 0 ] && log "churn: $_i of $_cn cycles; $(for s in $(streams); do printf '%s got %s  ' "$s" "$(got "$s-churn")"; done)"
     _i=$((_i + 1))
   done
   [ -n "$_bad" ] && { lab_note churn-failed "$_bad"; log "churn: $_bad"; kmod_trace churn-failed; }
+  if [ -n "${_sampler:-}" ]; then
+    kill "$_sampler"; head -n 1 /proc/net/af_xen; sed "s/^/  [sample] /" /tmp/churn-sample.log
+  fi
   for f in tcp ring; do
     sort -n "/tmp/churn-$f.s" | awk -v f="$f" -v r="$LAB_ROLE" '{ v[NR] = $1 } END {
       if (NR) printf "@@METRIC churn.%s_to_%s_p50_s %s s\n@@METRIC churn.%s_to_%s_max_s %s s\n", r, f, v[int((NR + 1) / 2)], r, f, v[NR] }'
   done
   for s in $(streams); do
     is_xen_stream "$s" || continue
-    if [ -z "$_bad" ]; then result "$s-churn-every-cycle" PASS "$_ok of $_n cycles: to tcp and back to the ring"
-    else result "$s-churn-every-cycle" FAIL "$_ok of $_n cycles, then: $_bad"; fi
+    if [ -z "$_bad" ]; then result "$s-churn-every-cycle" PASS "$_ok of $_cn cycles: to tcp and back to the ring"
+    else result "$s-churn-every-cycle" FAIL "$_ok of $_cn cycles, then: $_bad"; fi
     switches_at_least "$s-churn" "$(stream_port "$s" churn)" $((2 * _ok)) "$s-churn-switches"
   done
   for s in $(streams); do flowing "$s-churn" "$s-churn-flows-after" || true; done

@@ -64,6 +64,7 @@ scenario_build() {
   printf 'MIG_STACK=%s\nMIG_MOVES="%s"\nMIG_HOOK=%s\nMIG_CHURN=%s\n' "$MIG_STACK" "$MIG_MOVES" "${MIG_HOOK:-1}" "${MIG_CHURN:-100}" > "$out/migration.params"
   # a stream rate of the scenario's own (the guests' default: streams.sh)
   [[ -n ${MIG_RATE:-} ]] && echo "RATE=$MIG_RATE" >> "$out/migration.params"
+  [[ -n ${MIG_SAMPLE:-} ]] && echo "MIG_SAMPLE=$MIG_SAMPLE" >> "$out/migration.params"
   # AFX_TREE=DIR (holding af-xen-kmod/ and proto/, e.g. from `git archive
   # <branch> af-xen-kmod proto | tar -x -C DIR`) tests that module instead;
   # RUST_TREE=DIR (a whole workspace, e.g. `git archive <branch> | tar -x
