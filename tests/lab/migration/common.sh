@@ -161,12 +161,12 @@ churn_cycles() {
         echo "t $(uptime_s)"
         grep ESTABLISHED /proc/net/af_xen
         awk 'NR > 1 && ($2 ~ /:1EEF$/ || $3 ~ /:1EEF$/) { print "tcp", $2, $3, $4, $5, $6, $7 }' /proc/net/tcp
-        # a tokio stream whose bytes_in stands still for ~2 s: where its
+        # a tokio stream whose bytes_in stands still for two samples: where its
         # threads are (stream_stacks: state, wchan, syscall, kernel stack)
         _in=$(awk -v p=":$(stream_port kt churn)\$" '$1 == "ESTABLISHED" && ($2 ~ p || $3 ~ p) { print $8 }' /proc/net/af_xen)
         if [ -n "$_in" ] && [ "$_in" = "$_last" ]; then _same=$((_same + 1)); else _same=0; fi
         _last=$_in
-        if [ "$_same" = 4 ]; then
+        if [ "$_same" = 2 ]; then
           echo "kt bytes_in $_in still: stacks"; rm -f /tmp/kt-churn.stacks; stream_stacks kt-churn
         fi
         usleep 500000
