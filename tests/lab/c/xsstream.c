@@ -59,6 +59,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -361,7 +362,26 @@ static int stream(int fd, const char *name, const struct opts *o, uint32_t txsee
 	double suspended0 = boot_now() - t0, last_rx_boot = boot_now(), max_silence = 0;
 	char why[200] = "";
 
+	/*
+	 * XSSTREAM_ET=1: edge-triggered epoll, as tokio and mio use it: read
+	 * (write) only after an EPOLLIN (EPOLLOUT) edge, until EAGAIN. The
+	 * default poll() looks at the socket again at every call (every 20 ms
+	 * while ahead of the rate), which hides a wakeup the socket never sent.
+	 */
+	const char *et_env = getenv("XSSTREAM_ET");
+	int et = et_env && !strcmp(et_env, "1"), ep = -1, can_read = 0, can_write = 0;
+
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	if (et) {
+		struct epoll_event ev = { .events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET };
+
+		ep = epoll_create1(0);
+		if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev)) {
+			snprintf(why, sizeof(why), "epoll: %s", strerror(errno));
+			goto out;
+		}
+		printf("xsstream %s: edge-triggered epoll\n", name);
+	}
 	while (!tx_done || !rx_done) {
 		double t = now();
 		int want_out = 0, timeout_ms = 200;
@@ -390,7 +410,23 @@ static int stream(int fd, const char *name, const struct opts *o, uint32_t txsee
 				timeout_ms = 20;
 		}
 		p.events = (want_out ? POLLOUT : 0) | (rx_done ? 0 : POLLIN);
-		n = poll(&p, 1, timeout_ms);
+		if (et) {
+			struct epoll_event ev;
+			int busy = (can_read && !rx_done) || (want_out && can_write);
+
+			n = epoll_wait(ep, &ev, 1, busy ? 0 : timeout_ms);
+			if (n > 0) {
+				if (ev.events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+					can_read = 1;
+				if (ev.events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
+					can_write = 1;
+			}
+			p.revents = (can_read ? POLLIN : 0) | (can_write ? POLLOUT : 0);
+			if (n >= 0)
+				n = p.revents ? 1 : 0;
+		} else {
+			n = poll(&p, 1, timeout_ms);
+		}
 		if (n < 0 && errno != EINTR) {
 			snprintf(why, sizeof(why), "poll: %s", strerror(errno));
 			break;
@@ -446,7 +482,9 @@ static int stream(int fd, const char *name, const struct opts *o, uint32_t txsee
 				note_silence(&last_rx_boot, &max_silence);
 				printf("xsstream %s: peer's end after %llu bytes, all checked\n", name, (unsigned long long)checked);
 				fflush(stdout);
-			} else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+			} else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				can_read = 0;
+			} else if (errno != EINTR) {
 				snprintf(why, sizeof(why), "recv at offset %llu: %s", (unsigned long long)got, strerror(errno));
 				break;
 			}
@@ -480,6 +518,8 @@ static int stream(int fd, const char *name, const struct opts *o, uint32_t txsee
 				if (w > 0)
 					sent += (uint64_t)w;
 			}
+			if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				can_write = 0;
 			if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
 				snprintf(why, sizeof(why), "send at offset %llu: %s", (unsigned long long)sent, strerror(errno));
 				break;

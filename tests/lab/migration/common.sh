@@ -3,6 +3,7 @@
 # /opt/xensock/migration.params (written by scenario_build): MIG_STACK
 # (kmod | userspace) and MIG_MOVES (saverestore away migrate, in order).
 . /opt/xensock/migration.params
+[ "${MIG_XS_ET:-0}" = 1 ] && export XSSTREAM_ET=1
 . /scenario/streams.sh
 
 # lab_note KEY [VALUE]: tell dom0 (data/lab/KEY in our current home)

@@ -65,6 +65,9 @@ scenario_build() {
   # a stream rate of the scenario's own (the guests' default: streams.sh)
   [[ -n ${MIG_RATE:-} ]] && echo "RATE=$MIG_RATE" >> "$out/migration.params"
   [[ -n ${MIG_SAMPLE:-} ]] && echo "MIG_SAMPLE=$MIG_SAMPLE" >> "$out/migration.params"
+  # MIG_XS_ET=1: the C streams (AF_XEN and the TCP baseline) on
+  # edge-triggered epoll, as tokio's (xsstream's XSSTREAM_ET)
+  [[ -n ${MIG_XS_ET:-} ]] && echo "MIG_XS_ET=$MIG_XS_ET" >> "$out/migration.params"
   # AFX_TREE=DIR (holding af-xen-kmod/ and proto/, e.g. from `git archive
   # <branch> af-xen-kmod proto | tar -x -C DIR`) tests that module instead;
   # RUST_TREE=DIR (a whole workspace, e.g. `git archive <branch> | tar -x
