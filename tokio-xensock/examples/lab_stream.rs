@@ -76,8 +76,30 @@ fn usage() -> ! {
     std::process::exit(100);
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+/// LAB_STREAM_THREADS=1: a current-thread runtime (reader and writer never
+/// in the socket at once), else two workers.
+fn main() {
+    let one = std::env::var("LAB_STREAM_THREADS").is_ok_and(|v| v == "1");
+    let rt = if one {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    };
+    match rt {
+        Ok(rt) => rt.block_on(lab_main()),
+        Err(e) => {
+            eprintln!("lab_stream: runtime: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+async fn lab_main() {
     // RUST_LOG=libxensock=info (the lab sets it): the transport's link and
     // carrier events on stderr, next to the stream's own lines.
     if std::env::var_os("RUST_LOG").is_some() {

@@ -68,6 +68,8 @@ scenario_build() {
   # MIG_XS_ET=1: the C streams (AF_XEN and the TCP baseline) on
   # edge-triggered epoll, as tokio's (xsstream's XSSTREAM_ET)
   [[ -n ${MIG_XS_ET:-} ]] && echo "MIG_XS_ET=$MIG_XS_ET" >> "$out/migration.params"
+  # MIG_TOKIO_THREADS=1: lab_stream on a current-thread runtime
+  [[ -n ${MIG_TOKIO_THREADS:-} ]] && echo "MIG_TOKIO_THREADS=$MIG_TOKIO_THREADS" >> "$out/migration.params"
   # AFX_TREE=DIR (holding af-xen-kmod/ and proto/, e.g. from `git archive
   # <branch> af-xen-kmod proto | tar -x -C DIR`) tests that module instead;
   # RUST_TREE=DIR (a whole workspace, e.g. `git archive <branch> | tar -x
