@@ -1547,7 +1547,7 @@ impl Inner {
             let mut v: Vec<DomId> = st
                 .conns
                 .values()
-                .filter(|c| c.engine().is_none() && !table.contains(&c.peer()))
+                .filter(|c| c.engine().map_or(true, |e| e.on_ring()) && !table.contains(&c.peer()))
                 .map(|c| c.peer())
                 .collect();
             v.sort_unstable();
@@ -1557,7 +1557,7 @@ impl Inner {
         for peer in gone {
             if self.peer_moved(peer) {
                 tracing::info!(peer, "peer left the co-residency table for another host");
-                self.freeze_conns(Some(peer), Trigger::LocalMove);
+                self.freeze_ring_conns(peer);
             }
         }
         let mut st = self.state();
@@ -2117,6 +2117,17 @@ impl Inner {
             // are its own); it comes back to a ring on a new link. The
             // link's event channel goes with the link.
             if let Some(c) = st.conns.get(id).filter(|c| c.engine().is_some()) {
+                // one back on a ring of this link leaves it: its kicks go
+                // with the link (whatever the peer does, LocalMove trusts
+                // nothing past what was consumed)
+                if let Some(e) = c.engine().filter(|e| e.on_ring()) {
+                    match e.freeze(Trigger::LocalMove) {
+                        Ok(()) => {
+                            tracing::info!(conn = c.id, "connection leaves its ring with its link")
+                        }
+                        Err(err) => tracing::warn!(conn = c.id, "freeze: {err}"),
+                    }
+                }
                 lock(&c.carrier_kick).take();
                 c.io().kicker = None;
                 continue;
@@ -3340,6 +3351,28 @@ impl Inner {
             }
         }
         engines
+    }
+
+    /// Connections to `peer` still on a ring (their first, or one their
+    /// carrier engine came back to) leave it: the peer moved away.
+    fn freeze_ring_conns(&self, peer: DomId) {
+        let conns: Vec<Arc<Conn>> = self
+            .state()
+            .conns
+            .values()
+            .filter(|c| c.peer() == peer && c.engine().map_or(true, |e| e.on_ring()))
+            .cloned()
+            .collect();
+        for c in conns {
+            if let Some(e) = self.escalate(&c) {
+                match e.freeze(Trigger::LocalMove) {
+                    Ok(()) => {
+                        tracing::info!(conn = c.id, trigger = ?Trigger::LocalMove, "connection leaves its ring")
+                    }
+                    Err(err) => tracing::warn!(conn = c.id, "freeze: {err}"),
+                }
+            }
+        }
     }
 
     /// A connection opened between the suspend hook and the move leaves

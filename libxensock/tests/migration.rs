@@ -864,6 +864,45 @@ fn agent_away_marking_moves_to_tcp_and_back() {
     exchange(&c, &s, 45, 300_000);
 }
 
+/// Away and back again, several times under one connection: a connection
+/// that came back to a ring through its carrier engine leaves that ring at
+/// the next away as it did at the first (lab `userspace-churn`: the second
+/// away left it on a ring whose link was gone, its kicks with it).
+#[test]
+fn agent_away_marking_repeated_moves_to_tcp_and_back_each_time() {
+    let world = agent_world(cfg());
+    let p = &world.pair;
+    let l = p.b.bind("xen:self:7009").unwrap();
+    let c = p.a.connect((u32::from(p.db.domid), 7009)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    exchange(&c, &s, 61, 200_000);
+    for round in 0..3u64 {
+        xensock_discovery::agent::mark_away(&world.dom0, &p.db.uuid, "elsewhere").unwrap();
+        assert!(
+            eventually(Duration::from_secs(10), || carried_on(&p.a, ("tcp", "tcp"))
+                && carried_on(&p.b, ("tcp", "tcp"))),
+            "round {round} away\n{:?}\n{:?}",
+            p.a.status(),
+            p.b.status()
+        );
+        exchange(&c, &s, 62 + round, 300_000);
+        xensock_discovery::agent::mark_back(&world.dom0, &p.db.uuid).unwrap();
+        assert!(
+            eventually(Duration::from_secs(10), || carried_on(
+                &p.a,
+                ("ring", "ring")
+            ) && carried_on(
+                &p.b,
+                ("ring", "ring")
+            )),
+            "round {round} back\n{:?}\n{:?}",
+            p.a.status(),
+            p.b.status()
+        );
+        exchange(&c, &s, 66 + round, 300_000);
+    }
+}
+
 /// With the agent, both ends moving at once still return to the rings:
 /// each learns the other's new domid from its co-residency table (by
 /// UUID), which no peer could prove by itself.

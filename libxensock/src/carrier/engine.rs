@@ -576,6 +576,16 @@ impl Engine {
     }
 
     /// A snapshot for tests and status displays.
+    /// Whether either direction reads or writes a ring now (a move must
+    /// take it off that ring, as it takes a connection off its first one).
+    pub(crate) fn on_ring(&self) -> bool {
+        let tx = matches!(lock(&self.shared.tx).path.state(), TxState::Ring { .. });
+        tx || matches!(
+            lock(&self.shared.rx).path.state(),
+            RxState::Ring { .. } | RxState::Draining { .. }
+        )
+    }
+
     pub(crate) fn status(&self) -> EngineStatus {
         let s = &self.shared;
         let (tx, sent, tx_leg) = {
