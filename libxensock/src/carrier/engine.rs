@@ -576,14 +576,15 @@ impl Engine {
     }
 
     /// A snapshot for tests and status displays.
-    /// Whether either direction reads or writes a ring now (a move must
-    /// take it off that ring, as it takes a connection off its first one).
+    /// Whether either direction writes or reads a ring in full use now (a
+    /// move must take it off that ring, as it takes a connection off its
+    /// first one). Not a draining ring: its sender froze it already and it
+    /// is read to its end; a second freeze then broke the sending
+    /// direction's resend (lab userspace-churn, cycle 8: the peer's `tx`
+    /// stayed `frozen` and this side never received again).
     pub(crate) fn on_ring(&self) -> bool {
         let tx = matches!(lock(&self.shared.tx).path.state(), TxState::Ring { .. });
-        tx || matches!(
-            lock(&self.shared.rx).path.state(),
-            RxState::Ring { .. } | RxState::Draining { .. }
-        )
+        tx || matches!(lock(&self.shared.rx).path.state(), RxState::Ring { .. })
     }
 
     pub(crate) fn status(&self) -> EngineStatus {
