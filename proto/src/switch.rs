@@ -413,6 +413,10 @@ pub struct RxPath {
     next_tcp: u64,
     last_epoch: Epoch,
     eof: Option<u64>,
+    /// The offer last taken back ([`RxPath::withdraw_offer`]): its sender
+    /// may have switched onto that ring before the link died, and then
+    /// freezes it; that `TxFreeze` gets the `Consumed` it waits for.
+    withdrawn: Option<Epoch>,
 }
 
 /// The `Consumed` the host sends on TCP.
@@ -433,6 +437,7 @@ impl RxPath {
             next_tcp: 0,
             last_epoch: 0,
             eof: None,
+            withdrawn: None,
         }
     }
 
@@ -577,6 +582,17 @@ impl RxPath {
                 }))
             }
             RxState::Offered { .. } => Err(SwitchError::BadEpoch(epoch)),
+            // the sender took the ring we withdrew, then left it: without
+            // this Consumed it stayed frozen for good (lab
+            // userspace-churn, cycle 49 of 100); it resends from what TCP
+            // brought us
+            RxState::Tcp if self.withdrawn == Some(epoch) => {
+                self.withdrawn = None;
+                Ok(Some(ConsumedNotice {
+                    epoch,
+                    offset: self.next_tcp,
+                }))
+            }
             RxState::Draining { .. } | RxState::Tcp => Ok(None),
         }
     }
@@ -656,12 +672,14 @@ impl RxPath {
     /// accepted (the link it went over died): back to `Tcp`, so that a new
     /// ring can be offered. A `RingFrom` for it is ignored from then on
     /// (its epoch is past); bytes its sender may have put in that ring are
-    /// covered by the sender's next freeze, whose resend starts at what we
-    /// consumed. Returns whether that offer was pending.
+    /// covered by the sender's freeze of it, which [`RxPath::on_tx_freeze`]
+    /// answers with `Consumed` at what we consumed. Returns whether that
+    /// offer was pending.
     pub fn withdraw_offer(&mut self, epoch: Epoch) -> bool {
         match self.state {
             RxState::Offered { epoch: offered } if offered == epoch => {
                 self.state = RxState::Tcp;
+                self.withdrawn = Some(epoch);
                 true
             }
             _ => false,
@@ -744,6 +762,53 @@ impl Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The receiver withdraws its offer (the link died) after the sender
+    /// took it and wrote into it; the sender then freezes that ring. The
+    /// receiver must answer, or the sender stays frozen for good.
+    #[test]
+    fn a_withdrawn_offer_the_sender_took_is_answered_when_it_freezes() {
+        let mut tx = TxPath::on_ring();
+        let mut rx = RxPath::on_ring();
+        tx.record_sent(100).unwrap();
+        rx.record_ring_taken(100).unwrap();
+        // both to TCP
+        let f = tx.freeze(0).unwrap();
+        let c = rx
+            .on_tx_freeze(f.epoch, Some(f.offset), 0)
+            .unwrap()
+            .unwrap();
+        assert!(matches!(
+            tx.on_consumed(c.epoch, c.offset).unwrap(),
+            ConsumedOutcome::Resend(_)
+        ));
+        tx.record_sent(50).unwrap();
+        rx.on_data(100, 50).unwrap();
+        // a new ring offered; the sender takes it and writes 30 bytes
+        let epoch = rx.offer_ring().unwrap();
+        let from = tx.on_ring_offer(epoch).unwrap().unwrap();
+        assert_eq!(from, 150);
+        tx.record_sent(30).unwrap();
+        // the link dies: the receiver withdraws, the sender freezes
+        assert!(rx.withdraw_offer(epoch));
+        assert_eq!(
+            rx.on_ring_from(epoch, from).unwrap(),
+            RingFromOutcome::Ignore
+        );
+        let f = tx.freeze(30).unwrap();
+        assert_eq!(f.epoch, epoch);
+        let c = rx
+            .on_tx_freeze(f.epoch, Some(f.offset), 0)
+            .unwrap()
+            .expect("a Consumed for the withdrawn ring");
+        assert_eq!(c, ConsumedNotice { epoch, offset: 150 });
+        match tx.on_consumed(c.epoch, c.offset).unwrap() {
+            ConsumedOutcome::Resend(r) => assert_eq!((r.from, r.len), (150, 30)),
+            other => panic!("{other:?}"),
+        }
+        // answered once
+        assert_eq!(rx.on_tx_freeze(f.epoch, Some(f.offset), 0).unwrap(), None);
+    }
 
     #[test]
     fn sender_moves_receiver_drains() {
