@@ -827,6 +827,42 @@ fn status_and_hooks_reach_other_processes() {
     child.wait().unwrap();
 }
 
+/// One round of dom0's away marking and back under the connection `c`/`s`
+/// (from `world.pair.a` to B): both ends on TCP, `seeds.0` exchanged, both
+/// back on rings, `seeds.1` exchanged. `what` names the round in failures.
+fn agent_away_and_back(
+    world: &AgentWorld,
+    c: &XenStream,
+    s: &XenStream,
+    seeds: (u64, u64),
+    what: &str,
+) {
+    let p = &world.pair;
+    xensock_discovery::agent::mark_away(&world.dom0, &p.db.uuid, "elsewhere").unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || carried_on(&p.a, ("tcp", "tcp"))
+            && carried_on(&p.b, ("tcp", "tcp"))),
+        "{what} away\n{:?}\n{:?}",
+        p.a.status(),
+        p.b.status()
+    );
+    exchange(c, s, seeds.0, 300_000);
+    xensock_discovery::agent::mark_back(&world.dom0, &p.db.uuid).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || carried_on(
+            &p.a,
+            ("ring", "ring")
+        ) && carried_on(
+            &p.b,
+            ("ring", "ring")
+        )),
+        "{what} back\n{:?}\n{:?}",
+        p.a.status(),
+        p.b.status()
+    );
+    exchange(c, s, seeds.1, 300_000);
+}
+
 /// The agent is told B moved away (it stays on this host: dom0's away
 /// marking): both ends see the other leave their co-residency tables with
 /// a `moved` note and their link withdrawn, so the connection goes on over
@@ -839,29 +875,7 @@ fn agent_away_marking_moves_to_tcp_and_back() {
     let c = p.a.connect((u32::from(p.db.domid), 7007)).unwrap();
     let (s, _) = l.accept().unwrap();
     exchange(&c, &s, 41, 200_000);
-    xensock_discovery::agent::mark_away(&world.dom0, &p.db.uuid, "elsewhere").unwrap();
-    assert!(
-        eventually(Duration::from_secs(10), || carried_on(&p.a, ("tcp", "tcp"))
-            && carried_on(&p.b, ("tcp", "tcp"))),
-        "{:?}\n{:?}",
-        p.a.status(),
-        p.b.status()
-    );
-    exchange(&c, &s, 43, 300_000);
-    xensock_discovery::agent::mark_back(&world.dom0, &p.db.uuid).unwrap();
-    assert!(
-        eventually(Duration::from_secs(10), || carried_on(
-            &p.a,
-            ("ring", "ring")
-        ) && carried_on(
-            &p.b,
-            ("ring", "ring")
-        )),
-        "{:?}\n{:?}",
-        p.a.status(),
-        p.b.status()
-    );
-    exchange(&c, &s, 45, 300_000);
+    agent_away_and_back(&world, &c, &s, (43, 45), "the round");
 }
 
 /// Away and back again, several times under one connection: a connection
@@ -877,29 +891,13 @@ fn agent_away_marking_repeated_moves_to_tcp_and_back_each_time() {
     let (s, _) = l.accept().unwrap();
     exchange(&c, &s, 61, 200_000);
     for round in 0..3u64 {
-        xensock_discovery::agent::mark_away(&world.dom0, &p.db.uuid, "elsewhere").unwrap();
-        assert!(
-            eventually(Duration::from_secs(10), || carried_on(&p.a, ("tcp", "tcp"))
-                && carried_on(&p.b, ("tcp", "tcp"))),
-            "round {round} away\n{:?}\n{:?}",
-            p.a.status(),
-            p.b.status()
+        agent_away_and_back(
+            &world,
+            &c,
+            &s,
+            (62 + round, 66 + round),
+            &format!("round {round}"),
         );
-        exchange(&c, &s, 62 + round, 300_000);
-        xensock_discovery::agent::mark_back(&world.dom0, &p.db.uuid).unwrap();
-        assert!(
-            eventually(Duration::from_secs(10), || carried_on(
-                &p.a,
-                ("ring", "ring")
-            ) && carried_on(
-                &p.b,
-                ("ring", "ring")
-            )),
-            "round {round} back\n{:?}\n{:?}",
-            p.a.status(),
-            p.b.status()
-        );
-        exchange(&c, &s, 66 + round, 300_000);
     }
 }
 

@@ -177,28 +177,8 @@ churn_cycles() {
   fi
   : > /tmp/churn-tcp.s; : > /tmp/churn-ring.s
   while [ $_i -le "$_cn" ] && [ -z "$_bad" ]; do
-    _step=$(churn_wait "away-$_i") || { _bad="no away-$_i from dom0"; break; }
-    [ "$_step" = end ] && { _bad="dom0 ended the cycles at $_i"; break; }
-    _t0=$(uptime_s)
-    for s in $(streams); do
-      is_xen_stream "$s" || continue
-      carrier_wait "$s-churn" "$(stream_port "$s" churn)" '^tcp(/tcp)?$' $((CARRIER_WAIT * 10)) ||
-        { _bad="cycle $_i: $s carrier '$CARRIER_SEEN' after the away, not tcp"; break; }
-    done
-    [ -n "$_bad" ] && break
-    awk -v a="$_t0" -v b="$(uptime_s)" 'BEGIN{printf "%.2f\n", b-a}' >> /tmp/churn-tcp.s
-    lab_note churn-ack "tcp-$_i" || { _bad="cycle $_i: could not tell dom0 (tcp)"; break; }
-    _step=$(churn_wait "back-$_i") || { _bad="no back-$_i from dom0"; break; }
-    [ "$_step" = end ] && { _bad="dom0 ended the cycles at $_i"; break; }
-    _t0=$(uptime_s)
-    for s in $(streams); do
-      is_xen_stream "$s" || continue
-      carrier_wait "$s-churn" "$(stream_port "$s" churn)" '^ring(-xen)?(/ring)?$' $((CARRIER_WAIT * 10)) ||
-        { _bad="cycle $_i: $s carrier '$CARRIER_SEEN' after the back, not a ring"; break; }
-    done
-    [ -n "$_bad" ] && break
-    awk -v a="$_t0" -v b="$(uptime_s)" 'BEGIN{printf "%.2f\n", b-a}' >> /tmp/churn-ring.s
-    lab_note churn-ack "ring-$_i" || { _bad="cycle $_i: could not tell dom0 (ring)"; break; }
+    churn_half "away-$_i" '^tcp(/tcp)?$' "tcp-$_i" tcp || break
+    churn_half "back-$_i" '^ring(-xen)?(/ring)?$' "ring-$_i" "a ring" || break
     _ok=$_i
     [ $((_i % 10)) = 0 ] && log "churn: $_i of $_cn cycles; $(for s in $(streams); do printf '%s got %s  ' "$s" "$(got "$s-churn")"; done)"
     _i=$((_i + 1))
@@ -220,6 +200,22 @@ churn_cycles() {
   for s in $(streams); do flowing "$s-churn" "$s-churn-flows-after" || true; done
   [ "$_role" = client ] && listener_check churn "$PEER"
   kmod_trace churn
+}
+# churn_half STEP REGEX ACK WHAT: half a cycle. Once dom0 set STEP (e.g.
+# away-3), every AF_XEN stream's carrier must match REGEX (WHAT in the
+# failure); the time that took goes to /tmp/churn-<ACK's kind>.s and ACK
+# (e.g. tcp-3) to dom0. On failure sets _bad and fails.
+churn_half() {
+  _step=$(churn_wait "$1") || { _bad="no $1 from dom0"; return 1; }
+  [ "$_step" = end ] && { _bad="dom0 ended the cycles at $_i"; return 1; }
+  _t0=$(uptime_s)
+  for s in $(streams); do
+    is_xen_stream "$s" || continue
+    carrier_wait "$s-churn" "$(stream_port "$s" churn)" "$2" $((CARRIER_WAIT * 10)) ||
+      { _bad="cycle $_i: $s carrier '$CARRIER_SEEN' after the ${1%-*}, not $4"; return 1; }
+  done
+  awk -v a="$_t0" -v b="$(uptime_s)" 'BEGIN{printf "%.2f\n", b-a}' >> "/tmp/churn-${3%-*}.s"
+  lab_note churn-ack "$3" || { _bad="cycle $_i: could not tell dom0 (${3%-*})"; return 1; }
 }
 # churn_wait STEP: prints "go" once dom0 set data/lab/churn to STEP, "end" if
 # dom0 ended the cycles first; fails after 300 s
