@@ -24,13 +24,16 @@
 //! and progress every 5 s; exit status 0 on success. With `RUST_LOG` set,
 //! the transport's traces go to stderr.
 
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use libxensock::{BackendKind, SockAddrXen, DOMID_ANY};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_xensock::{XenListener, XenStream};
 
 const END_MAGIC: u64 = 0x5853_4e44_5045_4e44;
@@ -56,6 +59,19 @@ struct Opts {
 
 #[derive(Default)]
 struct Counters {
+    /// LAB_STREAM_PROBE: polls of the read and write halves (and how many
+    /// said Pending), and the status task's ticks
+    read_polls: AtomicU64,
+    read_pending: AtomicU64,
+    write_polls: AtomicU64,
+    write_pending: AtomicU64,
+    /// time inside the write half's polls (the send syscall), and the longest
+    write_us: AtomicU64,
+    write_max_us: AtomicU64,
+    status_beats: AtomicU64,
+    /// when (µs after the probe's start) the read half's current poll
+    /// began; 0 while it is not inside one
+    read_in_since_us: AtomicU64,
     sent: AtomicU64,
     got: AtomicU64,
     /// Longest silence of the receiving direction, in milliseconds.
@@ -214,6 +230,206 @@ fn transport_line(local: Option<u32>, peer: Option<u32>) -> Option<String> {
     Some(lines.join(" | "))
 }
 
+static PROBE_T0: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+/// Each thread of this process: name, state, wchan and syscall (number and
+/// first argument), for the probe: where a stalled reader's worker is.
+fn threads_now() -> String {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return String::new();
+    };
+    let mut out = Vec::new();
+    for t in dir.flatten() {
+        let p = t.path();
+        let get = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        let stat = get("stat");
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, r)| r.split_whitespace().next())
+            .unwrap_or("?")
+            .to_string();
+        let sc: Vec<String> = get("syscall")
+            .split_whitespace()
+            .take(2)
+            .map(String::from)
+            .collect();
+        out.push(format!(
+            "{}:{} {} {} [{}]",
+            t.file_name().to_string_lossy(),
+            get("comm").trim(),
+            state,
+            get("wchan").trim(),
+            sc.join(" ")
+        ));
+    }
+    out.join(", ")
+}
+
+/// A stream half whose polls are counted (LAB_STREAM_PROBE): whether a
+/// stalled reader is polled at all, and what it is told.
+struct Counted<T> {
+    io: T,
+    c: Arc<Counters>,
+}
+
+fn count<T>(polls: &AtomicU64, pending: &AtomicU64, r: Poll<T>) -> Poll<T> {
+    polls.fetch_add(1, Ordering::Relaxed);
+    if r.is_pending() {
+        pending.fetch_add(1, Ordering::Relaxed);
+    }
+    r
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let since = PROBE_T0.elapsed().as_micros() as u64;
+        self.c
+            .read_in_since_us
+            .store(since.max(1), Ordering::Relaxed);
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        self.c.read_in_since_us.store(0, Ordering::Relaxed);
+        count(&self.c.read_polls, &self.c.read_pending, r)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let t = Instant::now();
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        let us = t.elapsed().as_micros() as u64;
+        self.c.write_us.fetch_add(us, Ordering::Relaxed);
+        self.c.write_max_us.fetch_max(us, Ordering::Relaxed);
+        count(&self.c.write_polls, &self.c.write_pending, r)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// LAB_STREAM_PROBE=1: a thread outside the runtime that, each second the
+/// reader got nothing, says what `poll` reports for the socket and how
+/// often the runtime polled the halves and ticked the status task since
+/// the last second: POLLIN with no read polls is an edge that never
+/// reached tokio; no status ticks is a runtime that stood still.
+fn probe(
+    fd: std::os::fd::RawFd,
+    port: Option<u32>,
+    c: &Counters,
+    stop: &std::sync::atomic::AtomicBool,
+    name: &str,
+    t0: Instant,
+) {
+    let snap = || {
+        [
+            c.got.load(Ordering::Relaxed),
+            c.read_polls.load(Ordering::Relaxed),
+            c.read_pending.load(Ordering::Relaxed),
+            c.write_polls.load(Ordering::Relaxed),
+            c.write_pending.load(Ordering::Relaxed),
+            c.status_beats.load(Ordering::Relaxed),
+            c.sent.load(Ordering::Relaxed),
+            c.write_us.load(Ordering::Relaxed),
+        ]
+    };
+    let mut last = snap();
+    let mut still = 0u32;
+    std::sync::LazyLock::force(&PROBE_T0);
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = snap();
+        // the reader got nothing, or the writer sent nothing while told Pending
+        let stuck = now[0] == last[0] || (now[6] == last[6] && now[4] > last[4]);
+        still = if stuck { still + 1 } else { 0 };
+        if still > 0 {
+            if let Some(p) = port {
+                let rows = std::fs::read_to_string("/proc/net/af_xen").unwrap_or_default();
+                let pat = format!(":{p} ");
+                for row in rows.lines().filter(|l| l.contains(&pat)) {
+                    println!(
+                        "lab_stream {name}: probe row: {}",
+                        row.split_whitespace().collect::<Vec<_>>().join(" ")
+                    );
+                }
+            }
+            let since = c.read_in_since_us.load(Ordering::Relaxed);
+            let inside = if since == 0 {
+                "reader not in a poll".to_string()
+            } else {
+                format!(
+                    "reader inside one poll for {} ms",
+                    (PROBE_T0.elapsed().as_micros() as u64).saturating_sub(since) / 1000
+                )
+            };
+            println!(
+                "lab_stream {name}: probe threads: {inside}; {}",
+                threads_now()
+            );
+            let d: Vec<u64> = now.iter().zip(&last).map(|(a, b)| a - b).collect();
+            println!(
+                "lab_stream {name}: probe t {:.1} got {} stuck {still} s: {}; read polls +{} (pending +{}) write polls +{} (pending +{}) sent +{} in {} ms (longest write {} ms) status ticks +{}",
+                t0.elapsed().as_secs_f64(),
+                now[0],
+                poll_now(fd),
+                d[1],
+                d[2],
+                d[3],
+                d[4],
+                d[6],
+                d[7] / 1000,
+                c.write_max_us.swap(0, Ordering::Relaxed) / 1000,
+                d[5]
+            );
+        }
+        last = now;
+    }
+}
+
+/// What `poll` says of `fd` right now (no wait), for LAB_STREAM_PROBE.
+fn poll_now(fd: std::os::fd::RawFd) -> String {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the call; `fd` is the stream's socket,
+    // open while its halves live (the status task ends with them).
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    if n < 0 {
+        return format!("poll: {}", std::io::Error::last_os_error());
+    }
+    let mut bits = Vec::new();
+    for (b, name) in [
+        (libc::POLLIN, "IN"),
+        (libc::POLLOUT, "OUT"),
+        (libc::POLLRDHUP, "RDHUP"),
+        (libc::POLLHUP, "HUP"),
+        (libc::POLLERR, "ERR"),
+    ] {
+        if p.revents & b != 0 {
+            bits.push(name);
+        }
+    }
+    format!(
+        "poll revents {}",
+        if bits.is_empty() {
+            "none".to_string()
+        } else {
+            bits.join("|")
+        }
+    )
+}
+
 /// Seconds since boot, suspended time included (/proc/uptime, CLOCK_BOOTTIME).
 fn boot_secs() -> Option<f64> {
     let s = std::fs::read_to_string("/proc/uptime").ok()?;
@@ -223,9 +439,31 @@ fn boot_secs() -> Option<f64> {
 async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -> bool {
     let local_port = s.local_addr().ok().map(|a| a.port);
     let peer_port = s.peer_addr().ok().map(|a| a.port);
-    let (mut r, mut w) = s.into_split();
+    // LAB_STREAM_PROBE=1: a reader that got nothing for a second or more
+    // has its socket polled (level, no wait) from the status task: POLLIN
+    // there while the reader task waits means a readiness edge that never
+    // reached tokio (the lab's churn stalls, docs/lab.md)
+    let probe_fd = std::env::var("LAB_STREAM_PROBE")
+        .is_ok_and(|v| v == "1")
+        .then(|| s.as_raw_fd());
+    let (r, w) = s.into_split();
     let c = Arc::new(Counters::default());
+    let (mut r, mut w) = (
+        Counted {
+            io: r,
+            c: c.clone(),
+        },
+        Counted {
+            io: w,
+            c: c.clone(),
+        },
+    );
     let t0 = Instant::now();
+    let probe_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if let Some(fd) = probe_fd {
+        let (c, stop, name) = (c.clone(), probe_stop.clone(), name.to_string());
+        std::thread::spawn(move || probe(fd, local_port, &c, &stop, &name, t0));
+    }
     let boot0 = boot_secs();
     let why: Arc<Mutex<Option<String>>> = Arc::default();
 
@@ -240,6 +478,7 @@ async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -
                 cs.sent.load(Ordering::Relaxed),
                 cs.got.load(Ordering::Relaxed),
             );
+            cs.status_beats.fetch_add(1, Ordering::Relaxed);
             let gap = cs.max_gap_ms.load(Ordering::Relaxed) as f64 / 1000.0;
             let conn = tokio::task::spawn_blocking(move || transport_line(local_port, peer_port))
                 .await
@@ -292,6 +531,13 @@ async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -
                 Ok(Ok(n)) => {
                     sent += n as u64;
                     cw.sent.store(sent, Ordering::Relaxed);
+                    // each round fills 64 KiB of pattern first, ~50 ms of
+                    // CPU under the lab's TCG: a writer catching up after a
+                    // switch, whose every write is ready at once, held its
+                    // worker for tokio's whole budget (128 writes, 4-9 s)
+                    // while the reader and timers waited (see yield_now's
+                    // docs; docs/lab.md "The tokio stream's pauses")
+                    tokio::task::yield_now().await;
                 }
                 Ok(Err(e)) => {
                     *whyw.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -386,6 +632,8 @@ async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -
             held = total - check;
             got += n as u64;
             cr.got.store(got, Ordering::Relaxed);
+            // the check above is the reader's CPU-heavy round (see the writer)
+            tokio::task::yield_now().await;
         }
     });
 
@@ -403,6 +651,7 @@ async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -
     };
     let finished = tokio::time::timeout(o.max, both).await;
     status.abort();
+    probe_stop.store(true, Ordering::Relaxed);
     let (sent, got) = (
         c.sent.load(Ordering::Relaxed),
         c.got.load(Ordering::Relaxed),

@@ -151,6 +151,22 @@ pub struct XenStream {
     inner: Arc<AsyncFd<libxensock::XenStream>>,
 }
 
+/// The socket's descriptor (the AF_XEN socket over the kernel family,
+/// libxensock's readiness eventfd over the user-space transport), as
+/// tokio's `TcpStream` lends its own: for `getsockopt`, `poll` or
+/// diagnostics. Reading or writing through it bypasses tokio's readiness.
+impl std::os::fd::AsFd for XenStream {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.inner.get_ref().as_fd()
+    }
+}
+
+impl std::os::fd::AsRawFd for XenStream {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.inner.as_raw_fd()
+    }
+}
+
 impl XenStream {
     /// Connects with the backend [`libxensock::backend()`] picks: the
     /// kernel family where `af_xen.ko` is loaded, else the process-wide

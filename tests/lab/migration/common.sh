@@ -5,6 +5,7 @@
 . /opt/xensock/migration.params
 [ "${MIG_XS_ET:-0}" = 1 ] && export XSSTREAM_ET=1
 [ "${MIG_TOKIO_THREADS:-0}" = 1 ] && export LAB_STREAM_THREADS=1
+[ "${MIG_PROBE:-0}" = 1 ] && export LAB_STREAM_PROBE=1
 . /scenario/streams.sh
 
 # lab_note KEY [VALUE]: tell dom0 (data/lab/KEY in our current home)

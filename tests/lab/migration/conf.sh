@@ -70,6 +70,9 @@ scenario_build() {
   [[ -n ${MIG_XS_ET:-} ]] && echo "MIG_XS_ET=$MIG_XS_ET" >> "$out/migration.params"
   # MIG_TOKIO_THREADS=1: lab_stream on a current-thread runtime
   [[ -n ${MIG_TOKIO_THREADS:-} ]] && echo "MIG_TOKIO_THREADS=$MIG_TOKIO_THREADS" >> "$out/migration.params"
+  # MIG_PROBE=1: lab_stream polls its socket once a second while its reader
+  # gets nothing (LAB_STREAM_PROBE)
+  [[ -n ${MIG_PROBE:-} ]] && echo "MIG_PROBE=$MIG_PROBE" >> "$out/migration.params"
   # AFX_TREE=DIR (holding af-xen-kmod/ and proto/, e.g. from `git archive
   # <branch> af-xen-kmod proto | tar -x -C DIR`) tests that module instead;
   # RUST_TREE=DIR (a whole workspace, e.g. `git archive <branch> | tar -x
