@@ -76,6 +76,11 @@ const TICK_MS: u32 = 100;
 /// kmod-moves-20261122-110212); a fresh attempt every few seconds reaches
 /// it within that much of its return.
 const LEG_CONNECT_RETRY_MS: u64 = 3000;
+/// ... and after this long once the peer's address answers on another leg
+/// (`heard_from`): its SYN was lost while the peer was away, and the next
+/// one would wait out the rest of the retry period. A SYN's own first
+/// retransmission comes after 1 s: a younger connect is left alone.
+const LEG_CONNECT_HEARD_MS: u64 = 1000;
 /// A receiver that left its ring on its own offers a new one after the
 /// sender's `TxFreeze` for it, or after this long without it.
 const OFFER_AFTER_MS: u64 = 2000;
@@ -280,7 +285,7 @@ struct TxSide {
     writer_waits: bool,
     /// what the outbound leg's owner flag says (`own_outbound`)
     owner_writes: bool,
-    /// segments both legs had received at the last pass (`kick_if_heard`)
+    /// segments both legs had received at the last pass (`heard_from`)
     heard: u32,
 }
 
@@ -1418,7 +1423,7 @@ fn take_offer(xs: &XenSock, t: &mut TxSide, ids: &Ids, grant: &RingGrant) -> cor
 }
 
 /// Connects the outbound leg when it is wanted, and follows its connect.
-fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids) {
+fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids, peer_heard: bool) {
     let now = sys_net::now_ms();
     if t.leg.is_none() && t.want_leg && !t.broken && now >= t.next_connect_ms {
         let peer = xs.inner.lock().tcp;
@@ -1454,7 +1459,10 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids) {
                     t.leg_up = true;
                     crate::tcp::leg_out();
                 }
-                Ok(false) if now >= t.connect_started_ms + LEG_CONNECT_RETRY_MS => {
+                Ok(false)
+                    if now >= t.connect_started_ms + LEG_CONNECT_RETRY_MS
+                        || (peer_heard && now >= t.connect_started_ms + LEG_CONNECT_HEARD_MS) =>
+                {
                     // its SYNs back off: start over (see LEG_CONNECT_RETRY_MS)
                     pr_info!("connection {}: leg to the peer not up after {} ms, connecting again\n", ids.conn_id, now - t.connect_started_ms);
                     t.leg = None;
@@ -1859,9 +1867,11 @@ fn flush_ctl(r: &mut RxSide) {
 
 /// The work item's pass over one active connection. Returns false once
 /// it is done with it (closed and flushed, or reset).
-pub(crate) fn service(xs: &Arc<XenSock>) -> bool {
+pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
     let Some(sw) = sw_of(xs) else { return false };
     let ids = ids(xs);
+    // the peer's address answered on some leg since the last pass
+    let peer_heard = !heard.is_empty() && peer_ip(xs).is_some_and(|ip| heard.contains(&ip));
     let (reset, state) = {
         let i = xs.inner.lock();
         (i.reset, i.state)
@@ -1876,7 +1886,7 @@ pub(crate) fn service(xs: &Arc<XenSock>) -> bool {
     // sending direction
     let tx_err = {
         let mut t = sw.tx.lock();
-        leg_tx(xs, &mut t, &ids);
+        leg_tx(xs, &mut t, &ids, peer_heard);
         let r = read_tx_leg(xs, &mut t, &ids).and_then(|_| loop {
             let before = t.resend_pos;
             pump_tx(xs, &mut t, &ids)?;
@@ -1932,7 +1942,7 @@ pub(crate) fn service(xs: &Arc<XenSock>) -> bool {
         wake(xs, POLLIN | POLLOUT | POLLERR | POLLHUP | POLLRDNORM | POLLWRNORM);
         return false;
     }
-    kick_if_heard(&sw);
+    kick_if_heard(&sw, peer_heard);
     // both legs up: the bound stops (TCP_USER_TIMEOUT covers the rest)
     let (out_up, tx_done, connecting) = {
         let t = sw.tx.lock();
@@ -1987,30 +1997,60 @@ fn ring_all_taken(xs: &XenSock, t: &TxSide) -> bool {
     gone || matches!(prod.unconsumed(), Ok(0))
 }
 
+/// The IPv4 address of the peer's end of the legs, if it has one.
+fn peer_ip(xs: &XenSock) -> Option<[u8; 4]> {
+    let a = xs.inner.lock().tcp.peer.addr;
+    let v4 = a[..10].iter().all(|b| *b == 0) && a[10] == 0xff && a[11] == 0xff;
+    v4.then(|| [a[12], a[13], a[14], a[15]])
+}
+
+/// Whether a segment arrived on either leg of `xs`'s connection since the
+/// TCP work item last looked (a leg put in since counts too): its peer's
+/// address, which is reachable then. The work item asks every active
+/// connection before its pass and hands the addresses to `service`.
+pub(crate) fn heard_from(xs: &XenSock) -> Option<[u8; 4]> {
+    let sw = sw_of(xs)?;
+    let inbound = sw.rx.lock().leg.as_ref().map(|l| l.sock().segs_in()).unwrap_or(0);
+    let mut t = sw.tx.lock();
+    let heard = inbound.wrapping_add(t.leg.as_ref().map(|l| l.sock().segs_in()).unwrap_or(0));
+    if heard == t.heard {
+        return None;
+    }
+    t.heard = heard;
+    drop(t);
+    peer_ip(xs)
+}
+
 /// After a save, the peer's bytes sent to us while we were away, and ours
 /// to a peer that was away, come with the sender's next TCP retransmission,
 /// backed off by then (1, 3, 7, 15, 31 s ...): the pause after a restore
 /// could last about as long again as the suspension (docs/migration.md,
-/// "Around a save"). Once the peer is heard from on either leg, it is
-/// reachable again: a backed-off retransmission of our outbound leg fires
-/// now (sys_net kick_retransmit). Evidence of reception only: a kick into
-/// a path still down would double the back-off again.
-fn kick_if_heard(sw: &Switch) {
-    let inbound = sw.rx.lock().leg.as_ref().map(|l| l.sock().segs_in()).unwrap_or(0);
-    let mut t = sw.tx.lock();
-    if !t.leg_up {
+/// "Around a save"). Once the peer's address is heard from again, on a leg
+/// of this connection or of any other (`heard_from`), a backed-off
+/// retransmission on either leg fires now (sys_net kick_retransmit): the
+/// outbound one carries our data and `TxFreeze`, the inbound one our
+/// `Consumed`. A connection whose frames all went out before the save
+/// hears nothing on its own legs, and its `TxFreeze` (or the peer's
+/// `Consumed`) waited out the back-off while its sibling streamed
+/// (kmod-saverestore-20261126-233727: 7 s after the restore). Evidence of
+/// reception only: a kick into a path still down would double the back-off
+/// again.
+fn kick_if_heard(sw: &Switch, peer_heard: bool) {
+    if !peer_heard {
         return;
     }
-    let (heard, kicked) = match t.leg.as_ref() {
-        Some(leg) => {
-            let heard = inbound.wrapping_add(leg.sock().segs_in());
-            (heard, heard != t.heard && leg.sock().kick_retransmit())
+    let mut kicked = 0;
+    {
+        let t = sw.tx.lock();
+        if let (true, Some(leg)) = (t.leg_up, t.leg.as_ref()) {
+            kicked += i64::from(leg.sock().kick_retransmit());
         }
-        None => return,
-    };
-    t.heard = heard;
-    if kicked {
-        inc(&counters::LEG_KICKS, 1);
+    }
+    if let Some(leg) = sw.rx.lock().leg.as_ref() {
+        kicked += i64::from(leg.sock().kick_retransmit());
+    }
+    if kicked > 0 {
+        inc(&counters::LEG_KICKS, kicked);
     }
 }
 

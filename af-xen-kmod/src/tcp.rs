@@ -291,9 +291,19 @@ fn work_pass() {
         }
         v
     };
+    // peers' addresses that answered on some leg since the last pass: every
+    // connection to them kicks its backed-off legs (carrier kick_if_heard)
+    let mut heard: KVec<[u8; 4]> = KVec::new();
+    for xs in active.iter() {
+        if let Some(ip) = crate::carrier::heard_from(xs) {
+            if !heard.contains(&ip) {
+                let _ = heard.push(ip, GFP_KERNEL);
+            }
+        }
+    }
     let mut done: KVec<Arc<XenSock>> = KVec::new();
     for xs in active.iter() {
-        if !crate::carrier::service(xs) {
+        if !crate::carrier::service(xs, &heard) {
             let _ = done.push(xs.clone(), GFP_KERNEL);
         }
     }
