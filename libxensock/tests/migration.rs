@@ -622,6 +622,41 @@ fn move_to_another_host_continues_over_tcp() {
     );
 }
 
+/// On the TCP carrier a reader that stops reading for longer than the
+/// peer-lost bound keeps its connection: the writer's leg then sits on a
+/// zero window, its peer alive and answering probes. With the legs'
+/// TCP_USER_TIMEOUT as the bound, Linux ended such a leg (its zero-window
+/// probing outlasted the timeout) and the connection reset.
+#[test]
+fn a_reader_pausing_past_the_bound_on_tcp_keeps_its_connection() {
+    let bound = Duration::from_secs(1);
+    let w = World::with(Config {
+        peer_lost_after: bound,
+        ..cfg()
+    });
+    let l = w.b.bind("xen:self:7011").unwrap();
+    let c = w.a.connect((u32::from(w.b.domid()), 7011)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    assert_eq!(w.b.suspend(), 1);
+    w.host
+        .migrate_domain(w.b.domid(), MigrateTo::OtherHost("elsewhere".into()))
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || carried_on(&w.a, ("tcp", "tcp"))),
+        "{:?}",
+        w.a.status()
+    );
+    // more than the engine's buffers and both sockets' hold: the writer
+    // blocks on a full leg while nobody reads
+    let total = 48 << 20;
+    let wa = writer(c.try_clone().unwrap(), 31, total, 1 << 16);
+    thread::sleep(bound * 4);
+    let progress = Arc::new(AtomicUsize::new(0));
+    let rb = reader(s.try_clone().unwrap(), progress);
+    let ha = wa.join().unwrap();
+    assert_eq!(rb.join().unwrap(), (total, ha));
+}
+
 /// Run as the init process of a sim domain by `destroyed_peer_resets`:
 /// connects to `XENSOCK_TEST_CONNECT`, writes a little, leaves the rings
 /// (the suspend hook), says so in `XENSOCK_TEST_MARK`, then writes until

@@ -60,8 +60,9 @@ pub(crate) struct EngineConfig {
     /// The peer's leg listener; `None` when it has no TCP fallback.
     pub peer_tcp: Option<SocketAddr>,
     /// After the ring dies, how long both legs may take to come up before
-    /// the connection fails with `ECONNRESET`. Also the legs' TCP user
-    /// timeout (unacknowledged data).
+    /// the connection fails with `ECONNRESET`. Also how long a leg may wait
+    /// for an answer its peer does not give (an outstanding retransmission
+    /// or window probe) before the connection fails the same way.
     pub peer_lost_after: Duration,
     /// One connection attempt's timeout.
     pub connect_timeout: Duration,
@@ -158,6 +159,9 @@ struct Tx {
     pending_offer: Option<(u32, SharedRing)>,
     leg: Option<TcpStream>,
     leg_closed: bool,
+    /// Since when the leg has waited for an answer its peer does not give
+    /// (`check_stall`).
+    leg_unanswered: Option<Instant>,
     /// The leg was asked for: keep retrying until it is up.
     leg_wanted: bool,
     connecting: bool,
@@ -177,6 +181,8 @@ struct Rx {
     offered: Option<SharedRing>,
     leg: Option<TcpStream>,
     leg_closed: bool,
+    /// As `Tx::leg_unanswered`.
+    leg_unanswered: Option<Instant>,
     inbox: Inbox,
     /// A frame read but not yet processable (data behind a draining ring).
     held: Option<Frame>,
@@ -346,6 +352,7 @@ impl Engine {
                 pending_offer: None,
                 leg: None,
                 leg_closed: false,
+                leg_unanswered: None,
                 leg_wanted: false,
                 connecting: false,
                 retry_at: None,
@@ -363,6 +370,7 @@ impl Engine {
                 offered: None,
                 leg: None,
                 leg_closed: false,
+                leg_unanswered: None,
                 inbox: Inbox::new(RX_LOOKAHEAD),
                 held: None,
                 payload_left: 0,
@@ -708,23 +716,59 @@ fn unacked(sock: &TcpStream) -> i32 {
     n
 }
 
-fn set_leg_options(sock: &TcpStream, timeout: Duration) -> io::Result<()> {
+/// A leg's socket options. No TCP_USER_TIMEOUT: besides a peer that stops
+/// acknowledging, it ends a leg whose live peer keeps its window shut that
+/// long (Linux's zero-window probing counts against it), so a reader that
+/// stopped reading for `peer_lost_after` reset the connection; the bound
+/// is the engine's own ([`leg_waits`], `check_stall`).
+fn set_leg_options(sock: &TcpStream) -> io::Result<()> {
     sock.set_nonblocking(true)?;
-    sock.set_nodelay(true)?;
-    let ms = timeout.as_millis().min(u32::MAX as u128) as libc::c_uint;
-    // SAFETY: setsockopt with a pointer to a local c_uint and its size.
-    // Unacknowledged data for longer than the bound fails the leg: a peer
-    // that died after the legs came up is noticed too.
-    unsafe {
-        libc::setsockopt(
+    sock.set_nodelay(true)
+}
+
+/// Whether `sock` waits for an answer from its peer: None when it holds no
+/// unacknowledged byte (TIOCOUTQ); else whether a retransmission or a
+/// window probe is outstanding (TCP_INFO's retransmits, probes). A peer
+/// that answers zero-window probes clears `probes` with each answer, so a
+/// reader that only stopped reading is not unanswered for long, however
+/// far apart the probes have backed off; `check_stall` fails a leg only
+/// after it stayed unanswered for the whole bound.
+fn leg_waits(sock: &TcpStream) -> Option<bool> {
+    if unacked(sock) <= 0 {
+        return None;
+    }
+    // SAFETY: tcp_info is plain integers, for which all zeroes is valid.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, which is
+    // that large, and stores the length it wrote in `len`.
+    let r = unsafe {
+        libc::getsockopt(
             sock.as_raw_fd(),
             libc::IPPROTO_TCP,
-            libc::TCP_USER_TIMEOUT,
-            (&ms as *const libc::c_uint).cast(),
-            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
-        );
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    Some(r == 0 && (info.tcpi_retransmits > 0 || info.tcpi_probes > 0))
+}
+
+/// Samples `leg` (`leg_waits`) into `since`: whether it holds
+/// unacknowledged bytes at all, and how long it has been unanswered
+/// without a break (None: answered, or nothing held).
+fn sample_leg(leg: Option<&TcpStream>, since: &mut Option<Instant>) -> (bool, Option<Duration>) {
+    match leg.and_then(leg_waits) {
+        Some(true) => (true, Some(since.get_or_insert_with(Instant::now).elapsed())),
+        Some(false) => {
+            *since = None;
+            (true, None)
+        }
+        None => {
+            *since = None;
+            (false, None)
+        }
     }
-    Ok(())
 }
 
 impl Shared {
@@ -1536,7 +1580,13 @@ impl Shared {
             }
         }
         let stall = *lock(&self.stall_since);
-        earliest(wake_at, stall.map(|t| t + self.cfg.peer_lost_after))
+        let wake_at = earliest(wake_at, stall.map(|t| t + self.cfg.peer_lost_after));
+        // a leg waiting for an acknowledgement is looked at again within
+        // the bound (check_stall)
+        let (holds, _) = self.sample_legs();
+        let live = holds
+            .then(|| Instant::now() + (self.cfg.peer_lost_after / 4).min(Duration::from_secs(1)));
+        earliest(wake_at, live)
     }
 
     /// After the poll (see [`Driven::step`]): whoever waits on a ring or
@@ -1576,7 +1626,7 @@ impl Shared {
             {
                 let mut rx = lock(&self.rx);
                 // One leg per direction; a second one is not ours to trust.
-                if rx.leg.is_some() || set_leg_options(&sock, self.cfg.peer_lost_after).is_err() {
+                if rx.leg.is_some() || set_leg_options(&sock).is_err() {
                     continue;
                 }
                 rx.leg = Some(sock);
@@ -1597,7 +1647,7 @@ impl Shared {
         if let Some(result) = connected {
             let mut tx = lock(&self.tx);
             tx.connecting = false;
-            match result.and_then(|s| set_leg_options(&s, self.cfg.peer_lost_after).map(|()| s)) {
+            match result.and_then(|s| set_leg_options(&s).map(|()| s)) {
                 Ok(sock) => {
                     tx.out.push_front(&Message::TcpHello {
                         conn_id: self.cfg.peer_id,
@@ -1669,7 +1719,10 @@ impl Shared {
         Ok(())
     }
 
-    /// Fails the connection if the legs it needs did not come up in time.
+    /// Fails the connection if the legs it needs did not come up in time,
+    /// or if a leg waited longer than the bound for its peer to
+    /// acknowledge what it holds (the peer died or stayed away with the
+    /// legs up).
     fn check_stall(&self) {
         let up = lock(&self.tx).leg.is_some() && lock(&self.rx).leg.is_some();
         let mut since = lock(&self.stall_since);
@@ -1679,9 +1732,33 @@ impl Shared {
                 drop(since);
                 lock(&self.failure).get_or_insert_with(|| "peer not reachable on TCP".into());
                 self.fail(libc::ECONNRESET, ResetReason::PeerLost);
+                return;
             }
             _ => {}
         }
+        drop(since);
+        let (_, unanswered) = self.sample_legs();
+        if unanswered.is_some_and(|d| d >= self.cfg.peer_lost_after) {
+            lock(&self.failure).get_or_insert_with(|| "peer stopped answering on TCP".into());
+            self.fail(libc::ECONNRESET, ResetReason::PeerLost);
+        }
+    }
+
+    /// Samples both legs ([`sample_leg`]): whether either holds
+    /// unacknowledged bytes, and the longer time either has been
+    /// unanswered.
+    fn sample_legs(&self) -> (bool, Option<Duration>) {
+        let (th, tu) = {
+            let mut tx = lock(&self.tx);
+            let t = &mut *tx;
+            sample_leg(t.leg.as_ref(), &mut t.leg_unanswered)
+        };
+        let (rh, ru) = {
+            let mut rx = lock(&self.rx);
+            let r = &mut *rx;
+            sample_leg(r.leg.as_ref(), &mut r.leg_unanswered)
+        };
+        (th || rh, tu.max(ru))
     }
 
     /// Tells the peer, on every carrier we still have, that we are gone.
