@@ -250,6 +250,10 @@ struct Shared {
     connected: Mutex<Option<io::Result<TcpStream>>>,
     /// Since when the connection has needed its legs and not had both.
     stall_since: Mutex<Option<Instant>>,
+    /// When the legs were last looked at for an unanswered peer
+    /// (`check_stall`; a look costs two socket calls per leg, so not at
+    /// every turn of the loop).
+    legs_sampled: Mutex<Instant>,
     /// errno of the failure, 0 while healthy.
     failed: AtomicI32,
     failure_reason: Mutex<ResetReason>,
@@ -398,6 +402,7 @@ impl Engine {
             } else {
                 None
             }),
+            legs_sampled: Mutex::new(Instant::now()),
             failed: AtomicI32::new(0),
             failure_reason: Mutex::new(ResetReason::ProtocolError),
             failure: Mutex::new(None),
@@ -754,20 +759,14 @@ fn leg_waits(sock: &TcpStream) -> Option<bool> {
     Some(r == 0 && (info.tcpi_retransmits > 0 || info.tcpi_probes > 0))
 }
 
-/// Samples `leg` (`leg_waits`) into `since`: whether it holds
-/// unacknowledged bytes at all, and how long it has been unanswered
-/// without a break (None: answered, or nothing held).
-fn sample_leg(leg: Option<&TcpStream>, since: &mut Option<Instant>) -> (bool, Option<Duration>) {
-    match leg.and_then(leg_waits) {
-        Some(true) => (true, Some(since.get_or_insert_with(Instant::now).elapsed())),
-        Some(false) => {
-            *since = None;
-            (true, None)
-        }
-        None => {
-            *since = None;
-            (false, None)
-        }
+/// Samples `leg` (`leg_waits`) into `since`: how long it has been
+/// unanswered without a break (None: answered, or nothing held).
+fn sample_leg(leg: Option<&TcpStream>, since: &mut Option<Instant>) -> Option<Duration> {
+    if leg.and_then(leg_waits) == Some(true) {
+        Some(since.get_or_insert_with(Instant::now).elapsed())
+    } else {
+        *since = None;
+        None
     }
 }
 
@@ -1581,11 +1580,9 @@ impl Shared {
         }
         let stall = *lock(&self.stall_since);
         let wake_at = earliest(wake_at, stall.map(|t| t + self.cfg.peer_lost_after));
-        // a leg waiting for an acknowledgement is looked at again within
-        // the bound (check_stall)
-        let (holds, _) = self.sample_legs();
-        let live = holds
-            .then(|| Instant::now() + (self.cfg.peer_lost_after / 4).min(Duration::from_secs(1)));
+        // the legs are looked at again within the bound (check_stall)
+        let legs = lock(&self.tx).leg.is_some() || lock(&self.rx).leg.is_some();
+        let live = legs.then(|| *lock(&self.legs_sampled) + self.legs_look_every());
         earliest(wake_at, live)
     }
 
@@ -1737,28 +1734,39 @@ impl Shared {
             _ => {}
         }
         drop(since);
-        let (_, unanswered) = self.sample_legs();
+        {
+            let mut at = lock(&self.legs_sampled);
+            if at.elapsed() < self.legs_look_every() {
+                return;
+            }
+            *at = Instant::now();
+        }
+        let unanswered = self.sample_legs();
         if unanswered.is_some_and(|d| d >= self.cfg.peer_lost_after) {
             lock(&self.failure).get_or_insert_with(|| "peer stopped answering on TCP".into());
             self.fail(libc::ECONNRESET, ResetReason::PeerLost);
         }
     }
 
-    /// Samples both legs ([`sample_leg`]): whether either holds
-    /// unacknowledged bytes, and the longer time either has been
+    /// How often the legs are looked at for an unanswered peer.
+    fn legs_look_every(&self) -> Duration {
+        (self.cfg.peer_lost_after / 4).min(Duration::from_secs(1))
+    }
+
+    /// Samples both legs ([`sample_leg`]): the longer time either has been
     /// unanswered.
-    fn sample_legs(&self) -> (bool, Option<Duration>) {
-        let (th, tu) = {
+    fn sample_legs(&self) -> Option<Duration> {
+        let tu = {
             let mut tx = lock(&self.tx);
             let t = &mut *tx;
             sample_leg(t.leg.as_ref(), &mut t.leg_unanswered)
         };
-        let (rh, ru) = {
+        let ru = {
             let mut rx = lock(&self.rx);
             let r = &mut *rx;
             sample_leg(r.leg.as_ref(), &mut r.leg_unanswered)
         };
-        (th || rh, tu.max(ru))
+        tu.max(ru)
     }
 
     /// Tells the peer, on every carrier we still have, that we are gone.
