@@ -100,6 +100,10 @@ static DECLARE_DELAYED_WORK(afx_tcp_dwork, afx_tcp_dwork_fn);
  * that neither delays the other */
 static void afx_tcp_tick_fn(struct work_struct *w) { afx_rs_tcp_work(); }
 static DECLARE_DELAYED_WORK(afx_tcp_tick, afx_tcp_tick_fn);
+/* the legs' liveness cadence (carrier.rs leg_silent), apart from the other
+ * two so that its slower period never postpones theirs */
+static void afx_tcp_live_fn(struct work_struct *w) { afx_rs_tcp_work(); }
+static DECLARE_DELAYED_WORK(afx_tcp_live, afx_tcp_live_fn);
 
 /*
  * A leg's owner (sk_user_data): the AF_XEN socket whose connection it
@@ -204,6 +208,7 @@ static void (*orig_write_space)(struct sock *sk);
 void afx_tcp_schedule(void) { schedule_work(&afx_tcp_work); }
 void afx_tcp_schedule_after_ms(unsigned int ms) { schedule_delayed_work(&afx_tcp_dwork, msecs_to_jiffies(ms)); }
 void afx_tcp_tick_after_ms(unsigned int ms) { schedule_delayed_work(&afx_tcp_tick, msecs_to_jiffies(ms)); }
+void afx_tcp_live_after_ms(unsigned int ms) { schedule_delayed_work(&afx_tcp_live, msecs_to_jiffies(ms)); }
 /* CLOCK_MONOTONIC, which stands still while this guest is saved: boot time
  * jumps by the time it was away, and every bound running (a pending leg's
  * hello, the peer-lost bound, connects) expired at once on the restore */
@@ -212,6 +217,7 @@ void afx_tcp_flush(void)
 {
 	cancel_delayed_work_sync(&afx_tcp_dwork);
 	cancel_delayed_work_sync(&afx_tcp_tick);
+	cancel_delayed_work_sync(&afx_tcp_live);
 	cancel_work_sync(&afx_tcp_work);
 }
 
@@ -345,6 +351,32 @@ int afx_tcp_leg_state(struct socket *s)
 void afx_tcp_set_user_timeout(struct socket *s, unsigned int ms)
 {
 	tcp_sock_set_user_timeout(s->sk, ms);
+}
+
+/*
+ * Whether the leg waits for an answer from its peer: -1 when it holds
+ * nothing unacknowledged or unsent, 1 when a retransmission or a window
+ * probe is outstanding, 0 otherwise. The carrier's bound for a peer that
+ * died with the legs up: a leg unanswered at every look for peer_lost_ms
+ * (carrier.rs leg_unanswered). TCP_USER_TIMEOUT, which bounded it before,
+ * also ends a leg whose live peer keeps its window shut that long
+ * (tcp_probe_timer, tcp_rtx_probe0_timed_out): a reader that stopped
+ * reading for peer_lost_ms reset the connection. A peer that answers its
+ * probes clears icsk_probes_out with each answer, however far apart the
+ * probes have backed off.
+ */
+int afx_tcp_leg_waits(struct socket *s)
+{
+	struct sock *sk = s->sk;
+	struct inet_connection_sock *icsk = inet_csk(sk);
+	int w = -1;
+
+	lock_sock(sk);
+	if ((sk->sk_state == TCP_ESTABLISHED || sk->sk_state == TCP_CLOSE_WAIT) &&
+	    (tcp_sk(sk)->packets_out || tcp_send_head(sk)))
+		w = icsk->icsk_retransmits || icsk->icsk_probes_out ? 1 : 0;
+	release_sock(sk);
+	return w;
 }
 
 /* Segments the leg has received (pure ACKs included): the peer heard from. */

@@ -76,6 +76,10 @@ const TICK_MS: u32 = 100;
 /// kmod-moves-20261122-110212); a fresh attempt every few seconds reaches
 /// it within that much of its return.
 const LEG_CONNECT_RETRY_MS: u64 = 3000;
+/// While a leg holds bytes its peer has not acknowledged, the work item
+/// looks at it this often (the bound for a peer that died with the legs
+/// up, `leg_unanswered`).
+const LIVE_TICK_MS: u32 = 1000;
 /// ... and after this long once the peer's address answers on another leg
 /// (`heard_from`): its SYN was lost while the peer was away, and the next
 /// one would wait out the rest of the retry period. A SYN's own first
@@ -287,6 +291,8 @@ struct TxSide {
     owner_writes: bool,
     /// segments both legs had received at the last pass (`heard_from`)
     heard: u32,
+    /// since when (now_ms, 0: not) the leg has been unanswered (`leg_unanswered`)
+    unanswered_since: u64,
 }
 
 /// Our receiving direction.
@@ -316,6 +322,8 @@ struct RxSide {
     saw_freeze: bool,
     left_ms: u64,
     offered_ms: u64,
+    /// as `TxSide::unanswered_since`, for the inbound leg
+    unanswered_since: u64,
 }
 
 /// The carrier switch of one stream connection.
@@ -368,6 +376,7 @@ impl Switch {
                     writer_waits: false,
                     owner_writes: false,
                     heard: 0,
+                    unanswered_since: 0,
                 }, "af_xen_sw_tx"),
                 rx <- new_mutex!(RxSide {
                     path: RxPath::on_ring(),
@@ -384,6 +393,7 @@ impl Switch {
                     saw_freeze: false,
                     left_ms: 0,
                     offered_ms: 0,
+                    unanswered_since: 0,
                 }, "af_xen_sw_rx"),
                 active: AtomicBool::new(false),
                 closed: AtomicBool::new(false),
@@ -1457,6 +1467,9 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids, peer_heard: bool) {
             match leg.sock().state() {
                 Ok(true) => {
                     t.leg_up = true;
+                    // from here the carrier's own bound (leg_unanswered):
+                    // TCP_USER_TIMEOUT also ends a live peer's zero window
+                    leg.sock().set_user_timeout(0);
                     crate::tcp::leg_out();
                 }
                 Ok(false)
@@ -1943,7 +1956,21 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
         return false;
     }
     kick_if_heard(&sw, peer_heard);
-    // both legs up: the bound stops (TCP_USER_TIMEOUT covers the rest)
+    // a leg unanswered at every look for the bound: the peer died (or is
+    // away for longer than peer_lost_ms) with the legs up
+    let (holds, unanswered) = leg_unanswered(&sw, now);
+    if unanswered.is_some_and(|ms| ms >= sys_net::peer_lost_ms()) {
+        inc(&counters::PEER_LOST, 1);
+        if !closed {
+            fail(xs, "peer lost: a leg unanswered for peer_lost_ms");
+        }
+        release_legs(&sw);
+        return false;
+    }
+    if holds {
+        sys_net::live_after_ms(LIVE_TICK_MS);
+    }
+    // both legs up: the bound stops (leg_unanswered covers the rest)
     let (out_up, tx_done, connecting) = {
         let t = sw.tx.lock();
         let done = t.q.as_ref().map(|q| q.is_empty()).unwrap_or(true)
@@ -2052,6 +2079,40 @@ fn kick_if_heard(sw: &Switch, peer_heard: bool) {
     if kicked > 0 {
         inc(&counters::LEG_KICKS, kicked);
     }
+}
+
+/// Looks at both legs (`TcpSock::waits`) at `now`: whether either holds
+/// bytes its peer has not acknowledged, and for how long (ms) either has
+/// been unanswered at every look without a break. A live peer answers a
+/// retransmission or probe within a round trip, so one look that finds it
+/// answered starts the count over.
+fn leg_unanswered(sw: &Switch, now: u64) -> (bool, Option<u64>) {
+    fn look(leg: Option<&crate::tcp::HeldLeg>, since: &mut u64, now: u64) -> (bool, Option<u64>) {
+        match leg.and_then(|l| l.sock().waits()) {
+            Some(true) => {
+                if *since == 0 {
+                    *since = now.max(1);
+                }
+                (true, Some(now.saturating_sub(*since)))
+            }
+            w => {
+                *since = 0;
+                (w.is_some(), None)
+            }
+        }
+    }
+    let (th, tu) = {
+        let mut t = sw.tx.lock();
+        let t = &mut *t;
+        let leg = if t.leg_up { t.leg.as_ref() } else { None };
+        look(leg, &mut t.unanswered_since, now)
+    };
+    let (rh, ru) = {
+        let mut r = sw.rx.lock();
+        let r = &mut *r;
+        look(r.leg.as_ref(), &mut r.unanswered_since, now)
+    };
+    (th || rh, tu.max(ru))
 }
 
 fn release_legs(sw: &Switch) {

@@ -25,10 +25,12 @@ extern "C" {
     fn afx_tcp_release(s: *mut bindings::socket);
     fn afx_peer_lost_ms() -> c_int;
     fn afx_tcp_tick_after_ms(ms: kernel::ffi::c_uint);
+    fn afx_tcp_live_after_ms(ms: kernel::ffi::c_uint);
     fn afx_tcp_connect_start(addr: *const u8, port: c_int, user_timeout_ms: kernel::ffi::c_uint, out: *mut *mut bindings::socket) -> c_int;
     fn afx_tcp_leg_state(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_set_user_timeout(s: *mut bindings::socket, ms: kernel::ffi::c_uint);
     fn afx_tcp_segs_in(s: *mut bindings::socket) -> u32;
+    fn afx_tcp_leg_waits(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_kick_retransmit(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_send_nb(s: *mut bindings::socket, buf: *const c_void, len: usize, more: c_int) -> c_int;
     fn afx_tcp_recv_msg(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize) -> c_int;
@@ -82,6 +84,13 @@ pub(crate) fn peer_lost_ms() -> u64 {
 pub(crate) fn tick_after_ms(ms: u32) {
     // SAFETY: schedules a static delayed work item.
     unsafe { afx_tcp_tick_after_ms(ms) }
+}
+
+/// Runs the TCP work item again in `ms` milliseconds for the legs'
+/// liveness check (its own delayed work: a pending one keeps its time).
+pub(crate) fn live_after_ms(ms: u32) {
+    // SAFETY: schedules a static delayed work item.
+    unsafe { afx_tcp_live_after_ms(ms) }
 }
 
 /// The `tcp_port` module parameter (0: no TCP carrier).
@@ -206,6 +215,18 @@ impl TcpSock {
     pub(crate) fn segs_in(&self) -> u32 {
         // SAFETY: self.0 is live; the glue reads one counter of its sock.
         unsafe { afx_tcp_segs_in(self.0) }
+    }
+
+    /// Whether this leg waits for an answer from its peer: None when it
+    /// holds nothing unacknowledged or unsent; Some(true) while a
+    /// retransmission or window probe is outstanding (afx_tcp_leg_waits).
+    /// Takes the socket's lock.
+    pub(crate) fn waits(&self) -> Option<bool> {
+        // SAFETY: self.0 is live; process context (the TCP work item).
+        match unsafe { afx_tcp_leg_waits(self.0) } {
+            w if w < 0 => None,
+            w => Some(w > 0),
+        }
     }
 
     /// A retransmission backed off at least twice fires now (see the glue's

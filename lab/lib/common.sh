@@ -69,6 +69,24 @@ kernel_key() {
 }
 kernel_dir() { echo "$CACHE/$(kernel_key)"; }
 
+# afx_module OUT: builds af_xen.ko into OUT/af_xen.ko, from this work tree,
+# or from AFX_TREE=DIR (holding af-xen-kmod/ and proto/, e.g. from `git
+# archive <rev> af-xen-kmod proto | tar -x -C DIR`) to test another version
+# of the module; a build directory per work tree (several branches build).
+afx_module() {
+  local afx="$CACHE/af-xen-kmod-build-$(basename "$REPO_DIR")"
+  if [[ -n ${AFX_TREE:-} ]]; then
+    afx=$afx-alt
+    local kdir kflags
+    kdir=$("$REPO_DIR/lab/kbuild-env" sh -c 'echo "$KDIR"')
+    kflags=$("$REPO_DIR/lab/kbuild-env" sh -c 'echo "$KMAKEFLAGS"')
+    make -C "$AFX_TREE/af-xen-kmod" AFX_OUT="$afx" KDIR="$kdir" KMAKEFLAGS="$kflags" || return 1
+  else
+    make -C "$REPO_DIR/af-xen-kmod" AFX_OUT="$afx" || return 1
+  fi
+  cp "$afx/af-xen-kmod/af_xen.ko" "$1/af_xen.ko"
+}
+
 # Make variables for building the kernel and out-of-tree modules.
 kmake_vars() {
   printf '%s\n' LLVM=1 "RUSTC=$RUSTC" "HOSTRUSTC=$RUSTC" RUSTDOC=/usr/bin/rustdoc \

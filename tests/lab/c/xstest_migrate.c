@@ -31,6 +31,9 @@
  *       TCP, keep streaming there, come back to the ring, and finish with
  *       FIN each way (client first), every byte intact; the server checks
  *       its own line's switch counts before it closes
+ *   xstest_migrate dead-server PORT
+ *   xstest_migrate dead-client PEER PORT
+ *       the peer dies with the connection on TCP: see cmd_dead_server
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -398,7 +401,28 @@ struct phases {
 	 * -1 anything else; tries as efault_send's */
 	int edge_send, edge_send_tries;
 	char edge_detail[96];
+	/* mv, phase 2, after the signalled send: the client reads nothing for
+	 * peer_lost_ms + 4 s while the server keeps sending, so the server's
+	 * leg sits on a zero window past the carrier's bound (its peer alive,
+	 * answering probes): 0 not yet, 1 pausing until pause_until, 2 done;
+	 * a reset or lost byte fails the stream's own check */
+	int pause;
+	double pause_until, pause_s;
 };
+
+/* the module's peer_lost_ms, or -1 */
+static long peer_lost_ms(void)
+{
+	FILE *f = fopen("/sys/module/af_xen/parameters/peer_lost_ms", "r");
+	long v = -1;
+
+	if (f) {
+		if (fscanf(f, "%ld", &v) != 1)
+			v = -1;
+		fclose(f);
+	}
+	return v;
+}
 
 static void presult(const struct phases *ph, const char *what, int ok, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
@@ -465,6 +489,9 @@ static int client_tick(struct phases *ph, uint64_t sent, uint64_t got)
 					ph->signalled_send ? ph->signalled_detail : "not tried");
 				presult(ph, "fault-part-way-on-tcp", ph->edge_send == 1, "64 KiB send, 9 bytes mapped: %s",
 					ph->edge_send ? ph->edge_detail : "not tried");
+				presult(ph, "reader-pause-on-tcp", ph->pause == 2,
+					"%s", ph->pause == 2 ? "read nothing for peer_lost_ms + 4 s, then the stream went on" :
+					ph->pause ? "still pausing" : "not tried (peer_lost_ms above 20 s?)");
 				presult(ph, "efault-on-tcp", ph->efault_recv == 1 && ph->efault_send == 1,
 					"recv %s, send %s%s", ph->efault_recv == 1 ? "EFAULT" : ph->efault_recv ? "wrong" : "not tried",
 					ph->efault_send == 1 ? "EFAULT" : ph->efault_send ? "wrong" : "not tried", ph->efault_detail);
@@ -520,13 +547,29 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 	uint64_t sent = 0, got = 0, bad_at = UINT64_MAX;
 	int wr_done = 0, rd_done = 0;
 	double t0 = now(), last = now();
-	struct phases ph = { 0, now(), 0, 0, pfx, 0, 0, 0, 0, 0, "", 0, "", 0, "", 0, 0, "" };
+	struct phases ph = { 0, now(), 0, 0, pfx, 0, 0, 0, 0, 0, "", 0, "", 0, "", 0, 0, "", 0, 0, 0 };
 	/* an address no process maps (the first page) */
 	void *const unmapped = (void *)8;
 
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 	while (!rd_done || !wr_done) {
-		struct pollfd p = { .fd = fd, .events = (wr_done ? 0 : POLLOUT) | (rd_done ? 0 : POLLIN) };
+		int pausing = 0;
+
+		if (client && ph.phase == 2 && !strcmp(pfx, "mv") && ph.signalled_send != 0 && ph.pause < 2) {
+			long b = peer_lost_ms();
+
+			if (ph.pause == 0 && b > 0 && b <= 20000) {
+				ph.pause = 1;
+				ph.pause_s = b / 1000.0 + 4;
+				ph.pause_until = now() + ph.pause_s;
+				printf("%s: reading nothing for %.1f s (peer_lost_ms %ld)\n", name, ph.pause_s, b);
+				fflush(stdout);
+			}
+			if (ph.pause == 1 && now() >= ph.pause_until)
+				ph.pause = 2;
+			pausing = ph.pause == 1;
+		}
+		struct pollfd p = { .fd = fd, .events = (wr_done ? 0 : POLLOUT) | (rd_done || pausing ? 0 : POLLIN) };
 		int progress = 0;
 
 		if (poll(&p, 1, 200) < 0) {
@@ -640,7 +683,7 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 				progress = 1;
 			}
 		}
-		if (!rd_done && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
+		if (!rd_done && !pausing && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
 			uint8_t rb[65536];
 			ssize_t r;
 			int inq = -1;
@@ -759,6 +802,131 @@ static int cmd_move_client(uint32_t peer, uint32_t port, const char *pfx)
 	return failures > 100 ? 100 : failures;
 }
 
+/*
+ * dead-server: the peer dies with the connection on TCP. Accept one
+ * connection (dead-client's), stream both ways; on the ring after 4 MiB
+ * each way print "m-phase dead-ring-ok" (dom0 ends the pair's link
+ * directories), on TCP "m-phase dead-tcp-ok" (dom0 destroys the client's
+ * domain). From then the server keeps sending into legs nobody answers:
+ * the connection must end in ECONNRESET once a leg stayed unanswered for
+ * peer_lost_ms (the module's parameter), within that plus 30 s of
+ * dead-tcp-ok, and everything received before must be intact.
+ */
+static int cmd_dead_server(uint32_t port)
+{
+	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = XEN_DOMID_ANY };
+	int l = socket(fam, SOCK_STREAM, 0), c, phase = 0;
+	static uint8_t buf[65536], rb[65536];
+	uint64_t sent = 0, got = 0, bad_at = UINT64_MAX;
+	double t_tcp = 0, end = now() + 600;
+	long bound = peer_lost_ms();
+	char why[160] = "";
+
+	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 4)) {
+		result("dd-server-listen", 0, "%s", strerror(errno));
+		return 1;
+	}
+	/* the victim connects within its 120 s of retries, or never */
+	struct pollfd pl = { .fd = l, .events = POLLIN };
+
+	errno = 0;
+	c = poll(&pl, 1, 300 * 1000) == 1 ? accept(l, NULL, NULL) : -1;
+	result("dd-server-accept", c >= 0, c < 0 ? "%s" : NULL, errno ? strerror(errno) : "no connection in 300 s");
+	if (c < 0)
+		return 1;
+	fcntl(c, F_SETFL, fcntl(c, F_GETFL) | O_NONBLOCK);
+	while (!why[0] && now() < end) {
+		struct pollfd p = { .fd = c, .events = POLLIN | POLLOUT };
+		char car[32] = "?";
+		long t = -1, r = -1;
+		ssize_t n;
+
+		poll(&p, 1, 200);
+		if (p.revents & POLLOUT) {
+			for (size_t k = 0; k < sizeof(buf); k++)
+				buf[k] = pattern(sent + k, 0x5eed0021);
+			n = send(c, buf, sizeof(buf), MSG_NOSIGNAL);
+			if (n > 0)
+				sent += n;
+			else if (n < 0 && errno != EAGAIN)
+				snprintf(why, sizeof(why), "send: %s", strerror(errno));
+		}
+		if (!why[0] && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
+			n = recv(c, rb, sizeof(rb), 0);
+			if (n > 0) {
+				for (ssize_t k = 0; k < n; k++)
+					if (bad_at == UINT64_MAX && rb[k] != pattern(got + k, 0x5eed0022))
+						bad_at = got + k;
+				got += n;
+			} else if (n == 0)
+				snprintf(why, sizeof(why), "EOF");
+			else if (errno != EAGAIN)
+				snprintf(why, sizeof(why), "recv: %s", strerror(errno));
+		}
+		proc_carrier(car, sizeof(car), &t, &r);
+		if (phase == 0 && sent >= 4 * MIB && got >= 4 * MIB && !strcmp(car, "ring-xen")) {
+			printf("m-phase dead-ring-ok\n");
+			phase = 1;
+		} else if (phase == 1 && !strcmp(car, "tcp")) {
+			printf("m-phase dead-tcp-ok\n");
+			t_tcp = now();
+			phase = 2;
+		}
+	}
+	double after = t_tcp ? now() - t_tcp : -1;
+	int reset = strstr(why, strerror(ECONNRESET)) != NULL;
+
+	result("dd-server-reset", phase == 2 && reset && bound > 0 && after <= bound / 1000.0 + 30,
+	       "%s %.1f s after the connection went to TCP (peer_lost_ms %ld, phase %d)",
+	       why[0] ? why : "no end", after, bound, phase);
+	result("dd-server-intact", bad_at == UINT64_MAX && got > 0, "%llu bytes received%s",
+	       (unsigned long long)got, bad_at == UINT64_MAX ? ", intact" : ", corrupted");
+	show_proc();
+	close(c);
+	close(l);
+	return failures > 100 ? 100 : failures;
+}
+
+/* dead-client: the victim, streams both ways until its domain is destroyed */
+static int cmd_dead_client(uint32_t peer, uint32_t port)
+{
+	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = peer };
+	static uint8_t buf[65536], rb[65536];
+	uint64_t sent = 0;
+	double end = now() + 120;
+	int c = -1;
+
+	while (now() < end) {
+		c = socket(fam, SOCK_STREAM, 0);
+		if (connect(c, (struct sockaddr *)&a, sizeof(a)) == 0)
+			break;
+		close(c);
+		c = -1;
+		sleep(1);
+	}
+	if (c < 0)
+		return 1;
+	fcntl(c, F_SETFL, fcntl(c, F_GETFL) | O_NONBLOCK);
+	for (;;) {
+		struct pollfd p = { .fd = c, .events = POLLIN | POLLOUT };
+		ssize_t n;
+
+		poll(&p, 1, 200);
+		if (p.revents & POLLOUT) {
+			for (size_t k = 0; k < sizeof(buf); k++)
+				buf[k] = pattern(sent + k, 0x5eed0022);
+			n = send(c, buf, sizeof(buf), MSG_NOSIGNAL);
+			if (n > 0)
+				sent += n;
+		}
+		if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+			n = recv(c, rb, sizeof(rb), 0);
+			if (n == 0 || (n < 0 && errno != EAGAIN))
+				return 1;
+		}
+	}
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -781,6 +949,10 @@ int main(int argc, char **argv)
 		return cmd_move_server(strtoul(argv[2], NULL, 0), argc == 4 ? argv[3] : "mv");
 	if ((argc == 4 || argc == 5) && !strcmp(argv[1], "move-client"))
 		return cmd_move_client(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0), argc == 5 ? argv[4] : "mv");
+	if (argc == 3 && !strcmp(argv[1], "dead-server"))
+		return cmd_dead_server(strtoul(argv[2], NULL, 0));
+	if (argc == 4 && !strcmp(argv[1], "dead-client"))
+		return cmd_dead_client(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0));
 	if (argc == 7 && !strcmp(argv[1], "client"))
 		return cmd_client(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0), strtoull(argv[4], NULL, 0), argv[5], atoi(argv[6]));
 	fprintf(stderr, "usage: see the comment at the top of xstest_migrate.c\n");

@@ -41,7 +41,21 @@ if wait_domu domu2 'm-phase save-now|^@@EXIT' 900 && ! wait_domu domu2 '^@@EXIT'
   D1=$NEW_DOMID
   check xs-pair-after-restore pair_again
   check xs-link-connected-after-restore wait_until 60 linked
+  xenstore-write "/local/domain/$D2/data/peer-now" "$D1"
   xenstore-ls "/local/domain/$D2/data/xensock" 2>/dev/null
 else
   log "domu2 never asked for the save"
+fi
+# the death test: domu1 streams with domu2's victim; the pair ends (the
+# connection goes to TCP), then domu2 is destroyed: domu1's connection
+# must reset within its peer_lost_ms (a leg left unanswered)
+if wait_domu domu1 'm-phase dead-ring-ok|^@@EXIT' 900 && ! wait_domu domu1 '^@@EXIT' 0; then
+  check xs-pair-ended-dead pair_ended
+  if wait_domu domu1 'm-phase dead-tcp-ok|^@@EXIT' 120 && ! wait_domu domu1 '^@@EXIT' 0; then
+    check xl-destroy-domu2 xl destroy domu2
+  else
+    log "domu1's death test never reported TCP"
+  fi
+else
+  log "domu1's death test never reported the ring phase"
 fi

@@ -77,21 +77,9 @@ scenario_build() {
   # <branch> af-xen-kmod proto | tar -x -C DIR`) tests that module instead;
   # RUST_TREE=DIR (a whole workspace, e.g. `git archive <branch> | tar -x
   # -C DIR`) builds the Rust binaries from it (lab_stream.rs is copied in)
-  local src=$REPO_DIR rsrc=${RUST_TREE:-$REPO_DIR}
+  local src=${AFX_TREE:-$REPO_DIR} rsrc=${RUST_TREE:-$REPO_DIR}
   if [[ $MIG_STACK == kmod ]]; then
-    # a build directory per work tree: several branches build the module
-    local afx
-    afx="$CACHE/af-xen-kmod-build-$(basename "$REPO_DIR")"
-    if [[ -n ${AFX_TREE:-} ]]; then
-      src=$AFX_TREE; afx=$afx-alt
-      local kdir kflags
-      kdir=$("$REPO_DIR/lab/kbuild-env" sh -c 'echo "$KDIR"')
-      kflags=$("$REPO_DIR/lab/kbuild-env" sh -c 'echo "$KMAKEFLAGS"')
-      make -C "$src/af-xen-kmod" AFX_OUT="$afx" KDIR="$kdir" KMAKEFLAGS="$kflags"
-    else
-      make -C "$src/af-xen-kmod" AFX_OUT="$afx"
-    fi
-    cp "$afx/af-xen-kmod/af_xen.ko" "$out/af_xen.ko"
+    afx_module "$out" || return 1
   fi
   gcc -O2 -Wall -static -I "$src/af-xen-kmod/include" -o "$out/bin/xsstream" "$REPO_DIR/tests/lab/c/xsstream.c"
   # the agent and xensock-discover always from this tree (away/back,
