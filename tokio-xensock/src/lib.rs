@@ -36,6 +36,15 @@
 //! per stream, as with tokio's `TcpStream`). Operations are always tried
 //! first; a `WouldBlock` re-arms the descriptor (and re-signals it if the
 //! other direction is ready, so neither loses its wakeup).
+//!
+//! Each read or write takes one unit of the task's cooperative budget, as
+//! tokio's own sockets do. A task whose every write is ready at once (a
+//! peer that keeps up, a ring with room) gives its worker back only when
+//! that budget (128 operations) runs out: if each round also does heavy
+//! work, yield between rounds (`tokio::task::yield_now`), or the other
+//! tasks on that worker, and the I/O driver and timers it would turn, wait
+//! that long (in the lab under software emulation, 4-9 s; docs/lab.md,
+//! "100 moves under one stream").
 
 use std::io;
 use std::net::Shutdown;
