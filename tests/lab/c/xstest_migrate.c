@@ -775,21 +775,42 @@ static int cmd_move_server(uint32_t port, const char *pfx)
 	return failures > 100 ? 100 : failures;
 }
 
+/* connects to peer:port, trying again each second for 120 s; -1 if never */
+static int connect_retry(uint32_t peer, uint32_t port)
+{
+	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = peer };
+	double end = now() + 120;
+
+	while (now() < end) {
+		int c = socket(fam, SOCK_STREAM, 0);
+
+		if (connect(c, (struct sockaddr *)&a, sizeof(a)) == 0)
+			return c;
+		close(c);
+		sleep(1);
+	}
+	return -1;
+}
+
+/* one non-blocking send of the next 64 KiB of the pattern: send's result */
+static ssize_t send_pattern(int c, uint64_t *sent, uint32_t seed)
+{
+	static uint8_t buf[65536];
+	ssize_t n;
+
+	for (size_t k = 0; k < sizeof(buf); k++)
+		buf[k] = pattern(*sent + k, seed);
+	n = send(c, buf, sizeof(buf), MSG_NOSIGNAL);
+	if (n > 0)
+		*sent += n;
+	return n;
+}
+
 static int cmd_move_client(uint32_t peer, uint32_t port, const char *pfx)
 {
 	char nm[64];
-	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = peer };
-	double end = now() + 120;
-	int c = -1;
+	int c = connect_retry(peer, port);
 
-	while (now() < end) {
-		c = socket(fam, SOCK_STREAM, 0);
-		if (connect(c, (struct sockaddr *)&a, sizeof(a)) == 0)
-			break;
-		close(c);
-		c = -1;
-		sleep(1);
-	}
 	snprintf(nm, sizeof(nm), "%s-client-connect", pfx);
 	result(nm, c >= 0, c < 0 ? "%s" : NULL, strerror(errno));
 	if (c < 0)
@@ -816,7 +837,7 @@ static int cmd_dead_server(uint32_t port)
 {
 	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = XEN_DOMID_ANY };
 	int l = socket(fam, SOCK_STREAM, 0), c, phase = 0;
-	static uint8_t buf[65536], rb[65536];
+	static uint8_t rb[65536];
 	uint64_t sent = 0, got = 0, bad_at = UINT64_MAX;
 	double t_tcp = 0, end = now() + 600;
 	long bound = peer_lost_ms();
@@ -842,15 +863,8 @@ static int cmd_dead_server(uint32_t port)
 		ssize_t n;
 
 		poll(&p, 1, 200);
-		if (p.revents & POLLOUT) {
-			for (size_t k = 0; k < sizeof(buf); k++)
-				buf[k] = pattern(sent + k, 0x5eed0021);
-			n = send(c, buf, sizeof(buf), MSG_NOSIGNAL);
-			if (n > 0)
-				sent += n;
-			else if (n < 0 && errno != EAGAIN)
-				snprintf(why, sizeof(why), "send: %s", strerror(errno));
-		}
+		if ((p.revents & POLLOUT) && send_pattern(c, &sent, 0x5eed0021) < 0 && errno != EAGAIN)
+			snprintf(why, sizeof(why), "send: %s", strerror(errno));
 		if (!why[0] && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
 			n = recv(c, rb, sizeof(rb), 0);
 			if (n > 0) {
@@ -890,20 +904,10 @@ static int cmd_dead_server(uint32_t port)
 /* dead-client: the victim, streams both ways until its domain is destroyed */
 static int cmd_dead_client(uint32_t peer, uint32_t port)
 {
-	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = peer };
-	static uint8_t buf[65536], rb[65536];
+	static uint8_t rb[65536];
 	uint64_t sent = 0;
-	double end = now() + 120;
-	int c = -1;
+	int c = connect_retry(peer, port);
 
-	while (now() < end) {
-		c = socket(fam, SOCK_STREAM, 0);
-		if (connect(c, (struct sockaddr *)&a, sizeof(a)) == 0)
-			break;
-		close(c);
-		c = -1;
-		sleep(1);
-	}
 	if (c < 0)
 		return 1;
 	fcntl(c, F_SETFL, fcntl(c, F_GETFL) | O_NONBLOCK);
@@ -912,13 +916,8 @@ static int cmd_dead_client(uint32_t peer, uint32_t port)
 		ssize_t n;
 
 		poll(&p, 1, 200);
-		if (p.revents & POLLOUT) {
-			for (size_t k = 0; k < sizeof(buf); k++)
-				buf[k] = pattern(sent + k, 0x5eed0022);
-			n = send(c, buf, sizeof(buf), MSG_NOSIGNAL);
-			if (n > 0)
-				sent += n;
-		}
+		if (p.revents & POLLOUT)
+			send_pattern(c, &sent, 0x5eed0022);
 		if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
 			n = recv(c, rb, sizeof(rb), 0);
 			if (n == 0 || (n < 0 && errno != EAGAIN))
