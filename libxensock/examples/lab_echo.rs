@@ -44,6 +44,15 @@ fn arg<T: std::str::FromStr>(a: &[String], i: usize, what: &str) -> Res<T> {
 }
 
 fn main() {
+    // RUST_LOG=libxensock=info: the transport's link and carrier events on
+    // stderr (the lab's death test looks for why the connection ended)
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+    }
     let a: Vec<String> = std::env::args().collect();
     let r = match a.get(1).map(String::as_str) {
         Some("server") => server(&a),

@@ -1742,7 +1742,11 @@ impl Shared {
             *at = Instant::now();
         }
         let unanswered = self.sample_legs();
-        if unanswered.is_some_and(|d| d >= self.cfg.peer_lost_after) {
+        if let Some(d) = unanswered.filter(|d| *d >= self.cfg.peer_lost_after) {
+            tracing::warn!(
+                conn = self.cfg.local_id,
+                "peer stopped answering on TCP for {d:.1?}: connection fails"
+            );
             lock(&self.failure).get_or_insert_with(|| "peer stopped answering on TCP".into());
             self.fail(libc::ECONNRESET, ResetReason::PeerLost);
         }

@@ -25,6 +25,16 @@ check xenstored-alive-3 pidof xenstored
 # (docs/protocol.md 6.1); the transports keep them
 check link-perms wait_until 120 sh -c "xenstore-ls -p /local/domain/$D2/data/xensock/link | grep -q 'n$D2,r$D1' && xenstore-ls -p /local/domain/$D1/data/xensock/link | grep -q 'n$D1,r$D2'"
 for d in $D1 $D2; do echo "--- dom$d link"; xenstore-ls -p /local/domain/$d/data/xensock/link; done
+# domu2's death-on-TCP test: once its stream through domu1's victim flows
+# (domu1's script has ended), the agent says domu1 left, the pair's link
+# directories go (the connection moves to TCP), then domu1 is destroyed
+if wait_domu domu2 'tcp-death-streaming|tcp-death-no-stream|@@EXIT' 400 && ! wait_domu domu2 'tcp-death-no-stream|@@EXIT' 0; then
+  check domu1-done wait_domu domu1 '@@EXIT' 60
+  check tcp-death-away xensock-agent away "$D1" host-b
+  check tcp-death-unlinked wait_until 60 sh -c "! xenstore-read /local/domain/$D2/data/xensock/link/$D1 >/dev/null 2>&1"
+  sleep 5
+  check tcp-death-destroy xl destroy domu1
+fi
 # keep the agent up until the domUs are done
 wait_domu domu2 '@@EXIT' 330
 wait_domu domu1 '@@EXIT' 60

@@ -38,3 +38,8 @@ xensock-discover peers
 # every process exited: this domain's XenStore still answers (the xenbus
 # deadlock left it hung in xs_talkv)
 check xenbus-alive timeout 20 xenstore-read domid
+# the victim of domu2's death-on-TCP test outlives this script (this domain
+# stays up after @@EXIT): dom0 has the agent say domu1 left (the connection
+# goes to TCP), then destroys this domain
+lab_echo server 10 > /tmp/victim.log 2>&1 &
+log "victim server on port 10 (pid $!)"

@@ -72,6 +72,34 @@ while :; do
 done
 if [ $rc = 0 ]; then result reconnect-after-death PASS "attempt $i"; else result reconnect-after-death FAIL "rc=$rc"; fi
 links
+# peer death on TCP: stream through domu1's victim server (port 10, made
+# when domu1's script ends; refusals are retried); once it flows, dom0 has
+# the agent say domu1 left (the connection goes to TCP), then destroys
+# domu1: the connection must end in ECONNRESET because a leg stayed
+# unanswered for the bound (10 s), well within 25 s of the last byte
+i=0; H=
+while [ $i -lt 30 ]; do
+  RUST_LOG=libxensock=info lab_echo hold $PEER 10 180 > /tmp/tcpdeath.log 2>&1 &
+  H=$!
+  wait_until 30 grep -q -e 'passed 1 MiB' -e 'lab_echo: error' /tmp/tcpdeath.log
+  grep -q 'passed 1 MiB' /tmp/tcpdeath.log && break
+  wait $H; H=; i=$((i + 1)); sleep 2
+done
+if [ -n "$H" ]; then
+  log "tcp-death-streaming"
+  watchdog $H 240; rc=$?
+  grep -v "^  " /tmp/tcpdeath.log | grep -E "connected|connection ended|leg|peer stopped|fails|link" | head -n 20
+  gap=$(sed -n 's/.*; \([0-9.]*\) ms after the last byte.*/\1/p' /tmp/tcpdeath.log)
+  if [ $rc = 0 ] && grep -q 'peer stopped answering on TCP' /tmp/tcpdeath.log && [ -n "$gap" ] &&
+     awk -v g="$gap" 'BEGIN { exit !(g < 25000) }'; then
+    result tcp-death PASS "ECONNRESET ${gap} ms after the last byte: a leg unanswered for the bound"
+  else
+    result tcp-death FAIL "rc=$rc, ${gap:-no} ms after the last byte; $(grep -c 'peer stopped answering' /tmp/tcpdeath.log) unanswered-leg failures logged"
+  fi
+else
+  log "tcp-death-no-stream"
+  result tcp-death FAIL "no stream through domu1's victim server after $i attempts"
+fi
 # every process exited: this domain's XenStore still answers (the xenbus
 # deadlock left it hung in xs_talkv)
 check xenbus-alive timeout 20 xenstore-read domid
