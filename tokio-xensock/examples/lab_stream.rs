@@ -402,8 +402,9 @@ fn poll_now(fd: std::os::fd::RawFd) -> String {
         events: libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
         revents: 0,
     };
-    // SAFETY: one valid pollfd for the call; `fd` is the stream's socket,
-    // open while its halves live (the status task ends with them).
+    // SAFETY: one valid pollfd for the call. poll only reads the
+    // descriptor number: once the stream's halves are gone it may be
+    // closed (POLLNVAL) or another file's, which is harmless here.
     let n = unsafe { libc::poll(&mut p, 1, 0) };
     if n < 0 {
         return format!("poll: {}", std::io::Error::last_os_error());
@@ -439,10 +440,8 @@ fn boot_secs() -> Option<f64> {
 async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -> bool {
     let local_port = s.local_addr().ok().map(|a| a.port);
     let peer_port = s.peer_addr().ok().map(|a| a.port);
-    // LAB_STREAM_PROBE=1: a reader that got nothing for a second or more
-    // has its socket polled (level, no wait) from the status task: POLLIN
-    // there while the reader task waits means a readiness edge that never
-    // reached tokio (the lab's churn stalls, docs/lab.md)
+    // LAB_STREAM_PROBE=1: a thread outside the runtime (`probe`) looks at
+    // the socket and the runtime each second the stream stands still
     let probe_fd = std::env::var("LAB_STREAM_PROBE")
         .is_ok_and(|v| v == "1")
         .then(|| s.as_raw_fd());
@@ -535,8 +534,8 @@ async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -
                     // CPU under the lab's TCG: a writer catching up after a
                     // switch, whose every write is ready at once, held its
                     // worker for tokio's whole budget (128 writes, 4-9 s)
-                    // while the reader and timers waited (see yield_now's
-                    // docs; docs/lab.md "The tokio stream's pauses")
+                    // while the reader and timers waited (docs/lab.md "100
+                    // moves under one stream")
                     tokio::task::yield_now().await;
                 }
                 Ok(Err(e)) => {
