@@ -100,7 +100,7 @@ static DECLARE_DELAYED_WORK(afx_tcp_dwork, afx_tcp_dwork_fn);
  * that neither delays the other */
 static void afx_tcp_tick_fn(struct work_struct *w) { afx_rs_tcp_work(); }
 static DECLARE_DELAYED_WORK(afx_tcp_tick, afx_tcp_tick_fn);
-/* the legs' liveness cadence (carrier.rs leg_silent), apart from the other
+/* the legs' liveness cadence (carrier.rs leg_unanswered), apart from the other
  * two so that its slower period never postpones theirs */
 static void afx_tcp_live_fn(struct work_struct *w) { afx_rs_tcp_work(); }
 static DECLARE_DELAYED_WORK(afx_tcp_live, afx_tcp_live_fn);

@@ -275,7 +275,7 @@ fn work_pass() {
     }
     // outside the legs' lock: the switch takes its own locks
     for (xs, sock) in authenticated.into_iter() {
-        // no TCP_USER_TIMEOUT on an established leg: carrier leg_silent_ms
+        // no TCP_USER_TIMEOUT on an established leg: carrier leg_unanswered
         if crate::carrier::attach_inbound(&xs, HeldLeg::new(sock)).is_err() {
             // a second leg for one connection, or no switch: closed
             inc(&DROPPED);
