@@ -1531,8 +1531,10 @@ impl Shared {
             return None;
         }
         let mut wake_at: Option<Instant> = None;
+        let mut has_leg;
         {
             let tx = lock(&self.tx);
+            has_leg = tx.leg.is_some();
             if let (Some(leg), false) = (&tx.leg, tx.leg_closed) {
                 let mut events = libc::POLLIN;
                 if (!tx.out.is_empty() || tx.nb_waiting.load(Ordering::Acquire)) && !tx.writer_polls
@@ -1551,6 +1553,7 @@ impl Shared {
         }
         {
             let mut rx = lock(&self.rx);
+            has_leg |= rx.leg.is_some();
             rx.driver_watches = false;
             if rx.driver_must_watch() && !rx.reader_polls && rx.inbox.frame_ready() {
                 // A frame read along with a payload: polling the leg would
@@ -1581,8 +1584,7 @@ impl Shared {
         let stall = *lock(&self.stall_since);
         let wake_at = earliest(wake_at, stall.map(|t| t + self.cfg.peer_lost_after));
         // the legs are looked at again within the bound (check_stall)
-        let legs = lock(&self.tx).leg.is_some() || lock(&self.rx).leg.is_some();
-        let live = legs.then(|| *lock(&self.legs_sampled) + self.legs_look_every());
+        let live = has_leg.then(|| *lock(&self.legs_sampled) + self.legs_look_every());
         earliest(wake_at, live)
     }
 
