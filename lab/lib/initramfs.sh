@@ -52,13 +52,13 @@ build_domu_root() {
   rm -rf "$root"; common_root "$root"
   cp "$LAB_DIR/guest/domu-init" "$root/init"
   copy_bin "$root" /usr/bin /usr/bin/iperf3
-  # LAB_PERF=1 (host environment): perf and strace in the domUs, for
-  # profiles by software clock (the guests have no PMU) and system-call
-  # counts; scenarios look for them
+  # LAB_PERF=1 (host environment): perf, strace and ss in the domUs, for
+  # profiles by software clock (the guests have no PMU), system-call
+  # counts and TCP socket snapshots; scenarios look for them
   if [[ -n ${LAB_PERF:-} ]]; then
     [[ -x /usr/bin/perf && -x /usr/bin/strace ]] ||
       die "LAB_PERF: perf and strace needed on the host (apt-get install linux-perf strace)"
-    copy_bin "$root" /usr/bin /usr/bin/perf /usr/bin/strace
+    copy_bin "$root" /usr/bin /usr/bin/perf /usr/bin/strace /usr/bin/ss
   fi
   # in-tree modules of the lab kernel (e.g. rust_minimal) + out-of-tree ones
   cp -a "$KDIR/modules/lib" "$root/"

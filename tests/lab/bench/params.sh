@@ -47,10 +47,17 @@ tcp_delta() {
 # so compare rows, not symbols within one.
 # LAB_PERF=strace instead: the phase's program runs under strace -f -c
 # (BENCH_WRAP), which counts every system call of every thread.
+# LAB_PERF=ss: every 0.5 s, `ss -tinm` of the domain's established TCP
+# sockets (windows, buffers, RTT, ACK timing of plain TCP and the legs).
 perf_start() {
   PERF_PID=; BENCH_WRAP=
   if [ "${BENCH_PERF:-}" = strace ] && command -v strace > /dev/null; then
     BENCH_WRAP="strace -f -c -o /tmp/strace-$1.txt"
+    return 0
+  fi
+  if [ "${BENCH_PERF:-}" = ss ] && command -v ss > /dev/null; then
+    ( while :; do echo "@ $(cut -d' ' -f1 /proc/uptime)"; ss -tinmH state established; sleep 0.5; done ) > "/tmp/ss-$1.txt" 2>&1 &
+    PERF_PID=$!
     return 0
   fi
   [ -n "${BENCH_PERF:-}" ] && command -v perf > /dev/null || return 0
@@ -72,6 +79,12 @@ perf_report() {
     cat "/tmp/strace-$_name.txt"
   fi
   [ -n "${PERF_PID:-}" ] || return 0
+  if [ -f "/tmp/ss-$_name.txt" ]; then
+    kill "$PERF_PID"; wait "$PERF_PID" 2>/dev/null
+    echo "---- ss -tinm every 0.5 s: $_name (uptime stamps; the rows' windows: $2 / $4) ----"
+    cat "/tmp/ss-$_name.txt"
+    return 0
+  fi
   kill -INT "$PERF_PID"; wait "$PERF_PID"; cat "/tmp/perf-$_name.log"
   while [ $# -ge 2 ]; do
     echo "---- perf profile: $1 (windows $2) ----"
