@@ -8,7 +8,11 @@
 //!   write call and the longest gap between reads in the 100 ms after each
 //!   event, minus the same in the 100 ms before it.
 //!
-//! `cargo run --release -p libxensock --example carrier_bench [-- MiB switches]`
+//! `cargo run --release -p libxensock --example carrier_bench [-- MiB switches]`;
+//! `-- plain N` / `-- leg N` stream N MiB once (for profilers), `-- pingpong
+//! N` times N one-byte round trips over the TCP legs (e.g. under `strace -f
+//! -c`: a round trip is a `poll` and a `recvfrom` per read, a `writev` per
+//! write).
 
 #[allow(dead_code)]
 #[path = "../src/evfd.rs"]
@@ -81,6 +85,26 @@ fn engine_stream(a: Arc<Engine>, b: Arc<Engine>, total: usize) -> f64 {
     }
     let end = reader.join().unwrap();
     total as f64 / (end - t0).as_secs_f64() / 1e6
+}
+
+/// `n` one-byte round trips A -> B -> A; the mean round trip in us.
+fn engine_pingpong(a: Arc<Engine>, b: Arc<Engine>, n: usize) -> f64 {
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        for _ in 0..n {
+            assert_eq!(b.read(&mut buf).unwrap(), 1);
+            assert_eq!(b.write(&buf[..1]).unwrap(), 1);
+        }
+    });
+    let mut buf = [0u8; 64];
+    let t0 = Instant::now();
+    for _ in 0..n {
+        assert_eq!(a.write(b"p").unwrap(), 1);
+        assert_eq!(a.read(&mut buf).unwrap(), 1);
+    }
+    let us = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
+    echo.join().unwrap();
+    us
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -277,9 +301,20 @@ fn switch_pause(switches: usize) {
 }
 
 fn main() {
-    // `-- plain N` / `-- leg N`: one stream of N MiB only, for profilers.
+    // `-- plain N` / `-- leg N`: one stream of N MiB only, for profilers;
+    // `-- pingpong N`: N one-byte round trips over the TCP legs.
     let mode: Vec<String> = std::env::args().skip(1).collect();
     if let [m, n] = &mode[..] {
+        if let ("pingpong", Ok(n)) = (m.as_str(), n.parse::<usize>()) {
+            let p = pair(&PairOptions {
+                on_ring: false,
+                ..PairOptions::default()
+            })
+            .unwrap();
+            let us = engine_pingpong(p.a.clone(), p.b.clone(), n);
+            println!("pingpong on the TCP legs: {us:.1} us per round trip");
+            return;
+        }
         if let (m @ ("plain" | "leg"), Ok(mib)) = (m.as_str(), n.parse::<usize>()) {
             let total = mib << 20;
             let rate = if m == "plain" {
