@@ -113,6 +113,9 @@ pub(crate) mod counters {
     /// (`on_candidate_offer`), and those domains that proved to be the peer
     pub(crate) static CANDIDATES: AtomicI64 = AtomicI64::new(0);
     pub(crate) static PEERS_PROVED: AtomicI64 = AtomicI64::new(0);
+    /// connections that followed their peer to a new domid because the
+    /// agent's table lists the peer's UUID there (`Link::adopt_moved`)
+    pub(crate) static PEERS_FOLLOWED: AtomicI64 = AtomicI64::new(0);
     /// backed-off retransmissions of an outbound leg fired at once because
     /// the peer was heard from again (`kick_if_heard`)
     pub(crate) static LEG_KICKS: AtomicI64 = AtomicI64::new(0);
@@ -677,12 +680,19 @@ fn adopt_proven(xs: &Arc<XenSock>, sw: &Switch) {
         return;
     }
     inc(&counters::PEERS_PROVED, 1);
+    take_kept_offer(xs, sw, &link);
+}
+
+/// `link` became the connection's (its domain proved to be the peer, or
+/// the agent lists the peer there): an offer it made while it was only a
+/// candidate is taken now as the peer's own. An offer kept from another
+/// domain is dropped; the peer offers again over its link, now ours (its
+/// offer times out).
+fn take_kept_offer(xs: &Arc<XenSock>, sw: &Switch, link: &Arc<Link>) {
     let kept = {
         let mut t = sw.tx.lock();
         match t.candidate.take() {
-            Some((l, grant)) if Arc::ptr_eq(&l, &link) => Some(grant),
-            // another domain's offer came since: the peer offers again
-            // over its link, now ours (its offer times out)
+            Some((l, grant)) if Arc::ptr_eq(&l, link) => Some(grant),
             other => {
                 drop(other);
                 None
@@ -691,6 +701,16 @@ fn adopt_proven(xs: &Arc<XenSock>, sw: &Switch) {
     };
     if let Some(grant) = kept {
         on_ring_offer(xs, grant);
+    }
+}
+
+/// The connection followed its peer to `link` by the agent's table
+/// (`Link::adopt_moved`): the offer that link's domain made before, kept
+/// as a candidate's, is the peer's.
+pub(crate) fn followed_peer(xs: &Arc<XenSock>, link: &Arc<Link>) {
+    inc(&counters::PEERS_FOLLOWED, 1);
+    if let Some(sw) = sw_of(xs) {
+        take_kept_offer(xs, &sw, link);
     }
 }
 
@@ -2246,9 +2266,10 @@ pub(crate) fn peer_stats(l: &mut crate::sock::Line) {
     let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
     let _ = write!(
         l,
-        "switch_peer_candidates {}\nswitch_peers_proved {}\nswitch_leg_kicks {}\n",
+        "switch_peer_candidates {}\nswitch_peers_proved {}\nswitch_peers_followed {}\nswitch_leg_kicks {}\n",
         g(&CANDIDATES),
         g(&PEERS_PROVED),
+        g(&PEERS_FOLLOWED),
         g(&LEG_KICKS)
     );
 }

@@ -119,6 +119,9 @@ pub(crate) struct LinkInner {
 #[pin_data]
 pub(crate) struct Link {
     pub(crate) peer: u32,
+    /// the peer's UUID in the agent's table when the link was made (none
+    /// without an agent): the same guest under a new domid has it too
+    peer_uuid: Option<xs::Uuid>,
     me: u32,
     my_dir: CString,
     peer_dir: CString,
@@ -172,6 +175,10 @@ impl Link {
         let my_dir = CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}", me, peer))?;
         let peer_dir = CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}", peer, me))?;
         let state_path = CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}/state", peer, me))?;
+        // dom0 writes a peer's table entry with (or before) the pair's link
+        // directories, so it is there whenever a link is made
+        let table_entry = CString::try_from_fmt(fmt!("/local/domain/{}/xensock/peers/{}", me, peer))?;
+        let peer_uuid = xs::read_uuid(&table_entry, c"uuid");
         let g = link_geometry()?;
         let grant = Grant::new(peer)?;
         let ring = grant.ring(g).ok_or(EINVAL)?;
@@ -192,6 +199,7 @@ impl Link {
         Arc::pin_init(
             pin_init!(Link {
                 peer,
+                peer_uuid,
                 me,
                 my_dir,
                 peer_dir,
@@ -463,25 +471,57 @@ impl Link {
         }
     }
 
-    /// Stream connections to this peer's domid that went to TCP under an
-    /// earlier link to it (gone with our own save/restore, or with the
-    /// pair's link directories) continue under this one: ring offers go here.
+    /// Stream connections that went to TCP under an earlier link (gone
+    /// with our own save/restore, or with the pair's link directories)
+    /// continue under this one, so ring offers go here: those to this
+    /// peer's domid, and those to a domid the agent's table now lists
+    /// under this one's UUID, the same guest moved (after a save and
+    /// restore or a migration on this host). The second is what brings a
+    /// connection back to rings when both ends moved: each knows only the
+    /// other's old domid, and neither would take a ring offer from a
+    /// domain that has not proved to be the peer (`carrier::on_candidate_offer`)
+    /// while the other waits for the same; dom0's table is trusted as it
+    /// is for resolving addresses.
     fn adopt_moved(self: &Arc<Self>, i: &mut LinkInner) {
+        let mut followed: KVec<Arc<XenSock>> = KVec::new();
         let p = sock::globals().ports.lock();
         for (_, xs) in p.all.iter() {
-            let (id, old) = {
+            let (id, old, was) = {
                 let mut inner = xs.inner.lock();
-                let stale = inner.link.as_ref().map(|l| !Arc::ptr_eq(l, self) && !l.is_up()).unwrap_or(false);
-                if inner.state != sock::State::Connected || inner.released || inner.sw.is_none() || inner.peer.domid != self.peer || !stale {
+                let Some(earlier) = inner.link.as_ref() else { continue };
+                let stale = !Arc::ptr_eq(earlier, self) && !earlier.is_up();
+                let renamed = self.peer_uuid.is_some() && earlier.peer_uuid == self.peer_uuid && earlier.peer == inner.peer.domid;
+                if inner.state != sock::State::Connected || inner.released || inner.sw.is_none() || !stale {
                     continue;
                 }
-                (inner.conn_id, inner.link.replace(self.clone()))
+                if inner.peer.domid != self.peer && !renamed {
+                    continue;
+                }
+                let was = core::mem::replace(&mut inner.peer.domid, self.peer);
+                (inner.conn_id, inner.link.replace(self.clone()), was)
             };
             drop(old);
             if i.conns.get(&id).is_none() {
                 let _ = i.conns.try_create_and_insert(id, xs.clone(), GFP_KERNEL);
             }
-            pr_info!("connection {}: continues under the new link to dom{}\n", id, self.peer);
+            if was == self.peer {
+                pr_info!("connection {}: continues under the new link to dom{}\n", id, self.peer);
+            } else {
+                let uuid = self.peer_uuid.map(|u| u.0).unwrap_or([b'?'; 36]);
+                pr_info!(
+                    "connection {}: peer dom{} is now dom{} (the agent lists its UUID {} there)\n",
+                    id,
+                    was,
+                    self.peer,
+                    core::str::from_utf8(&uuid).unwrap_or("?")
+                );
+                let _ = followed.push(xs.clone(), GFP_KERNEL);
+            }
+        }
+        // sw.tx after the ports lock (link.inner -> sw.tx is the order)
+        drop(p);
+        for xs in followed.iter() {
+            crate::carrier::followed_peer(xs, self);
         }
     }
 

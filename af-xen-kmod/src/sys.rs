@@ -1021,6 +1021,7 @@ extern "C" {
     fn afx_xs_retract(dir: *const u8);
     fn afx_xs_read_uint(dir: *const u8, node: *const u8, out: *mut c_uint) -> c_int;
     fn afx_xs_dir_ids(dir: *const u8, out: *mut c_uint, max: c_int) -> c_int;
+    fn afx_xs_read_str(dir: *const u8, node: *const u8, buf: *mut u8, size: c_uint) -> c_int;
     fn afx_watch_add(path: *const u8) -> *mut c_void;
     fn afx_watch_del(w: *mut c_void);
     fn afx_take_xs_dirty() -> c_int;
@@ -1249,6 +1250,25 @@ pub(crate) mod xs {
             None
         }
     }
+    /// A domain's UUID as XenStore spells it (`xensock/peers/<domid>/uuid`
+    /// in the agent's table): 36 characters, hex digits and dashes.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub(crate) struct Uuid(pub(crate) [u8; 36]);
+
+    /// `dir/node` if it holds a UUID; None if it is missing or not one.
+    pub(crate) fn read_uuid(dir: &CString, node: &core::ffi::CStr) -> Option<Uuid> {
+        let mut buf = [0u8; 36];
+        // SAFETY: NUL-terminated strings; buf has room for 36 bytes.
+        let n = unsafe { afx_xs_read_str(dir.as_bytes_with_nul().as_ptr(), node.as_ptr().cast(), buf.as_mut_ptr(), 36) };
+        let dashes = [8, 13, 18, 23];
+        let ok = n == 36
+            && buf
+                .iter()
+                .enumerate()
+                .all(|(k, b)| if dashes.contains(&k) { *b == b'-' } else { b.is_ascii_hexdigit() });
+        ok.then_some(Uuid(buf))
+    }
+
     /// Numeric entries of a directory (at most 64).
     pub(crate) fn dir_ids(dir: &CString, out: &mut [u32; 64]) -> usize {
         // SAFETY: NUL-terminated path; out has room for 64 entries.

@@ -16,7 +16,7 @@ lab_wait() {
   xenstore-read "data/lab/$1"
 }
 
-move_index() { case $1 in saverestore) echo 0 ;; away) echo 1 ;; migrate) echo 2 ;; churn) echo 3 ;; esac; }
+move_index() { case $1 in saverestore) echo 0 ;; away) echo 1 ;; migrate) echo 2 ;; churn) echo 3 ;; bothsave) echo 4 ;; esac; }
 # streams of a stack: kx = C xsstream over AF_XEN, kt = tokio over the
 # kernel family, ut = tokio over the user-space transport, tcp = C xsstream
 # over TCP between the same two domUs (the baseline: it must pass whatever
@@ -272,6 +272,18 @@ run_phase() {
       _now=$(lab_wait "$MOVE-moved" 900) || _now=none
       log "$MOVE: domid $(own_domid) now (domu1 dom$_now)"
       for s in $(streams); do flowing "$s-$MOVE" "$s-$MOVE-flows-after" || true; done
+      if [ "$MOVE" = bothsave ]; then
+        # both ends moved: each knows only the other's old domid; the
+        # agent's table (the same UUID under a new domid) says where the
+        # peer went, and the connection returns to a ring
+        for s in $(streams); do
+          is_xen_stream "$s" || continue
+          carrier_is "$s-$MOVE" "$(stream_port "$s" "$MOVE")" '^ring(-xen)?(/ring)?$' "$s-$MOVE-carrier-ring"
+          # each direction to TCP and back
+          switches_at_least "$s-$MOVE" "$(stream_port "$s" "$MOVE")" 4 "$s-$MOVE-switches"
+          flowing "$s-$MOVE" "$s-$MOVE-flows-on-ring" || true
+        done
+      fi
       [ "$_role" = client ] && listener_check "$MOVE" "$_now"
       kmod_trace "$MOVE-after"
       if [ "$MIG_STACK" = kmod ]; then

@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Host side of the migration scenarios, sourced by their scenario.conf after
 # it set MIG_STACK (kmod | userspace) and MIG_MOVES (any of: saverestore
-# away migrate churn; churn is MIG_CHURN away/back cycles, default 100, under
+# away migrate churn bothsave; bothsave saves and restores both domUs, kmod
+# only: the user-space hook runs in domu1 alone; churn is MIG_CHURN away/back cycles, default 100, under
 # one set of streams; MIG_RATE sets the streams' KiB/s). The guest scripts
 # are this directory's (SCENARIO_INCLUDE).
 SCENARIO_INCLUDE=migration
@@ -26,6 +27,7 @@ for _m in $MIG_MOVES; do
   case $_m in
     saverestore) EXPECT+=(dom0:xl-save dom0:xl-restore) ;;
     migrate) EXPECT+=(dom0:xl-migrate) ;;
+    bothsave) EXPECT+=(dom0:xl-save-both dom0:xl-restore-both dom0:bothsave-new-domid2) ;;
     away) EXPECT+=(dom0:agent-away dom0:away-tables dom0:away-link-dirs-gone dom0:away-moved-noted
                    dom0:agent-back dom0:back-tables dom0:back-link-dirs) ;;
     churn) EXPECT+=(dom0:churn-cycles) ;;
@@ -42,6 +44,9 @@ for _m in $MIG_MOVES; do
       if [[ $_m == away ]]; then
         EXPECT+=("$_g:$_s-away-flows-while-away" "$_g:$_s-away-flows-after-back")
         [[ $_s != tcp ]] && EXPECT+=("$_g:$_s-away-carrier-tcp" "$_g:$_s-away-carrier-ring" "$_g:$_s-away-switches")
+      elif [[ $_m == bothsave ]]; then
+        EXPECT+=("$_g:$_s-$_m-flows-after")
+        [[ $_s != tcp ]] && EXPECT+=("$_g:$_s-$_m-carrier-ring" "$_g:$_s-$_m-switches" "$_g:$_s-$_m-flows-on-ring")
       elif [[ $_m == churn ]]; then
         EXPECT+=("$_g:$_s-churn-flows-after")
         [[ $_s != tcp ]] && EXPECT+=("$_g:$_s-churn-every-cycle" "$_g:$_s-churn-switches")

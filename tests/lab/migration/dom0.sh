@@ -5,6 +5,9 @@
 #                not "destroyed")
 #   away         xensock-agent away/back: domu1 stays, discovery says it left
 #   migrate      xl migrate to localhost (needs lab/run --xen shadow)
+#   bothsave     xl save of both domUs, then xl restore of both (both ends
+#                of every connection move at once: host maintenance, as
+#                xendomains does it); both are noted as moved first
 #   churn        MIG_CHURN cycles of away + back under the same streams, each
 #                cycle waiting until both domUs see their connections on TCP,
 #                then back on rings (issue #7's "zero bytes lost over 100
@@ -14,6 +17,7 @@
 . /opt/xensock/migration.params
 D1=$(xl domid domu1); D2=$(xl domid domu2)
 UUID=$(xenstore-read "/local/domain/$D1/vm" | sed 's|.*/||')
+UUID2=$(xenstore-read "/local/domain/$D2/vm" | sed 's|.*/||')
 log "stack $MIG_STACK, moves: $MIG_MOVES; domu1 dom$D1 ($UUID), domu2 dom$D2"
 since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}'; }
 note() { xenstore-write "/local/domain/$1/data/lab/$2" "${3:-1}"; }
@@ -78,6 +82,24 @@ for MOVE in $MIG_MOVES; do
       DOWN=$(since "$t0")
       rm -f /tmp/domu1.save
       xenstore-rm "/tool/xensock/moved/$UUID" ;;
+    bothsave)
+      xenstore-write "/tool/xensock/moved/$UUID" lab-a
+      xenstore-write "/tool/xensock/moved/$UUID2" lab-a
+      t0=$(uptime_s)
+      check xl-save-both sh -c "timeout 300 xl save domu1 /tmp/domu1.save && timeout 300 xl save domu2 /tmp/domu2.save"
+      metric bothsave.save_s "$(since "$t0")" s
+      t1=$(uptime_s)
+      check xl-restore-both sh -c "timeout 300 xl restore /tmp/domu1.save && timeout 300 xl restore /tmp/domu2.save"
+      metric bothsave.restore_s "$(since "$t1")" s
+      metric bothsave.total_s "$(since "$t0")" s
+      DOWN=$(since "$t0")
+      rm -f /tmp/domu1.save /tmp/domu2.save
+      xenstore-rm "/tool/xensock/moved/$UUID"
+      xenstore-rm "/tool/xensock/moved/$UUID2"
+      NEW2=$(xl domid domu2 2>/dev/null || echo none)
+      log "bothsave: domu2 dom$D2 -> dom$NEW2"
+      check bothsave-new-domid2 test "$NEW2" != none -a "$NEW2" != "$D2"
+      [ "$NEW2" != none ] && D2=$NEW2 ;;
     migrate)
       if [ "$(cat /lab/xen-flavour 2>/dev/null)" != shadow ]; then
         result xl-migrate FAIL "Debian's Xen has no shadow paging for log-dirty: lab/run --xen shadow <scenario>"
