@@ -268,7 +268,8 @@ run_phase() {
       kmod_trace away-back ;;
     churn) churn_cycles "$_role" ;;
     *)
-      [ "$_role" = server ] && uses_hook && suspend_hook "$MOVE"
+      # (both ends run the hook when both move)
+      { [ "$_role" = server ] || [ "$MOVE" = bothsave ]; } && uses_hook && suspend_hook "$MOVE"
       _now=$(lab_wait "$MOVE-moved" 900) || _now=none
       log "$MOVE: domid $(own_domid) now (domu1 dom$_now)"
       for s in $(streams); do flowing "$s-$MOVE" "$s-$MOVE-flows-after" || true; done
@@ -279,8 +280,10 @@ run_phase() {
         for s in $(streams); do
           is_xen_stream "$s" || continue
           carrier_is "$s-$MOVE" "$(stream_port "$s" "$MOVE")" '^ring(-xen)?(/ring)?$' "$s-$MOVE-carrier-ring"
-          # each direction to TCP and back
-          switches_at_least "$s-$MOVE" "$(stream_port "$s" "$MOVE")" 4 "$s-$MOVE-switches"
+          # each direction to TCP and back (the user-space status counts
+          # tx_to_tcp, tx_to_ring and rx_to_ring: 3)
+          _want=4; [ "$MIG_STACK" = userspace ] && _want=3
+          switches_at_least "$s-$MOVE" "$(stream_port "$s" "$MOVE")" "$_want" "$s-$MOVE-switches"
           flowing "$s-$MOVE" "$s-$MOVE-flows-on-ring" || true
         done
       fi

@@ -1,8 +1,8 @@
 # shellcheck shell=bash
 # Host side of the migration scenarios, sourced by their scenario.conf after
 # it set MIG_STACK (kmod | userspace) and MIG_MOVES (any of: saverestore
-# away migrate churn bothsave; bothsave saves and restores both domUs, kmod
-# only: the user-space hook runs in domu1 alone; churn is MIG_CHURN away/back cycles, default 100, under
+# away migrate churn bothsave; bothsave saves and restores both domUs, and
+# with the user-space stack runs the hook in both; churn is MIG_CHURN away/back cycles, default 100, under
 # one set of streams; MIG_RATE sets the streams' KiB/s). The guest scripts
 # are this directory's (SCENARIO_INCLUDE).
 SCENARIO_INCLUDE=migration
@@ -35,6 +35,7 @@ for _m in $MIG_MOVES; do
   _stays=0; [[ $_m == away || $_m == churn ]] && _stays=1
   [[ $_stays == 0 ]] && EXPECT+=(dom0:$_m-new-domid dom0:$_m-tables-again dom0:$_m-link-dirs-again)
   [[ $_stays == 0 && $MIG_STACK == userspace && ${MIG_HOOK:-1} == 1 ]] && EXPECT+=(domu1:$_m-suspend-releases)
+  [[ $_m == bothsave && $MIG_STACK == userspace && ${MIG_HOOK:-1} == 1 ]] && EXPECT+=(domu2:$_m-suspend-releases)
   # the one listener domu1 made before the first move (common.sh)
   [[ $MIG_STACK == kmod ]] && EXPECT+=(domu2:resolve-$_m domu2:listener-survives-$_m)
   [[ $MIG_STACK == kmod && $_stays == 0 ]] && EXPECT+=(domu1:$_m-proc-own-domid domu2:$_m-proc-own-domid)

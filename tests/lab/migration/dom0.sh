@@ -66,7 +66,11 @@ for MOVE in $MIG_MOVES; do
   # the user-space transport's hook before the move (see common.sh)
   if hook && ! stays "$MOVE"; then
     note "$D1" "$MOVE-suspend"
+    [ "$MOVE" = bothsave ] && note "$D2" "$MOVE-suspend"
     wait_until 120 seen "$D1" "$MOVE-suspended" || log "domu1 never ran its suspend hook for $MOVE"
+    if [ "$MOVE" = bothsave ]; then
+      wait_until 120 seen "$D2" "$MOVE-suspended" || log "domu2 never ran its suspend hook for $MOVE"
+    fi
   fi
   DOWN=0
   case $MOVE in
@@ -158,7 +162,11 @@ for MOVE in $MIG_MOVES; do
   note "$D2" "$MOVE-downtime" "$DOWN"
   if hook && ! stays "$MOVE" && [ "$NEW" != none ]; then
     note "$NEW" "$MOVE-resume"
+    [ "$MOVE" = bothsave ] && note "$D2" "$MOVE-resume"
     wait_until 120 seen "$NEW" "$MOVE-resumed" || log "domu1 never ran its resume hook for $MOVE"
+    if [ "$MOVE" = bothsave ]; then
+      wait_until 120 seen "$D2" "$MOVE-resumed" || log "domu2 never ran its resume hook for $MOVE"
+    fi
   fi
   if ! stays "$MOVE"; then
     log "$MOVE: domu1 dom$D1 -> dom$NEW"
