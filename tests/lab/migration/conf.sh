@@ -1,10 +1,10 @@
 # shellcheck shell=bash
 # Host side of the migration scenarios, sourced by their scenario.conf after
 # it set MIG_STACK (kmod | userspace) and MIG_MOVES (any of: saverestore
-# away migrate churn bothsave; bothsave saves and restores both domUs, and
-# with the user-space stack runs the hook in both; churn is MIG_CHURN away/back cycles, default 100, under
-# one set of streams; MIG_RATE sets the streams' KiB/s). The guest scripts
-# are this directory's (SCENARIO_INCLUDE).
+# away migrate churn bothsave; churn is MIG_CHURN away/back cycles, default
+# 100, under one set of streams; bothsave saves and restores both domUs,
+# with the user-space stack's hook in both; MIG_RATE sets the streams'
+# KiB/s). The guest scripts are this directory's (SCENARIO_INCLUDE).
 SCENARIO_INCLUDE=migration
 BOOT_TIMEOUT=${BOOT_TIMEOUT_MIG:-2400}
 GUEST_TIMEOUT=2200
