@@ -546,23 +546,6 @@ int afx_xs_read_uint(const char *dir, const char *node, unsigned int *out)
 	return n == 1 ? 0 : (n < 0 ? n : -EINVAL);
 }
 
-/* dir/node's value into buf (not terminated): its length, -E2BIG if longer than size, or -errno */
-int afx_xs_read_str(const char *dir, const char *node, char *buf, unsigned int size)
-{
-	unsigned int len;
-	char *v = xenbus_read(XBT_NIL, dir, node, &len);
-
-	if (IS_ERR(v))
-		return PTR_ERR(v);
-	if (len > size) {
-		kfree(v);
-		return -E2BIG;
-	}
-	memcpy(buf, v, len);
-	kfree(v);
-	return len;
-}
-
 /* numeric entries of dir into out[0..max); count or -errno */
 int afx_xs_dir_ids(const char *dir, unsigned int *out, int max)
 {

@@ -78,7 +78,6 @@ void afx_watch_del(void *p);
 int afx_xs_advertise(const char *dir, unsigned int ref, unsigned int port, int state);
 int afx_xs_dir_ids(const char *dir, unsigned int *out, int max);
 int afx_xs_read_uint(const char *dir, const char *node, unsigned int *out);
-int afx_xs_read_str(const char *dir, const char *node, char *buf, unsigned int size);
 void afx_xs_retract(const char *dir);
 int afx_xs_write_state(const char *dir, int state);
 void afx_msg_revert(struct msghdr *user, size_t n);

@@ -507,13 +507,12 @@ impl Link {
             if was == self.peer {
                 pr_info!("connection {}: continues under the new link to dom{}\n", id, self.peer);
             } else {
-                let uuid = self.peer_uuid.map(|u| u.0).unwrap_or([b'?'; 36]);
                 pr_info!(
                     "connection {}: peer dom{} is now dom{} (the agent lists its UUID {} there)\n",
                     id,
                     was,
                     self.peer,
-                    core::str::from_utf8(&uuid).unwrap_or("?")
+                    self.peer_uuid.as_ref().map_or("?", |u| u.as_str())
                 );
                 let _ = followed.push(xs.clone(), GFP_KERNEL);
             }

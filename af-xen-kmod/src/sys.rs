@@ -804,8 +804,8 @@ pub(crate) fn accept_flags(arg: *mut bindings::proto_accept_arg) -> i32 {
     unsafe { afx_accept_flags(arg) }
 }
 
-/// Our own domid, from XenStore ("domid" relative to our home).
-pub(crate) fn xenstore_read_u32(dir: &core::ffi::CStr, node: &core::ffi::CStr) -> Option<u32> {
+/// `dir/node`'s value handed to `f`; None if it is missing or unreadable.
+fn with_xenstore_value<R>(dir: &core::ffi::CStr, node: &core::ffi::CStr, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
     let mut len: c_uint = 0;
     let xbt = xen_sys::xenbus_transaction { id: 0 };
     // SAFETY: NUL-terminated strings; result is kmalloc'd or an ERR_PTR.
@@ -815,32 +815,27 @@ pub(crate) fn xenstore_read_u32(dir: &core::ffi::CStr, node: &core::ffi::CStr) -
         return None;
     }
     // SAFETY: p points to len bytes from xenbus_read.
-    let s = unsafe { core::slice::from_raw_parts(p as *const u8, len as usize) };
-    let mut v: u32 = 0;
-    let mut ok = !s.is_empty();
-    for &b in s {
-        if b == 0 {
-            break;
-        }
-        if !b.is_ascii_digit() {
-            ok = false;
-            break;
-        }
-        v = match v.checked_mul(10).and_then(|v| v.checked_add((b - b'0') as u32)) {
-            Some(v) => v,
-            None => {
-                ok = false;
-                break;
-            }
-        };
-    }
-    // SAFETY: p was kmalloc'd by xenbus_read.
+    let r = f(unsafe { core::slice::from_raw_parts(p as *const u8, len as usize) });
+    // SAFETY: p was kmalloc'd by xenbus_read; the slice is gone.
     unsafe { bindings::kfree(p as *const c_void) };
-    if ok {
-        Some(v)
-    } else {
-        None
-    }
+    Some(r)
+}
+
+/// Our own domid, from XenStore ("domid" relative to our home).
+pub(crate) fn xenstore_read_u32(dir: &core::ffi::CStr, node: &core::ffi::CStr) -> Option<u32> {
+    with_xenstore_value(dir, node, |s| {
+        let digits = s.split(|&b| b == 0).next().unwrap_or(&[]);
+        if digits.is_empty() {
+            return None;
+        }
+        digits.iter().try_fold(0u32, |v, &b| {
+            if !b.is_ascii_digit() {
+                return None;
+            }
+            v.checked_mul(10)?.checked_add((b - b'0') as u32)
+        })
+    })
+    .flatten()
 }
 
 extern "C" {
@@ -1021,7 +1016,6 @@ extern "C" {
     fn afx_xs_retract(dir: *const u8);
     fn afx_xs_read_uint(dir: *const u8, node: *const u8, out: *mut c_uint) -> c_int;
     fn afx_xs_dir_ids(dir: *const u8, out: *mut c_uint, max: c_int) -> c_int;
-    fn afx_xs_read_str(dir: *const u8, node: *const u8, buf: *mut u8, size: c_uint) -> c_int;
     fn afx_watch_add(path: *const u8) -> *mut c_void;
     fn afx_watch_del(w: *mut c_void);
     fn afx_take_xs_dirty() -> c_int;
@@ -1255,18 +1249,29 @@ pub(crate) mod xs {
     #[derive(Clone, Copy, PartialEq, Eq)]
     pub(crate) struct Uuid(pub(crate) [u8; 36]);
 
+    impl Uuid {
+        pub(crate) fn as_str(&self) -> &str {
+            // ASCII, checked by read_uuid
+            core::str::from_utf8(&self.0).unwrap_or("?")
+        }
+    }
+
     /// `dir/node` if it holds a UUID; None if it is missing or not one.
     pub(crate) fn read_uuid(dir: &CString, node: &core::ffi::CStr) -> Option<Uuid> {
-        let mut buf = [0u8; 36];
-        // SAFETY: NUL-terminated strings; buf has room for 36 bytes.
-        let n = unsafe { afx_xs_read_str(dir.as_bytes_with_nul().as_ptr(), node.as_ptr().cast(), buf.as_mut_ptr(), 36) };
         let dashes = [8, 13, 18, 23];
-        let ok = n == 36
-            && buf
-                .iter()
-                .enumerate()
-                .all(|(k, b)| if dashes.contains(&k) { *b == b'-' } else { b.is_ascii_hexdigit() });
-        ok.then_some(Uuid(buf))
+        let dir = core::ffi::CStr::from_bytes_with_nul(dir.as_bytes_with_nul()).ok()?;
+        let s = super::with_xenstore_value(dir, node, |s| {
+            let valid = s.len() == 36
+                && s.iter()
+                    .enumerate()
+                    .all(|(k, b)| if dashes.contains(&k) { *b == b'-' } else { b.is_ascii_hexdigit() });
+            valid.then(|| {
+                let mut u = [0u8; 36];
+                u.copy_from_slice(s);
+                Uuid(u)
+            })
+        });
+        s.flatten()
     }
 
     /// Numeric entries of a directory (at most 64).
