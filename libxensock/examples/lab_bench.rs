@@ -22,9 +22,10 @@
 //!
 //! `user-tcpc` (issue #7): the user-space transport's TCP carrier against
 //! plain TCP over the same path, `<rounds>` interleaved rounds in one
-//! process each side. Per round the client runs the workload over a plain
-//! `TcpStream` to `<server-ip>:<tcp-port>` (row `tcp-same-phase-user`),
-//! then connects over the user-space transport, checks that the
+//! process each side. Per round (the rows' order alternates, see
+//! `round_order`) the client runs the workload over a plain
+//! `TcpStream` to `<server-ip>:<tcp-port>` (row `tcp-same-phase-user`);
+//! for the other row it connects over the user-space transport, checks that the
 //! connection is on its ring, runs the transport's suspend hook
 //! (`Transport::suspend`: every connection leaves its rings for its TCP
 //! carrier and the links go down, as before a save or a move to another
@@ -493,24 +494,33 @@ fn server_tcpc(a: &[String]) -> Res<i32> {
     let pat = pattern();
     let mut all_intact = true;
     for round in 1..=rounds {
-        let (mut s, peer) = tcp.accept()?;
-        s.set_nodelay(true)?;
-        let ok = serve_one_as(&mut s, &pat, mib, 2 * n, Some("tcp-same-phase-user server"))? == 0;
-        println!("lab_bench user-tcpc server: round {round}: TCP from {peer}: intact {ok}");
-        all_intact &= ok;
-        let (mut s, peer) = listener.accept()?;
-        let ok = serve_one_as(
-            &mut s,
-            &pat,
-            mib,
-            2 * n,
-            Some("xensock-user-tcp-carrier server"),
-        )? == 0;
-        println!("lab_bench user-tcpc server: round {round}: xensock from {peer}: intact {ok}");
-        all_intact &= ok;
-        // the client reads the last echo before it closes
-        let mut b = [0u8; 1];
-        let _ = s.read(&mut b);
+        for leg in round_order(round) {
+            let (ok, peer, label) = match leg {
+                Row::Tcp => {
+                    let (mut s, peer) = tcp.accept()?;
+                    s.set_nodelay(true)?;
+                    let bad =
+                        serve_one_as(&mut s, &pat, mib, 2 * n, Some("tcp-same-phase-user server"))?;
+                    (bad == 0, peer.to_string(), "TCP")
+                }
+                Row::Carrier => {
+                    let (mut s, peer) = listener.accept()?;
+                    let bad = serve_one_as(
+                        &mut s,
+                        &pat,
+                        mib,
+                        2 * n,
+                        Some("xensock-user-tcp-carrier server"),
+                    )?;
+                    // the client reads the last echo before it closes
+                    let mut b = [0u8; 1];
+                    let _ = s.read(&mut b);
+                    (bad == 0, peer.to_string(), "xensock")
+                }
+            };
+            println!("lab_bench user-tcpc server: round {round}: {label} from {peer}: intact {ok}");
+            all_intact &= ok;
+        }
     }
     println!("lab_bench user-tcpc server: served {rounds} rounds of {mib} MiB, echoed {n}+{n} pings each");
     drop(listener);
@@ -557,6 +567,93 @@ fn tcp_connect(addr: &str, secs: u64) -> Res<std::net::TcpStream> {
     }
 }
 
+/// The two rows of a `user-tcpc` round.
+#[derive(Clone, Copy)]
+enum Row {
+    Tcp,
+    Carrier,
+}
+
+/// Which row goes first alternates between rounds, so that neither row
+/// always follows the other (a stream right after another may find the
+/// guests' caches, timers and TCP state in a different shape).
+fn round_order(round: u32) -> [Row; 2] {
+    if round % 2 == 1 {
+        [Row::Tcp, Row::Carrier]
+    } else {
+        [Row::Carrier, Row::Tcp]
+    }
+}
+
+/// One plain-TCP row of `user-tcpc`; whether it arrived intact.
+fn tcp_round(addr: &str, timeout: u64, pat: &[u8], mib: u64, n: usize, round: u32) -> Res<bool> {
+    let mut s = tcp_connect(addr, timeout)?;
+    s.set_nodelay(true)?;
+    let m = drive_one(&mut s, pat, mib, n, n, "tcp-same-phase-user")?;
+    if m.intact {
+        print_metrics("tcp-same-phase-user", &m);
+    } else {
+        println!("lab_bench user-tcpc client: round {round}: the server saw corrupted TCP data");
+    }
+    Ok(m.intact)
+}
+
+/// One carrier row of `user-tcpc` (see the module comment); whether it
+/// stayed on TCP and arrived intact. Leaves the transport resumed.
+#[allow(clippy::too_many_arguments)]
+fn carrier_round(
+    transport: &Transport,
+    domid: u32,
+    port: u32,
+    timeout: u64,
+    pat: &[u8],
+    mib: u64,
+    n: usize,
+    round: u32,
+) -> Res<bool> {
+    let mut s = connect(
+        "user",
+        Some(transport),
+        SockAddrXen::new(domid, port),
+        timeout,
+    )?;
+    let before = carrier_of(transport, &s)?;
+    if before != Carrier::Ring {
+        println!("lab_bench user-tcpc client: round {round}: carrier {before} before the switch (want ring)");
+        return Ok(false);
+    }
+    let t0 = Instant::now();
+    let moved = transport.suspend();
+    let after = carrier_of(transport, &s)?;
+    println!(
+        "lab_bench user-tcpc client: round {round}: suspend hook moved {moved} connection(s) in {:.0} ms; carrier {after}",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    if !on_tcp(&after) {
+        println!("lab_bench user-tcpc client: round {round}: not on the TCP carrier after the suspend hook");
+        transport.resume();
+        return Ok(false);
+    }
+    let m = drive_one(&mut s, pat, mib, n, n, "xensock-user-tcp-carrier")?;
+    let end = carrier_of(transport, &s)?;
+    println!("lab_bench user-tcpc client: round {round}: carrier {end} after the workload");
+    let ok = if !m.intact {
+        println!("lab_bench user-tcpc client: round {round}: the server saw corrupted data");
+        false
+    } else if !on_tcp(&end) {
+        println!(
+            "lab_bench user-tcpc client: round {round}: left the TCP carrier during the workload"
+        );
+        false
+    } else {
+        print_metrics("xensock-user-tcp-carrier", &m);
+        true
+    };
+    drop(s);
+    transport.resume();
+    Ok(ok)
+}
+
 /// `user-tcpc` client (see the module comment).
 fn client_tcpc(a: &[String]) -> Res<i32> {
     let domid: u32 = arg(a, 3, "domid")?;
@@ -576,59 +673,18 @@ fn client_tcpc(a: &[String]) -> Res<i32> {
     let pat = pattern();
     let mut failed = 0;
     for round in 1..=rounds {
-        let mut s = tcp_connect(&tcp_addr, timeout)?;
-        s.set_nodelay(true)?;
-        let m = drive_one(&mut s, &pat, mib, n, n, "tcp-same-phase-user")?;
-        if m.intact {
-            print_metrics("tcp-same-phase-user", &m);
-        } else {
-            println!(
-                "lab_bench user-tcpc client: round {round}: the server saw corrupted TCP data"
-            );
-            failed += 1;
+        for row in round_order(round) {
+            let ok = match row {
+                Row::Tcp => tcp_round(&tcp_addr, timeout, &pat, mib, n, round)?,
+                Row::Carrier => {
+                    carrier_round(&transport, domid, port, timeout, &pat, mib, n, round)?
+                }
+            };
+            if !ok {
+                failed += 1;
+            }
+            io::stdout().flush()?;
         }
-        drop(s);
-
-        let mut s = connect(
-            "user",
-            Some(&transport),
-            SockAddrXen::new(domid, port),
-            timeout,
-        )?;
-        let before = carrier_of(&transport, &s)?;
-        if before != Carrier::Ring {
-            println!("lab_bench user-tcpc client: round {round}: carrier {before} before the switch (want ring)");
-            failed += 1;
-            continue;
-        }
-        let t0 = Instant::now();
-        let moved = transport.suspend();
-        let after = carrier_of(&transport, &s)?;
-        println!(
-            "lab_bench user-tcpc client: round {round}: suspend hook moved {moved} connection(s) in {:.0} ms; carrier {after}",
-            t0.elapsed().as_secs_f64() * 1e3
-        );
-        if !on_tcp(&after) {
-            println!("lab_bench user-tcpc client: round {round}: not on the TCP carrier after the suspend hook");
-            failed += 1;
-            transport.resume();
-            continue;
-        }
-        let m = drive_one(&mut s, &pat, mib, n, n, "xensock-user-tcp-carrier")?;
-        let end = carrier_of(&transport, &s)?;
-        println!("lab_bench user-tcpc client: round {round}: carrier {end} after the workload");
-        if !m.intact {
-            println!("lab_bench user-tcpc client: round {round}: the server saw corrupted data");
-            failed += 1;
-        } else if !on_tcp(&end) {
-            println!("lab_bench user-tcpc client: round {round}: left the TCP carrier during the workload");
-            failed += 1;
-        } else {
-            print_metrics("xensock-user-tcp-carrier", &m);
-        }
-        io::stdout().flush()?;
-        drop(s);
-        transport.resume();
     }
     drop(transport);
     Ok(if failed == 0 { 0 } else { 1 })
