@@ -273,20 +273,19 @@ run_phase() {
       _now=$(lab_wait "$MOVE-moved" 900) || _now=none
       log "$MOVE: domid $(own_domid) now (domu1 dom$_now)"
       for s in $(streams); do flowing "$s-$MOVE" "$s-$MOVE-flows-after" || true; done
-      if [ "$MOVE" = bothsave ]; then
-        # both ends moved: each knows only the other's old domid; the
-        # agent's table (the same UUID under a new domid) says where the
-        # peer went, and the connection returns to a ring
-        for s in $(streams); do
-          is_xen_stream "$s" || continue
-          carrier_is "$s-$MOVE" "$(stream_port "$s" "$MOVE")" '^ring(-xen)?(/ring)?$' "$s-$MOVE-carrier-ring"
-          # each direction to TCP and back (the user-space status counts
-          # tx_to_tcp, tx_to_ring and rx_to_ring: 3)
-          _want=4; [ "$MIG_STACK" = userspace ] && _want=3
-          switches_at_least "$s-$MOVE" "$(stream_port "$s" "$MOVE")" "$_want" "$s-$MOVE-switches"
-          flowing "$s-$MOVE" "$s-$MOVE-flows-on-ring" || true
-        done
-      fi
+      # back on a ring once the moved guest runs again beside its peer
+      # (both ends moved: each knows only the other's old domid; the
+      # agent's table, the same UUID under a new domid, says where the
+      # peer went)
+      for s in $(streams); do
+        is_xen_stream "$s" || continue
+        carrier_is "$s-$MOVE" "$(stream_port "$s" "$MOVE")" '^ring(-xen)?(/ring)?$' "$s-$MOVE-carrier-ring"
+        # each direction to TCP and back (the user-space status counts
+        # tx_to_tcp, tx_to_ring and rx_to_ring: 3)
+        _want=4; [ "$MIG_STACK" = userspace ] && _want=3
+        switches_at_least "$s-$MOVE" "$(stream_port "$s" "$MOVE")" "$_want" "$s-$MOVE-switches"
+        flowing "$s-$MOVE" "$s-$MOVE-flows-on-ring" || true
+      done
       [ "$_role" = client ] && listener_check "$MOVE" "$_now"
       kmod_trace "$MOVE-after"
       if [ "$MIG_STACK" = kmod ]; then

@@ -45,14 +45,13 @@ for _m in $MIG_MOVES; do
       if [[ $_m == away ]]; then
         EXPECT+=("$_g:$_s-away-flows-while-away" "$_g:$_s-away-flows-after-back")
         [[ $_s != tcp ]] && EXPECT+=("$_g:$_s-away-carrier-tcp" "$_g:$_s-away-carrier-ring" "$_g:$_s-away-switches")
-      elif [[ $_m == bothsave ]]; then
-        EXPECT+=("$_g:$_s-$_m-flows-after")
-        [[ $_s != tcp ]] && EXPECT+=("$_g:$_s-$_m-carrier-ring" "$_g:$_s-$_m-switches" "$_g:$_s-$_m-flows-on-ring")
       elif [[ $_m == churn ]]; then
         EXPECT+=("$_g:$_s-churn-flows-after")
         [[ $_s != tcp ]] && EXPECT+=("$_g:$_s-churn-every-cycle" "$_g:$_s-churn-switches")
       else
+        # saverestore, migrate, bothsave: back on a ring after the move
         EXPECT+=("$_g:$_s-$_m-flows-after")
+        [[ $_s != tcp ]] && EXPECT+=("$_g:$_s-$_m-carrier-ring" "$_g:$_s-$_m-switches" "$_g:$_s-$_m-flows-on-ring")
       fi
     done
   done
