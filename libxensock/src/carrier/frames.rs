@@ -7,6 +7,8 @@
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
 
+use socket2::SockRef;
+
 use xensock_proto::ctrl::{
     decode, decode_header, encode_data_prefix, Channel, FrameHeader, Kind, Message,
     DATA_PREFIX_LEN, HEADER_LEN, MAX_CONTROL_FRAME, MAX_DATA_PAYLOAD,
@@ -325,7 +327,7 @@ const DIRECT_FRAMES: usize = 16;
 /// partly written frame whose rest went into `outbox` (it must be finished
 /// before anything else is sent on the leg).
 pub(super) fn send_data_direct(
-    mut sock: &TcpStream,
+    sock: &TcpStream,
     outbox: &mut Outbox,
     conn_id: u32,
     offset: u64,
@@ -345,7 +347,10 @@ pub(super) fn send_data_direct(
         iov.push(IoSlice::new(c));
     }
     let mut written = loop {
-        match sock.write_vectored(&iov) {
+        // Not `write_vectored` (a `writev`): sending on a leg the peer reset
+        // raises SIGPIPE without MSG_NOSIGNAL, and the programs this runs in
+        // need not ignore it.
+        match SockRef::from(sock).send_vectored_with_flags(&iov, libc::MSG_NOSIGNAL) {
             Ok(n) => break n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -662,6 +667,47 @@ mod tests {
                 Ok(Incoming::Frame(_)) => {}
             }
         }
+    }
+
+    static SIGPIPES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    extern "C" fn count_sigpipe(_: libc::c_int) {
+        SIGPIPES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Writing `Data` to a leg whose peer reset it gives the writer an
+    /// error and raises no SIGPIPE (whose default action ends a program
+    /// that did not ignore it, as C programs using the transport need not).
+    #[test]
+    fn data_on_a_reset_leg_is_an_error_not_a_sigpipe() {
+        // SAFETY: installs a handler that only bumps an atomic counter
+        // (async-signal-safe); no other test in this binary relies on
+        // SIGPIPE being ignored, and any SIGPIPE would be a defect.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = count_sigpipe as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            assert_eq!(libc::sigaction(libc::SIGPIPE, &sa, std::ptr::null_mut()), 0);
+        }
+        let (w, r) = leg_pair();
+        // The peer's end resets (SO_LINGER 0): the first send reports the
+        // reset, every later one EPIPE.
+        socket2::SockRef::from(&r)
+            .set_linger(Some(std::time::Duration::ZERO))
+            .unwrap();
+        drop(r);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let data = vec![1u8; 100_000];
+        let mut errors = Vec::new();
+        for _ in 0..3 {
+            let mut out = Outbox::default();
+            match send_data_direct(&w, &mut out, CONN, 0, &data) {
+                Ok(_) => {}
+                Err(e) => errors.push(e.raw_os_error()),
+            }
+        }
+        assert!(errors.contains(&Some(libc::EPIPE)), "{errors:?}");
+        assert_eq!(SIGPIPES.load(std::sync::atomic::Ordering::SeqCst), 0);
     }
 
     proptest! {
