@@ -685,7 +685,7 @@ mod tests {
         // SIGPIPE being ignored, and any SIGPIPE would be a defect.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = count_sigpipe as usize;
+            sa.sa_sigaction = count_sigpipe as *const () as usize;
             sa.sa_flags = libc::SA_RESTART;
             assert_eq!(libc::sigaction(libc::SIGPIPE, &sa, std::ptr::null_mut()), 0);
         }
