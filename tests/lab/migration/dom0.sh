@@ -32,6 +32,20 @@ xenstored_report() {
   if pidof xenstored >/dev/null; then log "xenstored runs"
   else log "xenstored is NOT running"; dmesg | grep -i -E "xenstored|segfault|trap" | tail -n 5; fi
 }
+# XS_TRANSACTION_START requests that xenstored refused, from its trace
+# (dom0-init starts it with -T): Linux's xenbus counts a *user-space* one
+# that fails twice on the way out (xs_request_exit, drivers/xen/xenbus/
+# xenbus_xs.c), so its count of requests in flight wraps below zero and
+# the guest's next suspend waits for it to reach zero for ever: "guest did
+# not suspend, timed out" (userspace-moves, docs/lab.md). Each line: the
+# connection, the domain its requests name, the reply.
+xs_start_failures() {
+  awk '$1 == "IN" { last[$2] = $5
+                    if (match($0, /\/local\/domain\/[0-9]+/)) dom[$2] = substr($0, RSTART + 14, RLENGTH - 14) }
+       $1 == "OUT" && $5 == "ERROR" && last[$2] == "TRANSACTION_START" {
+         n++; if (n <= 20) print "  conn " $2 " (dom " dom[$2] "): " $0 }
+       END { print "  " n + 0 " refused TRANSACTION_START in the trace" }' /var/log/xen/xenstored-trace.log 2>/dev/null
+}
 await() { wait_until "$2" both_seen "$1" || { log "not both domUs reported $1 within $2 s (d1 $(seen "$D1" "$1" && echo y), d2 $(seen "$D2" "$1" && echo y))"; xenstored_report; }; }
 lists() { xenstore-ls "/local/domain/$1/xensock/peers" 2>/dev/null | grep -q "^$2 "; }
 linked() { xenstore-read "/local/domain/$1/data/xensock/link/$2" >/dev/null 2>&1; }
@@ -73,6 +87,8 @@ for MOVE in $MIG_MOVES; do
     fi
   fi
   DOWN=0
+  log "before $MOVE: $(xs_start_failures | tail -n 1)"
+  xs_start_failures | sed '$d'
   case $MOVE in
     saverestore)
       xenstore-write "/tool/xensock/moved/$UUID" lab-a
