@@ -30,7 +30,7 @@ use xensock_proto::switch::{
 
 use super::driver::{self, Attachment, Driven};
 use super::frames::{
-    protocol_error, send_data_direct, Frame, Inbox, Incoming, Outbox, SendWait, RX_LOOKAHEAD,
+    protocol_error, send_data_direct, Frame, Inbox, Incoming, Outbox, RX_LOOKAHEAD,
 };
 use super::leg::{lock, LegListener};
 use super::ring::{NewRing, SharedRing};
@@ -66,18 +66,7 @@ pub(crate) struct EngineConfig {
     pub peer_lost_after: Duration,
     /// One connection attempt's timeout.
     pub connect_timeout: Duration,
-    /// How long a blocking writer's send may wait in the kernel for room on
-    /// the sending leg ([`SendWait::Bounded`]), holding the sending side's
-    /// lock; zero: never (the leg's socket stays non-blocking and a full
-    /// leg is waited for with `poll`).
-    pub leg_send_wait: Duration,
 }
-
-/// [`EngineConfig::leg_send_wait`]'s default. Bounds how long the driver
-/// (and a status query) may wait for the sending side's lock; a 64 KiB
-/// write in a stream its reader paces finds room within a few
-/// milliseconds.
-const LEG_SEND_WAIT: Duration = Duration::from_millis(10);
 
 impl EngineConfig {
     /// Defaults for the timing fields.
@@ -89,19 +78,8 @@ impl EngineConfig {
             peer_tcp: peer,
             peer_lost_after: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(2),
-            leg_send_wait: leg_send_wait_from_env(),
         }
     }
-}
-
-/// `XENSOCK_LEG_SEND_WAIT_MS` (a developer's knob for comparing the two
-/// ways of writing to a full leg in the lab; 0: never wait in the kernel),
-/// else [`LEG_SEND_WAIT`].
-fn leg_send_wait_from_env() -> Duration {
-    std::env::var("XENSOCK_LEG_SEND_WAIT_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(LEG_SEND_WAIT, Duration::from_millis)
 }
 
 /// The rings a connection starts on.
@@ -753,19 +731,6 @@ fn set_leg_options(sock: &TcpStream) -> io::Result<()> {
     sock.set_nodelay(true)
 }
 
-/// The sending leg's options: as [`set_leg_options`], but in blocking mode
-/// with a send timeout of `wait` when that is not zero, for the writer's
-/// `Data` ([`SendWait::Bounded`]); every other call on it passes
-/// MSG_DONTWAIT (frames.rs).
-fn set_tx_leg_options(sock: &TcpStream, wait: Duration) -> io::Result<()> {
-    set_leg_options(sock)?;
-    if !wait.is_zero() {
-        sock.set_write_timeout(Some(wait))?;
-        sock.set_nonblocking(false)?;
-    }
-    Ok(())
-}
-
 /// Whether `sock` waits for an answer from its peer: None when it holds no
 /// unacknowledged byte (TIOCOUTQ); else whether a retransmission or a
 /// window probe is outstanding (TCP_INFO's retransmits, probes). A peer
@@ -933,20 +898,8 @@ impl Shared {
                         t.out.flush(leg).map_err(|e| self.breach(e))?;
                         if t.out.is_empty() {
                             let from = t.path.sent();
-                            let wait = if nonblocking || self.cfg.leg_send_wait.is_zero() {
-                                SendWait::Never
-                            } else {
-                                SendWait::Bounded
-                            };
-                            let n = send_data_direct(
-                                leg,
-                                &mut t.out,
-                                self.cfg.peer_id,
-                                from,
-                                buf,
-                                wait,
-                            )
-                            .map_err(|e| self.breach(e))?;
+                            let n = send_data_direct(leg, &mut t.out, self.cfg.peer_id, from, buf)
+                                .map_err(|e| self.breach(e))?;
                             if n > 0 {
                                 t.path
                                     .record_sent(n as u64)
@@ -1693,8 +1646,7 @@ impl Shared {
         if let Some(result) = connected {
             let mut tx = lock(&self.tx);
             tx.connecting = false;
-            let wait = self.cfg.leg_send_wait;
-            match result.and_then(|s| set_tx_leg_options(&s, wait).map(|()| s)) {
+            match result.and_then(|s| set_leg_options(&s).map(|()| s)) {
                 Ok(sock) => {
                     tx.out.push_front(&Message::TcpHello {
                         conn_id: self.cfg.peer_id,

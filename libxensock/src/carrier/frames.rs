@@ -4,7 +4,7 @@
 //! from the socket into the caller's buffer, taking the bytes that follow it
 //! along in the same system call.
 
-use std::io::{self, IoSlice, IoSliceMut, Read};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
 
 use socket2::SockRef;
@@ -112,7 +112,7 @@ impl Inbox {
     /// message's payload comes with its prefix). Malformed frames, frames
     /// for another connection and `TcpHello` after authentication are
     /// `InvalidData`.
-    pub(super) fn next(&mut self, sock: &TcpStream, conn_id: u32) -> io::Result<Incoming> {
+    pub(super) fn next(&mut self, mut sock: &TcpStream, conn_id: u32) -> io::Result<Incoming> {
         let mut drained = false;
         loop {
             let have = self.end - self.start;
@@ -157,7 +157,7 @@ impl Inbox {
             self.start = 0;
             self.end = have;
             let asked = self.buf.len() - have;
-            match recv_now(sock, &mut self.buf[have..]) {
+            match sock.read(&mut self.buf[have..]) {
                 Ok(0) => return Ok(Incoming::Closed),
                 Ok(n) => {
                     self.end += n;
@@ -178,7 +178,6 @@ impl Inbox {
     /// them not taken yet) into `dst`: first those already buffered, then
     /// from the socket, with whatever follows the payload (up to the
     /// look-ahead) coming along into the inbox in the same system call.
-    /// Only on the receiving leg, whose socket is non-blocking.
     /// Returns the payload bytes read (0: the leg closed) and whether the
     /// socket was found empty and nothing is left buffered (the next read
     /// can wait for the socket first): a small message read along with
@@ -298,9 +297,9 @@ impl Outbox {
     }
 
     /// Writes as much as the socket takes now.
-    pub(super) fn flush(&mut self, sock: &TcpStream) -> io::Result<()> {
+    pub(super) fn flush(&mut self, mut sock: &TcpStream) -> io::Result<()> {
         while !self.is_empty() {
-            match SockRef::from(sock).send_with_flags(&self.buf[self.pos..], SEND_NOW) {
+            match sock.write(&self.buf[self.pos..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => self.pos += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -319,36 +318,6 @@ impl Outbox {
     }
 }
 
-/// Flags of every send that must not wait. Never a plain `write`/`writev`
-/// on a leg: sending on a leg the peer reset raises SIGPIPE without
-/// MSG_NOSIGNAL, and the programs the transport runs in need not ignore
-/// it. MSG_DONTWAIT because the sending leg's socket is in blocking mode
-/// (the writer's `Data` may wait in the kernel, [`SendWait::Bounded`]).
-const SEND_NOW: libc::c_int = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
-
-/// Whether [`send_data_direct`] may wait in the kernel for room.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum SendWait {
-    /// Take what fits now (a non-blocking writer).
-    Never,
-    /// Wait for room as the socket's blocking mode and send timeout allow
-    /// (on the sending leg: blocking, `SO_SNDTIMEO` bounded): a blocking
-    /// writer's 64 KiB then costs one system call, as a plain TCP `send`
-    /// does, where a non-blocking one costs a partial send, a `poll` and a
-    /// second send whenever the socket's buffer is full, i.e. all the time
-    /// in a stream its reader paces.
-    Bounded,
-}
-
-/// `recv` that never waits, whatever the socket's blocking mode (the
-/// sending leg's is blocking).
-fn recv_now(sock: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: `recv` only stores initialized bytes, so the initialized
-    // buffer stays initialized when viewed as `MaybeUninit` for the call.
-    let uninit = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
-    SockRef::from(sock).recv_with_flags(uninit, libc::MSG_DONTWAIT)
-}
-
 /// Frames per vectored write on the direct path (16 x 64 KiB).
 const DIRECT_FRAMES: usize = 16;
 
@@ -363,7 +332,6 @@ pub(super) fn send_data_direct(
     conn_id: u32,
     offset: u64,
     data: &[u8],
-    wait: SendWait,
 ) -> io::Result<usize> {
     debug_assert!(outbox.is_empty());
     let chunks: Vec<&[u8]> = data.chunks(MAX_DATA_PAYLOAD).take(DIRECT_FRAMES).collect();
@@ -379,11 +347,10 @@ pub(super) fn send_data_direct(
         iov.push(IoSlice::new(c));
     }
     let mut written = loop {
-        let flags = match wait {
-            SendWait::Never => SEND_NOW,
-            SendWait::Bounded => libc::MSG_NOSIGNAL,
-        };
-        match SockRef::from(sock).send_vectored_with_flags(&iov, flags) {
+        // Not `write_vectored` (a `writev`): sending on a leg the peer reset
+        // raises SIGPIPE without MSG_NOSIGNAL, and the programs this runs in
+        // need not ignore it.
+        match SockRef::from(sock).send_vectored_with_flags(&iov, libc::MSG_NOSIGNAL) {
             Ok(n) => break n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -417,7 +384,6 @@ pub(super) fn send_data_direct(
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::io::Write;
     use std::net::TcpListener;
     use std::os::fd::AsRawFd;
 
@@ -703,65 +669,6 @@ mod tests {
         }
     }
 
-    /// A writer's bounded send on a leg its reader does not read returns
-    /// once the send timeout passes, with whatever went out committed and
-    /// the rest of a split frame queued; the reader later gets every byte
-    /// in order, in whole frames.
-    #[test]
-    fn bounded_send_on_a_full_leg_returns_and_loses_nothing() {
-        let (w, r) = leg_pair();
-        w.set_write_timeout(Some(std::time::Duration::from_millis(20)))
-            .unwrap();
-        // More than a loopback socket pair buffers (tcp_wmem + tcp_rmem).
-        let data: Vec<u8> = (0..32u32 << 20).map(|i| (i % 251) as u8).collect();
-        let mut out = Outbox::default();
-        let mut sent = 0;
-        // Until the socket is full: a call that sends nothing has waited
-        // its timeout and come back.
-        loop {
-            if !out.is_empty() {
-                out.flush(&w).unwrap();
-                if !out.is_empty() {
-                    break;
-                }
-            }
-            let n = send_data_direct(
-                &w,
-                &mut out,
-                CONN,
-                sent as u64,
-                &data[sent..],
-                SendWait::Bounded,
-            )
-            .unwrap();
-            if n == 0 {
-                break;
-            }
-            sent += n;
-            assert!(sent < data.len(), "the leg never filled");
-        }
-        let reader = std::thread::spawn(move || read_all(&r, &[70_000, 4096, 65536]));
-        while !out.is_empty() {
-            out.flush(&w).unwrap();
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        drop(w);
-        let seen = reader.join().unwrap();
-        let mut stream = Vec::new();
-        for s in seen {
-            let Seen::Data(offset, payload) = s else {
-                panic!("a control frame: {s:?}");
-            };
-            assert_eq!(offset as usize, stream.len());
-            stream.extend_from_slice(&payload);
-        }
-        assert_eq!(stream.len(), sent);
-        assert!(
-            stream == data[..sent],
-            "the stream differs from what was sent"
-        );
-    }
-
     static SIGPIPES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
     extern "C" fn count_sigpipe(_: libc::c_int) {
@@ -794,7 +701,7 @@ mod tests {
         let mut errors = Vec::new();
         for _ in 0..3 {
             let mut out = Outbox::default();
-            match send_data_direct(&w, &mut out, CONN, 0, &data, SendWait::Never) {
+            match send_data_direct(&w, &mut out, CONN, 0, &data) {
                 Ok(_) => {}
                 Err(e) => errors.push(e.raw_os_error()),
             }
