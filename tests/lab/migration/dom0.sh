@@ -46,6 +46,21 @@ xs_start_failures() {
          n++; if (n <= 20) print "  conn " $2 " (dom " dom[$2] "): " $0 }
        END { print "  " n + 0 " refused TRANSACTION_START in the trace" }' /var/log/xen/xenstored-trace.log 2>/dev/null
 }
+# After a save or migration that did not happen (domu1 still under its
+# old domid): what the guest may be waiting for in its suspend path
+# (xs_suspend waits until none of its XenStore requests is in flight):
+# requests xenstored has not answered, per connection, with the domain
+# they name and the last ones sent.
+move_failed_report() {
+  log "domu1 is still dom$D1 after $MOVE: its control node, then XenStore requests not answered"
+  xenstore-ls "/local/domain/$D1/control" 2>&1 | sed 's/^/  [control] /'
+  awk '$1 == "IN" { n[$2]++; lastin[$2] = $0
+                    if (match($0, /\/local\/domain\/[0-9]+/)) dom[$2] = substr($0, RSTART + 14, RLENGTH - 14) }
+       $1 == "OUT" && $5 != "WATCH_EVENT" { n[$2]-- }
+       END { for (c in n) if (n[c] > 0) print "  [pending] conn " c " (dom " dom[c] "): " n[c] " unanswered, last sent: " lastin[c] }' \
+    /var/log/xen/xenstored-trace.log 2>/dev/null
+  xs_start_failures
+}
 await() { wait_until "$2" both_seen "$1" || { log "not both domUs reported $1 within $2 s (d1 $(seen "$D1" "$1" && echo y), d2 $(seen "$D2" "$1" && echo y))"; xenstored_report; }; }
 lists() { xenstore-ls "/local/domain/$1/xensock/peers" 2>/dev/null | grep -q "^$2 "; }
 linked() { xenstore-read "/local/domain/$1/data/xensock/link/$2" >/dev/null 2>&1; }
@@ -94,6 +109,7 @@ for MOVE in $MIG_MOVES; do
       xenstore-write "/tool/xensock/moved/$UUID" lab-a
       t0=$(uptime_s)
       check xl-save timeout 300 xl save domu1 /tmp/domu1.save
+      [ "$(xl domid domu1 2>/dev/null)" = "$D1" ] && move_failed_report
       metric saverestore.save_s "$(since "$t0")" s
       t1=$(uptime_s)
       check xl-restore timeout 300 xl restore /tmp/domu1.save
@@ -126,6 +142,7 @@ for MOVE in $MIG_MOVES; do
       else
         t0=$(uptime_s)
         check xl-migrate timeout 600 xl migrate -s "" domu1 "xl migrate-receive"
+        [ "$(xl domid domu1 2>/dev/null)" = "$D1" ] && move_failed_report
         metric migrate.migrate_s "$(since "$t0")" s
         DOWN=$(since "$t0")
       fi ;;
