@@ -1,0 +1,21 @@
+# xenbus-start, dom0: save + restore domu1 (control), let it have a
+# TRANSACTION_START refused, then save it again. A kernel that counts the
+# refusal twice never finishes the second save's suspend.
+D1=$(xl domid domu1)
+wait_domu domu1 '^tick 2 ' 120 || log "domu1 never started ticking"
+check save-before timeout 200 xl save domu1 /tmp/domu1.save
+check restore-before timeout 200 xl restore /tmp/domu1.save
+rm -f /tmp/domu1.save
+D1=$(xl domid domu1 2>/dev/null || echo none)
+log "domu1 is dom$D1 after the first restore"
+xenstore-write "/local/domain/$D1/data/lab/go-refuse" 1
+wait_until 120 xenstore-read "/local/domain/$D1/data/lab/refused" || log "domu1 never reported its refused start"
+check save-after-refused-start timeout 200 xl save domu1 /tmp/domu1.save
+if xl domid domu1 >/dev/null 2>&1; then
+  log "domu1 did not suspend (still dom$(xl domid domu1)): destroying it"
+  xl destroy domu1
+else
+  check restore-after-refused-start timeout 200 xl restore /tmp/domu1.save
+  D1=$(xl domid domu1 2>/dev/null || echo none)
+  xenstore-write "/local/domain/$D1/data/lab/done" 1
+fi

@@ -1,0 +1,12 @@
+# xenbus-start, domu1: tick (dom0 saves and restores us once), then have
+# xenstored refuse a TRANSACTION_START of ours, then tick until dom0 is done.
+i=0
+while [ -z "$(xenstore-read data/lab/go-refuse 2>/dev/null)" ] && [ $i -lt 300 ]; do
+  i=$((i + 1)); echo "tick $i domid=$(own_domid)"; sleep 1
+done
+check start-refused xs_refused_start
+xenstore-write data/lab/refused 1
+i=0
+while [ -z "$(xenstore-read data/lab/done 2>/dev/null)" ] && [ $i -lt 300 ]; do
+  i=$((i + 1)); echo "tick $i domid=$(own_domid)"; sleep 1
+done

@@ -1,0 +1,2 @@
+# xenbus-start, domu2: nothing to do.
+:
