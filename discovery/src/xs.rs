@@ -7,7 +7,13 @@
 //! threads or tasks may have requests in flight while events arrive. On
 //! `/dev/xen/xenbus` a WATCH or UNWATCH is written only while no other
 //! request waits for its reply: Linux's xenbus device deadlocks the whole
-//! guest's XenStore otherwise (see `Core::send`).
+//! guest's XenStore otherwise (see `Core::send`). And there transactions
+//! are opened one at a time per guest (a lock file held from start to
+//! end, [`TX_LOCK_ENV`]): the guest's one connection may hold 10 open
+//! transactions, shared by its kernel and every process, and Linux counts
+//! a refused user-space `TRANSACTION_START` twice on its way out
+//! (`xs_request_exit`), after which the guest can never suspend again
+//! (`xl save` and `xl migrate` time out).
 //!
 //! ```no_run
 //! use xensock_discovery::xs::XsClient;
@@ -165,6 +171,77 @@ struct Routes {
     /// A WATCH or UNWATCH is being written on a quiescing connection:
     /// nothing else may be sent until its write returns.
     watch_in_progress: bool,
+}
+
+/// Environment variable naming the lock file that serialises the
+/// transactions of a guest's processes on `/dev/xen/xenbus` (default
+/// `/run/lock/xensock-xenstore-transaction`, or under `/tmp` without
+/// `/run/lock`).
+pub const TX_LOCK_ENV: &str = "XENSOCK_XS_TX_LOCK";
+
+/// How long a transaction waits for another process's to end before it
+/// goes ahead without the lock (a process stuck inside one must not stop
+/// every other's for good).
+const TX_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn tx_lock_path() -> PathBuf {
+    if let Some(p) = std::env::var_os(TX_LOCK_ENV) {
+        return PathBuf::from(p);
+    }
+    if Path::new("/run/lock").is_dir() {
+        PathBuf::from("/run/lock/xensock-xenstore-transaction")
+    } else {
+        PathBuf::from("/tmp/xensock-xenstore-transaction.lock")
+    }
+}
+
+/// The guest-wide transaction lock, held while it lives (see the module
+/// notes). Every acquisition opens the file anew: `flock` locks belong to
+/// an open file description, so two threads of one process exclude each
+/// other as two processes do.
+struct TxGate {
+    _file: std::fs::File,
+}
+
+impl TxGate {
+    /// Takes the lock, waiting up to [`TX_LOCK_WAIT`]; `None` if the file
+    /// cannot be opened or the wait ran out (the transaction goes ahead).
+    fn acquire() -> Option<TxGate> {
+        let path = tx_lock_path();
+        let file = match std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "xenstore transaction lock: {e}");
+                return None;
+            }
+        };
+        let deadline = std::time::Instant::now() + TX_LOCK_WAIT;
+        loop {
+            // SAFETY: flock on a descriptor we own; no memory is passed.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Some(TxGate { _file: file });
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) && e.kind() != io::ErrorKind::Interrupted
+            {
+                tracing::warn!(path = %path.display(), "xenstore transaction lock: {e}");
+                return None;
+            }
+            if std::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    path = %path.display(),
+                    "xenstore transaction lock held for {TX_LOCK_WAIT:?}: going ahead without it"
+                );
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
 }
 
 struct Core {
@@ -908,6 +985,11 @@ impl XsClient {
     /// Starts a transaction. Prefer [`XsClient::transaction`], which
     /// retries on conflicts.
     pub fn transaction_start(&self) -> Result<Transaction, XsError> {
+        let gate = if self.core.quiesce_watches {
+            TxGate::acquire()
+        } else {
+            None
+        };
         let p = self
             .core
             .call(MsgType::TransactionStart, 0, b"\0", "transaction_start", "")?;
@@ -916,6 +998,7 @@ impl XsClient {
             core: self.core.clone(),
             id,
             done: false,
+            _gate: gate,
         })
     }
 
@@ -987,6 +1070,9 @@ pub struct Transaction {
     core: Arc<Core>,
     id: u32,
     done: bool,
+    /// Released once the transaction has ended (fields drop after
+    /// `Drop::drop` sent the abort).
+    _gate: Option<TxGate>,
 }
 
 impl std::fmt::Debug for Transaction {
@@ -1208,6 +1294,17 @@ impl AsyncXsClient {
 
     /// Starts a transaction.
     pub async fn transaction_start(&self) -> Result<AsyncTransaction, XsError> {
+        let gate = if self.core.quiesce_watches {
+            // The wait for the lock happens on a thread of its own, not on
+            // the executor's.
+            let (done, got) = tokio::sync::oneshot::channel();
+            std::thread::spawn(move || {
+                let _ = done.send(TxGate::acquire());
+            });
+            got.await.ok().flatten().map(Arc::new)
+        } else {
+            None
+        };
         let p = self
             .core
             .call_async(MsgType::TransactionStart, 0, b"\0", "transaction_start", "")
@@ -1215,6 +1312,7 @@ impl AsyncXsClient {
         Ok(AsyncTransaction {
             core: self.core.clone(),
             id: parse_tx_id(&p)?,
+            _gate: gate,
         })
     }
 
@@ -1256,6 +1354,8 @@ async_ops!(AsyncXsClient);
 pub struct AsyncTransaction {
     core: Arc<Core>,
     id: u32,
+    /// Released when the last clone is gone.
+    _gate: Option<Arc<TxGate>>,
 }
 
 impl AsyncTransaction {

@@ -474,3 +474,59 @@ fn callback_watches_deliver_events_and_unregister() {
     dom0.read("/cb/y").unwrap();
     assert!(r.recv_timeout(Duration::from_millis(200)).is_err());
 }
+
+/// On a guest's xenbus device a refused `TRANSACTION_START` leaves Linux
+/// unable to suspend the guest ever again (its xenbus counts the refusal
+/// twice), and the guest's one connection may hold only 10 open
+/// transactions. So the client opens transactions one at a time there,
+/// across threads and processes (a lock file): however many run at once,
+/// none is refused.
+#[test]
+fn transactions_on_a_xenbus_connection_are_never_refused() {
+    let dir = tempdir_like::Dir::new();
+    std::env::set_var(
+        xensock_discovery::xs::TX_LOCK_ENV,
+        dir.path().join("tx.lock"),
+    );
+    let (host, _dom0, _guest, domid) = host_with_guest();
+    let path = host.domain(domid).unwrap().xenstored_path().to_path_buf();
+    let xs = XsClient::open_path_quiescing_watches(&path).unwrap();
+    xs.write("data/n", "0").unwrap();
+    let workers: Vec<_> = (0..16)
+        .map(|_| {
+            let xs = xs.clone();
+            std::thread::spawn(move || {
+                xs.transaction(|tx| {
+                    let n: u32 = tx.read_string("data/n")?.parse().unwrap();
+                    // Long enough that, without the lock, all 16 would be
+                    // open at once.
+                    std::thread::sleep(Duration::from_millis(20));
+                    tx.write("data/n", (n + 1).to_string())
+                })
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap().unwrap();
+    }
+    // One at a time: no conflict either, every increment counted.
+    assert_eq!(xs.read_string("data/n").unwrap(), "16");
+
+    // A second client (as another process would) waits for the first's
+    // transaction to end before its own starts.
+    let other = XsClient::open_path_quiescing_watches(&path).unwrap();
+    let first = xs.transaction_start().unwrap();
+    let (started, seen) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let tx = other.transaction_start().unwrap();
+        started.send(()).unwrap();
+        tx.abort().unwrap();
+    });
+    assert!(
+        seen.recv_timeout(Duration::from_millis(200)).is_err(),
+        "a second transaction started while the first was open"
+    );
+    first.commit().unwrap();
+    seen.recv_timeout(T).unwrap();
+    waiter.join().unwrap();
+}
