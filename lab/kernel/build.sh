@@ -27,6 +27,12 @@ if [[ ! -f $K/Makefile ]]; then
   echo "extracting $KSRC_TARBALL"
   rm -rf "$OUT/linux-source-6.12" "$K"
   tar -C "$OUT" -xf "$KSRC_TARBALL"
+  # our fixes to the source (lab/kernel/patches, part of the cache key)
+  for p in "$LAB_DIR"/kernel/patches/*.patch; do
+    [[ -f $p ]] || continue
+    echo "applying $(basename "$p")"
+    patch -d "$OUT/linux-source-6.12" -p1 --forward --quiet < "$p"
+  done
   mv "$OUT/linux-source-6.12" "$K"
 fi
 cd "$K"

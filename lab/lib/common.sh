@@ -61,11 +61,14 @@ toolchain_id() {
 }
 
 # Cache key of the kernel: source package version, toolchain versions, the
-# config fragment, and the recipe version in kernel/build.sh (bumped by hand
-# when the build steps change meaning; comment edits do not rebuild).
+# config fragment, our patches to the source (kernel/patches), and the
+# recipe version in kernel/build.sh (bumped by hand when the build steps
+# change meaning; comment edits do not rebuild).
 kernel_key() {
+  local patches=()
+  [[ -d $LAB_DIR/kernel/patches ]] && patches=("$LAB_DIR/kernel/patches")
   echo "kernel-$(inputs_hash "$(toolchain_id)" "$LAB_DIR/kernel/xensock-lab.config" \
-    "$(grep -m1 '^RECIPE_VERSION=' "$LAB_DIR/kernel/build.sh")")"
+    "$(grep -m1 '^RECIPE_VERSION=' "$LAB_DIR/kernel/build.sh")" "${patches[@]}")"
 }
 kernel_dir() { echo "$CACHE/$(kernel_key)"; }
 
