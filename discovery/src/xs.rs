@@ -208,12 +208,16 @@ impl TxGate {
     /// cannot be opened or the wait ran out (the transaction goes ahead).
     fn acquire() -> Option<TxGate> {
         let path = tx_lock_path();
-        let file = match std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-        {
+        // Read-only is enough for `flock`, so processes of other users can
+        // lock the file the first one made.
+        let opened = std::fs::File::open(&path).or_else(|_| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+        });
+        let file = match opened {
             Ok(f) => f,
             Err(e) => {
                 tracing::warn!(path = %path.display(), "xenstore transaction lock: {e}");
