@@ -446,3 +446,63 @@ fn hundred_moves_lose_nothing() {
         assert!(matches!(s.tx, TxState::Ring { .. }), "{s:?}");
     }
 }
+
+/// A close lingers until what was written is on its way, also right after
+/// the sending side switched to a ring while its `RingFrom` (which tells
+/// the receiver where TCP ends and the ring begins) still waits behind a
+/// full leg. Closing the legs then lost the marker: the receiver read an
+/// end of file in the middle of the stream (tokio-xensock's
+/// `echo_through_moves` hit it once under load).
+#[test]
+fn close_right_after_a_switch_to_a_ring_loses_nothing() {
+    let p = pair(&PairOptions {
+        on_ring: false,
+        ..PairOptions::default()
+    })
+    .unwrap();
+    let seed = 21;
+    let mut sum = FNV_START;
+    // B does not read yet: fill A's leg until it takes no more.
+    let mut at = 0u64;
+    let mut chunk = Vec::new();
+    loop {
+        chunk.clear();
+        chunk.extend((at..at + 65_536).map(|i| pattern(seed, i)));
+        match p.a.try_write(&chunk) {
+            Ok(n) => {
+                sum = fnv(sum, &chunk[..n]);
+                at += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    offer(&p.b, &p.a);
+    assert!(
+        matches!(p.a.status().tx, TxState::Ring { .. }),
+        "{:?}",
+        p.a.status()
+    );
+    // Less than the ring holds: nobody reads it yet.
+    write_range(&p.a, seed, at, at + 1_000, &mut sum);
+    p.a.shutdown_write().unwrap();
+    // The transport's close: linger, then drop the engine (legs closed).
+    let Pair {
+        a,
+        b,
+        la: _la,
+        lb: _lb,
+    } = p;
+    let closer = std::thread::spawn(move || {
+        a.linger(Duration::from_secs(20));
+        drop(a);
+    });
+    let got = read_stream(&b, seed, 3, 70_000);
+    assert_eq!(
+        got.as_ref().ok(),
+        Some(&(at + 1_000, sum)),
+        "{got:?} {:?}",
+        b.status()
+    );
+    closer.join().unwrap();
+}

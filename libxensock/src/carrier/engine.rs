@@ -466,9 +466,12 @@ impl Engine {
     }
 
     /// After `shutdown_write`: waits, at most `limit`, until everything
-    /// written and the end of stream have left on the current carrier (on
-    /// TCP: written and acknowledged, so closing the leg cannot discard
-    /// them), then returns; dropping the engine then closes the legs.
+    /// written and the end of stream have left on the current carrier and
+    /// every frame queued for the leg is written and acknowledged, so
+    /// closing the leg cannot discard them, then returns; dropping the
+    /// engine then closes the legs. On a ring too: a switch to it queues
+    /// its `RingFrom` on the leg, and without it the receiver never looks
+    /// at the ring.
     pub(crate) fn linger(&self, limit: Duration) {
         self.shared.graceful.store(true, Ordering::SeqCst);
         let end = Instant::now() + limit;
@@ -478,12 +481,11 @@ impl Engine {
             }
             let settled = {
                 let tx = lock(&self.shared.tx);
+                let leg_done =
+                    tx.out.is_empty() && tx.leg.as_ref().map_or(true, |l| unacked(l) == 0);
                 match tx.path.state() {
-                    TxState::Ring { .. } => true,
                     TxState::Frozen { .. } => false,
-                    TxState::Tcp => {
-                        tx.out.is_empty() && tx.leg.as_ref().map_or(true, |l| unacked(l) == 0)
-                    }
+                    TxState::Ring { .. } | TxState::Tcp => leg_done,
                 }
             };
             if settled || Instant::now() >= end {
@@ -1685,11 +1687,16 @@ impl Shared {
                 }
                 Incoming::WouldBlock => break,
                 Incoming::Closed => {
+                    // The peer closed our sending leg: it reads nothing more
+                    // from us (its side was closed, or it died). What it
+                    // sent us stays readable on the other leg, so this is
+                    // not yet the connection's end: a write after it fails
+                    // on the socket, and a peer that died mid-stream shows
+                    // on the receiving leg (an end without its `Fin`). Only
+                    // a frozen direction, which waits for the peer's
+                    // `Consumed` on this leg, cannot go on without it.
                     tx.leg_closed = true;
-                    let done = tx.path.is_finished()
-                        && tx.path.state() == TxState::Tcp
-                        && tx.out.is_empty();
-                    if !done && !matches!(tx.path.state(), TxState::Ring { .. }) {
+                    if matches!(tx.path.state(), TxState::Frozen { .. }) {
                         return Err(io::ErrorKind::UnexpectedEof.into());
                     }
                 }
