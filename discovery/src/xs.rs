@@ -871,8 +871,8 @@ impl XsClient {
 
     /// Connects to `path` with the rules of Linux's `/dev/xen/xenbus`
     /// whatever it is: a WATCH or UNWATCH is written only while no other
-    /// request of the connection waits for its reply (see the module
-    /// notes). [`XsClient::open_path`] applies them to character devices
+    /// request of the connection waits for its reply, and transactions
+    /// are opened one at a time per guest (see the module notes). [`XsClient::open_path`] applies them to character devices
     /// by itself; this is for tests that play the device over a socket.
     pub fn open_path_quiescing_watches(path: impl AsRef<Path>) -> Result<XsClient, XsError> {
         Ok(XsClient {
