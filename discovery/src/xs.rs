@@ -256,6 +256,8 @@ struct Core {
     quiet: Condvar,
     /// Linux's `/dev/xen/xenbus` rules (see [`Core::quiesce_watches`]).
     quiesce_watches: bool,
+    /// A unix socket (dom0's xenstored), not a device.
+    is_socket: bool,
     next_req: AtomicU32,
     next_token: AtomicU64,
     wake: OwnedFd,
@@ -330,6 +332,7 @@ impl Core {
             routes: Mutex::new(Routes::default()),
             quiet: Condvar::new(),
             quiesce_watches: quiesce_watches.unwrap_or(!is_socket),
+            is_socket,
             next_req: AtomicU32::new(1),
             next_token: AtomicU64::new(1),
             wake,
@@ -389,7 +392,7 @@ impl Core {
         }
         let written = {
             let _w = lock(&self.write_lock);
-            write_all(self.fd.as_raw_fd(), &msg)
+            write_all(self.fd.as_raw_fd(), &msg, self.is_socket)
         };
         if is_watch || written.is_err() {
             let mut r = lock(&self.routes);
@@ -477,10 +480,18 @@ impl Core {
     }
 }
 
-fn write_all(fd: i32, mut buf: &[u8]) -> io::Result<()> {
+/// Writes all of `buf`. On a socket with `send(MSG_NOSIGNAL)`: a
+/// xenstored that went away must give this process an error, not a
+/// SIGPIPE (whose default action ends it); a device takes `write`.
+fn write_all(fd: i32, mut buf: &[u8], socket: bool) -> io::Result<()> {
     while !buf.is_empty() {
-        // SAFETY: writes from a live buffer of the given length.
-        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        let n = if socket {
+            // SAFETY: sends from a live buffer of the given length.
+            unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) }
+        } else {
+            // SAFETY: writes from a live buffer of the given length.
+            unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) }
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {

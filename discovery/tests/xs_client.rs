@@ -530,3 +530,35 @@ fn transactions_on_a_xenbus_connection_are_never_refused() {
     seen.recv_timeout(T).unwrap();
     waiter.join().unwrap();
 }
+
+static SIGPIPES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+extern "C" fn count_sigpipe(_: libc::c_int) {
+    SIGPIPES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// A request to a xenstored that stopped reading is an error for the
+/// caller, not a SIGPIPE (whose default action ends a process that did not
+/// ignore it).
+#[test]
+fn a_daemon_that_stopped_reading_gives_an_error_not_a_sigpipe() {
+    // SAFETY: installs a handler that only bumps an atomic counter
+    // (async-signal-safe); no other test in this binary relies on SIGPIPE
+    // being ignored, and any SIGPIPE would be a defect.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = count_sigpipe as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        assert_eq!(libc::sigaction(libc::SIGPIPE, &sa, std::ptr::null_mut()), 0);
+    }
+    let dir = tempdir_like::Dir::new();
+    let path = dir.path().join("socket");
+    let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let xs = XsClient::open_path(&path).unwrap();
+    let (daemon, _) = l.accept().unwrap();
+    // It reads no more but stays connected: the next send is EPIPE.
+    daemon.shutdown(std::net::Shutdown::Read).unwrap();
+    assert!(xs.read("/x").is_err());
+    assert_eq!(SIGPIPES.load(std::sync::atomic::Ordering::SeqCst), 0);
+    drop(daemon);
+}
