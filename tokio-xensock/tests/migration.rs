@@ -96,3 +96,51 @@ async fn echo_through_moves() {
     let st = a.status();
     assert!(st.connections.iter().all(|c| c.carrier.switches() >= 3));
 }
+
+/// On the TCP carrier, a writer whose peer closes without reading is told
+/// so: its pending write ends in an error instead of waiting for a leg
+/// nobody watches any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_learns_of_a_peer_that_closed_on_tcp() {
+    let host = SimHost::start().unwrap();
+    let da = host.create_domain(DomainConfig::new("a")).unwrap();
+    let db = host.create_domain(DomainConfig::new("b")).unwrap();
+    let cfg = Config {
+        peer_lost_after: Duration::from_secs(5),
+        ..Config::default()
+    };
+    let a = Transport::sim_with(host.dir(), da.domid, cfg.clone()).unwrap();
+    let b = Transport::sim_with(host.dir(), db.domid, cfg).unwrap();
+    let l = XenListener::bind_on(&b, "xen:self:301").unwrap();
+    let mut c = XenStream::connect_on(&a, (u32::from(db.domid), 301))
+        .await
+        .unwrap();
+    let (s, _) = l.accept().await.unwrap();
+    // Both ends leave their rings for the TCP carrier and stay there.
+    a.suspend();
+    let block = vec![7u8; 65536];
+    // Fill the legs (nobody reads), then the peer closes.
+    let filled = tokio::time::timeout(Duration::from_millis(500), async {
+        loop {
+            c.write_all(&block).await.unwrap();
+        }
+    })
+    .await;
+    assert!(filled.is_err(), "the writer never had to wait");
+    drop(s);
+    // (Without the driver watching the closed leg for it, the writer
+    // slept about 30 s, until an unrelated deadline woke it.)
+    let outcome = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Err(e) = c.write_all(&block).await {
+                return e;
+            }
+        }
+    })
+    .await;
+    let e = outcome.expect("the writer still waits 20 s after its peer closed");
+    assert!(
+        matches!(e.raw_os_error(), Some(libc::EPIPE) | Some(libc::ECONNRESET)),
+        "{e}"
+    );
+}

@@ -1537,17 +1537,22 @@ impl Shared {
         {
             let tx = lock(&self.tx);
             has_leg = tx.leg.is_some();
-            if let (Some(leg), false) = (&tx.leg, tx.leg_closed) {
-                let mut events = libc::POLLIN;
+            if let Some(leg) = &tx.leg {
+                // A leg the peer closed has nothing more to read (and would
+                // be readable for ever), but a non-blocking writer still
+                // waits for it: its next send is what reports the close.
+                let mut events = if tx.leg_closed { 0 } else { libc::POLLIN };
                 if (!tx.out.is_empty() || tx.nb_waiting.load(Ordering::Acquire)) && !tx.writer_polls
                 {
                     events |= libc::POLLOUT;
                 }
-                fds.push(libc::pollfd {
-                    fd: leg.as_raw_fd(),
-                    events,
-                    revents: 0,
-                });
+                if events != 0 {
+                    fds.push(libc::pollfd {
+                        fd: leg.as_raw_fd(),
+                        events,
+                        revents: 0,
+                    });
+                }
             }
             if tx.leg.is_none() {
                 wake_at = earliest(wake_at, tx.retry_at);
