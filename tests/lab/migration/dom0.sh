@@ -37,7 +37,8 @@ xenstored_report() {
 # that fails twice on the way out (xs_request_exit, drivers/xen/xenbus/
 # xenbus_xs.c), so its count of requests in flight wraps below zero and
 # the guest's next suspend waits for it to reach zero for ever: "guest did
-# not suspend, timed out" (userspace-moves, docs/lab.md). Each line: the
+# not suspend, timed out" (docs/lab.md, "Guests that never suspend"; the
+# lab kernel carries the fix, lab/kernel/patches). Each line: the
 # connection, the domain its requests name, the reply.
 xs_start_failures() {
   awk '$1 == "IN" { last[$2] = $5
