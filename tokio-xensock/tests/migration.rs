@@ -11,9 +11,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_xensock::{XenListener, XenStream};
 use xensock_sim::{DomainConfig, MigrateTo, SimHost};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn echo_through_moves() {
-    let host = Arc::new(SimHost::start().unwrap());
+/// A simulated host with domains "a" and "b" and a transport in each (a
+/// 5 s bound for a peer that stopped answering).
+fn two_domains() -> (SimHost, Transport, Transport) {
+    let host = SimHost::start().unwrap();
     let da = host.create_domain(DomainConfig::new("a")).unwrap();
     let db = host.create_domain(DomainConfig::new("b")).unwrap();
     let cfg = Config {
@@ -22,6 +23,13 @@ async fn echo_through_moves() {
     };
     let a = Transport::sim_with(host.dir(), da.domid, cfg.clone()).unwrap();
     let b = Transport::sim_with(host.dir(), db.domid, cfg).unwrap();
+    (host, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_through_moves() {
+    let (host, a, b) = two_domains();
+    let host = Arc::new(host);
     let l = XenListener::bind_on(&b, "xen:self:300").unwrap();
     let server = tokio::spawn(async move {
         let (s, _) = l.accept().await.unwrap();
@@ -29,7 +37,7 @@ async fn echo_through_moves() {
         tokio::io::copy(&mut r, &mut w).await.unwrap()
     });
     const TOTAL: usize = 6 << 20;
-    let c = XenStream::connect_on(&a, (u32::from(db.domid), 300))
+    let c = XenStream::connect_on(&a, (u32::from(b.domid()), 300))
         .await
         .unwrap();
     let (mut r, mut w) = c.into_split();
@@ -102,17 +110,9 @@ async fn echo_through_moves() {
 /// nobody watches any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_learns_of_a_peer_that_closed_on_tcp() {
-    let host = SimHost::start().unwrap();
-    let da = host.create_domain(DomainConfig::new("a")).unwrap();
-    let db = host.create_domain(DomainConfig::new("b")).unwrap();
-    let cfg = Config {
-        peer_lost_after: Duration::from_secs(5),
-        ..Config::default()
-    };
-    let a = Transport::sim_with(host.dir(), da.domid, cfg.clone()).unwrap();
-    let b = Transport::sim_with(host.dir(), db.domid, cfg).unwrap();
+    let (_host, a, b) = two_domains();
     let l = XenListener::bind_on(&b, "xen:self:301").unwrap();
-    let mut c = XenStream::connect_on(&a, (u32::from(db.domid), 301))
+    let mut c = XenStream::connect_on(&a, (u32::from(b.domid()), 301))
         .await
         .unwrap();
     let (s, _) = l.accept().await.unwrap();
