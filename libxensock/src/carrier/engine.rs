@@ -481,12 +481,9 @@ impl Engine {
             }
             let settled = {
                 let tx = lock(&self.shared.tx);
-                let leg_done =
-                    tx.out.is_empty() && tx.leg.as_ref().map_or(true, |l| unacked(l) == 0);
-                match tx.path.state() {
-                    TxState::Frozen { .. } => false,
-                    TxState::Ring { .. } | TxState::Tcp => leg_done,
-                }
+                !matches!(tx.path.state(), TxState::Frozen { .. })
+                    && tx.out.is_empty()
+                    && tx.leg.as_ref().map_or(true, |l| unacked(l) == 0)
             };
             if settled || Instant::now() >= end {
                 return;
