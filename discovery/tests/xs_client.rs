@@ -529,6 +529,15 @@ fn transactions_on_a_xenbus_connection_are_never_refused() {
     first.commit().unwrap();
     seen.recv_timeout(T).unwrap();
     waiter.join().unwrap();
+
+    // A lock file that cannot be made (its directory is missing) is
+    // reported and the transaction goes ahead without it.
+    std::env::set_var(
+        xensock_discovery::xs::TX_LOCK_ENV,
+        dir.path().join("missing").join("tx.lock"),
+    );
+    xs.transaction(|tx| tx.write("data/n", "17")).unwrap();
+    assert_eq!(xs.read_string("data/n").unwrap(), "17");
 }
 
 static SIGPIPES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
