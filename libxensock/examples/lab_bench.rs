@@ -36,6 +36,15 @@
 //! intact. Then `Transport::resume` lets the next round start on a ring.
 //! Both rows also time `<N>` more round trips as one batch
 //! (`rtt_us_batch`, as xlbench: clock reads are costly in these guests).
+//!
+//! `user-tcpc-paired`: the same two rows, but both connections are open at
+//! once and their streams go in turns, a quarter at a time in A-B-B-A
+//! order (`segment_plan`), so that both rows see the same host: in these
+//! emulated guests a stream's speed drifts by 2-3x between seconds, which
+//! sequential rows turn into noise in their ratio. Each row's throughput
+//! is its bytes over the sum of its segments' times (first write to the
+//! receiver's verdict; the verdict's round trip, ~3-5 ms per 16 MiB, is
+//! counted in both rows). No per-stream `Usage` lines in this mode.
 
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
@@ -110,7 +119,7 @@ fn main() {
     let r = match a.get(1).map(String::as_str) {
         Some("server") => server(&a),
         Some("client") => client(&a),
-        _ => Err("usage: lab_bench server kernel|user PORT MIB N | client kernel|user DOMID PORT MIB N [TIMEOUT]\n       lab_bench server user-tcpc PORT TCP-PORT MIB N ROUNDS | client user-tcpc DOMID PORT IP TCP-PORT MIB N ROUNDS [TIMEOUT]".into()),
+        _ => Err("usage: lab_bench server kernel|user PORT MIB N | client kernel|user DOMID PORT MIB N [TIMEOUT]\n       lab_bench server user-tcpc[-paired] PORT TCP-PORT MIB N ROUNDS | client user-tcpc[-paired] DOMID PORT IP TCP-PORT MIB N ROUNDS [TIMEOUT]".into()),
     };
     match r {
         Ok(code) => std::process::exit(code),
@@ -352,37 +361,58 @@ fn serve_one_as<S: Read + Write>(
     pings: u64,
     label: Option<&str>,
 ) -> Res<u64> {
-    let total = mib << 20;
-    let mut buf = vec![0u8; CHUNK];
-    let (mut pos, mut bad) = (0u64, 0u64);
-    let mut reads = 0u64;
     let mut usage = None;
-    while pos < total {
-        let want = (total - pos).min(CHUNK as u64) as usize;
+    let mut pos = 0;
+    let (bad, reads) = serve_segment(s, pat, &mut pos, mib << 20, label.map(|_| &mut usage))?;
+    if let (Some(label), Some(u)) = (label, usage) {
+        u.report(label, reads, mib << 20);
+    }
+    echo_pings(s, pings)?;
+    Ok(bad)
+}
+
+/// Receives `len` bytes of the pattern from stream offset `*pos`, checks
+/// them and answers `K` (or `X`). Returns the reads that were not what was
+/// sent and the number of reads; `usage`, if given, is taken at the first
+/// bytes.
+fn serve_segment<S: Read + Write>(
+    s: &mut S,
+    pat: &[u8],
+    pos: &mut u64,
+    len: u64,
+    mut usage: Option<&mut Option<Usage>>,
+) -> Res<(u64, u64)> {
+    let end = *pos + len;
+    let mut buf = vec![0u8; CHUNK];
+    let (mut bad, mut reads) = (0u64, 0u64);
+    while *pos < end {
+        let want = (end - *pos).min(CHUNK as u64) as usize;
         let r = s.read(&mut buf[..want])?;
         if r == 0 {
-            return Err(format!("stream ended at {pos} of {total} bytes").into());
+            return Err(format!("stream ended at {} of {end} bytes", *pos).into());
         }
         reads += 1;
-        if usage.is_none() {
-            usage = Some(Usage::now());
+        if let Some(u) = usage.as_deref_mut() {
+            u.get_or_insert_with(Usage::now);
         }
-        let off = (pos % PATLEN as u64) as usize;
+        let off = (*pos % PATLEN as u64) as usize;
         if buf[..r] != pat[off..off + r] {
             bad += 1;
         }
-        pos += r as u64;
+        *pos += r as u64;
     }
     s.write_all(if bad == 0 { b"K" } else { b"X" })?;
-    if let (Some(label), Some(u)) = (label, usage) {
-        u.report(label, reads, total);
-    }
+    Ok((bad, reads))
+}
+
+/// Echoes `pings` one-byte round trips.
+fn echo_pings<S: Read + Write>(s: &mut S, pings: u64) -> Res<()> {
     let mut b = [0u8; 1];
     for _ in 0..pings {
         s.read_exact(&mut b)?;
         s.write_all(&b)?;
     }
-    Ok(bad)
+    Ok(())
 }
 
 /// What the sending side of the workload measured.
@@ -407,31 +437,54 @@ fn drive_one<S: Read + Write>(
     batch: usize,
     label: &str,
 ) -> Res<Measured> {
-    let total = mib << 20;
     let usage = Usage::now();
+    let mut pos = 0;
+    let (secs, writes, intact) = drive_segment(s, pat, &mut pos, mib << 20)?;
+    usage.report(&format!("{label} client"), writes, mib << 20);
+    let mut m = Measured {
+        stream_mib_s: mib as f64 / secs,
+        intact,
+        rtt_us: Vec::new(),
+        batch_us: None,
+    };
+    if m.intact {
+        (m.rtt_us, m.batch_us) = drive_pings(s, pings, batch)?;
+    }
+    Ok(m)
+}
+
+/// Sends `len` bytes of the pattern from stream offset `*pos` in 64 KiB
+/// writes and waits for the receiver's verdict. Returns the seconds from
+/// the first write to the verdict, the writes, and whether it was `K`.
+fn drive_segment<S: Read + Write>(
+    s: &mut S,
+    pat: &[u8],
+    pos: &mut u64,
+    len: u64,
+) -> Res<(f64, u64, bool)> {
+    let end = *pos + len;
     let t0 = Instant::now();
-    let mut pos = 0u64;
     let mut writes = 0u64;
-    while pos < total {
-        let len = (total - pos).min(CHUNK as u64) as usize;
-        let off = (pos % PATLEN as u64) as usize;
-        s.write_all(&pat[off..off + len])?;
-        pos += len as u64;
+    while *pos < end {
+        let n = (end - *pos).min(CHUNK as u64) as usize;
+        let off = (*pos % PATLEN as u64) as usize;
+        s.write_all(&pat[off..off + n])?;
+        *pos += n as u64;
         writes += 1;
     }
     let mut b = [0u8; 1];
     s.read_exact(&mut b)?;
-    let stream_mib_s = mib as f64 / t0.elapsed().as_secs_f64();
-    usage.report(&format!("{label} client"), writes, total);
-    let mut m = Measured {
-        stream_mib_s,
-        intact: b[0] == b'K',
-        rtt_us: Vec::with_capacity(pings),
-        batch_us: None,
-    };
-    if !m.intact {
-        return Ok(m);
-    }
+    Ok((t0.elapsed().as_secs_f64(), writes, b[0] == b'K'))
+}
+
+/// `pings` round trips timed one by one (sorted, microseconds), then
+/// `batch` more timed as one (their mean).
+fn drive_pings<S: Read + Write>(
+    s: &mut S,
+    pings: usize,
+    batch: usize,
+) -> Res<(Vec<f64>, Option<f64>)> {
+    let mut b = [0u8; 1];
     let mut ping = |i: usize| -> Res<()> {
         s.write_all(&[i as u8])?;
         s.read_exact(&mut b)?;
@@ -440,20 +493,22 @@ fn drive_one<S: Read + Write>(
         }
         Ok(())
     };
+    let mut rtt_us = Vec::with_capacity(pings);
     for i in 0..pings {
         let t = Instant::now();
         ping(i)?;
-        m.rtt_us.push(t.elapsed().as_secs_f64() * 1e6);
+        rtt_us.push(t.elapsed().as_secs_f64() * 1e6);
     }
+    let mut batch_us = None;
     if batch > 0 {
         let t = Instant::now();
         for i in 0..batch {
             ping(i)?;
         }
-        m.batch_us = Some(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
+        batch_us = Some(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
     }
-    m.rtt_us.sort_by(f64::total_cmp);
-    Ok(m)
+    rtt_us.sort_by(f64::total_cmp);
+    Ok((rtt_us, batch_us))
 }
 
 fn print_metrics(label: &str, m: &Measured) {
@@ -476,7 +531,7 @@ fn print_metrics(label: &str, m: &Measured) {
 /// `user-tcpc` server: per round one plain TCP connection, then one over
 /// the user-space transport, each with the workload (pings echoed twice:
 /// timed one by one, then as a batch).
-fn server_tcpc(a: &[String]) -> Res<i32> {
+fn server_tcpc(a: &[String], paired: bool) -> Res<i32> {
     let port: u32 = arg(a, 3, "port")?;
     let tcp_port: u16 = arg(a, 4, "TCP port")?;
     let mib: u64 = arg(a, 5, "MiB")?;
@@ -486,14 +541,47 @@ fn server_tcpc(a: &[String]) -> Res<i32> {
     let listener = transport.bind(SockAddrXen::new(DOMID_ANY, port))?;
     let tcp = std::net::TcpListener::bind(("0.0.0.0", tcp_port))?;
     println!(
-        "lab_bench user-tcpc server: {} on {}, TCP on {}",
+        "lab_bench user-tcpc server: {} on {}, TCP on {}{}",
         listener.backend_kind(),
         listener.local_addr()?,
-        tcp.local_addr()?
+        tcp.local_addr()?,
+        if paired { ", paired segments" } else { "" }
     );
     let pat = pattern();
     let mut all_intact = true;
     for round in 1..=rounds {
+        if paired {
+            let (mut c, c_peer) = listener.accept()?;
+            let (mut t, t_peer) = tcp.accept()?;
+            t.set_nodelay(true)?;
+            let (mut c_pos, mut t_pos, mut c_bad, mut t_bad) = (0, 0, 0, 0);
+            for (row, len) in segment_plan(mib << 20, round) {
+                match row {
+                    Row::Tcp => t_bad += serve_segment(&mut t, &pat, &mut t_pos, len, None)?.0,
+                    Row::Carrier => c_bad += serve_segment(&mut c, &pat, &mut c_pos, len, None)?.0,
+                }
+            }
+            for row in round_order(round) {
+                match row {
+                    Row::Tcp => echo_pings(&mut t, 2 * n)?,
+                    Row::Carrier => echo_pings(&mut c, 2 * n)?,
+                }
+            }
+            // the client reads the last echo before it closes
+            let mut b = [0u8; 1];
+            let _ = c.read(&mut b);
+            let _ = t.read(&mut b);
+            println!(
+                "lab_bench user-tcpc server: round {round}: TCP from {t_peer}: intact {}",
+                t_bad == 0
+            );
+            println!(
+                "lab_bench user-tcpc server: round {round}: xensock from {c_peer}: intact {}",
+                c_bad == 0
+            );
+            all_intact &= t_bad == 0 && c_bad == 0;
+            continue;
+        }
         for leg in round_order(round) {
             let (ok, peer, label) = match leg {
                 Row::Tcp => {
@@ -598,20 +686,17 @@ fn tcp_round(addr: &str, timeout: u64, pat: &[u8], mib: u64, n: usize, round: u3
     Ok(m.intact)
 }
 
-/// One carrier row of `user-tcpc` (see the module comment); whether it
-/// stayed on TCP and arrived intact. Leaves the transport resumed.
-#[allow(clippy::too_many_arguments)]
-fn carrier_round(
+/// A connection made on its ring, then moved to the TCP carrier by the
+/// transport's suspend hook (see the module comment); `None` (the
+/// transport resumed) if it was not on its ring first or not on TCP after.
+fn moved_connection(
     transport: &Transport,
     domid: u32,
     port: u32,
     timeout: u64,
-    pat: &[u8],
-    mib: u64,
-    n: usize,
     round: u32,
-) -> Res<bool> {
-    let mut s = connect(
+) -> Res<Option<XenStream>> {
+    let s = connect(
         "user",
         Some(transport),
         SockAddrXen::new(domid, port),
@@ -620,7 +705,7 @@ fn carrier_round(
     let before = carrier_of(transport, &s)?;
     if before != Carrier::Ring {
         println!("lab_bench user-tcpc client: round {round}: carrier {before} before the switch (want ring)");
-        return Ok(false);
+        return Ok(None);
     }
     let t0 = Instant::now();
     let moved = transport.suspend();
@@ -632,12 +717,17 @@ fn carrier_round(
     if !on_tcp(&after) {
         println!("lab_bench user-tcpc client: round {round}: not on the TCP carrier after the suspend hook");
         transport.resume();
-        return Ok(false);
+        return Ok(None);
     }
-    let m = drive_one(&mut s, pat, mib, n, n, "xensock-user-tcp-carrier")?;
-    let end = carrier_of(transport, &s)?;
+    Ok(Some(s))
+}
+
+/// Whether `s` stayed on the TCP carrier through the workload and `m`
+/// arrived intact; prints the row's metrics if so.
+fn carrier_verdict(transport: &Transport, s: &XenStream, m: &Measured, round: u32) -> Res<bool> {
+    let end = carrier_of(transport, s)?;
     println!("lab_bench user-tcpc client: round {round}: carrier {end} after the workload");
-    let ok = if !m.intact {
+    Ok(if !m.intact {
         println!("lab_bench user-tcpc client: round {round}: the server saw corrupted data");
         false
     } else if !on_tcp(&end) {
@@ -646,16 +736,132 @@ fn carrier_round(
         );
         false
     } else {
-        print_metrics("xensock-user-tcp-carrier", &m);
+        print_metrics("xensock-user-tcp-carrier", m);
         true
+    })
+}
+
+/// One carrier row of `user-tcpc`; whether it stayed on TCP and arrived
+/// intact. Leaves the transport resumed.
+#[allow(clippy::too_many_arguments)]
+fn carrier_round(
+    transport: &Transport,
+    domid: u32,
+    port: u32,
+    timeout: u64,
+    pat: &[u8],
+    mib: u64,
+    n: usize,
+    round: u32,
+) -> Res<bool> {
+    let Some(mut s) = moved_connection(transport, domid, port, timeout, round)? else {
+        return Ok(false);
     };
+    let m = drive_one(&mut s, pat, mib, n, n, "xensock-user-tcp-carrier")?;
+    let ok = carrier_verdict(transport, &s, &m, round)?;
     drop(s);
     transport.resume();
     Ok(ok)
 }
 
+/// Segments per row in a paired round: the stream is cut into this many
+/// parts per connection, sent in turn (see `segment_plan`).
+const SEGMENTS_PER_ROW: u64 = 4;
+
+/// The segments of a paired round: which row sends next and how much. The
+/// rows alternate in A-B-B-A order (the first row alternating between
+/// rounds), so a drift in the host's speed that is linear over the round
+/// weighs on both rows alike.
+fn segment_plan(total: u64, round: u32) -> Vec<(Row, u64)> {
+    let chunks = total.div_ceil(CHUNK as u64);
+    let per = chunks.div_ceil(SEGMENTS_PER_ROW) * CHUNK as u64;
+    let mut plan = Vec::new();
+    let mut left = total;
+    for pair in 0..SEGMENTS_PER_ROW {
+        if left == 0 {
+            break;
+        }
+        let len = per.min(left);
+        left -= len;
+        let [a, b] = round_order(round + pair as u32);
+        plan.push((a, len));
+        plan.push((b, len));
+    }
+    plan
+}
+
+/// One paired round of `user-tcpc-paired`: a plain TCP connection and a
+/// moved carrier connection open side by side, their streams sent in
+/// turns per `segment_plan`, each row's throughput its bytes over the sum
+/// of its segments' times (each from its first write to the receiver's
+/// verdict); then each row's round trips. Returns the failed rows. Leaves
+/// the transport resumed.
+#[allow(clippy::too_many_arguments)]
+fn paired_round(
+    transport: &Transport,
+    tcp_addr: &str,
+    domid: u32,
+    port: u32,
+    timeout: u64,
+    pat: &[u8],
+    mib: u64,
+    n: usize,
+    round: u32,
+) -> Res<u32> {
+    let Some(mut c) = moved_connection(transport, domid, port, timeout, round)? else {
+        return Ok(1);
+    };
+    let mut t = tcp_connect(tcp_addr, timeout)?;
+    t.set_nodelay(true)?;
+    let (mut c_pos, mut t_pos) = (0, 0);
+    let (mut c_secs, mut t_secs) = (0.0, 0.0);
+    let (mut c_ok, mut t_ok) = (true, true);
+    for (row, len) in segment_plan(mib << 20, round) {
+        match row {
+            Row::Tcp => {
+                let (secs, _, ok) = drive_segment(&mut t, pat, &mut t_pos, len)?;
+                t_secs += secs;
+                t_ok &= ok;
+            }
+            Row::Carrier => {
+                let (secs, _, ok) = drive_segment(&mut c, pat, &mut c_pos, len)?;
+                c_secs += secs;
+                c_ok &= ok;
+            }
+        }
+    }
+    let measured = |secs: f64, intact| Measured {
+        stream_mib_s: mib as f64 / secs,
+        intact,
+        rtt_us: Vec::new(),
+        batch_us: None,
+    };
+    let (mut tm, mut cm) = (measured(t_secs, t_ok), measured(c_secs, c_ok));
+    for row in round_order(round) {
+        match row {
+            Row::Tcp if tm.intact => (tm.rtt_us, tm.batch_us) = drive_pings(&mut t, n, n)?,
+            Row::Carrier if cm.intact => (cm.rtt_us, cm.batch_us) = drive_pings(&mut c, n, n)?,
+            _ => {}
+        }
+    }
+    let mut failed = 0;
+    if tm.intact {
+        print_metrics("tcp-same-phase-user", &tm);
+    } else {
+        println!("lab_bench user-tcpc client: round {round}: the server saw corrupted TCP data");
+        failed += 1;
+    }
+    if !carrier_verdict(transport, &c, &cm, round)? {
+        failed += 1;
+    }
+    drop(t);
+    drop(c);
+    transport.resume();
+    Ok(failed)
+}
+
 /// `user-tcpc` client (see the module comment).
-fn client_tcpc(a: &[String]) -> Res<i32> {
+fn client_tcpc(a: &[String], paired: bool) -> Res<i32> {
     let domid: u32 = arg(a, 3, "domid")?;
     let port: u32 = arg(a, 4, "port")?;
     let ip: std::net::IpAddr = arg(a, 5, "server IP")?;
@@ -673,6 +879,13 @@ fn client_tcpc(a: &[String]) -> Res<i32> {
     let pat = pattern();
     let mut failed = 0;
     for round in 1..=rounds {
+        if paired {
+            failed += paired_round(
+                &transport, &tcp_addr, domid, port, timeout, &pat, mib, n, round,
+            )?;
+            io::stdout().flush()?;
+            continue;
+        }
         for row in round_order(round) {
             let ok = match row {
                 Row::Tcp => tcp_round(&tcp_addr, timeout, &pat, mib, n, round)?,
@@ -692,8 +905,8 @@ fn client_tcpc(a: &[String]) -> Res<i32> {
 
 fn server(a: &[String]) -> Res<i32> {
     let mode = a.get(2).map(String::as_str).unwrap_or("");
-    if mode == "user-tcpc" {
-        return server_tcpc(a);
+    if mode == "user-tcpc" || mode == "user-tcpc-paired" {
+        return server_tcpc(a, mode == "user-tcpc-paired");
     }
     let port: u32 = arg(a, 3, "port")?;
     let mib: u64 = arg(a, 4, "MiB")?;
@@ -746,8 +959,8 @@ fn connect(mode: &str, t: Option<&Transport>, addr: SockAddrXen, secs: u64) -> R
 
 fn client(a: &[String]) -> Res<i32> {
     let mode = a.get(2).map(String::as_str).unwrap_or("");
-    if mode == "user-tcpc" {
-        return client_tcpc(a);
+    if mode == "user-tcpc" || mode == "user-tcpc-paired" {
+        return client_tcpc(a, mode == "user-tcpc-paired");
     }
     let domid: u32 = arg(a, 3, "domid")?;
     let port: u32 = arg(a, 4, "port")?;

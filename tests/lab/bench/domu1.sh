@@ -138,8 +138,8 @@ done
 # ring onto the TCP carrier; one process and transport for all rounds.
 # Judged by its log, as the server above.
 perf_start user-tcpc-server
-timeout -s KILL 500 $BENCH_WRAP lab_bench server user-tcpc 7304 7004 "$BENCH_MIB" "$BENCH_PINGS" "$BENCH_REPS" > /tmp/user-tcpc.log 2>&1 &
-if wait_until 500 grep -q "served $BENCH_REPS rounds" /tmp/user-tcpc.log && ! grep -q "intact false" /tmp/user-tcpc.log; then
+timeout -s KILL $((TCPC_SECS + 100)) $BENCH_WRAP lab_bench server "$BENCH_TCPC" 7304 7004 "$BENCH_MIB" "$BENCH_PINGS" "$BENCH_REPS" > /tmp/user-tcpc.log 2>&1 &
+if wait_until $((TCPC_SECS + 100)) grep -q "served $BENCH_REPS rounds" /tmp/user-tcpc.log && ! grep -q "intact false" /tmp/user-tcpc.log; then
   result xensock-user-tcp-carrier-server PASS
 else tail -n 15 /tmp/user-tcpc.log; result xensock-user-tcp-carrier-server FAIL "not every round served intact"; fi
 cat /tmp/user-tcpc.log

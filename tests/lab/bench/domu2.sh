@@ -151,9 +151,9 @@ else result xensock-user-client FAIL "rc=$?"; fi
 # that the transport's suspend hook moves to its TCP carrier (row
 # xensock-user-tcp-carrier; metrics only if it stayed on TCP and arrived
 # intact); resume before the next round.
-log "user-space TCP carrier phase: $BENCH_REPS rounds of tcp-same-phase-user and xensock-user-tcp-carrier"
+log "user-space TCP carrier phase: $BENCH_REPS rounds of tcp-same-phase-user and xensock-user-tcp-carrier ($BENCH_TCPC)"
 perf_start user-tcpc-client
-timeout 400 $BENCH_WRAP lab_bench client user-tcpc "$PEER" 7304 "$LAB_NET_DOMU1" 7004 "$BENCH_MIB" "$BENCH_PINGS" "$BENCH_REPS" 120 > /tmp/user-tcpc-client.log 2>&1
+timeout "$TCPC_SECS" $BENCH_WRAP lab_bench client "$BENCH_TCPC" "$PEER" 7304 "$LAB_NET_DOMU1" 7004 "$BENCH_MIB" "$BENCH_PINGS" "$BENCH_REPS" 120 > /tmp/user-tcpc-client.log 2>&1
 rc=$?
 cat /tmp/user-tcpc-client.log
 if [ $rc -eq 0 ]; then result xensock-user-tcp-carrier-client PASS

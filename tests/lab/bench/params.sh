@@ -12,7 +12,15 @@ IPERF_SECS=5
 # set the same way, and BENCH_PINGS (fewer round trips: more rounds in
 # the same time, for stream ratios).
 BENCH_ONLY=
+# lab_bench's mode for issue #7's user-space carrier rows: user-tcpc-paired
+# (both connections open, their streams sent in turns: the ratio is paired
+# against the host's drift) or user-tcpc (one whole stream per row, as
+# before session 14; with per-stream CPU lines and LAB_PERF windows)
+BENCH_TCPC=user-tcpc-paired
 [ -f /opt/xensock/bench.env ] && . /opt/xensock/bench.env
+# the client's limit for the user-space carrier phase (the server's is 100 s
+# more): a round is ~6 s plus ~1.5 s per 100 round trips per row
+TCPC_SECS=$((300 + BENCH_REPS * (8 + BENCH_PINGS / 25)))
 # phase NAME: whether this run includes the phase NAME (main, tcp-carrier, user)
 phase() { [ -z "$BENCH_ONLY" ] || [ "$BENCH_ONLY" = "$1" ]; }
 # tcp_snap FILE / tcp_delta LABEL FILE: the kernel's TCP counters
