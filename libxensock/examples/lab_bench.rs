@@ -49,6 +49,16 @@
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
+// The carrier's frame code, compiled in for the framed-TCP row (as
+// carrier_bench does with the whole engine).
+#[allow(dead_code)]
+#[path = "../src/evfd.rs"]
+mod evfd;
+
+#[allow(dead_code, unused_imports)]
+#[path = "../src/carrier/mod.rs"]
+mod carrier;
+
 use libxensock::{
     BackendKind, Carrier, Config, SockAddrXen, Transport, XenListener, XenStream, DOMID_ANY,
 };
@@ -119,7 +129,7 @@ fn main() {
     let r = match a.get(1).map(String::as_str) {
         Some("server") => server(&a),
         Some("client") => client(&a),
-        _ => Err("usage: lab_bench server kernel|user PORT MIB N | client kernel|user DOMID PORT MIB N [TIMEOUT]\n       lab_bench server user-tcpc[-paired] PORT TCP-PORT MIB N ROUNDS | client user-tcpc[-paired] DOMID PORT IP TCP-PORT MIB N ROUNDS [TIMEOUT]".into()),
+        _ => Err("usage: lab_bench server kernel|user PORT MIB N | client kernel|user DOMID PORT MIB N [TIMEOUT]\n       lab_bench server user-tcpc[-paired|-framed] PORT TCP-PORT MIB N ROUNDS | client user-tcpc[-paired|-framed] DOMID PORT IP TCP-PORT MIB N ROUNDS [TIMEOUT]".into()),
     };
     match r {
         Ok(code) => std::process::exit(code),
@@ -263,6 +273,69 @@ fn thread_ticks() -> Vec<(u64, String, i64)> {
     out
 }
 
+/// Each thread of this process: id, name, CPU time (ns) and timeslices
+/// run (/proc/self/task/*/schedstat: exact, unlike the tick-sampled
+/// `stat` times).
+fn sched_snapshot() -> Vec<(u64, String, u64, u64)> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Ok(tid) = e.file_name().to_string_lossy().parse::<u64>() else {
+            continue;
+        };
+        let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        let Ok(stat) = std::fs::read_to_string(e.path().join("schedstat")) else {
+            continue;
+        };
+        let f: Vec<u64> = stat
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        if let [ns, _, slices] = f[..] {
+            out.push((tid, name.trim().to_string(), ns, slices));
+        }
+    }
+    out
+}
+
+/// CPU time and timeslices per thread name, summed over the segments of
+/// one row of a paired round (`add` the difference of two snapshots).
+#[derive(Default)]
+struct SchedTally(std::collections::BTreeMap<String, (u64, u64)>);
+
+impl SchedTally {
+    fn add(&mut self, before: &[(u64, String, u64, u64)], after: &[(u64, String, u64, u64)]) {
+        for (tid, name, ns, slices) in after {
+            let (ns0, sl0) = before
+                .iter()
+                .find(|b| b.0 == *tid)
+                .map_or((0, 0), |b| (b.2, b.3));
+            let e = self.0.entry(name.clone()).or_default();
+            e.0 += ns.saturating_sub(ns0);
+            e.1 += slices.saturating_sub(sl0);
+        }
+    }
+
+    /// One line: per thread name, ms of CPU and timeslices per `rounds`.
+    fn report(&self, label: &str, rounds: u32) {
+        let r = u64::from(rounds.max(1));
+        let total: u64 = self.0.values().map(|v| v.0).sum();
+        let per: Vec<String> = self
+            .0
+            .iter()
+            .filter(|(_, v)| v.0 > 0)
+            .map(|(n, v)| format!("{n} {:.1} ms/{}", v.0 as f64 / 1e6 / r as f64, v.1 / r))
+            .collect();
+        println!(
+            "lab_bench {label} sched per round: {:.1} ms; {}",
+            total as f64 / 1e6 / r as f64,
+            per.join(", ")
+        );
+    }
+}
+
 impl Usage {
     fn now() -> Usage {
         // SAFETY: getrusage fills the zeroed struct it is given.
@@ -375,7 +448,7 @@ fn serve_one_as<S: Read + Write>(
 /// them and answers `K` (or `X`). Returns the reads that were not what was
 /// sent and the number of reads; `usage`, if given, is taken at the first
 /// bytes.
-fn serve_segment<S: Read + Write>(
+fn serve_segment<S: Read + Write + ?Sized>(
     s: &mut S,
     pat: &[u8],
     pos: &mut u64,
@@ -406,7 +479,7 @@ fn serve_segment<S: Read + Write>(
 }
 
 /// Echoes `pings` one-byte round trips.
-fn echo_pings<S: Read + Write>(s: &mut S, pings: u64) -> Res<()> {
+fn echo_pings<S: Read + Write + ?Sized>(s: &mut S, pings: u64) -> Res<()> {
     let mut b = [0u8; 1];
     for _ in 0..pings {
         s.read_exact(&mut b)?;
@@ -456,7 +529,7 @@ fn drive_one<S: Read + Write>(
 /// Sends `len` bytes of the pattern from stream offset `*pos` in 64 KiB
 /// writes and waits for the receiver's verdict. Returns the seconds from
 /// the first write to the verdict, the writes, and whether it was `K`.
-fn drive_segment<S: Read + Write>(
+fn drive_segment<S: Read + Write + ?Sized>(
     s: &mut S,
     pat: &[u8],
     pos: &mut u64,
@@ -479,7 +552,7 @@ fn drive_segment<S: Read + Write>(
 
 /// `pings` round trips timed one by one (sorted, microseconds), then
 /// `batch` more timed as one (their mean).
-fn drive_pings<S: Read + Write>(
+fn drive_pings<S: Read + Write + ?Sized>(
     s: &mut S,
     pings: usize,
     batch: usize,
@@ -531,7 +604,7 @@ fn print_metrics(label: &str, m: &Measured) {
 /// `user-tcpc` server: per round one plain TCP connection, then one over
 /// the user-space transport, each with the workload (pings echoed twice:
 /// timed one by one, then as a batch).
-fn server_tcpc(a: &[String], paired: bool) -> Res<i32> {
+fn server_tcpc(a: &[String], paired: bool, framed: bool) -> Res<i32> {
     let port: u32 = arg(a, 3, "port")?;
     let tcp_port: u16 = arg(a, 4, "TCP port")?;
     let mib: u64 = arg(a, 5, "MiB")?;
@@ -545,41 +618,69 @@ fn server_tcpc(a: &[String], paired: bool) -> Res<i32> {
         listener.backend_kind(),
         listener.local_addr()?,
         tcp.local_addr()?,
-        if paired { ", paired segments" } else { "" }
+        match (paired, framed) {
+            (true, true) => ", paired segments with a framed-TCP row",
+            (true, false) => ", paired segments",
+            _ => "",
+        }
     );
     let pat = pattern();
     let mut all_intact = true;
+    let mut tallies: Vec<SchedTally> = paired_rows(framed)
+        .iter()
+        .map(|_| SchedTally::default())
+        .collect();
     for round in 1..=rounds {
         if paired {
-            let (mut c, c_peer) = listener.accept()?;
-            let (mut t, t_peer) = tcp.accept()?;
-            t.set_nodelay(true)?;
-            let (mut c_pos, mut t_pos, mut c_bad, mut t_bad) = (0, 0, 0, 0);
-            for (row, len) in segment_plan(mib << 20, round) {
-                match row {
-                    Row::Tcp => t_bad += serve_segment(&mut t, &pat, &mut t_pos, len, None)?.0,
-                    Row::Carrier => c_bad += serve_segment(&mut c, &pat, &mut c_pos, len, None)?.0,
-                }
+            let rows = paired_rows(framed);
+            let at = |row: Row| rows.iter().position(|r| *r == row).unwrap_or(0);
+            let (c, c_peer) = listener.accept()?;
+            let mut conns: Vec<Option<(RowConn, String)>> = (0..rows.len()).map(|_| None).collect();
+            conns[at(Row::Carrier)] = Some((RowConn::Carrier(c), c_peer.to_string()));
+            for row in &rows {
+                let conn = match row {
+                    Row::Carrier => continue,
+                    Row::Tcp => {
+                        let (t, peer) = tcp.accept()?;
+                        t.set_nodelay(true)?;
+                        (RowConn::Tcp(t), peer.to_string())
+                    }
+                    Row::Framed => {
+                        let (t, peer) = tcp.accept()?;
+                        (
+                            RowConn::Framed(framed::FramedTcp::new(t)?),
+                            peer.to_string(),
+                        )
+                    }
+                };
+                conns[at(*row)] = Some(conn);
             }
-            for row in round_order(round) {
-                match row {
-                    Row::Tcp => echo_pings(&mut t, 2 * n)?,
-                    Row::Carrier => echo_pings(&mut c, 2 * n)?,
-                }
+            let mut conns: Vec<(RowConn, String)> = conns.into_iter().flatten().collect();
+            let mut pos = vec![0u64; rows.len()];
+            let mut bad = vec![0u64; rows.len()];
+            for (row, len) in segment_plan(&rows, mib << 20, round) {
+                let i = at(row);
+                let before = sched_snapshot();
+                bad[i] += serve_segment(conns[i].0.io(), &pat, &mut pos[i], len, None)?.0;
+                tallies[i].add(&before, &sched_snapshot());
             }
-            // the client reads the last echo before it closes
+            for row in turn_order(&rows, round) {
+                echo_pings(conns[at(row)].0.io(), 2 * n)?;
+            }
+            // the client reads its last echo before it closes
             let mut b = [0u8; 1];
-            let _ = c.read(&mut b);
-            let _ = t.read(&mut b);
-            println!(
-                "lab_bench user-tcpc server: round {round}: TCP from {t_peer}: intact {}",
-                t_bad == 0
-            );
-            println!(
-                "lab_bench user-tcpc server: round {round}: xensock from {c_peer}: intact {}",
-                c_bad == 0
-            );
-            all_intact &= t_bad == 0 && c_bad == 0;
+            for (c, _) in conns.iter_mut() {
+                let _ = c.io().read(&mut b);
+            }
+            for (i, row) in rows.iter().enumerate() {
+                println!(
+                    "lab_bench user-tcpc server: round {round}: {} from {}: intact {}",
+                    row.label(),
+                    conns[i].1,
+                    bad[i] == 0
+                );
+                all_intact &= bad[i] == 0;
+            }
             continue;
         }
         for leg in round_order(round) {
@@ -605,9 +706,15 @@ fn server_tcpc(a: &[String], paired: bool) -> Res<i32> {
                     let _ = s.read(&mut b);
                     (bad == 0, peer.to_string(), "xensock")
                 }
+                Row::Framed => return Err("the framed row runs paired only".into()),
             };
             println!("lab_bench user-tcpc server: round {round}: {label} from {peer}: intact {ok}");
             all_intact &= ok;
+        }
+    }
+    if paired {
+        for (row, t) in paired_rows(framed).iter().zip(&tallies) {
+            t.report(&format!("{} server", row.label()), rounds);
         }
     }
     println!("lab_bench user-tcpc server: served {rounds} rounds of {mib} MiB, echoed {n}+{n} pings each");
@@ -655,11 +762,199 @@ fn tcp_connect(addr: &str, secs: u64) -> Res<std::net::TcpStream> {
     }
 }
 
-/// The two rows of a `user-tcpc` round.
-#[derive(Clone, Copy)]
+/// The rows of a `user-tcpc` round.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Row {
     Tcp,
     Carrier,
+    /// `user-tcpc-framed` only: plain TCP carrying the carrier's frames.
+    Framed,
+}
+
+impl Row {
+    fn label(self) -> &'static str {
+        match self {
+            Row::Tcp => "tcp-same-phase-user",
+            Row::Carrier => "xensock-user-tcp-carrier",
+            Row::Framed => "framed-tcp-user",
+        }
+    }
+}
+
+/// A paired round's rows: plain TCP and the carrier, and with `framed` a
+/// third, plain TCP carrying the carrier's frames.
+fn paired_rows(framed: bool) -> Vec<Row> {
+    if framed {
+        vec![Row::Tcp, Row::Carrier, Row::Framed]
+    } else {
+        vec![Row::Tcp, Row::Carrier]
+    }
+}
+
+/// A connection of one row of a paired round.
+enum RowConn {
+    Tcp(std::net::TcpStream),
+    Carrier(XenStream),
+    Framed(framed::FramedTcp),
+}
+
+impl RowConn {
+    fn io(&mut self) -> &mut dyn ReadWrite {
+        match self {
+            RowConn::Tcp(s) => s,
+            RowConn::Carrier(s) => s,
+            RowConn::Framed(s) => s,
+        }
+    }
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// Plain TCP carrying the carrier's own frames (`carrier::frames`: the
+/// writer's `send_data_direct` with its outbox for a partial frame, the
+/// reader's inbox with its look-ahead), with none of the engine around
+/// them (no locks, driver, eventfds or switch state): with
+/// `user-tcpc-framed`, a row between plain TCP and the carrier, to tell
+/// what the frames and the calls' shapes cost from what the engine adds.
+mod framed {
+    use super::carrier::{send_data_direct, Frame, Inbox, Incoming, Outbox, RX_LOOKAHEAD};
+    use std::io::{self, Read, Write};
+    use std::net::TcpStream;
+    use std::os::fd::AsRawFd;
+
+    /// Both ends use this connection id on the wire.
+    const CONN_ID: u32 = 7;
+
+    pub struct FramedTcp {
+        sock: TcpStream,
+        out: Outbox,
+        sent: u64,
+        inbox: Inbox,
+        payload_left: u64,
+        /// The last read found the socket empty: wait before reading (as
+        /// the engine's `leg_drained`).
+        drained: bool,
+    }
+
+    impl FramedTcp {
+        pub fn new(sock: TcpStream) -> io::Result<FramedTcp> {
+            sock.set_nodelay(true)?;
+            sock.set_nonblocking(true)?;
+            Ok(FramedTcp {
+                sock,
+                out: Outbox::default(),
+                sent: 0,
+                inbox: Inbox::new(RX_LOOKAHEAD),
+                payload_left: 0,
+                drained: false,
+            })
+        }
+
+        fn wait(&self, events: i16) {
+            let mut p = libc::pollfd {
+                fd: self.sock.as_raw_fd(),
+                events,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut p, 1, -1) };
+        }
+    }
+
+    impl Write for FramedTcp {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if buf.is_empty() {
+                return Ok(0);
+            }
+            loop {
+                self.out.flush(&self.sock)?;
+                if self.out.is_empty() {
+                    let n = send_data_direct(&self.sock, &mut self.out, CONN_ID, self.sent, buf)?;
+                    if n > 0 {
+                        self.sent += n as u64;
+                        // a partial frame is finished before returning, as
+                        // the engine's blocking writer does
+                        while !self.out.is_empty() {
+                            self.wait(libc::POLLOUT);
+                            self.out.flush(&self.sock)?;
+                        }
+                        return Ok(n);
+                    }
+                }
+                self.wait(libc::POLLOUT);
+            }
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Read for FramedTcp {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let mut got = 0;
+            while got < buf.len() {
+                if self.drained && got == 0 && self.inbox.buffered() == 0 {
+                    self.drained = false;
+                    self.wait(libc::POLLIN);
+                }
+                if self.payload_left > 0 {
+                    match self
+                        .inbox
+                        .read_payload(&self.sock, &mut buf[got..], self.payload_left)
+                    {
+                        Ok((0, _)) => break,
+                        Ok((n, drained)) => {
+                            got += n;
+                            self.payload_left -= n as u64;
+                            if drained {
+                                self.drained = true;
+                                break;
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            if got > 0 {
+                                self.drained = true;
+                                break;
+                            }
+                            self.wait(libc::POLLIN);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                    continue;
+                }
+                match self.inbox.next(&self.sock, CONN_ID)? {
+                    Incoming::Frame(Frame::Data { len, .. }) => self.payload_left = len,
+                    Incoming::Frame(_) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "a control frame on the framed row",
+                        ))
+                    }
+                    Incoming::WouldBlock => {
+                        if got > 0 {
+                            self.drained = true;
+                            break;
+                        }
+                        self.wait(libc::POLLIN);
+                    }
+                    Incoming::Closed => break,
+                }
+            }
+            // the next prefix came along with the payload: take it now (no
+            // system call), as the engine does
+            if self.payload_left == 0 && self.inbox.frame_ready() {
+                if let Incoming::Frame(Frame::Data { len, .. }) =
+                    self.inbox.next(&self.sock, CONN_ID)?
+                {
+                    self.payload_left = len;
+                }
+            }
+            Ok(got)
+        }
+    }
 }
 
 /// Which row goes first alternates between rounds, so that neither row
@@ -769,33 +1064,44 @@ fn carrier_round(
 const SEGMENTS_PER_ROW: u64 = 4;
 
 /// The segments of a paired round: which row sends next and how much. The
-/// rows alternate in A-B-B-A order (the first row alternating between
-/// rounds), so a drift in the host's speed that is linear over the round
-/// weighs on both rows alike.
-fn segment_plan(total: u64, round: u32) -> Vec<(Row, u64)> {
+/// rows take turns in A-B-B-A order (A-B-C-C-B-A with three; the first
+/// row alternating between rounds), so a drift in the host's speed that is
+/// linear over the round weighs on every row alike.
+fn segment_plan(rows: &[Row], total: u64, round: u32) -> Vec<(Row, u64)> {
     let chunks = total.div_ceil(CHUNK as u64);
     let per = chunks.div_ceil(SEGMENTS_PER_ROW) * CHUNK as u64;
     let mut plan = Vec::new();
     let mut left = total;
-    for pair in 0..SEGMENTS_PER_ROW {
+    for turn in 0..SEGMENTS_PER_ROW {
         if left == 0 {
             break;
         }
         let len = per.min(left);
         left -= len;
-        let [a, b] = round_order(round + pair as u32);
-        plan.push((a, len));
-        plan.push((b, len));
+        plan.extend(
+            turn_order(rows, round + turn as u32)
+                .into_iter()
+                .map(|r| (r, len)),
+        );
     }
     plan
 }
 
+/// `rows` forwards in odd turns, backwards in even ones.
+fn turn_order(rows: &[Row], turn: u32) -> Vec<Row> {
+    let mut order = rows.to_vec();
+    if turn % 2 == 0 {
+        order.reverse();
+    }
+    order
+}
+
 /// One paired round of `user-tcpc-paired`: a plain TCP connection and a
-/// moved carrier connection open side by side, their streams sent in
-/// turns per `segment_plan`, each row's throughput its bytes over the sum
-/// of its segments' times (each from its first write to the receiver's
-/// verdict); then each row's round trips. Returns the failed rows. Leaves
-/// the transport resumed.
+/// moved carrier connection (and with `framed`, a framed-TCP one) open side
+/// by side, their streams sent in turns per `segment_plan`, each row's
+/// throughput its bytes over the sum of its segments' times (each from its
+/// first write to the receiver's verdict); then each row's round trips.
+/// Returns the failed rows. Leaves the transport resumed.
 #[allow(clippy::too_many_arguments)]
 fn paired_round(
     transport: &Transport,
@@ -807,61 +1113,86 @@ fn paired_round(
     mib: u64,
     n: usize,
     round: u32,
+    framed: bool,
+    tallies: &mut [SchedTally],
 ) -> Res<u32> {
-    let Some(mut c) = moved_connection(transport, domid, port, timeout, round)? else {
+    let rows = paired_rows(framed);
+    // the server accepts in this order: the carrier, then TCP, then framed
+    let Some(c) = moved_connection(transport, domid, port, timeout, round)? else {
         return Ok(1);
     };
-    let mut t = tcp_connect(tcp_addr, timeout)?;
-    t.set_nodelay(true)?;
-    let (mut c_pos, mut t_pos) = (0, 0);
-    let (mut c_secs, mut t_secs) = (0.0, 0.0);
-    let (mut c_ok, mut t_ok) = (true, true);
-    for (row, len) in segment_plan(mib << 20, round) {
-        match row {
+    let mut conns = Vec::new();
+    for row in &rows {
+        conns.push(match row {
+            Row::Carrier => None,
             Row::Tcp => {
-                let (secs, _, ok) = drive_segment(&mut t, pat, &mut t_pos, len)?;
-                t_secs += secs;
-                t_ok &= ok;
+                let t = tcp_connect(tcp_addr, timeout)?;
+                t.set_nodelay(true)?;
+                Some(RowConn::Tcp(t))
             }
-            Row::Carrier => {
-                let (secs, _, ok) = drive_segment(&mut c, pat, &mut c_pos, len)?;
-                c_secs += secs;
-                c_ok &= ok;
-            }
-        }
+            Row::Framed => Some(RowConn::Framed(framed::FramedTcp::new(tcp_connect(
+                tcp_addr, timeout,
+            )?)?)),
+        });
     }
-    let measured = |secs: f64, intact| Measured {
-        stream_mib_s: mib as f64 / secs,
-        intact,
-        rtt_us: Vec::new(),
-        batch_us: None,
-    };
-    let (mut tm, mut cm) = (measured(t_secs, t_ok), measured(c_secs, c_ok));
-    for row in round_order(round) {
-        match row {
-            Row::Tcp if tm.intact => (tm.rtt_us, tm.batch_us) = drive_pings(&mut t, n, n)?,
-            Row::Carrier if cm.intact => (cm.rtt_us, cm.batch_us) = drive_pings(&mut c, n, n)?,
-            _ => {}
+    let at = |row: Row| rows.iter().position(|r| *r == row).unwrap_or(0);
+    conns[at(Row::Carrier)] = Some(RowConn::Carrier(c));
+    let mut conns: Vec<RowConn> = conns.into_iter().flatten().collect();
+    let mut pos = vec![0u64; rows.len()];
+    let mut secs = vec![0.0f64; rows.len()];
+    let mut intact = vec![true; rows.len()];
+    for (row, len) in segment_plan(&rows, mib << 20, round) {
+        let i = at(row);
+        let before = sched_snapshot();
+        let (s, _, ok) = drive_segment(conns[i].io(), pat, &mut pos[i], len)?;
+        tallies[i].add(&before, &sched_snapshot());
+        secs[i] += s;
+        intact[i] &= ok;
+    }
+    let mut measured: Vec<Measured> = secs
+        .iter()
+        .zip(&intact)
+        .map(|(s, ok)| Measured {
+            stream_mib_s: mib as f64 / s,
+            intact: *ok,
+            rtt_us: Vec::new(),
+            batch_us: None,
+        })
+        .collect();
+    for row in turn_order(&rows, round) {
+        let i = at(row);
+        if measured[i].intact {
+            (measured[i].rtt_us, measured[i].batch_us) = drive_pings(conns[i].io(), n, n)?;
         }
     }
     let mut failed = 0;
-    if tm.intact {
-        print_metrics("tcp-same-phase-user", &tm);
-    } else {
-        println!("lab_bench user-tcpc client: round {round}: the server saw corrupted TCP data");
-        failed += 1;
+    for (i, row) in rows.iter().enumerate() {
+        let m = &measured[i];
+        let ok = match (&conns[i], row) {
+            (RowConn::Carrier(s), _) => carrier_verdict(transport, s, m, round)?,
+            (_, row) if m.intact => {
+                print_metrics(row.label(), m);
+                true
+            }
+            (_, row) => {
+                println!(
+                    "lab_bench user-tcpc client: round {round}: the server saw corrupted data on {}",
+                    row.label()
+                );
+                false
+            }
+        };
+        if !ok {
+            failed += 1;
+        }
     }
-    if !carrier_verdict(transport, &c, &cm, round)? {
-        failed += 1;
-    }
-    drop(t);
-    drop(c);
+    drop(conns);
     transport.resume();
     Ok(failed)
 }
 
 /// `user-tcpc` client (see the module comment).
-fn client_tcpc(a: &[String], paired: bool) -> Res<i32> {
+fn client_tcpc(a: &[String], paired: bool, framed: bool) -> Res<i32> {
     let domid: u32 = arg(a, 3, "domid")?;
     let port: u32 = arg(a, 4, "port")?;
     let ip: std::net::IpAddr = arg(a, 5, "server IP")?;
@@ -878,10 +1209,24 @@ fn client_tcpc(a: &[String], paired: bool) -> Res<i32> {
     let transport = user_transport()?;
     let pat = pattern();
     let mut failed = 0;
+    let mut tallies: Vec<SchedTally> = paired_rows(framed)
+        .iter()
+        .map(|_| SchedTally::default())
+        .collect();
     for round in 1..=rounds {
         if paired {
             failed += paired_round(
-                &transport, &tcp_addr, domid, port, timeout, &pat, mib, n, round,
+                &transport,
+                &tcp_addr,
+                domid,
+                port,
+                timeout,
+                &pat,
+                mib,
+                n,
+                round,
+                framed,
+                &mut tallies,
             )?;
             io::stdout().flush()?;
             continue;
@@ -892,6 +1237,7 @@ fn client_tcpc(a: &[String], paired: bool) -> Res<i32> {
                 Row::Carrier => {
                     carrier_round(&transport, domid, port, timeout, &pat, mib, n, round)?
                 }
+                Row::Framed => return Err("the framed row runs paired only".into()),
             };
             if !ok {
                 failed += 1;
@@ -899,14 +1245,28 @@ fn client_tcpc(a: &[String], paired: bool) -> Res<i32> {
             io::stdout().flush()?;
         }
     }
+    if paired {
+        for (row, t) in paired_rows(framed).iter().zip(&tallies) {
+            t.report(&format!("{} client", row.label()), rounds);
+        }
+    }
     drop(transport);
     Ok(if failed == 0 { 0 } else { 1 })
 }
 
+/// Whether `mode` is a `user-tcpc` mode, and if so whether paired.
+fn tcpc_mode(mode: &str) -> Option<bool> {
+    match mode {
+        "user-tcpc" => Some(false),
+        "user-tcpc-paired" | "user-tcpc-framed" => Some(true),
+        _ => None,
+    }
+}
+
 fn server(a: &[String]) -> Res<i32> {
     let mode = a.get(2).map(String::as_str).unwrap_or("");
-    if mode == "user-tcpc" || mode == "user-tcpc-paired" {
-        return server_tcpc(a, mode == "user-tcpc-paired");
+    if let Some(paired) = tcpc_mode(mode) {
+        return server_tcpc(a, paired, mode == "user-tcpc-framed");
     }
     let port: u32 = arg(a, 3, "port")?;
     let mib: u64 = arg(a, 4, "MiB")?;
@@ -959,8 +1319,8 @@ fn connect(mode: &str, t: Option<&Transport>, addr: SockAddrXen, secs: u64) -> R
 
 fn client(a: &[String]) -> Res<i32> {
     let mode = a.get(2).map(String::as_str).unwrap_or("");
-    if mode == "user-tcpc" || mode == "user-tcpc-paired" {
-        return client_tcpc(a, mode == "user-tcpc-paired");
+    if let Some(paired) = tcpc_mode(mode) {
+        return client_tcpc(a, paired, mode == "user-tcpc-framed");
     }
     let domid: u32 = arg(a, 3, "domid")?;
     let port: u32 = arg(a, 4, "port")?;

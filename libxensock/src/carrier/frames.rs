@@ -17,7 +17,7 @@ use xensock_proto::ctrl::{
 /// A frame read from a leg. `Data` carries only its position: the payload
 /// is still in the socket (or partly in the [`Inbox`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Frame {
+pub(crate) enum Frame {
     Data { offset: u64, len: u64 },
     RingFrom { epoch: u32, offset: u64 },
     TxFreeze { epoch: u32, offset: u64 },
@@ -28,7 +28,7 @@ pub(super) enum Frame {
 
 /// What reading a leg gave.
 #[derive(Debug)]
-pub(super) enum Incoming {
+pub(crate) enum Incoming {
     Frame(Frame),
     WouldBlock,
     /// The peer closed the leg (at a frame boundary or not).
@@ -46,7 +46,7 @@ pub(super) fn protocol_error(what: impl std::fmt::Display) -> io::Error {
 /// that had not come along), where a system call costs 21-29 us in a PV
 /// guest under emulation. With it, the small frame and the next prefix
 /// come in the same call, for a copy of at most this many bytes.
-pub(super) const RX_LOOKAHEAD: usize = 4096;
+pub(crate) const RX_LOOKAHEAD: usize = 4096;
 
 /// The bytes [`Inbox::next`] needs of a frame with this header: for
 /// `Data`, its prefix (the payload is read by `read_payload`).
@@ -62,7 +62,7 @@ fn needed(h: &FrameHeader) -> usize {
 /// (the next frames, or the start of the current `Data` payload) wait in
 /// `buf[start..end]`, in stream order: they come before anything still in
 /// the socket.
-pub(super) struct Inbox {
+pub(crate) struct Inbox {
     buf: Box<[u8]>,
     start: usize,
     end: usize,
@@ -74,7 +74,7 @@ pub(super) struct Inbox {
 impl Inbox {
     /// An inbox that reads up to `lookahead` bytes past a `Data` payload
     /// (and always holds a whole control frame).
-    pub(super) fn new(lookahead: usize) -> Self {
+    pub(crate) fn new(lookahead: usize) -> Self {
         Inbox {
             buf: vec![0; lookahead.max(MAX_CONTROL_FRAME)].into_boxed_slice(),
             start: 0,
@@ -84,14 +84,14 @@ impl Inbox {
     }
 
     /// Bytes read from the socket and not taken yet.
-    pub(super) fn buffered(&self) -> usize {
+    pub(crate) fn buffered(&self) -> usize {
         self.end - self.start
     }
 
     /// Whether the buffered bytes hold a whole frame (for `Data`, its
     /// prefix), so [`Inbox::next`] returns it or an error without a system
     /// call.
-    pub(super) fn frame_ready(&self) -> bool {
+    pub(crate) fn frame_ready(&self) -> bool {
         let have = &self.buf[self.start..self.end];
         match decode_header(have, Channel::Tcp) {
             Ok(h) => have.len() >= needed(&h),
@@ -112,7 +112,7 @@ impl Inbox {
     /// message's payload comes with its prefix). Malformed frames, frames
     /// for another connection and `TcpHello` after authentication are
     /// `InvalidData`.
-    pub(super) fn next(&mut self, mut sock: &TcpStream, conn_id: u32) -> io::Result<Incoming> {
+    pub(crate) fn next(&mut self, mut sock: &TcpStream, conn_id: u32) -> io::Result<Incoming> {
         let mut drained = false;
         loop {
             let have = self.end - self.start;
@@ -182,7 +182,7 @@ impl Inbox {
     /// socket was found empty and nothing is left buffered (the next read
     /// can wait for the socket first): a small message read along with
     /// its prefix says so as well as a read that came up short.
-    pub(super) fn read_payload(
+    pub(crate) fn read_payload(
         &mut self,
         mut sock: &TcpStream,
         dst: &mut [u8],
@@ -254,13 +254,13 @@ impl Inbox {
 
 /// Frames waiting to be written to a leg, oldest first.
 #[derive(Default)]
-pub(super) struct Outbox {
+pub(crate) struct Outbox {
     buf: Vec<u8>,
     pos: usize,
 }
 
 impl Outbox {
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.pos == self.buf.len()
     }
 
@@ -297,7 +297,7 @@ impl Outbox {
     }
 
     /// Writes as much as the socket takes now.
-    pub(super) fn flush(&mut self, mut sock: &TcpStream) -> io::Result<()> {
+    pub(crate) fn flush(&mut self, mut sock: &TcpStream) -> io::Result<()> {
         while !self.is_empty() {
             match sock.write(&self.buf[self.pos..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -326,7 +326,7 @@ const DIRECT_FRAMES: usize = 16;
 /// Returns the payload bytes committed: whole frames written, plus a
 /// partly written frame whose rest went into `outbox` (it must be finished
 /// before anything else is sent on the leg).
-pub(super) fn send_data_direct(
+pub(crate) fn send_data_direct(
     sock: &TcpStream,
     outbox: &mut Outbox,
     conn_id: u32,

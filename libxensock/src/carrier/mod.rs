@@ -24,3 +24,7 @@ pub(crate) use engine::{
 pub(crate) use leg::{endpoint_of, socket_addr_of, LegListener, LegListenerConfig, LegStats};
 #[allow(unused_imports)]
 pub(crate) use ring::{MemfdRing, NewRing, RingRegion, SharedRing};
+// The frame code alone, for the lab bench's framed-TCP row (a plain socket
+// carrying the carrier's frames, to tell the frames' cost from the engine's).
+#[allow(unused_imports)]
+pub(crate) use frames::{send_data_direct, Frame, Inbox, Incoming, Outbox, RX_LOOKAHEAD};
