@@ -273,34 +273,43 @@ fn thread_ticks() -> Vec<(u64, String, i64)> {
     out
 }
 
-/// Each thread of this process: id, name, CPU time (ns) and timeslices
-/// run (/proc/self/task/*/schedstat: exact, unlike the tick-sampled
-/// `stat` times).
+/// Each thread of this process: id, name, CPU time (ns, the thread's CPU
+/// clock: exact, unlike the tick-sampled `stat` times; `schedstat` is off
+/// in the lab kernel) and context switches (voluntary + involuntary, from
+/// `status`).
 fn sched_snapshot() -> Vec<(u64, String, u64, u64)> {
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
         return Vec::new();
     };
     let mut out = Vec::new();
     for e in dir.flatten() {
-        let Ok(tid) = e.file_name().to_string_lossy().parse::<u64>() else {
+        let Ok(tid) = e.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
         let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-        let Ok(stat) = std::fs::read_to_string(e.path().join("schedstat")) else {
+        let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+        let switches: u64 = status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum();
+        // A thread's CPU clock: MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)
+        // of linux/posix-timers.h.
+        let clock = ((!(tid as u32)) << 3 | 6) as libc::clockid_t;
+        // SAFETY: clock_gettime fills the zeroed timespec it is given.
+        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+        // SAFETY: `ts` is a valid, writable timespec; a thread that has
+        // exited makes the call fail, not misbehave.
+        if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
             continue;
-        };
-        let f: Vec<u64> = stat
-            .split_whitespace()
-            .filter_map(|v| v.parse().ok())
-            .collect();
-        if let [ns, _, slices] = f[..] {
-            out.push((tid, name.trim().to_string(), ns, slices));
         }
+        let ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        out.push((tid as u64, name.trim().to_string(), ns, switches));
     }
     out
 }
 
-/// CPU time and timeslices per thread name, summed over the segments of
+/// CPU time and context switches per thread name, summed over the segments of
 /// one row of a paired round (`add` the difference of two snapshots).
 #[derive(Default)]
 struct SchedTally(std::collections::BTreeMap<String, (u64, u64)>);
@@ -318,7 +327,7 @@ impl SchedTally {
         }
     }
 
-    /// One line: per thread name, ms of CPU and timeslices per `rounds`.
+    /// One line: per thread name, ms of CPU and context switches per round.
     fn report(&self, label: &str, rounds: u32) {
         let r = u64::from(rounds.max(1));
         let total: u64 = self.0.values().map(|v| v.0).sum();
