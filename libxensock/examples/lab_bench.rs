@@ -934,8 +934,20 @@ mod framed {
                     }
                     continue;
                 }
-                match self.inbox.next(&self.sock, CONN_ID)? {
-                    Incoming::Frame(Frame::Data { len, .. }) => self.payload_left = len,
+                // as the engine: a payload from an empty inbox comes with
+                // its prefix
+                let (incoming, placed) =
+                    self.inbox
+                        .next_with_payload(&self.sock, CONN_ID, &mut buf[got..])?;
+                match incoming {
+                    Incoming::Frame(Frame::Data { len, .. }) => {
+                        self.payload_left = len - placed as u64;
+                        got += placed;
+                        if placed > 0 && self.inbox.drained() {
+                            self.drained = true;
+                            break;
+                        }
+                    }
                     Incoming::Frame(_) => {
                         return Err(io::Error::new(
                             io::ErrorKind::InvalidData,

@@ -1252,9 +1252,19 @@ impl Shared {
                     Err(e) => return Err(self.breach(e)),
                 }
             } else {
-                match self.pump_rx(&mut rx) {
-                    Ok(Pump::Progress) => continue,
-                    Ok(Pump::Idle) | Ok(Pump::Blocked) => {
+                // A frame's payload may come straight into `buf` with its
+                // prefix (`Inbox::next_with_payload`).
+                let r = &mut *rx;
+                match self.pump_rx_into(r, &mut buf[got..]) {
+                    Ok((Pump::Progress, placed)) => {
+                        got += placed;
+                        if placed > 0 && r.inbox.drained() {
+                            r.leg_drained = true;
+                            break;
+                        }
+                        continue;
+                    }
+                    Ok((Pump::Idle, _)) | Ok((Pump::Blocked, _)) => {
                         if got > 0 {
                             rx.leg_drained = true;
                             break;
@@ -1348,12 +1358,21 @@ impl Shared {
     /// Takes frames off the leg until a `Data` payload is next, the leg
     /// has nothing more, or a frame must wait for the ring to drain.
     fn pump_rx(&self, rx: &mut Rx) -> io::Result<Pump> {
+        self.pump_rx_into(rx, &mut []).map(|(p, _)| p)
+    }
+
+    /// [`Shared::pump_rx`], with the payload of a `Data` frame read from an
+    /// empty inbox coming straight into `dst` in the same system call
+    /// (`Inbox::next_with_payload`); returns how many payload bytes are in
+    /// `dst` (it then stops at that frame).
+    fn pump_rx_into(&self, rx: &mut Rx, mut dst: &mut [u8]) -> io::Result<(Pump, usize)> {
         let mut progress = false;
-        let idle = |p: bool| Ok(if p { Pump::Progress } else { Pump::Idle });
+        let idle = |p: bool| Ok((if p { Pump::Progress } else { Pump::Idle }, 0));
         loop {
             if rx.payload_left > 0 {
-                return Ok(Pump::Progress);
+                return Ok((Pump::Progress, 0));
             }
+            let mut placed = 0;
             let frame = match rx.held.take() {
                 Some(f) => f,
                 None => {
@@ -1363,7 +1382,19 @@ impl Shared {
                     if rx.leg_closed {
                         return idle(progress);
                     }
-                    match rx.inbox.next(leg, self.cfg.local_id)? {
+                    let incoming = if !dst.is_empty()
+                        && rx.inbox.buffered() == 0
+                        && rx.path.tcp_data_takeable()
+                    {
+                        let (incoming, n) =
+                            rx.inbox.next_with_payload(leg, self.cfg.local_id, dst)?;
+                        placed = n;
+                        dst = &mut [];
+                        incoming
+                    } else {
+                        rx.inbox.next(leg, self.cfg.local_id)?
+                    };
+                    match incoming {
                         Incoming::Frame(f) => f,
                         Incoming::WouldBlock => return idle(progress),
                         Incoming::Closed => {
@@ -1383,18 +1414,30 @@ impl Shared {
                 Frame::Data { .. } | Frame::RingFrom { .. } | Frame::Fin { .. }
             );
             if in_order && !rx.path.tcp_data_takeable() {
+                if placed > 0 {
+                    // Cannot happen: payload is read into `dst` only while
+                    // TCP data is takeable, and nothing since changed it.
+                    return Err(protocol_error("payload taken for a frame that must wait"));
+                }
                 rx.held = Some(frame);
-                return Ok(if progress {
-                    Pump::Progress
-                } else {
-                    Pump::Blocked
-                });
+                return Ok((
+                    if progress {
+                        Pump::Progress
+                    } else {
+                        Pump::Blocked
+                    },
+                    0,
+                ));
             }
             progress = true;
             match frame {
                 Frame::Data { offset, len } => {
                     rx.path.on_data(offset, len).map_err(switch_error)?;
-                    rx.payload_left = len;
+                    rx.payload_left = len - placed as u64;
+                    if placed > 0 {
+                        self.notify_rx(rx);
+                        return Ok((Pump::Progress, placed));
+                    }
                 }
                 Frame::RingFrom { epoch, offset } => {
                     if rx.path.on_ring_from(epoch, offset).map_err(switch_error)?

@@ -63,7 +63,13 @@ fn needed(h: &FrameHeader) -> usize {
 /// `buf[start..end]`, in stream order: they come before anything still in
 /// the socket.
 pub(crate) struct Inbox {
-    buf: Box<[u8]>,
+    /// Usually `cap` long; longer while it holds bytes that
+    /// [`Inbox::next_with_payload`] read past a short frame into the
+    /// caller's buffer and moved back.
+    buf: Vec<u8>,
+    /// How much a read into the inbox asks for: the look-ahead (or a whole
+    /// control frame).
+    cap: usize,
     start: usize,
     end: usize,
     /// The last read from the socket took less than it asked for: the
@@ -75,8 +81,10 @@ impl Inbox {
     /// An inbox that reads up to `lookahead` bytes past a `Data` payload
     /// (and always holds a whole control frame).
     pub(crate) fn new(lookahead: usize) -> Self {
+        let cap = lookahead.max(MAX_CONTROL_FRAME);
         Inbox {
-            buf: vec![0; lookahead.max(MAX_CONTROL_FRAME)].into_boxed_slice(),
+            buf: vec![0; cap],
+            cap,
             start: 0,
             end: 0,
             socket_was_empty: false,
@@ -86,6 +94,12 @@ impl Inbox {
     /// Bytes read from the socket and not taken yet.
     pub(crate) fn buffered(&self) -> usize {
         self.end - self.start
+    }
+
+    /// Nothing is buffered and the last read found the socket empty: the
+    /// next read can wait for the socket first.
+    pub(crate) fn drained(&self) -> bool {
+        self.socket_was_empty && self.buffered() == 0
     }
 
     /// Whether the buffered bytes hold a whole frame (for `Data`, its
@@ -104,6 +118,7 @@ impl Inbox {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
+            self.buf.truncate(self.cap);
         }
     }
 
@@ -121,25 +136,7 @@ impl Inbox {
                 // prefix; a `Reset` is the last frame.
                 DATA_PREFIX_LEN
             } else {
-                let hdr = decode_header(&self.buf[self.start..self.end], Channel::Tcp)
-                    .map_err(protocol_error)?;
-                if hdr.conn_id != conn_id {
-                    return Err(protocol_error(format!(
-                        "frame for connection {} on the leg of {conn_id}",
-                        hdr.conn_id
-                    )));
-                }
-                if hdr.kind == Kind::TcpHello {
-                    return Err(protocol_error("TcpHello on an open leg"));
-                }
-                if needed(&hdr) > MAX_CONTROL_FRAME {
-                    return Err(protocol_error(format!(
-                        "{:?} frame of {} bytes",
-                        hdr.kind,
-                        hdr.frame_len()
-                    )));
-                }
-                needed(&hdr)
+                needed(&self.check_header(&self.buf[self.start..self.end], conn_id)?)
             };
             if have >= want {
                 let frame = self.parse(want)?;
@@ -156,8 +153,8 @@ impl Inbox {
             self.buf.copy_within(self.start..self.end, 0);
             self.start = 0;
             self.end = have;
-            let asked = self.buf.len() - have;
-            match sock.read(&mut self.buf[have..]) {
+            let asked = self.cap - have;
+            match sock.read(&mut self.buf[have..self.cap]) {
                 Ok(0) => return Ok(Incoming::Closed),
                 Ok(n) => {
                     self.end += n;
@@ -172,6 +169,114 @@ impl Inbox {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// [`Inbox::next`] for an empty inbox, with a `Data` frame's payload
+    /// read straight into `dst` in the same system call: one `readv` of the
+    /// next prefix, `dst` and the look-ahead. A reader that keeps up with
+    /// its writer finds the leg empty at the end of each write, and reading
+    /// the next prefix (with what fits the inbox) and then the rest of its
+    /// payload made that two calls and a copy out of the inbox. Returns the
+    /// frame and how many of its payload bytes are in `dst`; bytes read
+    /// past the end of a frame (a `Data` frame shorter than `dst`, or any
+    /// other frame) go back into the inbox, in order, for the next call.
+    /// Only for a reader that may take `Data` now: its bytes are in `dst`.
+    pub(crate) fn next_with_payload(
+        &mut self,
+        mut sock: &TcpStream,
+        conn_id: u32,
+        dst: &mut [u8],
+    ) -> io::Result<(Incoming, usize)> {
+        if self.buffered() != 0 || dst.is_empty() {
+            return Ok((self.next(sock, conn_id)?, 0));
+        }
+        self.start = 0;
+        self.end = 0;
+        let (prefix, lookahead) = self.buf[..self.cap].split_at_mut(DATA_PREFIX_LEN);
+        let asked = DATA_PREFIX_LEN + dst.len() + lookahead.len();
+        let n = loop {
+            match sock.read_vectored(&mut [
+                IoSliceMut::new(prefix),
+                IoSliceMut::new(dst),
+                IoSliceMut::new(lookahead),
+            ]) {
+                Ok(0) => return Ok((Incoming::Closed, 0)),
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.socket_was_empty = true;
+                    return Ok((Incoming::WouldBlock, 0));
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        };
+        self.socket_was_empty = n < asked;
+        if n < DATA_PREFIX_LEN {
+            // Not a whole prefix: it waits in the inbox for the rest.
+            self.end = n;
+            return Ok((self.next(sock, conn_id)?, 0));
+        }
+        let in_dst = (n - DATA_PREFIX_LEN).min(dst.len());
+        let past = n - DATA_PREFIX_LEN - in_dst;
+        let hdr = self.check_header(&self.buf[..DATA_PREFIX_LEN], conn_id)?;
+        if hdr.kind == Kind::Data {
+            let frame = self.parse(DATA_PREFIX_LEN)?;
+            let Frame::Data { len, .. } = frame else {
+                return Err(protocol_error("Data prefix that is not Data"));
+            };
+            let payload = usize::try_from(len).unwrap_or(usize::MAX).min(in_dst);
+            // The look-ahead's bytes follow those in `dst`; what `dst` holds
+            // past the payload comes before them.
+            self.start = DATA_PREFIX_LEN;
+            self.end = DATA_PREFIX_LEN + past;
+            self.put_back(&dst[payload..in_dst]);
+            return Ok((Incoming::Frame(frame), payload));
+        }
+        // Another frame: everything read goes back, after its first bytes.
+        self.start = DATA_PREFIX_LEN;
+        self.end = DATA_PREFIX_LEN + past;
+        self.put_back(&dst[..in_dst]);
+        self.start = 0;
+        Ok((self.next(sock, conn_id)?, 0))
+    }
+
+    /// Puts `bytes` in front of the buffered ones, at `start` (the bytes
+    /// before it stay as they are).
+    fn put_back(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        let held = self.end - self.start;
+        let need = self.start + bytes.len() + held;
+        if self.buf.len() < need {
+            self.buf.resize(need, 0);
+        }
+        self.buf
+            .copy_within(self.start..self.end, self.start + bytes.len());
+        self.buf[self.start..self.start + bytes.len()].copy_from_slice(bytes);
+        self.end += bytes.len();
+    }
+
+    /// A header's checks, as [`Inbox::next`] makes them.
+    fn check_header(&self, bytes: &[u8], conn_id: u32) -> io::Result<FrameHeader> {
+        let hdr = decode_header(bytes, Channel::Tcp).map_err(protocol_error)?;
+        if hdr.conn_id != conn_id {
+            return Err(protocol_error(format!(
+                "frame for connection {} on the leg of {conn_id}",
+                hdr.conn_id
+            )));
+        }
+        if hdr.kind == Kind::TcpHello {
+            return Err(protocol_error("TcpHello on an open leg"));
+        }
+        if needed(&hdr) > MAX_CONTROL_FRAME {
+            return Err(protocol_error(format!(
+                "{:?} frame of {} bytes",
+                hdr.kind,
+                hdr.frame_len()
+            )));
+        }
+        Ok(hdr)
     }
 
     /// Reads payload bytes of the current `Data` frame (`payload_left` of
@@ -202,10 +307,11 @@ impl Inbox {
         // Nothing buffered now: the socket's bytes come next, the rest of
         // the payload first.
         let payload = &mut dst[copied..want];
-        let asked = payload.len() + self.buf.len();
-        let n = match sock
-            .read_vectored(&mut [IoSliceMut::new(payload), IoSliceMut::new(&mut self.buf)])
-        {
+        let asked = payload.len() + self.cap;
+        let n = match sock.read_vectored(&mut [
+            IoSliceMut::new(payload),
+            IoSliceMut::new(&mut self.buf[..self.cap]),
+        ]) {
             Ok(0) if copied > 0 => return Ok((copied, true)),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -432,21 +538,43 @@ mod tests {
         Data(u64, Vec<u8>),
     }
 
+    /// The next frame, and with `combined` its first payload bytes in a
+    /// buffer of the next size (`next_with_payload`, when the inbox is empty).
+    fn next_frame(
+        inbox: &mut Inbox,
+        r: &TcpStream,
+        combined: bool,
+        sizes: &mut impl Iterator<Item = usize>,
+    ) -> io::Result<(Incoming, Vec<u8>)> {
+        if !combined || inbox.buffered() != 0 {
+            return Ok((inbox.next(r, CONN)?, Vec::new()));
+        }
+        let mut dst = vec![0u8; sizes.next().unwrap()];
+        let (incoming, placed) = inbox.next_with_payload(r, CONN, &mut dst)?;
+        dst.truncate(placed);
+        Ok((incoming, dst))
+    }
+
     /// Reads the leg to its end with destination buffers of the given
-    /// sizes (cycled), waiting for the socket whenever the inbox says so.
-    fn read_all(r: &TcpStream, dst_sizes: &[usize]) -> Vec<Seen> {
+    /// sizes (cycled), waiting for the socket whenever the inbox says so;
+    /// with `combined`, frames start with `next_with_payload`.
+    fn read_all(r: &TcpStream, dst_sizes: &[usize], combined: bool) -> Vec<Seen> {
         let mut inbox = Inbox::new(RX_LOOKAHEAD);
         let mut seen = Vec::new();
-        let mut sizes = dst_sizes.iter().cycle();
+        let mut sizes = dst_sizes.iter().copied().cycle();
         loop {
-            match inbox.next(r, CONN).unwrap() {
+            let (incoming, first) = next_frame(&mut inbox, r, combined, &mut sizes).unwrap();
+            if !matches!(incoming, Incoming::Frame(Frame::Data { .. })) {
+                assert!(first.is_empty(), "payload bytes with {incoming:?}");
+            }
+            match incoming {
                 Incoming::Closed => return seen,
                 Incoming::WouldBlock => wait_readable(r),
                 Incoming::Frame(Frame::Data { offset, len }) => {
-                    let mut payload = Vec::new();
-                    let mut left = len;
+                    let mut payload = first;
+                    let mut left = len - payload.len() as u64;
                     while left > 0 {
-                        let mut dst = vec![0u8; *sizes.next().unwrap()];
+                        let mut dst = vec![0u8; sizes.next().unwrap()];
                         match inbox.read_payload(r, &mut dst, left) {
                             Ok((0, _)) => panic!("leg closed inside a payload"),
                             Ok((n, drained)) => {
@@ -541,6 +669,119 @@ mod tests {
         ));
         assert_eq!(inbox.buffered(), 0);
         assert!(!inbox.frame_ready());
+        assert!(matches!(inbox.next(&r, CONN).unwrap(), Incoming::Closed));
+    }
+
+    /// A 64 KiB write (a 65527-byte frame and a 9-byte one) read with a
+    /// 64 KiB buffer from an empty inbox: the first frame's payload in one
+    /// call, the bytes past it (the small frame) back in the inbox.
+    #[test]
+    fn a_write_comes_in_one_call_with_its_payload_in_place() {
+        let (mut w, r) = leg_pair();
+        let data: Vec<u8> = (0..65_536u32).map(|i| (i * 7) as u8).collect();
+        let mut out = Outbox::default();
+        out.push_data(CONN, 100, &data);
+        let sent = out.buf.clone();
+        let writer = std::thread::spawn(move || w.write_all(&sent).map(|()| w));
+        let mut inbox = Inbox::new(RX_LOOKAHEAD);
+        let mut dst = vec![0u8; 65_536];
+        let (incoming, placed) = loop {
+            wait_readable(&r);
+            wait_until_queued(&r, 65_536 + 2 * DATA_PREFIX_LEN);
+            match inbox.next_with_payload(&r, CONN, &mut dst).unwrap() {
+                (Incoming::WouldBlock, _) => continue,
+                other => break other,
+            }
+        };
+        let _w = writer.join().unwrap().unwrap();
+        let Incoming::Frame(Frame::Data { offset: 100, len }) = incoming else {
+            panic!("expected the first Data frame, got {incoming:?}");
+        };
+        assert_eq!((len, placed), (MAX_DATA_PAYLOAD as u64, MAX_DATA_PAYLOAD));
+        assert_eq!(&dst[..placed], &data[..placed]);
+        // The 9 bytes of the next prefix that landed in `dst` went back.
+        assert_eq!(inbox.buffered(), DATA_PREFIX_LEN + 9);
+        assert!(inbox.frame_ready());
+        let Incoming::Frame(Frame::Data { offset, len: 9 }) = inbox.next(&r, CONN).unwrap() else {
+            panic!("expected the 9-byte frame");
+        };
+        assert_eq!(offset, 100 + MAX_DATA_PAYLOAD as u64);
+        let mut tail = [0u8; 9];
+        assert_eq!(inbox.read_payload(&r, &mut tail, 9).unwrap().0, 9);
+        assert_eq!(&tail[..], &data[MAX_DATA_PAYLOAD..]);
+        assert_eq!(inbox.buffered(), 0);
+    }
+
+    /// A control frame met by `next_with_payload` keeps nothing in the
+    /// caller's buffer: it and the frames after it come from the inbox, in
+    /// order, even when they are more than the look-ahead holds.
+    #[test]
+    fn frames_read_into_the_callers_buffer_go_back_in_order() {
+        let (mut w, r) = leg_pair();
+        let big: Vec<u8> = (0..30_000u32).map(|i| (i % 251) as u8).collect();
+        let msgs = [
+            Message::TxFreeze {
+                conn_id: CONN,
+                epoch: 4,
+                offset: 0,
+            },
+            Message::Data {
+                conn_id: CONN,
+                offset: 0,
+                payload: b"ab",
+            },
+            Message::Data {
+                conn_id: CONN,
+                offset: 2,
+                payload: &big,
+            },
+            Message::Fin {
+                conn_id: CONN,
+                offset: 2 + big.len() as u64,
+            },
+        ];
+        let sent = encode(&msgs);
+        w.write_all(&sent).unwrap();
+        drop(w);
+        wait_until_queued(&r, sent.len());
+        let mut inbox = Inbox::new(RX_LOOKAHEAD);
+        let mut dst = vec![0u8; 20_000];
+        let (incoming, placed) = inbox.next_with_payload(&r, CONN, &mut dst).unwrap();
+        assert!(matches!(
+            incoming,
+            Incoming::Frame(Frame::TxFreeze {
+                epoch: 4,
+                offset: 0
+            })
+        ));
+        assert_eq!(placed, 0);
+        // 20,000 bytes read past the freeze are held, beyond the look-ahead.
+        assert!(inbox.buffered() > RX_LOOKAHEAD);
+        // A short Data frame through the caller's buffer: its two bytes in
+        // place, the rest back in the inbox.
+        let (incoming, placed) = inbox.next_with_payload(&r, CONN, &mut dst).unwrap();
+        assert!(matches!(
+            incoming,
+            Incoming::Frame(Frame::Data { offset: 0, len: 2 })
+        ));
+        assert_eq!(placed, 0, "the inbox was not empty: a plain next()");
+        assert_eq!(inbox.read_payload(&r, &mut dst[..2], 2).unwrap().0, 2);
+        assert_eq!(&dst[..2], b"ab");
+        let Incoming::Frame(Frame::Data { offset: 2, len }) = inbox.next(&r, CONN).unwrap() else {
+            panic!("expected the big frame");
+        };
+        let mut got = Vec::new();
+        let mut left = len;
+        while left > 0 {
+            let (n, _) = inbox.read_payload(&r, &mut dst, left).unwrap();
+            got.extend_from_slice(&dst[..n]);
+            left -= n as u64;
+        }
+        assert_eq!(got, big);
+        assert!(matches!(
+            inbox.next(&r, CONN).unwrap(),
+            Incoming::Frame(Frame::Fin { .. })
+        ));
         assert!(matches!(inbox.next(&r, CONN).unwrap(), Incoming::Closed));
     }
 
@@ -640,21 +881,21 @@ mod tests {
     /// Reads the leg until it ends or the inbox refuses a frame, with
     /// destination buffers of the given sizes. Returns whether it ended in
     /// a refusal.
-    fn read_until_refused(r: &TcpStream, dst_sizes: &[usize]) -> bool {
+    fn read_until_refused(r: &TcpStream, dst_sizes: &[usize], combined: bool) -> bool {
         let mut inbox = Inbox::new(RX_LOOKAHEAD);
-        let mut sizes = dst_sizes.iter().cycle();
+        let mut sizes = dst_sizes.iter().copied().cycle();
         loop {
-            match inbox.next(r, CONN) {
+            match next_frame(&mut inbox, r, combined, &mut sizes) {
                 Err(e) => {
                     assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
                     return true;
                 }
-                Ok(Incoming::Closed) => return false,
-                Ok(Incoming::WouldBlock) => wait_readable(r),
-                Ok(Incoming::Frame(Frame::Data { len, .. })) => {
-                    let mut left = len;
+                Ok((Incoming::Closed, _)) => return false,
+                Ok((Incoming::WouldBlock, _)) => wait_readable(r),
+                Ok((Incoming::Frame(Frame::Data { len, .. }), first)) => {
+                    let mut left = len - first.len() as u64;
                     while left > 0 {
-                        let mut dst = vec![0u8; *sizes.next().unwrap()];
+                        let mut dst = vec![0u8; sizes.next().unwrap()];
                         match inbox.read_payload(r, &mut dst, left) {
                             // The leg ended inside the payload.
                             Ok((0, _)) => return false,
@@ -664,7 +905,7 @@ mod tests {
                         }
                     }
                 }
-                Ok(Incoming::Frame(_)) => {}
+                Ok((Incoming::Frame(_), _)) => {}
             }
         }
     }
@@ -723,6 +964,7 @@ mod tests {
             // with the version byte below, at least a header's worth
             garbage in proptest::collection::vec(any::<u8>(), HEADER_LEN - 1..300),
             dst_sizes in proptest::collection::vec(1usize..9000, 1..4),
+            combined in any::<bool>(),
         ) {
             let mut out = Outbox::default();
             let mut offset = 0u64;
@@ -742,7 +984,7 @@ mod tests {
             let writer = std::thread::spawn(move || {
                 w.write_all(&bytes).unwrap();
             });
-            let refused = read_until_refused(&r, &dst_sizes);
+            let refused = read_until_refused(&r, &dst_sizes, combined);
             writer.join().unwrap();
             if keep == whole {
                 prop_assert!(refused, "a frame of version 0xee was taken");
@@ -757,6 +999,7 @@ mod tests {
             plans in proptest::collection::vec(plan(), 1..24),
             write_chunks in proptest::collection::vec(1usize..90_000, 1..8),
             dst_sizes in proptest::collection::vec(1usize..70_000, 1..8),
+            combined in any::<bool>(),
         ) {
             let mut msgs_bytes = Vec::new();
             let mut expected = Vec::new();
@@ -795,7 +1038,7 @@ mod tests {
                     at += n;
                 }
             });
-            let seen = read_all(&r, &dst_sizes);
+            let seen = read_all(&r, &dst_sizes, combined);
             writer.join().unwrap();
             prop_assert_eq!(seen, expected);
         }
