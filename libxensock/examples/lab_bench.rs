@@ -854,7 +854,7 @@ mod framed {
                 sock,
                 out: Outbox::default(),
                 sent: 0,
-                inbox: Inbox::new(RX_LOOKAHEAD),
+                inbox: Inbox::new(lookahead()),
                 payload_left: 0,
                 drained: false,
             })
@@ -869,6 +869,16 @@ mod framed {
             // SAFETY: one valid pollfd.
             unsafe { libc::poll(&mut p, 1, -1) };
         }
+    }
+
+    /// The look-ahead past a payload: the engine's, or
+    /// `LAB_BENCH_FRAMED_LOOKAHEAD` bytes (to measure what its size costs
+    /// against the carrier's in the same run).
+    fn lookahead() -> usize {
+        std::env::var("LAB_BENCH_FRAMED_LOOKAHEAD")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(RX_LOOKAHEAD)
     }
 
     impl Write for FramedTcp {
@@ -903,7 +913,24 @@ mod framed {
     impl Read for FramedTcp {
         fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
             let mut got = 0;
+            let reads_at_start = self.inbox.reads();
             while got < buf.len() {
+                // as the engine: one read of the socket per call once
+                // there are bytes for the caller
+                if got > 0 && self.inbox.reads() != reads_at_start {
+                    if self.payload_left > 0 {
+                        let n = self.inbox.take_buffered(&mut buf[got..], self.payload_left);
+                        if n == 0 {
+                            break;
+                        }
+                        got += n;
+                        self.payload_left -= n as u64;
+                        continue;
+                    }
+                    if !self.inbox.frame_ready() {
+                        break;
+                    }
+                }
                 if self.drained && got == 0 && self.inbox.buffered() == 0 {
                     self.drained = false;
                     self.wait(libc::POLLIN);

@@ -1137,7 +1137,15 @@ impl Shared {
         let _one_reader = lock(&self.read_lock);
         let mut rx = lock(&self.rx);
         let mut got = 0;
+        let reads_at_start = rx.inbox.reads();
         loop {
+            // One read of the leg per call once there are bytes for the
+            // caller: a frame boundary inside its buffer (a 64 KiB write is
+            // a 65527-byte frame and a 9-byte one, so once a short read
+            // shifts the reads against the frames, every read crosses one)
+            // made that two system calls per read where plain TCP makes
+            // one; returning at the boundary realigns the next read.
+            let may_read = got == 0 || rx.inbox.reads() == reads_at_start;
             if let Err(e) = self.check_failed() {
                 if got > 0 {
                     break;
@@ -1226,6 +1234,17 @@ impl Shared {
             } else if rx.payload_left > 0 {
                 let r = &mut *rx;
                 let want = (buf.len() - got).min(r.payload_left.min(usize::MAX as u64) as usize);
+                if !may_read {
+                    let n = r
+                        .inbox
+                        .take_buffered(&mut buf[got..got + want], r.payload_left);
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                    r.payload_left -= n as u64;
+                    continue;
+                }
                 let Some(leg) = r.leg.as_ref() else {
                     return Err(self.breach(protocol_error("data without a leg")));
                 };
@@ -1251,6 +1270,8 @@ impl Shared {
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => return Err(self.breach(e)),
                 }
+            } else if !may_read && rx.held.is_none() && !rx.inbox.frame_ready() {
+                break;
             } else {
                 // A frame's payload may come straight into `buf` with its
                 // prefix (`Inbox::next_with_payload`).

@@ -75,6 +75,8 @@ pub(crate) struct Inbox {
     /// The last read from the socket took less than it asked for: the
     /// socket was empty then.
     socket_was_empty: bool,
+    /// Reads of the socket so far (see [`Inbox::reads`]).
+    reads: u64,
 }
 
 impl Inbox {
@@ -88,6 +90,7 @@ impl Inbox {
             start: 0,
             end: 0,
             socket_was_empty: false,
+            reads: 0,
         }
     }
 
@@ -100,6 +103,23 @@ impl Inbox {
     /// next read can wait for the socket first.
     pub(crate) fn drained(&self) -> bool {
         self.socket_was_empty && self.buffered() == 0
+    }
+
+    /// How many times the socket has been read: a caller that already read
+    /// it once for a call and holds bytes for its reader returns them
+    /// rather than read again (see `Shared::read` in the engine).
+    pub(crate) fn reads(&self) -> u64 {
+        self.reads
+    }
+
+    /// Copies payload bytes of the current `Data` frame that are already
+    /// buffered into `dst` (no system call); how many.
+    pub(crate) fn take_buffered(&mut self, dst: &mut [u8], payload_left: u64) -> usize {
+        let left = usize::try_from(payload_left).unwrap_or(usize::MAX);
+        let n = dst.len().min(left).min(self.buffered());
+        dst[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+        self.take(n);
+        n
     }
 
     /// Whether the buffered bytes hold a whole frame (for `Data`, its
@@ -154,6 +174,7 @@ impl Inbox {
             self.start = 0;
             self.end = have;
             let asked = self.cap - have;
+            self.reads += 1;
             match sock.read(&mut self.buf[have..self.cap]) {
                 Ok(0) => return Ok(Incoming::Closed),
                 Ok(n) => {
@@ -195,6 +216,7 @@ impl Inbox {
         let (prefix, lookahead) = self.buf[..self.cap].split_at_mut(DATA_PREFIX_LEN);
         let asked = DATA_PREFIX_LEN + dst.len() + lookahead.len();
         let n = loop {
+            self.reads += 1;
             match sock.read_vectored(&mut [
                 IoSliceMut::new(prefix),
                 IoSliceMut::new(dst),
@@ -308,6 +330,7 @@ impl Inbox {
         // the payload first.
         let payload = &mut dst[copied..want];
         let asked = payload.len() + self.cap;
+        self.reads += 1;
         let n = match sock.read_vectored(&mut [
             IoSliceMut::new(payload),
             IoSliceMut::new(&mut self.buf[..self.cap]),
