@@ -681,6 +681,14 @@ fn server_tcpc(a: &[String], paired: bool, framed: bool) -> Res<i32> {
             for (c, _) in conns.iter_mut() {
                 let _ = c.io().read(&mut b);
             }
+            for (c, _) in &conns {
+                if let RowConn::Framed(f) = c {
+                    println!(
+                        "lab_bench framed-tcp-user server calls, round {round}: {:?}",
+                        f.calls
+                    );
+                }
+            }
             for (i, row) in rows.iter().enumerate() {
                 println!(
                     "lab_bench user-tcpc server: round {round}: {} from {}: intact {}",
@@ -844,6 +852,21 @@ mod framed {
         /// The last read found the socket empty: wait before reading (as
         /// the engine's `leg_drained`).
         drained: bool,
+        /// Calls on the socket, for the row's report (`counts`).
+        pub calls: Calls,
+    }
+
+    /// What a framed connection did, by kind of call.
+    #[derive(Default, Clone, Copy, Debug)]
+    pub struct Calls {
+        pub writes: u64,
+        /// writes whose frame went out in part (the rest via the outbox)
+        pub partial: u64,
+        pub polls_out: u64,
+        pub polls_in: u64,
+        pub reads: u64,
+        /// socket reads (the inbox's count)
+        pub socket_reads: u64,
     }
 
     impl FramedTcp {
@@ -857,10 +880,16 @@ mod framed {
                 inbox: Inbox::new(lookahead()),
                 payload_left: 0,
                 drained: false,
+                calls: Calls::default(),
             })
         }
 
-        fn wait(&self, events: i16) {
+        fn wait(&mut self, events: i16) {
+            if events == libc::POLLOUT {
+                self.calls.polls_out += 1;
+            } else {
+                self.calls.polls_in += 1;
+            }
             let mut p = libc::pollfd {
                 fd: self.sock.as_raw_fd(),
                 events,
@@ -890,8 +919,12 @@ mod framed {
                 self.out.flush(&self.sock)?;
                 if self.out.is_empty() {
                     let n = send_data_direct(&self.sock, &mut self.out, CONN_ID, self.sent, buf)?;
+                    self.calls.writes += 1;
                     if n > 0 {
                         self.sent += n as u64;
+                        if !self.out.is_empty() {
+                            self.calls.partial += 1;
+                        }
                         // a partial frame is finished before returning, as
                         // the engine's blocking writer does
                         while !self.out.is_empty() {
@@ -912,6 +945,15 @@ mod framed {
 
     impl Read for FramedTcp {
         fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.calls.reads += 1;
+            let got = self.read_inner(buf);
+            self.calls.socket_reads = self.inbox.reads();
+            got
+        }
+    }
+
+    impl FramedTcp {
+        fn read_inner(&mut self, buf: &mut [u8]) -> io::Result<usize> {
             let mut got = 0;
             let reads_at_start = self.inbox.reads();
             while got < buf.len() {
@@ -1232,6 +1274,14 @@ fn paired_round(
         };
         if !ok {
             failed += 1;
+        }
+    }
+    for c in &conns {
+        if let RowConn::Framed(f) = c {
+            println!(
+                "lab_bench framed-tcp-user client calls, round {round}: {:?}",
+                f.calls
+            );
         }
     }
     drop(conns);
