@@ -4,8 +4,8 @@
 //! ```text
 //! lab_bench server kernel|user <port> <MiB> <N>
 //! lab_bench client kernel|user <server-domid> <port> <MiB> <N> [connect-timeout-s]
-//! lab_bench server user-tcpc <port> <tcp-port> <MiB> <N> <rounds>
-//! lab_bench client user-tcpc <server-domid> <port> <server-ip> <tcp-port> <MiB> <N> <rounds> [connect-timeout-s]
+//! lab_bench server user-tcpc[-paired|-framed] <port> <tcp-port> <MiB> <N> <rounds>
+//! lab_bench client user-tcpc[-paired|-framed] <server-domid> <port> <server-ip> <tcp-port> <MiB> <N> <rounds> [connect-timeout-s]
 //! ```
 //!
 //! `kernel`: `XenListener::bind` / `XenStream::connect`, which use the
@@ -44,7 +44,14 @@
 //! sequential rows turn into noise in their ratio. Each row's throughput
 //! is its bytes over the sum of its segments' times (first write to the
 //! receiver's verdict; the verdict's round trip, ~3-5 ms per 16 MiB, is
-//! counted in both rows). No per-stream `Usage` lines in this mode.
+//! counted in both rows). No per-stream `Usage` lines in this mode; at
+//! the end each side prints every row's CPU time and context switches per
+//! thread (`SchedTally`).
+//!
+//! `user-tcpc-framed`: `user-tcpc-paired` with a third row,
+//! `framed-tcp-user`: plain TCP carrying the carrier's own frames through
+//! its frame code (`mod framed`) without the engine, which tells what
+//! the frames' calls cost from what the engine adds.
 
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
