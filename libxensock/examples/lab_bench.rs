@@ -255,17 +255,22 @@ fn net_counters(stat: &str) -> Vec<(String, i64)> {
     out
 }
 
-/// This process's threads: id, name, CPU ticks so far (/proc/self/task).
-fn thread_ticks() -> Vec<(u64, String, i64)> {
+/// This process's threads: id and /proc/self/task directory.
+fn threads() -> Vec<(u32, std::path::PathBuf)> {
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
         return Vec::new();
     };
+    dir.flatten()
+        .filter_map(|e| Some((e.file_name().to_string_lossy().parse().ok()?, e.path())))
+        .collect()
+}
+
+/// This process's threads: id, name, CPU ticks so far (/proc/self/task).
+fn thread_ticks() -> Vec<(u64, String, i64)> {
     let mut out = Vec::new();
-    for e in dir.flatten() {
-        let Ok(tid) = e.file_name().to_string_lossy().parse::<u64>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+    for (tid, dir) in threads() {
+        let tid = u64::from(tid);
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
             continue;
         };
         // "tid (comm) state ppid ..."; utime and stime are fields 14 and 15
@@ -285,16 +290,10 @@ fn thread_ticks() -> Vec<(u64, String, i64)> {
 /// in the lab kernel) and context switches (voluntary + involuntary, from
 /// `status`).
 fn sched_snapshot() -> Vec<(u64, String, u64, u64)> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-        return Vec::new();
-    };
     let mut out = Vec::new();
-    for e in dir.flatten() {
-        let Ok(tid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-        let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+    for (tid, dir) in threads() {
+        let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
         let switches: u64 = status
             .lines()
             .filter(|l| l.contains("ctxt_switches:"))
@@ -302,7 +301,7 @@ fn sched_snapshot() -> Vec<(u64, String, u64, u64)> {
             .sum();
         // A thread's CPU clock: MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)
         // of linux/posix-timers.h.
-        let clock = ((!(tid as u32)) << 3 | 6) as libc::clockid_t;
+        let clock = ((!tid) << 3 | 6) as libc::clockid_t;
         // SAFETY: clock_gettime fills the zeroed timespec it is given.
         let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
         // SAFETY: `ts` is a valid, writable timespec; a thread that has
@@ -311,7 +310,7 @@ fn sched_snapshot() -> Vec<(u64, String, u64, u64)> {
             continue;
         }
         let ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
-        out.push((tid as u64, name.trim().to_string(), ns, switches));
+        out.push((u64::from(tid), name.trim().to_string(), ns, switches));
     }
     out
 }
@@ -1065,11 +1064,26 @@ fn round_order(round: u32) -> [Row; 2] {
     }
 }
 
+/// What every round of the `user-tcpc` client works with.
+struct Tcpc<'a> {
+    transport: &'a Transport,
+    /// The server: its domid and AF_XEN port, and its plain TCP address.
+    domid: u32,
+    port: u32,
+    tcp_addr: &'a str,
+    /// Connect timeout, seconds.
+    timeout: u64,
+    pat: &'a [u8],
+    mib: u64,
+    /// Round trips per row.
+    n: usize,
+}
+
 /// One plain-TCP row of `user-tcpc`; whether it arrived intact.
-fn tcp_round(addr: &str, timeout: u64, pat: &[u8], mib: u64, n: usize, round: u32) -> Res<bool> {
-    let mut s = tcp_connect(addr, timeout)?;
+fn tcp_round(t: &Tcpc, round: u32) -> Res<bool> {
+    let mut s = tcp_connect(t.tcp_addr, t.timeout)?;
     s.set_nodelay(true)?;
-    let m = drive_one(&mut s, pat, mib, n, n, "tcp-same-phase-user")?;
+    let m = drive_one(&mut s, t.pat, t.mib, t.n, t.n, "tcp-same-phase-user")?;
     if m.intact {
         print_metrics("tcp-same-phase-user", &m);
     } else {
@@ -1135,24 +1149,14 @@ fn carrier_verdict(transport: &Transport, s: &XenStream, m: &Measured, round: u3
 
 /// One carrier row of `user-tcpc`; whether it stayed on TCP and arrived
 /// intact. Leaves the transport resumed.
-#[allow(clippy::too_many_arguments)]
-fn carrier_round(
-    transport: &Transport,
-    domid: u32,
-    port: u32,
-    timeout: u64,
-    pat: &[u8],
-    mib: u64,
-    n: usize,
-    round: u32,
-) -> Res<bool> {
-    let Some(mut s) = moved_connection(transport, domid, port, timeout, round)? else {
+fn carrier_round(t: &Tcpc, round: u32) -> Res<bool> {
+    let Some(mut s) = moved_connection(t.transport, t.domid, t.port, t.timeout, round)? else {
         return Ok(false);
     };
-    let m = drive_one(&mut s, pat, mib, n, n, "xensock-user-tcp-carrier")?;
-    let ok = carrier_verdict(transport, &s, &m, round)?;
+    let m = drive_one(&mut s, t.pat, t.mib, t.n, t.n, "xensock-user-tcp-carrier")?;
+    let ok = carrier_verdict(t.transport, &s, &m, round)?;
     drop(s);
-    transport.resume();
+    t.transport.resume();
     Ok(ok)
 }
 
@@ -1199,20 +1203,17 @@ fn turn_order(rows: &[Row], turn: u32) -> Vec<Row> {
 /// throughput its bytes over the sum of its segments' times (each from its
 /// first write to the receiver's verdict); then each row's round trips.
 /// Returns the failed rows. Leaves the transport resumed.
-#[allow(clippy::too_many_arguments)]
-fn paired_round(
-    transport: &Transport,
-    tcp_addr: &str,
-    domid: u32,
-    port: u32,
-    timeout: u64,
-    pat: &[u8],
-    mib: u64,
-    n: usize,
-    round: u32,
-    framed: bool,
-    tallies: &mut [SchedTally],
-) -> Res<u32> {
+fn paired_round(t: &Tcpc, round: u32, framed: bool, tallies: &mut [SchedTally]) -> Res<u32> {
+    let Tcpc {
+        transport,
+        domid,
+        port,
+        tcp_addr,
+        timeout,
+        pat,
+        mib,
+        n,
+    } = *t;
     let rows = paired_rows(framed);
     // the server accepts in this order: the carrier, then TCP, then framed
     let Some(c) = moved_connection(transport, domid, port, timeout, round)? else {
@@ -1313,6 +1314,16 @@ fn client_tcpc(a: &[String], paired: bool, framed: bool) -> Res<i32> {
     let tcp_addr = std::net::SocketAddr::new(ip, tcp_port).to_string();
     let transport = user_transport()?;
     let pat = pattern();
+    let t = Tcpc {
+        transport: &transport,
+        domid,
+        port,
+        tcp_addr: &tcp_addr,
+        timeout,
+        pat: &pat,
+        mib,
+        n,
+    };
     let mut failed = 0;
     let mut tallies: Vec<SchedTally> = paired_rows(framed)
         .iter()
@@ -1320,28 +1331,14 @@ fn client_tcpc(a: &[String], paired: bool, framed: bool) -> Res<i32> {
         .collect();
     for round in 1..=rounds {
         if paired {
-            failed += paired_round(
-                &transport,
-                &tcp_addr,
-                domid,
-                port,
-                timeout,
-                &pat,
-                mib,
-                n,
-                round,
-                framed,
-                &mut tallies,
-            )?;
+            failed += paired_round(&t, round, framed, &mut tallies)?;
             io::stdout().flush()?;
             continue;
         }
         for row in round_order(round) {
             let ok = match row {
-                Row::Tcp => tcp_round(&tcp_addr, timeout, &pat, mib, n, round)?,
-                Row::Carrier => {
-                    carrier_round(&transport, domid, port, timeout, &pat, mib, n, round)?
-                }
+                Row::Tcp => tcp_round(&t, round)?,
+                Row::Carrier => carrier_round(&t, round)?,
                 Row::Framed => return Err("the framed row runs paired only".into()),
             };
             if !ok {
