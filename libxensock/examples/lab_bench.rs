@@ -878,7 +878,13 @@ mod framed {
     impl FramedTcp {
         pub fn new(sock: TcpStream) -> io::Result<FramedTcp> {
             sock.set_nodelay(true)?;
-            sock.set_nonblocking(true)?;
+            // `LAB_BENCH_FRAMED_BLOCKING=1`: the socket stays blocking, so
+            // a write waits in the kernel and never goes out in part, and a
+            // read of an empty socket sleeps in it (the frame code takes a
+            // blocking socket as it comes): the calls' shapes without the
+            // non-blocking part, for comparison in the same run
+            let blocking = std::env::var("LAB_BENCH_FRAMED_BLOCKING").is_ok_and(|v| v == "1");
+            sock.set_nonblocking(!blocking)?;
             Ok(FramedTcp {
                 sock,
                 out: Outbox::default(),
