@@ -619,7 +619,7 @@ fn print_metrics(label: &str, m: &Measured) {
 /// `user-tcpc` server: per round one plain TCP connection, then one over
 /// the user-space transport, each with the workload (pings echoed twice:
 /// timed one by one, then as a batch).
-fn server_tcpc(a: &[String], paired: bool, framed: bool) -> Res<i32> {
+fn server_tcpc(a: &[String], mode: TcpcMode) -> Res<i32> {
     let port: u32 = arg(a, 3, "port")?;
     let tcp_port: u16 = arg(a, 4, "TCP port")?;
     let mib: u64 = arg(a, 5, "MiB")?;
@@ -633,28 +633,20 @@ fn server_tcpc(a: &[String], paired: bool, framed: bool) -> Res<i32> {
         listener.backend_kind(),
         listener.local_addr()?,
         tcp.local_addr()?,
-        match (paired, framed) {
-            (true, true) => ", paired segments with a framed-TCP row",
-            (true, false) => ", paired segments",
-            _ => "",
-        }
+        mode.banner()
     );
     let pat = pattern();
     let mut all_intact = true;
-    let mut tallies: Vec<SchedTally> = paired_rows(framed)
-        .iter()
-        .map(|_| SchedTally::default())
-        .collect();
+    let rows = mode.rows();
+    let mut tallies: Vec<SchedTally> = rows.iter().map(|_| SchedTally::default()).collect();
     for round in 1..=rounds {
-        if paired {
-            let rows = paired_rows(framed);
-            let at = |row: Row| rows.iter().position(|r| *r == row).unwrap_or(0);
+        if mode.paired() {
             let (c, c_peer) = listener.accept()?;
-            let mut conns: Vec<Option<(RowConn, String)>> = (0..rows.len()).map(|_| None).collect();
-            conns[at(Row::Carrier)] = Some((RowConn::Carrier(c), c_peer.to_string()));
+            let mut carrier = Some((RowConn::Carrier(c), c_peer.to_string()));
+            let mut conns = Vec::new();
             for row in &rows {
-                let conn = match row {
-                    Row::Carrier => continue,
+                conns.push(match row {
+                    Row::Carrier => carrier.take().ok_or("two carrier rows")?,
                     Row::Tcp => {
                         let (t, peer) = tcp.accept()?;
                         t.set_nodelay(true)?;
@@ -667,39 +659,28 @@ fn server_tcpc(a: &[String], paired: bool, framed: bool) -> Res<i32> {
                             peer.to_string(),
                         )
                     }
-                };
-                conns[at(*row)] = Some(conn);
+                });
             }
-            let mut conns: Vec<(RowConn, String)> = conns.into_iter().flatten().collect();
             let mut pos = vec![0u64; rows.len()];
             let mut bad = vec![0u64; rows.len()];
-            for (row, len) in segment_plan(&rows, mib << 20, round) {
-                let i = at(row);
+            for (i, len) in segment_plan(rows.len(), mib << 20, round) {
                 let before = sched_snapshot();
                 bad[i] += serve_segment(conns[i].0.io(), &pat, &mut pos[i], len, None)?.0;
                 tallies[i].add(&before, &sched_snapshot());
             }
-            for row in turn_order(&rows, round) {
-                echo_pings(conns[at(row)].0.io(), 2 * n)?;
+            for i in turn_order(rows.len(), round) {
+                echo_pings(conns[i].0.io(), 2 * n)?;
             }
             // the client reads its last echo before it closes
             let mut b = [0u8; 1];
             for (c, _) in conns.iter_mut() {
                 let _ = c.io().read(&mut b);
             }
-            for (c, _) in &conns {
-                if let RowConn::Framed(f) = c {
-                    println!(
-                        "lab_bench framed-tcp-user server calls, round {round}: {:?}",
-                        f.calls
-                    );
-                }
-            }
-            for (i, row) in rows.iter().enumerate() {
+            for (i, (row, (c, peer))) in rows.iter().zip(&conns).enumerate() {
+                c.report_calls("server", round);
                 println!(
-                    "lab_bench user-tcpc server: round {round}: {} from {}: intact {}",
+                    "lab_bench user-tcpc server: round {round}: {} from {peer}: intact {}",
                     row.label(),
-                    conns[i].1,
                     bad[i] == 0
                 );
                 all_intact &= bad[i] == 0;
@@ -735,8 +716,8 @@ fn server_tcpc(a: &[String], paired: bool, framed: bool) -> Res<i32> {
             all_intact &= ok;
         }
     }
-    if paired {
-        for (row, t) in paired_rows(framed).iter().zip(&tallies) {
+    if mode.paired() {
+        for (row, t) in rows.iter().zip(&tallies) {
             t.report(&format!("{} server", row.label()), rounds);
         }
     }
@@ -804,13 +785,47 @@ impl Row {
     }
 }
 
-/// A paired round's rows: plain TCP and the carrier, and with `framed` a
-/// third, plain TCP carrying the carrier's frames.
-fn paired_rows(framed: bool) -> Vec<Row> {
-    if framed {
-        vec![Row::Tcp, Row::Carrier, Row::Framed]
-    } else {
-        vec![Row::Tcp, Row::Carrier]
+/// How a `user-tcpc` run measures its rows (see the module comment).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TcpcMode {
+    /// `user-tcpc`: one whole stream per row, one row after the other.
+    Rows,
+    /// `user-tcpc-paired`: both rows' connections open, streams in turns.
+    Paired,
+    /// `user-tcpc-framed`: `Paired` with the framed-TCP row as well.
+    Framed,
+}
+
+impl TcpcMode {
+    fn parse(mode: &str) -> Option<TcpcMode> {
+        match mode {
+            "user-tcpc" => Some(TcpcMode::Rows),
+            "user-tcpc-paired" => Some(TcpcMode::Paired),
+            "user-tcpc-framed" => Some(TcpcMode::Framed),
+            _ => None,
+        }
+    }
+
+    fn paired(self) -> bool {
+        self != TcpcMode::Rows
+    }
+
+    /// The rows of a paired round, in the order both sides set up their
+    /// connections (the carrier's comes first on the wire in any case).
+    fn rows(self) -> Vec<Row> {
+        match self {
+            TcpcMode::Framed => vec![Row::Tcp, Row::Carrier, Row::Framed],
+            _ => vec![Row::Tcp, Row::Carrier],
+        }
+    }
+
+    /// What the server says of the mode when it starts.
+    fn banner(self) -> &'static str {
+        match self {
+            TcpcMode::Rows => "",
+            TcpcMode::Paired => ", paired segments",
+            TcpcMode::Framed => ", paired segments with a framed-TCP row",
+        }
     }
 }
 
@@ -827,6 +842,17 @@ impl RowConn {
             RowConn::Tcp(s) => s,
             RowConn::Carrier(s) => s,
             RowConn::Framed(s) => s,
+        }
+    }
+
+    /// A framed connection's calls of the round, on `side`'s console.
+    fn report_calls(&self, side: &str, round: u32) {
+        if let RowConn::Framed(f) = self {
+            let c = f.calls();
+            println!(
+                "lab_bench framed-tcp-user {side} calls, round {round}: writes {} (partial {}, polls {}), reads {} (socket reads {}, polls {})",
+                c.writes, c.partial, c.polls_out, c.reads, c.socket_reads, c.polls_in
+            );
         }
     }
 }
@@ -858,12 +884,12 @@ mod framed {
         /// The last read found the socket empty: wait before reading (as
         /// the engine's `leg_drained`).
         drained: bool,
-        /// Calls on the socket, for the row's report (`counts`).
-        pub calls: Calls,
+        /// Calls on the socket, for the row's report (`calls()`).
+        calls: Calls,
     }
 
     /// What a framed connection did, by kind of call.
-    #[derive(Default, Clone, Copy, Debug)]
+    #[derive(Default, Clone, Copy)]
     pub struct Calls {
         pub writes: u64,
         /// writes whose frame went out in part (the rest via the outbox)
@@ -889,11 +915,19 @@ mod framed {
                 sock,
                 out: Outbox::default(),
                 sent: 0,
-                inbox: Inbox::new(lookahead()),
+                inbox: Inbox::new(lookahead()?),
                 payload_left: 0,
                 drained: false,
                 calls: Calls::default(),
             })
+        }
+
+        /// What the connection did so far.
+        pub fn calls(&self) -> Calls {
+            Calls {
+                socket_reads: self.inbox.reads(),
+                ..self.calls
+            }
         }
 
         fn wait(&mut self, events: i16) {
@@ -915,11 +949,16 @@ mod framed {
     /// The look-ahead past a payload: the engine's, or
     /// `LAB_BENCH_FRAMED_LOOKAHEAD` bytes (to measure what its size costs
     /// against the carrier's in the same run).
-    fn lookahead() -> usize {
-        std::env::var("LAB_BENCH_FRAMED_LOOKAHEAD")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(RX_LOOKAHEAD)
+    fn lookahead() -> io::Result<usize> {
+        match std::env::var("LAB_BENCH_FRAMED_LOOKAHEAD") {
+            Err(_) => Ok(RX_LOOKAHEAD),
+            Ok(v) => v.parse().map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("LAB_BENCH_FRAMED_LOOKAHEAD={v:?}: not a byte count"),
+                )
+            }),
+        }
     }
 
     impl Write for FramedTcp {
@@ -958,9 +997,7 @@ mod framed {
     impl Read for FramedTcp {
         fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
             self.calls.reads += 1;
-            let got = self.read_inner(buf);
-            self.calls.socket_reads = self.inbox.reads();
-            got
+            self.read_inner(buf)
         }
     }
 
@@ -1029,12 +1066,7 @@ mod framed {
                             break;
                         }
                     }
-                    Incoming::Frame(_) => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "a control frame on the framed row",
-                        ))
-                    }
+                    Incoming::Frame(_) => return Err(control_frame()),
                     Incoming::WouldBlock => {
                         if got > 0 {
                             self.drained = true;
@@ -1048,14 +1080,22 @@ mod framed {
             // the next prefix came along with the payload: take it now (no
             // system call), as the engine does
             if self.payload_left == 0 && self.inbox.frame_ready() {
-                if let Incoming::Frame(Frame::Data { len, .. }) =
-                    self.inbox.next(&self.sock, CONN_ID)?
-                {
-                    self.payload_left = len;
+                match self.inbox.next(&self.sock, CONN_ID)? {
+                    Incoming::Frame(Frame::Data { len, .. }) => self.payload_left = len,
+                    Incoming::Frame(_) => return Err(control_frame()),
+                    Incoming::WouldBlock | Incoming::Closed => {}
                 }
             }
             Ok(got)
         }
+    }
+
+    /// The framed row's writer sends only `Data`.
+    fn control_frame() -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a control frame on the framed row",
+        )
     }
 }
 
@@ -1170,11 +1210,12 @@ fn carrier_round(t: &Tcpc, round: u32) -> Res<bool> {
 /// parts per connection, sent in turn (see `segment_plan`).
 const SEGMENTS_PER_ROW: u64 = 4;
 
-/// The segments of a paired round: which row sends next and how much. The
-/// rows take turns in A-B-B-A order (A-B-C-C-B-A with three; the first
-/// row alternating between rounds), so a drift in the host's speed that is
-/// linear over the round weighs on every row alike.
-fn segment_plan(rows: &[Row], total: u64, round: u32) -> Vec<(Row, u64)> {
+/// The segments of a paired round: which of its `rows` rows sends next
+/// (an index) and how much. The rows take turns in A-B-B-A order
+/// (A-B-C-C-B-A with three; the first row alternating between rounds), so
+/// a drift in the host's speed that is linear over the round weighs on
+/// every row alike.
+fn segment_plan(rows: usize, total: u64, round: u32) -> Vec<(usize, u64)> {
     let chunks = total.div_ceil(CHUNK as u64);
     let per = chunks.div_ceil(SEGMENTS_PER_ROW) * CHUNK as u64;
     let mut plan = Vec::new();
@@ -1188,15 +1229,16 @@ fn segment_plan(rows: &[Row], total: u64, round: u32) -> Vec<(Row, u64)> {
         plan.extend(
             turn_order(rows, round + turn as u32)
                 .into_iter()
-                .map(|r| (r, len)),
+                .map(|i| (i, len)),
         );
     }
     plan
 }
 
-/// `rows` forwards in odd turns, backwards in even ones.
-fn turn_order(rows: &[Row], turn: u32) -> Vec<Row> {
-    let mut order = rows.to_vec();
+/// The indices of `rows` rows, forwards in odd turns, backwards in even
+/// ones.
+fn turn_order(rows: usize, turn: u32) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..rows).collect();
     if turn % 2 == 0 {
         order.reverse();
     }
@@ -1209,76 +1251,64 @@ fn turn_order(rows: &[Row], turn: u32) -> Vec<Row> {
 /// throughput its bytes over the sum of its segments' times (each from its
 /// first write to the receiver's verdict); then each row's round trips.
 /// Returns the failed rows. Leaves the transport resumed.
-fn paired_round(t: &Tcpc, round: u32, framed: bool, tallies: &mut [SchedTally]) -> Res<u32> {
-    let Tcpc {
-        transport,
-        domid,
-        port,
-        tcp_addr,
-        timeout,
-        pat,
-        mib,
-        n,
-    } = *t;
-    let rows = paired_rows(framed);
-    // the server accepts in this order: the carrier, then TCP, then framed
-    let Some(c) = moved_connection(transport, domid, port, timeout, round)? else {
+fn paired_round(t: &Tcpc, round: u32, mode: TcpcMode, tallies: &mut [SchedTally]) -> Res<u32> {
+    let rows = mode.rows();
+    // the server accepts in this order: the carrier, then the TCP rows
+    let Some(c) = moved_connection(t.transport, t.domid, t.port, t.timeout, round)? else {
         return Ok(1);
     };
+    let mut carrier = Some(RowConn::Carrier(c));
     let mut conns = Vec::new();
     for row in &rows {
         conns.push(match row {
-            Row::Carrier => None,
+            Row::Carrier => carrier.take().ok_or("two carrier rows")?,
             Row::Tcp => {
-                let t = tcp_connect(tcp_addr, timeout)?;
-                t.set_nodelay(true)?;
-                Some(RowConn::Tcp(t))
+                let s = tcp_connect(t.tcp_addr, t.timeout)?;
+                s.set_nodelay(true)?;
+                RowConn::Tcp(s)
             }
-            Row::Framed => Some(RowConn::Framed(framed::FramedTcp::new(tcp_connect(
-                tcp_addr, timeout,
-            )?)?)),
+            Row::Framed => {
+                RowConn::Framed(framed::FramedTcp::new(tcp_connect(t.tcp_addr, t.timeout)?)?)
+            }
         });
     }
-    let at = |row: Row| rows.iter().position(|r| *r == row).unwrap_or(0);
-    conns[at(Row::Carrier)] = Some(RowConn::Carrier(c));
-    let mut conns: Vec<RowConn> = conns.into_iter().flatten().collect();
     let mut pos = vec![0u64; rows.len()];
-    let mut secs = vec![0.0f64; rows.len()];
-    let mut intact = vec![true; rows.len()];
-    for (row, len) in segment_plan(&rows, mib << 20, round) {
-        let i = at(row);
-        let before = sched_snapshot();
-        let (s, _, ok) = drive_segment(conns[i].io(), pat, &mut pos[i], len)?;
-        tallies[i].add(&before, &sched_snapshot());
-        secs[i] += s;
-        intact[i] &= ok;
-    }
-    let mut measured: Vec<Measured> = secs
+    let mut measured: Vec<Measured> = rows
         .iter()
-        .zip(&intact)
-        .map(|(s, ok)| Measured {
-            stream_mib_s: mib as f64 / s,
-            intact: *ok,
+        .map(|_| Measured {
+            stream_mib_s: 0.0,
+            intact: true,
             rtt_us: Vec::new(),
             batch_us: None,
         })
         .collect();
-    for row in turn_order(&rows, round) {
-        let i = at(row);
-        if measured[i].intact {
-            (measured[i].rtt_us, measured[i].batch_us) = drive_pings(conns[i].io(), n, n)?;
+    let mut secs = vec![0.0f64; rows.len()];
+    for (i, len) in segment_plan(rows.len(), t.mib << 20, round) {
+        let before = sched_snapshot();
+        let (s, _, ok) = drive_segment(conns[i].io(), t.pat, &mut pos[i], len)?;
+        tallies[i].add(&before, &sched_snapshot());
+        secs[i] += s;
+        measured[i].intact &= ok;
+    }
+    for (m, s) in measured.iter_mut().zip(&secs) {
+        m.stream_mib_s = t.mib as f64 / s;
+    }
+    for i in turn_order(rows.len(), round) {
+        let m = &mut measured[i];
+        if m.intact {
+            (m.rtt_us, m.batch_us) = drive_pings(conns[i].io(), t.n, t.n)?;
         }
     }
     let mut failed = 0;
-    for (i, row) in rows.iter().enumerate() {
-        let m = &measured[i];
-        let ok = match (&conns[i], row) {
-            (RowConn::Carrier(s), _) => carrier_verdict(transport, s, m, round)?,
-            (_, row) if m.intact => {
+    for ((row, conn), m) in rows.iter().zip(&conns).zip(&measured) {
+        conn.report_calls("client", round);
+        let ok = match conn {
+            RowConn::Carrier(s) => carrier_verdict(t.transport, s, m, round)?,
+            _ if m.intact => {
                 print_metrics(row.label(), m);
                 true
             }
-            (_, row) => {
+            _ => {
                 println!(
                     "lab_bench user-tcpc client: round {round}: the server saw corrupted data on {}",
                     row.label()
@@ -1290,21 +1320,13 @@ fn paired_round(t: &Tcpc, round: u32, framed: bool, tallies: &mut [SchedTally]) 
             failed += 1;
         }
     }
-    for c in &conns {
-        if let RowConn::Framed(f) = c {
-            println!(
-                "lab_bench framed-tcp-user client calls, round {round}: {:?}",
-                f.calls
-            );
-        }
-    }
     drop(conns);
-    transport.resume();
+    t.transport.resume();
     Ok(failed)
 }
 
 /// `user-tcpc` client (see the module comment).
-fn client_tcpc(a: &[String], paired: bool, framed: bool) -> Res<i32> {
+fn client_tcpc(a: &[String], mode: TcpcMode) -> Res<i32> {
     let domid: u32 = arg(a, 3, "domid")?;
     let port: u32 = arg(a, 4, "port")?;
     let ip: std::net::IpAddr = arg(a, 5, "server IP")?;
@@ -1331,13 +1353,11 @@ fn client_tcpc(a: &[String], paired: bool, framed: bool) -> Res<i32> {
         n,
     };
     let mut failed = 0;
-    let mut tallies: Vec<SchedTally> = paired_rows(framed)
-        .iter()
-        .map(|_| SchedTally::default())
-        .collect();
+    let rows = mode.rows();
+    let mut tallies: Vec<SchedTally> = rows.iter().map(|_| SchedTally::default()).collect();
     for round in 1..=rounds {
-        if paired {
-            failed += paired_round(&t, round, framed, &mut tallies)?;
+        if mode.paired() {
+            failed += paired_round(&t, round, mode, &mut tallies)?;
             io::stdout().flush()?;
             continue;
         }
@@ -1353,8 +1373,8 @@ fn client_tcpc(a: &[String], paired: bool, framed: bool) -> Res<i32> {
             io::stdout().flush()?;
         }
     }
-    if paired {
-        for (row, t) in paired_rows(framed).iter().zip(&tallies) {
+    if mode.paired() {
+        for (row, t) in rows.iter().zip(&tallies) {
             t.report(&format!("{} client", row.label()), rounds);
         }
     }
@@ -1362,19 +1382,10 @@ fn client_tcpc(a: &[String], paired: bool, framed: bool) -> Res<i32> {
     Ok(if failed == 0 { 0 } else { 1 })
 }
 
-/// Whether `mode` is a `user-tcpc` mode, and if so whether paired.
-fn tcpc_mode(mode: &str) -> Option<bool> {
-    match mode {
-        "user-tcpc" => Some(false),
-        "user-tcpc-paired" | "user-tcpc-framed" => Some(true),
-        _ => None,
-    }
-}
-
 fn server(a: &[String]) -> Res<i32> {
     let mode = a.get(2).map(String::as_str).unwrap_or("");
-    if let Some(paired) = tcpc_mode(mode) {
-        return server_tcpc(a, paired, mode == "user-tcpc-framed");
+    if let Some(m) = TcpcMode::parse(mode) {
+        return server_tcpc(a, m);
     }
     let port: u32 = arg(a, 3, "port")?;
     let mib: u64 = arg(a, 4, "MiB")?;
@@ -1427,8 +1438,8 @@ fn connect(mode: &str, t: Option<&Transport>, addr: SockAddrXen, secs: u64) -> R
 
 fn client(a: &[String]) -> Res<i32> {
     let mode = a.get(2).map(String::as_str).unwrap_or("");
-    if let Some(paired) = tcpc_mode(mode) {
-        return client_tcpc(a, paired, mode == "user-tcpc-framed");
+    if let Some(m) = TcpcMode::parse(mode) {
+        return client_tcpc(a, m);
     }
     let domid: u32 = arg(a, 3, "domid")?;
     let port: u32 = arg(a, 4, "port")?;
