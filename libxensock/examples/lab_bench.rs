@@ -76,6 +76,8 @@ const PATLEN: usize = 65521;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
+const BAD_MODE: &str = "mode must be kernel, user, user-tcpc, user-tcpc-paired or user-tcpc-framed";
+
 fn pattern() -> Vec<u8> {
     (0..PATLEN + CHUNK)
         .map(|i| {
@@ -1398,7 +1400,7 @@ fn server(a: &[String]) -> Res<i32> {
             XenListener::bind(addr)?
         }
         "user" => transport.insert(user_transport()?).bind(addr)?,
-        _ => return Err("mode must be kernel or user".into()),
+        _ => return Err(BAD_MODE.into()),
     };
     println!(
         "lab_bench {mode} server: {} on {}",
@@ -1457,7 +1459,7 @@ fn client(a: &[String]) -> Res<i32> {
             None
         }
         "user" => Some(user_transport()?),
-        _ => return Err("mode must be kernel or user".into()),
+        _ => return Err(BAD_MODE.into()),
     };
     let mut s = connect(
         mode,
