@@ -29,6 +29,8 @@
  *   xlbench unix client <path> <MiB> <N> [connect-timeout-s]
  *   xlbench xen server <port> <MiB> <N>
  *   xlbench xen client <server-domid> <port> <MiB> <N> [connect-timeout-s]
+ *   xlbench paired client <ip> <tcp-port> <server-domid> <xen-port> <MiB> <N> <round> [timeout-s]
+ *          (xen; with XLBENCH_SWITCH_NOTE: below)
  *   xlbench domid                  (own domid from xenstore)
  *
  * XLBENCH_LABEL=<name> in the client's environment renames the metric row
@@ -59,6 +61,16 @@
  * (to_tcp >= 2), then run the workload; the stream's metric is printed only
  * if the carrier is still tcp after it and the server found every byte
  * intact. Any failure there exits non-zero without a metric.
+ * xlbench paired client (issue #7): the same carrier connection and a plain
+ * TCP one to <ip>:<tcp-port>, both open, their streams sent in turns of
+ * one segment in A-B-B-A order (the first row by the round's parity), so
+ * that the host's drift from one second to the next falls on both rows
+ * alike; each row's throughput is its MiB over the sum of its segments'
+ * times. Rows afxen-tcp-carrier and tcp-same-phase; both servers need the
+ * same XLBENCH_SEGMENTS (default 4 for paired; the client sets it).
+ * XLBENCH_SEGMENTS=<k> (both ends, any transport): the server acknowledges
+ * the stream in k segments of whole 64 KiB writes (the last one the rest),
+ * the client waits for each verdict before it sends the next segment.
  * Every transport also prints its process's user/system time and context
  * switches for the stream, and the xen transport where the kernel time
  * went (copies, ring waits, notifications, interrupt handler).
@@ -285,23 +297,46 @@ static void usage_now(struct usage *u)
 	domain_ticks(u);
 }
 
-static void usage_report(const char *side, const char *phase, const struct usage *a, double mib)
+/* acc += b - a (every field; t is the wall time) */
+static void usage_add(struct usage *acc, const struct usage *a, const struct usage *b)
 {
-	struct usage b;
+	acc->t += b->t - a->t;
+	acc->user += b->user - a->user;
+	acc->sys += b->sys - a->sys;
+	acc->nvcsw += b->nvcsw - a->nvcsw;
+	acc->nivcsw += b->nivcsw - a->nivcsw;
+	acc->idle += b->idle - a->idle;
+	acc->softirq += b->softirq - a->softirq;
+	acc->steal += b->steal - a->steal;
+}
 
-	usage_now(&b);
-	printf("xlbench %s %s %s usage: wall %.1f ms, user %.1f ms, sys %.1f ms (%.1f / %.1f us per 64 KiB), "
-	       "%ld voluntary / %ld involuntary context switches (%.2f / %.2f per MiB)\n",
-	       transport, side, phase, (b.t - a->t) * 1e3, (b.user - a->user) * 1e3, (b.sys - a->sys) * 1e3,
-	       (b.user - a->user) * 1e6 / (mib * 16), (b.sys - a->sys) * 1e6 / (mib * 16), b.nvcsw - a->nvcsw,
-	       b.nivcsw - a->nivcsw, (b.nvcsw - a->nvcsw) / mib, (b.nivcsw - a->nivcsw) / mib);
+/* the usage lines of a phase from its summed deltas d */
+static void usage_print(const char *side, const char *phase, const struct usage *d, double mib)
+{
 	long hz = sysconf(_SC_CLK_TCK) > 0 ? sysconf(_SC_CLK_TCK) : 100;
 
+	printf("xlbench %s %s %s usage: wall %.1f ms, user %.1f ms, sys %.1f ms (%.1f / %.1f us per 64 KiB), "
+	       "%ld voluntary / %ld involuntary context switches (%.2f / %.2f per MiB)\n",
+	       transport, side, phase, d->t * 1e3, d->user * 1e3, d->sys * 1e3, d->user * 1e6 / (mib * 16),
+	       d->sys * 1e6 / (mib * 16), d->nvcsw, d->nivcsw, d->nvcsw / mib, d->nivcsw / mib);
 	printf("xlbench %s %s %s domain: idle %lld ms, softirq %lld ms, steal %lld ms (of %.0f ms)\n", transport, side,
-	       phase, (b.idle - a->idle) * 1000 / hz, (b.softirq - a->softirq) * 1000 / hz,
-	       (b.steal - a->steal) * 1000 / hz, (b.t - a->t) * 1e3);
-	/* the phase's span, for a profile of just it (tests/lab/bench, LAB_PERF) */
-	printf("xlbench %s %s %s window: monotonic %.6f,%.6f\n", transport, side, phase, a->t, b.t);
+	       phase, d->idle * 1000 / hz, d->softirq * 1000 / hz, d->steal * 1000 / hz, d->t * 1e3);
+}
+
+/* a phase's span, for a profile of just it (tests/lab/bench, LAB_PERF) */
+static void window_print(const char *side, const char *phase, double t0, double t1)
+{
+	printf("xlbench %s %s %s window: monotonic %.6f,%.6f\n", transport, side, phase, t0, t1);
+}
+
+static void usage_report(const char *side, const char *phase, const struct usage *a, double mib)
+{
+	struct usage b, d = { 0 };
+
+	usage_now(&b);
+	usage_add(&d, a, &b);
+	usage_print(side, phase, &d, mib);
+	window_print(side, phase, a->t, b.t);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -310,11 +345,28 @@ static int cmp_double(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* Server: receive the stream and check it, then echo N single bytes. */
+/* XLBENCH_SEGMENTS=<k> (both ends): the stream goes in k segments, each
+ * acknowledged by the server; each but the last is this long (whole
+ * 64 KiB writes), the last the rest. Unset or 1: one segment. */
+static uint64_t segment_len(uint64_t total)
+{
+	const char *e = getenv("XLBENCH_SEGMENTS");
+	long k = e && *e ? atol(e) : 1;
+	uint64_t chunks = (total + CHUNK - 1) / CHUNK;
+
+	if (k < 1) {
+		fprintf(stderr, "xlbench: XLBENCH_SEGMENTS=%s: want a count of at least 1\n", e);
+		exit(2);
+	}
+	return chunks ? (chunks + k - 1) / k * CHUNK : total;
+}
+
+/* Server: receive the stream and check it (acknowledging each segment),
+ * then echo N single bytes. */
 static int serve(struct conn *c, long mib, long n)
 {
 	static unsigned char buf[CHUNK];
-	uint64_t total = (uint64_t)mib << 20, pos = 0, bad = 0;
+	uint64_t total = (uint64_t)mib << 20, pos = 0, bad = 0, seg = segment_len(total), seg_end = seg;
 	unsigned char b;
 	long long ctr[NCTR];
 	struct usage u;
@@ -324,7 +376,11 @@ static int serve(struct conn *c, long mib, long n)
 	afx_stats(ctr);
 	usage_now(&u);
 	while (pos < total) {
-		size_t want = total - pos < CHUNK ? total - pos : CHUNK;
+		size_t want;
+
+		if (seg_end > total)
+			seg_end = total;
+		want = seg_end - pos < CHUNK ? seg_end - pos : CHUNK;
 		ssize_t r = xread_some(c, buf, want);
 
 		/* the server's usage counts from the stream's first bytes: a
@@ -339,10 +395,14 @@ static int serve(struct conn *c, long mib, long n)
 		if (!nocheck && memcmp(buf, pat + pos % PATLEN, r))
 			bad++;
 		pos += r;
+		/* each segment's verdict covers the stream so far */
+		if (pos == seg_end) {
+			b = nocheck ? 'U' : bad ? 'X' : 'K';
+			if (xwrite(c, &b, 1))
+				die("ack");
+			seg_end += seg;
+		}
 	}
-	b = nocheck ? 'U' : bad ? 'X' : 'K';
-	if (xwrite(c, &b, 1))
-		die("ack");
 	afx_report(c, "server", "stream", ctr, mib, "MiB");
 	usage_report("server", "stream", &u, mib);
 	/* how finely the reads cut the stream: a reader that keeps finding a
@@ -476,45 +536,16 @@ static int switch_to_tcp(struct conn *c)
 	return 0;
 }
 
-static int drive(struct conn *c, long mib, long n)
+/* n one-byte round trips, each timed, then n more timed as one batch;
+ * prints their metrics. ctr: af_xen counters, refreshed. */
+static int drive_pings(struct conn *c, long n, long long ctr[NCTR])
 {
-	uint64_t total = (uint64_t)mib << 20, pos = 0;
 	double *rtt = calloc(n ? n : 1, sizeof(double));
-	double t0, t1, sum = 0;
+	double sum = 0;
 	unsigned char b;
-
-	long long ctr[NCTR];
-	struct usage u;
 
 	if (!rtt)
 		die("calloc");
-	afx_stats(ctr);
-	usage_now(&u);
-	t0 = now();
-	while (pos < total) {
-		size_t len = total - pos < CHUNK ? total - pos : CHUNK;
-		if (xwrite(c, pat + pos % PATLEN, len))
-			die("stream write");
-		pos += len;
-	}
-	if (xread(c, &b, 1))
-		die("stream ack");
-	t1 = now();
-	/* a number only for a stream that arrived intact (and, measuring the
-	 * TCP carrier, went over it) */
-	if (b != (nocheck ? 'U' : 'K')) {
-		if (b == 'X')
-			printf("xlbench %s: server saw corrupted stream data\n", transport);
-		else
-			printf("xlbench %s: server acked '%c', want '%c' (XLBENCH_NOCHECK differs between the ends?)\n",
-			       transport, b, nocheck ? 'U' : 'K');
-		return 1;
-	}
-	if (c->switch_note && carrier_check(c, "after the stream"))
-		return 1;
-	printf("@@METRIC %s.stream_mib_s %.1f MiB/s\n", transport, mib / (t1 - t0));
-	afx_report(c, "client", "stream", ctr, mib, "MiB");
-	usage_report("client", "stream", &u, mib);
 	for (long i = 0; i < n; i++) {
 		double s = now();
 		b = (unsigned char)i;
@@ -524,6 +555,7 @@ static int drive(struct conn *c, long mib, long n)
 		sum += rtt[i];
 		if (b != (unsigned char)i) {
 			printf("xlbench %s: ping-pong byte mismatch\n", transport);
+			free(rtt);
 			return 1;
 		}
 	}
@@ -549,6 +581,56 @@ static int drive(struct conn *c, long mib, long n)
 	fflush(stdout);
 	free(rtt);
 	return 0;
+}
+
+/* Writes the stream's bytes [*pos, *pos + len) in 64 KiB writes and reads
+ * the server's verdict on them; 0 if it is the one an intact stream gets. */
+static int drive_segment(struct conn *c, uint64_t *pos, uint64_t len)
+{
+	uint64_t end = *pos + len;
+	unsigned char b;
+
+	while (*pos < end) {
+		size_t n = end - *pos < CHUNK ? end - *pos : CHUNK;
+		if (xwrite(c, pat + *pos % PATLEN, n))
+			die("stream write");
+		*pos += n;
+	}
+	if (xread(c, &b, 1))
+		die("stream ack");
+	if (b == (nocheck ? 'U' : 'K'))
+		return 0;
+	if (b == 'X')
+		printf("xlbench %s: server saw corrupted stream data\n", transport);
+	else
+		printf("xlbench %s: server acked '%c', want '%c' (XLBENCH_NOCHECK or XLBENCH_SEGMENTS differ between "
+		       "the ends?)\n",
+		       transport, b, nocheck ? 'U' : 'K');
+	return 1;
+}
+
+static int drive(struct conn *c, long mib, long n)
+{
+	uint64_t total = (uint64_t)mib << 20, pos = 0, seg = segment_len(total);
+	double t0, t1;
+	long long ctr[NCTR];
+	struct usage u;
+
+	afx_stats(ctr);
+	usage_now(&u);
+	t0 = now();
+	/* a number only for a stream that arrived intact (and, measuring the
+	 * TCP carrier, went over it) */
+	while (pos < total)
+		if (drive_segment(c, &pos, total - pos < seg ? total - pos : seg))
+			return 1;
+	t1 = now();
+	if (c->switch_note && carrier_check(c, "after the stream"))
+		return 1;
+	printf("@@METRIC %s.stream_mib_s %.1f MiB/s\n", transport, mib / (t1 - t0));
+	afx_report(c, "client", "stream", ctr, mib, "MiB");
+	usage_report("client", "stream", &u, mib);
+	return drive_pings(c, n, ctr);
 }
 
 static int own_domid(void)
@@ -680,42 +762,50 @@ static int sock_server(int fam, const struct sockaddr *a, socklen_t alen, int no
 	return rc;
 }
 
-/* Connect to a, retrying for up to timeout seconds (the server may not be
- * listening yet), then drive the workload. */
-static int sock_client(int fam, const struct sockaddr *a, socklen_t alen, int nodelay, long mib, long n,
-		       int timeout)
+/* Connect c to a, retrying for up to timeout seconds (the server may not be
+ * listening yet); an AF_XEN connection with XLBENCH_SWITCH_NOTE is on the
+ * TCP carrier when this returns 0. */
+static int sock_connect(struct conn *c, int fam, const struct sockaddr *a, socklen_t alen, int nodelay, int timeout)
 {
-	struct conn c = { .fd = -1 };
 	double end = now() + timeout;
 	int one = 1;
 
 	for (;;) {
-		c.fd = socket(fam, SOCK_STREAM, 0);
-		if (c.fd < 0)
+		c->fd = socket(fam, SOCK_STREAM, 0);
+		if (c->fd < 0)
 			die("socket");
 		if (fam != AF_INET)
-			set_bufs(c.fd, "client");
-		if (!connect(c.fd, a, alen))
+			set_bufs(c->fd, "client");
+		if (!connect(c->fd, a, alen))
 			break;
 		if (now() > end)
 			die("connect");
-		close(c.fd);
+		close(c->fd);
 		usleep(500000);
 	}
 	if (nodelay)
-		setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	c.afxen = fam != AF_INET && fam != AF_UNIX;
-	if (c.afxen) {
-		set_busy_poll(c.fd, "client");
-		set_copy_routine(c.fd, fam, "client");
-		afx_print_rings(c.fd, "client");
-		c.switch_note = getenv("XLBENCH_SWITCH_NOTE");
-		if (c.switch_note && !*c.switch_note)
-			c.switch_note = NULL;
-		if (c.switch_note && switch_to_tcp(&c)) {
-			close(c.fd);
-			return 1;
-		}
+		setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	c->afxen = fam != AF_INET && fam != AF_UNIX;
+	if (!c->afxen)
+		return 0;
+	set_busy_poll(c->fd, "client");
+	set_copy_routine(c->fd, fam, "client");
+	afx_print_rings(c->fd, "client");
+	c->switch_note = getenv("XLBENCH_SWITCH_NOTE");
+	if (c->switch_note && !*c->switch_note)
+		c->switch_note = NULL;
+	return c->switch_note && switch_to_tcp(c);
+}
+
+/* Connect to a, then drive the workload. */
+static int sock_client(int fam, const struct sockaddr *a, socklen_t alen, int nodelay, long mib, long n,
+		       int timeout)
+{
+	struct conn c = { .fd = -1 };
+
+	if (sock_connect(&c, fam, a, alen, nodelay, timeout)) {
+		close(c.fd);
+		return 1;
 	}
 	int rc = drive(&c, mib, n);
 	if (c.switch_note)
@@ -781,6 +871,114 @@ static int xen_main(int argc, char **argv)
 				   argc > 7 ? atoi(argv[7]) : 120);
 	}
 	return 2;
+}
+#endif
+
+#ifdef XLBENCH_AF_XEN
+/* One row of a paired round: its connection, where its stream is, and the
+ * summed time and usage of its segments. */
+struct paired_row {
+	const char *label;
+	struct conn c;
+	uint64_t pos;
+	double secs;
+	struct usage use;
+	int bad;
+};
+
+/* xlbench paired client: issue #7's kernel TCP carrier against plain TCP
+ * with both connections open (see the top). The AF_XEN connection is made
+ * and switched first (XLBENCH_SWITCH_NOTE), then the TCP one; their
+ * streams go in turns of one segment (XLBENCH_SEGMENTS, default 4), in
+ * A-B-B-A order, the first row alternating with the round's parity; each
+ * row's throughput is its MiB over the sum of its segments' times, each
+ * from the segment's first write to the server's verdict on it. Then each
+ * row's round trips, in the round's order. */
+static int paired_main(int argc, char **argv)
+{
+	struct paired_row rows[2] = {
+		{ .label = "afxen-tcp-carrier", .c = { .fd = -1 } },
+		{ .label = "tcp-same-phase", .c = { .fd = -1 } },
+	};
+	struct paired_row *carrier = &rows[0];
+	struct sockaddr_in ta = { .sin_family = AF_INET };
+	struct sockaddr_xen xa = { 0 };
+	long long ctr[NCTR];
+	int fam = xensock_family(), rc = 0;
+
+	if (argc < 10 || strcmp(argv[2], "client"))
+		return 2;
+	if (inet_pton(AF_INET, argv[3], &ta.sin_addr) != 1) {
+		fprintf(stderr, "bad address %s\n", argv[3]);
+		return 2;
+	}
+	if (fam < 0)
+		die("xensock_family (is af_xen.ko loaded?)");
+	xa.sxen_family = fam;
+	if (!getenv("XLBENCH_SWITCH_NOTE") || !*getenv("XLBENCH_SWITCH_NOTE")) {
+		fprintf(stderr, "xlbench paired: XLBENCH_SWITCH_NOTE must name the switch\n");
+		return 2;
+	}
+	if (!getenv("XLBENCH_SEGMENTS"))
+		setenv("XLBENCH_SEGMENTS", "4", 1);
+	ta.sin_port = htons(atoi(argv[4]));
+	xa.sxen_domid = strtoul(argv[5], NULL, 0);
+	xa.sxen_port = strtoul(argv[6], NULL, 0);
+	long mib = atol(argv[7]), n = atol(argv[8]), round = atol(argv[9]);
+	int timeout = argc > 10 ? atoi(argv[10]) : 120;
+	uint64_t total = (uint64_t)mib << 20, seg = segment_len(total);
+
+	transport = carrier->label;
+	if (sock_connect(&carrier->c, fam, (struct sockaddr *)&xa, sizeof(xa), 0, timeout)) {
+		printf("switch-note %s fail\n", carrier->c.switch_note);
+		return 1;
+	}
+	transport = rows[1].label;
+	sock_connect(&rows[1].c, AF_INET, (struct sockaddr *)&ta, sizeof(ta), 1, timeout);
+	printf("xlbench paired client: round %ld, the kernel carrier and TCP in turns of %llu bytes, %s first\n", round,
+	       (unsigned long long)seg, rows[round % 2 ? 0 : 1].label);
+	afx_stats(ctr);
+	for (long turn = 0; rows[0].pos < total || rows[1].pos < total; turn++) {
+		for (int k = 0; k < 2; k++) {
+			struct paired_row *r = &rows[(round + turn) % 2 ? k : 1 - k];
+			uint64_t len = total - r->pos < seg ? total - r->pos : seg;
+			struct usage a, b;
+			double t0, t1;
+
+			if (!len)
+				continue;
+			transport = r->label;
+			usage_now(&a);
+			t0 = now();
+			r->bad |= drive_segment(&r->c, &r->pos, len);
+			t1 = now();
+			usage_now(&b);
+			r->secs += t1 - t0;
+			usage_add(&r->use, &a, &b);
+			window_print("client", "stream", t0, t1);
+		}
+	}
+	/* the carrier row counts only if it went over TCP from start to end */
+	transport = carrier->label;
+	if (!carrier->bad && carrier_check(&carrier->c, "after the stream"))
+		carrier->bad = 1;
+	for (int k = 0; k < 2; k++) {
+		struct paired_row *r = &rows[round % 2 ? k : 1 - k];
+
+		transport = r->label;
+		if (r->bad) {
+			rc = 1;
+			continue;
+		}
+		printf("@@METRIC %s.stream_mib_s %.1f MiB/s\n", transport, mib / r->secs);
+		afx_report(&r->c, "client", "stream", ctr, mib, "MiB");
+		usage_print("client", "stream", &r->use, mib);
+		rc |= drive_pings(&r->c, n, ctr);
+	}
+	printf("switch-note %s %s\n", carrier->c.switch_note, rc ? "fail" : "done");
+	close(rows[0].c.fd);
+	close(rows[1].c.fd);
+	return rc;
 }
 #endif
 
@@ -938,6 +1136,8 @@ int main(int argc, char **argv)
 #ifdef XLBENCH_AF_XEN
 		if (!strcmp(argv[1], "xen"))
 			return xen_main(argc, argv);
+		if (!strcmp(argv[1], "paired"))
+			return paired_main(argc, argv);
 #endif
 	}
 	fprintf(stderr,
@@ -948,6 +1148,7 @@ int main(int argc, char **argv)
 		"       xlbench unix server|client <path> <MiB> <N> [timeout-s]\n"
 		"       xlbench xen server <port> <MiB> <N>   (built with xensock.h)\n"
 		"       xlbench xen client <server-domid> <port> <MiB> <N> [timeout-s]\n"
+		"       xlbench paired client <ip> <tcp-port> <server-domid> <xen-port> <MiB> <N> <round> [timeout-s]\n"
 		"       xlbench domid | xsread <path> [timeout-s]\n");
 	return 2;
 }

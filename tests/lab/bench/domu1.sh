@@ -94,9 +94,12 @@ fi # phase main
 if phase tcp-carrier; then
 echo 30000 > /sys/module/af_xen/parameters/peer_lost_ms
 perf_start tcpc-server
-serve_rounds /tmp/tcp-same.log 'xlbench tcp server 7002 $BENCH_MIB $PINGS' &
+# (BENCH_KTCPC=paired: one client drives both rows in turns of a quarter,
+# each acknowledged)
+SEGS=1; [ "$BENCH_KTCPC" = paired ] && SEGS=4
+serve_rounds /tmp/tcp-same.log 'env XLBENCH_SEGMENTS=$SEGS xlbench tcp server 7002 $BENCH_MIB $PINGS' &
 TCPSAME=$!
-serve_rounds /tmp/afxen-tcpc.log 'env XLBENCH_LABEL=afxen-tcp-carrier xlbench-xs xen server 7371 $BENCH_MIB $PINGS' &
+serve_rounds /tmp/afxen-tcpc.log 'env XLBENCH_SEGMENTS=$SEGS XLBENCH_LABEL=afxen-tcp-carrier xlbench-xs xen server 7371 $BENCH_MIB $PINGS' &
 TCPC=$!
 check_wait tcp-same-phase-server "$TCPSAME" /tmp/tcp-same.log
 check_wait afxen-tcp-carrier-server "$TCPC" /tmp/afxen-tcpc.log

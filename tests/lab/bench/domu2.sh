@@ -104,7 +104,7 @@ fi # phase main
 # over it (row afxen-tcp-carrier); "... end" tells dom0 to make the
 # links again for the next round (and for what follows).
 if phase tcp-carrier; then
-log "TCP carrier phase: $BENCH_REPS rounds of tcp-same-phase and afxen-tcp-carrier"
+log "TCP carrier phase: $BENCH_REPS rounds of tcp-same-phase and afxen-tcp-carrier ($BENCH_KTCPC)"
 # the legs must be up within peer_lost_ms of the switch; under TCG 10 s is tight
 echo 30000 > /sys/module/af_xen/parameters/peer_lost_ms
 cat /proc/net/af_xen_stats > /tmp/stats-before-carrier
@@ -112,23 +112,44 @@ FAILED=
 perf_start tcpc-client
 for ROUND in $(seq "$BENCH_REPS"); do
   tcp_snap /tmp/tcp-counters
-  run_client tcp-same-phase-client env XLBENCH_LABEL=tcp-same-phase \
-    xlbench tcp client "$LAB_NET_DOMU1" 7002 "$BENCH_MIB" "$BENCH_PINGS" 120
-  tcp_delta "tcp-same-phase round $ROUND (sender)" /tmp/tcp-counters
-  tcp_snap /tmp/tcp-counters
-  run_client afxen-tcp-carrier-client env XLBENCH_LABEL=afxen-tcp-carrier XLBENCH_SWITCH_NOTE=tcpc-$ROUND \
-    timeout 300 xlbench-xs xen client "$PEER" 7371 "$BENCH_MIB" "$BENCH_PINGS" 120
-  tcp_delta "afxen-tcp-carrier round $ROUND (sender)" /tmp/tcp-counters
+  if [ "$BENCH_KTCPC" = paired ]; then
+    # one client, both rows: its exit status is the pair's (the rows' own
+    # verdicts are their metrics, below)
+    run_client tcp-carrier-paired-client env XLBENCH_SWITCH_NOTE=tcpc-$ROUND XLBENCH_SEGMENTS=4 \
+      timeout 300 xlbench-xs paired client "$LAB_NET_DOMU1" 7002 "$PEER" 7371 "$BENCH_MIB" "$BENCH_PINGS" "$ROUND" 120
+    tcp_delta "paired round $ROUND (sender, both rows)" /tmp/tcp-counters
+  else
+    run_client tcp-same-phase-client env XLBENCH_LABEL=tcp-same-phase \
+      xlbench tcp client "$LAB_NET_DOMU1" 7002 "$BENCH_MIB" "$BENCH_PINGS" 120
+    tcp_delta "tcp-same-phase round $ROUND (sender)" /tmp/tcp-counters
+    tcp_snap /tmp/tcp-counters
+    run_client afxen-tcp-carrier-client env XLBENCH_LABEL=afxen-tcp-carrier XLBENCH_SWITCH_NOTE=tcpc-$ROUND \
+      timeout 300 xlbench-xs xen client "$PEER" 7371 "$BENCH_MIB" "$BENCH_PINGS" 120
+    tcp_delta "afxen-tcp-carrier round $ROUND (sender)" /tmp/tcp-counters
+  fi
   log "switch-note tcpc-$ROUND end"
   xlbench xsread data/tcpc-linked-$ROUND 120 > /dev/null || log "tcpc-$ROUND: no links from dom0 after 120 s"
 done
 perf_report tcpc-client \
   "tcp-same-phase client" "$(perf_windows /tmp/clients.log 'xlbench tcp-same-phase client stream')" \
   "afxen-tcp-carrier client" "$(perf_windows /tmp/clients.log 'xlbench afxen-tcp-carrier client stream')"
-for c in tcp-same-phase-client afxen-tcp-carrier-client; do
-  bad=$(echo "$FAILED" | tr ' ' '\n' | grep "^$c:" | tr '\n' ' ')
-  if [ -z "$bad" ]; then result $c PASS; else result $c FAIL "$bad"; fi
-done
+if [ "$BENCH_KTCPC" = paired ]; then
+  # a row passes when every round printed its stream and its round trips
+  # (xlbench paired prints a row's metrics only if its stream arrived
+  # intact, and the carrier's only if it stayed on tcp throughout)
+  for row in tcp-same-phase afxen-tcp-carrier; do
+    got=$(grep -c "^@@METRIC $row\.stream_mib_s" /tmp/clients.log)
+    pings=$(grep -c "^@@METRIC $row\.rtt_us_batch" /tmp/clients.log)
+    [ "$BENCH_PINGS" -gt 0 ] || pings=$BENCH_REPS
+    if [ "$got" = "$BENCH_REPS" ] && [ "$pings" = "$BENCH_REPS" ]; then result $row-client PASS
+    else result $row-client FAIL "$got streams and $pings round-trip sets of $BENCH_REPS rounds;$FAILED"; fi
+  done
+else
+  for c in tcp-same-phase-client afxen-tcp-carrier-client; do
+    bad=$(echo "$FAILED" | tr ' ' '\n' | grep "^$c:" | tr '\n' ' ')
+    if [ -z "$bad" ]; then result $c PASS; else result $c FAIL "$bad"; fi
+  done
+fi
 # the carrier's counters over the phase (frames, legs, switches; the
 # data-path sums count ring work only)
 cat /proc/net/af_xen_stats | paste -d' ' /tmp/stats-before-carrier - |

@@ -19,6 +19,11 @@ BENCH_ONLY=
 # whole stream per row, as before session 14; with per-stream CPU lines and
 # LAB_PERF windows)
 BENCH_TCPC=user-tcpc-paired
+# xlbench's mode for issue #7's af_xen.ko carrier rows: paired (session 15's
+# default: `xlbench paired`, the carrier connection and plain TCP open side
+# by side, their streams sent in turns of a quarter, A-B-B-A) or rows (one
+# whole stream per row, one client after the other, as before)
+BENCH_KTCPC=paired
 [ -f /opt/xensock/bench.env ] && . /opt/xensock/bench.env
 # the client's limit for the user-space carrier phase (the server's is 100 s
 # more): a round is ~6 s plus ~1.5 s per 100 round trips per row
