@@ -265,6 +265,9 @@ struct usage {
 	 * vCPU runnable while Xen ran another: the QEMU machine's CPUs are
 	 * shared by dom0 and the domUs) */
 	long long idle, softirq, steal;
+	/* the domain's busy ticks: user, nice, system, irq, softirq (every
+	 * process and kernel thread, e.g. a carrier's work items) */
+	long long busy;
 };
 
 static void domain_ticks(struct usage *u)
@@ -272,12 +275,13 @@ static void domain_ticks(struct usage *u)
 	long long v[8] = { 0 };
 	FILE *f = fopen("/proc/stat", "r");
 
-	u->idle = u->softirq = u->steal = 0;
+	u->idle = u->softirq = u->steal = u->busy = 0;
 	if (!f)
 		return;
 	if (fscanf(f, "cpu %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
 		   &v[6], &v[7]) == 8) {
 		u->idle = v[3];
+		u->busy = v[0] + v[1] + v[2] + v[5] + v[6];
 		u->softirq = v[6];
 		u->steal = v[7];
 	}
@@ -308,6 +312,19 @@ static void usage_add(struct usage *acc, const struct usage *a, const struct usa
 	acc->idle += b->idle - a->idle;
 	acc->softirq += b->softirq - a->softirq;
 	acc->steal += b->steal - a->steal;
+	acc->busy += b->busy - a->busy;
+}
+
+/* One segment of a paired stream: its time, this process's CPU in it and
+ * the whole domain's busy time (how much of it was someone else's) */
+static void segment_print(const char *side, int seg, const struct usage *a, const struct usage *b, double t0,
+			  double t1)
+{
+	long hz = sysconf(_SC_CLK_TCK) > 0 ? sysconf(_SC_CLK_TCK) : 100;
+
+	printf("xlbench %s %s segment %d: %.0f ms, process cpu %.0f ms, domain busy %lld ms, steal %lld ms\n",
+	       transport, side, seg, (t1 - t0) * 1e3, (b->user - a->user + b->sys - a->sys) * 1e3,
+	       (b->busy - a->busy) * 1000 / hz, (b->steal - a->steal) * 1000 / hz);
 }
 
 /* the usage lines of a phase from its summed deltas d */
@@ -366,12 +383,17 @@ static uint64_t segment_len(uint64_t total)
 static int serve(struct conn *c, long mib, long n)
 {
 	static unsigned char buf[CHUNK];
-	uint64_t total = (uint64_t)mib << 20, pos = 0, bad = 0, seg = segment_len(total), seg_end = seg;
+	uint64_t total = (uint64_t)mib << 20, pos = 0, bad = 0, seg = segment_len(total), seg_start = 0, seg_end = seg;
 	unsigned char b;
 	long long ctr[NCTR];
 	struct usage u;
 
 	long reads = 0;
+
+	/* segmented: each segment's usage from its first bytes to its verdict */
+	struct usage sa = { 0 }, sb;
+	double st = 0;
+	int nseg = 0;
 
 	afx_stats(ctr);
 	usage_now(&u);
@@ -387,6 +409,10 @@ static int serve(struct conn *c, long mib, long n)
 		 * client may wait before it writes (the TCP carrier's switch) */
 		if (reads++ == 0)
 			usage_now(&u);
+		if (seg < total && pos == seg_start) {
+			usage_now(&sa);
+			st = now();
+		}
 		if (r <= 0) {
 			fprintf(stderr, "xlbench %s server: stream ended at %llu of %llu bytes\n",
 				transport, (unsigned long long)pos, (unsigned long long)total);
@@ -400,6 +426,14 @@ static int serve(struct conn *c, long mib, long n)
 			b = nocheck ? 'U' : bad ? 'X' : 'K';
 			if (xwrite(c, &b, 1))
 				die("ack");
+			if (seg < total) {
+				double t1 = now();
+
+				usage_now(&sb);
+				segment_print("server", ++nseg, &sa, &sb, st, t1);
+				window_print("server", "segment", st, t1);
+			}
+			seg_start = seg_end;
 			seg_end += seg;
 		}
 	}
@@ -933,6 +967,12 @@ static int paired_main(int argc, char **argv)
 		printf("switch-note %s fail\n", carrier->c.switch_note);
 		return 1;
 	}
+	/* XLBENCH_SETTLE_MS: how long the carrier connection sits on TCP
+	 * before its first segment (whether the time after the switch costs) */
+	if (getenv("XLBENCH_SETTLE_MS") && atol(getenv("XLBENCH_SETTLE_MS")) > 0) {
+		printf("xlbench paired client: settling %ld ms after the switch\n", atol(getenv("XLBENCH_SETTLE_MS")));
+		usleep(atol(getenv("XLBENCH_SETTLE_MS")) * 1000);
+	}
 	transport = rows[1].label;
 	sock_connect(&rows[1].c, AF_INET, (struct sockaddr *)&ta, sizeof(ta), 1, timeout);
 	printf("xlbench paired client: round %ld, the kernel carrier and TCP in turns of %llu bytes, %s first\n", round,
@@ -956,6 +996,7 @@ static int paired_main(int argc, char **argv)
 			r->secs += t1 - t0;
 			usage_add(&r->use, &a, &b);
 			window_print("client", "stream", t0, t1);
+			segment_print("client", (int)turn + 1, &a, &b, t0, t1);
 		}
 	}
 	/* the carrier row counts only if it went over TCP from start to end */

@@ -104,9 +104,11 @@ TCPC=$!
 check_wait tcp-same-phase-server "$TCPSAME" /tmp/tcp-same.log
 check_wait afxen-tcp-carrier-server "$TCPC" /tmp/afxen-tcpc.log
 cat /tmp/tcp-same.log /tmp/afxen-tcpc.log
+# (paired: each server's segments, when the other row's server is idle)
+WIN=stream; [ "$SEGS" -gt 1 ] && WIN=segment
 perf_report tcpc-server \
-  "tcp-same-phase server" "$(perf_windows /tmp/tcp-same.log 'xlbench tcp server stream')" \
-  "afxen-tcp-carrier server" "$(perf_windows /tmp/afxen-tcpc.log 'xlbench afxen-tcp-carrier server stream')"
+  "tcp-same-phase server" "$(perf_windows /tmp/tcp-same.log "xlbench tcp server $WIN")" \
+  "afxen-tcp-carrier server" "$(perf_windows /tmp/afxen-tcpc.log "xlbench afxen-tcp-carrier server $WIN")"
 # dom0 links the pair again after the last round: the module stays until then
 # (run bench-20261122-131612 unloaded it first and the link never came back)
 xlbench xsread "data/tcpc-linked-$BENCH_REPS" 120 > /dev/null || log "no links from dom0 after the TCP carrier phase"
