@@ -7,6 +7,11 @@
 [ "${MIG_TOKIO_THREADS:-0}" = 1 ] && export LAB_STREAM_THREADS=1
 [ "${MIG_PROBE:-0}" = 1 ] && export LAB_STREAM_PROBE=1
 . /scenario/streams.sh
+# A guest stuck in its suspend path (docs/lab.md, "Guests that never
+# suspend") has its user space frozen, so nobody can run dmesg; the lab
+# kernel reports tasks blocked for 20 s (CONFIG_DETECT_HUNG_TASK), but
+# their stacks are KERN_INFO, below the console's loglevel=4: let them out.
+echo 7 > /proc/sys/kernel/printk 2>/dev/null || log "could not raise the console loglevel"
 
 # lab_note KEY [VALUE]: tell dom0 (data/lab/KEY in our current home)
 lab_note() { xenstore-write "data/lab/$1" "${2:-1}"; }

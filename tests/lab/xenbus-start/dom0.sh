@@ -1,6 +1,9 @@
 # xenbus-start, dom0: save + restore domu1 (control), let it have a
 # TRANSACTION_START refused, then save it again. A kernel that counts the
-# refusal twice never finishes the second save's suspend.
+# refusal twice never finishes the second save's suspend. Then let it
+# close /dev/xen/xenbus with a transaction open and save it a third time:
+# a kernel that counts the end it sends for it as a kernel transaction's
+# never finishes that suspend.
 D1=$(xl domid domu1)
 wait_domu domu1 '^tick 2 ' 120 || log "domu1 never started ticking"
 check save-before timeout 200 xl save domu1 /tmp/domu1.save
@@ -14,8 +17,21 @@ check save-after-refused-start timeout 200 xl save domu1 /tmp/domu1.save
 if xl domid domu1 >/dev/null 2>&1; then
   log "domu1 did not suspend (still dom$(xl domid domu1)): destroying it"
   xl destroy domu1
-else
-  check restore-after-refused-start timeout 200 xl restore /tmp/domu1.save
-  D1=$(xl domid domu1 2>/dev/null || echo none)
-  xenstore-write "/local/domain/$D1/data/lab/done" 1
+  exit 0
 fi
+check restore-after-refused-start timeout 200 xl restore /tmp/domu1.save
+D1=$(xl domid domu1 2>/dev/null || echo none)
+# then a transaction left open when its process closes /dev/xen/xenbus
+# (the kernel ends it; a kernel that counts that end as a kernel
+# transaction's never suspends again)
+xenstore-write "/local/domain/$D1/data/lab/go-leave-open" 1
+wait_until 120 xenstore-read "/local/domain/$D1/data/lab/left-open" || log "domu1 never reported its transaction left open"
+check save-after-left-open timeout 200 xl save domu1 /tmp/domu1.save
+if xl domid domu1 >/dev/null 2>&1; then
+  log "domu1 did not suspend (still dom$(xl domid domu1)): destroying it"
+  xl destroy domu1
+  exit 0
+fi
+check restore-after-left-open timeout 200 xl restore /tmp/domu1.save
+D1=$(xl domid domu1 2>/dev/null || echo none)
+xenstore-write "/local/domain/$D1/data/lab/done" 1
