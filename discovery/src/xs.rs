@@ -37,7 +37,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
@@ -1316,7 +1316,7 @@ impl AsyncXsClient {
             std::thread::spawn(move || {
                 let _ = done.send(TxGate::acquire());
             });
-            got.await.ok().flatten().map(Arc::new)
+            got.await.ok().flatten()
         } else {
             None
         };
@@ -1325,9 +1325,12 @@ impl AsyncXsClient {
             .call_async(MsgType::TransactionStart, 0, b"\0", "transaction_start", "")
             .await?;
         Ok(AsyncTransaction {
-            core: self.core.clone(),
-            id: parse_tx_id(&p)?,
-            _gate: gate,
+            inner: Arc::new(AsyncTxInner {
+                core: self.core.clone(),
+                id: parse_tx_id(&p)?,
+                ended: AtomicBool::new(false),
+                _gate: gate,
+            }),
         })
     }
 
@@ -1362,49 +1365,69 @@ impl AsyncXsClient {
 
 async_ops!(AsyncXsClient);
 
-/// An open transaction (async API). Must be ended with
+/// An open transaction (async API). End it with
 /// [`AsyncTransaction::commit`] or [`AsyncTransaction::abort`] (or use
-/// [`AsyncXsClient::transaction`]).
+/// [`AsyncXsClient::transaction`]); when the last clone is dropped
+/// without either (a cancelled future, a runtime shutting down), it is
+/// aborted then, as the blocking [`Transaction`] is.
 #[derive(Clone)]
 pub struct AsyncTransaction {
+    inner: Arc<AsyncTxInner>,
+}
+
+/// What the clones of one [`AsyncTransaction`] share.
+struct AsyncTxInner {
     core: Arc<Core>,
     id: u32,
-    /// Released when the last clone is gone.
-    _gate: Option<Arc<TxGate>>,
+    /// A commit or an abort went out (or is about to).
+    ended: AtomicBool,
+    /// Released once the transaction has ended (fields drop after
+    /// `Drop::drop` sent the abort).
+    _gate: Option<TxGate>,
+}
+
+impl Drop for AsyncTxInner {
+    /// A transaction left open would hold one of the guest's 10 until the
+    /// connection closes, and on `/dev/xen/xenbus` Linux then ends it
+    /// with a request it miscounts, after which the guest never suspends
+    /// again (docs/discovery.md).
+    fn drop(&mut self) {
+        if !*self.ended.get_mut() {
+            self.core
+                .send_detached(MsgType::TransactionEnd, self.id, end_payload(false));
+        }
+    }
 }
 
 impl AsyncTransaction {
     fn core(&self) -> &Core {
-        &self.core
+        &self.inner.core
     }
     fn tx(&self) -> u32 {
-        self.id
+        self.inner.id
     }
     /// The transaction id.
     pub fn id(&self) -> u32 {
-        self.id
+        self.inner.id
     }
     /// Commits; `EAGAIN` on conflict.
     pub async fn commit(&self) -> Result<(), XsError> {
-        self.core
-            .call_async(
-                MsgType::TransactionEnd,
-                self.id,
-                end_payload(true),
-                "commit",
-                "",
-            )
-            .await
-            .map(drop)
+        self.end(true, "commit").await
     }
     /// Abandons the transaction.
     pub async fn abort(&self) -> Result<(), XsError> {
-        self.core
+        self.end(false, "abort").await
+    }
+    async fn end(&self, commit: bool, op: &'static str) -> Result<(), XsError> {
+        // marked before the request goes out: a future dropped after
+        // sending it must not send a second end
+        self.inner.ended.store(true, Ordering::Release);
+        self.core()
             .call_async(
                 MsgType::TransactionEnd,
-                self.id,
-                end_payload(false),
-                "abort",
+                self.inner.id,
+                end_payload(commit),
+                op,
                 "",
             )
             .await

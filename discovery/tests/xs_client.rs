@@ -205,6 +205,62 @@ fn guest_transaction_quota_is_enospc() {
     drop(open);
 }
 
+/// An async transaction whose last clone goes without a commit or an
+/// abort (its future cancelled, say) is aborted then: its writes never
+/// land and it does not keep one of the guest's 10 open transactions
+/// (more than 10 dropped in a row would be refused with `ENOSPC`).
+#[test]
+fn dropped_async_transactions_are_aborted() {
+    let (_h, _dom0, guest, _) = host_with_guest();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let axs = guest.to_async();
+        for i in 0..12 {
+            let tx = axs.transaction_start().await.unwrap();
+            tx.write(&format!("data/dropped{i}"), "1").await.unwrap();
+            let clone = tx.clone();
+            drop(tx);
+            drop(clone);
+        }
+        // a transaction() future cancelled while its closure waits
+        for _ in 0..12 {
+            let cancelled = tokio::time::timeout(
+                Duration::from_millis(20),
+                axs.transaction(|tx| async move {
+                    tx.write("data/cancelled", "1").await?;
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    Ok(())
+                }),
+            )
+            .await;
+            assert!(cancelled.is_err(), "the transaction was not cancelled");
+        }
+        for i in 0..12 {
+            let e = axs.read(&format!("data/dropped{i}")).await.unwrap_err();
+            assert!(e.is(XsErrno::NoEnt), "data/dropped{i}: {e}");
+        }
+        assert!(axs
+            .read("data/cancelled")
+            .await
+            .unwrap_err()
+            .is(XsErrno::NoEnt));
+        // committed and aborted ones are not ended twice
+        let tx = axs.transaction_start().await.unwrap();
+        tx.write("data/kept", "1").await.unwrap();
+        tx.commit().await.unwrap();
+        axs.transaction_start()
+            .await
+            .unwrap()
+            .abort()
+            .await
+            .unwrap();
+        assert_eq!(axs.read_string("data/kept").await.unwrap(), "1");
+    });
+}
+
 #[test]
 fn connection_loss_fails_requests_and_ends_watches() {
     let host = SimHost::start().unwrap();
