@@ -16,6 +16,14 @@ fn host_with_guest() -> (SimHost, XsClient, XsClient, u16) {
     (host, dom0, guest, g.domid)
 }
 
+/// A single-threaded runtime with timers, for the async API's tests.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
 fn errno(e: XsError) -> XsErrno {
     e.errno()
         .unwrap_or_else(|| panic!("not a daemon error: {e}"))
@@ -212,11 +220,7 @@ fn guest_transaction_quota_is_enospc() {
 #[test]
 fn dropped_async_transactions_are_aborted() {
     let (_h, _dom0, guest, _) = host_with_guest();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
+    runtime().block_on(async move {
         let axs = guest.to_async();
         for i in 0..12 {
             let tx = axs.transaction_start().await.unwrap();
@@ -276,11 +280,7 @@ fn connection_loss_fails_requests_and_ends_watches() {
 #[test]
 fn async_api_with_watch_stream() {
     let (_h, dom0, guest, id) = host_with_guest();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
+    runtime().block_on(async move {
         let axs = guest.to_async();
         let mut w = axs.watch("data").await.unwrap();
         let first = w.next_event().await.unwrap();
