@@ -969,9 +969,15 @@ static int paired_main(int argc, char **argv)
 	int timeout = argc > 10 ? atoi(argv[10]) : 120;
 	uint64_t total = (uint64_t)mib << 20, seg = segment_len(total);
 
+	if (mib < 1) {
+		fprintf(stderr, "xlbench paired: the streams need at least 1 MiB\n");
+		return 2;
+	}
+
 	transport = carrier->label;
+	/* (a failed switch has said "switch-note ... fail") */
 	if (sock_connect(&carrier->c, fam, (struct sockaddr *)&xa, sizeof(xa), 0, timeout)) {
-		printf("switch-note %s fail\n", carrier->c.switch_note);
+		close(carrier->c.fd);
 		return 1;
 	}
 	/* XLBENCH_SETTLE_MS: how long the carrier connection sits on TCP
