@@ -315,29 +315,33 @@ static void usage_add(struct usage *acc, const struct usage *a, const struct usa
 	acc->busy += b->busy - a->busy;
 }
 
+/* /proc/stat ticks in milliseconds */
+static long long ticks_ms(long long ticks)
+{
+	long hz = sysconf(_SC_CLK_TCK) > 0 ? sysconf(_SC_CLK_TCK) : 100;
+
+	return ticks * 1000 / hz;
+}
+
 /* One segment of a paired stream: its time, this process's CPU in it and
  * the whole domain's busy time (how much of it was someone else's) */
 static void segment_print(const char *side, int seg, const struct usage *a, const struct usage *b, double t0,
 			  double t1)
 {
-	long hz = sysconf(_SC_CLK_TCK) > 0 ? sysconf(_SC_CLK_TCK) : 100;
-
 	printf("xlbench %s %s segment %d: %.0f ms, process cpu %.0f ms, domain busy %lld ms, steal %lld ms\n",
 	       transport, side, seg, (t1 - t0) * 1e3, (b->user - a->user + b->sys - a->sys) * 1e3,
-	       (b->busy - a->busy) * 1000 / hz, (b->steal - a->steal) * 1000 / hz);
+	       ticks_ms(b->busy - a->busy), ticks_ms(b->steal - a->steal));
 }
 
 /* the usage lines of a phase from its summed deltas d */
 static void usage_print(const char *side, const char *phase, const struct usage *d, double mib)
 {
-	long hz = sysconf(_SC_CLK_TCK) > 0 ? sysconf(_SC_CLK_TCK) : 100;
-
 	printf("xlbench %s %s %s usage: wall %.1f ms, user %.1f ms, sys %.1f ms (%.1f / %.1f us per 64 KiB), "
 	       "%ld voluntary / %ld involuntary context switches (%.2f / %.2f per MiB)\n",
 	       transport, side, phase, d->t * 1e3, d->user * 1e3, d->sys * 1e3, d->user * 1e6 / (mib * 16),
 	       d->sys * 1e6 / (mib * 16), d->nvcsw, d->nivcsw, d->nvcsw / mib, d->nivcsw / mib);
 	printf("xlbench %s %s %s domain: idle %lld ms, softirq %lld ms, steal %lld ms (of %.0f ms)\n", transport, side,
-	       phase, d->idle * 1000 / hz, d->softirq * 1000 / hz, d->steal * 1000 / hz, d->t * 1e3);
+	       phase, ticks_ms(d->idle), ticks_ms(d->softirq), ticks_ms(d->steal), d->t * 1e3);
 }
 
 /* a phase's span, for a profile of just it (tests/lab/bench, LAB_PERF) */
@@ -982,9 +986,12 @@ static int paired_main(int argc, char **argv)
 	}
 	/* XLBENCH_SETTLE_MS: how long the carrier connection sits on TCP
 	 * before its first segment (whether the time after the switch costs) */
-	if (getenv("XLBENCH_SETTLE_MS") && atol(getenv("XLBENCH_SETTLE_MS")) > 0) {
-		printf("xlbench paired client: settling %ld ms after the switch\n", atol(getenv("XLBENCH_SETTLE_MS")));
-		usleep(atol(getenv("XLBENCH_SETTLE_MS")) * 1000);
+	const char *settle = getenv("XLBENCH_SETTLE_MS");
+	long settle_ms = settle ? atol(settle) : 0;
+
+	if (settle_ms > 0) {
+		printf("xlbench paired client: settling %ld ms after the switch\n", settle_ms);
+		usleep(settle_ms * 1000);
 	}
 	transport = rows[1].label;
 	sock_connect(&rows[1].c, AF_INET, (struct sockaddr *)&ta, sizeof(ta), 1, timeout);
