@@ -1993,10 +1993,16 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
     // both legs up: the bound stops (leg_unanswered covers the rest)
     let (out_up, tx_done, connecting) = {
         let t = sw.tx.lock();
-        let done = t.q.as_ref().map(|q| q.is_empty()).unwrap_or(true)
-            && t.hello_left == 0
-            && t.resend_pos >= t.resend_end
-            && (t.fin_sent || (matches!(t.path.state(), TxState::Ring { .. }) && ring_all_taken(xs, &t)));
+        let on_ring = matches!(t.path.state(), TxState::Ring { .. });
+        // off the ring, a broken outbound leg (never made again, leg_tx)
+        // leaves a closed connection nothing to send: it held the socket
+        // until peer_lost_ms when the peer closed first and let go of the
+        // leg before our Fin (bench-20261127-102341: three in four rounds)
+        let done = (t.broken && !on_ring)
+            || (t.q.as_ref().map(|q| q.is_empty()).unwrap_or(true)
+                && t.hello_left == 0
+                && t.resend_pos >= t.resend_end
+                && (t.fin_sent || (on_ring && ring_all_taken(xs, &t))));
         let connecting = !t.leg_up && t.want_leg && !t.broken;
         (t.leg_up, done, connecting)
     };

@@ -93,6 +93,7 @@ fi # phase main
 # ---- issue #7: af_xen.ko's TCP carrier, the server ends (domu2.sh says how) ----
 if phase tcp-carrier; then
 echo 30000 > /sys/module/af_xen/parameters/peer_lost_ms
+SOCKETS_BEFORE=$(af_sockets)
 perf_start tcpc-server
 # (BENCH_KTCPC=paired: one client drives both rows in turns of a quarter,
 # each acknowledged)
@@ -112,6 +113,7 @@ perf_report tcpc-server \
 # dom0 links the pair again after the last round: the module stays until then
 # (run bench-20261122-131612 unloaded it first and the link never came back)
 xlbench xsread "data/tcpc-linked-$BENCH_REPS" 120 > /dev/null || log "no links from dom0 after the TCP carrier phase"
+check afxen-tcp-carrier-sockets-freed af_sockets_back_to "$SOCKETS_BEFORE"
 fi # phase tcp-carrier
 cat /proc/net/af_xen /proc/net/af_xen_stats
 check afxen-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t"'

@@ -111,3 +111,16 @@ perf_report() {
     shift 2
   done
 }
+
+# af_xen's live sockets (/proc/net/af_xen_stats), and a check that they are
+# back to what they were before a phase: a closed connection keeps its
+# socket only while it still has something to send on its TCP leg, well
+# under the phase's peer_lost_ms (until session 16 a connection whose peer
+# closed first held an unsendable Fin until that bound)
+af_sockets() { awk '$1 == "sockets" { print $2 }' /proc/net/af_xen_stats; }
+af_sockets_at_most() { [ "$(af_sockets)" -le "$1" ]; }
+af_sockets_back_to() {
+  wait_until 10 af_sockets_at_most "$1" && return 0
+  echo "af_xen sockets: $(af_sockets) 10 s after the phase, $1 before it"
+  return 1
+}
