@@ -127,6 +127,11 @@ pub(crate) mod counters {
     pub(crate) static TCP_WORK_PASSES: AtomicI64 = AtomicI64::new(0);
     pub(crate) static TCP_READ_WAITS: AtomicI64 = AtomicI64::new(0);
     pub(crate) static TCP_WRITE_WAITS: AtomicI64 = AtomicI64::new(0);
+    /// the application's bytes sent on TCP straight from its buffers, and
+    /// those copied into the send queue first (a leg that took only part
+    /// of a frame, or was not up): the second copy the writer pays
+    pub(crate) static TX_DIRECT_BYTES: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static TX_QUEUED_BYTES: AtomicI64 = AtomicI64::new(0);
 }
 
 /// Records a work item's pass of `ms` milliseconds in `max`.
@@ -987,6 +992,7 @@ fn send_locked(xs: &XenSock, t: &mut TxSide, msg: &mut Msg, left: usize) -> Opti
         let offset = t.path.sent();
         let Some(q) = t.q.as_mut() else { break };
         let got = q.push_data_from(peer_conn, offset, msg, want);
+        inc(&counters::TX_QUEUED_BYTES, got as i64);
         if got == 0 || t.path.record_sent(got as u64).is_err() {
             // a fault (or nothing queued): report what went before it
             if sent == 0 {
@@ -1094,6 +1100,8 @@ fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, head: usize, want: usiz
         // whose flush finds the leg broken
         on_leg = leg.sock().send_from_user(msg, big, more).unwrap_or(0).min(big);
     }
+    inc(&counters::TX_DIRECT_BYTES, (head + on_leg) as i64);
+    inc(&counters::TX_QUEUED_BYTES, (big - on_leg) as i64);
     let Some(q) = t.q.as_mut() else { return Direct::Torn };
     // the rest of the lead is ours, not the user's: it always fits
     if p < n {
@@ -2288,11 +2296,13 @@ pub(crate) fn work_stats(l: &mut crate::sock::Line) {
     let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
     let _ = write!(
         l,
-        "tcp_work_max_ms {}\nlink_work_max_ms {}\ntcp_work_passes {}\ntcp_read_waits {}\ntcp_write_waits {}\n",
+        "tcp_work_max_ms {}\nlink_work_max_ms {}\ntcp_work_passes {}\ntcp_read_waits {}\ntcp_write_waits {}\ntcp_tx_direct_bytes {}\ntcp_tx_queued_bytes {}\n",
         g(&TCP_WORK_MAX_MS),
         g(&LINK_WORK_MAX_MS),
         g(&TCP_WORK_PASSES),
         g(&TCP_READ_WAITS),
-        g(&TCP_WRITE_WAITS)
+        g(&TCP_WRITE_WAITS),
+        g(&TX_DIRECT_BYTES),
+        g(&TX_QUEUED_BYTES)
     );
 }
