@@ -63,9 +63,14 @@ domu_lines() { wc -l < "$(domu_log "$1")" 2>/dev/null || echo 0; }
 forward() {
   for _f in $(domu_logs "$1"); do forward_file "$1" "$_f" & done
 }
+# A forwarder that has passed a domU's @@EXIT line leaves
+# /tmp/forwarded-exit.NAME (dom0-init waits for it before the reboot).
 forward_file() {
   while [ ! -e "$2" ]; do usleep 200000; done
-  tail -n +1 -F "$2" 2>/dev/null | tr -d '\r' | while IFS= read -r l; do echo "$1| $l"; done
+  tail -n +1 -F "$2" 2>/dev/null | tr -d '\r' | while IFS= read -r l; do
+    echo "$1| $l"
+    case $l in @@EXIT*) : > "/tmp/forwarded-exit.$1" ;; esac
+  done
 }
 
 # mklink A B   stand in for the discovery agent: make domain A's link
