@@ -506,3 +506,48 @@ fn close_right_after_a_switch_to_a_ring_loses_nothing() {
     );
     closer.join().unwrap();
 }
+
+/// The peer closes first with the connection on TCP: what it wrote
+/// arrives, then the end of stream, and a write after that fails with
+/// `EPIPE` (or `ECONNRESET`, as TCP's after the peer's reset) rather than
+/// being taken forever. The kernel carrier's counterpart is
+/// kmod-migrate's close-first test.
+#[test]
+fn a_write_after_the_peer_closed_on_tcp_fails() {
+    let p = pair(&PairOptions {
+        on_ring: false,
+        ..PairOptions::default()
+    })
+    .unwrap();
+    let mut sum = FNV_START;
+    write_range(&p.a, 5, 0, 30_000, &mut sum);
+    p.a.shutdown_write().unwrap();
+    // The transport's close: linger, then drop the engine (legs closed).
+    let Pair {
+        a,
+        b,
+        la: _la,
+        lb: _lb,
+    } = p;
+    a.linger(Duration::from_secs(20));
+    drop(a);
+    assert_eq!(read_all(&b, 5), 30_000);
+    let give_up = std::time::Instant::now() + Duration::from_secs(30);
+    let err = loop {
+        match b.try_write(&[7u8; 4096]) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => break e,
+            Ok(_) => {}
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "writes still taken 30 s after the peer closed: {:?}",
+            b.status()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)),
+        "{err:?}"
+    );
+}
