@@ -34,6 +34,10 @@
  *   xstest_migrate dead-server PORT
  *   xstest_migrate dead-client PEER PORT
  *       the peer dies with the connection on TCP: see cmd_dead_server
+ *   xstest_migrate closefirst-server PORT
+ *   xstest_migrate closefirst-client PEER PORT
+ *       the server closes first with the connection on TCP: see
+ *       cmd_closefirst_client
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -926,6 +930,145 @@ static int cmd_dead_client(uint32_t peer, uint32_t port)
 	}
 }
 
+/* waits up to `secs` until the counter NAME is at most `most`; its last value */
+static long wait_stat_at_most(const char *name, long most, int secs)
+{
+	double end = now() + secs;
+	long v;
+
+	while ((v = stat_of(name)) > most && now() < end)
+		usleep(100000);
+	return v;
+}
+
+/* waits up to `secs` until this domain's connection is on carrier `want` */
+static int wait_carrier(const char *want, int secs)
+{
+	double end = now() + secs;
+	char c[32] = "?";
+	long t, r;
+
+	do {
+		if (proc_carrier(c, sizeof(c), &t, &r) == 0 && !strcmp(c, want))
+			return 1;
+		usleep(100000);
+	} while (now() < end);
+	return 0;
+}
+
+#define CF_BYTES (4 * MIB)
+#define CF_SEED 0x5eed0031
+
+/*
+ * closefirst-server: once the connection is on TCP, send CF_BYTES of the
+ * pattern and close at once (what is still queued must arrive); the
+ * socket must then be gone within 10 s.
+ */
+static int cmd_closefirst_server(uint32_t port)
+{
+	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = XEN_DOMID_ANY };
+	long base = stat_of("sockets");
+	int l = socket(fam, SOCK_STREAM, 0), c;
+	static uint8_t buf[65536];
+	uint64_t sent = 0;
+	char why[96] = "";
+
+	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 4)) {
+		result("cf-server-listen", 0, "%s", strerror(errno));
+		return 1;
+	}
+	c = accept(l, NULL, NULL);
+	result("cf-server-accept", c >= 0, c < 0 ? "%s" : NULL, strerror(errno));
+	close(l);
+	if (c < 0)
+		return 1;
+	result("cf-server-on-tcp", wait_carrier("tcp", 180), "the client has dom0 end the pair's link");
+	while (sent < CF_BYTES && !why[0]) {
+		ssize_t n;
+
+		for (size_t k = 0; k < sizeof(buf); k++)
+			buf[k] = pattern(sent + k, CF_SEED);
+		n = send(c, buf, sizeof(buf), MSG_NOSIGNAL);
+		if (n > 0)
+			sent += n;
+		else if (n < 0 && errno != EINTR)
+			snprintf(why, sizeof(why), "send: %s", strerror(errno));
+	}
+	result("cf-server-sent", sent == CF_BYTES, "%llu bytes%s%s", (unsigned long long)sent, why[0] ? ", " : "", why);
+	close(c);
+	long v = wait_stat_at_most("sockets", base, 10);
+
+	result("cf-server-socket-freed", v >= 0 && v <= base, "sockets %ld, %ld before the test", v, base);
+	return failures > 100 ? 100 : failures;
+}
+
+/*
+ * closefirst-client: connect, print "m-phase cf-ring-ok" on the ring (dom0
+ * ends the pair's link directories: the connection goes to TCP), then read
+ * the server's CF_BYTES up to its EOF, checked. The server closed first:
+ * its legs are gone, so a send must fail with EPIPE (or ECONNRESET, as
+ * TCP's after the peer's RST) within 10 s, and after our close the socket
+ * must be gone within 10 s (it held on for peer_lost_ms, 90 s here, before
+ * session 16). Then "m-phase cf-done" (dom0 links the pair again).
+ */
+static int cmd_closefirst_client(uint32_t peer, uint32_t port)
+{
+	long base = stat_of("sockets");
+	int c = connect_retry(peer, port);
+	static uint8_t buf[65536];
+	uint64_t got = 0, bad_at = UINT64_MAX;
+	double end;
+	char why[96] = "";
+	int err = 0;
+
+	result("cf-client-connect", c >= 0, c < 0 ? "%s" : NULL, strerror(errno));
+	if (c < 0)
+		return 1;
+	result("cf-client-ring-before", wait_carrier("ring-xen", 60), NULL);
+	printf("m-phase cf-ring-ok\n");
+	fflush(stdout);
+	result("cf-client-on-tcp", wait_carrier("tcp", 120), NULL);
+	end = now() + 180;
+	while (!why[0]) {
+		struct pollfd p = { .fd = c, .events = POLLIN };
+		ssize_t n;
+
+		if (now() > end) {
+			snprintf(why, sizeof(why), "no EOF within 180 s");
+			break;
+		}
+		if (poll(&p, 1, 1000) != 1)
+			continue;
+		n = recv(c, buf, sizeof(buf), MSG_DONTWAIT);
+		if (n > 0) {
+			for (ssize_t k = 0; k < n; k++)
+				if (bad_at == UINT64_MAX && buf[k] != pattern(got + k, CF_SEED))
+					bad_at = got + k;
+			got += n;
+		} else if (n == 0)
+			snprintf(why, sizeof(why), "EOF");
+		else if (errno != EAGAIN && errno != EINTR)
+			snprintf(why, sizeof(why), "recv: %s", strerror(errno));
+	}
+	result("cf-client-eof-intact", !strcmp(why, "EOF") && got == CF_BYTES && bad_at == UINT64_MAX,
+	       "%s after %llu bytes%s", why, (unsigned long long)got, bad_at == UINT64_MAX ? "" : ", corrupted");
+	for (end = now() + 10; !err && now() < end;) {
+		if (send(c, buf, sizeof(buf), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN && errno != EINTR)
+			err = errno;
+		else
+			usleep(100000);
+	}
+	result("cf-client-epipe", err == EPIPE || err == ECONNRESET, "send after the peer closed: %s",
+	       err ? strerror(err) : "no error within 10 s");
+	close(c);
+	long v = wait_stat_at_most("sockets", base, 10);
+
+	result("cf-client-socket-freed", v >= 0 && v <= base, "sockets %ld, %ld before the test", v, base);
+	printf("m-phase cf-done\n");
+	fflush(stdout);
+	return failures > 100 ? 100 : failures;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -950,6 +1093,10 @@ int main(int argc, char **argv)
 		return cmd_move_client(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0), argc == 5 ? argv[4] : "mv");
 	if (argc == 3 && !strcmp(argv[1], "dead-server"))
 		return cmd_dead_server(strtoul(argv[2], NULL, 0));
+	if (argc == 3 && !strcmp(argv[1], "closefirst-server"))
+		return cmd_closefirst_server(strtoul(argv[2], NULL, 0));
+	if (argc == 4 && !strcmp(argv[1], "closefirst-client"))
+		return cmd_closefirst_client(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0));
 	if (argc == 4 && !strcmp(argv[1], "dead-client"))
 		return cmd_dead_client(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0));
 	if (argc == 7 && !strcmp(argv[1], "client"))

@@ -9,6 +9,8 @@ MV_PORT=7301
 SV_PORT=7302
 # the death test (domu2 destroyed with the connection on TCP)
 DD_PORT=7303
+# the close-first test (the server closes first with the connection on TCP)
+CF_PORT=7304
 DD_BOUND_MS=8000
 # STREAM_MIB each way at once, a TCP leg opened at half of it
 STREAM_MIB=32

@@ -46,6 +46,19 @@ if wait_domu domu2 'm-phase save-now|^@@EXIT' 900 && ! wait_domu domu2 '^@@EXIT'
 else
   log "domu2 never asked for the save"
 fi
+# the close-first test: the pair ends under a connection (it goes to TCP),
+# the server closes first; linked again afterwards for the death test
+if wait_domu domu2 'm-phase cf-ring-ok|^@@EXIT' 600 && ! wait_domu domu2 '^@@EXIT' 0; then
+  check xs-pair-ended-cf pair_ended
+  if wait_domu domu2 'm-phase cf-done|^@@EXIT' 400 && ! wait_domu domu2 '^@@EXIT' 0; then
+    check xs-pair-again-cf pair_again
+    check xs-link-connected-cf wait_until 60 linked
+  else
+    log "domu2's close-first test never finished"
+  fi
+else
+  log "domu2's close-first test never reported the ring phase"
+fi
 # the death test: domu1 streams with domu2's victim; the pair ends (the
 # connection goes to TCP), then domu2 is destroyed: domu1's connection
 # must reset within its peer_lost_ms (a leg left unanswered)

@@ -8,6 +8,9 @@ mv_bound_on
 run_c c-move-server move-server $MV_PORT
 mv_bound_off
 run_c c-save-server move-server $SV_PORT sv
+# the close-first test: we close first with the connection on TCP (dom0
+# ends the pair's link when the client says so, and links it again after)
+run_c c-closefirst-server closefirst-server $CF_PORT
 dmesg | grep -E 'af_xen.*(connection|link)' | tail -n 40
 # without the test mode the trigger is refused (EPERM): reload plain, and
 # an unconnected socket's setsockopt must be EPERM before anything else
