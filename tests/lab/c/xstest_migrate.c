@@ -76,6 +76,22 @@ static uint8_t pattern(uint64_t i, uint32_t seed)
 	return (uint8_t)(x >> (8 * (i & 3)));
 }
 
+/* buf[0..n) = the stream bytes of direction seed from offset `from` */
+static void fill_pattern(uint8_t *buf, size_t n, uint64_t from, uint32_t seed)
+{
+	for (size_t k = 0; k < n; k++)
+		buf[k] = pattern(from + k, seed);
+}
+
+/* checks n received bytes at stream offset `at`: the first bad offset goes
+ * to *bad_at (left alone once set) */
+static void check_pattern(const uint8_t *buf, size_t n, uint64_t at, uint32_t seed, uint64_t *bad_at)
+{
+	for (size_t k = 0; k < n && *bad_at == UINT64_MAX; k++)
+		if (buf[k] != pattern(at + k, seed))
+			*bad_at = at + k;
+}
+
 /* /proc/net/af_xen_stats counter NAME, or -1 */
 static long stat_of(const char *name)
 {
@@ -149,8 +165,7 @@ static int stream(const char *name, int fd, uint64_t total, uint32_t txseed, uin
 			size_t n = total - sent < sizeof(buf) ? total - sent : sizeof(buf);
 			ssize_t w;
 
-			for (size_t k = 0; k < n; k++)
-				buf[k] = pattern(sent + k, txseed);
+			fill_pattern(buf, n, sent, txseed);
 			w = send(fd, buf, n, MSG_NOSIGNAL);
 			if (w < 0 && errno != EAGAIN) {
 				result(name, 0, "send: %s at %llu", strerror(errno), (unsigned long long)sent);
@@ -177,11 +192,10 @@ static int stream(const char *name, int fd, uint64_t total, uint32_t txseed, uin
 				result(name, 0, "recv: %s at %llu", strerror(errno), (unsigned long long)got);
 				return -1;
 			}
-			for (ssize_t k = 0; k < r; k++)
-				if (bad_at == UINT64_MAX && rb[k] != pattern(got + k, rxseed))
-					bad_at = got + k;
-			if (r > 0)
+			if (r > 0) {
+				check_pattern(rb, r, got, rxseed, &bad_at);
 				got += r;
+			}
 		}
 	}
 	if (bad_at != UINT64_MAX) {
@@ -610,8 +624,7 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 				if (page) {
 					uint8_t *edge = page + 4096 - 9;
 
-					for (size_t k = 0; k < 9; k++)
-						edge[k] = pattern(sent + k, txseed);
+					fill_pattern(edge, 9, sent, txseed);
 					w = send(fd, edge, 65536, MSG_NOSIGNAL);
 					if (w == 9) {
 						sent += 9;
@@ -631,8 +644,7 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 				struct timeval tv = { .tv_usec = 20000 };
 				double t = now();
 
-				for (size_t k = 0; k < sizeof(big); k++)
-					big[k] = pattern(sent + k, txseed);
+				fill_pattern(big, sizeof(big), sent, txseed);
 				setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 				fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
 				w = send(fd, big, sizeof(big), MSG_NOSIGNAL);
@@ -655,8 +667,7 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 				struct itimerval it = { .it_value = { .tv_usec = 20000 } };
 				double t = now();
 
-				for (size_t k = 0; k < sizeof(big); k++)
-					big[k] = pattern(sent + k, txseed);
+				fill_pattern(big, sizeof(big), sent, txseed);
 				sigaction(SIGALRM, &sa, NULL);
 				fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
 				setitimer(ITIMER_REAL, &it, NULL);
@@ -675,8 +686,7 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 					 took);
 			}
 
-			for (size_t k = 0; k < sizeof(buf); k++)
-				buf[k] = pattern(sent + k, txseed);
+			fill_pattern(buf, sizeof(buf), sent, txseed);
 			w = send(fd, buf, sizeof(buf), MSG_NOSIGNAL);
 			if (w < 0 && errno != EAGAIN) {
 				result(name, 0, "send: %s at %llu", strerror(errno), (unsigned long long)sent);
@@ -721,9 +731,7 @@ static int stream_open(const char *name, int fd, uint32_t txseed, uint32_t rxsee
 				show_proc();
 				return -1;
 			} else if (r > 0) {
-				for (ssize_t k = 0; k < r; k++)
-					if (bad_at == UINT64_MAX && rb[k] != pattern(got + k, rxseed))
-						bad_at = got + k;
+				check_pattern(rb, r, got, rxseed, &bad_at);
 				got += r;
 				progress = 1;
 			}
@@ -796,15 +804,16 @@ static int connect_retry(uint32_t peer, uint32_t port)
 	return -1;
 }
 
-/* one non-blocking send of the next 64 KiB of the pattern: send's result */
-static ssize_t send_pattern(int c, uint64_t *sent, uint32_t seed)
+/* one send of the next 64 KiB of the pattern (less where the stream ends
+ * at `end`; UINT64_MAX: endless): send's result */
+static ssize_t send_pattern(int c, uint64_t *sent, uint32_t seed, uint64_t end)
 {
 	static uint8_t buf[65536];
+	size_t len = end - *sent < sizeof(buf) ? end - *sent : sizeof(buf);
 	ssize_t n;
 
-	for (size_t k = 0; k < sizeof(buf); k++)
-		buf[k] = pattern(*sent + k, seed);
-	n = send(c, buf, sizeof(buf), MSG_NOSIGNAL);
+	fill_pattern(buf, len, *sent, seed);
+	n = send(c, buf, len, MSG_NOSIGNAL);
 	if (n > 0)
 		*sent += n;
 	return n;
@@ -867,14 +876,12 @@ static int cmd_dead_server(uint32_t port)
 		ssize_t n;
 
 		poll(&p, 1, 200);
-		if ((p.revents & POLLOUT) && send_pattern(c, &sent, 0x5eed0021) < 0 && errno != EAGAIN)
+		if ((p.revents & POLLOUT) && send_pattern(c, &sent, 0x5eed0021, UINT64_MAX) < 0 && errno != EAGAIN)
 			snprintf(why, sizeof(why), "send: %s", strerror(errno));
 		if (!why[0] && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
 			n = recv(c, rb, sizeof(rb), 0);
 			if (n > 0) {
-				for (ssize_t k = 0; k < n; k++)
-					if (bad_at == UINT64_MAX && rb[k] != pattern(got + k, 0x5eed0022))
-						bad_at = got + k;
+				check_pattern(rb, n, got, 0x5eed0022, &bad_at);
 				got += n;
 			} else if (n == 0)
 				snprintf(why, sizeof(why), "EOF");
@@ -921,7 +928,7 @@ static int cmd_dead_client(uint32_t peer, uint32_t port)
 
 		poll(&p, 1, 200);
 		if (p.revents & POLLOUT)
-			send_pattern(c, &sent, 0x5eed0022);
+			send_pattern(c, &sent, 0x5eed0022, UINT64_MAX);
 		if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
 			n = recv(c, rb, sizeof(rb), 0);
 			if (n == 0 || (n < 0 && errno != EAGAIN))
@@ -969,7 +976,6 @@ static int cmd_closefirst_server(uint32_t port)
 	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = XEN_DOMID_ANY };
 	long base = stat_of("sockets");
 	int l = socket(fam, SOCK_STREAM, 0), c;
-	static uint8_t buf[65536];
 	uint64_t sent = 0;
 	char why[96] = "";
 
@@ -983,17 +989,9 @@ static int cmd_closefirst_server(uint32_t port)
 	if (c < 0)
 		return 1;
 	result("cf-server-on-tcp", wait_carrier("tcp", 180), "the client has dom0 end the pair's link");
-	while (sent < CF_BYTES && !why[0]) {
-		ssize_t n;
-
-		for (size_t k = 0; k < sizeof(buf); k++)
-			buf[k] = pattern(sent + k, CF_SEED);
-		n = send(c, buf, sizeof(buf), MSG_NOSIGNAL);
-		if (n > 0)
-			sent += n;
-		else if (n < 0 && errno != EINTR)
+	while (sent < CF_BYTES && !why[0])
+		if (send_pattern(c, &sent, CF_SEED, CF_BYTES) < 0 && errno != EINTR)
 			snprintf(why, sizeof(why), "send: %s", strerror(errno));
-	}
 	result("cf-server-sent", sent == CF_BYTES, "%llu bytes%s%s", (unsigned long long)sent, why[0] ? ", " : "", why);
 	close(c);
 	long v = wait_stat_at_most("sockets", base, 10);
@@ -1041,9 +1039,7 @@ static int cmd_closefirst_client(uint32_t peer, uint32_t port)
 			continue;
 		n = recv(c, buf, sizeof(buf), MSG_DONTWAIT);
 		if (n > 0) {
-			for (ssize_t k = 0; k < n; k++)
-				if (bad_at == UINT64_MAX && buf[k] != pattern(got + k, CF_SEED))
-					bad_at = got + k;
+			check_pattern(buf, n, got, CF_SEED, &bad_at);
 			got += n;
 		} else if (n == 0)
 			snprintf(why, sizeof(why), "EOF");
