@@ -154,7 +154,7 @@ fi
 # data-path sums count ring work only)
 cat /proc/net/af_xen_stats | paste -d' ' /tmp/stats-before-carrier - |
   awk '$1 == $3 && $4 != $2 { printf "  carrier phase: %s %+d\n", $1, $4 - $2 }'
-check afxen-tcp-carrier-sockets-freed af_sockets_back_to "$(awk '$1 == "sockets" { print $2 }' /tmp/stats-before-carrier)"
+check afxen-tcp-carrier-sockets-freed af_sockets_back_to "$(af_sockets /tmp/stats-before-carrier)"
 fi # phase tcp-carrier
 cat /proc/net/af_xen /proc/net/af_xen_stats
 check afxen-dmesg-clean sh -c '! dmesg | grep -E "BUG|Oops|WARNING|general protection|refcount_t"'

@@ -117,7 +117,7 @@ perf_report() {
 # socket only while it still has something to send on its TCP leg, well
 # under the phase's peer_lost_ms (until session 16 a connection whose peer
 # closed first held an unsendable Fin until that bound)
-af_sockets() { awk '$1 == "sockets" { print $2 }' /proc/net/af_xen_stats; }
+af_sockets() { awk '$1 == "sockets" { print $2 }' "${1:-/proc/net/af_xen_stats}"; } # [STATS_FILE]
 af_sockets_at_most() { [ "$(af_sockets)" -le "$1" ]; }
 af_sockets_back_to() {
   wait_until 10 af_sockets_at_most "$1" && return 0
