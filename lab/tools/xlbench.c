@@ -75,6 +75,12 @@
  * switches for the stream, and the xen transport where the kernel time
  * went (copies, ring waits, notifications, interrupt handler).
  *   xlbench xsread <path> [timeout-s]  (wait for a xenstore node, print it)
+ *   xlbench domcpu <path>          (dom0: each domain's CPU time, from Xen,
+ *          summed per value of the xenstore node <path> while it holds it,
+ *          until it reads "done"; see domcpu())
+ * XLBENCH_ROW_NODE=<path> (paired client): write each segment's row label
+ * to that xenstore node before the segment (and "gap" after the round's
+ * streams), for `xlbench domcpu` in dom0.
  *   xlbench calib                  (memcpy, memcmp, system call and pipe
  *                                   costs in this domain)
  *
@@ -98,7 +104,10 @@
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
+/* xenctrl.h's domctl interface is the toolstack's (before any Xen header) */
+#define __XEN_TOOLS__ 1
 #include <libxenvchan.h>
+#include <xenctrl.h>
 #include <xenstore.h>
 #if __has_include("xensock.h")
 #include "xensock.h"
@@ -711,6 +720,109 @@ static int xsread(const char *path, int timeout)
 	return 0;
 }
 
+/* Per-domain CPU time as Xen counts it (ns, every vCPU, no steal): what
+ * dom0's netback spends on a row as well as what the two domUs spend,
+ * which neither domU can see. Watches the xenstore node <path>; each new
+ * value starts a span that ends at the next one; the CPU time and wall
+ * time of each domain over all spans of one value are summed. At "done"
+ * prints one line per value: spans, wall ms, and each domain's CPU ms
+ * (total and per span). */
+#define DOMCPU_LABELS 16
+#define DOMCPU_DOMS 8
+struct domcpu_label {
+	char name[64];
+	int spans;
+	double wall;
+	double cpu[DOMCPU_DOMS];
+};
+
+static int domcpu_sample(xc_interface *xc, double *cpu_ns, int *domids)
+{
+	xc_domaininfo_t info[DOMCPU_DOMS];
+	int n = xc_domain_getinfolist(xc, 0, DOMCPU_DOMS, info);
+
+	for (int i = 0; i < n; i++) {
+		domids[i] = info[i].domain;
+		cpu_ns[i] = (double)info[i].cpu_time;
+	}
+	return n;
+}
+
+static int domcpu(const char *path)
+{
+	struct xs_handle *xs = xs_open(0);
+	xc_interface *xc = xc_interface_open(NULL, NULL, 0);
+	struct domcpu_label labels[DOMCPU_LABELS];
+	int nlabels = 0, cur = -1, ndom = 0, domids[DOMCPU_DOMS];
+	double prev_cpu[DOMCPU_DOMS], prev_t = 0;
+
+	if (!xs || !xc)
+		die("xs_open / xc_interface_open");
+	if (!xs_watch(xs, path, "domcpu"))
+		die("xs_watch");
+	printf("xlbench domcpu: watching %s\n", path);
+	for (;;) {
+		unsigned int n, len;
+		char **ev = xs_read_watch(xs, &n);
+		char *v;
+		double cpu[DOMCPU_DOMS], t;
+		int ids[DOMCPU_DOMS], nd;
+
+		if (!ev)
+			die("xs_read_watch");
+		free(ev);
+		v = xs_read(xs, XBT_NULL, path, &len);
+		if (!v)
+			continue;
+		if (cur >= 0 && !strcmp(v, labels[cur].name)) {
+			free(v);
+			continue;
+		}
+		t = now();
+		nd = domcpu_sample(xc, cpu, ids);
+		if (nd < 0)
+			die("xc_domain_getinfolist");
+		/* the span that ends here, if the same domains were there at its start */
+		if (cur >= 0 && nd == ndom && !memcmp(ids, domids, sizeof(int) * nd)) {
+			labels[cur].spans++;
+			labels[cur].wall += t - prev_t;
+			for (int i = 0; i < nd; i++)
+				labels[cur].cpu[i] += cpu[i] - prev_cpu[i];
+		}
+		ndom = nd;
+		memcpy(domids, ids, sizeof(int) * nd);
+		memcpy(prev_cpu, cpu, sizeof(double) * nd);
+		prev_t = t;
+		if (!strcmp(v, "done")) {
+			free(v);
+			break;
+		}
+		cur = -1;
+		for (int i = 0; i < nlabels; i++)
+			if (!strncmp(labels[i].name, v, sizeof(labels[i].name) - 1))
+				cur = i;
+		if (cur < 0 && nlabels < DOMCPU_LABELS) {
+			cur = nlabels++;
+			memset(&labels[cur], 0, sizeof(labels[cur]));
+			snprintf(labels[cur].name, sizeof(labels[cur].name), "%s", v);
+		}
+		free(v);
+	}
+	for (int l = 0; l < nlabels; l++) {
+		struct domcpu_label *b = &labels[l];
+
+		if (!b->spans)
+			continue;
+		printf("xlbench domcpu %s: %d spans, wall %.0f ms", b->name, b->spans, b->wall * 1e3);
+		for (int i = 0; i < ndom; i++)
+			printf(", dom%d %.0f ms (%.1f per span)", domids[i], b->cpu[i] / 1e6, b->cpu[i] / 1e6 / b->spans);
+		printf("\n");
+	}
+	xc_interface_close(xc);
+	xs_close(xs);
+	return 0;
+}
+
 /* XLBENCH_BUF: both buffer sizes, before listen/connect (see the top) */
 static void set_bufs(int fd, const char *side)
 {
@@ -998,6 +1110,12 @@ static int paired_main(int argc, char **argv)
 	printf("xlbench paired client: round %ld, the kernel carrier and TCP in turns of %llu bytes, %s first\n", round,
 	       (unsigned long long)seg, rows[round % 2 ? 0 : 1].label);
 	afx_stats(ctr);
+	/* XLBENCH_ROW_NODE: the row of each segment, for xlbench domcpu in dom0 */
+	const char *row_node = getenv("XLBENCH_ROW_NODE");
+	struct xs_handle *xs = row_node && *row_node ? xs_open(0) : NULL;
+
+	if (row_node && *row_node && !xs)
+		die("xs_open (XLBENCH_ROW_NODE)");
 	for (long turn = 0; rows[0].pos < total || rows[1].pos < total; turn++) {
 		for (int k = 0; k < 2; k++) {
 			struct paired_row *r = &rows[(round + turn) % 2 ? k : 1 - k];
@@ -1008,6 +1126,8 @@ static int paired_main(int argc, char **argv)
 			if (!len)
 				continue;
 			transport = r->label;
+			if (xs && !xs_write(xs, XBT_NULL, row_node, r->label, strlen(r->label)))
+				die("xs_write (XLBENCH_ROW_NODE)");
 			usage_now(&a);
 			t0 = now();
 			r->bad |= drive_segment(&r->c, &r->pos, len);
@@ -1018,6 +1138,11 @@ static int paired_main(int argc, char **argv)
 			window_print("client", "stream", t0, t1);
 			segment_print("client", (int)turn + 1, &a, &b, t0, t1);
 		}
+	}
+	if (xs) {
+		if (!xs_write(xs, XBT_NULL, row_node, "gap", 3))
+			die("xs_write (XLBENCH_ROW_NODE)");
+		xs_close(xs);
 	}
 	/* the carrier row counts only if it went over TCP from start to end */
 	transport = carrier->label;
@@ -1176,6 +1301,8 @@ int main(int argc, char **argv)
 		return calib();
 	if (argc >= 3 && !strcmp(argv[1], "xsread"))
 		return xsread(argv[2], argc > 3 ? atoi(argv[3]) : 0);
+	if (argc == 3 && !strcmp(argv[1], "domcpu"))
+		return domcpu(argv[2]);
 	if (argc >= 3) {
 		transport = getenv("XLBENCH_LABEL") ? getenv("XLBENCH_LABEL") : argv[1];
 		nocheck = getenv("XLBENCH_NOCHECK") && atoi(getenv("XLBENCH_NOCHECK")) != 0;
@@ -1210,6 +1337,6 @@ int main(int argc, char **argv)
 		"       xlbench xen server <port> <MiB> <N>   (built with xensock.h)\n"
 		"       xlbench xen client <server-domid> <port> <MiB> <N> [timeout-s]\n"
 		"       xlbench paired client <ip> <tcp-port> <server-domid> <xen-port> <MiB> <N> <round> [timeout-s]\n"
-		"       xlbench domid | xsread <path> [timeout-s]\n");
+		"       xlbench domid | xsread <path> [timeout-s] | domcpu <path>\n");
 	return 2;
 }

@@ -23,6 +23,24 @@ linked() {
   test "$(xenstore-read /local/domain/$D2/data/xensock/link/$D1/state 2>/dev/null)" = 4
 }
 links_ok=0
+# BENCH_DOMCPU (params.sh): each domain's CPU time per row of the phase
+# and where dom0's own time goes over the phase: its /proc/stat and the
+# processes and kernel threads (netback's among them) that took the most
+DOMCPU_PID=
+# proc_ticks FILE: "pid name ticks" of every task now: user + system time,
+# its own and its reaped children's (the scripts' short-lived polls count
+# in the shell that ran them)
+proc_ticks() {
+  for _s in /proc/[0-9]*/stat; do
+    awk '{ n = $2; i = 3; while (n !~ /\)$/) n = n " " $(i++); print $1, n, $(i + 11) + $(i + 12) + $(i + 13) + $(i + 14) }' "$_s" 2> /dev/null
+  done > "$1"
+}
+if phase tcp-carrier && [ -n "$BENCH_DOMCPU" ]; then
+  xlbench domcpu "/local/domain/$D2/data/bench-row" > /tmp/domcpu.txt 2>&1 &
+  DOMCPU_PID=$!
+  proc_ticks /tmp/ticks-before; head -n 1 /proc/stat > /tmp/stat-before
+  wc -l < /var/log/xen/xenstored-trace.log > /tmp/xstrace-before 2> /dev/null || echo 0 > /tmp/xstrace-before
+fi
 phase tcp-carrier &&
 for ROUND in $(seq "$BENCH_REPS"); do
   # (each wait also ends when domu2's script ended without getting there)
@@ -39,6 +57,27 @@ for ROUND in $(seq "$BENCH_REPS"); do
   log "tcpc-$ROUND: linked again (rc $links_ok so far)"
   xenstore-write "/local/domain/$D1/data/tcpc-linked-$ROUND" 1 "/local/domain/$D2/data/tcpc-linked-$ROUND" 1
 done
+if [ -n "$DOMCPU_PID" ]; then
+  # domu2 writes "done" after its last round; a watcher still there 60 s on
+  # never heard it
+  wait_until 60 sh -c "! kill -0 $DOMCPU_PID 2> /dev/null" || kill "$DOMCPU_PID" 2> /dev/null
+  sed 's/^/  /' /tmp/domcpu.txt
+  proc_ticks /tmp/ticks-after
+  log "dom0 over the phase (ticks of 10 ms): $(head -n 1 /proc/stat | awk -v b="$(cat /tmp/stat-before)" '
+    { split(b, o, " "); split("user nice system idle iowait irq softirq steal", k, " ")
+      for (i = 1; i <= 8; i++) printf "%s %d ", k[i], $(i + 1) - o[i + 1] }')"
+  awk 'NR == FNR { t[$1] = $NF; next }
+    { d = $NF - (($1 in t) ? t[$1] : 0); if (d > 0) { $NF = ""; print d, $0 } }' \
+    /tmp/ticks-before /tmp/ticks-after | sort -rn | head -n 15 | sed 's/^/  dom0 task ticks: /'
+  # xenstored's requests over the phase (its trace, with LAB_XS_TRACE=1):
+  # by connection, request and path with the numbers taken out
+  if [ -f /var/log/xen/xenstored-trace.log ]; then
+    tail -n +"$(( $(cat /tmp/xstrace-before) + 1 ))" /var/log/xen/xenstored-trace.log |
+      awk '$1 == "IN" { p = $6; sub(/^\(/, "", p); gsub(/[0-9]+/, "N", p); n[$2 " " $5 " " p]++; all++ }
+        END { for (k in n) print n[k], k; print all + 0, "requests in all" }' |
+      sort -rn | head -n 20 | sed 's/^/  xenstored requests: /'
+  fi
+fi
 if ! phase tcp-carrier; then :
 elif [ $links_ok = 0 ]; then result tcp-carrier-links PASS
 else result tcp-carrier-links FAIL "a round's link directories were not removed and made again"; fi

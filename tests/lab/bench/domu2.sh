@@ -116,6 +116,7 @@ for ROUND in $(seq "$BENCH_REPS"); do
     # one client, both rows: its exit status is the pair's (the rows' own
     # verdicts are their metrics, below)
     run_client tcp-carrier-paired-client env XLBENCH_SWITCH_NOTE=tcpc-$ROUND XLBENCH_SEGMENTS=4 \
+      XLBENCH_ROW_NODE=${BENCH_DOMCPU:+data/bench-row} \
       timeout 300 xlbench-xs paired client "$LAB_NET_DOMU1" 7002 "$PEER" 7371 "$BENCH_MIB" "$BENCH_PINGS" "$ROUND" 120
     tcp_delta "paired round $ROUND (sender, both rows)" /tmp/tcp-counters
   else
@@ -130,6 +131,8 @@ for ROUND in $(seq "$BENCH_REPS"); do
   log "switch-note tcpc-$ROUND end"
   xlbench xsread data/tcpc-linked-$ROUND 120 > /dev/null || log "tcpc-$ROUND: no links from dom0 after 120 s"
 done
+# (BENCH_DOMCPU: dom0's `xlbench domcpu` prints its sums now)
+[ -z "$BENCH_DOMCPU" ] || xenstore-write data/bench-row done
 perf_report tcpc-client \
   "tcp-same-phase client" "$(perf_windows /tmp/clients.log 'xlbench tcp-same-phase client stream')" \
   "afxen-tcp-carrier client" "$(perf_windows /tmp/clients.log 'xlbench afxen-tcp-carrier client stream')"

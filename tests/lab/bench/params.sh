@@ -24,6 +24,11 @@ BENCH_TCPC=user-tcpc-paired
 # by side, their streams sent in turns of a quarter, A-B-B-A) or rows (one
 # whole stream per row, one client after the other, as before)
 BENCH_KTCPC=paired
+# BENCH_DOMCPU=1 (paired mode): dom0 sums every domain's CPU time as Xen
+# counts it per row of the kernel carrier phase (`xlbench domcpu`; the
+# paired client names each segment's row in domu2's data/bench-row): what
+# dom0's netback spends on each row, which neither domU sees
+BENCH_DOMCPU=
 [ -f /opt/xensock/bench.env ] && . /opt/xensock/bench.env
 # the client's limit for the user-space carrier phase (the server's is 100 s
 # more): a round is ~6 s plus ~1.5 s per 100 round trips per row
