@@ -22,11 +22,22 @@ check() {
   else _rc=$?; echo "$_out" | tail -n 15 | sed "s/^/  [$_name] /"; result "$_name" FAIL "rc=$_rc"; fi
 }
 
+# lab_sleep SECONDS (fractions too): a sleep that starts no process, a
+# builtin read timing out on a FIFO that nobody writes. Busybox's usleep
+# and sleep are a fork and an exec each, which under TCG cost a PV guest
+# milliseconds: dom0's polls below (several a second, for the whole run)
+# took about a third of a CPU from the domUs being measured
+# (bench-20261127-115824, docs/lab.md "Session 17").
+lab_sleep() {
+  [ -p /tmp/lab-never ] || mkfifo /tmp/lab-never 2>/dev/null
+  read -r -t "$1" _lab_sleep <> /tmp/lab-never || :
+}
+
 # wait_until TIMEOUT_S CMD...   retry CMD every 0.5 s until it succeeds.
 wait_until() {
   _t=$(( $1 * 2 )); shift
   while ! "$@" >/dev/null 2>&1; do
-    _t=$((_t - 1)); [ $_t -gt 0 ] || return 1; usleep 500000
+    _t=$((_t - 1)); [ $_t -gt 0 ] || return 1; lab_sleep 0.5
   done
 }
 
@@ -45,12 +56,22 @@ LAB_NET_DOMU2=10.0.0.12
 # writing that file after the rename, so a domU's console is both files.
 domu_log() { echo "/var/log/xen/console/guest-$1.log"; }
 domu_logs() { echo "/var/log/xen/console/guest-$1.log /var/log/xen/console/guest-$1--incoming.log"; }
-# wait_domu NAME REGEX TIMEOUT_S   wait until the domU's console shows REGEX
+# wait_domu NAME REGEX TIMEOUT_S   wait until the domU's console shows REGEX.
+# Each look is one grep (~30 ms of dom0's CPU under TCG: a fork and exec
+# of busybox; with cat, a subshell and usleep it was ~75 ms): every 0.2 s
+# for the first 2 s, every 0.5 s to 10 s, then every second, so that a
+# wait across a whole benchmark round does not take the CPU the round's
+# domUs are measured on (docs/lab.md "Session 17").
 wait_domu() {
-  _t=$(( $3 * 5 ))
-  # shellcheck disable=SC2046
-  while ! cat $(domu_logs "$1") 2>/dev/null | grep -qE "$2"; do
-    _t=$((_t - 1)); [ $_t -gt 0 ] || return 1; usleep 200000
+  _left=$(( $3 * 10 )) _waited=0
+  _logs="/var/log/xen/console/guest-$1.log /var/log/xen/console/guest-$1--incoming.log"
+  # shellcheck disable=SC2086
+  while ! grep -qsE "$2" $_logs; do
+    [ $_left -gt 0 ] || return 1
+    if [ $_waited -lt 20 ]; then _step=2; lab_sleep 0.2
+    elif [ $_waited -lt 100 ]; then _step=5; lab_sleep 0.5
+    else _step=10; lab_sleep 1; fi
+    _left=$((_left - _step)) _waited=$((_waited + _step))
   done
 }
 # lines of the domU console log (for "did anything new appear since X")
@@ -65,12 +86,14 @@ forward() {
 }
 # A forwarder that has passed a domU's @@EXIT line leaves
 # /tmp/forwarded-exit.NAME (dom0-init waits for it before the reboot).
+# awk, not a shell loop: ash's `read` takes a line one byte, one system
+# call, at a time, which in dom0 under TCG was milliseconds per line of
+# every domU's console (lab_sleep has the measurement).
 forward_file() {
-  while [ ! -e "$2" ]; do usleep 200000; done
-  tail -n +1 -F "$2" 2>/dev/null | tr -d '\r' | while IFS= read -r l; do
-    echo "$1| $l"
-    case $l in @@EXIT*) : > "/tmp/forwarded-exit.$1" ;; esac
-  done
+  while [ ! -e "$2" ]; do lab_sleep 0.5; done
+  tail -n +1 -F "$2" 2>/dev/null | awk -v name="$1" -v mark="/tmp/forwarded-exit.$1" '
+    { gsub(/\r/, ""); print name "| " $0; fflush() }
+    /^@@EXIT/ { printf "" > mark; close(mark) }'
 }
 
 # mklink A B   stand in for the discovery agent: make domain A's link

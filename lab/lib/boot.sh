@@ -47,6 +47,14 @@ progress_filter() {
   grep -aE '@@(PHASE|READY|RESULT|METRIC|EXIT|DONE)|\(XEN\) Xen version|Kernel panic|BUG:|Oops|Panic on CPU|FATAL|xl create|created \(domid' || true
 }
 
+# xenstored's request trace in dom0 (dom0-init's lab_xstrace): costly under
+# TCG, so only for scenarios that read it (XS_TRACE=1 in their
+# scenario.conf) or on request (LAB_XS_TRACE=1 in the environment; 0: never)
+xs_trace_arg() {
+  [[ -n ${LAB_XS_TRACE:-${XS_TRACE:-}} && ${LAB_XS_TRACE:-1} != 0 ]] && echo " lab_xstrace=1"
+  return 0
+}
+
 # host_qemu_cmd HOST [interactive]: sets QEMU_CMD (array) and QEMU_MEM for HOST.
 host_qemu_cmd() {
   local h=$1 interactive=${2:-} sfx; sfx=$(host_sfx "$h")
@@ -59,7 +67,7 @@ host_qemu_cmd() {
   QEMU_MEM=$(( dom0_mem + ndomus * DOMU_MEM + spare + 512 ))
   local xencmd="console=com1 com1=115200,8n1 dom0_mem=${dom0_mem}M,max:${dom0_mem}M dom0_max_vcpus=2 bootscrub=0 console_timestamps=boot loglvl=${XEN_LOGLVL:-warning} guest_loglvl=${XEN_LOGLVL:-warning}"
   ((HOSTS > 1)) && uplink=" lab_uplink=1"
-  local dom0cmd="console=hvc0 earlyprintk=xen loglevel=${GUEST_LOGLEVEL:-4} rdinit=/init lab_name=$name lab_dom0_ip=$dom0_ip lab_domus=$domus lab_domu_mem=$DOMU_MEM lab_timeout=$GUEST_TIMEOUT$uplink${interactive:+ lab_shell=1}"
+  local dom0cmd="console=hvc0 earlyprintk=xen loglevel=${GUEST_LOGLEVEL:-4} rdinit=/init lab_name=$name lab_dom0_ip=$dom0_ip lab_domus=$domus lab_domu_mem=$DOMU_MEM lab_timeout=$GUEST_TIMEOUT$uplink${interactive:+ lab_shell=1}$(xs_trace_arg)"
   QEMU_CMD=(qemu-system-x86_64 -machine q35 -accel tcg -cpu qemu64,+svm,+npt
     -m "$QEMU_MEM" -smp 2 -nodefaults -display none -monitor none -serial stdio -no-reboot
     -pidfile "$RUN/qemu$sfx.pid"

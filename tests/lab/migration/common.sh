@@ -177,7 +177,7 @@ churn_cycles() {
         if [ "$_same" = 2 ]; then
           echo "kt bytes_in $_in still: stacks"; rm -f /tmp/kt-churn.stacks; stream_stacks kt-churn
         fi
-        usleep 500000
+        lab_sleep 0.5
       done > /tmp/churn-sample.log 2>&1 ) &
     _sampler=$!
   fi
@@ -230,7 +230,7 @@ churn_wait() {
   while [ $_w -lt 1500 ]; do
     [ "$(xenstore-read data/lab/churn 2>/dev/null)" = "$1" ] && { echo go; return 0; }
     xenstore-read data/lab/churn-end >/dev/null 2>&1 && { echo end; return 0; }
-    usleep 200000; _w=$((_w + 1))
+    lab_sleep 0.2; _w=$((_w + 1))
   done
   return 1
 }

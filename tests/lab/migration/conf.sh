@@ -6,6 +6,9 @@
 # with the user-space stack's hook in both; MIG_RATE sets the streams'
 # KiB/s). The guest scripts are this directory's (SCENARIO_INCLUDE).
 SCENARIO_INCLUDE=migration
+# xenstored's request trace, for dom0.sh's reports on a move that failed
+# (xs_start_failures, move_failed_report); off elsewhere (lab/lib/boot.sh)
+XS_TRACE=1
 BOOT_TIMEOUT=${BOOT_TIMEOUT_MIG:-2400}
 GUEST_TIMEOUT=2200
 DOMU_MEM=192

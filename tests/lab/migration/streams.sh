@@ -173,7 +173,7 @@ carrier_wait() {
     case $CARRIER_SEEN in '?nocol'|'?noconn') return 1 ;; esac
     stream_alive "$1" || return 1
     _t=$((_t + 1)); [ $_t -gt "$4" ] && return 1
-    usleep 100000
+    lab_sleep 0.1
   done
 }
 # carrier_is NAME PORT REGEX CHECK: wait until the carrier matches REGEX

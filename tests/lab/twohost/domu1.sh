@@ -28,7 +28,7 @@ produce() {
   while [ $i -lt 16000 ]; do
     i=$((i + 1)); printf 'seq %06d %s\n' $i "$PAD"
     if [ $((i % 10)) -eq 0 ] && xenstore-read data/lab-stop >/dev/null 2>&1; then break; fi
-    usleep 100000
+    lab_sleep 0.1
   done
 }
 stamp() { while IFS= read -r l; do echo "$(cut -d' ' -f1 /proc/uptime) $l"; done; }
