@@ -132,6 +132,9 @@ pub(crate) mod counters {
     /// of a frame, or was not up): the second copy the writer pays
     pub(crate) static TX_DIRECT_BYTES: AtomicI64 = AtomicI64::new(0);
     pub(crate) static TX_QUEUED_BYTES: AtomicI64 = AtomicI64::new(0);
+    /// the application's sendmsg/recvmsg steps on TCP (`send`, `recv`)
+    pub(crate) static SEND_STEPS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static RECV_STEPS: AtomicI64 = AtomicI64::new(0);
 }
 
 /// Records a work item's pass of `ms` milliseconds in `max`.
@@ -934,6 +937,7 @@ pub(crate) enum Write {
 /// (a blocking writer; `writer_gone` if it leaves instead), so it flushes
 /// what is queued and the leg's drains need not run the work item.
 pub(crate) fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, waits: bool) -> Write {
+    inc(&counters::SEND_STEPS, 1);
     let mut t = sw.tx.lock();
     t.writer_waits = false;
     let Some(res) = send_locked(xs, &mut t, msg, left) else {
@@ -1155,6 +1159,7 @@ pub(crate) enum Read {
 
 /// One step of `recvmsg` on TCP: bytes taken off TCP come before the ring.
 pub(crate) fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: bool) -> Read {
+    inc(&counters::RECV_STEPS, 1);
     let mut r = sw.rx.lock();
     let pending = r.buf.as_ref().map(|b| b.len()).unwrap_or(0);
     if pending == 0 {
@@ -2285,6 +2290,24 @@ pub(crate) fn peer_stats(l: &mut crate::sock::Line) {
         g(&PEERS_PROVED),
         g(&PEERS_FOLLOWED),
         g(&LEG_KICKS)
+    );
+}
+
+/// /proc/net/af_xen_stats lines of the application's calls on TCP and of
+/// the calls they and the work item made into the legs (a `Line` of its own).
+pub(crate) fn call_stats(l: &mut crate::sock::Line) {
+    use core::fmt::Write;
+    use counters::*;
+    use sys_net::leg_calls;
+    let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
+    let _ = write!(
+        l,
+        "tcp_send_steps {}\ntcp_recv_steps {}\ntcp_leg_sends {}\ntcp_leg_recvs {}\ntcp_leg_walks {}\n",
+        g(&SEND_STEPS),
+        g(&RECV_STEPS),
+        leg_calls::get(&leg_calls::SENDS),
+        leg_calls::get(&leg_calls::RECVS),
+        leg_calls::get(&leg_calls::WALKS)
     );
 }
 

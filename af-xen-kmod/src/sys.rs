@@ -270,6 +270,9 @@ unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
     let mut w = crate::sock::Line::new();
     crate::carrier::work_stats(&mut w);
     Seq(m).write(w.bytes());
+    let mut w = crate::sock::Line::new();
+    crate::carrier::call_stats(&mut w);
+    Seq(m).write(w.bytes());
     0
 }
 
