@@ -27,7 +27,7 @@ check() {
 # and sleep are a fork and an exec each, which under TCG cost a PV guest
 # milliseconds: dom0's polls below (several a second, for the whole run)
 # took about a third of a CPU from the domUs being measured
-# (bench-20261127-115824, docs/lab.md "Session 17").
+# (bench-20261127-115835, docs/lab.md "Session 17").
 lab_sleep() {
   [ -p /tmp/lab-never ] || mkfifo /tmp/lab-never 2>/dev/null
   read -r -t "$1" _lab_sleep <> /tmp/lab-never || :

@@ -39,7 +39,7 @@ if phase tcp-carrier && [ -n "$BENCH_DOMCPU" ]; then
   xlbench domcpu "/local/domain/$D2/data/bench-row" > /tmp/domcpu.txt 2>&1 &
   DOMCPU_PID=$!
   proc_ticks /tmp/ticks-before; head -n 1 /proc/stat > /tmp/stat-before
-  wc -l < /var/log/xen/xenstored-trace.log > /tmp/xstrace-before 2> /dev/null || echo 0 > /tmp/xstrace-before
+  if [ -f /var/log/xen/xenstored-trace.log ]; then wc -l < /var/log/xen/xenstored-trace.log; else echo 0; fi > /tmp/xstrace-before
 fi
 phase tcp-carrier &&
 for ROUND in $(seq "$BENCH_REPS"); do
