@@ -78,11 +78,11 @@
  *   xlbench domcpu <path>          (dom0: each domain's CPU time, from Xen,
  *          summed per value of the xenstore node <path> while it holds it,
  *          until it reads "done"; see domcpu())
+ *   xlbench calib                  (memcpy, memcmp, system call and pipe
+ *                                   costs in this domain)
  * XLBENCH_ROW_NODE=<path> (paired client): write each segment's row label
  * to that xenstore node before the segment (and "gap" after the round's
  * streams), for `xlbench domcpu` in dom0.
- *   xlbench calib                  (memcpy, memcmp, system call and pipe
- *                                   costs in this domain)
  *
  * Exit status 0 only if every byte arrived intact (the stream carries a
  * position-dependent pattern that the receiver checks), or with
