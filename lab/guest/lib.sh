@@ -55,7 +55,9 @@ LAB_NET_DOMU2=10.0.0.12
 # domain received by `xl migrate` starts as "<name>--incoming" and keeps
 # writing that file after the rename, so a domU's console is both files.
 domu_log() { echo "/var/log/xen/console/guest-$1.log"; }
-domu_logs() { echo "/var/log/xen/console/guest-$1.log /var/log/xen/console/guest-$1--incoming.log"; }
+# (set_domu_logs NAME sets DOMU_LOGS without the subshell of $(domu_logs))
+set_domu_logs() { DOMU_LOGS="/var/log/xen/console/guest-$1.log /var/log/xen/console/guest-$1--incoming.log"; }
+domu_logs() { set_domu_logs "$1"; echo "$DOMU_LOGS"; }
 # wait_domu NAME REGEX TIMEOUT_S   wait until the domU's console shows REGEX.
 # Each look is one grep (~30 ms of dom0's CPU under TCG: a fork and exec
 # of busybox; with cat, a subshell and usleep it was ~75 ms): every 0.2 s
@@ -64,9 +66,9 @@ domu_logs() { echo "/var/log/xen/console/guest-$1.log /var/log/xen/console/guest
 # domUs are measured on (docs/lab.md "Session 17").
 wait_domu() {
   _left=$(( $3 * 10 )) _waited=0
-  _logs="/var/log/xen/console/guest-$1.log /var/log/xen/console/guest-$1--incoming.log"
+  set_domu_logs "$1"
   # shellcheck disable=SC2086
-  while ! grep -qsE "$2" $_logs; do
+  while ! grep -qsE "$2" $DOMU_LOGS; do
     [ $_left -gt 0 ] || return 1
     if [ $_waited -lt 20 ]; then _step=2; lab_sleep 0.2
     elif [ $_waited -lt 100 ]; then _step=5; lab_sleep 0.5
