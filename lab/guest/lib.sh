@@ -33,6 +33,37 @@ lab_sleep() {
   read -r -t "$1" _lab_sleep <> /tmp/lab-never || :
 }
 
+# stall_watch FILE SECS PROG...: run in the background until
+# /tmp/stall-watch.stop exists. Once FILE has not grown for SECS seconds,
+# print twice, 5 s apart, where PROGs' threads sleep (state, wchan, the
+# system call in progress: the lab kernel keeps no stacks), af_xen's
+# connections and counters and the TCP sockets' queues, then stop
+# watching: a stream that stands still says who waits for what. Costs a
+# `wc` every 5 s.
+stall_watch() {
+  _sw_file=$1 _sw_secs=$2; shift 2
+  _sw_last=-1 _sw_still=0
+  while [ ! -e /tmp/stall-watch.stop ]; do
+    lab_sleep 5
+    _sw_now=$(wc -c < "$_sw_file" 2>/dev/null || echo 0)
+    if [ "$_sw_now" != "$_sw_last" ]; then _sw_last=$_sw_now _sw_still=0; continue; fi
+    _sw_still=$((_sw_still + 5))
+    [ "$_sw_still" -ge "$_sw_secs" ] || continue
+    for _sw_look in 1 2; do
+      log "stall: $_sw_file unchanged for $_sw_still s (look $_sw_look of 2)"
+      for _sw_p in $(pidof "$@"); do
+        for _sw_t in /proc/"$_sw_p"/task/*; do
+          echo "  [stall] $(cat "$_sw_t/comm" 2>/dev/null) ${_sw_t#/proc/} state $(awk '{print $3}' "$_sw_t/stat" 2>/dev/null) wchan $(cat "$_sw_t/wchan" 2>/dev/null) syscall $(cut -d' ' -f1-4 "$_sw_t/syscall" 2>/dev/null)"
+        done
+      done
+      sed 's/^/  [stall] /' /proc/net/af_xen /proc/net/af_xen_stats /proc/net/tcp 2>/dev/null
+      lab_sleep 5
+      _sw_still=$((_sw_still + 5))
+    done
+    return 0
+  done
+}
+
 # wait_until TIMEOUT_S CMD...   retry CMD every 0.5 s until it succeeds.
 wait_until() {
   _t=$(( $1 * 2 )); shift

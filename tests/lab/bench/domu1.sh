@@ -102,8 +102,14 @@ serve_rounds /tmp/tcp-same.log 'env XLBENCH_SEGMENTS=$SEGS xlbench tcp server 70
 TCPSAME=$!
 serve_rounds /tmp/afxen-tcpc.log 'env XLBENCH_SEGMENTS=$SEGS XLBENCH_LABEL=afxen-tcp-carrier xlbench-xs xen server 7371 $BENCH_MIB $PINGS' &
 TCPC=$!
+# (a server writes its log when it ends: one per round, a few seconds each)
+rm -f /tmp/stall-watch.stop
+stall_watch /tmp/afxen-tcpc.log 40 xlbench-xs xlbench &
+STALL_WATCH=$!
 check_wait tcp-same-phase-server "$TCPSAME" /tmp/tcp-same.log
 check_wait afxen-tcp-carrier-server "$TCPC" /tmp/afxen-tcpc.log
+touch /tmp/stall-watch.stop
+wait "$STALL_WATCH"
 cat /tmp/tcp-same.log /tmp/afxen-tcpc.log
 # (paired: each server's segments, when the other row's server is idle)
 WIN=stream; [ "$SEGS" -gt 1 ] && WIN=segment

@@ -110,6 +110,10 @@ echo 30000 > /sys/module/af_xen/parameters/peer_lost_ms
 cat /proc/net/af_xen_stats > /tmp/stats-before-carrier
 FAILED=
 perf_start tcpc-client
+# a round that stands still (once: 300 s until its timeout) shows why
+rm -f /tmp/stall-watch.stop
+stall_watch /tmp/clients.log 40 xlbench-xs xlbench &
+STALL_WATCH=$!
 for ROUND in $(seq "$BENCH_REPS"); do
   tcp_snap /tmp/tcp-counters
   if [ "$BENCH_KTCPC" = paired ]; then
@@ -133,6 +137,8 @@ for ROUND in $(seq "$BENCH_REPS"); do
 done
 # (BENCH_DOMCPU: dom0's `xlbench domcpu` prints its sums now)
 [ -z "$BENCH_DOMCPU" ] || xenstore-write data/bench-row done
+touch /tmp/stall-watch.stop
+wait "$STALL_WATCH"
 perf_report tcpc-client \
   "tcp-same-phase client" "$(perf_windows /tmp/clients.log 'xlbench tcp-same-phase client stream')" \
   "afxen-tcp-carrier client" "$(perf_windows /tmp/clients.log 'xlbench afxen-tcp-carrier client stream')"
