@@ -308,8 +308,10 @@ void afx_vfree(void *p) { vfree(p); }
 #include <net/net_namespace.h>
 int afx_rs_proc_show(struct seq_file *m);	/* Rust (sock.rs) */
 int afx_rs_stats_show(struct seq_file *m);	/* Rust (sys.rs) */
+int afx_rs_tcp_show(struct seq_file *m);	/* Rust (carrier.rs) */
 static int afx_proc_show(struct seq_file *m, void *v) { return afx_rs_proc_show(m); }
 static int afx_stats_show(struct seq_file *m, void *v) { return afx_rs_stats_show(m); }
+static int afx_tcp_show(struct seq_file *m, void *v) { return afx_rs_tcp_show(m); }
 /* /proc/net/af_xen_stats: the module's resource counters (leak checks) */
 int afx_proc_init(void)
 {
@@ -319,10 +321,17 @@ int afx_proc_init(void)
 		remove_proc_entry("af_xen", init_net.proc_net);
 		return -ENOMEM;
 	}
+	/* /proc/net/af_xen_tcp: each connection's carrier switch and legs */
+	if (!proc_create_single("af_xen_tcp", 0400, init_net.proc_net, afx_tcp_show)) {
+		remove_proc_entry("af_xen_stats", init_net.proc_net);
+		remove_proc_entry("af_xen", init_net.proc_net);
+		return -ENOMEM;
+	}
 	return 0;
 }
 void afx_proc_exit(void)
 {
+	remove_proc_entry("af_xen_tcp", init_net.proc_net);
 	remove_proc_entry("af_xen_stats", init_net.proc_net);
 	remove_proc_entry("af_xen", init_net.proc_net);
 }

@@ -467,6 +467,29 @@ int afx_tcp_send_msg_nb(struct socket *s, struct msghdr *user, size_t len, int m
 }
 
 /*
+ * A leg's state for /proc/net/af_xen_tcp (lockless snapshots, as ss reads
+ * them): out[0] bytes written and not yet acknowledged, out[1] its
+ * sk_wmem_queued, out[2] its sk_sndbuf, out[3] SOCK_NOSPACE (the write_space
+ * callback comes only while it is set), out[4] sk_stream_is_writeable,
+ * out[5] bytes received and not read, out[6] the owner's AFX_OWNER_* flags
+ * (-1: no owner).
+ */
+void afx_tcp_leg_info(struct socket *s, int *out)
+{
+	struct sock *sk = s->sk;
+	const struct tcp_sock *tp = tcp_sk(sk);
+	unsigned long v = (unsigned long)READ_ONCE(sk->sk_user_data);
+
+	out[0] = READ_ONCE(tp->write_seq) - READ_ONCE(tp->snd_una);
+	out[1] = READ_ONCE(sk->sk_wmem_queued);
+	out[2] = READ_ONCE(sk->sk_sndbuf);
+	out[3] = test_bit(SOCK_NOSPACE, &s->flags);
+	out[4] = sk_stream_is_writeable(sk);
+	out[5] = READ_ONCE(tp->rcv_nxt) - READ_ONCE(tp->copied_seq);
+	out[6] = v ? (int)(v & AFX_OWNER_FLAGS) : -1;
+}
+
+/*
  * Whether a leg has something for a reader to look at: queued bytes, an
  * error or the peer's FIN (lockless, as tcp_poll; a reader that finds
  * nothing waits for the next sk_data_ready).

@@ -2329,3 +2329,70 @@ pub(crate) fn work_stats(l: &mut crate::sock::Line) {
         g(&TX_QUEUED_BYTES)
     );
 }
+
+/// /proc/net/af_xen_tcp's lines of one connection on a switch: what each
+/// direction's carrier holds and what its leg's socket says (a stream
+/// that stands still shows who waits for what; bench's stall_watch).
+pub(crate) fn tcp_show(conn: u32, sw: &Switch, seq: &mut crate::sys::Seq) {
+    use core::fmt::Write;
+    let leg = |l: Option<&crate::tcp::HeldLeg>| l.map(|l| l.sock().info());
+    let mut l = crate::sock::Line::new();
+    {
+        let t = sw.tx.lock();
+        let state = match t.path.state() {
+            TxState::Ring { .. } => "ring",
+            TxState::Frozen { .. } => "frozen",
+            TxState::Tcp => "tcp",
+        };
+        let _ = write!(
+            l,
+            "{conn} tx {state} sent {} queued {} up {} hello {} broken {} resend {} offer {} waits {} owner_writes {}",
+            t.path.sent(),
+            t.q.as_ref().map(|q| q.len()).unwrap_or(0),
+            t.leg_up as u8,
+            t.hello_left,
+            t.broken as u8,
+            t.resend_end - t.resend_pos.min(t.resend_end),
+            t.offer.is_some() as u8,
+            t.writer_waits as u8,
+            t.owner_writes as u8
+        );
+        let _ = match leg(t.leg.as_ref()) {
+            Some(i) => writeln!(l, " leg unacked {} wmem {} sndbuf {} nospace {} writeable {} unread {} owner {}", i[0], i[1], i[2], i[3], i[4], i[5], i[6]),
+            None => writeln!(l, " leg -"),
+        };
+    }
+    seq.write(l.bytes());
+    let mut l = crate::sock::Line::new();
+    {
+        let r = sw.rx.lock();
+        let state = match r.path.state() {
+            RxState::Ring { .. } => "ring",
+            RxState::Draining { .. } => "draining",
+            RxState::Tcp => "tcp",
+            _ => "offered",
+        };
+        let _ = write!(
+            l,
+            "{conn} rx {state} taken {} buffered {} frame_left {} header {} owner_pulls {}",
+            r.path.taken(),
+            r.buf.as_ref().map(|b| b.len()).unwrap_or(0),
+            r.data_left,
+            r.fgot,
+            r.owner_pulls.map(|p| p as i8).unwrap_or(-1)
+        );
+        let _ = match leg(r.leg.as_ref()) {
+            Some(i) => writeln!(l, " leg unacked {} unread {} owner {}", i[0], i[5], i[6]),
+            None => writeln!(l, " leg -"),
+        };
+    }
+    seq.write(l.bytes());
+}
+
+#[no_mangle]
+unsafe extern "C" fn afx_rs_tcp_show(m: *mut kernel::bindings::seq_file) -> kernel::ffi::c_int {
+    // SAFETY: the live seq_file of this show callback.
+    let mut seq = unsafe { crate::sys::Seq::from_raw(m) };
+    crate::sock::tcp_show(&mut seq);
+    0
+}

@@ -1888,6 +1888,27 @@ impl core::fmt::Write for Line {
     }
 }
 
+/// /proc/net/af_xen_tcp: the carrier switch of each connection that has
+/// one (`carrier::tcp_show`), taken outside the port table's lock.
+pub(crate) fn tcp_show(seq: &mut sys::Seq) {
+    seq.write(b"conn dir state ... leg (unacked, wmem, sndbuf: bytes; nospace, writeable: 0/1; owner: AFX_OWNER_* flags, -1 none)\n");
+    let mut conns: KVec<(u32, Arc<crate::carrier::Switch>)> = KVec::new();
+    {
+        let p = globals().ports.lock();
+        for (_, xs) in p.all.iter() {
+            let i = xs.inner.lock();
+            if let Some(sw) = i.sw.clone() {
+                if conns.push((i.conn_id, sw), GFP_KERNEL).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    for (conn, sw) in conns.iter() {
+        crate::carrier::tcp_show(*conn, sw, seq);
+    }
+}
+
 /// /proc/net/af_xen: one line per socket.
 pub(crate) fn proc_show(seq: &mut sys::Seq) {
     use core::fmt::Write;

@@ -987,6 +987,11 @@ impl Drop for ProcEntry {
 pub(crate) struct Seq(*mut bindings::seq_file);
 
 impl Seq {
+    /// # Safety
+    /// `m` is the live seq_file of a show callback, used only during it.
+    pub(crate) unsafe fn from_raw(m: *mut bindings::seq_file) -> Seq {
+        Seq(m)
+    }
     pub(crate) fn write(&mut self, b: &[u8]) {
         // SAFETY: live seq_file of the show callback; b valid for its length.
         unsafe { afx_seq_write(self.0, b.as_ptr().cast(), b.len()) }

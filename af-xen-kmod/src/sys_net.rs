@@ -36,6 +36,7 @@ extern "C" {
     fn afx_tcp_recv_msg(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize) -> c_int;
     fn afx_tcp_send_msg_nb(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize, more: c_int) -> c_int;
     fn afx_tcp_readable(s: *mut bindings::socket) -> c_int;
+    fn afx_tcp_leg_info(s: *mut bindings::socket, out: *mut c_int);
     fn afx_tcp_set_owner(s: *mut bindings::socket, owner: *mut bindings::sock, flags: c_int);
     fn afx_tcp_writable(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_read_frames(s: *mut bindings::socket, actor: *mut c_void) -> c_int;
@@ -296,6 +297,16 @@ impl TcpSock {
     pub(crate) fn readable(&self) -> bool {
         // SAFETY: self.0 is live; the helper reads its queue locklessly.
         unsafe { afx_tcp_readable(self.0) != 0 }
+    }
+
+    /// The leg's state for /proc/net/af_xen_tcp: bytes unacknowledged,
+    /// wmem queued, sndbuf, SOCK_NOSPACE, writeable, bytes unread, owner
+    /// flags (-1: none); lockless snapshots.
+    pub(crate) fn info(&self) -> [i32; 7] {
+        let mut out = [0 as c_int; 7];
+        // SAFETY: self.0 is live; the helper writes exactly 7 ints.
+        unsafe { afx_tcp_leg_info(self.0, out.as_mut_ptr()) };
+        out
     }
 
     /// Whether a send would take bytes now (TCP's own EPOLLOUT).

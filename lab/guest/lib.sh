@@ -37,7 +37,8 @@ lab_sleep() {
 # /tmp/stall-watch.stop exists. Once FILE has not grown for SECS seconds,
 # print twice, 5 s apart, where PROGs' threads sleep (state, wchan, the
 # system call in progress: the lab kernel keeps no stacks), af_xen's
-# connections and counters and the TCP sockets' queues, then stop
+# connections, their carriers and legs (/proc/net/af_xen_tcp) and
+# counters, and the TCP sockets' queues, then stop
 # watching: a stream that stands still says who waits for what. Costs a
 # `wc` every 5 s.
 stall_watch() {
@@ -56,7 +57,7 @@ stall_watch() {
           echo "  [stall] $(cat "$_sw_t/comm" 2>/dev/null) ${_sw_t#/proc/} state $(awk '{print $3}' "$_sw_t/stat" 2>/dev/null) wchan $(cat "$_sw_t/wchan" 2>/dev/null) syscall $(cut -d' ' -f1-4 "$_sw_t/syscall" 2>/dev/null)"
         done
       done
-      sed 's/^/  [stall] /' /proc/net/af_xen /proc/net/af_xen_stats /proc/net/tcp 2>/dev/null
+      sed 's/^/  [stall] /' /proc/net/af_xen /proc/net/af_xen_tcp /proc/net/af_xen_stats /proc/net/tcp 2>/dev/null
       lab_sleep 5
       _sw_still=$((_sw_still + 5))
     done

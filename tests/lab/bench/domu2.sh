@@ -116,6 +116,8 @@ stall_watch /tmp/clients.log 40 xlbench-xs xlbench &
 STALL_WATCH=$!
 for ROUND in $(seq "$BENCH_REPS"); do
   tcp_snap /tmp/tcp-counters
+  # one look at the carriers mid-stream (what stall_watch would print)
+  [ "$ROUND" = 1 ] && { lab_sleep 4; sed 's/^/  [af_xen_tcp round 1] /' /proc/net/af_xen_tcp; } &
   if [ "$BENCH_KTCPC" = paired ]; then
     # one client, both rows: its exit status is the pair's (the rows' own
     # verdicts are their metrics, below)
