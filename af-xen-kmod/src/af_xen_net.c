@@ -194,11 +194,36 @@ void afx_tcp_set_owner(struct socket *s, struct sock *owner, int flags)
 	write_unlock_bh(&sk->sk_callback_lock);
 }
 
-/* Whether a send would take bytes now (as TCP's own poll says EPOLLOUT). */
+/*
+ * Whether a send would take bytes now (as TCP's own poll says EPOLLOUT).
+ * A "no" arms SOCK_NOSPACE first, as tcp_poll does: tcp_check_space calls
+ * write_space (which wakes the writer) only while that bit is set, and
+ * the send that last filled the leg may not have set it, or write_space
+ * cleared it at a moment the leg was writeable and the leg was no longer
+ * when the woken writer looked (a split of a queued skb grows
+ * sk_wmem_queued without a send). The leg then drained with no callback
+ * and the writer slept on with its frame's rest queued
+ * (bench-20261127-142133: leg empty and writeable, SOCK_NOSPACE clear,
+ * 27376 bytes queued, writer asleep). The barrier orders the bit against
+ * the second look, which catches space freed in between.
+ */
+static atomic_long_t afx_nospace_armed = ATOMIC_LONG_INIT(0);
+
 int afx_tcp_writable(struct socket *s)
 {
-	return sk_stream_is_writeable(s->sk);
+	struct sock *sk = s->sk;
+
+	if (sk_stream_is_writeable(sk))
+		return 1;
+	if (!test_and_set_bit(SOCK_NOSPACE, &s->flags))
+		atomic_long_inc(&afx_nospace_armed);
+	smp_mb__after_atomic();
+	return sk_stream_is_writeable(sk);
 }
+
+/* "Not writeable" answers that found SOCK_NOSPACE clear and set it: each a
+ * sleep that no write_space would have ended before the fix above. */
+long afx_tcp_nospace_armed(void) { return atomic_long_read(&afx_nospace_armed); }
 
 /* the callbacks the socket had before ours (the same for every TCP socket) */
 static void (*orig_data_ready)(struct sock *sk);

@@ -35,6 +35,7 @@ int afx_tcp_recv_msg(struct socket *s, struct msghdr *user, size_t len);
 int afx_tcp_send_msg_nb(struct socket *s, struct msghdr *user, size_t len, int more);
 int afx_tcp_readable(struct socket *s);
 void afx_tcp_leg_info(struct socket *s, int *out);
+long afx_tcp_nospace_armed(void);
 void afx_tcp_set_owner(struct socket *s, struct sock *owner, int flags);
 int afx_tcp_writable(struct socket *s);
 int afx_tcp_read_frames(struct socket *s, void *actor);

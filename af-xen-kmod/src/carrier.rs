@@ -2302,12 +2302,13 @@ pub(crate) fn call_stats(l: &mut crate::sock::Line) {
     let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
     let _ = write!(
         l,
-        "tcp_send_steps {}\ntcp_recv_steps {}\ntcp_leg_sends {}\ntcp_leg_recvs {}\ntcp_leg_walks {}\n",
+        "tcp_send_steps {}\ntcp_recv_steps {}\ntcp_leg_sends {}\ntcp_leg_recvs {}\ntcp_leg_walks {}\ntcp_nospace_armed {}\n",
         g(&SEND_STEPS),
         g(&RECV_STEPS),
         leg_calls::get(&leg_calls::SENDS),
         leg_calls::get(&leg_calls::RECVS),
-        leg_calls::get(&leg_calls::WALKS)
+        leg_calls::get(&leg_calls::WALKS),
+        leg_calls::nospace_armed()
     );
 }
 

@@ -37,6 +37,7 @@ extern "C" {
     fn afx_tcp_send_msg_nb(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize, more: c_int) -> c_int;
     fn afx_tcp_readable(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_leg_info(s: *mut bindings::socket, out: *mut c_int);
+    fn afx_tcp_nospace_armed() -> kernel::ffi::c_long;
     fn afx_tcp_set_owner(s: *mut bindings::socket, owner: *mut bindings::sock, flags: c_int);
     fn afx_tcp_writable(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_read_frames(s: *mut bindings::socket, actor: *mut c_void) -> c_int;
@@ -361,6 +362,12 @@ pub(crate) mod leg_calls {
     }
     pub(crate) fn get(c: &AtomicI64) -> i64 {
         c.load(Ordering::Relaxed)
+    }
+    /// "Not writeable" answers about a leg that had to arm its
+    /// SOCK_NOSPACE (`afx_tcp_writable`): before that, sleeps no drain ended.
+    pub(crate) fn nospace_armed() -> i64 {
+        // SAFETY: reads an atomic counter.
+        (unsafe { super::afx_tcp_nospace_armed() }) as i64
     }
 }
 
