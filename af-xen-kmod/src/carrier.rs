@@ -2371,7 +2371,7 @@ pub(crate) fn tcp_show(conn: u32, sw: &Switch, seq: &mut crate::sys::Seq) {
             RxState::Ring { .. } => "ring",
             RxState::Draining { .. } => "draining",
             RxState::Tcp => "tcp",
-            _ => "offered",
+            RxState::Offered { .. } => "offered",
         };
         let _ = write!(
             l,
