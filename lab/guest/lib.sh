@@ -34,7 +34,8 @@ lab_sleep() {
 }
 
 # stall_watch FILE SECS PROG...: run in the background until
-# /tmp/stall-watch.stop exists. Once FILE has not grown for SECS seconds,
+# /tmp/stall-watch.stop (STALL_WATCH_STOP) exists, looking every 5 s
+# (STALL_WATCH_STEP). Once FILE has not grown for SECS seconds,
 # print twice, 5 s apart, where PROGs' threads sleep (state, wchan, the
 # system call in progress: the lab kernel keeps no stacks), af_xen's
 # connections, their carriers and legs (/proc/net/af_xen_tcp) and
@@ -43,12 +44,13 @@ lab_sleep() {
 # `wc` every 5 s.
 stall_watch() {
   _sw_file=$1 _sw_secs=$2; shift 2
+  _sw_step=${STALL_WATCH_STEP:-5} _sw_stop=${STALL_WATCH_STOP:-/tmp/stall-watch.stop}
   _sw_last=-1 _sw_still=0
-  while [ ! -e /tmp/stall-watch.stop ]; do
-    lab_sleep 5
+  while [ ! -e "$_sw_stop" ]; do
+    lab_sleep "$_sw_step"
     _sw_now=$(wc -c < "$_sw_file" 2>/dev/null || echo 0)
     if [ "$_sw_now" != "$_sw_last" ]; then _sw_last=$_sw_now _sw_still=0; continue; fi
-    _sw_still=$((_sw_still + 5))
+    _sw_still=$((_sw_still + _sw_step))
     [ "$_sw_still" -ge "$_sw_secs" ] || continue
     for _sw_look in 1 2; do
       log "stall: $_sw_file unchanged for $_sw_still s (look $_sw_look of 2)"
@@ -58,8 +60,8 @@ stall_watch() {
         done
       done
       sed 's/^/  [stall] /' /proc/net/af_xen /proc/net/af_xen_tcp /proc/net/af_xen_stats /proc/net/tcp 2>/dev/null
-      lab_sleep 5
-      _sw_still=$((_sw_still + 5))
+      lab_sleep "$_sw_step"
+      _sw_still=$((_sw_still + _sw_step))
     done
     return 0
   done
