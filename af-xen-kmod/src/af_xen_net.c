@@ -194,6 +194,11 @@ void afx_tcp_set_owner(struct socket *s, struct sock *owner, int flags)
 	write_unlock_bh(&sk->sk_callback_lock);
 }
 
+/* "Not writeable" answers that found SOCK_NOSPACE clear and set it: each a
+ * sleep that no write_space would have ended before the fix below. */
+static atomic_long_t afx_nospace_armed = ATOMIC_LONG_INIT(0);
+long afx_tcp_nospace_armed(void) { return atomic_long_read(&afx_nospace_armed); }
+
 /*
  * Whether a send would take bytes now (as TCP's own poll says EPOLLOUT).
  * A "no" arms SOCK_NOSPACE first, as tcp_poll does: tcp_check_space calls
@@ -207,8 +212,6 @@ void afx_tcp_set_owner(struct socket *s, struct sock *owner, int flags)
  * 27376 bytes queued, writer asleep). The barrier orders the bit against
  * the second look, which catches space freed in between.
  */
-static atomic_long_t afx_nospace_armed = ATOMIC_LONG_INIT(0);
-
 int afx_tcp_writable(struct socket *s)
 {
 	struct sock *sk = s->sk;
@@ -220,10 +223,6 @@ int afx_tcp_writable(struct socket *s)
 	smp_mb__after_atomic();
 	return sk_stream_is_writeable(sk);
 }
-
-/* "Not writeable" answers that found SOCK_NOSPACE clear and set it: each a
- * sleep that no write_space would have ended before the fix above. */
-long afx_tcp_nospace_armed(void) { return atomic_long_read(&afx_nospace_armed); }
 
 /* the callbacks the socket had before ours (the same for every TCP socket) */
 static void (*orig_data_ready)(struct sock *sk);
