@@ -81,3 +81,23 @@ fn the_stop_file_ends_the_watch_without_a_report() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+#[test]
+fn bad_arguments_are_refused_with_the_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in ["", "log", "log 10", "log ten sleep", "log 1.5 sleep"] {
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(format!(". '{}'; stall_watch {args}", lib().display()))
+            .env("STALL_WATCH_STOP", dir.path().join("stop"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "args {args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("stall_watch: usage: stall_watch FILE SECS PROG..."),
+            "args {args:?}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "args {args:?}");
+    }
+}

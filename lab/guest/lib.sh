@@ -43,6 +43,11 @@ lab_sleep() {
 # watching: a stream that stands still says who waits for what. Costs a
 # `wc` every 5 s.
 stall_watch() {
+  case $#:${2:-} in
+    [012]:*|*:|*:*[!0-9]*)
+      echo "stall_watch: usage: stall_watch FILE SECS PROG... (SECS a whole number of seconds; got: $*)" >&2
+      return 2 ;;
+  esac
   _sw_file=$1 _sw_secs=$2; shift 2
   _sw_step=${STALL_WATCH_STEP:-5} _sw_stop=${STALL_WATCH_STOP:-/tmp/stall-watch.stop}
   _sw_last=-1 _sw_still=0
