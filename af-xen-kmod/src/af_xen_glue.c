@@ -308,7 +308,7 @@ void afx_vfree(void *p) { vfree(p); }
 #include <net/net_namespace.h>
 int afx_rs_proc_show(struct seq_file *m);	/* Rust (sock.rs) */
 int afx_rs_stats_show(struct seq_file *m);	/* Rust (sys.rs) */
-int afx_rs_tcp_show(struct seq_file *m);	/* Rust (carrier.rs) */
+int afx_rs_tcp_show(struct seq_file *m);	/* Rust (sock.rs, carrier.rs) */
 static int afx_proc_show(struct seq_file *m, void *v) { return afx_rs_proc_show(m); }
 static int afx_stats_show(struct seq_file *m, void *v) { return afx_rs_stats_show(m); }
 static int afx_tcp_show(struct seq_file *m, void *v) { return afx_rs_tcp_show(m); }

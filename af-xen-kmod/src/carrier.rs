@@ -2257,78 +2257,41 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
     true
 }
 
-/// /proc/net/af_xen_stats lines of the switch.
-pub(crate) fn stats(l: &mut crate::sock::Line) {
-    use core::fmt::Write;
-    use counters::*;
-    let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
-    let _ = write!(
-        l,
-        "switch_triggers {}\nswitch_to_tcp {}\nswitch_to_ring {}\nswitch_offers_sent {}\nswitch_offers_taken {}\nswitch_peer_lost {}\nswitch_resent_bytes {}\nswitch_leg_connects {}\nswitch_leg_retries {}\n",
-        g(&TRIGGERS),
-        g(&TO_TCP),
-        g(&TO_RING),
-        g(&OFFERS_SENT),
-        g(&OFFERS_TAKEN),
-        g(&PEER_LOST),
-        g(&RESENT_BYTES),
-        g(&LEG_CONNECTS),
-        g(&LEG_RETRIES),
-    );
-}
-
-/// /proc/net/af_xen_stats lines of the offers from a moved peer's new
-/// domain (a `Line` of its own).
-pub(crate) fn peer_stats(l: &mut crate::sock::Line) {
-    use core::fmt::Write;
-    use counters::*;
-    let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
-    let _ = write!(
-        l,
-        "switch_peer_candidates {}\nswitch_peers_proved {}\nswitch_peers_followed {}\nswitch_leg_kicks {}\n",
-        g(&CANDIDATES),
-        g(&PEERS_PROVED),
-        g(&PEERS_FOLLOWED),
-        g(&LEG_KICKS)
-    );
-}
-
-/// /proc/net/af_xen_stats lines of the application's calls on TCP and of
-/// the calls they and the work item made into the legs (a `Line` of its own).
-pub(crate) fn call_stats(l: &mut crate::sock::Line) {
-    use core::fmt::Write;
+/// /proc/net/af_xen_stats lines of the switch: its moves, the offers from
+/// a moved peer's new domain, the work items and the waits on TCP, and
+/// the application's calls on TCP and theirs into the legs.
+pub(crate) fn stats(seq: &mut crate::sys::Seq) {
     use counters::*;
     use sys_net::leg_calls;
     let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
-    let _ = write!(
-        l,
-        "tcp_send_steps {}\ntcp_recv_steps {}\ntcp_leg_sends {}\ntcp_leg_recvs {}\ntcp_leg_walks {}\ntcp_nospace_armed {}\n",
-        g(&SEND_STEPS),
-        g(&RECV_STEPS),
-        leg_calls::get(&leg_calls::SENDS),
-        leg_calls::get(&leg_calls::RECVS),
-        leg_calls::get(&leg_calls::WALKS),
-        leg_calls::nospace_armed()
-    );
-}
-
-/// /proc/net/af_xen_stats lines of the work items and of the waits on TCP
-/// (a `Line` of its own: one line buffer holds 256 bytes).
-pub(crate) fn work_stats(l: &mut crate::sock::Line) {
-    use core::fmt::Write;
-    use counters::*;
-    let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
-    let _ = write!(
-        l,
-        "tcp_work_max_ms {}\nlink_work_max_ms {}\ntcp_work_passes {}\ntcp_read_waits {}\ntcp_write_waits {}\ntcp_tx_direct_bytes {}\ntcp_tx_queued_bytes {}\n",
-        g(&TCP_WORK_MAX_MS),
-        g(&LINK_WORK_MAX_MS),
-        g(&TCP_WORK_PASSES),
-        g(&TCP_READ_WAITS),
-        g(&TCP_WRITE_WAITS),
-        g(&TX_DIRECT_BYTES),
-        g(&TX_QUEUED_BYTES)
-    );
+    seq.counters(&[
+        ("switch_triggers", g(&TRIGGERS)),
+        ("switch_to_tcp", g(&TO_TCP)),
+        ("switch_to_ring", g(&TO_RING)),
+        ("switch_offers_sent", g(&OFFERS_SENT)),
+        ("switch_offers_taken", g(&OFFERS_TAKEN)),
+        ("switch_peer_lost", g(&PEER_LOST)),
+        ("switch_resent_bytes", g(&RESENT_BYTES)),
+        ("switch_leg_connects", g(&LEG_CONNECTS)),
+        ("switch_leg_retries", g(&LEG_RETRIES)),
+        ("switch_peer_candidates", g(&CANDIDATES)),
+        ("switch_peers_proved", g(&PEERS_PROVED)),
+        ("switch_peers_followed", g(&PEERS_FOLLOWED)),
+        ("switch_leg_kicks", g(&LEG_KICKS)),
+        ("tcp_work_max_ms", g(&TCP_WORK_MAX_MS)),
+        ("link_work_max_ms", g(&LINK_WORK_MAX_MS)),
+        ("tcp_work_passes", g(&TCP_WORK_PASSES)),
+        ("tcp_read_waits", g(&TCP_READ_WAITS)),
+        ("tcp_write_waits", g(&TCP_WRITE_WAITS)),
+        ("tcp_tx_direct_bytes", g(&TX_DIRECT_BYTES)),
+        ("tcp_tx_queued_bytes", g(&TX_QUEUED_BYTES)),
+        ("tcp_send_steps", g(&SEND_STEPS)),
+        ("tcp_recv_steps", g(&RECV_STEPS)),
+        ("tcp_leg_sends", leg_calls::get(&leg_calls::SENDS)),
+        ("tcp_leg_recvs", leg_calls::get(&leg_calls::RECVS)),
+        ("tcp_leg_walks", leg_calls::get(&leg_calls::WALKS)),
+        ("tcp_nospace_armed", leg_calls::nospace_armed()),
+    ]);
 }
 
 /// /proc/net/af_xen_tcp's lines of one connection on a switch: what each
@@ -2388,12 +2351,4 @@ pub(crate) fn tcp_show(conn: u32, sw: &Switch, seq: &mut crate::sys::Seq) {
         };
     }
     seq.write(l.bytes());
-}
-
-#[no_mangle]
-unsafe extern "C" fn afx_rs_tcp_show(m: *mut kernel::bindings::seq_file) -> kernel::ffi::c_int {
-    // SAFETY: the live seq_file of this show callback.
-    let mut seq = unsafe { crate::sys::Seq::from_raw(m) };
-    crate::sock::tcp_show(&mut seq);
-    0
 }

@@ -205,74 +205,38 @@ pub(crate) mod counters {
 
 #[no_mangle]
 unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
-    use core::fmt::Write;
     use counters::*;
-    let mut l = crate::sock::Line::new();
-    let _ = write!(
-        l,
-        "grants {}\nmaps {}\nevtchns {}\nsockets {}\nproto_resets {}\nlinks_down {}\nlingering {}\nlinger_expired {}\n",
-        get(&GRANTS),
-        get(&MAPS),
-        get(&EVTCHNS),
-        get(&SOCKS),
-        get(&PROTO_RESETS),
-        get(&LINKS_DOWN),
-        get(&LINGERING),
-        get(&LINGER_EXPIRED)
-    );
-    Seq(m).write(l.bytes());
-    let mut d = crate::sock::Line::new();
-    let _ = write!(
-        d,
-        "irqs {}\nirq_wakes {}\nirq_work {}\ndata_kicks {}\nspin_hits {}\nsleeps {}\n",
-        get(&IRQS),
-        get(&IRQ_WAKES),
-        get(&IRQ_WORK),
-        get(&DATA_KICKS),
-        get(&SPIN_HITS),
-        get(&SLEEPS)
-    );
-    Seq(m).write(d.bytes());
-    // two lines: a Line holds 256 bytes
-    let mut d = crate::sock::Line::new();
-    let _ = write!(
-        d,
-        "send_calls {}\nsend_ns {}\nrecv_calls {}\nrecv_ns {}\ntx_copy_ns {}\ntx_copy_bytes {}\n",
-        get(&SEND_CALLS),
-        get(&SEND_NS),
-        get(&RECV_CALLS),
-        get(&RECV_NS),
-        get(&TX_COPY_NS),
-        get(&TX_COPY_BYTES)
-    );
-    Seq(m).write(d.bytes());
-    let mut d = crate::sock::Line::new();
-    let _ = write!(
-        d,
-        "rx_copy_ns {}\nrx_copy_bytes {}\nstep_ns {}\nwait_ns {}\nkick_ns {}\nirq_ns {}\n",
-        get(&RX_COPY_NS),
-        get(&RX_COPY_BYTES),
-        get(&STEP_NS),
-        get(&WAIT_NS),
-        get(&KICK_NS),
-        get(&IRQ_NS)
-    );
-    Seq(m).write(d.bytes());
-    let mut t = crate::sock::Line::new();
-    crate::tcp::stats(&mut t);
-    Seq(m).write(t.bytes());
-    let mut c = crate::sock::Line::new();
-    crate::carrier::stats(&mut c);
-    Seq(m).write(c.bytes());
-    let mut c = crate::sock::Line::new();
-    crate::carrier::peer_stats(&mut c);
-    Seq(m).write(c.bytes());
-    let mut w = crate::sock::Line::new();
-    crate::carrier::work_stats(&mut w);
-    Seq(m).write(w.bytes());
-    let mut w = crate::sock::Line::new();
-    crate::carrier::call_stats(&mut w);
-    Seq(m).write(w.bytes());
+    let mut seq = Seq(m);
+    seq.counters(&[
+        ("grants", get(&GRANTS)),
+        ("maps", get(&MAPS)),
+        ("evtchns", get(&EVTCHNS)),
+        ("sockets", get(&SOCKS)),
+        ("proto_resets", get(&PROTO_RESETS)),
+        ("links_down", get(&LINKS_DOWN)),
+        ("lingering", get(&LINGERING)),
+        ("linger_expired", get(&LINGER_EXPIRED)),
+        ("irqs", get(&IRQS)),
+        ("irq_wakes", get(&IRQ_WAKES)),
+        ("irq_work", get(&IRQ_WORK)),
+        ("data_kicks", get(&DATA_KICKS)),
+        ("spin_hits", get(&SPIN_HITS)),
+        ("sleeps", get(&SLEEPS)),
+        ("send_calls", get(&SEND_CALLS)),
+        ("send_ns", get(&SEND_NS)),
+        ("recv_calls", get(&RECV_CALLS)),
+        ("recv_ns", get(&RECV_NS)),
+        ("tx_copy_ns", get(&TX_COPY_NS)),
+        ("tx_copy_bytes", get(&TX_COPY_BYTES)),
+        ("rx_copy_ns", get(&RX_COPY_NS)),
+        ("rx_copy_bytes", get(&RX_COPY_BYTES)),
+        ("step_ns", get(&STEP_NS)),
+        ("wait_ns", get(&WAIT_NS)),
+        ("kick_ns", get(&KICK_NS)),
+        ("irq_ns", get(&IRQ_NS)),
+    ]);
+    crate::tcp::stats(&mut seq);
+    crate::carrier::stats(&mut seq);
     0
 }
 
@@ -987,20 +951,31 @@ impl Drop for ProcEntry {
 pub(crate) struct Seq(*mut bindings::seq_file);
 
 impl Seq {
-    /// # Safety
-    /// `m` is the live seq_file of a show callback, used only during it.
-    pub(crate) unsafe fn from_raw(m: *mut bindings::seq_file) -> Seq {
-        Seq(m)
-    }
     pub(crate) fn write(&mut self, b: &[u8]) {
         // SAFETY: live seq_file of the show callback; b valid for its length.
         unsafe { afx_seq_write(self.0, b.as_ptr().cast(), b.len()) }
+    }
+    /// `name value` lines, one per counter (/proc/net/af_xen_stats): the
+    /// names stand next to their values, and no line buffer fills up.
+    pub(crate) fn counters(&mut self, counters: &[(&str, i64)]) {
+        use core::fmt::Write;
+        for (name, value) in counters {
+            let mut l = crate::sock::Line::new();
+            let _ = writeln!(l, "{name} {value}");
+            self.write(l.bytes());
+        }
     }
 }
 
 #[no_mangle]
 unsafe extern "C" fn afx_rs_proc_show(m: *mut bindings::seq_file) -> c_int {
     crate::sock::proc_show(&mut Seq(m));
+    0
+}
+
+#[no_mangle]
+unsafe extern "C" fn afx_rs_tcp_show(m: *mut bindings::seq_file) -> c_int {
+    crate::sock::tcp_show(&mut Seq(m));
     0
 }
 

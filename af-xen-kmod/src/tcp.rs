@@ -438,20 +438,18 @@ pub(crate) fn test_open_leg(xs: &Arc<XenSock>, wrong_cookie: bool) -> core::resu
 }
 
 /// /proc/net/af_xen_stats lines of the TCP carrier.
-pub(crate) fn stats(l: &mut crate::sock::Line) {
-    use core::fmt::Write;
+pub(crate) fn stats(seq: &mut crate::sys::Seq) {
     let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
-    let _ = write!(
-        l,
-        "tcp_port {}\ntcp_legs_in {}\ntcp_legs_out {}\ntcp_legs_held {}\ntcp_bad_cookie {}\ntcp_unknown_conn {}\ntcp_malformed {}\ntcp_timed_out {}\ntcp_dropped {}\n",
-        if LISTENING.load(Ordering::Relaxed) { sys_net::tcp_port() } else { 0 },
-        g(&LEGS_IN),
-        g(&LEGS_OUT),
-        g(&HELD),
-        g(&BAD_COOKIE),
-        g(&UNKNOWN_CONN),
-        g(&MALFORMED),
-        g(&TIMED_OUT),
-        g(&DROPPED)
-    );
+    let port = if LISTENING.load(Ordering::Relaxed) { sys_net::tcp_port() } else { 0 };
+    seq.counters(&[
+        ("tcp_port", i64::from(port)),
+        ("tcp_legs_in", g(&LEGS_IN)),
+        ("tcp_legs_out", g(&LEGS_OUT)),
+        ("tcp_legs_held", g(&HELD)),
+        ("tcp_bad_cookie", g(&BAD_COOKIE)),
+        ("tcp_unknown_conn", g(&UNKNOWN_CONN)),
+        ("tcp_malformed", g(&MALFORMED)),
+        ("tcp_timed_out", g(&TIMED_OUT)),
+        ("tcp_dropped", g(&DROPPED)),
+    ]);
 }
