@@ -4,8 +4,8 @@
 //! ```text
 //! lab_bench server kernel|user <port> <MiB> <N>
 //! lab_bench client kernel|user <server-domid> <port> <MiB> <N> [connect-timeout-s]
-//! lab_bench server user-tcpc[-paired|-framed] <port> <tcp-port> <MiB> <N> <rounds>
-//! lab_bench client user-tcpc[-paired|-framed] <server-domid> <port> <server-ip> <tcp-port> <MiB> <N> <rounds> [connect-timeout-s]
+//! lab_bench server user-tcpc[-paired] <port> <tcp-port> <MiB> <N> <rounds>
+//! lab_bench client user-tcpc[-paired] <server-domid> <port> <server-ip> <tcp-port> <MiB> <N> <rounds> [connect-timeout-s]
 //! ```
 //!
 //! `kernel`: `XenListener::bind` / `XenStream::connect`, which use the
@@ -47,24 +47,9 @@
 //! counted in both rows). No per-stream `Usage` lines in this mode; at
 //! the end each side prints every row's CPU time and context switches per
 //! thread (`SchedTally`).
-//!
-//! `user-tcpc-framed`: `user-tcpc-paired` with a third row,
-//! `framed-tcp-user`: plain TCP carrying the carrier's own frames through
-//! its frame code (`mod framed`) without the engine, which tells what
-//! the frames' calls cost from what the engine adds.
 
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
-
-// The carrier's frame code, compiled in for the framed-TCP row (as
-// carrier_bench does with the whole engine).
-#[allow(dead_code)]
-#[path = "../src/evfd.rs"]
-mod evfd;
-
-#[allow(dead_code, unused_imports)]
-#[path = "../src/carrier/mod.rs"]
-mod carrier;
 
 use libxensock::{
     BackendKind, Carrier, Config, SockAddrXen, Transport, XenListener, XenStream, DOMID_ANY,
@@ -76,7 +61,7 @@ const PATLEN: usize = 65521;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-const BAD_MODE: &str = "mode must be kernel, user, user-tcpc, user-tcpc-paired or user-tcpc-framed";
+const BAD_MODE: &str = "mode must be kernel, user, user-tcpc or user-tcpc-paired";
 
 fn pattern() -> Vec<u8> {
     (0..PATLEN + CHUNK)
@@ -138,7 +123,7 @@ fn main() {
     let r = match a.get(1).map(String::as_str) {
         Some("server") => server(&a),
         Some("client") => client(&a),
-        _ => Err("usage: lab_bench server kernel|user PORT MIB N | client kernel|user DOMID PORT MIB N [TIMEOUT]\n       lab_bench server user-tcpc[-paired|-framed] PORT TCP-PORT MIB N ROUNDS | client user-tcpc[-paired|-framed] DOMID PORT IP TCP-PORT MIB N ROUNDS [TIMEOUT]".into()),
+        _ => Err("usage: lab_bench server kernel|user PORT MIB N | client kernel|user DOMID PORT MIB N [TIMEOUT]\n       lab_bench server user-tcpc[-paired] PORT TCP-PORT MIB N ROUNDS | client user-tcpc[-paired] DOMID PORT IP TCP-PORT MIB N ROUNDS [TIMEOUT]".into()),
     };
     match r {
         Ok(code) => std::process::exit(code),
@@ -654,13 +639,6 @@ fn server_tcpc(a: &[String], mode: TcpcMode) -> Res<i32> {
                         t.set_nodelay(true)?;
                         (RowConn::Tcp(t), peer.to_string())
                     }
-                    Row::Framed => {
-                        let (t, peer) = tcp.accept()?;
-                        (
-                            RowConn::Framed(framed::FramedTcp::new(t)?),
-                            peer.to_string(),
-                        )
-                    }
                 });
             }
             let mut pos = vec![0u64; rows.len()];
@@ -678,8 +656,7 @@ fn server_tcpc(a: &[String], mode: TcpcMode) -> Res<i32> {
             for (c, _) in conns.iter_mut() {
                 let _ = c.io().read(&mut b);
             }
-            for (i, (row, (c, peer))) in rows.iter().zip(&conns).enumerate() {
-                c.report_calls("server", round);
+            for (i, (row, (_, peer))) in rows.iter().zip(&conns).enumerate() {
                 println!(
                     "lab_bench user-tcpc server: round {round}: {} from {peer}: intact {}",
                     row.label(),
@@ -712,7 +689,6 @@ fn server_tcpc(a: &[String], mode: TcpcMode) -> Res<i32> {
                     let _ = s.read(&mut b);
                     (bad == 0, peer.to_string(), "xensock")
                 }
-                Row::Framed => return Err("the framed row runs paired only".into()),
             };
             println!("lab_bench user-tcpc server: round {round}: {label} from {peer}: intact {ok}");
             all_intact &= ok;
@@ -773,8 +749,6 @@ fn tcp_connect(addr: &str, secs: u64) -> Res<std::net::TcpStream> {
 enum Row {
     Tcp,
     Carrier,
-    /// `user-tcpc-framed` only: plain TCP carrying the carrier's frames.
-    Framed,
 }
 
 impl Row {
@@ -782,7 +756,6 @@ impl Row {
         match self {
             Row::Tcp => "tcp-same-phase-user",
             Row::Carrier => "xensock-user-tcp-carrier",
-            Row::Framed => "framed-tcp-user",
         }
     }
 }
@@ -794,8 +767,6 @@ enum TcpcMode {
     Rows,
     /// `user-tcpc-paired`: both rows' connections open, streams in turns.
     Paired,
-    /// `user-tcpc-framed`: `Paired` with the framed-TCP row as well.
-    Framed,
 }
 
 impl TcpcMode {
@@ -803,7 +774,6 @@ impl TcpcMode {
         match mode {
             "user-tcpc" => Some(TcpcMode::Rows),
             "user-tcpc-paired" => Some(TcpcMode::Paired),
-            "user-tcpc-framed" => Some(TcpcMode::Framed),
             _ => None,
         }
     }
@@ -815,10 +785,7 @@ impl TcpcMode {
     /// The rows of a paired round, in the order both sides set up their
     /// connections (the carrier's comes first on the wire in any case).
     fn rows(self) -> Vec<Row> {
-        match self {
-            TcpcMode::Framed => vec![Row::Tcp, Row::Carrier, Row::Framed],
-            _ => vec![Row::Tcp, Row::Carrier],
-        }
+        vec![Row::Tcp, Row::Carrier]
     }
 
     /// What the server says of the mode when it starts.
@@ -826,7 +793,6 @@ impl TcpcMode {
         match self {
             TcpcMode::Rows => "",
             TcpcMode::Paired => ", paired segments",
-            TcpcMode::Framed => ", paired segments with a framed-TCP row",
         }
     }
 }
@@ -835,7 +801,6 @@ impl TcpcMode {
 enum RowConn {
     Tcp(std::net::TcpStream),
     Carrier(XenStream),
-    Framed(framed::FramedTcp),
 }
 
 impl RowConn {
@@ -843,263 +808,12 @@ impl RowConn {
         match self {
             RowConn::Tcp(s) => s,
             RowConn::Carrier(s) => s,
-            RowConn::Framed(s) => s,
-        }
-    }
-
-    /// A framed connection's calls of the round, on `side`'s console.
-    fn report_calls(&self, side: &str, round: u32) {
-        if let RowConn::Framed(f) = self {
-            let c = f.calls();
-            println!(
-                "lab_bench framed-tcp-user {side} calls, round {round}: writes {} (partial {}, polls {}), reads {} (socket reads {}, polls {})",
-                c.writes, c.partial, c.polls_out, c.reads, c.socket_reads, c.polls_in
-            );
         }
     }
 }
 
 trait ReadWrite: Read + Write {}
 impl<T: Read + Write> ReadWrite for T {}
-
-/// Plain TCP carrying the carrier's own frames (`carrier::frames`: the
-/// writer's `send_data_direct` with its outbox for a partial frame, the
-/// reader's inbox with its look-ahead), with none of the engine around
-/// them (no locks, driver, eventfds or switch state): with
-/// `user-tcpc-framed`, a row between plain TCP and the carrier, to tell
-/// what the frames and the calls' shapes cost from what the engine adds.
-mod framed {
-    use super::carrier::{send_data_direct, Frame, Inbox, Incoming, Outbox, RX_LOOKAHEAD};
-    use std::io::{self, Read, Write};
-    use std::net::TcpStream;
-    use std::os::fd::AsRawFd;
-
-    /// Both ends use this connection id on the wire.
-    const CONN_ID: u32 = 7;
-
-    pub struct FramedTcp {
-        sock: TcpStream,
-        out: Outbox,
-        sent: u64,
-        inbox: Inbox,
-        payload_left: u64,
-        /// The last read found the socket empty: wait before reading (as
-        /// the engine's `leg_drained`).
-        drained: bool,
-        /// Calls on the socket, for the row's report (`calls()`).
-        calls: Calls,
-    }
-
-    /// What a framed connection did, by kind of call.
-    #[derive(Default, Clone, Copy)]
-    pub struct Calls {
-        pub writes: u64,
-        /// writes whose frame went out in part (the rest via the outbox)
-        pub partial: u64,
-        pub polls_out: u64,
-        pub polls_in: u64,
-        pub reads: u64,
-        /// socket reads (the inbox's count)
-        pub socket_reads: u64,
-    }
-
-    impl FramedTcp {
-        pub fn new(sock: TcpStream) -> io::Result<FramedTcp> {
-            sock.set_nodelay(true)?;
-            // `LAB_BENCH_FRAMED_BLOCKING=1`: the socket stays blocking, so
-            // a write waits in the kernel and never goes out in part, and a
-            // read of an empty socket sleeps in it (the frame code takes a
-            // blocking socket as it comes): the calls' shapes without the
-            // non-blocking part, for comparison in the same run
-            let blocking = std::env::var("LAB_BENCH_FRAMED_BLOCKING").is_ok_and(|v| v == "1");
-            sock.set_nonblocking(!blocking)?;
-            Ok(FramedTcp {
-                sock,
-                out: Outbox::default(),
-                sent: 0,
-                inbox: Inbox::new(lookahead()?),
-                payload_left: 0,
-                drained: false,
-                calls: Calls::default(),
-            })
-        }
-
-        /// What the connection did so far.
-        pub fn calls(&self) -> Calls {
-            Calls {
-                socket_reads: self.inbox.reads(),
-                ..self.calls
-            }
-        }
-
-        fn wait(&mut self, events: i16) {
-            if events == libc::POLLOUT {
-                self.calls.polls_out += 1;
-            } else {
-                self.calls.polls_in += 1;
-            }
-            let mut p = libc::pollfd {
-                fd: self.sock.as_raw_fd(),
-                events,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut p, 1, -1) };
-        }
-    }
-
-    /// The look-ahead past a payload: the engine's, or
-    /// `LAB_BENCH_FRAMED_LOOKAHEAD` bytes (to measure what its size costs
-    /// against the carrier's in the same run).
-    fn lookahead() -> io::Result<usize> {
-        match std::env::var("LAB_BENCH_FRAMED_LOOKAHEAD") {
-            Err(_) => Ok(RX_LOOKAHEAD),
-            Ok(v) => v.parse().map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("LAB_BENCH_FRAMED_LOOKAHEAD={v:?}: not a byte count"),
-                )
-            }),
-        }
-    }
-
-    impl Write for FramedTcp {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            if buf.is_empty() {
-                return Ok(0);
-            }
-            loop {
-                self.out.flush(&self.sock)?;
-                if self.out.is_empty() {
-                    let n = send_data_direct(&self.sock, &mut self.out, CONN_ID, self.sent, buf)?;
-                    self.calls.writes += 1;
-                    if n > 0 {
-                        self.sent += n as u64;
-                        if !self.out.is_empty() {
-                            self.calls.partial += 1;
-                        }
-                        // a partial frame is finished before returning, as
-                        // the engine's blocking writer does
-                        while !self.out.is_empty() {
-                            self.wait(libc::POLLOUT);
-                            self.out.flush(&self.sock)?;
-                        }
-                        return Ok(n);
-                    }
-                }
-                self.wait(libc::POLLOUT);
-            }
-        }
-
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl Read for FramedTcp {
-        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            self.calls.reads += 1;
-            self.read_inner(buf)
-        }
-    }
-
-    impl FramedTcp {
-        fn read_inner(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            let mut got = 0;
-            let reads_at_start = self.inbox.reads();
-            while got < buf.len() {
-                // as the engine: one read of the socket per call once
-                // there are bytes for the caller
-                if got > 0 && self.inbox.reads() != reads_at_start {
-                    if self.payload_left > 0 {
-                        let n = self.inbox.take_buffered(&mut buf[got..], self.payload_left);
-                        if n == 0 {
-                            break;
-                        }
-                        got += n;
-                        self.payload_left -= n as u64;
-                        continue;
-                    }
-                    if !self.inbox.frame_ready() {
-                        break;
-                    }
-                }
-                if self.drained && got == 0 && self.inbox.buffered() == 0 {
-                    self.drained = false;
-                    self.wait(libc::POLLIN);
-                }
-                if self.payload_left > 0 {
-                    match self
-                        .inbox
-                        .read_payload(&self.sock, &mut buf[got..], self.payload_left)
-                    {
-                        Ok((0, _)) => break,
-                        Ok((n, drained)) => {
-                            got += n;
-                            self.payload_left -= n as u64;
-                            if drained {
-                                self.drained = true;
-                                break;
-                            }
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            if got > 0 {
-                                self.drained = true;
-                                break;
-                            }
-                            self.wait(libc::POLLIN);
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e),
-                    }
-                    continue;
-                }
-                // as the engine: a payload from an empty inbox comes with
-                // its prefix
-                let (incoming, placed) =
-                    self.inbox
-                        .next_with_payload(&self.sock, CONN_ID, &mut buf[got..])?;
-                match incoming {
-                    Incoming::Frame(Frame::Data { len, .. }) => {
-                        self.payload_left = len - placed as u64;
-                        got += placed;
-                        if placed > 0 && self.inbox.drained() {
-                            self.drained = true;
-                            break;
-                        }
-                    }
-                    Incoming::Frame(_) => return Err(control_frame()),
-                    Incoming::WouldBlock => {
-                        if got > 0 {
-                            self.drained = true;
-                            break;
-                        }
-                        self.wait(libc::POLLIN);
-                    }
-                    Incoming::Closed => break,
-                }
-            }
-            // the next prefix came along with the payload: take it now (no
-            // system call), as the engine does
-            if self.payload_left == 0 && self.inbox.frame_ready() {
-                match self.inbox.next(&self.sock, CONN_ID)? {
-                    Incoming::Frame(Frame::Data { len, .. }) => self.payload_left = len,
-                    Incoming::Frame(_) => return Err(control_frame()),
-                    Incoming::WouldBlock | Incoming::Closed => {}
-                }
-            }
-            Ok(got)
-        }
-    }
-
-    /// The framed row's writer sends only `Data`.
-    fn control_frame() -> io::Error {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            "a control frame on the framed row",
-        )
-    }
-}
 
 /// Which row goes first alternates between rounds, so that neither row
 /// always follows the other (a stream right after another may find the
@@ -1248,8 +962,7 @@ fn turn_order(rows: usize, turn: u32) -> Vec<usize> {
 }
 
 /// One paired round of `user-tcpc-paired`: a plain TCP connection and a
-/// moved carrier connection (and with `framed`, a framed-TCP one) open side
-/// by side, their streams sent in turns per `segment_plan`, each row's
+/// moved carrier connection open side by side, their streams sent in turns per `segment_plan`, each row's
 /// throughput its bytes over the sum of its segments' times (each from its
 /// first write to the receiver's verdict); then each row's round trips.
 /// Returns the failed rows. Leaves the transport resumed.
@@ -1268,9 +981,6 @@ fn paired_round(t: &Tcpc, round: u32, mode: TcpcMode, tallies: &mut [SchedTally]
                 let s = tcp_connect(t.tcp_addr, t.timeout)?;
                 s.set_nodelay(true)?;
                 RowConn::Tcp(s)
-            }
-            Row::Framed => {
-                RowConn::Framed(framed::FramedTcp::new(tcp_connect(t.tcp_addr, t.timeout)?)?)
             }
         });
     }
@@ -1303,7 +1013,6 @@ fn paired_round(t: &Tcpc, round: u32, mode: TcpcMode, tallies: &mut [SchedTally]
     }
     let mut failed = 0;
     for ((row, conn), m) in rows.iter().zip(&conns).zip(&measured) {
-        conn.report_calls("client", round);
         let ok = match conn {
             RowConn::Carrier(s) => carrier_verdict(t.transport, s, m, round)?,
             _ if m.intact => {
@@ -1367,7 +1076,6 @@ fn client_tcpc(a: &[String], mode: TcpcMode) -> Res<i32> {
             let ok = match row {
                 Row::Tcp => tcp_round(&t, round)?,
                 Row::Carrier => carrier_round(&t, round)?,
-                Row::Framed => return Err("the framed row runs paired only".into()),
             };
             if !ok {
                 failed += 1;

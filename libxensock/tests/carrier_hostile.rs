@@ -14,7 +14,7 @@ mod carrier;
 mod carrier_common;
 
 use std::io::{Read, Write};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +22,13 @@ use std::time::Duration;
 use carrier::{Doorbell, Engine, EngineConfig, InitialRings, MemfdRing, RingAlloc, Trigger};
 use carrier_common::*;
 use xensock_proto::ctrl::Message;
+
+fn hello_frame(conn_id: u32, cookie: u64) -> Vec<u8> {
+    let msg = Message::TcpHello { conn_id, cookie };
+    let mut buf = vec![0u8; msg.encoded_len()];
+    msg.encode(&mut buf).unwrap();
+    buf
+}
 
 fn no_alloc() -> RingAlloc {
     Box::new(|_| Err(std::io::ErrorKind::Unsupported.into()))
@@ -77,24 +84,39 @@ fn consumed_beyond_what_was_sent_resets_the_connection() {
         81,
         82,
         Some(fake.local_addr().unwrap()),
-        la,
+        la.clone(),
         true,
         Duration::from_secs(20),
     );
     assert_eq!(e.write(b"0123456789").unwrap(), 10);
     e.freeze(Trigger::LocalMove).unwrap();
+    // The engine's leg (its stream's way, our control frames' way back):
+    // only its hello so far.
     let (mut leg, _) = fake.accept().unwrap();
-    // Hello, then the TxFreeze{epoch 0, offset 10}.
-    let mut first = [0u8; 16 + 24];
-    leg.read_exact(&mut first).unwrap();
+    let mut hello = [0u8; 16];
+    leg.read_exact(&mut hello).unwrap();
+    // Our leg to it, where its control frames come: the TxFreeze{epoch 0,
+    // offset 10}, then the Consumed for its receiving ring.
+    let mut back = TcpStream::connect(la.local_addr()).unwrap();
+    back.write_all(&hello_frame(81, COOKIE)).unwrap();
+    back.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     let freeze = Message::TxFreeze {
         conn_id: 82,
         epoch: 0,
         offset: 10,
     };
-    let mut want = vec![0u8; freeze.encoded_len()];
-    freeze.encode(&mut want).unwrap();
-    assert_eq!(&first[16..], &want[..]);
+    let consumed = Message::Consumed {
+        conn_id: 82,
+        epoch: 0,
+        offset: 0,
+    };
+    let mut want = vec![0u8; freeze.encoded_len() + consumed.encoded_len()];
+    let n = freeze.encode(&mut want).unwrap();
+    consumed.encode(&mut want[n..]).unwrap();
+    let mut first = vec![0u8; want.len()];
+    back.read_exact(&mut first).unwrap();
+    assert_eq!(first, want);
     let bad = Message::Consumed {
         conn_id: 81,
         epoch: 0,
@@ -109,9 +131,8 @@ fn consumed_beyond_what_was_sent_resets_the_connection() {
         Some(libc::ECONNRESET)
     );
     assert!(e.status().failure.is_some_and(|f| f.contains("outside")));
-    // And the peer is told.
-    leg.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // And the peer is told, on the control stream.
     let mut reset = [0u8; 12];
-    leg.read_exact(&mut reset).unwrap();
+    back.read_exact(&mut reset).unwrap();
     assert_eq!(reset[1], 5, "a Reset frame");
 }

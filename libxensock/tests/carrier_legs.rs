@@ -226,8 +226,9 @@ fn malformed_frame_resets_only_its_connection() {
     )
     .unwrap();
 
-    // The victim's "peer" is this test: it takes the victim's leg, then
-    // opens the leg back with the right hello and sends garbage.
+    // The victim's "peer" is this test: it takes the victim's leg, opens
+    // the leg back with the right hello, and sends garbage on the
+    // victim's leg's control stream.
     let fake = TcpListener::bind("127.0.0.1:0").unwrap();
     let victim = Arc::new(lone_engine(
         61,
@@ -251,7 +252,7 @@ fn malformed_frame_resets_only_its_connection() {
     let mut buf = vec![0u8; bad.encoded_len()];
     bad.encode(&mut buf).unwrap();
     buf[12] = 1; // a reserved byte
-    to_victim.write_all(&buf).unwrap();
+    from_victim.write_all(&buf).unwrap();
     let mut b = [0u8; 4];
     assert_eq!(
         victim.read(&mut b).unwrap_err().raw_os_error(),

@@ -74,6 +74,10 @@ pub enum Kind {
     Consumed = 20,
     /// End of stream at offset M (TCP).
     Fin = 21,
+    /// "The bytes that follow on this leg are the stream from offset M on",
+    /// until a `RingFrom` or `Fin` on the other leg ends the run (TCP; the
+    /// raw leg, see [`Message::RawFrom`]).
+    RawFrom = 22,
 }
 
 impl Kind {
@@ -94,6 +98,7 @@ impl Kind {
             19 => Kind::TxFreeze,
             20 => Kind::Consumed,
             21 => Kind::Fin,
+            22 => Kind::RawFrom,
             _ => return None,
         })
     }
@@ -113,7 +118,7 @@ impl Kind {
             Kind::TcpHello => 8,
             Kind::Data => return None,
             Kind::RingFrom | Kind::TxFreeze | Kind::Consumed => 16,
-            Kind::Fin => 8,
+            Kind::Fin | Kind::RawFrom => 8,
         })
     }
 
@@ -134,7 +139,8 @@ impl Kind {
             | Kind::RingFrom
             | Kind::TxFreeze
             | Kind::Consumed
-            | Kind::Fin => matches!(channel, Channel::Tcp),
+            | Kind::Fin
+            | Kind::RawFrom => matches!(channel, Channel::Tcp),
         }
     }
 }
@@ -425,6 +431,17 @@ pub enum Message<'a> {
         /// The recipient's connection id.
         conn_id: u32,
         /// Total bytes in the stream.
+        offset: u64,
+    },
+    /// Opens a run on a raw leg: the bytes after this frame, on the same
+    /// leg, are the stream from `offset` on, without framing, until the
+    /// sender's `RingFrom` or `Fin` (which travel on the other leg, see
+    /// `docs/protocol.md`) says where the run ends; the next run starts
+    /// with another `RawFrom`.
+    RawFrom {
+        /// The recipient's connection id.
+        conn_id: u32,
+        /// Stream offset of the run's first byte.
         offset: u64,
     },
 }
@@ -721,6 +738,10 @@ pub fn decode(buf: &[u8], channel: Channel) -> Result<(Message<'_>, usize), Deco
             conn_id,
             offset: r.u64()?,
         },
+        Kind::RawFrom => Message::RawFrom {
+            conn_id,
+            offset: r.u64()?,
+        },
     };
     Ok((msg, total))
 }
@@ -744,6 +765,7 @@ impl Message<'_> {
             Message::TxFreeze { .. } => Kind::TxFreeze,
             Message::Consumed { .. } => Kind::Consumed,
             Message::Fin { .. } => Kind::Fin,
+            Message::RawFrom { .. } => Kind::RawFrom,
         }
     }
 
@@ -760,7 +782,8 @@ impl Message<'_> {
             | Message::RingFrom { conn_id, .. }
             | Message::TxFreeze { conn_id, .. }
             | Message::Consumed { conn_id, .. }
-            | Message::Fin { conn_id, .. } => conn_id,
+            | Message::Fin { conn_id, .. }
+            | Message::RawFrom { conn_id, .. } => conn_id,
             Message::Suspend | Message::Resume { .. } | Message::RingRetire { .. } => 0,
         }
     }
@@ -845,7 +868,7 @@ impl Message<'_> {
                 w.zeros(4);
                 w.u64(*offset);
             }
-            Message::Fin { offset, .. } => w.u64(*offset),
+            Message::Fin { offset, .. } | Message::RawFrom { offset, .. } => w.u64(*offset),
         }
         Ok(len)
     }

@@ -13,8 +13,16 @@
 //! (`driver.rs`), so a thousand moved connections do not cost a thousand
 //! threads. The two directions have separate locks
 //! and no code path holds both.
+//!
+//! The legs (protocol version 2, the raw leg: `docs/protocol.md` §7): our
+//! *outbound* leg carries our stream unframed, and back from the peer the
+//! control frames of both directions; our *inbound* leg carries the peer's
+//! stream, and back our control frames. Control frames that arrive for
+//! our receiving direction are queued (`Shared::rx_ctl`) and taken in
+//! order by whoever holds that direction next.
 
-use std::io;
+use std::collections::VecDeque;
+use std::io::{self, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -29,9 +37,7 @@ use xensock_proto::switch::{
 };
 
 use super::driver::{self, Attachment, Driven};
-use super::frames::{
-    protocol_error, send_data_direct, Frame, Inbox, Incoming, Outbox, RX_LOOKAHEAD,
-};
+use super::frames::{protocol_error, send_raw, Frame, Inbox, Incoming, Outbox};
 use super::leg::{lock, LegListener};
 use super::ring::{NewRing, SharedRing};
 use crate::evfd::EventFd;
@@ -149,6 +155,11 @@ pub(crate) struct EngineStatus {
 /// Wait for something on a leg while sleeping.
 const NO_LEG: i16 = 0;
 
+/// Control frames for the receiving direction that may wait for it: a few
+/// per switch, so a peer that sends more is in breach (see
+/// `Shared::read_control`).
+const MAX_QUEUED_CONTROL: usize = 64;
+
 struct Tx {
     path: TxPath,
     producer: Option<Producer<RawRing>>,
@@ -166,7 +177,9 @@ struct Tx {
     leg_wanted: bool,
     connecting: bool,
     retry_at: Option<Instant>,
+    /// Our stream's bytes (and the leg's hello) not yet taken by the leg.
     out: Outbox,
+    /// Control frames from the peer (both directions').
     inbox: Inbox,
     waiting: bool,
     writer_polls: bool,
@@ -179,48 +192,30 @@ struct Rx {
     consumer: Option<Consumer<RawRing>>,
     ring: Option<SharedRing>,
     offered: Option<SharedRing>,
-    leg: Option<TcpStream>,
+    /// The peer's stream, raw; our control frames go back on it
+    /// (`Shared::ctl_out` holds it too).
+    leg: Option<Arc<TcpStream>>,
     leg_closed: bool,
     /// As `Tx::leg_unanswered`.
     leg_unanswered: Option<Instant>,
-    inbox: Inbox,
-    /// A frame read but not yet processable (data behind a draining ring).
-    held: Option<Frame>,
-    /// Payload bytes of the current `Data` frame still in the socket.
-    payload_left: u64,
+    /// The bytes on the leg are the stream at `path.taken()`: the sender's
+    /// `RawFrom` for them was taken and no `RingFrom` ended the run since.
+    run_open: bool,
+    /// The reader went past the end of a run before its `RingFrom` was
+    /// here: only a run that continues at exactly that end may follow
+    /// (see `Shared::pump_rx`).
+    join_at: Option<u64>,
     /// We left ring `epoch` on our own (move, peer gone) and have not seen
     /// the sender's `TxFreeze` for it yet.
     awaiting_freeze: Option<u32>,
     /// The reader's last read from the leg emptied it: a blocking reader
     /// polls before it reads again.
     leg_drained: bool,
-    out: Outbox,
     delivered: u64,
     waiting: bool,
     reader_polls: bool,
-    driver_watches: bool,
     /// A non-blocking reader got `WouldBlock`: tell the ready hook once.
     nb_waiting: AtomicBool,
-}
-
-impl Rx {
-    /// Whether the driver must take frames off the leg without a reader.
-    ///
-    /// On a ring: the sender may freeze it and waits for our `Consumed`.
-    /// Also while the `TxFreeze` for a ring we left is awaited (it is the
-    /// next frame on the leg, and offers wait for it). Otherwise, on TCP,
-    /// every frame either waits in order behind data the application has
-    /// not read (`Data`, `RingFrom`, `Fin`) or needs no prompt answer (a
-    /// `TxFreeze` voiding an offer), so the reader takes them, and a
-    /// streaming reader never has to hand the leg back and forth with the
-    /// driver.
-    fn driver_must_watch(&self) -> bool {
-        self.leg.is_some()
-            && !self.leg_closed
-            && self.payload_left == 0
-            && self.held.is_none()
-            && (matches!(self.path.state(), RxState::Ring { .. }) || self.awaiting_freeze.is_some())
-    }
 }
 
 #[derive(Default)]
@@ -230,12 +225,26 @@ struct Counters {
     rx_to_ring: AtomicU64,
 }
 
+/// Our control frames and the leg they go on (the inbound one). Taken
+/// under either direction's lock or none; nothing is locked under it.
+#[derive(Default)]
+struct CtlOut {
+    out: Outbox,
+    leg: Option<Arc<TcpStream>>,
+}
+
 struct Shared {
     /// Ourselves, for helper threads that must not keep us alive.
     me: Weak<Shared>,
     cfg: EngineConfig,
     tx: Mutex<Tx>,
     rx: Mutex<Rx>,
+    ctl_out: Mutex<CtlOut>,
+    /// Control frames for our receiving direction, in the order they came
+    /// (a leaf lock, as `ctl_out`).
+    rx_ctl: Mutex<VecDeque<Frame>>,
+    /// The peer closed its control stream (our outbound leg's way back).
+    ctl_in_closed: AtomicBool,
     /// Serialise readers and writers: one waiter per side.
     read_lock: Mutex<()>,
     write_lock: Mutex<()>,
@@ -361,8 +370,7 @@ impl Engine {
                 connecting: false,
                 retry_at: None,
                 out: Outbox::default(),
-                // Only `Consumed` (and `Reset`) come back on a sending leg.
-                inbox: Inbox::new(0),
+                inbox: Inbox::default(),
                 waiting: false,
                 writer_polls: false,
                 nb_waiting: AtomicBool::new(false),
@@ -375,18 +383,18 @@ impl Engine {
                 leg: None,
                 leg_closed: false,
                 leg_unanswered: None,
-                inbox: Inbox::new(RX_LOOKAHEAD),
-                held: None,
-                payload_left: 0,
+                run_open: false,
+                join_at: None,
                 awaiting_freeze: None,
                 leg_drained: false,
-                out: Outbox::default(),
                 delivered: seed.delivered,
                 waiting: false,
                 reader_polls: false,
-                driver_watches: false,
                 nb_waiting: AtomicBool::new(false),
             }),
+            ctl_out: Mutex::new(CtlOut::default()),
+            rx_ctl: Mutex::new(VecDeque::new()),
+            ctl_in_closed: AtomicBool::new(false),
             read_lock: Mutex::new(()),
             write_lock: Mutex::new(()),
             tx_wake,
@@ -425,7 +433,9 @@ impl Engine {
             }),
         );
         if tx_on_tcp {
-            shared.ensure_tx_leg(&mut lock(&shared.tx));
+            let mut tx = lock(&shared.tx);
+            shared.open_run(&tx);
+            shared.ensure_tx_leg(&mut tx);
         }
         let driver = match driver::attach(shared.clone()) {
             Ok(d) => d,
@@ -467,11 +477,11 @@ impl Engine {
 
     /// After `shutdown_write`: waits, at most `limit`, until everything
     /// written and the end of stream have left on the current carrier and
-    /// every frame queued for the leg is written and acknowledged, so
-    /// closing the leg cannot discard them, then returns; dropping the
+    /// everything queued for either leg is written and acknowledged, so
+    /// closing the legs cannot discard it, then returns; dropping the
     /// engine then closes the legs. On a ring too: a switch to it queues
-    /// its `RingFrom` on the leg, and without it the receiver never looks
-    /// at the ring.
+    /// its `RingFrom` for the inbound leg, and without it the receiver
+    /// never looks at the ring.
     pub(crate) fn linger(&self, limit: Duration) {
         self.shared.graceful.store(true, Ordering::SeqCst);
         let end = Instant::now() + limit;
@@ -484,6 +494,9 @@ impl Engine {
                 !matches!(tx.path.state(), TxState::Frozen { .. })
                     && tx.out.is_empty()
                     && tx.leg.as_ref().map_or(true, |l| unacked(l) == 0)
+            } && {
+                let c = lock(&self.shared.ctl_out);
+                c.out.is_empty() && c.leg.as_deref().map_or(true, |l| unacked(l) == 0)
             };
             if settled || Instant::now() >= end {
                 return;
@@ -557,7 +570,7 @@ impl Engine {
             return false;
         };
         rx.offered = None;
-        self.shared.queue_consumed(&mut rx, n.epoch, n.offset);
+        self.shared.queue_consumed(n.epoch, n.offset);
         true
     }
 
@@ -636,8 +649,9 @@ impl Drop for Engine {
             // must not be left unread: closing a socket with unread data
             // resets it, and the reset discards what the peer has not read
             // yet of ours.
-            let legs: Vec<TcpStream> = [
-                lock(&self.shared.tx).leg.take(),
+            drop(lock(&self.shared.ctl_out).leg.take());
+            let legs: Vec<Arc<TcpStream>> = [
+                lock(&self.shared.tx).leg.take().map(Arc::new),
                 lock(&self.shared.rx).leg.take(),
             ]
             .into_iter()
@@ -650,13 +664,12 @@ impl Drop for Engine {
 
 /// Sends FIN on each leg, then reads and drops what arrives until the
 /// peer closes too or nothing came for a moment (at most `limit`).
-fn close_quietly(legs: Vec<TcpStream>, limit: Duration) {
-    use std::io::Read;
+fn close_quietly(legs: Vec<Arc<TcpStream>>, limit: Duration) {
     for l in &legs {
         let _ = l.shutdown(std::net::Shutdown::Write);
     }
     let end = Instant::now() + limit;
-    let mut open: Vec<&TcpStream> = legs.iter().collect();
+    let mut open: Vec<&TcpStream> = legs.iter().map(|l| &**l).collect();
     let mut buf = [0u8; 4096];
     while !open.is_empty() && Instant::now() < end {
         let mut fds: Vec<libc::pollfd> = open
@@ -896,21 +909,14 @@ impl Shared {
                     if let Some(leg) = t.leg.as_ref() {
                         t.out.flush(leg).map_err(|e| self.breach(e))?;
                         if t.out.is_empty() {
-                            let from = t.path.sent();
-                            let n = send_data_direct(leg, &mut t.out, self.cfg.peer_id, from, buf)
-                                .map_err(|e| self.breach(e))?;
+                            // The run's bytes go as they are: one send, as
+                            // on a plain TCP socket.
+                            let n = send_raw(leg, buf).map_err(|e| self.breach(e))?;
                             if n > 0 {
                                 t.path
                                     .record_sent(n as u64)
                                     .map_err(|e| self.breach(switch_error(e)))?;
-                                if nonblocking {
-                                    if !t.out.is_empty() {
-                                        // The driver finishes the frame.
-                                        self.ctl.signal();
-                                    }
-                                    return Ok(n);
-                                }
-                                return Ok(self.finish_partial(tx, n));
+                                return Ok(n);
                             }
                         }
                         leg_events = libc::POLLOUT;
@@ -927,28 +933,6 @@ impl Shared {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             tx = self.wait_tx(tx, leg_events);
-        }
-    }
-
-    /// A frame went out in part: finish it before returning, as a
-    /// blocking `write` would, rather than wake the driver for it. The
-    /// `n` bytes are committed whatever happens here.
-    fn finish_partial<'a>(&'a self, mut tx: MutexGuard<'a, Tx>, n: usize) -> usize {
-        loop {
-            if tx.out.is_empty() {
-                return n;
-            }
-            if self.failed.load(Ordering::SeqCst) != 0 || tx.path.state() != TxState::Tcp {
-                self.ctl.signal();
-                return n;
-            }
-            tx = self.wait_tx(tx, libc::POLLOUT);
-            let t = &mut *tx;
-            if let Some(leg) = t.leg.as_ref() {
-                if let Err(e) = t.out.flush(leg) {
-                    self.breach(e);
-                }
-            }
         }
     }
 
@@ -983,12 +967,10 @@ impl Shared {
                 self.kick();
             }
             TxState::Tcp => {
-                let sent = tx.path.sent();
-                tx.out.push(&Message::Fin {
+                self.send_ctl(&Message::Fin {
                     conn_id: self.cfg.peer_id,
-                    offset: sent,
+                    offset: tx.path.sent(),
                 });
-                self.flush_tx(&mut tx);
             }
             // Sent after the resend.
             TxState::Frozen { .. } => {}
@@ -996,7 +978,33 @@ impl Shared {
         Ok(())
     }
 
-    /// Writes queued frames if the leg is up; the driver finishes the rest.
+    /// Queues a control frame for the peer (on our inbound leg) and writes
+    /// what that leg takes now; the driver writes the rest, and all of it
+    /// once the leg is up.
+    fn send_ctl(&self, msg: &Message<'_>) {
+        let mut c = lock(&self.ctl_out);
+        c.out.push(msg);
+        let c = &mut *c;
+        if let Some(leg) = c.leg.as_deref() {
+            if let Err(e) = c.out.flush(leg) {
+                self.breach(e);
+            }
+        }
+        if !c.out.is_empty() {
+            self.ctl.signal();
+        }
+    }
+
+    /// Our sending direction starts on TCP: tells the peer where our raw
+    /// bytes start (a resend says the same for its own).
+    fn open_run(&self, tx: &Tx) {
+        self.send_ctl(&Message::RawFrom {
+            conn_id: self.cfg.peer_id,
+            offset: tx.path.sent(),
+        });
+    }
+
+    /// Writes queued bytes if the leg is up; the driver finishes the rest.
     fn flush_tx(&self, tx: &mut Tx) {
         if let Some(leg) = tx.leg.as_ref() {
             if let Err(e) = tx.out.flush(leg) {
@@ -1024,7 +1032,7 @@ impl Shared {
         let notice = tx.path.freeze(unconsumed).map_err(switch_error)?;
         tx.producer = None;
         tx.ring = None;
-        tx.out.push(&Message::TxFreeze {
+        self.send_ctl(&Message::TxFreeze {
             conn_id: self.cfg.peer_id,
             epoch: notice.epoch,
             offset: notice.offset,
@@ -1046,12 +1054,15 @@ impl Shared {
                 .zip(usize::try_from(r.skip + r.len).ok())
                 .and_then(|(a, b)| copy.get(a..b))
                 .ok_or_else(|| protocol_error("resend outside the copy"))?;
-            tx.out.push_data(self.cfg.peer_id, r.from, bytes);
+            self.send_ctl(&Message::RawFrom {
+                conn_id: self.cfg.peer_id,
+                offset: r.from,
+            });
+            tx.out.push_raw(bytes);
             if tx.path.is_finished() {
-                let sent = tx.path.sent();
-                tx.out.push(&Message::Fin {
+                self.send_ctl(&Message::Fin {
                     conn_id: self.cfg.peer_id,
-                    offset: sent,
+                    offset: tx.path.sent(),
                 });
             }
             self.counters.tx_to_tcp.fetch_add(1, Ordering::Relaxed);
@@ -1075,7 +1086,7 @@ impl Shared {
         }
         match tx.path.on_ring_offer(epoch).map_err(switch_error)? {
             Some(marker) => {
-                tx.out.push(&Message::RingFrom {
+                self.send_ctl(&Message::RingFrom {
                     conn_id: self.cfg.peer_id,
                     epoch,
                     offset: marker,
@@ -1137,15 +1148,7 @@ impl Shared {
         let _one_reader = lock(&self.read_lock);
         let mut rx = lock(&self.rx);
         let mut got = 0;
-        let reads_at_start = rx.inbox.reads();
         loop {
-            // One read of the leg per call once there are bytes for the
-            // caller: a frame boundary inside its buffer (a 64 KiB write is
-            // a 65527-byte frame and a 9-byte one, so once a short read
-            // shifts the reads against the frames, every read crosses one)
-            // made that two system calls per read where plain TCP makes
-            // one; returning at the boundary realigns the next read.
-            let may_read = got == 0 || rx.inbox.reads() == reads_at_start;
             if let Err(e) = self.check_failed() {
                 if got > 0 {
                     break;
@@ -1155,7 +1158,15 @@ impl Shared {
             if got == buf.len() {
                 break;
             }
-            if rx.payload_left == 0 && rx.path.eof_at() == Some(rx.path.taken()) {
+            // What the driver queued for us may switch carriers or end the
+            // stream here.
+            if let Err(e) = self.pump_rx(&mut rx) {
+                if got > 0 {
+                    break;
+                }
+                return Err(self.breach(e));
+            }
+            if rx.path.eof_at() == Some(rx.path.taken()) {
                 break;
             }
             let mut leg_events = NO_LEG;
@@ -1218,111 +1229,94 @@ impl Shared {
                         continue;
                     }
                 }
-            } else if rx.leg_drained
-                && !nonblocking
-                && got == 0
-                && rx.held.is_none()
-                && rx.inbox.buffered() == 0
-                && rx.leg.is_some()
-                && !rx.leg_closed
-            {
+            } else if got > 0 {
+                // One read of the leg per call, as on a plain TCP socket.
+                break;
+            } else if rx.leg_drained && !nonblocking && rx.run_open && !rx.leg_closed {
                 // The last read emptied the leg: wait for it first rather
                 // than read only to be told so (a system call costs tens
                 // of microseconds in a PV guest under emulation).
                 rx.leg_drained = false;
                 leg_events = libc::POLLIN;
-            } else if rx.payload_left > 0 {
-                let r = &mut *rx;
-                let want = (buf.len() - got).min(r.payload_left.min(usize::MAX as u64) as usize);
-                if !may_read {
-                    let n = r
-                        .inbox
-                        .take_buffered(&mut buf[got..got + want], r.payload_left);
-                    if n == 0 {
-                        break;
-                    }
-                    got += n;
-                    r.payload_left -= n as u64;
-                    continue;
-                }
-                let Some(leg) = r.leg.as_ref() else {
-                    return Err(self.breach(protocol_error("data without a leg")));
-                };
-                let left = r.payload_left;
-                match r.inbox.read_payload(leg, &mut buf[got..got + want], left) {
-                    Ok((0, _)) => return Err(self.breach(io::ErrorKind::UnexpectedEof.into())),
-                    Ok((n, drained)) => {
-                        got += n;
-                        r.payload_left -= n as u64;
-                        if drained {
-                            r.leg_drained = true;
-                            break;
-                        }
-                        continue;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        if got > 0 {
-                            r.leg_drained = true;
-                            break;
-                        }
-                        leg_events = libc::POLLIN;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(self.breach(e)),
-                }
-            } else if !may_read && rx.held.is_none() && !rx.inbox.frame_ready() {
-                break;
             } else {
-                // A frame's payload may come straight into `buf` with its
-                // prefix (`Inbox::next_with_payload`).
-                let r = &mut *rx;
-                match self.pump_rx_into(r, &mut buf[got..]) {
-                    Ok((Pump::Progress, placed)) => {
-                        got += placed;
-                        if placed > 0 && r.inbox.drained() {
-                            r.leg_drained = true;
-                            break;
-                        }
+                match self.read_run(&mut rx, &mut buf[got..]) {
+                    Ok(RunStep::Read(n)) => {
+                        got += n;
                         continue;
                     }
-                    Ok((Pump::Idle, _)) | Ok((Pump::Blocked, _)) => {
-                        if got > 0 {
-                            rx.leg_drained = true;
-                            break;
-                        }
-                        if rx.leg.is_some() && !rx.leg_closed {
-                            leg_events = libc::POLLIN;
-                        }
-                    }
+                    Ok(RunStep::Again) => continue,
+                    Ok(RunStep::WaitLeg) => leg_events = libc::POLLIN,
+                    Ok(RunStep::WaitControl) => {}
                     Err(e) => return Err(self.breach(e)),
                 }
             }
             if nonblocking {
                 rx.nb_waiting.store(true, Ordering::Release);
-                // The driver polls the leg for us (and answers control
-                // frames while nobody reads).
+                // The driver polls the leg for us.
                 self.ctl.signal();
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             rx = self.wait_rx(rx, leg_events);
         }
         rx.delivered += got as u64;
-        if rx.payload_left == 0 && rx.held.is_none() && rx.inbox.frame_ready() {
-            // The last payload read took the next frame along: take it now
-            // (no system call), so the driver is not woken for it. An
-            // error resets; the caller sees it next time.
-            if let Err(e) = self.pump_rx(&mut rx) {
-                self.breach(e);
-            }
-        }
-        // The driver watches the leg while this direction is on a ring (see
-        // `Rx::driver_must_watch`); frames already read along with the last
-        // payload do not make the socket readable, so it must look without
-        // being asked.
-        if rx.driver_must_watch() && (!rx.driver_watches || rx.inbox.buffered() > 0) {
-            self.ctl.signal();
-        }
         Ok(got)
+    }
+
+    /// One read of the run the inbound leg carries, into `dst`: bounded by
+    /// the end of stream and by a `RingFrom` already here (the bytes after
+    /// it are not on this leg). The sender puts no byte past a run's end
+    /// into it and starts its next run only after we answered a later
+    /// `TxFreeze` (which comes after the `RingFrom` on the same control
+    /// stream), so a read before the end is known cannot go past it,
+    /// except into a run that continues at that very end (see
+    /// [`Shared::pump_rx`]).
+    fn read_run(&self, rx: &mut Rx, dst: &mut [u8]) -> io::Result<RunStep> {
+        let Some(leg) = rx.leg.clone() else {
+            return Ok(RunStep::WaitControl);
+        };
+        if rx.leg_closed || !rx.run_open {
+            // Nothing to read until a control frame says what comes next
+            // (a run's `RawFrom`, its `RingFrom`, the `Fin`); without a
+            // control stream, nothing will.
+            if self.ctl_in_closed.load(Ordering::Acquire) && lock(&self.rx_ctl).is_empty() {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            return Ok(RunStep::WaitControl);
+        }
+        let taken = rx.path.taken();
+        let mut limit = dst.len() as u64;
+        if let Some(eof) = rx.path.eof_at() {
+            limit = limit.min(eof.saturating_sub(taken));
+        }
+        if let Some(end) = self.queued_run_end() {
+            limit = limit.min(end.saturating_sub(taken));
+        }
+        if limit == 0 {
+            return Ok(RunStep::WaitControl);
+        }
+        let want = limit as usize;
+        match (&*leg).read(&mut dst[..want]) {
+            Ok(0) => {
+                rx.leg_closed = true;
+                Ok(RunStep::Again)
+            }
+            Ok(n) => {
+                rx.path.on_data(taken, n as u64).map_err(switch_error)?;
+                rx.leg_drained = n < want;
+                Ok(RunStep::Read(n))
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(RunStep::WaitLeg),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(RunStep::Again),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Where the run being read ends, if its `RingFrom` is here already.
+    fn queued_run_end(&self) -> Option<u64> {
+        lock(&self.rx_ctl).iter().find_map(|f| match f {
+            Frame::RingFrom { offset, .. } => Some(*offset),
+            _ => None,
+        })
     }
 
     fn wait_rx<'a>(&'a self, mut rx: MutexGuard<'a, Rx>, leg_events: i16) -> MutexGuard<'a, Rx> {
@@ -1332,15 +1326,6 @@ impl Shared {
         };
         rx.waiting = true;
         rx.reader_polls = fd.is_some();
-        if !rx.reader_polls
-            && rx.driver_must_watch()
-            && (!rx.driver_watches || rx.inbox.buffered() > 0)
-        {
-            // E.g. we just switched onto a ring: a TxFreeze for it must be
-            // answered while we sleep on the ring, and may already be in
-            // the inbox, where polling the leg would not see it.
-            self.ctl.signal();
-        }
         drop(rx);
         sleep_on(&self.rx_wake, fd, leg_events);
         let mut rx = lock(&self.rx);
@@ -1349,20 +1334,12 @@ impl Shared {
         rx
     }
 
-    fn queue_consumed(&self, rx: &mut Rx, epoch: u32, offset: u64) {
-        rx.out.push(&Message::Consumed {
+    fn queue_consumed(&self, epoch: u32, offset: u64) {
+        self.send_ctl(&Message::Consumed {
             conn_id: self.cfg.peer_id,
             epoch,
             offset,
         });
-        if let Some(leg) = rx.leg.as_ref() {
-            if let Err(e) = rx.out.flush(leg) {
-                self.breach(e);
-            }
-        }
-        if !rx.out.is_empty() {
-            self.ctl.signal();
-        }
     }
 
     /// Drops the ring(s) the receiving state no longer reads.
@@ -1376,94 +1353,51 @@ impl Shared {
         }
     }
 
-    /// Takes frames off the leg until a `Data` payload is next, the leg
-    /// has nothing more, or a frame must wait for the ring to drain.
+    /// Takes this direction's control frames (`rx_ctl`) in order, as far
+    /// as they can be taken now: as on one ordered stream, a `RingFrom`
+    /// waits until every byte before it was read off the leg, a `RawFrom`
+    /// or `Fin` until a draining ring gave its bytes, and what follows
+    /// waits with them.
     fn pump_rx(&self, rx: &mut Rx) -> io::Result<Pump> {
-        self.pump_rx_into(rx, &mut []).map(|(p, _)| p)
-    }
-
-    /// [`Shared::pump_rx`], with the payload of a `Data` frame read from an
-    /// empty inbox coming straight into `dst` in the same system call
-    /// (`Inbox::next_with_payload`); returns how many payload bytes are in
-    /// `dst` (it then stops at that frame).
-    fn pump_rx_into(&self, rx: &mut Rx, mut dst: &mut [u8]) -> io::Result<(Pump, usize)> {
         let mut progress = false;
-        let idle = |p: bool| Ok((if p { Pump::Progress } else { Pump::Idle }, 0));
         loop {
-            if rx.payload_left > 0 {
-                return Ok((Pump::Progress, 0));
-            }
-            let mut placed = 0;
-            let frame = match rx.held.take() {
-                Some(f) => f,
-                None => {
-                    let Some(leg) = rx.leg.as_ref() else {
-                        return idle(progress);
-                    };
-                    if rx.leg_closed {
-                        return idle(progress);
-                    }
-                    let incoming = if !dst.is_empty()
-                        && rx.inbox.buffered() == 0
-                        && rx.path.tcp_data_takeable()
-                    {
-                        let (incoming, n) =
-                            rx.inbox.next_with_payload(leg, self.cfg.local_id, dst)?;
-                        placed = n;
-                        dst = &mut [];
-                        incoming
-                    } else {
-                        rx.inbox.next(leg, self.cfg.local_id)?
-                    };
-                    match incoming {
-                        Incoming::Frame(f) => f,
-                        Incoming::WouldBlock => return idle(progress),
-                        Incoming::Closed => {
-                            rx.leg_closed = true;
-                            let done = rx.path.eof_at() == Some(rx.path.taken());
-                            if done || rx.path.reads_ring() {
-                                // Nothing more needed from it (yet).
-                                return idle(progress);
-                            }
-                            return Err(io::ErrorKind::UnexpectedEof.into());
-                        }
-                    }
-                }
+            let Some(frame) = lock(&self.rx_ctl).front().copied() else {
+                break;
             };
-            let in_order = matches!(
-                frame,
-                Frame::Data { .. } | Frame::RingFrom { .. } | Frame::Fin { .. }
-            );
-            if in_order && !rx.path.tcp_data_takeable() {
-                if placed > 0 {
-                    // Cannot happen: payload is read into `dst` only while
-                    // TCP data is takeable, and nothing since changed it.
-                    return Err(protocol_error("payload taken for a frame that must wait"));
+            let waits = match frame {
+                Frame::RingFrom { offset, .. } => {
+                    !rx.path.tcp_data_takeable() || rx.path.taken() < offset
                 }
-                rx.held = Some(frame);
-                return Ok((
-                    if progress {
-                        Pump::Progress
-                    } else {
-                        Pump::Blocked
-                    },
-                    0,
-                ));
+                Frame::RawFrom { .. } | Frame::Fin { .. } => !rx.path.tcp_data_takeable(),
+                _ => false,
+            };
+            if waits {
+                return Ok(if progress {
+                    Pump::Progress
+                } else {
+                    Pump::Blocked
+                });
             }
-            progress = true;
             match frame {
-                Frame::Data { offset, len } => {
-                    rx.path.on_data(offset, len).map_err(switch_error)?;
-                    rx.payload_left = len - placed as u64;
-                    if placed > 0 {
-                        self.notify_rx(rx);
-                        return Ok((Pump::Progress, placed));
-                    }
-                }
                 Frame::RingFrom { epoch, offset } => {
-                    if rx.path.on_ring_from(epoch, offset).map_err(switch_error)?
-                        == RingFromOutcome::Switch
-                    {
+                    if !rx.run_open || rx.join_at.is_some() {
+                        return Err(protocol_error("RingFrom without a run"));
+                    }
+                    let outcome = rx.path.on_ring_from(epoch, offset).map_err(switch_error)?;
+                    if rx.path.taken() > offset {
+                        // We read past the run's end before its RingFrom
+                        // was here. The bytes after it are the next run's,
+                        // which (for an offer we abandoned, whose Consumed
+                        // went out before this RingFrom came) resumes at
+                        // that very end: its RawFrom must say so.
+                        if outcome == RingFromOutcome::Switch {
+                            return Err(protocol_error("read past a run's end"));
+                        }
+                        rx.join_at = Some(offset);
+                    } else {
+                        rx.run_open = false;
+                    }
+                    if outcome == RingFromOutcome::Switch {
                         let ring = rx
                             .offered
                             .take()
@@ -1473,6 +1407,20 @@ impl Shared {
                         self.counters.rx_to_ring.fetch_add(1, Ordering::Relaxed);
                     }
                 }
+                Frame::RawFrom { offset } => match rx.join_at.take() {
+                    Some(end) if end == offset => {}
+                    Some(end) => {
+                        return Err(protocol_error(format!(
+                            "run from {offset} after reading on past a run's end at {end}"
+                        )))
+                    }
+                    None if rx.run_open => return Err(protocol_error("RawFrom inside a run")),
+                    None => {
+                        // Checks the offset is where we stand.
+                        rx.path.on_data(offset, 0).map_err(switch_error)?;
+                        rx.run_open = true;
+                    }
+                },
                 Frame::TxFreeze { epoch, offset } => {
                     if rx.awaiting_freeze.is_some_and(|e| epoch >= e) {
                         rx.awaiting_freeze = None;
@@ -1486,30 +1434,35 @@ impl Shared {
                         .on_tx_freeze(epoch, Some(offset), u64::from(readable))
                         .map_err(switch_error)?
                     {
-                        self.queue_consumed(rx, c.epoch, c.offset);
+                        self.queue_consumed(c.epoch, c.offset);
                     }
                     Self::settle_rx_rings(rx);
                 }
                 Frame::Fin { offset } => {
                     rx.path.on_fin(offset).map_err(switch_error)?;
                 }
-                Frame::Consumed { .. } => {
-                    return Err(protocol_error("Consumed on a receiving leg"));
+                Frame::Consumed { .. } | Frame::Reset => {
+                    return Err(protocol_error(
+                        "a sending direction's frame queued for receiving",
+                    ));
                 }
-                Frame::Reset => return Err(io::ErrorKind::ConnectionReset.into()),
             }
+            lock(&self.rx_ctl).pop_front();
+            progress = true;
             self.notify_rx(rx);
         }
+        Ok(if progress { Pump::Progress } else { Pump::Idle })
     }
 
     fn offer_ring(&self) -> io::Result<Option<(u32, SharedRing)>> {
         self.check_failed()?;
-        let mut rx = lock(&self.rx);
         // Take the control frames already here first: a TxFreeze sent
         // before this offer must not be read as voiding it.
-        if rx.payload_left == 0 && rx.held.is_none() {
-            self.pump_rx(&mut rx).map_err(|e| self.breach(e))?;
-        }
+        let r = self.read_control(&mut lock(&self.tx));
+        let ended = r.map_err(|e| self.breach(e))?;
+        let mut rx = lock(&self.rx);
+        self.service_rx(&mut rx, ended)
+            .map_err(|e| self.breach(e))?;
         // Not before the sender's TxFreeze for the ring we left: arriving
         // after the offer, it would void it (proto cannot tell it from a
         // freeze after the offer) and cost a switch to the new ring and
@@ -1555,7 +1508,7 @@ impl Shared {
                 },
             };
             if let Some(c) = notice {
-                self.queue_consumed(&mut rx, c.epoch, c.offset);
+                self.queue_consumed(c.epoch, c.offset);
                 if left_ring == Some(c.epoch) {
                     // The sender froze (or will freeze, on our Consumed)
                     // this ring: its TxFreeze is on the way.
@@ -1599,9 +1552,11 @@ impl Shared {
             let tx = lock(&self.tx);
             has_leg = tx.leg.is_some();
             if let Some(leg) = &tx.leg {
-                // A leg the peer closed has nothing more to read (and would
-                // be readable for ever), but a non-blocking writer still
-                // waits for it: its next send is what reports the close.
+                // The peer's control frames come back on it (always
+                // watched). A leg the peer closed has nothing more to read
+                // (and would be readable for ever), but a non-blocking
+                // writer still waits for it: its next send is what reports
+                // the close.
                 let mut events = if tx.leg_closed { 0 } else { libc::POLLIN };
                 if (!tx.out.is_empty() || tx.nb_waiting.load(Ordering::Acquire)) && !tx.writer_polls
                 {
@@ -1619,28 +1574,22 @@ impl Shared {
                 wake_at = earliest(wake_at, tx.retry_at);
             }
         }
+        let ctl_pending = !lock(&self.ctl_out).out.is_empty();
         {
-            let mut rx = lock(&self.rx);
+            let rx = lock(&self.rx);
             has_leg |= rx.leg.is_some();
-            rx.driver_watches = false;
-            if rx.driver_must_watch() && !rx.reader_polls && rx.inbox.frame_ready() {
-                // A frame read along with a payload: polling the leg would
-                // not see it.
-                self.ctl.signal();
-            }
-            if let (Some(leg), false) = (&rx.leg, rx.leg_closed) {
+            if let Some(leg) = &rx.leg {
                 let mut events = 0;
-                if (rx.driver_must_watch() || rx.nb_waiting.load(Ordering::Acquire))
-                    && !rx.reader_polls
-                {
+                // Only a non-blocking reader needs the driver to watch the
+                // peer's stream; control for it comes on the other leg.
+                if rx.nb_waiting.load(Ordering::Acquire) && !rx.reader_polls && !rx.leg_closed {
                     events |= libc::POLLIN;
                 }
-                if !rx.out.is_empty() {
+                if ctl_pending {
                     events |= libc::POLLOUT;
                 }
                 if events != 0 {
                     let fd = leg.as_raw_fd();
-                    rx.driver_watches = events & libc::POLLIN != 0;
                     fds.push(libc::pollfd {
                         fd,
                         events,
@@ -1675,11 +1624,14 @@ impl Shared {
         }
         self.install_legs();
         let r = self.service_tx(&mut lock(&self.tx));
-        if let Err(e) = r {
-            self.breach(e);
-            return;
-        }
-        let r = self.service_rx(&mut lock(&self.rx));
+        let ended = match r {
+            Ok(ended) => ended,
+            Err(e) => {
+                self.breach(e);
+                return;
+            }
+        };
+        let r = self.service_rx(&mut lock(&self.rx), ended);
         if let Err(e) = r {
             self.breach(e);
             return;
@@ -1696,18 +1648,19 @@ impl Shared {
                 if rx.leg.is_some() || set_leg_options(&sock).is_err() {
                     continue;
                 }
-                rx.leg = Some(sock);
+                let sock = Arc::new(sock);
+                rx.leg = Some(sock.clone());
                 tracing::info!(conn = self.cfg.local_id, "inbound leg up");
-                let r = &mut *rx;
-                if let Some(leg) = r.leg.as_ref() {
-                    if let Err(e) = r.out.flush(leg) {
-                        self.breach(e);
-                    }
+                let mut c = lock(&self.ctl_out);
+                let c = &mut *c;
+                if let Err(e) = c.out.flush(&sock) {
+                    self.breach(e);
                 }
+                c.leg = Some(sock);
                 self.notify_rx(&rx);
             }
-            // The peer is on TCP: bring our leg up too, so answers for our
-            // sending direction have a way back.
+            // The peer is on TCP: bring our leg up too, so its control
+            // frames have a way to us.
             self.ensure_tx_leg(&mut lock(&self.tx));
         }
         let connected = lock(&self.connected).take();
@@ -1733,13 +1686,13 @@ impl Shared {
         }
     }
 
-    fn service_tx(&self, tx: &mut Tx) -> io::Result<()> {
-        if tx.leg.is_none() {
-            if tx.leg_wanted {
-                self.ensure_tx_leg(tx);
-            }
-            return Ok(());
-        }
+    /// Takes the control frames the peer sent back on our outbound leg:
+    /// answers for our sending direction are handled at once, frames for
+    /// our receiving direction are queued (`rx_ctl`) for it, in order (the
+    /// caller then takes them, `pump_rx`). Returns whether the control
+    /// stream ended in this call.
+    fn read_control(&self, tx: &mut Tx) -> io::Result<bool> {
+        let mut ended = false;
         while !tx.leg_closed {
             let t = &mut *tx;
             let Some(leg) = t.leg.as_ref() else { break };
@@ -1748,45 +1701,70 @@ impl Shared {
                     self.handle_consumed(tx, epoch, offset)?;
                 }
                 Incoming::Frame(Frame::Reset) => return Err(io::ErrorKind::ConnectionReset.into()),
-                Incoming::Frame(other) => {
-                    return Err(protocol_error(format!("{other:?} on a sending leg")));
+                Incoming::Frame(f) => {
+                    let mut q = lock(&self.rx_ctl);
+                    // Each frame waits for the receiving direction only
+                    // while a RingFrom before it waits for the bytes ahead
+                    // of it, and a sender sends few before it needs an
+                    // answer; a peer that floods is in breach.
+                    if q.len() >= MAX_QUEUED_CONTROL {
+                        return Err(protocol_error("control frames pile up unanswered"));
+                    }
+                    q.push_back(f);
                 }
                 Incoming::WouldBlock => break,
                 Incoming::Closed => {
-                    // The peer closed our sending leg: it reads nothing more
-                    // from us (its side was closed, or it died). What it
-                    // sent us stays readable on the other leg, so this is
-                    // not yet the connection's end: a write after it fails
-                    // on the socket, and a peer that died mid-stream shows
-                    // on the receiving leg (an end without its `Fin`). Only
-                    // a frozen direction, which waits for the peer's
-                    // `Consumed` on this leg, cannot go on without it.
+                    // The peer closed our outbound leg: it reads nothing
+                    // more from us (its side was closed, or it died), and
+                    // sends no more control frames. What it sent us stays
+                    // readable on the other leg, so this is not yet the
+                    // connection's end: a write after it fails on the
+                    // socket, and a peer that died mid-stream shows on the
+                    // receiving side (no `Fin` will come). Only a frozen
+                    // direction, which waits for the peer's `Consumed` on
+                    // this leg, cannot go on without it.
                     tx.leg_closed = true;
+                    self.ctl_in_closed.store(true, Ordering::Release);
+                    ended = true;
                     if matches!(tx.path.state(), TxState::Frozen { .. }) {
                         return Err(io::ErrorKind::UnexpectedEof.into());
                     }
                 }
             }
         }
+        Ok(ended)
+    }
+
+    /// Reads the control stream and writes our queued bytes; whether the
+    /// control stream ended in this call.
+    fn service_tx(&self, tx: &mut Tx) -> io::Result<bool> {
+        if tx.leg.is_none() {
+            if tx.leg_wanted {
+                self.ensure_tx_leg(tx);
+            }
+            return Ok(false);
+        }
+        let ended = self.read_control(tx)?;
         if !tx.writer_polls && !tx.out.is_empty() {
             if let Some(leg) = tx.leg.as_ref() {
                 tx.out.flush(leg)?;
             }
         }
-        Ok(())
+        Ok(ended)
     }
 
-    fn service_rx(&self, rx: &mut Rx) -> io::Result<()> {
-        if rx.leg.is_none() {
-            return Ok(());
+    /// Takes what can be taken of the receiving direction's control
+    /// frames and writes ours; `wake`: the control stream just ended, and
+    /// a reader waiting for a frame must learn none will come.
+    fn service_rx(&self, rx: &mut Rx, wake: bool) -> io::Result<()> {
+        self.pump_rx(rx)?;
+        if wake {
+            self.notify_rx(rx);
         }
-        if rx.driver_must_watch() && !rx.reader_polls {
-            self.pump_rx(rx)?;
-        }
-        if !rx.out.is_empty() {
-            if let Some(leg) = rx.leg.as_ref() {
-                rx.out.flush(leg)?;
-            }
+        let mut c = lock(&self.ctl_out);
+        let c = &mut *c;
+        if let (false, Some(leg)) = (c.out.is_empty(), c.leg.as_deref()) {
+            c.out.flush(leg)?;
         }
         Ok(())
     }
@@ -1843,27 +1821,23 @@ impl Shared {
         let ru = {
             let mut rx = lock(&self.rx);
             let r = &mut *rx;
-            sample_leg(r.leg.as_ref(), &mut r.leg_unanswered)
+            sample_leg(r.leg.as_deref(), &mut r.leg_unanswered)
         };
         tu.max(ru)
     }
 
-    /// Tells the peer, on every carrier we still have, that we are gone.
+    /// Tells the peer, on every carrier we still have, that we are gone:
+    /// RESET on the rings, `Reset` on the control stream, and the end of
+    /// our raw stream (without its `Fin`).
     fn propagate_failure(&self) {
         let reason = *lock(&self.failure_reason);
-        let reset = Message::Reset {
-            conn_id: self.cfg.peer_id,
-            reason,
-        };
         {
             let mut tx = lock(&self.tx);
             if let Some(p) = tx.producer.as_mut() {
                 p.reset();
             }
-            tx.out.push(&reset);
-            let t = &mut *tx;
-            if let Some(leg) = t.leg.as_ref() {
-                let _ = t.out.flush(leg);
+            if let Some(leg) = tx.leg.as_ref() {
+                let _ = leg.shutdown(std::net::Shutdown::Write);
             }
         }
         {
@@ -1871,10 +1845,16 @@ impl Shared {
             if let Some(c) = rx.consumer.as_mut() {
                 c.reset();
             }
-            rx.out.push(&reset);
-            let r = &mut *rx;
-            if let Some(leg) = r.leg.as_ref() {
-                let _ = r.out.flush(leg);
+        }
+        {
+            let mut c = lock(&self.ctl_out);
+            c.out.push(&Message::Reset {
+                conn_id: self.cfg.peer_id,
+                reason,
+            });
+            let c = &mut *c;
+            if let Some(leg) = c.leg.as_deref() {
+                let _ = c.out.flush(leg);
             }
         }
         self.kick();
@@ -1909,4 +1889,17 @@ enum Pump {
     Idle,
     /// The next frame waits for the ring to drain.
     Blocked,
+}
+
+/// What one read of the inbound leg's run gave ([`Shared::read_run`]).
+#[derive(Debug, PartialEq, Eq)]
+enum RunStep {
+    /// Stream bytes, into the caller's buffer.
+    Read(usize),
+    /// Look again (a state changed).
+    Again,
+    /// Nothing on the leg now.
+    WaitLeg,
+    /// A control frame must come first.
+    WaitControl,
 }

@@ -27,4 +27,4 @@ pub(crate) use ring::{MemfdRing, NewRing, RingRegion, SharedRing};
 // The frame code alone, for the lab bench's framed-TCP row (a plain socket
 // carrying the carrier's frames, to tell the frames' cost from the engine's).
 #[allow(unused_imports)]
-pub(crate) use frames::{send_data_direct, Frame, Inbox, Incoming, Outbox, RX_LOOKAHEAD};
+pub(crate) use frames::{send_raw, Frame, Inbox, Incoming, Outbox};

@@ -14,10 +14,8 @@ IPERF_SECS=5
 BENCH_ONLY=
 # lab_bench's mode for issue #7's user-space carrier rows: user-tcpc-paired
 # (both connections open, their streams sent in turns: the ratio is paired
-# against the host's drift), user-tcpc-framed (the same with a row of plain
-# TCP carrying the carrier's frames without its engine) or user-tcpc (one
-# whole stream per row, as before session 14; with per-stream CPU lines and
-# LAB_PERF windows)
+# against the host's drift) or user-tcpc (one whole stream per row, as
+# before session 14; with per-stream CPU lines and LAB_PERF windows)
 BENCH_TCPC=user-tcpc-paired
 # xlbench's mode for issue #7's af_xen.ko carrier rows: paired (session 15's
 # default: `xlbench paired`, the carrier connection and plain TCP open side
