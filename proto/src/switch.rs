@@ -36,9 +36,11 @@
 //!
 //! When the peers are co-resident again the receiver grants a new ring and
 //! offers it on the link (`RingOffer{epoch}`). The sender, at a byte
-//! boundary `M`, sends the in-band marker `RingFrom{epoch, M}` on TCP and
-//! writes every later byte into the ring. The receiver reads TCP up to the
-//! marker, then the ring. Each direction switches independently.
+//! boundary `M`, sends the marker `RingFrom{epoch, M}` on TCP and writes
+//! every later byte into the ring. The receiver reads TCP up to `M`, then
+//! the ring. Each direction switches independently. (How the hosts carry
+//! the bytes and markers on the TCP legs, the raw leg of protocol version
+//! 2, is `docs/protocol.md` 5.4; this machine sees only offsets.)
 //!
 //! # Moves during a switch
 //!
@@ -46,8 +48,9 @@
 //! receiver declares it dead with `Consumed`, the sender never accepts an
 //! offer for an epoch at or below one it has seen declared dead, and a
 //! `RingFrom` for a dead epoch is ignored (the bytes after it are resent on
-//! TCP). Because every frame of one direction travels on one ordered TCP
-//! stream, `RingFrom` always arrives before the `TxFreeze` of that ring.
+//! TCP). Because every control frame of one direction travels on one
+//! ordered TCP stream, `RingFrom` always arrives before the `TxFreeze` of
+//! that ring.
 
 /// A ring epoch.
 pub type Epoch = u32;
@@ -686,7 +689,8 @@ impl RxPath {
         }
     }
 
-    /// Handles the in-band `RingFrom{epoch, offset}` marker.
+    /// Handles the `RingFrom{epoch, offset}` marker (the host hands it in once
+    /// every byte before `offset` was taken off TCP).
     pub fn on_ring_from(
         &mut self,
         epoch: Epoch,
