@@ -266,17 +266,6 @@ unsigned long afx_virt_to_gfn(void *v) { return virt_to_gfn(v); }
 int afx_xen_domain(void) { return xen_domain(); }
 size_t afx_msg_left(struct msghdr *msg) { return msg_data_left(msg); }
 
-/* Steps the user's iterator back by n bytes it was advanced by (a copy that came out short). */
-void afx_msg_revert(struct msghdr *user, size_t n)
-{
-	iov_iter_revert(&user->msg_iter, n);
-}
-
-/* Bytes of the next len of the user's buffers that cannot be faulted in now (0: all present). */
-size_t afx_msg_fault_in(struct msghdr *user, size_t len)
-{
-	return fault_in_iov_iter_readable(&user->msg_iter, len);
-}
 int afx_accept_flags(struct proto_accept_arg *arg) { return arg->flags; }
 int afx_accept_kern(struct proto_accept_arg *arg) { return arg->kern; }
 void afx_sk_put(struct sock *sk) { sock_put(sk); }

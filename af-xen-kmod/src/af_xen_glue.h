@@ -80,5 +80,3 @@ int afx_xs_dir_ids(const char *dir, unsigned int *out, int max);
 int afx_xs_read_uint(const char *dir, const char *node, unsigned int *out);
 void afx_xs_retract(const char *dir);
 int afx_xs_write_state(const char *dir, int state);
-void afx_msg_revert(struct msghdr *user, size_t n);
-size_t afx_msg_fault_in(struct msghdr *user, size_t len);

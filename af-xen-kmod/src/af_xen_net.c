@@ -526,49 +526,6 @@ int afx_tcp_readable(struct socket *s)
 	       (READ_ONCE(sk->sk_shutdown) & RCV_SHUTDOWN);
 }
 
-/*
- * The reader's frames straight off a leg's receive queue (tcp_read_sock, as
- * in-kernel protocols over TCP read theirs): the Rust actor takes headers
- * and payload from each skb in turn, under one lock_sock and with one
- * tcp_cleanup_rbuf for the whole call, where a recvmsg per header and per
- * payload made four calls (and up to four window updates) per 64 KiB.
- * Bytes the actor takes are consumed; it stops the walk through *stop.
- * Returns the bytes taken (0: none), or -errno from tcp_read_sock. EOF and
- * socket errors are not reported here: the caller's next recv sees them.
- */
-static int afx_read_actor(read_descriptor_t *desc, struct sk_buff *skb, unsigned int offset, size_t len)
-{
-	int stop = 0;
-	size_t used = afx_rs_read_actor(desc->arg.data, skb, offset, len, &stop);
-
-	if (stop)
-		desc->count = 0;
-	return used > len ? len : used;
-}
-
-int afx_tcp_read_frames(struct socket *s, void *actor)
-{
-	read_descriptor_t desc = { .arg.data = actor, .count = 1 };
-	int n;
-
-	lock_sock(s->sk);
-	n = tcp_read_sock(s->sk, &desc, afx_read_actor);
-	release_sock(s->sk);
-	return n;
-}
-
-/* Copies of an skb's bytes for the actor: 0, or -EFAULT (the user's buffer;
- * the iterator is left where it was). */
-int afx_skb_copy(const struct sk_buff *skb, int offset, void *to, int len)
-{
-	return skb_copy_bits(skb, offset, to, len);
-}
-
-int afx_skb_copy_to_msg(const struct sk_buff *skb, int offset, struct msghdr *user, int len)
-{
-	return skb_copy_datagram_msg(skb, offset, user, len);
-}
-
 /* Non-blocking receive into a kernel buffer: bytes, 0 at EOF, or -errno. */
 int afx_tcp_recv(struct socket *s, void *buf, size_t len)
 {

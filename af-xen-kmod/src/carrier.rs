@@ -11,9 +11,17 @@
 //! `TxFreeze`; the receiver keeps what it took and queues `Consumed`. Both
 //! legs are then connected (ours outbound, the peer's arrives through the
 //! listener in tcp.rs); the `Consumed` from the peer makes the sender
-//! resend from there, and the stream continues as `Data` frames. When the
-//! link is up again each receiver offers a new ring (`RingOffer` on the
-//! link) and the sender moves at a byte boundary (`RingFrom` on TCP).
+//! resend from there, and the stream continues on TCP. When the link is up
+//! again each receiver offers a new ring (`RingOffer` on the link) and the
+//! sender moves at a byte boundary (`RingFrom` on TCP).
+//!
+//! The legs (protocol version 2, the raw leg: docs/protocol.md 5.4): our
+//! outbound leg carries our stream as it is, no frames, and back from the
+//! peer the control frames of both directions (its `Consumed` for our
+//! sending direction; `RawFrom`, `RingFrom`, `TxFreeze`, `Fin` for our
+//! receiving one, queued in `Switch::rx_ctl` and taken in order under
+//! `Switch::rx`). Our inbound leg carries the peer's stream, and back our
+//! control frames (`Switch::ctl`, written by whoever holds `Switch::rx`).
 //!
 //! The receiver never drains a ring it leaves: it answers every freeze with
 //! `Consumed{taken}` (what it holds), so unread ring bytes come again on
@@ -24,16 +32,18 @@
 //! consumer before `Switch::rx` (a reader holds its consumer while it
 //! records what it took); `Switch::rx` before the socket's lock. No path
 //! takes a link's lock while holding either switch lock (offers are sent
-//! after they are released).
+//! after they are released). `Switch::ctl` and `Switch::rx_ctl` are
+//! leaves: taken under either switch lock or none, nothing under them but
+//! the inbound leg's socket (a send).
 //!
-//! On TCP the application's own calls move the data, one copy each way:
-//! `sendmsg` writes frames straight from its iovecs to the outbound leg
-//! (`send_direct`), `recvmsg` reads payload from the inbound leg straight
-//! into its iovecs (`pull` into `Sink::User`), and the legs' callbacks wake
-//! its socket directly (`own`, `own_inbound`). The TCP work item (tcp.rs)
-//! services every active switch for the rest: leg connects, queue flushes,
-//! the peer's `Consumed` and resends, control frames up to the next
-//! payload, deadlines, ring offers; it wakes the socket after each pass.
+//! On TCP the application's own calls move the data, one copy and one
+//! call into TCP each way, as a TCP socket's: `sendmsg` sends straight
+//! from its iovecs to the outbound leg (`send_locked`), `recvmsg` reads
+//! from the inbound leg straight into its iovecs (`pull` into
+//! `Sink::User`), and the legs' callbacks wake its socket directly (`own`,
+//! `own_inbound`). The TCP work item (tcp.rs) services every active switch
+//! for the rest: leg connects, queue flushes, control frames both ways,
+//! resends, deadlines, ring offers; it wakes the socket after each pass.
 
 use crate::conn::Pipe;
 use crate::ctrl::{self, Channel, Message, RingGrant};
@@ -47,25 +57,17 @@ use kernel::new_mutex;
 use kernel::prelude::*;
 use kernel::sync::{Arc, Mutex};
 
-/// Encoded frames waiting for the outbound leg.
+/// Stream bytes waiting for the outbound leg (a resend, or writes before
+/// the leg is up).
 const TXQ_BYTES: usize = 256 * 1024;
 /// Stream bytes taken off TCP that the application has not read yet.
 const RXBUF_BYTES: usize = 256 * 1024;
-/// `Consumed` frames waiting for the inbound leg.
+/// Our control frames waiting for the inbound leg.
 const CTLQ_BYTES: usize = 4096;
-/// Room in the send queue that data (the application's or a resend) leaves
-/// free, so that `RingFrom`, `TxFreeze` and `Fin` always fit.
-const CTL_RESERVE: usize = 4 * ctrl::MAX_CONTROL_FRAME;
-/// Payload of one `Data` frame we send: the most the wire carries, so a
-/// 64 KiB write is two socket calls (a 9-byte frame and the big frame's
-/// prefix in one, then its payload: `send_direct`'s head), not four as
-/// with 32 KiB frames (bench-20261126-121724: 0.93x TCP over 9 rounds,
-/// against 0.89x with 32 KiB frames just before in -121546: within the
-/// spread between runs; the calls saved are not).
-const DATA_CHUNK: usize = ctrl::MAX_DATA_PAYLOAD;
-/// A frame up to this payload goes to the leg in one call, copied behind
-/// its prefix (a 1-byte ping-pong made two sendmsg calls per byte).
-const SMALL_FRAME: usize = 256;
+/// Control frames for the receiving direction that may wait for it (a few
+/// per switch: `RawFrom`, `RingFrom`, `TxFreeze`, `Fin`); a peer that
+/// sends more before we take them is in breach.
+const RX_CTL_MAX: usize = 64;
 /// How often the work item looks again while legs connect or a bound runs.
 const TICK_MS: u32 = 100;
 /// An outbound leg still connecting after this long is connected again.
@@ -187,26 +189,6 @@ impl Fifo {
             self.head = 0;
         }
     }
-    /// Appends one `Data` frame for `conn` at stream `offset` whose payload
-    /// (at most `max` bytes) is copied straight from the user's iovecs into
-    /// the queue: no bounce buffer, and one frame per `DATA_CHUNK` rather
-    /// than per stack buffer. The prefix is written after the copy, with
-    /// the length actually copied (short on a fault). Returns that length;
-    /// 0 queues nothing. The caller checked `room()` for prefix + `max`.
-    fn push_data_from(&mut self, conn: u32, offset: u64, msg: &mut Msg, max: usize) -> usize {
-        if max == 0 || ctrl::DATA_PREFIX_LEN + max > self.room() {
-            return 0;
-        }
-        let got = self.copy_in_from(ctrl::DATA_PREFIX_LEN, msg, max);
-        if got == 0 {
-            return 0;
-        }
-        let Ok(prefix) = ctrl::encode_data_prefix(conn, offset, got) else { return 0 };
-        // the prefix goes in front of the payload (room was checked)
-        self.push(&prefix);
-        self.len += got;
-        got
-    }
     /// The free bytes right after the queued ones, up to the buffer's end
     /// (a receive straight into the queue; `commit` then counts them).
     fn tail_room(&mut self) -> &mut [u8] {
@@ -222,9 +204,9 @@ impl Fifo {
     fn commit(&mut self, n: usize) {
         self.len += n.min(self.room());
     }
-    /// Appends `n` bytes copied straight from the user's iovecs (the rest
-    /// of a frame the socket did not take); returns the bytes copied
-    /// (short on a fault), 0 when they do not fit.
+    /// Appends `n` bytes copied straight from the user's iovecs (writes
+    /// before the leg is up); returns the bytes copied (short on a fault),
+    /// 0 when they do not fit.
     fn push_from(&mut self, msg: &mut Msg, n: usize) -> usize {
         if n == 0 || n > self.room() {
             return 0;
@@ -236,6 +218,7 @@ impl Fifo {
     /// Copies `n` bytes from the user's iovecs into the free space `gap`
     /// bytes past the queued ones, wrapping at the end; the bytes copied
     /// (short on a fault). The caller checked the room and counts them.
+    /// (`gap` is 0 now that no prefix goes in front; kept general.)
     fn copy_in_from(&mut self, gap: usize, msg: &mut Msg, n: usize) -> usize {
         let cap = self.buf.len();
         let start = (self.head + self.len + gap) % self.cap;
@@ -264,12 +247,14 @@ impl Fifo {
 /// Our sending direction.
 struct TxSide {
     path: TxPath,
-    /// outbound leg (ours): frames out, the peer's `Consumed` back
+    /// outbound leg (ours): our stream out, raw; the peer's control
+    /// frames back
     leg: Option<crate::tcp::HeldLeg>,
     leg_up: bool,
     /// the leg's `TcpHello`, sent before anything in `q`
     hello: [u8; crate::tcp::HELLO_LEN],
     hello_left: usize,
+    /// stream bytes for the leg (raw)
     q: Option<Fifo>,
     /// the stream from the frozen ring's consumer on (read back)
     resend: KVVec<u8>,
@@ -284,7 +269,7 @@ struct TxSide {
     /// domid changed), or another guest. Kept until that domain proves to
     /// be the peer (see `on_candidate_offer`).
     candidate: Option<(Arc<Link>, RingGrant)>,
-    /// the peer's frames on our outbound leg (Consumed, Reset)
+    /// the peer's control frames on our outbound leg
     ib: [u8; 64],
     ib_got: usize,
     /// the outbound leg broke or the peer closed it: writes get EPIPE
@@ -309,16 +294,18 @@ struct TxSide {
 /// Our receiving direction.
 struct RxSide {
     path: RxPath,
-    /// inbound leg (the peer's): frames in, our `Consumed` back
+    /// inbound leg (the peer's): its stream in, raw; our control frames
+    /// back (`Switch::ctl`)
     leg: Option<crate::tcp::HeldLeg>,
     buf: Option<Fifo>,
-    ctl: Option<Fifo>,
-    /// the frame being read: a control frame whole, a `Data` frame's
-    /// prefix only (its payload goes straight to where it is read to)
-    hdr: [u8; ctrl::MAX_CONTROL_FRAME],
-    fgot: usize,
-    /// payload bytes of the current `Data` frame still on the leg
-    data_left: usize,
+    /// the bytes on the leg are the stream at `path.taken()`: the peer's
+    /// `RawFrom` for them was taken and no `RingFrom` ended the run since
+    run_open: bool,
+    /// we read past a run's end before its `RingFrom` was here: only a run
+    /// that goes on from exactly there may follow (`take_rx_ctl`)
+    join_at: Option<u64>,
+    /// the inbound leg said EOF: nothing more comes on it
+    data_eof: bool,
     /// what the leg's owner flag says now (`own_inbound`; None: not set)
     owner_pulls: Option<bool>,
     /// the new receive ring offered, read once its `RingFrom` arrives
@@ -355,6 +342,62 @@ pub(crate) struct Switch {
     pub(crate) to_ring: AtomicU32,
     /// receive ring size for offers (the connection's SO_RCVBUF at connect)
     rx_cap: usize,
+    /// our control frames for the inbound leg (a leaf lock)
+    #[pin]
+    ctl: Mutex<Option<Fifo>>,
+    /// the peer's control frames for our receiving direction, in order (a
+    /// leaf lock)
+    #[pin]
+    rx_ctl: Mutex<RxCtlQueue>,
+    /// the peer closed its control stream (our outbound leg's way back)
+    ctl_in_closed: AtomicBool,
+}
+
+/// A control frame for the receiving direction.
+#[derive(Clone, Copy)]
+enum RxCtl {
+    RawFrom(u64),
+    RingFrom(u32, u64),
+    TxFreeze(u32, u64),
+    Fin(u64),
+}
+
+/// A fixed FIFO of `RxCtl` (the kernel's alloc has no deque).
+struct RxCtlQueue {
+    q: [RxCtl; RX_CTL_MAX],
+    head: usize,
+    len: usize,
+}
+
+impl RxCtlQueue {
+    const fn new() -> Self {
+        RxCtlQueue { q: [RxCtl::Fin(0); RX_CTL_MAX], head: 0, len: 0 }
+    }
+    fn front(&self) -> Option<RxCtl> {
+        (self.len > 0).then(|| self.q[self.head % RX_CTL_MAX])
+    }
+    fn pop(&mut self) {
+        if self.len > 0 {
+            self.head = (self.head + 1) % RX_CTL_MAX;
+            self.len -= 1;
+        }
+    }
+    /// False: full.
+    fn push(&mut self, f: RxCtl) -> bool {
+        if self.len == RX_CTL_MAX {
+            return false;
+        }
+        self.q[(self.head + self.len) % RX_CTL_MAX] = f;
+        self.len += 1;
+        true
+    }
+    /// Where the run being read ends, if its `RingFrom` is here already.
+    fn run_end(&self) -> Option<u64> {
+        (0..self.len).find_map(|k| match self.q[(self.head + k) % RX_CTL_MAX] {
+            RxCtl::RingFrom(_, m) => Some(m),
+            _ => None,
+        })
+    }
 }
 
 impl Switch {
@@ -393,10 +436,9 @@ impl Switch {
                     path: RxPath::on_ring(),
                     leg: None,
                     buf: None,
-                    ctl: None,
-                    hdr: [0; ctrl::MAX_CONTROL_FRAME],
-                    fgot: 0,
-                    data_left: 0,
+                    run_open: false,
+                    join_at: None,
+                    data_eof: false,
                     owner_pulls: None,
                     offered: None,
                     offered_via: None,
@@ -412,6 +454,9 @@ impl Switch {
                 to_tcp: AtomicU32::new(0),
                 to_ring: AtomicU32::new(0),
                 rx_cap,
+                ctl <- new_mutex!(None, "af_xen_sw_ctl"),
+                rx_ctl <- new_mutex!(RxCtlQueue::new(), "af_xen_sw_rx_ctl"),
+                ctl_in_closed: AtomicBool::new(false),
             }),
             GFP_KERNEL,
         )
@@ -444,17 +489,31 @@ fn rx_activate(r: &mut RxSide) -> core::result::Result<(), i32> {
     if r.buf.is_none() {
         r.buf = Some(Fifo::new(RXBUF_BYTES)?);
     }
-    if r.ctl.is_none() {
-        r.ctl = Some(Fifo::new(CTLQ_BYTES)?);
-    }
     Ok(())
 }
 
-/// Encodes a small control frame into `q` (false: no room or no queue).
-fn push_frame(q: &mut Option<Fifo>, m: &Message<'_>) -> bool {
+/// Queues one of our control frames for the inbound leg (false: no room,
+/// or no memory for the queue). Whoever holds `Switch::rx` next writes it
+/// (`flush_ctl`); the work item is told.
+fn push_ctl(sw: &Switch, m: &Message<'_>) -> bool {
     let mut b = [0u8; ctrl::MAX_CONTROL_FRAME];
     let Ok(n) = m.encode(&mut b) else { return false };
-    q.as_mut().map(|q| q.push(&b[..n])).unwrap_or(false)
+    let mut q = sw.ctl.lock();
+    if q.is_none() {
+        match Fifo::new(CTLQ_BYTES) {
+            Ok(f) => *q = Some(f),
+            Err(_) => return false,
+        }
+    }
+    let ok = q.as_mut().map(|q| q.push(&b[..n])).unwrap_or(false);
+    drop(q);
+    sys_net::schedule();
+    ok
+}
+
+/// Whether our control frames have all gone to the inbound leg.
+fn ctl_flushed(sw: &Switch) -> bool {
+    sw.ctl.lock().as_ref().map_or(true, |q| q.is_empty())
 }
 
 struct Ids {
@@ -516,7 +575,7 @@ pub(crate) fn peer_gone(xs: &Arc<XenSock>) -> bool {
     start_bound(&sw);
     {
         let mut t = sw.tx.lock();
-        if let Err(why) = freeze_tx_locked(xs, &mut t) {
+        if let Err(why) = freeze_tx_locked(xs, &sw, &mut t) {
             drop(t);
             fail(xs, why);
             return true;
@@ -534,7 +593,7 @@ pub(crate) fn peer_gone(xs: &Arc<XenSock>) -> bool {
 
 /// Stops writing the ring (if it is in use), keeps a copy of what the
 /// receiver has not consumed, queues `TxFreeze`. Caller holds `sw.tx`.
-fn freeze_tx_locked(xs: &XenSock, t: &mut TxSide) -> core::result::Result<(), &'static str> {
+fn freeze_tx_locked(xs: &XenSock, sw: &Switch, t: &mut TxSide) -> core::result::Result<(), &'static str> {
     tx_activate(t).map_err(|_| "no memory for the send queue")?;
     let ids = ids(xs);
     let mut copy = KVVec::new();
@@ -571,8 +630,8 @@ fn freeze_tx_locked(xs: &XenSock, t: &mut TxSide) -> core::result::Result<(), &'
         t.resend_end = 0;
     }
     t.fin_sent = false;
-    if !push_frame(&mut t.q, &Message::TxFreeze { conn_id: ids.peer_conn, epoch: notice.epoch, offset: notice.offset }) {
-        return Err("send queue full");
+    if !push_ctl(sw, &Message::TxFreeze { conn_id: ids.peer_conn, epoch: notice.epoch, offset: notice.offset }) {
+        return Err("control queue full");
     }
     pr_info!("connection {}: tx froze ring {} at {} ({} bytes to resend)\n", ids.conn_id, notice.epoch, notice.offset, unconsumed);
     // the mapping goes outside the switch lock's critical work
@@ -626,7 +685,7 @@ fn freeze_rx_locked(
     let was_ring = matches!(r.path.state(), RxState::Ring { .. });
     if let Some(n) = r.path.freeze_local() {
         let peer_conn = xs.inner.lock().peer_conn;
-        if !push_frame(&mut r.ctl, &Message::Consumed { conn_id: peer_conn, epoch: n.epoch, offset: n.offset }) {
+        if !push_ctl(sw, &Message::Consumed { conn_id: peer_conn, epoch: n.epoch, offset: n.offset }) {
             return Err("control queue full");
         }
         if was_ring {
@@ -927,195 +986,79 @@ pub(crate) enum Write {
     Fault,
 }
 
-/// One step of `sendmsg` on TCP: as much of the message as the send queue
-/// takes, in `Data` frames of up to `DATA_CHUNK` bytes copied straight from
-/// the user's iovecs, under one take of the switch lock and with one flush
-/// (a 4 KiB bounce buffer per frame made the carrier 0.41-0.53x TCP,
-/// docs/lab.md). Each frame's offset is `path.sent()` when it is queued,
-/// as before, so resends and switches see the same byte offsets. `waits`:
-/// the caller, told Blocked, waits for room and calls again when woken
-/// (a blocking writer; `writer_gone` if it leaves instead), so it flushes
+/// One step of `sendmsg` on TCP: as much of the message as the outbound
+/// leg takes now, straight from the user's iovecs, under one take of the
+/// switch lock (before the leg is up, into the send queue). `waits`: the
+/// caller, told Blocked, waits for room and calls again when woken (a
+/// blocking writer; `writer_gone` if it leaves instead), so it flushes
 /// what is queued and the leg's drains need not run the work item.
 pub(crate) fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, waits: bool) -> Write {
     inc(&counters::SEND_STEPS, 1);
     let mut t = sw.tx.lock();
     t.writer_waits = false;
-    let Some(res) = send_locked(xs, &mut t, msg, left) else {
-        drop(t);
-        fail(xs, "the sender's buffer went away mid-frame");
-        return Write::Fault;
-    };
+    let res = send_locked(&mut t, msg, left);
     // a blocking writer told Blocked waits for room and flushes when woken
     t.writer_waits = waits && matches!(res, Write::Blocked);
     own_outbound(xs, sw, &mut t);
     res
 }
 
-/// `send` under the switch's lock; None: a frame went out torn (`Direct::Torn`).
-fn send_locked(xs: &XenSock, t: &mut TxSide, msg: &mut Msg, left: usize) -> Option<Write> {
+/// `send` under the switch's lock. On the raw leg a write is the user's
+/// bytes and nothing else: one `sock_sendmsg` from its iovecs, as TCP's
+/// own writer makes (with `Data` frames each write cost a second call for
+/// the frame's prefix, ~47 us of the ~55 us the carrier's writer spent
+/// over TCP's per 64 KiB, docs/lab.md "Session 18"). What the leg does
+/// not take stays the writer's, as on a TCP socket.
+fn send_locked(t: &mut TxSide, msg: &mut Msg, left: usize) -> Write {
     match t.path.state() {
-        TxState::Ring { .. } => return Some(Write::Ring),
-        TxState::Frozen { .. } => return Some(Write::Blocked),
+        TxState::Ring { .. } => return Write::Ring,
+        TxState::Frozen { .. } => return Write::Blocked,
         TxState::Tcp => {}
     }
     // what is queued goes first, from here: a writer woken by the leg's
     // write_space (afx_leg_wake) makes its own room, no work item between
     flush_tx(t);
     if t.broken {
-        return Some(Write::Pipe);
+        return Write::Pipe;
     }
     if t.resend_pos < t.resend_end || t.offer.is_some() {
-        return Some(Write::Blocked);
+        return Write::Blocked;
     }
-    let peer_conn = xs.inner.lock().peer_conn;
-    let mut sent = 0usize;
-    while sent < left {
-        // a rest just over a frame (a 64 KiB write: 9 bytes over) goes as
-        // a small frame whose bytes travel with the big one's prefix
-        let rest = left - sent;
-        let (head, want) = match rest.checked_sub(DATA_CHUNK) {
-            Some(over) if over > 0 && over <= SMALL_FRAME => (over, DATA_CHUNK),
-            _ => (0, rest.min(DATA_CHUNK)),
-        };
-        match send_direct(t, peer_conn, msg, head, want, sent + head + want < left) {
-            Direct::Sent(n) => {
-                sent += n;
-                continue;
+    let queued = t.q.as_ref().is_some_and(|q| !q.is_empty());
+    if leg_ready(t) {
+        if queued {
+            return Write::Blocked;
+        }
+        let Some(leg) = t.leg.as_ref() else { return Write::Blocked };
+        return match leg.sock().send_from_user(msg, left, false) {
+            Ok(n) if n > 0 => {
+                let n = n.min(left);
+                let _ = t.path.record_sent(n as u64);
+                inc(&counters::TX_DIRECT_BYTES, n as i64);
+                Write::Sent(n)
             }
-            Direct::Queue => {}
-            // the leg is full: the writer waits for it (as TCP's own
-            // writer does) rather than copying into the queue
-            Direct::Full => break,
-            Direct::Torn => return None,
-        }
-        let room = t.q.as_ref().map(|q| q.room()).unwrap_or(0);
-        if room <= ctrl::DATA_PREFIX_LEN + CTL_RESERVE {
-            break;
-        }
-        let want = (left - sent).min(room - ctrl::DATA_PREFIX_LEN - CTL_RESERVE).min(DATA_CHUNK);
-        let offset = t.path.sent();
-        let Some(q) = t.q.as_mut() else { break };
-        let got = q.push_data_from(peer_conn, offset, msg, want);
-        inc(&counters::TX_QUEUED_BYTES, got as i64);
-        if got == 0 || t.path.record_sent(got as u64).is_err() {
-            // a fault (or nothing queued): report what went before it
-            if sent == 0 {
-                return Some(Write::Fault);
+            Ok(_) => Write::Blocked,
+            Err(x) if x == e::EAGAIN => Write::Blocked,
+            Err(x) if x == e::EFAULT => Write::Fault,
+            Err(_) => {
+                t.broken = true;
+                Write::Pipe
             }
-            break;
-        }
-        sent += got;
-        if got < want {
-            break;
-        }
-    }
-    if sent == 0 {
-        return Some(Write::Blocked);
-    }
-    flush_tx(t);
-    Some(Write::Sent(sent))
-}
-
-enum Direct {
-    /// a whole frame of this many payload bytes is on the leg or queued behind it
-    Sent(usize),
-    /// not now: the queued path takes it (or reports why not): the leg is
-    /// not up yet, or the user's buffer faults
-    Queue,
-    /// the leg takes nothing now, or holds a frame's rest in the queue
-    Full,
-    /// the frame's prefix went out and the user's buffer faulted after all
-    Torn,
-}
-
-/// A `Data` frame of `want` bytes sent straight from the user's buffers
-/// when nothing is queued ahead of it: the prefix (held back with
-/// MSG_MORE), then the payload from the iovecs, one copy as TCP's own
-/// sendmsg; what the leg does not take now goes to the queue behind it,
-/// which the work item drains. The queue's room for the whole frame is
-/// checked first and the user's pages faulted in, so a frame whose
-/// prefix went out is always completed (a buffer unmapped by another
-/// thread in between is `Torn`). `head` (at most `SMALL_FRAME`) bytes
-/// before it go as a frame of their own, copied in front of its prefix:
-/// a 64 KiB write is two socket calls, not three. A frame of at most
-/// `SMALL_FRAME` bytes goes whole in that copy, in one call (a 1-byte
-/// ping-pong made two sendmsg calls per byte).
-fn send_direct(t: &mut TxSide, conn: u32, msg: &mut Msg, head: usize, want: usize, more: bool) -> Direct {
-    // `big`: the payload sent from the user's buffers behind the copied lead
-    let (head, big) = if head == 0 && want <= SMALL_FRAME { (want, 0) } else { (head, want) };
-    if head + big == 0 || head > SMALL_FRAME || !leg_ready(t) || !t.path.writable() {
-        return Direct::Queue;
-    }
-    let frame_len = |payload: usize| if payload > 0 { ctrl::DATA_PREFIX_LEN + payload } else { 0 };
-    match t.q.as_ref() {
-        Some(q) if q.is_empty() && q.room() >= frame_len(head) + frame_len(big) + CTL_RESERVE => {}
-        Some(_) => return Direct::Full,
-        None => return Direct::Queue,
-    }
-    let Some(leg) = t.leg.as_ref() else { return Direct::Queue };
-    if big > 0 && !msg.fault_in(head + big) {
-        return Direct::Queue;
-    }
-    // what goes before the user's bytes, in one call: the head frame
-    // (copied), then the big frame's prefix
-    let mut lead = [0u8; 2 * ctrl::DATA_PREFIX_LEN + SMALL_FRAME];
-    let mut n = 0;
-    if head > 0 {
-        let Ok(prefix) = ctrl::encode_data_prefix(conn, t.path.sent(), head) else { return Direct::Queue };
-        lead[..ctrl::DATA_PREFIX_LEN].copy_from_slice(&prefix);
-        n = ctrl::DATA_PREFIX_LEN;
-        let got = msg.copy_from(&mut lead[n..n + head]);
-        if got < head {
-            // the queued path copies what it can and reports the fault
-            msg.revert(got);
-            return Direct::Queue;
-        }
-        n += head;
-    }
-    if big > 0 {
-        let Ok(prefix) = ctrl::encode_data_prefix(conn, t.path.sent() + head as u64, big) else {
-            msg.revert(head);
-            return Direct::Queue;
         };
-        lead[n..n + ctrl::DATA_PREFIX_LEN].copy_from_slice(&prefix);
-        n += ctrl::DATA_PREFIX_LEN;
     }
-    let p = match leg.sock().send_nb(&lead[..n], big > 0 || more) {
-        Ok(k) if k > 0 => k.min(n),
-        Ok(_) => {
-            msg.revert(head);
-            return Direct::Full;
-        }
-        Err(x) if x == e::EAGAIN => {
-            msg.revert(head);
-            return Direct::Full;
-        }
-        Err(_) => {
-            t.broken = true;
-            msg.revert(head);
-            return Direct::Queue;
-        }
-    };
-    // committed: the frames' bytes are counted and all follow what went
-    let _ = t.path.record_sent((head + big) as u64);
-    let mut on_leg = 0;
-    if big > 0 && p == n {
-        // an error here (the leg broke) leaves the rest to the queue,
-        // whose flush finds the leg broken
-        on_leg = leg.sock().send_from_user(msg, big, more).unwrap_or(0).min(big);
+    // the leg connects: the queue holds what is written meanwhile
+    let room = t.q.as_ref().map(|q| q.room()).unwrap_or(0);
+    if room == 0 {
+        return Write::Blocked;
     }
-    inc(&counters::TX_DIRECT_BYTES, (head + on_leg) as i64);
-    inc(&counters::TX_QUEUED_BYTES, (big - on_leg) as i64);
-    let Some(q) = t.q.as_mut() else { return Direct::Torn };
-    // the rest of the lead is ours, not the user's: it always fits
-    if p < n {
-        q.push(&lead[p..n]);
+    let Some(q) = t.q.as_mut() else { return Write::Blocked };
+    let got = q.push_from(msg, left.min(room));
+    if got == 0 {
+        return Write::Fault;
     }
-    let rest = big - on_leg;
-    if rest > 0 && q.push_from(msg, rest) < rest {
-        return Direct::Torn;
-    }
-    Direct::Sent(head + big)
+    let _ = t.path.record_sent(got as u64);
+    inc(&counters::TX_QUEUED_BYTES, got as i64);
+    Write::Sent(got)
 }
 
 /// Whether a writer waiting on TCP should look again.
@@ -1143,7 +1086,7 @@ fn tcp_writable(t: &TxSide) -> bool {
     if leg_ready(t) {
         return t.leg.as_ref().is_some_and(|l| l.sock().writable());
     }
-    t.q.as_ref().is_some_and(|q| q.room() > ctrl::DATA_PREFIX_LEN + CTL_RESERVE)
+    t.q.as_ref().is_some_and(|q| q.room() > 0)
 }
 
 pub(crate) enum Read {
@@ -1168,7 +1111,7 @@ pub(crate) fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: 
         }
         // pull what the leg has now (process context; the work item takes
         // control frames only). No ring pipe is in use here, so no consumer
-        // lock first. A read takes the payload straight into the user's
+        // lock first. A read takes the bytes straight into the user's
         // buffers; a peek goes through the buffer (it must not consume).
         if xs.inner.lock().rx.is_none() {
             let ids = ids(xs);
@@ -1208,7 +1151,7 @@ pub(crate) fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: 
         return Read::Fault;
     }
     if !peek {
-        let was_full = buf.room() < ctrl::DATA_PREFIX_LEN + ctrl::MAX_DATA_PAYLOAD;
+        let was_full = buf.room() == 0;
         buf.consume(out);
         if was_full {
             // the work item stopped reading the leg for want of room
@@ -1241,23 +1184,23 @@ pub(crate) fn tcp_readable(xs: &XenSock, sw: &Switch) -> usize {
 }
 
 /// Whether a reader waiting on TCP should look again: bytes buffered, the
-/// leg has something (the reader pulls it itself, see `service`), the end,
-/// or back on a ring.
+/// leg has bytes of an open run (the reader pulls them itself, see
+/// `service`), the end, back on a ring, or a failure to report.
 pub(crate) fn rx_ready(xs: &XenSock, sw: &Switch) -> bool {
     let r = sw.rx.lock();
     r.path.reads_ring()
         || r.buf.as_ref().map(|b| !b.is_empty()).unwrap_or(false)
         || r.path.eof_at() == Some(r.path.taken())
-        || (r.leg.as_ref().is_some_and(|l| l.sock().readable()) && reads_leg(xs, &r))
+        || (run_room(sw, &r) > 0 && !r.data_eof && r.leg.as_ref().is_some_and(|l| l.sock().readable()) && reads_leg(xs, &r))
+        || (r.data_eof && leg_ended(sw, &r, false).is_err())
 }
 
 /// poll() bits of the directions on TCP: (readable, read hangup, writable, write hangup).
-/// While the leg is this direction's carrier, poll takes its control frames
-/// and a `Data` prefix (never payload, `Sink::Control`), so that readable
-/// means payload is there or the stream ended, as TCP's poll says (a
-/// partial header or a `RingFrom` alone made it say readable for a read
-/// that found nothing). A `RingFrom` taken here says readable once: the
-/// reader's next call moves to the ring (and its interrupts wake it).
+/// While the leg is this direction's carrier, poll takes the queued control
+/// frames (never bytes, `Sink::Control`), so that readable means bytes of
+/// an open run are there or the stream ended, as TCP's poll says. A
+/// `RingFrom` taken here says readable once: the reader's next call moves
+/// to the ring (and its interrupts wake it).
 pub(crate) fn poll_bits(xs: &XenSock, sw: &Switch) -> (bool, bool, bool, bool) {
     let (readable, rd_hup) = {
         let mut r = sw.rx.lock();
@@ -1273,8 +1216,9 @@ pub(crate) fn poll_bits(xs: &XenSock, sw: &Switch) -> (bool, bool, bool, bool) {
         }
         let pending = r.buf.as_ref().map(|b| !b.is_empty()).unwrap_or(false);
         let eof = !r.path.reads_ring() && r.path.eof_at() == Some(r.path.taken());
-        let payload = r.data_left > 0 && r.leg.as_ref().is_some_and(|l| l.sock().readable());
-        (pending || eof || payload || to_ring, eof)
+        let bytes = run_room(sw, &r) > 0 && !r.data_eof && r.leg.as_ref().is_some_and(|l| l.sock().readable());
+        let failed = r.data_eof && leg_ended(sw, &r, false).is_err();
+        (pending || eof || bytes || to_ring || failed, eof || failed)
     };
     let (writable, wr_hup) = {
         let t = sw.tx.lock();
@@ -1385,13 +1329,12 @@ fn flush_tx(t: &mut TxSide) {
     }
 }
 
-/// Resend copy, then `Fin`, then a pending ring offer, into the queue.
-fn pump_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
+/// Resend copy into the queue (raw: its run's `RawFrom` went with the
+/// `Consumed` that started it), then `Fin`, then a pending ring offer.
+fn pump_tx(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
     let Some(q) = t.q.as_mut() else { return Ok(()) };
-    while t.resend_pos < t.resend_end && q.room() > ctrl::DATA_PREFIX_LEN + CTL_RESERVE {
-        let n = (t.resend_end - t.resend_pos).min(DATA_CHUNK).min(q.room() - ctrl::DATA_PREFIX_LEN - CTL_RESERVE);
-        let prefix = ctrl::encode_data_prefix(ids.peer_conn, t.resend_off, n).map_err(|_| "encode")?;
-        q.push(&prefix);
+    while t.resend_pos < t.resend_end && q.room() > 0 {
+        let n = (t.resend_end - t.resend_pos).min(q.room());
         q.push(&t.resend[t.resend_pos..t.resend_pos + n]);
         t.resend_pos += n;
         t.resend_off += n as u64;
@@ -1409,7 +1352,7 @@ fn pump_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids) -> core::result::Result<(), 
         return Ok(());
     }
     if t.path.is_finished() && !t.fin_sent {
-        if !push_frame(&mut t.q, &Message::Fin { conn_id: ids.peer_conn, offset: t.path.sent() }) {
+        if !push_ctl(sw, &Message::Fin { conn_id: ids.peer_conn, offset: t.path.sent() }) {
             return Ok(());
         }
         t.fin_sent = true;
@@ -1418,18 +1361,14 @@ fn pump_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids) -> core::result::Result<(), 
         if t.path.offer_waits_for_consumed(grant.epoch) {
             return Ok(());
         }
-        // room for RingFrom (writers wait while an offer is pending)
-        if t.q.as_ref().map(|q| q.room() < ctrl::MAX_CONTROL_FRAME).unwrap_or(true) {
-            return Ok(());
-        }
         t.offer = None;
-        take_offer(xs, t, ids, &grant)?;
+        take_offer(xs, sw, t, ids, &grant)?;
     }
     Ok(())
 }
 
 /// Moves the sending direction onto the ring the receiver offered.
-fn take_offer(xs: &XenSock, t: &mut TxSide, ids: &Ids, grant: &RingGrant) -> core::result::Result<(), &'static str> {
+fn take_offer(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids, grant: &RingGrant) -> core::result::Result<(), &'static str> {
     if t.path.is_finished() {
         // after FIN a ring is pointless: decline (the receiver keeps reading TCP)
         return Ok(());
@@ -1448,16 +1387,15 @@ fn take_offer(xs: &XenSock, t: &mut TxSide, ids: &Ids, grant: &RingGrant) -> cor
     };
     match t.path.on_ring_offer(grant.epoch).map_err(|_| "ring offer")? {
         Some(m) => {
-            if !push_frame(&mut t.q, &Message::RingFrom { conn_id: ids.peer_conn, epoch: grant.epoch, offset: m }) {
-                return Err("send queue full");
+            // ends the run at m: nothing after it goes on the leg
+            if !push_ctl(sw, &Message::RingFrom { conn_id: ids.peer_conn, epoch: grant.epoch, offset: m }) {
+                return Err("control queue full");
             }
             let old = xs.inner.lock().tx.replace(pipe);
             drop(old);
             inc(&counters::OFFERS_TAKEN, 1);
             inc(&counters::TO_RING, 1);
-            if let Some(sw) = sw_of(xs) {
-                sw.to_ring.fetch_add(1, Ordering::Relaxed);
-            }
+            sw.to_ring.fetch_add(1, Ordering::Relaxed);
             pr_info!("connection {}: tx back on a ring (epoch {}) from {}\n", ids.conn_id, grant.epoch, m);
             Ok(())
         }
@@ -1526,8 +1464,10 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids, peer_heard: bool) {
     }
 }
 
-/// Reads the peer's `Consumed` (and `Reset`) off our outbound leg.
-fn read_tx_leg(xs: &XenSock, t: &mut TxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
+/// Reads the peer's control frames off our outbound leg: `Consumed` (and
+/// `Reset`) are handled here, the receiving direction's are queued for it
+/// (`Switch::rx_ctl`, taken under `Switch::rx` by `take_rx_ctl`).
+fn read_tx_leg(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
     if !t.leg_up {
         return Ok(());
     }
@@ -1545,9 +1485,12 @@ fn read_tx_leg(xs: &XenSock, t: &mut TxSide, ids: &Ids) -> core::result::Result<
             let got = t.ib_got;
             match leg.sock().recv(&mut t.ib[got..need]) {
                 Ok(0) => {
-                    // the peer closed its end: fine once we are done
+                    // the peer closed its end: fine once we are done (its
+                    // control frames end too: a reader still waiting for
+                    // one learns none comes)
                     t.broken = true;
                     t.leg = None;
+                    sw.ctl_in_closed.store(true, Ordering::Release);
                     if matches!(t.path.state(), TxState::Frozen { .. }) {
                         return Err("outbound leg closed while frozen");
                     }
@@ -1558,6 +1501,7 @@ fn read_tx_leg(xs: &XenSock, t: &mut TxSide, ids: &Ids) -> core::result::Result<
                 Err(_) => {
                     t.broken = true;
                     t.leg = None;
+                    sw.ctl_in_closed.store(true, Ordering::Release);
                     if matches!(t.path.state(), TxState::Frozen { .. }) {
                         return Err("outbound leg failed while frozen");
                     }
@@ -1569,18 +1513,30 @@ fn read_tx_leg(xs: &XenSock, t: &mut TxSide, ids: &Ids) -> core::result::Result<
         let frame = t.ib;
         t.ib_got = 0;
         let (m, _) = ctrl::decode(&frame[..need], Channel::Tcp).map_err(|_| "malformed frame on the outbound leg")?;
-        match m {
-            Message::Consumed { conn_id, epoch, offset } if conn_id == ids.conn_id => on_consumed(xs, t, ids, epoch, offset)?,
+        let for_rx = match m {
+            Message::Consumed { conn_id, epoch, offset } if conn_id == ids.conn_id => {
+                on_consumed(xs, sw, t, ids, epoch, offset)?;
+                None
+            }
             Message::Reset { conn_id, .. } if conn_id == ids.conn_id => return Err("peer reset"),
+            Message::RawFrom { conn_id, offset } if conn_id == ids.conn_id => Some(RxCtl::RawFrom(offset)),
+            Message::RingFrom { conn_id, epoch, offset } if conn_id == ids.conn_id => Some(RxCtl::RingFrom(epoch, offset)),
+            Message::TxFreeze { conn_id, epoch, offset } if conn_id == ids.conn_id => Some(RxCtl::TxFreeze(epoch, offset)),
+            Message::Fin { conn_id, offset } if conn_id == ids.conn_id => Some(RxCtl::Fin(offset)),
             _ => return Err("unexpected frame on the outbound leg"),
+        };
+        if let Some(f) = for_rx {
+            if !sw.rx_ctl.lock().push(f) {
+                return Err("control frames pile up unanswered");
+            }
         }
     }
 }
 
-fn on_consumed(xs: &XenSock, t: &mut TxSide, ids: &Ids, epoch: u32, offset: u64) -> core::result::Result<(), &'static str> {
+fn on_consumed(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids, epoch: u32, offset: u64) -> core::result::Result<(), &'static str> {
     let mut out = t.path.on_consumed(epoch, offset).map_err(|_| "bad Consumed")?;
     if out == ConsumedOutcome::FreezeFirst {
-        freeze_tx_locked(xs, t)?;
+        freeze_tx_locked(xs, sw, t)?;
         out = t.path.on_consumed(epoch, offset).map_err(|_| "bad Consumed")?;
     }
     if let ConsumedOutcome::Resend(r) = out {
@@ -1589,36 +1545,40 @@ fn on_consumed(xs: &XenSock, t: &mut TxSide, ids: &Ids, epoch: u32, offset: u64)
         if skip + len > t.resend.len() {
             return Err("resend beyond the copy");
         }
+        // a run from r.from on the leg: its bytes (the resend, then the
+        // application's) follow whatever of the last run is still queued
+        // for the leg, in order
+        if !push_ctl(sw, &Message::RawFrom { conn_id: ids.peer_conn, offset: r.from }) {
+            return Err("control queue full");
+        }
         t.resend_pos = skip;
         t.resend_end = skip + len;
         t.resend_off = r.from;
         t.fin_sent = false;
-        if let Some(sw) = sw_of(xs) {
-            sw.to_tcp.fetch_add(1, Ordering::Relaxed);
-        }
+        sw.to_tcp.fetch_add(1, Ordering::Relaxed);
         inc(&counters::TO_TCP, 1);
         pr_info!("connection {}: tx on TCP, resending {} bytes from {}\n", ids.conn_id, len, r.from);
     }
     Ok(())
 }
 
-/// Where the payload of `Data` frames goes as it comes off the inbound leg.
+/// Where the stream's bytes go as they come off the inbound leg.
 enum Sink<'m> {
     /// the receive buffer (a peeking reader, FIONREAD)
     Buffer,
-    /// none: control frames only, up to the next `Data` payload (the work
-    /// item, which leaves the payload to the application's recvmsg)
+    /// none: control frames only (the work item, poll), which leave the
+    /// bytes to the application's recvmsg
     Control,
     /// straight into the user buffers of the recvmsg being served, at
-    /// most `left` bytes in all: one copy, as TCP's own recvmsg (through
-    /// the buffer it was three, docs/lab.md "The TCP carrier")
+    /// most `left` bytes in all: one copy and one `tcp_recvmsg`, as TCP's
+    /// own recvmsg
     User { msg: &'m mut Msg, left: usize, got: usize, fault: bool },
 }
 
-/// Reads frames off the inbound leg: control frames whole, `Data` payload
-/// into `sink` while it has room. Caller holds the rx pipe's consumer (if
-/// a ring is in use) and `sw.rx`; on Err it resets the connection after
-/// releasing them (the reset takes the rings' locks).
+/// Takes the queued control frames, then reads the inbound leg into
+/// `sink`. Caller holds the rx pipe's consumer (if a ring is in use) and
+/// `sw.rx`; on Err it resets the connection after releasing them (the
+/// reset takes the rings' locks).
 fn pull_frames(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
     pull(xs, sw, r, ids, &mut Sink::Buffer)
 }
@@ -1631,19 +1591,36 @@ fn pull(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut Sink<'_
     res
 }
 
-/// The inbound leg said EOF or failed (`failed`): fine only where the
-/// stream no longer needs it.
-fn leg_gone(r: &mut RxSide, failed: bool) -> core::result::Result<(), &'static str> {
-    r.leg = None;
-    let mid_frame = r.data_left > 0 || r.fgot > 0;
+/// How many bytes of the run the inbound leg carries may be read now:
+/// up to the end of stream, and up to a `RingFrom` already here (the bytes
+/// after it are not on this leg); 0 when no run is open.
+fn run_room(sw: &Switch, r: &RxSide) -> u64 {
+    if !r.run_open || r.path.reads_ring() {
+        return 0;
+    }
+    let taken = r.path.taken();
+    let mut room = u64::MAX;
+    if let Some(eof) = r.path.eof_at() {
+        room = room.min(eof.saturating_sub(taken));
+    }
+    if let Some(end) = sw.rx_ctl.lock().run_end() {
+        room = room.min(end.saturating_sub(taken));
+    }
+    room
+}
+
+/// The inbound leg ended (EOF, `failed`: an error) with the stream not
+/// done: an error once no control frame can say otherwise (the peer's
+/// `Fin` and `RingFrom` come on the other leg, and may come after).
+fn leg_ended(sw: &Switch, r: &RxSide, failed: bool) -> core::result::Result<(), &'static str> {
     let done = r.path.eof_at() == Some(r.path.taken());
-    if r.path.reads_ring() && !mid_frame {
+    if done || r.path.reads_ring() {
         return Ok(());
     }
     if failed {
         return Err("inbound leg failed");
     }
-    if mid_frame || !done {
+    if sw.ctl_in_closed.load(Ordering::Acquire) && sw.rx_ctl.lock().front().is_none() {
         return Err("inbound leg closed mid-stream");
     }
     Ok(())
@@ -1651,258 +1628,161 @@ fn leg_gone(r: &mut RxSide, failed: bool) -> core::result::Result<(), &'static s
 
 fn pull_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut Sink<'_>) -> core::result::Result<(), &'static str> {
     loop {
-        if let Sink::User { msg, left, got, fault } = sink {
-            // the Data frames queued now, in one walk of the leg's queue;
-            // what it leaves (a control frame, EOF, an error) is read below
-            read_data_frames(r, ids, msg, *left, got, fault)?;
-            if *fault {
-                return Ok(());
-            }
+        take_rx_ctl(xs, sw, r, ids)?;
+        own_inbound(xs, sw, r);
+        if r.data_eof {
+            return leg_ended(sw, r, false);
+        }
+        let room = usize::try_from(run_room(sw, r)).unwrap_or(usize::MAX);
+        if room == 0 {
+            return Ok(());
         }
         let Some(leg) = r.leg.as_ref() else { return Ok(()) };
         // an empty leg is seen without a call: a reader that caught up
-        // with the stream made two more that said EAGAIN per recvmsg (a
-        // frame already whole in `hdr` is handled below without reading)
-        let empty = !leg.sock().readable();
-        if r.data_left > 0 {
-            if empty {
-                return Ok(());
-            }
-            let res = match sink {
-                Sink::User { msg, left, got, .. } => {
-                    let want = r.data_left.min(*left - *got);
-                    if want == 0 {
-                        return Ok(());
-                    }
-                    leg.sock().recv_to_user(msg, want).inspect(|n| *got += n)
-                }
-                Sink::Buffer => {
-                    let Some(b) = r.buf.as_mut() else { return Ok(()) };
-                    let room = b.tail_room();
-                    let want = r.data_left.min(room.len());
-                    if want == 0 {
-                        // full: the leg waits (TCP's window closes) until the reader takes some
-                        return Ok(());
-                    }
-                    leg.sock().recv(&mut room[..want]).inspect(|n| b.commit(*n))
-                }
-                Sink::Control => return Ok(()),
-            };
-            match res {
-                Ok(0) => return leg_gone(r, false),
-                Ok(n) => r.data_left -= n.min(r.data_left),
-                Err(x) if x == e::EAGAIN => return Ok(()),
-                Err(x) if x == e::EFAULT => {
-                    // the user's buffer, not the leg: the bytes stay queued
-                    if let Sink::User { fault, .. } = sink {
-                        *fault = true;
-                    }
-                    return Ok(());
-                }
-                Err(_) => return leg_gone(r, true),
-            }
-            continue;
-        }
-        if let Sink::User { left, got, .. } = sink {
-            if *got >= *left {
-                return Ok(());
-            }
-        }
-        // a frame: its header and, every frame on a leg but a Reset being
-        // at least that long, a Data frame's offset in the same read
-        let header = if r.fgot < ctrl::HEADER_LEN {
-            None
-        } else {
-            Some(ctrl::decode_header(&r.hdr[..ctrl::HEADER_LEN], Channel::Tcp).map_err(|_| "malformed frame on the inbound leg")?)
-        };
-        let need = match header {
-            None => ctrl::DATA_PREFIX_LEN,
-            Some(h) if h.kind == ctrl::Kind::Data => ctrl::DATA_PREFIX_LEN,
-            Some(h) if h.frame_len() <= r.hdr.len() => h.frame_len(),
-            Some(_) => return Err("malformed frame on the inbound leg"),
-        };
-        // (without a header, need is more than fgot: read)
-        let Some(header) = header.filter(|_| r.fgot >= need) else {
-            if empty {
-                return Ok(());
-            }
-            let got = r.fgot;
-            match leg.sock().recv(&mut r.hdr[got..need]) {
-                Ok(0) => return leg_gone(r, false),
-                Ok(n) => r.fgot += n,
-                Err(x) if x == e::EAGAIN => return Ok(()),
-                Err(_) => return leg_gone(r, true),
-            }
-            continue;
-        };
-        // the frame is in hdr[..need]; a short frame (Reset) read with
-        // the next one's first bytes keeps those for it
-        let frame = r.hdr;
-        let extra = r.fgot - need;
-        r.hdr.copy_within(need..need + extra, 0);
-        r.fgot = extra;
-        if header.kind == ctrl::Kind::Data {
-            r.data_left = start_data(&mut r.path, ids, &frame[..need])?;
-            continue;
-        }
-        on_frame(xs, sw, r, ids, &frame[..need])?;
-        own_inbound(xs, sw, r);
-        if r.path.reads_ring() {
-            // back on a ring: nothing more of this direction comes on TCP
+        // with the stream made one more that said EAGAIN per recvmsg
+        if !leg.sock().readable() {
             return Ok(());
         }
-    }
-}
-
-/// A `Data` frame's prefix off the inbound leg: its payload length, once
-/// the switch has accepted the frame's whole range (nothing reads the count
-/// before its payload is in: the next frame comes after it).
-fn start_data(path: &mut RxPath, ids: &Ids, prefix: &[u8]) -> core::result::Result<usize, &'static str> {
-    let (h, offset) = ctrl::decode_data_prefix(prefix, Channel::Tcp).map_err(|_| "malformed frame on the inbound leg")?;
-    if h.conn_id != ids.conn_id {
-        return Err("unexpected frame on the inbound leg");
-    }
-    let len = h.frame_len() - ctrl::DATA_PREFIX_LEN;
-    path.on_data(offset, len as u64).map_err(|_| "Data out of order")?;
-    Ok(len)
-}
-
-/// The recvmsg's fast path on TCP: `Data` frames straight off the leg's
-/// receive queue into the user's buffers, headers and payload in one walk
-/// (`TcpSock::read_frames`, under one take of the leg's lock), where a
-/// recvmsg each for a frame's prefix and its payload made four socket
-/// calls per 64 KiB (docs/lab.md). It stops at the first frame
-/// that is not `Data` (its first bytes stay in `hdr`, for `pull_inner`),
-/// when the user's buffers are full, and at a fault (`fault`; the bytes
-/// stay queued). Never called with a whole frame prefix waiting in `hdr`.
-fn read_data_frames(r: &mut RxSide, ids: &Ids, msg: &mut Msg, left: usize, got: &mut usize, fault: &mut bool) -> core::result::Result<(), &'static str> {
-    if r.fgot >= ctrl::DATA_PREFIX_LEN || *got >= left {
-        return Ok(());
-    }
-    let RxSide { leg, path, hdr, fgot, data_left, .. } = r;
-    let Some(leg) = leg.as_ref() else { return Ok(()) };
-    if !leg.sock().readable() {
-        return Ok(());
-    }
-    let mut bad: Option<&'static str> = None;
-    let mut actor = |run: &sys_net::Queued<'_>| -> sys_net::Took {
-        let mut used = 0;
-        while used < run.len() {
-            if *data_left > 0 {
-                let n = (run.len() - used).min(*data_left).min(left - *got);
-                if n == 0 {
-                    return sys_net::Took::Stop(used);
+        let res = match sink {
+            Sink::User { msg, left, got, .. } => {
+                let want = room.min(*left - *got);
+                if want == 0 {
+                    return Ok(());
                 }
-                if !run.copy_to_user(used, msg, n) {
+                leg.sock().recv_to_user(msg, want).inspect(|n| *got += n)
+            }
+            Sink::Buffer => {
+                let Some(b) = r.buf.as_mut() else { return Ok(()) };
+                let tail = b.tail_room();
+                let want = room.min(tail.len());
+                if want == 0 {
+                    // full: the leg waits (TCP's window closes) until the reader takes some
+                    return Ok(());
+                }
+                leg.sock().recv(&mut tail[..want]).inspect(|n| b.commit(*n))
+            }
+            Sink::Control => return Ok(()),
+        };
+        match res {
+            Ok(0) => r.data_eof = true,
+            Ok(n) => {
+                let taken = r.path.taken();
+                r.path.on_data(taken, n as u64).map_err(|_| "stream bytes past their end")?;
+            }
+            Err(x) if x == e::EAGAIN => return Ok(()),
+            Err(x) if x == e::EFAULT => {
+                // the user's buffer, not the leg: the bytes stay queued
+                if let Sink::User { fault, .. } = sink {
                     *fault = true;
-                    return sys_net::Took::Stop(used);
                 }
-                used += n;
-                *data_left -= n;
-                *got += n;
-                continue;
+                return Ok(());
             }
-            if *got >= left {
-                return sys_net::Took::Stop(used);
+            Err(_) => {
+                r.data_eof = true;
+                return leg_ended(sw, r, true);
             }
-            let n = (ctrl::DATA_PREFIX_LEN - *fgot).min(run.len() - used);
-            if !run.copy(used, &mut hdr[*fgot..*fgot + n]) {
-                bad = Some("inbound leg unreadable");
-                return sys_net::Took::Stop(used);
-            }
-            // the bytes are ours now (in hdr) whatever the frame is
-            used += n;
-            *fgot += n;
-            if *fgot < ctrl::DATA_PREFIX_LEN {
-                continue;
-            }
-            let Ok(h) = ctrl::decode_header(&hdr[..ctrl::HEADER_LEN], Channel::Tcp) else {
-                bad = Some("malformed frame on the inbound leg");
-                return sys_net::Took::Stop(used);
-            };
-            if h.kind != ctrl::Kind::Data {
-                // a control frame: pull_inner reads the rest and acts on it
-                return sys_net::Took::Stop(used);
-            }
-            match start_data(path, ids, &hdr[..ctrl::DATA_PREFIX_LEN]) {
-                Ok(len) => *data_left = len,
-                Err(why) => {
-                    bad = Some(why);
-                    return sys_net::Took::Stop(used);
-                }
-            }
-            *fgot = 0;
         }
-        sys_net::Took::More(used)
-    };
-    let res = leg.sock().read_frames(&mut actor);
-    if let Some(why) = bad {
-        return Err(why);
     }
-    // an error of the walk itself (none for an established leg) is seen
-    // again by pull_inner's recv, which decides what it means
-    let _ = res;
-    Ok(())
 }
 
-fn on_frame(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, frame: &[u8]) -> core::result::Result<(), &'static str> {
-    let (m, _) = ctrl::decode(frame, Channel::Tcp).map_err(|_| "malformed frame on the inbound leg")?;
-    match m {
-        Message::TxFreeze { conn_id, epoch, offset } if conn_id == ids.conn_id => {
-            r.saw_freeze = true;
-            let was_ring = matches!(r.path.state(), RxState::Ring { .. });
-            // readable 0: we keep what we took, the sender resends the rest
-            if let Some(n) = r.path.on_tx_freeze(epoch, Some(offset), 0).map_err(|_| "bad TxFreeze")? {
-                if !push_frame(&mut r.ctl, &Message::Consumed { conn_id: ids.peer_conn, epoch: n.epoch, offset: n.offset }) {
-                    return Err("control queue full");
-                }
-                if was_ring {
-                    sw.to_tcp.fetch_add(1, Ordering::Relaxed);
-                    inc(&counters::TO_TCP, 1);
-                    // no one reads that ring again (the caller holds its consumer)
-                    let old = xs.inner.lock().rx.take();
-                    drop(old);
-                }
-                if !matches!(r.path.state(), RxState::Offered { .. }) {
-                    let dead = r.offered.take();
-                    drop(dead);
-                }
-                pr_info!("connection {}: rx: sender froze ring {} at {}; on TCP from {}\n", ids.conn_id, epoch, offset, n.offset);
-            }
+/// Takes the receiving direction's control frames (`Switch::rx_ctl`) in
+/// order, as far as they can be taken now: as on one ordered stream, a
+/// `RingFrom` waits until every byte before it was read off the leg, and
+/// what follows it waits with it. Caller holds `sw.rx` (and the rx pipe's
+/// consumer, if a ring is in use).
+fn take_rx_ctl(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
+    loop {
+        let Some(f) = sw.rx_ctl.lock().front() else { return Ok(()) };
+        let takeable = r.path.tcp_data_takeable();
+        let waits = match f {
+            RxCtl::RingFrom(_, m) => !takeable || r.path.taken() < m,
+            RxCtl::RawFrom(_) | RxCtl::Fin(_) => !takeable,
+            RxCtl::TxFreeze(..) => false,
+        };
+        if waits {
+            return Ok(());
         }
-        Message::RingFrom { conn_id, epoch, offset } if conn_id == ids.conn_id => {
-            match r.path.on_ring_from(epoch, offset).map_err(|_| "bad RingFrom")? {
-                RingFromOutcome::Switch => {
+        match f {
+            RxCtl::RawFrom(m) => match r.join_at.take() {
+                Some(end) if end == m => {}
+                Some(_) => return Err("a run after reading on past a run's end, not from there"),
+                None if r.run_open => return Err("RawFrom inside a run"),
+                None => {
+                    // the run starts where we stand
+                    r.path.on_data(m, 0).map_err(|_| "RawFrom out of order")?;
+                    r.run_open = true;
+                }
+            },
+            RxCtl::RingFrom(epoch, m) => {
+                if !r.run_open || r.join_at.is_some() {
+                    return Err("RingFrom without a run");
+                }
+                let outcome = r.path.on_ring_from(epoch, m).map_err(|_| "bad RingFrom")?;
+                if r.path.taken() > m {
+                    // we read past the run's end before its RingFrom was
+                    // here: the bytes after it are the next run's, which
+                    // (an offer we abandoned, whose Consumed left before
+                    // this RingFrom came) goes on from that very end
+                    if outcome == RingFromOutcome::Switch {
+                        return Err("read past a run's end");
+                    }
+                    r.join_at = Some(m);
+                } else {
+                    r.run_open = false;
+                }
+                if outcome == RingFromOutcome::Switch {
                     let Some(p) = r.offered.take() else { return Err("RingFrom without a ring") };
                     let old = xs.inner.lock().rx.replace(p);
                     drop(old);
                     if let Some(l) = r.offered_via.take() {
                         // only the domain the ring was granted to could
-                        // have mapped it, and only the peer writes this leg
+                        // have mapped it, and only the peer writes on our
+                        // outbound leg's way back
                         pr_info!("connection {}: dom{} proved to be the peer (switched onto the ring granted to it)\n", ids.conn_id, l.peer);
                         r.adopt = Some(l);
                         sys_net::schedule();
                     }
                     sw.to_ring.fetch_add(1, Ordering::Relaxed);
                     inc(&counters::TO_RING, 1);
-                    pr_info!("connection {}: rx back on a ring (epoch {}) from {}\n", ids.conn_id, epoch, offset);
+                    pr_info!("connection {}: rx back on a ring (epoch {}) from {}\n", ids.conn_id, epoch, m);
                 }
-                RingFromOutcome::Ignore => {}
+            }
+            RxCtl::TxFreeze(epoch, offset) => {
+                r.saw_freeze = true;
+                let was_ring = matches!(r.path.state(), RxState::Ring { .. });
+                // readable 0: we keep what we took, the sender resends the rest
+                if let Some(n) = r.path.on_tx_freeze(epoch, Some(offset), 0).map_err(|_| "bad TxFreeze")? {
+                    if !push_ctl(sw, &Message::Consumed { conn_id: ids.peer_conn, epoch: n.epoch, offset: n.offset }) {
+                        return Err("control queue full");
+                    }
+                    if was_ring {
+                        sw.to_tcp.fetch_add(1, Ordering::Relaxed);
+                        inc(&counters::TO_TCP, 1);
+                        // no one reads that ring again (the caller holds its consumer)
+                        let old = xs.inner.lock().rx.take();
+                        drop(old);
+                    }
+                    if !matches!(r.path.state(), RxState::Offered { .. }) {
+                        let dead = r.offered.take();
+                        drop(dead);
+                    }
+                    pr_info!("connection {}: rx: sender froze ring {} at {}; on TCP from {}\n", ids.conn_id, epoch, offset, n.offset);
+                }
+            }
+            RxCtl::Fin(m) => {
+                r.path.on_fin(m).map_err(|_| "bad Fin")?;
             }
         }
-        Message::Fin { conn_id, offset } if conn_id == ids.conn_id => {
-            r.path.on_fin(offset).map_err(|_| "bad Fin")?;
-        }
-        Message::Reset { conn_id, .. } if conn_id == ids.conn_id => return Err("peer reset"),
-        _ => return Err("unexpected frame on the inbound leg"),
+        sw.rx_ctl.lock().pop();
     }
-    Ok(())
 }
 
-/// Sends queued `Consumed` frames on the inbound leg.
-fn flush_ctl(r: &mut RxSide) {
+/// Sends our queued control frames on the inbound leg (caller holds
+/// `sw.rx`, which holds the leg).
+fn flush_ctl(sw: &Switch, r: &mut RxSide) {
     let Some(leg) = r.leg.as_ref() else { return };
-    let Some(q) = r.ctl.as_mut() else { return };
+    let mut q = sw.ctl.lock();
+    let Some(q) = q.as_mut() else { return };
     while !q.is_empty() {
         match leg.sock().send_nb(q.front(), false) {
             Ok(n) if n > 0 => q.consume(n),
@@ -1933,9 +1813,9 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
     let tx_err = {
         let mut t = sw.tx.lock();
         leg_tx(xs, &mut t, &ids, peer_heard);
-        let r = read_tx_leg(xs, &mut t, &ids).and_then(|_| loop {
+        let r = read_tx_leg(xs, &sw, &mut t, &ids).and_then(|_| loop {
             let before = t.resend_pos;
-            pump_tx(xs, &mut t, &ids)?;
+            pump_tx(xs, &sw, &mut t, &ids)?;
             flush_tx(&mut t);
             // a resend bigger than the queue goes on while the leg takes
             // it: a leg that drains the queue without filling up raises no
@@ -1964,19 +1844,16 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
         // into its buffers (the leg's callbacks wake it, poll says readable
         // when the leg is); the work item pulled into the buffer and the
         // reader copied it out again, preempted by it 5-6 times per MiB
-        // (docs/lab.md "The TCP carrier"). Frames the application does not
-        // read wait in the leg, as in a TCP socket; the control frames up
-        // to them are taken here. On a ring, what the leg brings is control
-        // (TxFreeze).
+        // (docs/lab.md "The TCP carrier"). Bytes the application does not
+        // read wait in the leg, as in a TCP socket; the control frames
+        // (which come on the other leg) are taken here.
         let res = if closed || !same_pipe(&xs.inner.lock().rx, &pipe) {
             Ok(())
-        } else if pipe.is_none() {
-            pull(xs, &sw, &mut r, &ids, &mut Sink::Control)
         } else {
-            pull_frames(xs, &sw, &mut r, &ids)
+            pull(xs, &sw, &mut r, &ids, &mut Sink::Control)
         };
         own_inbound(xs, &sw, &mut r);
-        flush_ctl(&mut r);
+        flush_ctl(&sw, &mut r);
         drop(r);
         drop(c);
         if let Err(why) = res {
@@ -2011,11 +1888,14 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
         // leaves a closed connection nothing to send: it held the socket
         // until peer_lost_ms when the peer closed first and let go of the
         // leg before our Fin (bench-20261127-102341: three in four rounds)
+        // (our control frames too: the Fin or RingFrom that ends the stream
+        // on TCP goes on the inbound leg, which release_legs closes)
         let done = (t.broken && !on_ring)
             || (t.q.as_ref().map(|q| q.is_empty()).unwrap_or(true)
                 && t.hello_left == 0
                 && t.resend_pos >= t.resend_end
-                && (t.fin_sent || (on_ring && ring_all_taken(xs, &t))));
+                && (t.fin_sent || (on_ring && ring_all_taken(xs, &t)))
+                && ctl_flushed(&sw));
         let connecting = !t.leg_up && t.want_leg && !t.broken;
         (t.leg_up, done, connecting)
     };
@@ -2195,7 +2075,7 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
                 return true;
             }
             if let Some(n) = r.path.freeze_local() {
-                let _ = push_frame(&mut r.ctl, &Message::Consumed { conn_id: ids.peer_conn, epoch: n.epoch, offset: n.offset });
+                let _ = push_ctl(sw, &Message::Consumed { conn_id: ids.peer_conn, epoch: n.epoch, offset: n.offset });
                 pr_info!("connection {}: offer of ring {} unanswered, abandoned\n", ids.conn_id, n.epoch);
             }
             let dead = r.offered.take();
@@ -2247,7 +2127,7 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
             // not sent: abandon the epoch as a move would (Consumed says so)
             let mut r = sw.rx.lock();
             if let Some(n) = r.path.freeze_local() {
-                let _ = push_frame(&mut r.ctl, &Message::Consumed { conn_id: ids.peer_conn, epoch: n.epoch, offset: n.offset });
+                let _ = push_ctl(sw, &Message::Consumed { conn_id: ids.peer_conn, epoch: n.epoch, offset: n.offset });
             }
             let dead = (r.offered.take(), r.offered_via.take());
             drop(r);
@@ -2289,7 +2169,6 @@ pub(crate) fn stats(seq: &mut crate::sys::Seq) {
         ("tcp_recv_steps", g(&RECV_STEPS)),
         ("tcp_leg_sends", leg_calls::get(&leg_calls::SENDS)),
         ("tcp_leg_recvs", leg_calls::get(&leg_calls::RECVS)),
-        ("tcp_leg_walks", leg_calls::get(&leg_calls::WALKS)),
         ("tcp_nospace_armed", leg_calls::nospace_armed()),
     ]);
 }
@@ -2338,11 +2217,14 @@ pub(crate) fn tcp_show(conn: u32, sw: &Switch, seq: &mut crate::sys::Seq) {
         };
         let _ = write!(
             l,
-            "{conn} rx {state} taken {} buffered {} frame_left {} header {} owner_pulls {}",
+            "{conn} rx {state} taken {} buffered {} run {} join {} eof_leg {} control_queued {} control_out {} owner_pulls {}",
             r.path.taken(),
             r.buf.as_ref().map(|b| b.len()).unwrap_or(0),
-            r.data_left,
-            r.fgot,
+            r.run_open as u8,
+            r.join_at.map(|j| j as i64).unwrap_or(-1),
+            r.data_eof as u8,
+            sw.rx_ctl.lock().len,
+            sw.ctl.lock().as_ref().map(|q| q.len()).unwrap_or(0),
             r.owner_pulls.map(|p| p as i8).unwrap_or(-1)
         );
         let _ = match leg(r.leg.as_ref()) {

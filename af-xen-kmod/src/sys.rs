@@ -69,8 +69,6 @@ extern "C" {
     fn afx_sigpipe();
     fn afx_xen_domain() -> c_int;
     fn afx_msg_left(msg: *mut bindings::msghdr) -> usize;
-    fn afx_msg_fault_in(msg: *mut bindings::msghdr, len: usize) -> usize;
-    fn afx_msg_revert(msg: *mut bindings::msghdr, n: usize);
     fn afx_accept_flags(arg: *mut bindings::proto_accept_arg) -> c_int;
     fn afx_hostile_test() -> c_int;
     fn afx_sk_err_pending(sk: *mut bindings::sock) -> c_int;
@@ -667,20 +665,6 @@ impl Msg {
     /// same user buffers (sys_net.rs).
     pub(crate) fn as_raw(&mut self) -> *mut bindings::msghdr {
         self.0
-    }
-    /// Whether the next `len` bytes of the user's buffers are all present
-    /// (faulted in now, as the socket layer's own writers do before they
-    /// commit to a length).
-    pub(crate) fn fault_in(&mut self, len: usize) -> bool {
-        // SAFETY: live msghdr; the helper only reads its iterator.
-        unsafe { afx_msg_fault_in(self.0, len) == 0 }
-    }
-    /// Steps the user's iovecs back by `n` bytes a copy advanced them (a
-    /// copy that came out short is undone: nothing of it was used).
-    pub(crate) fn revert(&mut self, n: usize) {
-        // SAFETY: live msghdr; n is at most what this call's own copies
-        // advanced the iterator by.
-        unsafe { afx_msg_revert(self.0, n) }
     }
     /// Copies from the user's iovecs into `buf`; returns the bytes copied
     /// (short on a fault).

@@ -40,9 +40,6 @@ extern "C" {
     fn afx_tcp_nospace_armed() -> kernel::ffi::c_long;
     fn afx_tcp_set_owner(s: *mut bindings::socket, owner: *mut bindings::sock, flags: c_int);
     fn afx_tcp_writable(s: *mut bindings::socket) -> c_int;
-    fn afx_tcp_read_frames(s: *mut bindings::socket, actor: *mut c_void) -> c_int;
-    fn afx_skb_copy(skb: *const bindings::sk_buff, offset: c_int, to: *mut c_void, len: c_int) -> c_int;
-    fn afx_skb_copy_to_msg(skb: *const bindings::sk_buff, offset: c_int, user: *mut bindings::msghdr, len: c_int) -> c_int;
     fn afx_pm_register() -> c_int;
     fn afx_pm_unregister();
 }
@@ -278,22 +275,6 @@ impl TcpSock {
         Ok(n as usize)
     }
 
-    /// Walks the bytes queued on this socket now, oldest first, handing
-    /// each run of them to `actor` (tcp_read_sock, under the socket's lock;
-    /// one window update for the whole walk). The actor says how many of
-    /// a run it took and whether to stop; what it did not take stays
-    /// queued. Ok(bytes taken); EOF and errors are left to `recv`.
-    pub(crate) fn read_frames(&self, actor: &mut dyn FnMut(&Queued<'_>) -> Took) -> core::result::Result<usize, i32> {
-        let mut actor = actor;
-        let ctx: *mut &mut dyn FnMut(&Queued<'_>) -> Took = &mut actor;
-        // SAFETY: self.0 is live; `ctx` points to `actor`, which outlives
-        // the call, and afx_rs_read_actor is the only user of it, within
-        // this call.
-        let n = to_result(unsafe { afx_tcp_read_frames(self.0, ctx.cast()) })?;
-        leg_calls::count(&leg_calls::WALKS);
-        Ok(n as usize)
-    }
-
     /// Whether a read would find something now (bytes, an error or EOF).
     pub(crate) fn readable(&self) -> bool {
         // SAFETY: self.0 is live; the helper reads its queue locklessly.
@@ -348,7 +329,7 @@ impl TcpSock {
 
 /// Calls into the legs' TCP sockets that returned without error, for
 /// /proc/net/af_xen_stats: each is a lock_sock/release_sock, and each
-/// send or walk a clock read in TCP itself (tcp_write_xmit,
+/// send or receive a clock read in TCP itself (tcp_write_xmit,
 /// tcp_rcv_space_adjust), which a PV guest pays dearly under the lab's
 /// emulation. Per 64 KiB against plain TCP's one send or recv per
 /// application call, they say what the carrier adds on the leg.
@@ -356,7 +337,6 @@ pub(crate) mod leg_calls {
     use core::sync::atomic::{AtomicI64, Ordering};
     pub(crate) static SENDS: AtomicI64 = AtomicI64::new(0);
     pub(crate) static RECVS: AtomicI64 = AtomicI64::new(0);
-    pub(crate) static WALKS: AtomicI64 = AtomicI64::new(0);
     pub(crate) fn count(c: &AtomicI64) {
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -378,70 +358,3 @@ impl Drop for TcpSock {
     }
 }
 
-/// A run of bytes queued on a TCP socket, seen by `TcpSock::read_frames`'s
-/// actor: part of one skb, valid only during the call.
-pub(crate) struct Queued<'a> {
-    skb: *const bindings::sk_buff,
-    offset: usize,
-    len: usize,
-    _call: core::marker::PhantomData<&'a ()>,
-}
-
-/// What a `read_frames` actor did with a run.
-pub(crate) enum Took {
-    /// took this many bytes; the walk goes on
-    More(usize),
-    /// took this many bytes; the walk ends here
-    Stop(usize),
-}
-
-impl Queued<'_> {
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// The skb offset and length of `n` bytes of the run from `at`, if
-    /// they are within it.
-    fn span(&self, at: usize, n: usize) -> Option<(c_int, c_int)> {
-        if at.checked_add(n).is_none_or(|end| end > self.len) {
-            return None;
-        }
-        Some((c_int::try_from(self.offset + at).ok()?, c_int::try_from(n).ok()?))
-    }
-
-    /// Copies the run's bytes from `at` into `to` (all of it, or false).
-    pub(crate) fn copy(&self, at: usize, to: &mut [u8]) -> bool {
-        let Some((off, n)) = self.span(at, to.len()) else { return false };
-        // SAFETY: the skb is live for this call (tcp_read_sock holds it);
-        // [off, off + n) is within it (`span`); `to` is writable for n bytes.
-        unsafe { afx_skb_copy(self.skb, off, to.as_mut_ptr().cast(), n) == 0 }
-    }
-
-    /// Copies `n` of the run's bytes from `at` into the user buffers of
-    /// the recvmsg being served (`msg` advances), or false (EFAULT: the
-    /// iterator stays where it was).
-    pub(crate) fn copy_to_user(&self, at: usize, msg: &mut crate::sys::Msg, n: usize) -> bool {
-        let Some((off, n)) = self.span(at, n) else { return false };
-        // SAFETY: as in `copy`; msg is the live msghdr of this recvmsg.
-        unsafe { afx_skb_copy_to_msg(self.skb, off, msg.as_raw(), n) == 0 }
-    }
-}
-
-/// tcp_read_sock's actor (af_xen_net.c): hands the run to the Rust actor
-/// of `read_frames`.
-#[no_mangle]
-extern "C" fn afx_rs_read_actor(actor: *mut c_void, skb: *const bindings::sk_buff, offset: kernel::ffi::c_uint, len: usize, stop: *mut c_int) -> usize {
-    // SAFETY: `actor` is the `ctx` of `read_frames`, live for its call,
-    // which this callback runs within.
-    let actor = unsafe { &mut *actor.cast::<&mut dyn FnMut(&Queued<'_>) -> Took>() };
-    let run = Queued { skb, offset: offset as usize, len, _call: core::marker::PhantomData };
-    let (took, halt) = match actor(&run) {
-        Took::More(n) => (n, false),
-        Took::Stop(n) => (n, true),
-    };
-    if halt {
-        // SAFETY: `stop` is the C actor's local, writable for this call.
-        unsafe { *stop = 1 };
-    }
-    took.min(len)
-}
