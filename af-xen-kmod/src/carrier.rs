@@ -1039,14 +1039,23 @@ fn send_locked(t: &mut TxSide, msg: &mut Msg, left: usize) -> Write {
             }
             Ok(_) => Write::Blocked,
             Err(x) if x == e::EAGAIN => Write::Blocked,
-            Err(x) if x == e::EFAULT => Write::Fault,
+            // TCP refuses a chunk that faults part way; the bytes before
+            // the fault are the writer's to send, as with the ring (they
+            // go through the queue, which is empty here)
+            Err(x) if x == e::EFAULT => queue_from_user(t, msg, left),
             Err(_) => {
                 t.broken = true;
                 Write::Pipe
             }
         };
     }
-    // the leg connects: the queue holds what is written meanwhile
+    queue_from_user(t, msg, left)
+}
+
+/// Copies what the user's iovecs hold of the next `left` bytes (short on
+/// a fault) into the send queue, behind what is queued: while the leg
+/// connects, or for a write whose buffer faults part way.
+fn queue_from_user(t: &mut TxSide, msg: &mut Msg, left: usize) -> Write {
     let room = t.q.as_ref().map(|q| q.room()).unwrap_or(0);
     if room == 0 {
         return Write::Blocked;
