@@ -877,9 +877,19 @@ fn moved_connection(
     }
     let t0 = Instant::now();
     let moved = transport.suspend();
-    let after = carrier_of(transport, &s)?;
+    let hook_ms = t0.elapsed().as_secs_f64() * 1e3;
+    // The hook returns once both legs are up and nothing shared is held;
+    // the sending direction leaves FROZEN one round trip later (the
+    // peer's Consumed for our TxFreeze, which goes out on the leg the
+    // peer connects back), so wait for that, bounded.
+    let mut after = carrier_of(transport, &s)?;
+    let settle = Instant::now() + Duration::from_secs(10);
+    while !on_tcp(&after) && Instant::now() < settle {
+        std::thread::sleep(Duration::from_millis(1));
+        after = carrier_of(transport, &s)?;
+    }
     println!(
-        "lab_bench user-tcpc client: round {round}: suspend hook moved {moved} connection(s) in {:.0} ms; carrier {after}",
+        "lab_bench user-tcpc client: round {round}: suspend hook moved {moved} connection(s) in {hook_ms:.0} ms, on TCP {:.0} ms after it began; carrier {after}",
         t0.elapsed().as_secs_f64() * 1e3
     );
     if !on_tcp(&after) {
