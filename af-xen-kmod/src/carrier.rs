@@ -1795,7 +1795,16 @@ fn flush_ctl(sw: &Switch, r: &mut RxSide) {
     while !q.is_empty() {
         match leg.sock().send_nb(q.front(), false) {
             Ok(n) if n > 0 => q.consume(n),
-            _ => return,
+            Ok(_) => return,
+            Err(x) if x == e::EAGAIN => return,
+            Err(_) => {
+                // the leg is gone (the peer closed it): nothing queued
+                // here can reach the peer any more, and a close must not
+                // wait for it (`service`'s tx_done)
+                let n = q.len();
+                q.consume(n);
+                return;
+            }
         }
     }
 }
