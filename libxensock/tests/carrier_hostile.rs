@@ -1,7 +1,9 @@
 //! A hostile or broken peer can only break its own connection: a ring index
 //! out of range, or an offset out of range in a control frame, resets the
 //! connection (ECONNRESET) instead of hanging, panicking or delivering
-//! wrong bytes.
+//! wrong bytes. Also the raw leg's one race a reader can lose (it reads on
+//! past a run's end before the run's `RingFrom` came), played by hand: the
+//! random switches of `carrier_stream.rs` never produced it.
 
 #[allow(dead_code)]
 #[path = "../src/evfd.rs"]
@@ -135,4 +137,131 @@ fn consumed_beyond_what_was_sent_resets_the_connection() {
     let mut reset = [0u8; 12];
     back.read_exact(&mut reset).unwrap();
     assert_eq!(reset[1], 5, "a Reset frame");
+}
+
+/// The raw leg's one case where a reader reads past a run's end before the
+/// run's `RingFrom` reached it (`docs/protocol.md` 5.4): the receiver
+/// abandoned a ring offer the sender had already taken at offset 100, the
+/// sender resent from 100, and those bytes came before its `RingFrom`. The
+/// test plays the sender; `next_run` is where its next `RawFrom` says the
+/// resend starts.
+fn read_past_a_run_end(local: u32, next_run: u64) -> (Engine, Vec<u8>, std::io::Result<usize>) {
+    let peer = local + 1;
+    let fake = TcpListener::bind("127.0.0.1:0").unwrap();
+    let lb = listener("127.0.0.1".parse().unwrap());
+    // On TCP from the start: the engine connects its leg to us at once.
+    let e = lone_engine(
+        local,
+        peer,
+        Some(fake.local_addr().unwrap()),
+        lb.clone(),
+        false,
+        Duration::from_secs(20),
+    );
+    let (mut control_to_engine, _) = fake.accept().unwrap();
+    let mut hello = [0u8; 16];
+    control_to_engine.read_exact(&mut hello).unwrap();
+    let mut stream_to_engine = TcpStream::connect(lb.local_addr()).unwrap();
+    stream_to_engine
+        .write_all(&hello_frame(local, COOKIE))
+        .unwrap();
+    let stream: Vec<u8> = (0..300u32).map(|i| pattern(7, u64::from(i))).collect();
+    let mut got = vec![0u8; 300];
+    let read_to = |e: &Engine, end: usize, got: &mut Vec<u8>, at: &mut usize| {
+        while *at < end {
+            let n = e.read(&mut got[*at..end]).unwrap();
+            assert!(n > 0, "end of stream at {at}");
+            *at += n;
+        }
+    };
+    let mut at = 0;
+    control_to_engine
+        .write_all(&frame(&Message::RawFrom {
+            conn_id: local,
+            offset: 0,
+        }))
+        .unwrap();
+    stream_to_engine.write_all(&stream[..100]).unwrap();
+    read_to(&e, 100, &mut got, &mut at);
+    // The engine offers ring 1 and gives the offer up: its Consumed{1, 100}
+    // comes back to us (after its own RawFrom{0}).
+    let (epoch, _ring) = e.offer_ring().unwrap().unwrap();
+    assert_eq!(epoch, 1);
+    assert!(e.abandon_offer(1));
+    stream_to_engine
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut control_from_engine = vec![0u8; 16 + 24];
+    stream_to_engine
+        .read_exact(&mut control_from_engine)
+        .unwrap();
+    assert_eq!(
+        control_from_engine[16..],
+        frame(&Message::Consumed {
+            conn_id: peer,
+            epoch: 1,
+            offset: 100
+        })[..]
+    );
+    // We had moved onto ring 1 at 100: the resend from 100 is on its way
+    // before our RingFrom, and the engine reads it as the run's.
+    stream_to_engine.write_all(&stream[100..150]).unwrap();
+    read_to(&e, 150, &mut got, &mut at);
+    for m in [
+        Message::RingFrom {
+            conn_id: local,
+            epoch: 1,
+            offset: 100,
+        },
+        Message::TxFreeze {
+            conn_id: local,
+            epoch: 1,
+            offset: 150,
+        },
+        Message::RawFrom {
+            conn_id: local,
+            offset: next_run,
+        },
+    ] {
+        control_to_engine.write_all(&frame(&m)).unwrap();
+    }
+    stream_to_engine.write_all(&stream[150..]).unwrap();
+    let mut rest = [0u8; 150];
+    let mut last = Ok(0);
+    let mut n = 0;
+    while n < rest.len() {
+        last = e.read(&mut rest[n..]);
+        match last {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    got[150..150 + n].copy_from_slice(&rest[..n]);
+    got.truncate(150 + n);
+    assert_eq!(got[..], stream[..got.len()]);
+    (e, got, last)
+}
+
+fn frame(m: &Message<'_>) -> Vec<u8> {
+    let mut buf = vec![0u8; m.encoded_len()];
+    m.encode(&mut buf).unwrap();
+    buf
+}
+
+#[test]
+fn a_resend_that_continues_a_run_read_past_its_end_is_taken_whole() {
+    let (e, got, last) = read_past_a_run_end(101, 100);
+    assert_eq!(got.len(), 300, "{last:?}");
+    assert!(e.status().failure.is_none());
+}
+
+#[test]
+fn a_run_that_does_not_continue_where_the_reader_went_past_resets() {
+    let (e, got, last) = read_past_a_run_end(111, 120);
+    assert_eq!(got.len(), 150);
+    assert_eq!(last.unwrap_err().raw_os_error(), Some(libc::ECONNRESET));
+    assert!(e
+        .status()
+        .failure
+        .is_some_and(|f| f.contains("past a run's end")));
 }
