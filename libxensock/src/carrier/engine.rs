@@ -14,7 +14,7 @@
 //! threads. The two directions have separate locks
 //! and no code path holds both.
 //!
-//! The legs (protocol version 2, the raw leg: `docs/protocol.md` §7): our
+//! The legs (protocol version 2, the raw leg: `docs/protocol.md` 5.4): our
 //! *outbound* leg carries our stream unframed, and back from the peer the
 //! control frames of both directions; our *inbound* leg carries the peer's
 //! stream, and back our control frames. Control frames that arrive for

@@ -1,5 +1,5 @@
 //! The TCP legs' two kinds of traffic (the raw leg, `docs/protocol.md`
-//! §7): a leg carries, from the side that connected it, that side's
+//! 5.4): a leg carries, from the side that connected it, that side's
 //! stream itself, unframed, and from the side that accepted it control
 //! frames (`RawFrom`, `RingFrom`, `TxFreeze`, `Consumed`, `Fin`, `Reset`).
 //! Which stream offsets the raw bytes are is said on the control stream:
