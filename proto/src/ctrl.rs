@@ -961,6 +961,27 @@ mod tests {
     }
 
     #[test]
+    fn raw_from_is_a_tcp_frame_of_one_offset() {
+        let msg = Message::RawFrom {
+            conn_id: 9,
+            offset: (1 << 40) + 5,
+        };
+        let mut buf = [0u8; 64];
+        let n = msg.encode(&mut buf).unwrap();
+        assert_eq!(n, HEADER_LEN + 8);
+        assert_eq!(buf[1], 22);
+        assert_eq!(decode(&buf[..n], Channel::Tcp), Ok((msg, n)));
+        assert_eq!(
+            decode(&buf[..n], Channel::Link),
+            Err(DecodeError::WrongChannel(Kind::RawFrom))
+        );
+        // a body that is not exactly the offset is refused
+        let mut long = buf;
+        long[2] = 9;
+        assert!(decode(&long[..n + 1], Channel::Tcp).is_err());
+    }
+
+    #[test]
     fn strictness() {
         let msg = Message::RingFrom {
             conn_id: 1,
