@@ -25,13 +25,6 @@ use carrier::{Doorbell, Engine, EngineConfig, InitialRings, MemfdRing, RingAlloc
 use carrier_common::*;
 use xensock_proto::ctrl::Message;
 
-fn hello_frame(conn_id: u32, cookie: u64) -> Vec<u8> {
-    let msg = Message::TcpHello { conn_id, cookie };
-    let mut buf = vec![0u8; msg.encoded_len()];
-    msg.encode(&mut buf).unwrap();
-    buf
-}
-
 fn no_alloc() -> RingAlloc {
     Box::new(|_| Err(std::io::ErrorKind::Unsupported.into()))
 }
@@ -100,7 +93,11 @@ fn consumed_beyond_what_was_sent_resets_the_connection() {
     // Our leg to it, where its control frames come: the TxFreeze{epoch 0,
     // offset 10}, then the Consumed for its receiving ring.
     let mut back = TcpStream::connect(la.local_addr()).unwrap();
-    back.write_all(&hello_frame(81, COOKIE)).unwrap();
+    back.write_all(&frame(&Message::TcpHello {
+        conn_id: 81,
+        cookie: COOKIE,
+    }))
+    .unwrap();
     back.set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     let freeze = Message::TxFreeze {
@@ -147,24 +144,15 @@ fn consumed_beyond_what_was_sent_resets_the_connection() {
 /// resend starts.
 fn read_past_a_run_end(local: u32, next_run: u64) -> (Engine, Vec<u8>, std::io::Result<usize>) {
     let peer = local + 1;
-    let fake = TcpListener::bind("127.0.0.1:0").unwrap();
-    let lb = listener("127.0.0.1".parse().unwrap());
-    // On TCP from the start: the engine connects its leg to us at once.
-    let e = lone_engine(
+    let HandPeer {
+        engine: e,
+        mut control_to_engine,
+        mut stream_to_engine,
+    } = hand_peer(
         local,
-        peer,
-        Some(fake.local_addr().unwrap()),
-        lb.clone(),
-        false,
+        listener("127.0.0.1".parse().unwrap()),
         Duration::from_secs(20),
     );
-    let (mut control_to_engine, _) = fake.accept().unwrap();
-    let mut hello = [0u8; 16];
-    control_to_engine.read_exact(&mut hello).unwrap();
-    let mut stream_to_engine = TcpStream::connect(lb.local_addr()).unwrap();
-    stream_to_engine
-        .write_all(&hello_frame(local, COOKIE))
-        .unwrap();
     let stream: Vec<u8> = (0..300u32).map(|i| pattern(7, u64::from(i))).collect();
     let mut got = vec![0u8; 300];
     let read_to = |e: &Engine, end: usize, got: &mut Vec<u8>, at: &mut usize| {
@@ -242,12 +230,6 @@ fn read_past_a_run_end(local: u32, next_run: u64) -> (Engine, Vec<u8>, std::io::
     (e, got, last)
 }
 
-fn frame(m: &Message<'_>) -> Vec<u8> {
-    let mut buf = vec![0u8; m.encoded_len()];
-    m.encode(&mut buf).unwrap();
-    buf
-}
-
 #[test]
 fn a_resend_that_continues_a_run_read_past_its_end_is_taken_whole() {
     let (e, got, last) = read_past_a_run_end(101, 100);
@@ -264,4 +246,79 @@ fn a_run_that_does_not_continue_where_the_reader_went_past_resets() {
         .status()
         .failure
         .is_some_and(|f| f.contains("past a run's end")));
+}
+
+/// A run the peer opens anywhere but where the reader stands resets the
+/// connection.
+#[test]
+fn a_run_opened_away_from_where_the_reader_stands_resets() {
+    let mut p = hand_peer(
+        121,
+        listener("127.0.0.1".parse().unwrap()),
+        Duration::from_secs(20),
+    );
+    p.control_to_engine
+        .write_all(&frame(&Message::RawFrom {
+            conn_id: 121,
+            offset: 5,
+        }))
+        .unwrap();
+    p.stream_to_engine.write_all(b"abc").unwrap();
+    let mut b = [0u8; 8];
+    assert_eq!(
+        p.engine.read(&mut b).unwrap_err().raw_os_error(),
+        Some(libc::ECONNRESET)
+    );
+    assert!(p
+        .engine
+        .status()
+        .failure
+        .is_some_and(|f| f.contains("carrier switch")));
+}
+
+/// A peer that piles up control frames for the receiving direction behind
+/// a `RingFrom` that waits for bytes it never sends is in breach: the
+/// connection resets instead of queueing without bound.
+#[test]
+fn control_frames_piled_up_behind_a_waiting_ring_from_reset() {
+    let mut p = hand_peer(
+        131,
+        listener("127.0.0.1".parse().unwrap()),
+        Duration::from_secs(20),
+    );
+    let mut flood = frame(&Message::RawFrom {
+        conn_id: 131,
+        offset: 0,
+    });
+    flood.extend(frame(&Message::RingFrom {
+        conn_id: 131,
+        epoch: 1,
+        offset: 1 << 20,
+    }));
+    for _ in 0..100 {
+        flood.extend(frame(&Message::Fin {
+            conn_id: 131,
+            offset: 1 << 20,
+        }));
+    }
+    p.control_to_engine.write_all(&flood).unwrap();
+    // Not a blocking read: without the bound the reader would wait for
+    // the run's bytes for ever.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut b = [0u8; 8];
+    let err = loop {
+        match p.engine.try_read(&mut b) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(std::time::Instant::now() < deadline, "no reset within 20 s");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            other => break other.unwrap_err(),
+        }
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ECONNRESET));
+    assert!(p
+        .engine
+        .status()
+        .failure
+        .is_some_and(|f| f.contains("pile up")));
 }

@@ -226,24 +226,13 @@ fn malformed_frame_resets_only_its_connection() {
     )
     .unwrap();
 
-    // The victim's "peer" is this test: it takes the victim's leg, opens
-    // the leg back with the right hello, and sends garbage on the
-    // victim's leg's control stream.
-    let fake = TcpListener::bind("127.0.0.1:0").unwrap();
-    let victim = Arc::new(lone_engine(
-        61,
-        62,
-        Some(fake.local_addr().unwrap()),
-        la.clone(),
-        false,
-        Duration::from_secs(20),
-    ));
-    let (mut from_victim, _) = fake.accept().unwrap();
-    let mut h = [0u8; 16];
-    from_victim.read_exact(&mut h).unwrap();
-    assert_eq!(h.to_vec(), hello(62, COOKIE), "the victim's hello");
-    let mut to_victim = TcpStream::connect(la.local_addr()).unwrap();
-    to_victim.write_all(&hello(61, COOKIE)).unwrap();
+    // The victim's "peer" is this test: it holds both of the victim's
+    // legs and sends garbage on the victim's control stream.
+    let HandPeer {
+        engine: victim,
+        control_to_engine: mut from_victim,
+        stream_to_engine: _to_victim,
+    } = hand_peer(61, la.clone(), Duration::from_secs(20));
     let bad = Message::RingFrom {
         conn_id: 61,
         epoch: 0,

@@ -3,11 +3,12 @@
 //! channels, one leg listener per side on loopback TCP.
 #![allow(dead_code)]
 
-use std::io;
-use std::net::IpAddr;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
+use xensock_proto::ctrl::Message;
 use xensock_proto::layout::RingIdentity;
 
 use crate::carrier::{
@@ -249,4 +250,61 @@ pub fn lone_engine(
         alloc(11, 1, 2, local),
     )
     .unwrap()
+}
+
+/// A frame as it goes on a leg.
+pub fn frame(m: &Message<'_>) -> Vec<u8> {
+    let mut buf = vec![0u8; m.encoded_len()];
+    m.encode(&mut buf).unwrap();
+    buf
+}
+
+/// An engine on TCP (id `local`, its peer `local + 1`) whose peer is the
+/// test, holding both of the engine's legs by hand.
+pub struct HandPeer {
+    pub engine: Engine,
+    /// The engine's outbound leg, accepted and its hello read: the
+    /// engine's stream comes in here, and the control frames for the
+    /// engine's receiving direction go back on it.
+    pub control_to_engine: TcpStream,
+    /// The leg the test connected to `listener` with the engine's hello:
+    /// the stream to the engine goes here, and its control frames come
+    /// back on it.
+    pub stream_to_engine: TcpStream,
+}
+
+pub fn hand_peer(local: u32, listener: Arc<LegListener>, peer_lost_after: Duration) -> HandPeer {
+    let fake = TcpListener::bind("127.0.0.1:0").unwrap();
+    let engine = lone_engine(
+        local,
+        local + 1,
+        Some(fake.local_addr().unwrap()),
+        listener.clone(),
+        false,
+        peer_lost_after,
+    );
+    // On TCP from the start: the engine connects its leg to us at once.
+    let (mut control_to_engine, _) = fake.accept().unwrap();
+    let mut hello = [0u8; 16];
+    control_to_engine.read_exact(&mut hello).unwrap();
+    assert_eq!(
+        hello.to_vec(),
+        frame(&Message::TcpHello {
+            conn_id: local + 1,
+            cookie: COOKIE
+        }),
+        "the engine's hello"
+    );
+    let mut stream_to_engine = TcpStream::connect(listener.local_addr()).unwrap();
+    stream_to_engine
+        .write_all(&frame(&Message::TcpHello {
+            conn_id: local,
+            cookie: COOKIE,
+        }))
+        .unwrap();
+    HandPeer {
+        engine,
+        control_to_engine,
+        stream_to_engine,
+    }
 }
