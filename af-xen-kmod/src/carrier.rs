@@ -211,22 +211,15 @@ impl Fifo {
         if n == 0 || n > self.room() {
             return 0;
         }
-        let got = self.copy_in_from(0, msg, n);
-        self.len += got;
-        got
-    }
-    /// Copies `n` bytes from the user's iovecs into the free space `gap`
-    /// bytes past the queued ones, wrapping at the end; the bytes copied
-    /// (short on a fault). The caller checked the room and counts them.
-    /// (`gap` is 0 now that no prefix goes in front; kept general.)
-    fn copy_in_from(&mut self, gap: usize, msg: &mut Msg, n: usize) -> usize {
+        // the free space right after the queued bytes, wrapping at the end
         let cap = self.buf.len();
-        let start = (self.head + self.len + gap) % self.cap;
+        let start = (self.head + self.len) % self.cap;
         let first = n.min(cap - start);
         let mut got = msg.copy_from(&mut self.buf[start..start + first]);
         if got == first && first < n {
             got += msg.copy_from(&mut self.buf[..n - first]);
         }
+        self.len += got;
         got
     }
     /// Appends all of `b`, or nothing when it does not fit.

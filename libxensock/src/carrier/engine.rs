@@ -1358,8 +1358,7 @@ impl Shared {
     /// waits until every byte before it was read off the leg, a `RawFrom`
     /// or `Fin` until a draining ring gave its bytes, and what follows
     /// waits with them.
-    fn pump_rx(&self, rx: &mut Rx) -> io::Result<Pump> {
-        let mut progress = false;
+    fn pump_rx(&self, rx: &mut Rx) -> io::Result<()> {
         loop {
             let Some(frame) = lock(&self.rx_ctl).front().copied() else {
                 break;
@@ -1372,11 +1371,7 @@ impl Shared {
                 _ => false,
             };
             if waits {
-                return Ok(if progress {
-                    Pump::Progress
-                } else {
-                    Pump::Blocked
-                });
+                return Ok(());
             }
             match frame {
                 Frame::RingFrom { epoch, offset } => {
@@ -1448,10 +1443,9 @@ impl Shared {
                 }
             }
             lock(&self.rx_ctl).pop_front();
-            progress = true;
             self.notify_rx(rx);
         }
-        Ok(if progress { Pump::Progress } else { Pump::Idle })
+        Ok(())
     }
 
     fn offer_ring(&self) -> io::Result<Option<(u32, SharedRing)>> {
@@ -1878,17 +1872,6 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
-}
-
-/// What taking frames off the receiving leg achieved.
-#[derive(Debug, PartialEq, Eq)]
-enum Pump {
-    /// State changed or a payload is next: look again.
-    Progress,
-    /// Nothing more on the leg now.
-    Idle,
-    /// The next frame waits for the ring to drain.
-    Blocked,
 }
 
 /// What one read of the inbound leg's run gave ([`Shared::read_run`]).
