@@ -127,6 +127,9 @@ forward() {
 }
 # A forwarder that has passed a domU's @@EXIT line leaves
 # /tmp/forwarded-exit.NAME (dom0-init waits for it before the reboot).
+# The first "@@XS-STUCK" line of a domU (xs_check: its XenStore does not
+# answer) makes it run xs_report for that domU, then and there: what
+# xenstored looks like while the guest waits on it.
 # awk, not a shell loop: ash's `read` takes a line one byte, one system
 # call, at a time, which in dom0 under TCG was milliseconds per line of
 # every domU's console (lab_sleep has the measurement).
@@ -134,7 +137,46 @@ forward_file() {
   while [ ! -e "$2" ]; do lab_sleep 0.5; done
   tail -n +1 -F "$2" 2>/dev/null | awk -v name="$1" -v mark="/tmp/forwarded-exit.$1" '
     { gsub(/\r/, ""); print name "| " $0; fflush() }
-    /^@@EXIT/ { printf "" > mark; close(mark) }'
+    /^@@EXIT/ { printf "" > mark; close(mark) }
+    /@@XS-STUCK/ && !reported { reported = 1; system(". /lab/lib.sh; xs_report " name) }'
+}
+
+# xs_report NAME (dom0): xenstored's side of a domU whose XenStore stands
+# still. A dead xenstored hangs every guest request for good (it died in
+# runs userspace-20261122-053936 and -124118); a live one shows the
+# domain's quota use (outstanding requests, watches, transactions) and
+# whether it still answers dom0.
+xs_report() {
+  _xr_d=$(xl domid "$1" 2>/dev/null)
+  echo "lab[dom0] XenStore report for $1 (domid ${_xr_d:-?}), which says its XenStore does not answer:"
+  if _xr_p=$(pidof xenstored); then
+    echo "  xenstored (pid $_xr_p) runs: state, CPU ticks $(awk '{print $3, $14 + $15}' /proc/$_xr_p/stat 2>/dev/null)"
+    timeout 10 xenstore-read "/local/domain/${_xr_d:-0}/name" >/dev/null 2>&1 &&
+      echo "  it answers dom0" || echo "  it does not answer dom0 within 10 s"
+    [ -z "$_xr_d" ] || timeout 10 xenstore-control quota "$_xr_d" 2>&1 | sed 's/^/  [quota] /'
+    timeout 10 xenstore-control quota 2>&1 | sed 's/^/  [quota limits] /'
+  else
+    echo "  xenstored is NOT running; its output:"
+    sed 's/^/  [xenstored] /' /var/log/xen/xenstored.log 2>/dev/null
+    dmesg | grep -iE "xenstored|segfault|trap" | tail -n 5 | sed 's/^/  [dmesg] /'
+  fi
+  [ ! -f /var/log/xen/xenstored-trace.log ] ||
+    tail -n 40 /var/log/xen/xenstored-trace.log | sed 's/^/  [xs-trace] /'
+}
+
+# xs_check WHO (domU): whether this domain's XenStore answers within 10 s,
+# and where the kernel's xenbus and xenwatch threads are. If it does not
+# answer, an "@@XS-STUCK" line asks dom0 for xs_report.
+xs_check() {
+  for _xc in /proc/[0-9]*/comm; do
+    read -r _xc_n < "$_xc" 2>/dev/null || continue
+    case $_xc_n in
+      xenbus|xenwatch) _xc_t=${_xc%/comm}
+        echo "  [$1 xenstore] $_xc_n state $(awk '{print $3}' "$_xc_t/stat") wchan $(cat "$_xc_t/wchan" 2>/dev/null)" ;;
+    esac
+  done
+  if timeout 10 xenstore-read domid >/dev/null 2>&1; then log "$1: XenStore answers"
+  else log "$1: XenStore does not answer within 10 s"; echo "@@XS-STUCK $1"; fi
 }
 
 # mklink A B   stand in for the discovery agent: make domain A's link

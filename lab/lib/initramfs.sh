@@ -72,7 +72,8 @@ build_dom0_root() {
   rm -rf "$root"; common_root "$root"
   cp "$LAB_DIR/guest/dom0-init" "$root/init"
   copy_bin "$root" "$XEN_BIN" "$XEN_BIN/xl" "$XEN_BIN/xenstored" "$XEN_BIN/xenconsoled" \
-    "$XEN_BIN/xen-init-dom0" "$XEN_BIN/libxl-save-helper" "$XEN_BIN/xenconsole"
+    "$XEN_BIN/xen-init-dom0" "$XEN_BIN/libxl-save-helper" "$XEN_BIN/xenconsole" \
+    "$XEN_BIN/xenstore-control"
   # glibc dlopen()s libgcc_s for pthread_cancel: xl create aborts without it
   cp -L /lib/x86_64-linux-gnu/libgcc_s.so.1 "$root/lib/x86_64-linux-gnu/"
   mkdir -p "$root/etc/xen/scripts" "$root/var/lib/xen" "$root/var/log/xen/console"

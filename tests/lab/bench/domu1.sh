@@ -136,12 +136,13 @@ timeout -s KILL 200 lab_bench server user 7303 "$BENCH_MIB" "$BENCH_PINGS" > /tm
 # answered every ping and then never exited (the transport's teardown
 # stalled), which held the whole lab until it was killed
 if wait_until 200 grep -q "echoed $BENCH_PINGS pings" /tmp/user.log; then result xensock-user-server PASS
-else tail -n 15 /tmp/user.log; result xensock-user-server FAIL "no complete run in its log"; fi
+else tail -n 15 /tmp/user.log; result xensock-user-server FAIL "no complete run in its log"; xs_check user-server; fi
 cat /tmp/user.log
 sleep 10
 for p in $(pidof lab_bench); do
   log "lab_bench (pid $p) still running 10 s after its last echo: teardown stalled"
   for t in /proc/$p/task/*; do echo "  [stall] $t wchan=$(cat $t/wchan 2>/dev/null) $(grep State $t/status)"; done
+  xs_check user-teardown
   kill -9 $p
 done
 
@@ -154,7 +155,7 @@ perf_start user-tcpc-server
 timeout -s KILL $((TCPC_SECS + 100)) $BENCH_WRAP lab_bench server "$BENCH_TCPC" 7304 7004 "$BENCH_MIB" "$BENCH_PINGS" "$BENCH_REPS" > /tmp/user-tcpc.log 2>&1 &
 if wait_until $((TCPC_SECS + 100)) grep -q "served $BENCH_REPS rounds" /tmp/user-tcpc.log && ! grep -q "intact false" /tmp/user-tcpc.log; then
   result xensock-user-tcp-carrier-server PASS
-else tail -n 15 /tmp/user-tcpc.log; result xensock-user-tcp-carrier-server FAIL "not every round served intact"; fi
+else tail -n 15 /tmp/user-tcpc.log; result xensock-user-tcp-carrier-server FAIL "not every round served intact"; xs_check user-tcpc-server; fi
 cat /tmp/user-tcpc.log
 perf_report user-tcpc-server \
   "tcp-same-phase-user server" "$(perf_windows /tmp/user-tcpc.log 'lab_bench tcp-same-phase-user server stream')" \

@@ -176,7 +176,7 @@ log "libxensock user-space transport over /dev/xen"
 xlbench xsread data/bench-user-go 400 > /dev/null || log "no go from dom0 after 400 s"
 if XLBENCH_LABEL=xensock-user timeout 300 lab_bench client user "$PEER" 7303 "$BENCH_MIB" "$BENCH_PINGS" 120; then
   result xensock-user-client PASS
-else result xensock-user-client FAIL "rc=$?"; fi
+else result xensock-user-client FAIL "rc=$?"; xs_check user-client; fi
 
 # ---- issue #7: the user-space transport's TCP carrier against plain TCP, same phase ----
 # BENCH_REPS rounds in one process (lab_bench user-tcpc): plain TCP over
@@ -190,7 +190,7 @@ timeout "$TCPC_SECS" $BENCH_WRAP lab_bench client "$BENCH_TCPC" "$PEER" 7304 "$L
 rc=$?
 cat /tmp/user-tcpc-client.log
 if [ $rc -eq 0 ]; then result xensock-user-tcp-carrier-client PASS
-else result xensock-user-tcp-carrier-client FAIL "rc=$rc"; fi
+else result xensock-user-tcp-carrier-client FAIL "rc=$rc"; xs_check user-tcpc-client; fi
 perf_report user-tcpc-client \
   "tcp-same-phase-user client" "$(perf_windows /tmp/user-tcpc-client.log 'lab_bench tcp-same-phase-user client stream')" \
   "xensock-user-tcp-carrier client" "$(perf_windows /tmp/user-tcpc-client.log 'lab_bench xensock-user-tcp-carrier client stream')"

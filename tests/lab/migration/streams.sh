@@ -65,8 +65,7 @@ stuck_report() {
       log "  [$1 stuck] pid $_p $(cat "$_t/comm" 2>/dev/null) state $(awk '{print $3}' "$_t/stat") wchan $(cat "$_t/wchan" 2>/dev/null)"
     done
   done
-  if timeout 10 xenstore-read domid >/dev/null 2>&1; then log "  [$1 stuck] XenStore answers"
-  else log "  [$1 stuck] XenStore does not answer within 10 s"; fi
+  xs_check "$1 stuck"
 }
 
 # stream_stacks NAME: where the stream's threads are (wchan, state, the
