@@ -7,11 +7,11 @@
 
 // proto's sources, compiled into this crate (Kbuild has no cargo).
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/ctrl.rs"]
+mod ctrl;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 #[path = "../../proto/src/layout.rs"]
 mod layout;
-#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
-#[path = "../../proto/src/ring.rs"]
-mod ring;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 #[path = "../../proto/src/mem.rs"]
 mod mem;
@@ -19,8 +19,8 @@ mod mem;
 #[path = "../../proto/src/record.rs"]
 mod record;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
-#[path = "../../proto/src/ctrl.rs"]
-mod ctrl;
+#[path = "../../proto/src/ring.rs"]
+mod ring;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 #[path = "../../proto/src/switch.rs"]
 mod switch;
@@ -104,7 +104,14 @@ impl kernel::Module for AfXen {
             pr_warn!("no save/restore hooks: connections will not survive this guest's save\n");
         }
         pr_info!("AF_XEN registered as family {} (domid {})\n", family, own);
-        Ok(AfXen { reg: Some(reg), proc_, tcp, pm, _ops: ops, _globals: globals })
+        Ok(AfXen {
+            reg: Some(reg),
+            proc_,
+            tcp,
+            pm,
+            _ops: ops,
+            _globals: globals,
+        })
     }
 }
 

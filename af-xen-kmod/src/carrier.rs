@@ -165,7 +165,12 @@ impl Fifo {
     fn new(cap: usize) -> core::result::Result<Fifo, i32> {
         let nz = core::num::NonZeroUsize::new(cap).ok_or(e::EINVAL)?;
         let buf = KVVec::from_elem(0u8, cap, GFP_KERNEL).map_err(|_| e::ENOMEM)?;
-        Ok(Fifo { buf, cap: nz, head: 0, len: 0 })
+        Ok(Fifo {
+            buf,
+            cap: nz,
+            head: 0,
+            len: 0,
+        })
     }
     fn len(&self) -> usize {
         self.len
@@ -364,7 +369,11 @@ struct RxCtlQueue {
 
 impl RxCtlQueue {
     const fn new() -> Self {
-        RxCtlQueue { q: [RxCtl::Fin(0); RX_CTL_MAX], head: 0, len: 0 }
+        RxCtlQueue {
+            q: [RxCtl::Fin(0); RX_CTL_MAX],
+            head: 0,
+            len: 0,
+        }
     }
     fn front(&self) -> Option<RxCtl> {
         (self.len > 0).then(|| self.q[self.head % RX_CTL_MAX])
@@ -461,7 +470,10 @@ impl Switch {
 
     /// The connection's phase (proto's), for /proc/net/af_xen.
     pub(crate) fn phase(&self) -> Phase {
-        let c = crate::switch::Connection { tx: self.tx.lock().path.clone(), rx: self.rx.lock().path.clone() };
+        let c = crate::switch::Connection {
+            tx: self.tx.lock().path.clone(),
+            rx: self.rx.lock().path.clone(),
+        };
         c.phase()
     }
 
@@ -490,7 +502,9 @@ fn rx_activate(r: &mut RxSide) -> core::result::Result<(), i32> {
 /// (`flush_ctl`); the work item is told.
 fn push_ctl(sw: &Switch, m: &Message<'_>) -> bool {
     let mut b = [0u8; ctrl::MAX_CONTROL_FRAME];
-    let Ok(n) = m.encode(&mut b) else { return false };
+    let Ok(n) = m.encode(&mut b) else {
+        return false;
+    };
     let mut q = sw.ctl.lock();
     if q.is_none() {
         match Fifo::new(CTLQ_BYTES) {
@@ -516,7 +530,10 @@ struct Ids {
 
 fn ids(xs: &XenSock) -> Ids {
     let i = xs.inner.lock();
-    Ids { conn_id: i.conn_id, peer_conn: i.peer_conn }
+    Ids {
+        conn_id: i.conn_id,
+        peer_conn: i.peer_conn,
+    }
 }
 
 fn sw_of(xs: &XenSock) -> Option<Arc<Switch>> {
@@ -530,7 +547,12 @@ fn activate(xs: &Arc<XenSock>, sw: &Switch) {
 }
 
 fn start_bound(sw: &Switch) {
-    let _ = sw.deadline.compare_exchange(0, sys_net::now_ms() + sys_net::peer_lost_ms(), Ordering::AcqRel, Ordering::Acquire);
+    let _ = sw.deadline.compare_exchange(
+        0,
+        sys_net::now_ms() + sys_net::peer_lost_ms(),
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
 }
 
 /// Wakes the socket's waiters, unless the application released it (the
@@ -540,9 +562,16 @@ fn wake(xs: &XenSock, mask: u32) {
 }
 
 fn fail(xs: &XenSock, why: &str) {
-    pr_warn!("connection {}: switch failed ({}): reset\n", xs.inner.lock().conn_id, why);
+    pr_warn!(
+        "connection {}: switch failed ({}): reset\n",
+        xs.inner.lock().conn_id,
+        why
+    );
     let _ = crate::sock::conn_reset(xs, why);
-    wake(xs, POLLIN | POLLOUT | POLLERR | POLLHUP | POLLRDNORM | POLLWRNORM);
+    wake(
+        xs,
+        POLLIN | POLLOUT | POLLERR | POLLHUP | POLLRDNORM | POLLWRNORM,
+    );
 }
 
 // ---- triggers ---------------------------------------------------------------
@@ -555,14 +584,20 @@ fn fail(xs: &XenSock, why: &str) {
 pub(crate) fn peer_gone(xs: &Arc<XenSock>) -> bool {
     let (sw, ok) = {
         let i = xs.inner.lock();
-        (i.sw.clone(), i.state == SockState::Connected && !i.reset && !i.released && i.tcp.peer.port != 0)
+        (
+            i.sw.clone(),
+            i.state == SockState::Connected && !i.reset && !i.released && i.tcp.peer.port != 0,
+        )
     };
     let Some(sw) = sw else { return false };
     if !ok || crate::tcp::legs_disabled() {
         return false;
     }
     inc(&counters::TRIGGERS, 1);
-    pr_info!("connection {}: peer's link gone, switching to TCP\n", xs.inner.lock().conn_id);
+    pr_info!(
+        "connection {}: peer's link gone, switching to TCP\n",
+        xs.inner.lock().conn_id
+    );
     crate::tcp::hold_hellos_for_peer_lost();
     activate(xs, &sw);
     start_bound(&sw);
@@ -586,7 +621,11 @@ pub(crate) fn peer_gone(xs: &Arc<XenSock>) -> bool {
 
 /// Stops writing the ring (if it is in use), keeps a copy of what the
 /// receiver has not consumed, queues `TxFreeze`. Caller holds `sw.tx`.
-fn freeze_tx_locked(xs: &XenSock, sw: &Switch, t: &mut TxSide) -> core::result::Result<(), &'static str> {
+fn freeze_tx_locked(
+    xs: &XenSock,
+    sw: &Switch,
+    t: &mut TxSide,
+) -> core::result::Result<(), &'static str> {
     tx_activate(t).map_err(|_| "no memory for the send queue")?;
     let ids = ids(xs);
     let mut copy = KVVec::new();
@@ -597,16 +636,20 @@ fn freeze_tx_locked(xs: &XenSock, sw: &Switch, t: &mut TxSide) -> core::result::
         if let Some(p) = &pipe {
             let mut prod = p.tx.lock();
             let n = prod.unconsumed().map_err(|_| "ring index out of range")? as usize;
-            copy = KVVec::from_elem(0u8, n, GFP_KERNEL).map_err(|_| "no memory for the resend copy")?;
+            copy = KVVec::from_elem(0u8, n, GFP_KERNEL)
+                .map_err(|_| "no memory for the resend copy")?;
             // the receiver may still be reading (a move it has not noticed
             // yet): what it consumed since the look above is its, and the
             // copy is the rest, the last `got` bytes written. Requiring
             // got == n reset such connections ("ring read back short",
             // run kmod-churn-20261126-212416, cycle 73 of 100)
-            let got = prod.read_back(&mut copy).map_err(|_| "ring index out of range")?;
+            let got = prod
+                .read_back(&mut copy)
+                .map_err(|_| "ring index out of range")?;
             if got < n {
                 // (the kernel's Vec has no truncate in 6.12)
-                let mut rest = KVVec::from_elem(0u8, got, GFP_KERNEL).map_err(|_| "no memory for the resend copy")?;
+                let mut rest = KVVec::from_elem(0u8, got, GFP_KERNEL)
+                    .map_err(|_| "no memory for the resend copy")?;
                 rest.copy_from_slice(&copy[..got]);
                 copy = rest;
             }
@@ -623,10 +666,23 @@ fn freeze_tx_locked(xs: &XenSock, sw: &Switch, t: &mut TxSide) -> core::result::
         t.resend_end = 0;
     }
     t.fin_sent = false;
-    if !push_ctl(sw, &Message::TxFreeze { conn_id: ids.peer_conn, epoch: notice.epoch, offset: notice.offset }) {
+    if !push_ctl(
+        sw,
+        &Message::TxFreeze {
+            conn_id: ids.peer_conn,
+            epoch: notice.epoch,
+            offset: notice.offset,
+        },
+    ) {
         return Err("control queue full");
     }
-    pr_info!("connection {}: tx froze ring {} at {} ({} bytes to resend)\n", ids.conn_id, notice.epoch, notice.offset, unconsumed);
+    pr_info!(
+        "connection {}: tx froze ring {} at {} ({} bytes to resend)\n",
+        ids.conn_id,
+        notice.epoch,
+        notice.offset,
+        unconsumed
+    );
     // the mapping goes outside the switch lock's critical work
     drop(pipe);
     Ok(())
@@ -655,7 +711,11 @@ fn same_pipe(a: &Option<Arc<Pipe>>, b: &Option<Arc<Pipe>>) -> bool {
     }
 }
 
-type ConsumerGuard<'a> = kernel::sync::lock::Guard<'a, crate::ring::Consumer<crate::mem::RawRing>, kernel::sync::lock::mutex::MutexBackend>;
+type ConsumerGuard<'a> = kernel::sync::lock::Guard<
+    'a,
+    crate::ring::Consumer<crate::mem::RawRing>,
+    kernel::sync::lock::mutex::MutexBackend,
+>;
 type RxGuard<'a> = kernel::sync::lock::Guard<'a, RxSide, kernel::sync::lock::mutex::MutexBackend>;
 
 fn freeze_rx_locked(
@@ -678,7 +738,14 @@ fn freeze_rx_locked(
     let was_ring = matches!(r.path.state(), RxState::Ring { .. });
     if let Some(n) = r.path.freeze_local() {
         let peer_conn = xs.inner.lock().peer_conn;
-        if !push_ctl(sw, &Message::Consumed { conn_id: peer_conn, epoch: n.epoch, offset: n.offset }) {
+        if !push_ctl(
+            sw,
+            &Message::Consumed {
+                conn_id: peer_conn,
+                epoch: n.epoch,
+                offset: n.offset,
+            },
+        ) {
             return Err("control queue full");
         }
         if was_ring {
@@ -687,9 +754,18 @@ fn freeze_rx_locked(
             sw.to_tcp.fetch_add(1, Ordering::Relaxed);
             inc(&counters::TO_TCP, 1);
         }
-        pr_info!("connection {}: rx left ring {} at {}\n", xs.inner.lock().conn_id, n.epoch, n.offset);
+        pr_info!(
+            "connection {}: rx left ring {} at {}\n",
+            xs.inner.lock().conn_id,
+            n.epoch,
+            n.offset
+        );
     }
-    let dead_offer = if matches!(r.path.state(), RxState::Offered { .. }) { None } else { r.offered.take() };
+    let dead_offer = if matches!(r.path.state(), RxState::Offered { .. }) {
+        None
+    } else {
+        r.offered.take()
+    };
     drop(r);
     drop(c);
     let old = xs.inner.lock().rx.take();
@@ -735,7 +811,9 @@ pub(crate) fn on_candidate_offer(xs: &Arc<XenSock>, link: Arc<Link>, grant: Ring
 /// to be the peer becomes the connection's link, and its kept offer is
 /// taken as the peer's own would be.
 fn adopt_proven(xs: &Arc<XenSock>, sw: &Switch) {
-    let Some(link) = sw.rx.lock().adopt.take() else { return };
+    let Some(link) = sw.rx.lock().adopt.take() else {
+        return;
+    };
     if !link.adopt(xs) {
         return;
     }
@@ -783,7 +861,8 @@ pub(crate) fn resumed() {
     for xs in crate::tcp::active_snapshot().iter() {
         if let Some(sw) = sw_of(xs) {
             if sw.deadline.load(Ordering::Acquire) != 0 {
-                sw.deadline.store(now + sys_net::peer_lost_ms(), Ordering::Release);
+                sw.deadline
+                    .store(now + sys_net::peer_lost_ms(), Ordering::Release);
             }
         }
     }
@@ -821,7 +900,12 @@ pub(crate) fn closing(xs: &XenSock, tx: Option<&Arc<Pipe>>) {
         }
         sw.closed.store(true, Ordering::Release);
         if sw.is_active() {
-            let _ = sw.deadline.compare_exchange(0, sys_net::now_ms() + sys_net::peer_lost_ms(), Ordering::AcqRel, Ordering::Acquire);
+            let _ = sw.deadline.compare_exchange(
+                0,
+                sys_net::now_ms() + sys_net::peer_lost_ms(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
             sys_net::schedule();
         }
     }
@@ -916,7 +1000,10 @@ pub(crate) fn disown(xs: &XenSock) {
 
 /// An authenticated inbound leg for `xs` (tcp.rs). Err: refused (a second
 /// leg, or no switch).
-pub(crate) fn attach_inbound(xs: &Arc<XenSock>, leg: crate::tcp::HeldLeg) -> core::result::Result<(), crate::tcp::HeldLeg> {
+pub(crate) fn attach_inbound(
+    xs: &Arc<XenSock>,
+    leg: crate::tcp::HeldLeg,
+) -> core::result::Result<(), crate::tcp::HeldLeg> {
     let Some(sw) = sw_of(xs) else { return Err(leg) };
     {
         let mut r = sw.rx.lock();
@@ -951,7 +1038,9 @@ pub(crate) fn attach_inbound(xs: &Arc<XenSock>, leg: crate::tcp::HeldLeg) -> cor
 /// Test trigger (XENSOCK_TEST_OPEN_LEG 1): connect this connection's
 /// outbound leg now, without a switch.
 pub(crate) fn open_leg(xs: &Arc<XenSock>) -> core::result::Result<(), i32> {
-    let Some(sw) = sw_of(xs) else { return Err(e::EOPNOTSUPP) };
+    let Some(sw) = sw_of(xs) else {
+        return Err(e::EOPNOTSUPP);
+    };
     {
         let mut t = sw.tx.lock();
         tx_activate(&mut t)?;
@@ -1022,7 +1111,9 @@ fn send_locked(t: &mut TxSide, msg: &mut Msg, left: usize) -> Write {
         if queued {
             return Write::Blocked;
         }
-        let Some(leg) = t.leg.as_ref() else { return Write::Blocked };
+        let Some(leg) = t.leg.as_ref() else {
+            return Write::Blocked;
+        };
         return match leg.sock().send_from_user(msg, left, false) {
             Ok(n) if n > 0 => {
                 let n = n.min(left);
@@ -1053,7 +1144,9 @@ fn queue_from_user(t: &mut TxSide, msg: &mut Msg, left: usize) -> Write {
     if room == 0 {
         return Write::Blocked;
     }
-    let Some(q) = t.q.as_mut() else { return Write::Blocked };
+    let Some(q) = t.q.as_mut() else {
+        return Write::Blocked;
+    };
     let got = q.push_from(msg, left.min(room));
     if got == 0 {
         return Write::Fault;
@@ -1096,7 +1189,9 @@ pub(crate) enum Read {
     Ring,
     Got(usize),
     /// nothing to read; `eof`: the stream ended here
-    Empty { eof: bool },
+    Empty {
+        eof: bool,
+    },
     Fault,
     /// the connection was reset
     Reset,
@@ -1117,7 +1212,16 @@ pub(crate) fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: 
         // buffers; a peek goes through the buffer (it must not consume).
         if xs.inner.lock().rx.is_none() {
             let ids = ids(xs);
-            let mut sink = if peek { Sink::Buffer } else { Sink::User { msg: &mut *msg, left, got: 0, fault: false } };
+            let mut sink = if peek {
+                Sink::Buffer
+            } else {
+                Sink::User {
+                    msg: &mut *msg,
+                    left,
+                    got: 0,
+                    fault: false,
+                }
+            };
             let res = pull(xs, sw, &mut r, &ids, &mut sink);
             let (got, fault) = match sink {
                 Sink::User { got, fault, .. } => (got, fault),
@@ -1145,7 +1249,9 @@ pub(crate) fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: 
             return Read::Empty { eof };
         }
     }
-    let Some(buf) = r.buf.as_mut() else { return Read::Fault };
+    let Some(buf) = r.buf.as_mut() else {
+        return Read::Fault;
+    };
     let front = buf.front();
     let n = front.len().min(left);
     let out = msg.copy_to(&front[..n]);
@@ -1193,7 +1299,10 @@ pub(crate) fn rx_ready(xs: &XenSock, sw: &Switch) -> bool {
     r.path.reads_ring()
         || r.buf.as_ref().map(|b| !b.is_empty()).unwrap_or(false)
         || r.path.eof_at() == Some(r.path.taken())
-        || (run_room(sw, &r) > 0 && !r.data_eof && r.leg.as_ref().is_some_and(|l| l.sock().readable()) && reads_leg(xs, &r))
+        || (run_room(sw, &r) > 0
+            && !r.data_eof
+            && r.leg.as_ref().is_some_and(|l| l.sock().readable())
+            && reads_leg(xs, &r))
         || (r.data_eof && leg_ended(sw, &r, false).is_err())
 }
 
@@ -1218,7 +1327,9 @@ pub(crate) fn poll_bits(xs: &XenSock, sw: &Switch) -> (bool, bool, bool, bool) {
         }
         let pending = r.buf.as_ref().map(|b| !b.is_empty()).unwrap_or(false);
         let eof = !r.path.reads_ring() && r.path.eof_at() == Some(r.path.taken());
-        let bytes = run_room(sw, &r) > 0 && !r.data_eof && r.leg.as_ref().is_some_and(|l| l.sock().readable());
+        let bytes = run_room(sw, &r) > 0
+            && !r.data_eof
+            && r.leg.as_ref().is_some_and(|l| l.sock().readable());
         let failed = r.data_eof && leg_ended(sw, &r, false).is_err();
         (pending || eof || bytes || to_ring || failed, eof || failed)
     };
@@ -1259,7 +1370,9 @@ pub(crate) fn ring_reader(sw: &Switch, epoch: u32) -> Option<RingReader<'_>> {
 }
 
 /// The receiving direction, held on its ring for one read.
-pub(crate) struct RingReader<'a>(kernel::sync::lock::Guard<'a, RxSide, kernel::sync::lock::mutex::MutexBackend>);
+pub(crate) struct RingReader<'a>(
+    kernel::sync::lock::Guard<'a, RxSide, kernel::sync::lock::mutex::MutexBackend>,
+);
 
 impl RingReader<'_> {
     /// Records `n` bytes taken off the ring; Err: the switch refuses the
@@ -1280,7 +1393,9 @@ pub(crate) fn ring_writer(sw: &Switch) -> Option<RingWriter<'_>> {
 }
 
 /// The sending direction, held on the ring for one write.
-pub(crate) struct RingWriter<'a>(kernel::sync::lock::Guard<'a, TxSide, kernel::sync::lock::mutex::MutexBackend>);
+pub(crate) struct RingWriter<'a>(
+    kernel::sync::lock::Guard<'a, TxSide, kernel::sync::lock::mutex::MutexBackend>,
+);
 
 impl RingWriter<'_> {
     /// The epoch of the ring it holds (Pipe::epoch names the same).
@@ -1333,7 +1448,12 @@ fn flush_tx(t: &mut TxSide) {
 
 /// Resend copy into the queue (raw: its run's `RawFrom` went with the
 /// `Consumed` that started it), then `Fin`, then a pending ring offer.
-fn pump_tx(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
+fn pump_tx(
+    xs: &XenSock,
+    sw: &Switch,
+    t: &mut TxSide,
+    ids: &Ids,
+) -> core::result::Result<(), &'static str> {
     let Some(q) = t.q.as_mut() else { return Ok(()) };
     while t.resend_pos < t.resend_end && q.room() > 0 {
         let n = (t.resend_end - t.resend_pos).min(q.room());
@@ -1354,7 +1474,13 @@ fn pump_tx(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids) -> core::result
         return Ok(());
     }
     if t.path.is_finished() && !t.fin_sent {
-        if !push_ctl(sw, &Message::Fin { conn_id: ids.peer_conn, offset: t.path.sent() }) {
+        if !push_ctl(
+            sw,
+            &Message::Fin {
+                conn_id: ids.peer_conn,
+                offset: t.path.sent(),
+            },
+        ) {
             return Ok(());
         }
         t.fin_sent = true;
@@ -1370,7 +1496,13 @@ fn pump_tx(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids) -> core::result
 }
 
 /// Moves the sending direction onto the ring the receiver offered.
-fn take_offer(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids, grant: &RingGrant) -> core::result::Result<(), &'static str> {
+fn take_offer(
+    xs: &XenSock,
+    sw: &Switch,
+    t: &mut TxSide,
+    ids: &Ids,
+    grant: &RingGrant,
+) -> core::result::Result<(), &'static str> {
     if t.path.is_finished() {
         // after FIN a ring is pointless: decline (the receiver keeps reading TCP)
         return Ok(());
@@ -1383,14 +1515,29 @@ fn take_offer(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids, grant: &Ring
     let pipe = match Pipe::new_mapped(&link, me, grant, ids.peer_conn, grant.epoch) {
         Ok(p) => p,
         Err(_) => {
-            pr_warn!("connection {}: offered ring {} cannot be mapped; staying on TCP\n", ids.conn_id, grant.epoch);
+            pr_warn!(
+                "connection {}: offered ring {} cannot be mapped; staying on TCP\n",
+                ids.conn_id,
+                grant.epoch
+            );
             return Ok(());
         }
     };
-    match t.path.on_ring_offer(grant.epoch).map_err(|_| "ring offer")? {
+    match t
+        .path
+        .on_ring_offer(grant.epoch)
+        .map_err(|_| "ring offer")?
+    {
         Some(m) => {
             // ends the run at m: nothing after it goes on the leg
-            if !push_ctl(sw, &Message::RingFrom { conn_id: ids.peer_conn, epoch: grant.epoch, offset: m }) {
+            if !push_ctl(
+                sw,
+                &Message::RingFrom {
+                    conn_id: ids.peer_conn,
+                    epoch: grant.epoch,
+                    offset: m,
+                },
+            ) {
                 return Err("control queue full");
             }
             let old = xs.inner.lock().tx.replace(pipe);
@@ -1398,7 +1545,12 @@ fn take_offer(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids, grant: &Ring
             inc(&counters::OFFERS_TAKEN, 1);
             inc(&counters::TO_RING, 1);
             sw.to_ring.fetch_add(1, Ordering::Relaxed);
-            pr_info!("connection {}: tx back on a ring (epoch {}) from {}\n", ids.conn_id, grant.epoch, m);
+            pr_info!(
+                "connection {}: tx back on a ring (epoch {}) from {}\n",
+                ids.conn_id,
+                grant.epoch,
+                m
+            );
             Ok(())
         }
         None => Ok(()),
@@ -1411,13 +1563,23 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids, peer_heard: bool) {
     if t.leg.is_none() && t.want_leg && !t.broken && now >= t.next_connect_ms {
         let peer = xs.inner.lock().tcp;
         let a = &peer.peer.addr;
-        if peer.peer.port == 0 || a[..10].iter().any(|b| *b != 0) || a[10] != 0xff || a[11] != 0xff {
+        if peer.peer.port == 0 || a[..10].iter().any(|b| *b != 0) || a[10] != 0xff || a[11] != 0xff
+        {
             t.broken = true;
             return;
         }
-        match TcpSock::connect_start([a[12], a[13], a[14], a[15]], peer.peer.port, sys_net::peer_lost_ms() as u32) {
+        match TcpSock::connect_start(
+            [a[12], a[13], a[14], a[15]],
+            peer.peer.port,
+            sys_net::peer_lost_ms() as u32,
+        ) {
             Ok(s) => {
-                let n = Message::TcpHello { conn_id: ids.peer_conn, cookie: peer.cookie }.encode(&mut t.hello).unwrap_or(0);
+                let n = Message::TcpHello {
+                    conn_id: ids.peer_conn,
+                    cookie: peer.cookie,
+                }
+                .encode(&mut t.hello)
+                .unwrap_or(0);
                 t.hello_left = n;
                 let leg = crate::tcp::HeldLeg::new(s);
                 if let Some(sw) = sw_of(xs) {
@@ -1430,7 +1592,11 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids, peer_heard: bool) {
                 inc(&counters::LEG_CONNECTS, 1);
             }
             Err(x) => {
-                pr_info!("connection {}: leg to the peer: error {}, retrying\n", ids.conn_id, x);
+                pr_info!(
+                    "connection {}: leg to the peer: error {}, retrying\n",
+                    ids.conn_id,
+                    x
+                );
                 t.next_connect_ms = now + 250;
             }
         }
@@ -1450,7 +1616,11 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids, peer_heard: bool) {
                         || (peer_heard && now >= t.connect_started_ms + LEG_CONNECT_HEARD_MS) =>
                 {
                     // its SYNs back off: start over (see LEG_CONNECT_RETRY_MS)
-                    pr_info!("connection {}: leg to the peer not up after {} ms, connecting again\n", ids.conn_id, now - t.connect_started_ms);
+                    pr_info!(
+                        "connection {}: leg to the peer not up after {} ms, connecting again\n",
+                        ids.conn_id,
+                        now - t.connect_started_ms
+                    );
                     t.leg = None;
                     t.next_connect_ms = now;
                     inc(&counters::LEG_RETRIES, 1);
@@ -1469,12 +1639,19 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids, peer_heard: bool) {
 /// Reads the peer's control frames off our outbound leg: `Consumed` (and
 /// `Reset`) are handled here, the receiving direction's are queued for it
 /// (`Switch::rx_ctl`, taken under `Switch::rx` by `take_rx_ctl`).
-fn read_tx_leg(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
+fn read_tx_leg(
+    xs: &XenSock,
+    sw: &Switch,
+    t: &mut TxSide,
+    ids: &Ids,
+) -> core::result::Result<(), &'static str> {
     if !t.leg_up {
         return Ok(());
     }
     loop {
-        let Some(leg) = t.leg.as_ref() else { return Ok(()) };
+        let Some(leg) = t.leg.as_ref() else {
+            return Ok(());
+        };
         let need = if t.ib_got < ctrl::HEADER_LEN {
             ctrl::HEADER_LEN
         } else {
@@ -1514,16 +1691,31 @@ fn read_tx_leg(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids) -> core::re
         }
         let frame = t.ib;
         t.ib_got = 0;
-        let (m, _) = ctrl::decode(&frame[..need], Channel::Tcp).map_err(|_| "malformed frame on the outbound leg")?;
+        let (m, _) = ctrl::decode(&frame[..need], Channel::Tcp)
+            .map_err(|_| "malformed frame on the outbound leg")?;
         let for_rx = match m {
-            Message::Consumed { conn_id, epoch, offset } if conn_id == ids.conn_id => {
+            Message::Consumed {
+                conn_id,
+                epoch,
+                offset,
+            } if conn_id == ids.conn_id => {
                 on_consumed(xs, sw, t, ids, epoch, offset)?;
                 None
             }
             Message::Reset { conn_id, .. } if conn_id == ids.conn_id => return Err("peer reset"),
-            Message::RawFrom { conn_id, offset } if conn_id == ids.conn_id => Some(RxCtl::RawFrom(offset)),
-            Message::RingFrom { conn_id, epoch, offset } if conn_id == ids.conn_id => Some(RxCtl::RingFrom(epoch, offset)),
-            Message::TxFreeze { conn_id, epoch, offset } if conn_id == ids.conn_id => Some(RxCtl::TxFreeze(epoch, offset)),
+            Message::RawFrom { conn_id, offset } if conn_id == ids.conn_id => {
+                Some(RxCtl::RawFrom(offset))
+            }
+            Message::RingFrom {
+                conn_id,
+                epoch,
+                offset,
+            } if conn_id == ids.conn_id => Some(RxCtl::RingFrom(epoch, offset)),
+            Message::TxFreeze {
+                conn_id,
+                epoch,
+                offset,
+            } if conn_id == ids.conn_id => Some(RxCtl::TxFreeze(epoch, offset)),
             Message::Fin { conn_id, offset } if conn_id == ids.conn_id => Some(RxCtl::Fin(offset)),
             _ => return Err("unexpected frame on the outbound leg"),
         };
@@ -1535,11 +1727,24 @@ fn read_tx_leg(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids) -> core::re
     }
 }
 
-fn on_consumed(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids, epoch: u32, offset: u64) -> core::result::Result<(), &'static str> {
-    let mut out = t.path.on_consumed(epoch, offset).map_err(|_| "bad Consumed")?;
+fn on_consumed(
+    xs: &XenSock,
+    sw: &Switch,
+    t: &mut TxSide,
+    ids: &Ids,
+    epoch: u32,
+    offset: u64,
+) -> core::result::Result<(), &'static str> {
+    let mut out = t
+        .path
+        .on_consumed(epoch, offset)
+        .map_err(|_| "bad Consumed")?;
     if out == ConsumedOutcome::FreezeFirst {
         freeze_tx_locked(xs, sw, t)?;
-        out = t.path.on_consumed(epoch, offset).map_err(|_| "bad Consumed")?;
+        out = t
+            .path
+            .on_consumed(epoch, offset)
+            .map_err(|_| "bad Consumed")?;
     }
     if let ConsumedOutcome::Resend(r) = out {
         let skip = r.skip as usize;
@@ -1550,7 +1755,13 @@ fn on_consumed(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids, epoch: u32,
         // a run from r.from on the leg: its bytes (the resend, then the
         // application's) follow whatever of the last run is still queued
         // for the leg, in order
-        if !push_ctl(sw, &Message::RawFrom { conn_id: ids.peer_conn, offset: r.from }) {
+        if !push_ctl(
+            sw,
+            &Message::RawFrom {
+                conn_id: ids.peer_conn,
+                offset: r.from,
+            },
+        ) {
             return Err("control queue full");
         }
         t.resend_pos = skip;
@@ -1559,7 +1770,12 @@ fn on_consumed(xs: &XenSock, sw: &Switch, t: &mut TxSide, ids: &Ids, epoch: u32,
         t.fin_sent = false;
         sw.to_tcp.fetch_add(1, Ordering::Relaxed);
         inc(&counters::TO_TCP, 1);
-        pr_info!("connection {}: tx on TCP, resending {} bytes from {}\n", ids.conn_id, len, r.from);
+        pr_info!(
+            "connection {}: tx on TCP, resending {} bytes from {}\n",
+            ids.conn_id,
+            len,
+            r.from
+        );
     }
     Ok(())
 }
@@ -1574,18 +1790,34 @@ enum Sink<'m> {
     /// straight into the user buffers of the recvmsg being served, at
     /// most `left` bytes in all: one copy and one `tcp_recvmsg`, as TCP's
     /// own recvmsg
-    User { msg: &'m mut Msg, left: usize, got: usize, fault: bool },
+    User {
+        msg: &'m mut Msg,
+        left: usize,
+        got: usize,
+        fault: bool,
+    },
 }
 
 /// Takes the queued control frames, then reads the inbound leg into
 /// `sink`. Caller holds the rx pipe's consumer (if a ring is in use) and
 /// `sw.rx`; on Err it resets the connection after releasing them (the
 /// reset takes the rings' locks).
-fn pull_frames(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
+fn pull_frames(
+    xs: &XenSock,
+    sw: &Switch,
+    r: &mut RxSide,
+    ids: &Ids,
+) -> core::result::Result<(), &'static str> {
     pull(xs, sw, r, ids, &mut Sink::Buffer)
 }
 
-fn pull(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut Sink<'_>) -> core::result::Result<(), &'static str> {
+fn pull(
+    xs: &XenSock,
+    sw: &Switch,
+    r: &mut RxSide,
+    ids: &Ids,
+    sink: &mut Sink<'_>,
+) -> core::result::Result<(), &'static str> {
     let res = pull_inner(xs, sw, r, ids, sink);
     if res.is_err() {
         r.leg = None;
@@ -1628,7 +1860,13 @@ fn leg_ended(sw: &Switch, r: &RxSide, failed: bool) -> core::result::Result<(), 
     Ok(())
 }
 
-fn pull_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut Sink<'_>) -> core::result::Result<(), &'static str> {
+fn pull_inner(
+    xs: &XenSock,
+    sw: &Switch,
+    r: &mut RxSide,
+    ids: &Ids,
+    sink: &mut Sink<'_>,
+) -> core::result::Result<(), &'static str> {
     loop {
         take_rx_ctl(xs, sw, r, ids)?;
         own_inbound(xs, sw, r);
@@ -1639,7 +1877,9 @@ fn pull_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut S
         if room == 0 {
             return Ok(());
         }
-        let Some(leg) = r.leg.as_ref() else { return Ok(()) };
+        let Some(leg) = r.leg.as_ref() else {
+            return Ok(());
+        };
         // an empty leg is seen without a call: a reader that caught up
         // with the stream made one more that said EAGAIN per recvmsg
         if !leg.sock().readable() {
@@ -1654,7 +1894,9 @@ fn pull_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut S
                 leg.sock().recv_to_user(msg, want).inspect(|n| *got += n)
             }
             Sink::Buffer => {
-                let Some(b) = r.buf.as_mut() else { return Ok(()) };
+                let Some(b) = r.buf.as_mut() else {
+                    return Ok(());
+                };
                 let tail = b.tail_room();
                 let want = room.min(tail.len());
                 if want == 0 {
@@ -1669,7 +1911,9 @@ fn pull_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut S
             Ok(0) => r.data_eof = true,
             Ok(n) => {
                 let taken = r.path.taken();
-                r.path.on_data(taken, n as u64).map_err(|_| "stream bytes past their end")?;
+                r.path
+                    .on_data(taken, n as u64)
+                    .map_err(|_| "stream bytes past their end")?;
             }
             Err(x) if x == e::EAGAIN => return Ok(()),
             Err(x) if x == e::EFAULT => {
@@ -1692,9 +1936,16 @@ fn pull_inner(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids, sink: &mut S
 /// `RingFrom` waits until every byte before it was read off the leg, and
 /// what follows it waits with it. Caller holds `sw.rx` (and the rx pipe's
 /// consumer, if a ring is in use).
-fn take_rx_ctl(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids) -> core::result::Result<(), &'static str> {
+fn take_rx_ctl(
+    xs: &XenSock,
+    sw: &Switch,
+    r: &mut RxSide,
+    ids: &Ids,
+) -> core::result::Result<(), &'static str> {
     loop {
-        let Some(f) = sw.rx_ctl.lock().front() else { return Ok(()) };
+        let Some(f) = sw.rx_ctl.lock().front() else {
+            return Ok(());
+        };
         let takeable = r.path.tcp_data_takeable();
         let waits = match f {
             RxCtl::RingFrom(_, m) => !takeable || r.path.taken() < m,
@@ -1733,7 +1984,9 @@ fn take_rx_ctl(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids) -> core::re
                     r.run_open = false;
                 }
                 if outcome == RingFromOutcome::Switch {
-                    let Some(p) = r.offered.take() else { return Err("RingFrom without a ring") };
+                    let Some(p) = r.offered.take() else {
+                        return Err("RingFrom without a ring");
+                    };
                     let old = xs.inner.lock().rx.replace(p);
                     drop(old);
                     if let Some(l) = r.offered_via.take() {
@@ -1746,15 +1999,31 @@ fn take_rx_ctl(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids) -> core::re
                     }
                     sw.to_ring.fetch_add(1, Ordering::Relaxed);
                     inc(&counters::TO_RING, 1);
-                    pr_info!("connection {}: rx back on a ring (epoch {}) from {}\n", ids.conn_id, epoch, m);
+                    pr_info!(
+                        "connection {}: rx back on a ring (epoch {}) from {}\n",
+                        ids.conn_id,
+                        epoch,
+                        m
+                    );
                 }
             }
             RxCtl::TxFreeze(epoch, offset) => {
                 r.saw_freeze = true;
                 let was_ring = matches!(r.path.state(), RxState::Ring { .. });
                 // readable 0: we keep what we took, the sender resends the rest
-                if let Some(n) = r.path.on_tx_freeze(epoch, Some(offset), 0).map_err(|_| "bad TxFreeze")? {
-                    if !push_ctl(sw, &Message::Consumed { conn_id: ids.peer_conn, epoch: n.epoch, offset: n.offset }) {
+                if let Some(n) = r
+                    .path
+                    .on_tx_freeze(epoch, Some(offset), 0)
+                    .map_err(|_| "bad TxFreeze")?
+                {
+                    if !push_ctl(
+                        sw,
+                        &Message::Consumed {
+                            conn_id: ids.peer_conn,
+                            epoch: n.epoch,
+                            offset: n.offset,
+                        },
+                    ) {
                         return Err("control queue full");
                     }
                     if was_ring {
@@ -1768,7 +2037,13 @@ fn take_rx_ctl(xs: &XenSock, sw: &Switch, r: &mut RxSide, ids: &Ids) -> core::re
                         let dead = r.offered.take();
                         drop(dead);
                     }
-                    pr_info!("connection {}: rx: sender froze ring {} at {}; on TCP from {}\n", ids.conn_id, epoch, offset, n.offset);
+                    pr_info!(
+                        "connection {}: rx: sender froze ring {} at {}; on TCP from {}\n",
+                        ids.conn_id,
+                        epoch,
+                        offset,
+                        n.offset
+                    );
                 }
             }
             RxCtl::Fin(m) => {
@@ -1873,7 +2148,10 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
     }
     if xs.inner.lock().reset {
         release_legs(&sw);
-        wake(xs, POLLIN | POLLOUT | POLLERR | POLLHUP | POLLRDNORM | POLLWRNORM);
+        wake(
+            xs,
+            POLLIN | POLLOUT | POLLERR | POLLHUP | POLLRDNORM | POLLWRNORM,
+        );
         return false;
     }
     kick_if_heard(&sw, peer_heard);
@@ -1950,7 +2228,10 @@ fn ring_all_taken(xs: &XenSock, t: &TxSide) -> bool {
     let Some(p) = pipe else { return true };
     let mut prod = p.tx.lock();
     // a reader that closed or reset takes nothing more: nothing to wait for
-    let gone = prod.reader_end().map(|r| r.closed || r.reset).unwrap_or(true);
+    let gone = prod
+        .reader_end()
+        .map(|r| r.closed || r.reset)
+        .unwrap_or(true);
     gone || matches!(prod.unconsumed(), Ok(0))
 }
 
@@ -1967,7 +2248,13 @@ fn peer_ip(xs: &XenSock) -> Option<[u8; 4]> {
 /// connection before its pass and hands the addresses to `service`.
 pub(crate) fn heard_from(xs: &XenSock) -> Option<[u8; 4]> {
     let sw = sw_of(xs)?;
-    let inbound = sw.rx.lock().leg.as_ref().map(|l| l.sock().segs_in()).unwrap_or(0);
+    let inbound = sw
+        .rx
+        .lock()
+        .leg
+        .as_ref()
+        .map(|l| l.sock().segs_in())
+        .unwrap_or(0);
     let mut t = sw.tx.lock();
     let heard = inbound.wrapping_add(t.leg.as_ref().map(|l| l.sock().segs_in()).unwrap_or(0));
     if heard == t.heard {
@@ -2066,7 +2353,14 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
     let own = xs.inner.lock().link.clone().filter(|l| l.is_up());
     // without the peer's link: a domain that may be the peer, moved
     // (`on_candidate_offer`)
-    let candidate = || sw.tx.lock().candidate.as_ref().map(|(l, _)| l.clone()).filter(|l| l.is_up());
+    let candidate = || {
+        sw.tx
+            .lock()
+            .candidate
+            .as_ref()
+            .map(|(l, _)| l.clone())
+            .filter(|l| l.is_up())
+    };
     let (link, via) = match own {
         Some(l) => (l, None),
         None => match candidate() {
@@ -2086,8 +2380,19 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
                 return true;
             }
             if let Some(n) = r.path.freeze_local() {
-                let _ = push_ctl(sw, &Message::Consumed { conn_id: ids.peer_conn, epoch: n.epoch, offset: n.offset });
-                pr_info!("connection {}: offer of ring {} unanswered, abandoned\n", ids.conn_id, n.epoch);
+                let _ = push_ctl(
+                    sw,
+                    &Message::Consumed {
+                        conn_id: ids.peer_conn,
+                        epoch: n.epoch,
+                        offset: n.offset,
+                    },
+                );
+                pr_info!(
+                    "connection {}: offer of ring {} unanswered, abandoned\n",
+                    ids.conn_id,
+                    n.epoch
+                );
             }
             let dead = r.offered.take();
             let via = r.offered_via.take();
@@ -2097,8 +2402,15 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
                 // a candidate that never answered is not the peer: its
                 // offer goes (an earlier one would block the peer's)
                 let mut t = sw.tx.lock();
-                if t.candidate.as_ref().is_some_and(|(c, _)| Arc::ptr_eq(c, &l)) {
-                    pr_info!("connection {}: dom{} did not prove to be the peer; its offer is dropped\n", ids.conn_id, l.peer);
+                if t.candidate
+                    .as_ref()
+                    .is_some_and(|(c, _)| Arc::ptr_eq(c, &l))
+                {
+                    pr_info!(
+                        "connection {}: dom{} did not prove to be the peer; its offer is dropped\n",
+                        ids.conn_id,
+                        l.peer
+                    );
                     let dead = t.candidate.take();
                     drop(t);
                     drop(dead);
@@ -2119,26 +2431,44 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
             return true;
         }
         let mut probe = r.path.clone();
-        let Ok(epoch) = probe.offer_ring() else { return false };
+        let Ok(epoch) = probe.offer_ring() else {
+            return false;
+        };
         let me = crate::sock::globals().own_domid();
         let cap = sw.rx_cap;
-        let Ok((pipe, grant)) = Pipe::new_granted(&link, me, ids.conn_id, cap, epoch) else { return true };
+        let Ok((pipe, grant)) = Pipe::new_granted(&link, me, ids.conn_id, cap, epoch) else {
+            return true;
+        };
         r.path = probe;
         r.offered = Some(pipe);
         r.offered_via = via;
         r.offered_ms = now;
         grant
     };
-    match link.send(&Message::RingOffer { conn_id: ids.peer_conn, rx: grant }) {
+    match link.send(&Message::RingOffer {
+        conn_id: ids.peer_conn,
+        rx: grant,
+    }) {
         Ok(()) => {
             inc(&counters::OFFERS_SENT, 1);
-            pr_info!("connection {}: offered ring {} to the peer\n", ids.conn_id, grant.epoch);
+            pr_info!(
+                "connection {}: offered ring {} to the peer\n",
+                ids.conn_id,
+                grant.epoch
+            );
         }
         Err(_) => {
             // not sent: abandon the epoch as a move would (Consumed says so)
             let mut r = sw.rx.lock();
             if let Some(n) = r.path.freeze_local() {
-                let _ = push_ctl(sw, &Message::Consumed { conn_id: ids.peer_conn, epoch: n.epoch, offset: n.offset });
+                let _ = push_ctl(
+                    sw,
+                    &Message::Consumed {
+                        conn_id: ids.peer_conn,
+                        epoch: n.epoch,
+                        offset: n.offset,
+                    },
+                );
             }
             let dead = (r.offered.take(), r.offered_via.take());
             drop(r);
@@ -2212,7 +2542,11 @@ pub(crate) fn tcp_show(conn: u32, sw: &Switch, seq: &mut crate::sys::Seq) {
             t.owner_writes as u8
         );
         let _ = match leg(t.leg.as_ref()) {
-            Some(i) => writeln!(l, " leg unacked {} wmem {} sndbuf {} nospace {} writeable {} unread {} owner {}", i[0], i[1], i[2], i[3], i[4], i[5], i[6]),
+            Some(i) => writeln!(
+                l,
+                " leg unacked {} wmem {} sndbuf {} nospace {} writeable {} unread {} owner {}",
+                i[0], i[1], i[2], i[3], i[4], i[5], i[6]
+            ),
             None => writeln!(l, " leg -"),
         };
     }

@@ -5,10 +5,10 @@
 //! inter-domain one (not yet) in a page granted by the receiver.
 
 use crate::layout::{RingGeometry, RingIdentity, DATA_RING_MAGIC};
+use crate::link::Link;
 use crate::mem::RawRing;
 use crate::ring::{Consumer, PeerEnd, Producer, ReaderEnd, RingError};
 use crate::sock::XenSock;
-use crate::link::Link;
 use crate::sys::{CopyRoutine, Grant, GrantedPages, MappedPages, Mapping, Msg, Region, Sk};
 use crate::wake::PipeWake;
 use core::sync::atomic::{AtomicU32, Ordering};
@@ -131,7 +131,9 @@ pub(crate) enum Carrier {
 /// max_map_pages() data pages (proto's MAX_RING_ORDER, 4 MiB).
 fn max_order() -> u32 {
     let mut o = 12;
-    while (1usize << (o + 1 - 12)) <= crate::sys::max_map_pages() && o < crate::layout::MAX_RING_ORDER {
+    while (1usize << (o + 1 - 12)) <= crate::sys::max_map_pages()
+        && o < crate::layout::MAX_RING_ORDER
+    {
         o += 1;
     }
     o
@@ -235,7 +237,13 @@ impl Pipe {
     /// `capacity` bytes (SO_RCVBUF) up to what the peer can map, granted to
     /// it. Returns the pipe and the RingGrant to announce.
     /// `epoch`: 0 at connect, then the carrier's next ring (migration).
-    pub(crate) fn new_granted(link: &Arc<Link>, me: u32, conn_id: u32, capacity: usize, epoch: u32) -> Result<(Arc<Pipe>, crate::ctrl::RingGrant)> {
+    pub(crate) fn new_granted(
+        link: &Arc<Link>,
+        me: u32,
+        conn_id: u32,
+        capacity: usize,
+        epoch: u32,
+    ) -> Result<(Arc<Pipe>, crate::ctrl::RingGrant)> {
         let mut g = RingGeometry::for_capacity(capacity);
         if g.order() > max_order() {
             g = RingGeometry::new(max_order()).map_err(|_| EINVAL)?;
@@ -251,7 +259,12 @@ impl Pipe {
         let (ring, rg, mem) = if g.is_compact() {
             let grant = Grant::new(link.peer)?;
             let ring = grant.ring(g).ok_or(EINVAL)?;
-            let rg = crate::ctrl::RingGrant { order: g.order() as u8, epoch, header_ref: grant.gref, dir_ref: 0 };
+            let rg = crate::ctrl::RingGrant {
+                order: g.order() as u8,
+                epoch,
+                header_ref: grant.gref,
+                dir_ref: 0,
+            };
             (ring, rg, Carrier::Granted(grant))
         } else {
             let header = Grant::new(link.peer)?;
@@ -271,18 +284,32 @@ impl Pipe {
                 dir.directory().write_refs(&refs).map_err(|_| EINVAL)?;
             }
             let ring = header.large_ring(&data, g).ok_or(EINVAL)?;
-            let rg = crate::ctrl::RingGrant { order: g.order() as u8, epoch, header_ref: header.gref, dir_ref: dir.gref };
+            let rg = crate::ctrl::RingGrant {
+                order: g.order() as u8,
+                epoch,
+                header_ref: header.gref,
+                dir_ref: dir.gref,
+            };
             (ring, rg, Carrier::GrantedLarge(header, dir, data))
         };
         ring.header().init(&id);
         let wake = PipeWake::new(ring, true)?;
-        Ok((Self::over(ring, g.order(), epoch, Some(link.clone()), mem, Some(wake))?, rg))
+        Ok((
+            Self::over(ring, g.order(), epoch, Some(link.clone()), mem, Some(wake))?,
+            rg,
+        ))
     }
 
     /// The peer's receive ring (named in its ConnectRequest/Accept), mapped
     /// and checked against what the frame announced. `epoch`: the one the
     /// frame must name (0 at connect, a RingOffer's on a switch back).
-    pub(crate) fn new_mapped(link: &Arc<Link>, me: u32, rg: &crate::ctrl::RingGrant, peer_conn: u32, epoch: u32) -> Result<Arc<Pipe>> {
+    pub(crate) fn new_mapped(
+        link: &Arc<Link>,
+        me: u32,
+        rg: &crate::ctrl::RingGrant,
+        peer_conn: u32,
+        epoch: u32,
+    ) -> Result<Arc<Pipe>> {
         let order = rg.order as u32;
         if rg.epoch != epoch || order < crate::layout::MIN_RING_ORDER || order > max_order() {
             return Err(EINVAL);
@@ -304,7 +331,9 @@ impl Pipe {
             {
                 // the directory is read once, then unmapped
                 let dir = Mapping::map(link.peer, rg.dir_ref)?;
-                dir.directory().read_refs(&mut refs[..n]).map_err(|_| EINVAL)?;
+                dir.directory()
+                    .read_refs(&mut refs[..n])
+                    .map_err(|_| EINVAL)?;
             }
             let header = Mapping::map(link.peer, rg.header_ref)?;
             let data = MappedPages::map(link.peer, &refs[..n])?;
@@ -348,14 +377,22 @@ impl Pipe {
     /// One step of sendmsg: copies up to `max` bytes (at most `STEP`) of
     /// `msg` straight into the ring, publishes them and kicks the peer if
     /// it asked. The reader's flags are checked first, once per step.
-    pub(crate) fn write_msg(&self, msg: &mut Msg, max: usize) -> core::result::Result<Wrote, RingError> {
+    pub(crate) fn write_msg(
+        &self,
+        msg: &mut Msg,
+        max: usize,
+    ) -> core::result::Result<Wrote, RingError> {
         let t = counters::Timer::start();
         let r = self.write_msg_untimed(msg, max);
         t.stop(&counters::STEP_NS);
         r
     }
 
-    fn write_msg_untimed(&self, msg: &mut Msg, max: usize) -> core::result::Result<Wrote, RingError> {
+    fn write_msg_untimed(
+        &self,
+        msg: &mut Msg,
+        max: usize,
+    ) -> core::result::Result<Wrote, RingError> {
         let (got, kick) = {
             let mut p = self.tx.lock();
             let end = p.reader_end()?;
@@ -445,7 +482,9 @@ impl Pipe {
             if avail == 0 {
                 return Ok(Read::Empty(end));
             }
-            let n = (avail as usize).min(max).min(if peek { usize::MAX } else { STEP }) as u32;
+            let n = (avail as usize)
+                .min(max)
+                .min(if peek { usize::MAX } else { STEP }) as u32;
             let cap = c.capacity();
             let start = c.position() & (cap - 1);
             let first = n.min(cap - start);
@@ -469,7 +508,9 @@ impl Pipe {
             (out, out < n as usize, c.flush())
         };
         match &self.link {
-            None if out > 0 => self.wake_writer(crate::sys::poll::POLLOUT | crate::sys::poll::POLLWRNORM),
+            None if out > 0 => {
+                self.wake_writer(crate::sys::poll::POLLOUT | crate::sys::poll::POLLWRNORM)
+            }
             Some(l) if kick => data_kick(l),
             _ => {}
         }
@@ -512,7 +553,10 @@ impl Pipe {
         // reference of a socket may free rings (vfree), which may sleep.
         let old = {
             let mut e = self.ends.lock();
-            (core::mem::replace(&mut e.reader, reader), core::mem::replace(&mut e.writer, writer))
+            (
+                core::mem::replace(&mut e.reader, reader),
+                core::mem::replace(&mut e.writer, writer),
+            )
         };
         drop(old);
     }
@@ -526,10 +570,18 @@ impl Pipe {
         let (mut r, mut w) = (None, None);
         {
             let mut e = self.ends.lock();
-            if e.reader.as_deref().map(|x| core::ptr::eq(x, xs)).unwrap_or(false) {
+            if e.reader
+                .as_deref()
+                .map(|x| core::ptr::eq(x, xs))
+                .unwrap_or(false)
+            {
                 r = e.reader.take();
             }
-            if e.writer.as_deref().map(|x| core::ptr::eq(x, xs)).unwrap_or(false) {
+            if e.writer
+                .as_deref()
+                .map(|x| core::ptr::eq(x, xs))
+                .unwrap_or(false)
+            {
                 w = e.writer.take();
             }
         }

@@ -85,7 +85,10 @@ pub(crate) struct Lent {
 impl Lent {
     pub(crate) fn new(pipe: Arc<crate::conn::Pipe>) -> Self {
         sys::counters::add(&sys::counters::LINGERING, 1);
-        Lent { _pipe: pipe, deadline_ms: crate::sys_net::now_ms() + LINGER_MAX_MS }
+        Lent {
+            _pipe: pipe,
+            deadline_ms: crate::sys_net::now_ms() + LINGER_MAX_MS,
+        }
     }
 }
 
@@ -145,7 +148,12 @@ pub(crate) struct LinkTable {
 
 impl LinkTable {
     pub(crate) fn new() -> Self {
-        LinkTable { links: KVec::new(), watches: KVec::new(), stopping: false, suspended: false }
+        LinkTable {
+            links: KVec::new(),
+            watches: KVec::new(),
+            stopping: false,
+            suspended: false,
+        }
     }
 }
 
@@ -172,12 +180,19 @@ fn link_geometry() -> Result<RingGeometry> {
 impl Link {
     /// Advertises our half for `peer` (dom0 made the directory).
     fn create(me: u32, peer: u32) -> Result<Arc<Link>> {
-        let my_dir = CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}", me, peer))?;
-        let peer_dir = CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}", peer, me))?;
-        let state_path = CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}/state", peer, me))?;
+        let my_dir =
+            CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}", me, peer))?;
+        let peer_dir =
+            CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}", peer, me))?;
+        let state_path = CString::try_from_fmt(fmt!(
+            "/local/domain/{}/data/xensock/link/{}/state",
+            peer,
+            me
+        ))?;
         // dom0 writes a peer's table entry with (or before) the pair's link
         // directories, so it is there whenever a link is made
-        let table_entry = CString::try_from_fmt(fmt!("/local/domain/{}/xensock/peers/{}", me, peer))?;
+        let table_entry =
+            CString::try_from_fmt(fmt!("/local/domain/{}/xensock/peers/{}", me, peer))?;
         let peer_uuid = xs::read_uuid(&table_entry, c"uuid");
         let g = link_geometry()?;
         let grant = Grant::new(peer)?;
@@ -195,7 +210,12 @@ impl Link {
         let chan = Evtchn::alloc_unbound(peer, &lw)?;
         xs::advertise(&my_dir, grant.gref, chan.port, STATE_INITIALISED)?;
         let watch = xs::Watch::add(&state_path).ok();
-        pr_info!("link to dom{}: advertised ring-ref {} event-channel {}\n", peer, grant.gref, chan.port);
+        pr_info!(
+            "link to dom{}: advertised ring-ref {} event-channel {}\n",
+            peer,
+            grant.gref,
+            chan.port
+        );
         Arc::pin_init(
             pin_init!(Link {
                 peer,
@@ -243,7 +263,10 @@ impl Link {
     /// peer's ring is full (sent by the work item once the peer made room).
     /// ENOBUFS only when the queue is full too.
     fn send_locked(i: &mut LinkInner, m: &Message<'_>) -> core::result::Result<(), i32> {
-        let mut f = Frame { len: 0, buf: [0u8; ctrl::MAX_CONTROL_FRAME] };
+        let mut f = Frame {
+            len: 0,
+            buf: [0u8; ctrl::MAX_CONTROL_FRAME],
+        };
         f.len = m.encode(&mut f.buf).map_err(|_| e::EINVAL)?;
         if i.peer.is_none() {
             return Err(e::ENOTCONN);
@@ -331,7 +354,13 @@ impl Link {
         let chan = Evtchn::bind_interdomain(self.peer, port, &self.wake)?;
         self.kick_port.store(chan.port, Ordering::Release);
         chan.notify();
-        i.peer = Some(PeerHalf { tx, chan, gref, port, _map: map });
+        i.peer = Some(PeerHalf {
+            tx,
+            chan,
+            gref,
+            port,
+            _map: map,
+        });
         self.up.store(true, Ordering::Release);
         self.wake.set_up(true);
         // Only into our own advertisement: when the pair's directories are
@@ -340,11 +369,20 @@ impl Link {
         // owner-only permissions, which the peer then cannot read (run
         // kmod-migrate-20261122-100732: the peer never attached again).
         // `readvertise` writes the state with the rest.
-        let ours = i.mine.as_ref().map(|m| xs::read_u32(&self.my_dir, c"ring-ref") == Some(m._grant.gref)).unwrap_or(false);
+        let ours = i
+            .mine
+            .as_ref()
+            .map(|m| xs::read_u32(&self.my_dir, c"ring-ref") == Some(m._grant.gref))
+            .unwrap_or(false);
         if ours {
             let _ = xs::write_state(&self.my_dir, STATE_CONNECTED);
         }
-        pr_info!("link to dom{} up (peer ring-ref {} event-channel {})\n", self.peer, gref, port);
+        pr_info!(
+            "link to dom{} up (peer ring-ref {} event-channel {})\n",
+            self.peer,
+            gref,
+            port
+        );
         // connections that moved to TCP offer rings again (carrier.rs)
         crate::carrier::link_up();
         Ok(())
@@ -394,9 +432,16 @@ impl Link {
         if xs::read_u32(&self.my_dir, c"ring-ref") == Some(mine._grant.gref) {
             return;
         }
-        let state = if i.peer.is_some() { STATE_CONNECTED } else { STATE_INITIALISED };
+        let state = if i.peer.is_some() {
+            STATE_CONNECTED
+        } else {
+            STATE_INITIALISED
+        };
         if xs::advertise(&self.my_dir, mine._grant.gref, mine._chan.port, state).is_ok() {
-            pr_info!("link to dom{}: directory back, advertised again\n", self.peer);
+            pr_info!(
+                "link to dom{}: directory back, advertised again\n",
+                self.peer
+            );
         }
     }
 
@@ -437,7 +482,13 @@ impl Link {
     fn prune(&self, i: &mut LinkInner) {
         let mut stale: KVec<u32> = KVec::new();
         for (id, s) in i.conns.iter() {
-            let here = s.inner.lock().link.as_ref().map(|l| core::ptr::eq(&**l, self)).unwrap_or(false);
+            let here = s
+                .inner
+                .lock()
+                .link
+                .as_ref()
+                .map(|l| core::ptr::eq(&**l, self))
+                .unwrap_or(false);
             if !here && stale.push(*id, GFP_KERNEL).is_err() {
                 break;
             }
@@ -463,7 +514,13 @@ impl Link {
         if i.peer.is_none() && advertised {
             if let (Some(r), Some(p)) = (gref, port) {
                 if let Err(x) = self.attach(i, r, p) {
-                    pr_warn!("link to dom{}: cannot attach to ring-ref {} port {}: {:?}\n", self.peer, r, p, x);
+                    pr_warn!(
+                        "link to dom{}: cannot attach to ring-ref {} port {}: {:?}\n",
+                        self.peer,
+                        r,
+                        p,
+                        x
+                    );
                 } else {
                     self.adopt_moved(i);
                 }
@@ -488,10 +545,18 @@ impl Link {
         for (_, xs) in p.all.iter() {
             let (id, old, was) = {
                 let mut inner = xs.inner.lock();
-                let Some(earlier) = inner.link.as_ref() else { continue };
+                let Some(earlier) = inner.link.as_ref() else {
+                    continue;
+                };
                 let stale = !Arc::ptr_eq(earlier, self) && !earlier.is_up();
-                let renamed = self.peer_uuid.is_some() && earlier.peer_uuid == self.peer_uuid && earlier.peer == inner.peer.domid;
-                if inner.state != sock::State::Connected || inner.released || inner.sw.is_none() || !stale {
+                let renamed = self.peer_uuid.is_some()
+                    && earlier.peer_uuid == self.peer_uuid
+                    && earlier.peer == inner.peer.domid;
+                if inner.state != sock::State::Connected
+                    || inner.released
+                    || inner.sw.is_none()
+                    || !stale
+                {
                     continue;
                 }
                 if inner.peer.domid != self.peer && !renamed {
@@ -505,7 +570,11 @@ impl Link {
                 let _ = i.conns.try_create_and_insert(id, xs.clone(), GFP_KERNEL);
             }
             if was == self.peer {
-                pr_info!("connection {}: continues under the new link to dom{}\n", id, self.peer);
+                pr_info!(
+                    "connection {}: continues under the new link to dom{}\n",
+                    id,
+                    self.peer
+                );
             } else {
                 pr_info!(
                     "connection {}: peer dom{} is now dom{} (the agent lists its UUID {} there)\n",
@@ -534,8 +603,17 @@ impl Link {
         let p = sock::globals().ports.lock();
         for (_, xs) in p.all.iter() {
             let inner = xs.inner.lock();
-            let stale = inner.link.as_ref().map(|l| l.peer != self.peer && !l.is_up()).unwrap_or(false);
-            if inner.conn_id == conn_id && inner.state == sock::State::Connected && !inner.released && inner.sw.is_some() && stale {
+            let stale = inner
+                .link
+                .as_ref()
+                .map(|l| l.peer != self.peer && !l.is_up())
+                .unwrap_or(false);
+            if inner.conn_id == conn_id
+                && inner.state == sock::State::Connected
+                && !inner.released
+                && inner.sw.is_some()
+                && stale
+            {
                 return Some(xs.clone());
             }
         }
@@ -553,26 +631,46 @@ impl Link {
         }
         let (conn_id, old) = {
             let mut inner = xs.inner.lock();
-            let stale = inner.link.as_ref().map(|l| !Arc::ptr_eq(l, self) && !l.is_up()).unwrap_or(false);
+            let stale = inner
+                .link
+                .as_ref()
+                .map(|l| !Arc::ptr_eq(l, self) && !l.is_up())
+                .unwrap_or(false);
             if inner.state != sock::State::Connected || inner.released || !stale {
                 return false;
             }
             let was = inner.peer.domid;
             inner.peer.domid = self.peer;
-            pr_info!("connection {}: peer dom{} is now dom{}\n", inner.conn_id, was, self.peer);
+            pr_info!(
+                "connection {}: peer dom{} is now dom{}\n",
+                inner.conn_id,
+                was,
+                self.peer
+            );
             (inner.conn_id, inner.link.replace(self.clone()))
         };
         drop(old);
-        let _ = i.conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL);
+        let _ = i
+            .conns
+            .try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL);
         true
     }
 
     /// Test hook (`inject_ring_offers`): ring offers for the peer's
     /// connection ids 1..=n whose grant refs name nothing.
     fn send_forged_offers(&self, n: u32) {
-        pr_warn!("inject_ring_offers: forged ring offers for connections 1..{} to dom{}\n", n, self.peer);
+        pr_warn!(
+            "inject_ring_offers: forged ring offers for connections 1..{} to dom{}\n",
+            n,
+            self.peer
+        );
         for conn_id in 1..=n {
-            let rx = crate::ctrl::RingGrant { order: 12, epoch: 1, header_ref: 0, dir_ref: 0 };
+            let rx = crate::ctrl::RingGrant {
+                order: 12,
+                epoch: 1,
+                header_ref: 0,
+                dir_ref: 0,
+            };
             if self.send(&Message::RingOffer { conn_id, rx }).is_err() {
                 break;
             }
@@ -597,13 +695,19 @@ impl Link {
             }
         }
         for s in todo.iter() {
-            let Some((conn_id, src_port, dst_port, rx)) = sock::pending_request(s) else { continue };
+            let Some((conn_id, src_port, dst_port, rx)) = sock::pending_request(s) else {
+                continue;
+            };
             let cookie = s.inner.lock().tcp.cookie;
             let req = Message::ConnectRequest {
                 conn_id,
                 src_port,
                 dst_port,
-                sock_type: if sock::is_seqpacket(s) { SockType::SeqPacket } else { SockType::Stream },
+                sock_type: if sock::is_seqpacket(s) {
+                    SockType::SeqPacket
+                } else {
+                    SockType::Stream
+                },
                 cookie,
                 rx,
                 tcp: crate::tcp::local_endpoint(),
@@ -630,7 +734,10 @@ impl Link {
             let frame = buf;
             match ctrl::decode(&frame[..len], Channel::Link) {
                 Ok((m, _)) => self.handle(i, &m),
-                Err(_) => pr_warn!("link to dom{}: undecodable control frame dropped\n", self.peer),
+                Err(_) => pr_warn!(
+                    "link to dom{}: undecodable control frame dropped\n",
+                    self.peer
+                ),
             }
         }
         // more frames than one batch: let other work run, then continue
@@ -649,7 +756,11 @@ impl Link {
 
     /// Takes the next whole control frame out of our receive ring into
     /// `buf`; its length, or None when there is none (or garbage, dropped).
-    fn next_frame(&self, i: &mut LinkInner, buf: &mut [u8; ctrl::MAX_CONTROL_FRAME]) -> Option<usize> {
+    fn next_frame(
+        &self,
+        i: &mut LinkInner,
+        buf: &mut [u8; ctrl::MAX_CONTROL_FRAME],
+    ) -> Option<usize> {
         let mine = i.mine.as_mut()?;
         let n = match mine.rx.readable() {
             Ok(n) => n as usize,
@@ -667,7 +778,11 @@ impl Link {
             Err(_) => usize::MAX,
         };
         if len > buf.len() {
-            pr_warn!("link to dom{}: bad control frame, dropping {} bytes\n", self.peer, n);
+            pr_warn!(
+                "link to dom{}: bad control frame, dropping {} bytes\n",
+                self.peer,
+                n
+            );
             let _ = mine.rx.skip(n as u32);
             return None;
         }
@@ -681,14 +796,35 @@ impl Link {
 
     fn handle(self: &Arc<Self>, i: &mut LinkInner, m: &Message<'_>) {
         match *m {
-            Message::ConnectRequest { conn_id, src_port, dst_port, sock_type, cookie, rx, tcp } => {
-                let r = sock::accept_remote(self, conn_id, src_port, dst_port, sock_type == SockType::SeqPacket, &rx);
+            Message::ConnectRequest {
+                conn_id,
+                src_port,
+                dst_port,
+                sock_type,
+                cookie,
+                rx,
+                tcp,
+            } => {
+                let r = sock::accept_remote(
+                    self,
+                    conn_id,
+                    src_port,
+                    dst_port,
+                    sock_type == SockType::SeqPacket,
+                    &rx,
+                );
                 let reply = match &r {
                     Ok((child, my_id, rx_grant)) => {
                         // listed before the accept goes out: its first data may follow at once
-                        if i.conns.try_create_and_insert(*my_id, child.clone(), GFP_KERNEL).is_err() {
+                        if i.conns
+                            .try_create_and_insert(*my_id, child.clone(), GFP_KERNEL)
+                            .is_err()
+                        {
                             sock::link_lost(child);
-                            Message::ConnectReject { conn_id, reason: RejectReason::NoResources }
+                            Message::ConnectReject {
+                                conn_id,
+                                reason: RejectReason::NoResources,
+                            }
                         } else {
                             child.inner.lock().tcp = crate::tcp::ConnTcp { cookie, peer: tcp };
                             Message::ConnectAccept {
@@ -700,7 +836,10 @@ impl Link {
                             }
                         }
                     }
-                    Err(reason) => Message::ConnectReject { conn_id, reason: *reason },
+                    Err(reason) => Message::ConnectReject {
+                        conn_id,
+                        reason: *reason,
+                    },
                 };
                 let sent = Self::send_locked(i, &reply);
                 if let Err(x) = sent {
@@ -715,24 +854,48 @@ impl Link {
                     sock::accepted_remote(&child);
                 }
             }
-            Message::ConnectAccept { conn_id, acceptor_id, rx, cookie, tcp } => {
+            Message::ConnectAccept {
+                conn_id,
+                acceptor_id,
+                rx,
+                cookie,
+                tcp,
+            } => {
                 let s = i.conns.get(&conn_id).cloned();
                 match s {
                     Some(s) if s.inner.lock().tcp.cookie != cookie => {
                         // not the cookie we made: the accept is not for us
-                        let _ = Self::send_locked(i, &Message::Reset { conn_id: acceptor_id, reason: ResetReason::ProtocolError });
+                        let _ = Self::send_locked(
+                            i,
+                            &Message::Reset {
+                                conn_id: acceptor_id,
+                                reason: ResetReason::ProtocolError,
+                            },
+                        );
                         i.conns.remove(&conn_id);
                         sock::connect_failed(&s, e::ECONNREFUSED);
                     }
                     Some(s) => {
                         s.inner.lock().tcp.peer = tcp;
                         if sock::connect_accepted(&s, self, acceptor_id, &rx).is_err() {
-                            let _ = Self::send_locked(i, &Message::Reset { conn_id: acceptor_id, reason: ResetReason::ProtocolError });
+                            let _ = Self::send_locked(
+                                i,
+                                &Message::Reset {
+                                    conn_id: acceptor_id,
+                                    reason: ResetReason::ProtocolError,
+                                },
+                            );
                             i.conns.remove(&conn_id);
                         }
                     }
                     None => {
-                        let _ = Self::send_locked(i, &Message::Reset { conn_id: acceptor_id, reason: ResetReason::Abort });
+                        let _ = Self::send_locked(
+                            i,
+                            &Message::Reset {
+                                conn_id: acceptor_id,
+                                reason: ResetReason::Abort,
+                            },
+                        );
                     }
                 }
             }
@@ -844,7 +1007,10 @@ pub(crate) fn suspend_all() {
             return;
         }
         t.suspended = true;
-        (core::mem::replace(&mut t.links, KVec::new()), core::mem::replace(&mut t.watches, KVec::new()))
+        (
+            core::mem::replace(&mut t.links, KVec::new()),
+            core::mem::replace(&mut t.watches, KVec::new()),
+        )
     };
     drop(watches);
     for l in links.iter() {
@@ -857,13 +1023,23 @@ pub(crate) fn suspend_all() {
         xs::retract(&l.my_dir);
         drop(mine);
     }
-    pr_info!("suspend: {} links down, stream connections on TCP\n", links.len());
+    pr_info!(
+        "suspend: {} links down, stream connections on TCP\n",
+        links.len()
+    );
 }
 
 /// The freeze is over: restored (a new domain, maybe a new domid) or the
 /// suspend was cancelled. The work item starts the links over.
 pub(crate) fn resumed(restored: bool) {
-    pr_info!("{}: links start over\n", if restored { "restored" } else { "suspend cancelled" });
+    pr_info!(
+        "{}: links start over\n",
+        if restored {
+            "restored"
+        } else {
+            "suspend cancelled"
+        }
+    );
     RESUMED.store(true, Ordering::Release);
     crate::carrier::resumed();
     sys::schedule_work();
@@ -888,7 +1064,10 @@ fn start_over() {
 pub(crate) fn work() {
     let t0 = crate::sys_net::now_ms();
     work_pass();
-    crate::carrier::note_work_ms(&crate::carrier::counters::LINK_WORK_MAX_MS, crate::sys_net::now_ms() - t0);
+    crate::carrier::note_work_ms(
+        &crate::carrier::counters::LINK_WORK_MAX_MS,
+        crate::sys_net::now_ms() - t0,
+    );
 }
 
 fn work_pass() {
@@ -911,7 +1090,9 @@ fn work_pass() {
             }
         }
     }
-    let Some(links) = links_snapshot(|_| true) else { return };
+    let Some(links) = links_snapshot(|_| true) else {
+        return;
+    };
     let forge = sys::take_inject_ring_offers();
     for l in links.iter() {
         if xs_changed && ids[..n].contains(&l.peer) {
@@ -951,11 +1132,17 @@ pub(crate) fn poll_down_links() {
     static LAST_MS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
     let now = crate::sys_net::now_ms();
     let last = LAST_MS.load(Ordering::Relaxed);
-    if now < last + 500 || LAST_MS.compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+    if now < last + 500
+        || LAST_MS
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+    {
         return;
     }
     let me = sock::globals().own_domid();
-    let Some(links) = links_snapshot(|l| !l.is_up()) else { return };
+    let Some(links) = links_snapshot(|l| !l.is_up()) else {
+        return;
+    };
     if links.is_empty() {
         return;
     }
@@ -978,7 +1165,10 @@ pub(crate) fn shutdown_all() {
     let (watches, links) = {
         let mut t = globals_table().lock();
         t.stopping = true;
-        (core::mem::replace(&mut t.watches, KVec::new()), core::mem::replace(&mut t.links, KVec::new()))
+        (
+            core::mem::replace(&mut t.watches, KVec::new()),
+            core::mem::replace(&mut t.links, KVec::new()),
+        )
     };
     drop(watches);
     for l in links.iter() {
@@ -1009,7 +1199,10 @@ pub(crate) fn shutdown_all() {
 /// (and it does not lend) or finds the ring here.
 pub(crate) fn lend(i: &mut LinkInner, conn_id: u32, rx: Arc<crate::conn::Pipe>) {
     // no memory for the entry: the grant ends now, as it did before lending
-    if i.lent.try_create_and_insert(conn_id, Lent::new(rx), GFP_KERNEL).is_ok() {
+    if i.lent
+        .try_create_and_insert(conn_id, Lent::new(rx), GFP_KERNEL)
+        .is_ok()
+    {
         sys::schedule_reap(LINGER_MAX_MS as u32 + 100);
     }
 }

@@ -97,13 +97,23 @@ pub(crate) fn sendmsg(xs: &XenSock, msg: &mut Msg, tx: &Pipe) -> c_int {
         }
         let h = RecordHeader {
             len,
-            flags: if flags & MSG_EOR != 0 { RECORD_FLAG_EOR } else { 0 },
+            flags: if flags & MSG_EOR != 0 {
+                RECORD_FLAG_EOR
+            } else {
+                0
+            },
         };
         if ok && sys::take_inject_bad_record() {
             // test hook: a header claiming more than the ring holds, the
             // record's real bytes published behind it
-            let bad = RecordHeader { len: tx.capacity(), flags: 0 };
-            pr_warn!("inject_bad_record: sending a record header of length {}\n", bad.len);
+            let bad = RecordHeader {
+                len: tx.capacity(),
+                flags: 0,
+            };
+            pr_warn!(
+                "inject_bad_record: sending a record header of length {}\n",
+                bad.len
+            );
             ok = p.stage(0, &bad.encode()) && p.commit(h.total());
             ok
         } else {
@@ -113,7 +123,10 @@ pub(crate) fn sendmsg(xs: &XenSock, msg: &mut Msg, tx: &Pipe) -> c_int {
     if !staged {
         // the space was checked under the same producer: never lose a
         // message silently
-        return err(conn_reset(xs, "seqpacket record did not fit the space it was given"));
+        return err(conn_reset(
+            xs,
+            "seqpacket record did not fit the space it was given",
+        ));
     }
     tx.after_write();
     xs.inner.lock().bytes_out += len as u64;
@@ -155,13 +168,15 @@ pub(crate) fn recvmsg(xs: &XenSock, msg: &mut Msg, rx: &Pipe, flags: c_int, peer
             return 0;
         }
         // sleep until the whole record is there (kick at `need` bytes)
-        let r = xs.sk.wait(&mut timeo, || match rx.rx.lock().prepare_wait_for(need) {
-            Ok(sleep) => {
-                let i = xs.inner.lock();
-                !sleep || i.shut_rd || i.reset
-            }
-            Err(_) => true,
-        });
+        let r = xs
+            .sk
+            .wait(&mut timeo, || match rx.rx.lock().prepare_wait_for(need) {
+                Ok(sleep) => {
+                    let i = xs.inner.lock();
+                    !sleep || i.shut_rd || i.reset
+                }
+                Err(_) => true,
+            });
         if let Err(x) = r {
             return err(x);
         }
@@ -170,7 +185,15 @@ pub(crate) fn recvmsg(xs: &XenSock, msg: &mut Msg, rx: &Pipe, flags: c_int, peer
 
 /// Copies the ready record `h` to the caller (as much as fits), consumes it
 /// unless peeking, and reports MSG_TRUNC / MSG_EOR.
-fn deliver(xs: &XenSock, msg: &mut Msg, rx: &Pipe, h: &RecordHeader, flags: c_int, peek: bool, peer: Addr) -> c_int {
+fn deliver(
+    xs: &XenSock,
+    msg: &mut Msg,
+    rx: &Pipe,
+    h: &RecordHeader,
+    flags: c_int,
+    peek: bool,
+    peer: Addr,
+) -> c_int {
     let room = msg.left();
     let n = (h.len as usize).min(room);
     let mut buf = [0u8; CHUNK];

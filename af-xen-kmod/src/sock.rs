@@ -239,8 +239,10 @@ impl Globals {
     }
 }
 
-static GLOBALS: core::sync::atomic::AtomicPtr<Globals> = core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
-static OPS: core::sync::atomic::AtomicPtr<sys::Ops> = core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
+static GLOBALS: core::sync::atomic::AtomicPtr<Globals> =
+    core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
+static OPS: core::sync::atomic::AtomicPtr<sys::Ops> =
+    core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
 
 /// Publishes the module's globals and ops for the callbacks. They live in
 /// the module object, which outlives every socket (each socket holds a
@@ -330,7 +332,10 @@ pub(crate) unsafe extern "C" fn xs_create(
     {
         let mut p = globals().ports.lock();
         let key = &*xs as *const XenSock as usize;
-        if p.all.try_create_and_insert(key, xs.clone(), GFP_KERNEL).is_err() {
+        if p.all
+            .try_create_and_insert(key, xs.clone(), GFP_KERNEL)
+            .is_err()
+        {
             drop(p);
             sock.release_sk();
             return err(e::ENOMEM);
@@ -416,7 +421,11 @@ fn destroy(xs: &Arc<XenSock>) {
             // a reset the peer told us of needs no answer
             (!peer_ended).then_some(crate::ctrl::Message::Reset {
                 conn_id: peer_conn,
-                reason: if abort { crate::ctrl::ResetReason::Abort } else { crate::ctrl::ResetReason::ProtocolError },
+                reason: if abort {
+                    crate::ctrl::ResetReason::Abort
+                } else {
+                    crate::ctrl::ResetReason::ProtocolError
+                },
             })
         } else {
             Some(crate::ctrl::Message::Close { conn_id: peer_conn })
@@ -447,7 +456,11 @@ fn destroy(xs: &Arc<XenSock>) {
             (i.local.port, i.bound)
         };
         if bound {
-            let mine = p.map.get(&port).map(|o| Arc::ptr_eq(o, xs)).unwrap_or(false);
+            let mine = p
+                .map
+                .get(&port)
+                .map(|o| Arc::ptr_eq(o, xs))
+                .unwrap_or(false);
             if mine {
                 p.map.remove(&port);
             }
@@ -496,7 +509,11 @@ fn do_bind(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
         let mut tries = 0u32;
         loop {
             let cand = p.next_ephemeral;
-            p.next_ephemeral = if cand >= 0x7FFF_FFFF { EPHEMERAL_FIRST } else { cand + 1 };
+            p.next_ephemeral = if cand >= 0x7FFF_FFFF {
+                EPHEMERAL_FIRST
+            } else {
+                cand + 1
+            };
             if p.map.get(&cand).is_none() {
                 break cand;
             }
@@ -511,9 +528,14 @@ fn do_bind(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
         }
         port
     };
-    p.map.try_create_and_insert(port, xs.clone(), GFP_KERNEL).map_err(|_| e::ENOMEM)?;
+    p.map
+        .try_create_and_insert(port, xs.clone(), GFP_KERNEL)
+        .map_err(|_| e::ENOMEM)?;
     let mut i = xs.inner.lock();
-    i.local = Addr { port, domid: globals().own_domid() };
+    i.local = Addr {
+        port,
+        domid: globals().own_domid(),
+    };
     i.bound = true;
     if i.state == State::Unbound {
         i.state = State::Bound;
@@ -521,9 +543,15 @@ fn do_bind(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
     Ok(())
 }
 
-unsafe extern "C" fn xs_bind(sock: *mut bindings::socket, addr: *mut bindings::sockaddr, len: c_int) -> c_int {
+unsafe extern "C" fn xs_bind(
+    sock: *mut bindings::socket,
+    addr: *mut bindings::sockaddr,
+    len: c_int,
+) -> c_int {
     // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
+    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
+        return err(e::EINVAL);
+    };
     let a = match Addr::parse(addr, len) {
         Ok(a) => a,
         Err(e) => return err(e),
@@ -543,7 +571,9 @@ unsafe extern "C" fn xs_bind(sock: *mut bindings::socket, addr: *mut bindings::s
 
 unsafe extern "C" fn xs_listen(sock: *mut bindings::socket, backlog: c_int) -> c_int {
     // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
+    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
+        return err(e::EINVAL);
+    };
     let xs: Arc<XenSock> = xs.into();
     let st = xs.inner.lock().state;
     match st {
@@ -577,9 +607,15 @@ fn current_addrs(i: &Inner) -> (Addr, Addr) {
     (local, peer)
 }
 
-unsafe extern "C" fn xs_getname(sock: *mut bindings::socket, addr: *mut bindings::sockaddr, peer: c_int) -> c_int {
+unsafe extern "C" fn xs_getname(
+    sock: *mut bindings::socket,
+    addr: *mut bindings::sockaddr,
+    peer: c_int,
+) -> c_int {
     // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
+    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
+        return err(e::EINVAL);
+    };
     let i = xs.inner.lock();
     let (local_now, peer_now) = current_addrs(&i);
     let a = if peer != 0 {
@@ -591,7 +627,10 @@ unsafe extern "C" fn xs_getname(sock: *mut bindings::socket, addr: *mut bindings
         // an accepted socket never bound, but has its listener's address
         local_now
     } else {
-        Addr { port: PORT_ANY, domid: DOMID_ANY }
+        Addr {
+            port: PORT_ANY,
+            domid: DOMID_ANY,
+        }
     };
     drop(i);
     sys::write_sockaddr(addr, &a.bytes());
@@ -607,7 +646,9 @@ unsafe extern "C" fn xs_connect(
     flags: c_int,
 ) -> c_int {
     // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
+    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
+        return err(e::EINVAL);
+    };
     let a = match Addr::parse(addr, len) {
         Ok(a) => a,
         Err(e) => return err(e),
@@ -696,7 +737,11 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
     let stream = !xs.inner.lock().seqpacket;
     let cap = crate::conn::remote_rx_ring_capacity(&xs.sk, stream);
     let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap, 0).map_err(|_| e::ENOMEM)?;
-    let sw = if xs.inner.lock().seqpacket { None } else { crate::carrier::Switch::new(cap).ok() };
+    let sw = if xs.inner.lock().seqpacket {
+        None
+    } else {
+        crate::carrier::Switch::new(cap).ok()
+    };
     if xs.inner.lock().test_bad_directory {
         rx.test_spoil_directory();
     }
@@ -710,11 +755,20 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
         i.connect_err = 0;
         i.reset = false;
         i.request = Some(rx_grant);
-        i.tcp = crate::tcp::ConnTcp { cookie: crate::tcp::new_cookie(), peer: crate::ctrl::TcpEndpoint::NONE };
+        i.tcp = crate::tcp::ConnTcp {
+            cookie: crate::tcp::new_cookie(),
+            peer: crate::ctrl::TcpEndpoint::NONE,
+        };
         i.sw = sw;
         i.connect_deadline_ms = crate::sys_net::now_ms() + CONNECT_TIMEOUT_MS as u64;
     }
-    if link.inner.lock().conns.try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL).is_err() {
+    if link
+        .inner
+        .lock()
+        .conns
+        .try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL)
+        .is_err()
+    {
         connect_abort(xs, &link, conn_id);
         return Err(e::ENOMEM);
     }
@@ -727,8 +781,14 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
     }
     let user = xs.sk.sndtimeo(false);
     let limit = kernel::time::msecs_to_jiffies(CONNECT_TIMEOUT_MS) as c_long;
-    let (mut t, user_bound) = if user < limit { (user, true) } else { (limit, false) };
-    let r = xs.sk.wait(&mut t, || xs.inner.lock().state != State::Connecting);
+    let (mut t, user_bound) = if user < limit {
+        (user, true)
+    } else {
+        (limit, false)
+    };
+    let r = xs
+        .sk
+        .wait(&mut t, || xs.inner.lock().state != State::Connecting);
     match r {
         Err(x) if x == e::EAGAIN => {
             if user_bound {
@@ -759,7 +819,8 @@ pub(crate) fn pending_request(xs: &XenSock) -> Option<(u32, u32, u32, crate::ctr
     if i.state != State::Connecting {
         return None;
     }
-    i.request.map(|rg| (i.conn_id, i.local.port, i.peer.port, rg))
+    i.request
+        .map(|rg| (i.conn_id, i.local.port, i.peer.port, rg))
 }
 
 /// Work item: the ConnectRequest went out.
@@ -789,7 +850,9 @@ pub(crate) fn accept_remote(
         let p = globals().ports.lock();
         p.map.get(&dst_port).cloned()
     };
-    let Some(l) = l else { return Err(R::NoListener) };
+    let Some(l) = l else {
+        return Err(R::NoListener);
+    };
     {
         let li = l.inner.lock();
         if li.state != State::Listening {
@@ -813,13 +876,23 @@ pub(crate) fn accept_remote(
         Ok(t) => t,
         Err(_) => return Err(discard_child(&child, R::BadRequest)),
     };
-    let sw = if seqpacket { None } else { crate::carrier::Switch::new(cap).ok() };
+    let sw = if seqpacket {
+        None
+    } else {
+        crate::carrier::Switch::new(cap).ok()
+    };
     {
         let mut c = child.inner.lock();
         c.state = State::Connected;
         c.seqpacket = seqpacket;
-        c.local = Addr { port: dst_port, domid: me };
-        c.peer = Addr { port: src_port, domid: link.peer };
+        c.local = Addr {
+            port: dst_port,
+            domid: me,
+        };
+        c.peer = Addr {
+            port: src_port,
+            domid: link.peer,
+        };
         c.tx = Some(tx);
         c.rx = Some(rx);
         // before it is queued: accept() and close() may follow at once,
@@ -885,7 +958,10 @@ fn queue_child(l: &XenSock, child: &Arc<XenSock>) -> core::result::Result<(), Ch
     {
         let mut p = globals().ports.lock();
         let key = &**child as *const XenSock as usize;
-        if p.all.try_create_and_insert(key, child.clone(), GFP_KERNEL).is_err() {
+        if p.all
+            .try_create_and_insert(key, child.clone(), GFP_KERNEL)
+            .is_err()
+        {
             drop(p);
             return Err(discard_child(child, ChildNotQueued::NoMemory));
         }
@@ -1041,7 +1117,9 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
         let p = globals().ports.lock();
         p.map.get(&port).cloned()
     };
-    let Some(l) = listener else { return Err(e::ECONNREFUSED) };
+    let Some(l) = listener else {
+        return Err(e::ECONNREFUSED);
+    };
     if Arc::ptr_eq(&l, xs) {
         return Err(e::ECONNREFUSED);
     }
@@ -1067,7 +1145,10 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
         c.state = State::Connected;
         c.seqpacket = seqpacket;
         c.local = Addr { port, domid: me };
-        c.peer = Addr { port: my_addr.port, domid: me };
+        c.peer = Addr {
+            port: my_addr.port,
+            domid: me,
+        };
         c.tx = Some(to_me.clone());
         c.rx = Some(to_child.clone());
     }
@@ -1098,7 +1179,9 @@ unsafe extern "C" fn xs_accept(
     arg: *mut bindings::proto_accept_arg,
 ) -> c_int {
     // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
+    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
+        return err(e::EINVAL);
+    };
     // SAFETY: live socket (freshly allocated by the core).
     let newsock = unsafe { Socket::from_raw(newsock) };
     let flags = sys::accept_flags(arg);
@@ -1122,7 +1205,9 @@ unsafe extern "C" fn xs_accept(
     if let Err(e) = r {
         return err(e);
     }
-    let Some(child) = child else { return err(e::EINVAL) };
+    let Some(child) = child else {
+        return err(e::EINVAL);
+    };
     newsock.graft(child.sk);
     newsock.set_connected(true);
     // The child's sk already carries its Arc in priv (see the connection code).
@@ -1147,7 +1232,15 @@ unsafe extern "C" fn xs_poll(
     let Some(xs) = xsock(s) else { return POLLERR };
     let (state, qlen, shut_rd, shut_wr, reset, tx, rx) = {
         let i = xs.inner.lock();
-        (i.state, i.accept_q.len(), i.shut_rd, i.shut_wr, i.reset, i.tx.clone(), i.rx.clone())
+        (
+            i.state,
+            i.accept_q.len(),
+            i.shut_rd,
+            i.shut_wr,
+            i.reset,
+            i.tx.clone(),
+            i.rx.clone(),
+        )
     };
     let seqpacket = xs.inner.lock().seqpacket;
     let mut mask = 0;
@@ -1210,7 +1303,13 @@ unsafe extern "C" fn xs_poll(
                     Ok((free, end)) => {
                         if end.closed || end.reset {
                             wr_hup = true;
-                        } else if !shut_wr && (if seqpacket { crate::seqpacket::tx_writable(free) } else { free > 0 }) {
+                        } else if !shut_wr
+                            && (if seqpacket {
+                                crate::seqpacket::tx_writable(free)
+                            } else {
+                                free > 0
+                            })
+                        {
                             mask |= POLLOUT | POLLWRNORM;
                         }
                         if end.reset {
@@ -1251,7 +1350,11 @@ unsafe extern "C" fn xs_poll(
 /// but not yet consumed by the peer. Both as TCP: `EINVAL` on a listener,
 /// 0 on a socket with no connection. Every other command goes on to the
 /// generic socket ioctls (`-ENOIOCTLCMD`), as AF_UNIX does.
-unsafe extern "C" fn xs_ioctl(sock: *mut bindings::socket, cmd: core::ffi::c_uint, arg: kernel::ffi::c_ulong) -> c_int {
+unsafe extern "C" fn xs_ioctl(
+    sock: *mut bindings::socket,
+    cmd: core::ffi::c_uint,
+    arg: kernel::ffi::c_ulong,
+) -> c_int {
     const SIOCINQ: u32 = 0x541B;
     const SIOCOUTQ: u32 = 0x5411;
     if cmd != SIOCINQ && cmd != SIOCOUTQ {
@@ -1259,7 +1362,9 @@ unsafe extern "C" fn xs_ioctl(sock: *mut bindings::socket, cmd: core::ffi::c_uin
     }
     // SAFETY: live socket for the duration of the callback.
     let s = unsafe { Socket::from_raw(sock) };
-    let Some(xs) = xsock(s) else { return err(e::EINVAL) };
+    let Some(xs) = xsock(s) else {
+        return err(e::EINVAL);
+    };
     let (state, tx, rx, seqpacket) = {
         let i = xs.inner.lock();
         (i.state, i.tx.clone(), i.rx.clone(), i.seqpacket)
@@ -1280,12 +1385,16 @@ unsafe extern "C" fn xs_ioctl(sock: *mut bindings::socket, cmd: core::ffi::c_uin
         };
         c_int::try_from(on_tcp + on_ring).unwrap_or(c_int::MAX)
     } else {
-        match tx.map(|tx| tx.tx_state().map(|(free, _)| tx.capacity().saturating_sub(free))) {
+        match tx.map(|tx| {
+            tx.tx_state()
+                .map(|(free, _)| tx.capacity().saturating_sub(free))
+        }) {
             Some(Ok(n)) => n as c_int,
             Some(Err(_)) | None => 0,
         }
     };
-    let mut w = kernel::uaccess::UserSlice::new(arg as usize, core::mem::size_of::<c_int>()).writer();
+    let mut w =
+        kernel::uaccess::UserSlice::new(arg as usize, core::mem::size_of::<c_int>()).writer();
     match w.write(&value) {
         Ok(()) => 0,
         Err(_) => err(e::EFAULT),
@@ -1294,7 +1403,9 @@ unsafe extern "C" fn xs_ioctl(sock: *mut bindings::socket, cmd: core::ffi::c_uin
 
 unsafe extern "C" fn xs_shutdown(sock: *mut bindings::socket, how: c_int) -> c_int {
     // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
+    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
+        return err(e::EINVAL);
+    };
     // how is SHUT_RD (0), SHUT_WR (1), SHUT_RDWR (2)
     if !(0..=2).contains(&how) {
         return err(e::EINVAL);
@@ -1338,7 +1449,9 @@ pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
         // over a link the peer hears of it now (its one end message from
         // us, so that it need not lend its ring: see destroy)
         let tell = match &i.link {
-            Some(l) if i.state == State::Connected && !i.end_sent && !i.peer_ended => Some((l.clone(), i.peer_conn)),
+            Some(l) if i.state == State::Connected && !i.end_sent && !i.peer_ended => {
+                Some((l.clone(), i.peer_conn))
+            }
             _ => None,
         };
         if tell.is_some() {
@@ -1347,7 +1460,10 @@ pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
         (i.tx.clone(), i.rx.clone(), tell)
     };
     if let Some((link, peer_conn)) = tell {
-        let _ = link.send(&crate::ctrl::Message::Reset { conn_id: peer_conn, reason: crate::ctrl::ResetReason::ProtocolError });
+        let _ = link.send(&crate::ctrl::Message::Reset {
+            conn_id: peer_conn,
+            reason: crate::ctrl::ResetReason::ProtocolError,
+        });
     }
     if let Some(tx) = tx {
         tx.tx.lock().reset();
@@ -1365,7 +1481,11 @@ pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
 const MSG_NOSIGNAL: i32 = 0x4000;
 
 /// sendmsg, counted and timed for the data path's cost counters (sys.rs).
-unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings::msghdr, len: usize) -> c_int {
+unsafe extern "C" fn xs_sendmsg(
+    sock: *mut bindings::socket,
+    msg: *mut bindings::msghdr,
+    len: usize,
+) -> c_int {
     let t = sys::Timer::start();
     // SAFETY: the socket layer's arguments, passed on unchanged.
     let r = unsafe { xs_sendmsg_untimed(sock, msg, len) };
@@ -1374,9 +1494,15 @@ unsafe extern "C" fn xs_sendmsg(sock: *mut bindings::socket, msg: *mut bindings:
     r
 }
 
-unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut bindings::msghdr, _len: usize) -> c_int {
+unsafe extern "C" fn xs_sendmsg_untimed(
+    sock: *mut bindings::socket,
+    msg: *mut bindings::msghdr,
+    _len: usize,
+) -> c_int {
     // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
+    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
+        return err(e::EINVAL);
+    };
     // SAFETY: live msghdr of this call.
     let mut msg = unsafe { Msg::from_raw(msg) };
     let flags = msg.flags();
@@ -1392,19 +1518,32 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
     // inter-domain stream: `sw`, the switch, says which carrier (carrier.rs)
     let (state, shut_wr, reset, tx, seqpacket, sw) = {
         let i = xs.inner.lock();
-        (i.state, i.shut_wr, i.reset, i.tx.clone(), i.seqpacket, i.sw.clone())
+        (
+            i.state,
+            i.shut_wr,
+            i.reset,
+            i.tx.clone(),
+            i.seqpacket,
+            i.sw.clone(),
+        )
     };
     if reset {
         return err(e::ECONNRESET);
     }
     if state != State::Connected {
-        return if state == State::Closed { epipe(0) } else { err(e::ENOTCONN) };
+        return if state == State::Closed {
+            epipe(0)
+        } else {
+            err(e::ENOTCONN)
+        };
     }
     if shut_wr {
         return epipe(0);
     }
     if seqpacket {
-        let Some(tx) = tx else { return err(e::ENOTCONN) };
+        let Some(tx) = tx else {
+            return err(e::ENOTCONN);
+        };
         tx.set_owner(&xs.sk);
         return crate::seqpacket::sendmsg(&xs, &mut msg, &tx);
     }
@@ -1431,7 +1570,11 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
                 Some(w) => Some(w),
                 None => {
                     if xs.inner.lock().reset {
-                        return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
+                        return if copied > 0 {
+                            copied as c_int
+                        } else {
+                            err(e::ECONNRESET)
+                        };
                     }
                     use crate::carrier::Write;
                     match crate::carrier::send(&xs, sw, &mut msg, total - copied, !nonblock) {
@@ -1448,8 +1591,11 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
                                 }
                                 return err(e::EAGAIN);
                             }
-                            crate::carrier::counters::TCP_WRITE_WAITS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-                            let r = xs.sk.wait(&mut timeo, || crate::carrier::tx_ready(sw) || xs.inner.lock().reset);
+                            crate::carrier::counters::TCP_WRITE_WAITS
+                                .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+                            let r = xs.sk.wait(&mut timeo, || {
+                                crate::carrier::tx_ready(sw) || xs.inner.lock().reset
+                            });
                             if let Err(x) = r {
                                 crate::carrier::writer_gone(&xs, sw);
                                 return if copied > 0 { copied as c_int } else { err(x) };
@@ -1457,7 +1603,13 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
                             continue;
                         }
                         Write::Pipe => return epipe(copied),
-                        Write::Fault => return if copied > 0 { copied as c_int } else { err(e::EFAULT) },
+                        Write::Fault => {
+                            return if copied > 0 {
+                                copied as c_int
+                            } else {
+                                err(e::EFAULT)
+                            }
+                        }
                     }
                 }
             },
@@ -1476,7 +1628,11 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
         };
         if reset {
             drop(on_ring);
-            return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
+            return if copied > 0 {
+                copied as c_int
+            } else {
+                err(e::ECONNRESET)
+            };
         }
         if let Some(now) = newer {
             // a ring the switch came back to: its interrupts wake us too
@@ -1487,9 +1643,17 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
         }
         let Some(tx) = tx_cur.clone() else {
             drop(on_ring);
-            return if copied > 0 { copied as c_int } else { err(e::ENOTCONN) };
+            return if copied > 0 {
+                copied as c_int
+            } else {
+                err(e::ENOTCONN)
+            };
         };
-        if on_ring.as_ref().map(|w| w.epoch() != tx.epoch).unwrap_or(false) {
+        if on_ring
+            .as_ref()
+            .map(|w| w.epoch() != tx.epoch)
+            .unwrap_or(false)
+        {
             // the switch replaces the ring and its epoch under one lock
             drop(on_ring);
             return err(conn_reset(&xs, "the switch's ring is not the socket's"));
@@ -1514,10 +1678,20 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
             }
             Wrote::Reset => {
                 xs.inner.lock().reset = true;
-                return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
+                return if copied > 0 {
+                    copied as c_int
+                } else {
+                    err(e::ECONNRESET)
+                };
             }
             Wrote::Closed => return epipe(copied),
-            Wrote::Fault => return if copied > 0 { copied as c_int } else { err(e::EFAULT) },
+            Wrote::Fault => {
+                return if copied > 0 {
+                    copied as c_int
+                } else {
+                    err(e::EFAULT)
+                }
+            }
             Wrote::Full => {}
         }
         if copied > 0 && nonblock {
@@ -1553,7 +1727,12 @@ unsafe extern "C" fn xs_sendmsg_untimed(sock: *mut bindings::socket, msg: *mut b
 }
 
 /// recvmsg, counted and timed for the data path's cost counters (sys.rs).
-unsafe extern "C" fn xs_recvmsg(sock: *mut bindings::socket, msg: *mut bindings::msghdr, len: usize, flags: c_int) -> c_int {
+unsafe extern "C" fn xs_recvmsg(
+    sock: *mut bindings::socket,
+    msg: *mut bindings::msghdr,
+    len: usize,
+    flags: c_int,
+) -> c_int {
     let t = sys::Timer::start();
     // SAFETY: the socket layer's arguments, passed on unchanged.
     let r = unsafe { xs_recvmsg_untimed(sock, msg, len, flags) };
@@ -1569,12 +1748,22 @@ unsafe extern "C" fn xs_recvmsg_untimed(
     flags: c_int,
 ) -> c_int {
     // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
+    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
+        return err(e::EINVAL);
+    };
     // SAFETY: live msghdr of this call.
     let mut msg = unsafe { Msg::from_raw(msg) };
     let (state, shut_rd, reset, rx, peer, seqpacket, sw) = {
         let i = xs.inner.lock();
-        (i.state, i.shut_rd, i.reset, i.rx.clone(), i.peer, i.seqpacket, i.sw.clone())
+        (
+            i.state,
+            i.shut_rd,
+            i.reset,
+            i.rx.clone(),
+            i.peer,
+            i.seqpacket,
+            i.sw.clone(),
+        )
     };
     if reset {
         return err(e::ECONNRESET);
@@ -1585,7 +1774,9 @@ unsafe extern "C" fn xs_recvmsg_untimed(
         _ => return err(e::ENOTCONN),
     }
     if seqpacket {
-        let Some(rx) = rx else { return err(e::ENOTCONN) };
+        let Some(rx) = rx else {
+            return err(e::ENOTCONN);
+        };
         rx.set_owner(&xs.sk);
         return crate::seqpacket::recvmsg(&xs, &mut msg, &rx, flags, peer);
     }
@@ -1605,7 +1796,11 @@ unsafe extern "C" fn xs_recvmsg_untimed(
     let mut copied = 0usize;
     while copied < total {
         if xs.inner.lock().reset {
-            return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
+            return if copied > 0 {
+                copied as c_int
+            } else {
+                err(e::ECONNRESET)
+            };
         }
         // the ring first: read_msg holds the switch (if any) on this very
         // ring for the step, one take of its lock (conn.rs); copied
@@ -1632,7 +1827,11 @@ unsafe extern "C" fn xs_recvmsg_untimed(
                         }
                     }
                     if now.is_none() {
-                        return if copied > 0 { copied as c_int } else { err(e::ENOTCONN) };
+                        return if copied > 0 {
+                            copied as c_int
+                        } else {
+                            err(e::ENOTCONN)
+                        };
                     }
                     rx_cur = now;
                     continue;
@@ -1649,7 +1848,8 @@ unsafe extern "C" fn xs_recvmsg_untimed(
                     if eof || shut_rd || (copied > 0 && !waitall) {
                         break;
                     }
-                    crate::carrier::counters::TCP_READ_WAITS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+                    crate::carrier::counters::TCP_READ_WAITS
+                        .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
                     let r = xs.sk.wait(&mut timeo, || {
                         let i = xs.inner.lock();
                         let stop = i.shut_rd || i.reset;
@@ -1661,21 +1861,47 @@ unsafe extern "C" fn xs_recvmsg_untimed(
                     }
                     continue;
                 }
-                Read::Fault => return if copied > 0 { copied as c_int } else { err(e::EFAULT) },
-                Read::Reset => return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) },
+                Read::Fault => {
+                    return if copied > 0 {
+                        copied as c_int
+                    } else {
+                        err(e::EFAULT)
+                    }
+                }
+                Read::Reset => {
+                    return if copied > 0 {
+                        copied as c_int
+                    } else {
+                        err(e::ECONNRESET)
+                    }
+                }
             }
         }
         let end = match step {
             Read::Reset => {
                 xs.inner.lock().reset = true;
-                return if copied > 0 { copied as c_int } else { err(e::ECONNRESET) };
+                return if copied > 0 {
+                    copied as c_int
+                } else {
+                    err(e::ECONNRESET)
+                };
             }
             // only with a switch, whose carrier has read or waited above
-            Read::OffRing => return if copied > 0 { copied as c_int } else { err(e::ENOTCONN) },
+            Read::OffRing => {
+                return if copied > 0 {
+                    copied as c_int
+                } else {
+                    err(e::ENOTCONN)
+                }
+            }
             Read::Untracked => return err(conn_reset(&xs, "ring read after the switch")),
             Read::Bytes(0, _) => {
                 // the user's buffer faulted before any byte moved
-                return if copied > 0 { copied as c_int } else { err(e::EFAULT) };
+                return if copied > 0 {
+                    copied as c_int
+                } else {
+                    err(e::EFAULT)
+                };
             }
             Read::Bytes(n, short) => {
                 copied += n;
@@ -1692,9 +1918,19 @@ unsafe extern "C" fn xs_recvmsg_untimed(
             break;
         }
         // (read_msg read it)
-        let Some(rx) = rx_cur.as_ref() else { return if copied > 0 { copied as c_int } else { err(e::ENOTCONN) } };
+        let Some(rx) = rx_cur.as_ref() else {
+            return if copied > 0 {
+                copied as c_int
+            } else {
+                err(e::ENOTCONN)
+            };
+        };
         // the switch leaving the ring ends the wait as well
-        let off_ring = || sw.as_ref().map(|s| !crate::carrier::ring_read_ok(s)).unwrap_or(false);
+        let off_ring = || {
+            sw.as_ref()
+                .map(|s| !crate::carrier::ring_read_ok(s))
+                .unwrap_or(false)
+        };
         // SO_BUSY_POLL: a reply due within the budget costs no event
         // index, kick, interrupt or sleep
         if timeo != 0 && xs.sk.busy_wait_timed(|| rx.rx_pending()) {
@@ -1743,7 +1979,9 @@ unsafe extern "C" fn xs_setsockopt(
     optlen: kernel::ffi::c_uint,
 ) -> c_int {
     // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else { return err(e::EINVAL) };
+    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
+        return err(e::EINVAL);
+    };
     if level != sys::family() {
         return err(e::ENOPROTOOPT);
     }
@@ -1786,23 +2024,25 @@ unsafe extern "C" fn xs_setsockopt(
                 Err(x) => err(x),
             }
         }
-        XENSOCK_COPY_ROUTINE => match sys::sockopt_int(optval, optlen).map(sys::CopyRoutine::from_int) {
-            Ok(Some(how)) => {
-                let (tx, rx) = {
-                    let i = xs.inner.lock();
-                    (i.tx.clone(), i.rx.clone())
-                };
-                if tx.is_none() && rx.is_none() {
-                    return err(e::ENOTCONN);
+        XENSOCK_COPY_ROUTINE => {
+            match sys::sockopt_int(optval, optlen).map(sys::CopyRoutine::from_int) {
+                Ok(Some(how)) => {
+                    let (tx, rx) = {
+                        let i = xs.inner.lock();
+                        (i.tx.clone(), i.rx.clone())
+                    };
+                    if tx.is_none() && rx.is_none() {
+                        return err(e::ENOTCONN);
+                    }
+                    for p in [tx, rx].into_iter().flatten() {
+                        p.set_copy_routine(how);
+                    }
+                    0
                 }
-                for p in [tx, rx].into_iter().flatten() {
-                    p.set_copy_routine(how);
-                }
-                0
+                Ok(None) => err(e::EINVAL),
+                Err(x) => err(x),
             }
-            Ok(None) => err(e::EINVAL),
-            Err(x) => err(x),
-        },
+        }
         _ => err(e::ENOPROTOOPT),
     }
 }
@@ -1829,13 +2069,17 @@ fn corrupt(xs: &XenSock, mode: i32) -> core::result::Result<(), i32> {
     if st != State::Connected {
         return Err(e::ENOTCONN);
     }
-    let (Some(tx), Some(rx)) = (tx, rx) else { return Err(e::ENOTCONN) };
+    let (Some(tx), Some(rx)) = (tx, rx) else {
+        return Err(e::ENOTCONN);
+    };
     match mode {
         1 => {
             // the peer reads this ring: a producer index far past its consumer
             let p = tx.tx.lock();
             let m = p.memory();
-            let v = m.load(Field::Prod, Ordering::Relaxed).wrapping_add(0x4000_0000);
+            let v = m
+                .load(Field::Prod, Ordering::Relaxed)
+                .wrapping_add(0x4000_0000);
             m.store(Field::Prod, v, Ordering::Release);
             drop(p);
             tx.kick();
@@ -1844,7 +2088,9 @@ fn corrupt(xs: &XenSock, mode: i32) -> core::result::Result<(), i32> {
             // the peer writes this ring: a consumer index it never produced
             let c = rx.rx.lock();
             let m = c.memory();
-            let v = m.load(Field::Cons, Ordering::Relaxed).wrapping_sub(0x4000_0000);
+            let v = m
+                .load(Field::Cons, Ordering::Relaxed)
+                .wrapping_sub(0x4000_0000);
             m.store(Field::Cons, v, Ordering::Release);
             drop(c);
             rx.kick();
@@ -1859,7 +2105,10 @@ fn corrupt(xs: &XenSock, mode: i32) -> core::result::Result<(), i32> {
         }
         _ => return Err(e::EINVAL),
     }
-    pr_info!("test mode: corrupted the shared ring header of a connection (mode {})\n", mode);
+    pr_info!(
+        "test mode: corrupted the shared ring header of a connection (mode {})\n",
+        mode
+    );
     Ok(())
 }
 
@@ -1871,7 +2120,10 @@ pub(crate) struct Line {
 
 impl Line {
     pub(crate) fn new() -> Self {
-        Line { buf: [0; 256], len: 0 }
+        Line {
+            buf: [0; 256],
+            len: 0,
+        }
     }
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.buf[..self.len]
@@ -1918,9 +2170,23 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
         let (st, local, peer, bound, tx, rx, bin, bout, reset, sw) = {
             let i = xs.inner.lock();
             let (local, peer) = current_addrs(&i);
-            (i.state, local, peer, i.bound, i.tx.clone(), i.rx.clone(), i.bytes_in, i.bytes_out, i.reset, i.sw.clone())
+            (
+                i.state,
+                local,
+                peer,
+                i.bound,
+                i.tx.clone(),
+                i.rx.clone(),
+                i.bytes_in,
+                i.bytes_out,
+                i.reset,
+                i.sw.clone(),
+            )
         };
-        let mut l = Line { buf: [0; 256], len: 0 };
+        let mut l = Line {
+            buf: [0; 256],
+            len: 0,
+        };
         let _ = write!(l, "{:<11} ", st.name());
         if bound || st == State::Connected {
             let _ = write!(l, "{:>5}:{:<10} ", local.domid, local.port);
@@ -1937,7 +2203,12 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
             None => (0, 0),
         };
         let (txs, txf) = match &tx {
-            Some(t) => (t.capacity(), t.tx_state().map(|(free, _)| t.capacity() - free.min(t.capacity())).unwrap_or(0)),
+            Some(t) => (
+                t.capacity(),
+                t.tx_state()
+                    .map(|(free, _)| t.capacity() - free.min(t.capacity()))
+                    .unwrap_or(0),
+            ),
             None => (0, 0),
         };
         let phase = sw.as_ref().filter(|s| s.is_active()).map(|s| s.phase());
@@ -1960,9 +2231,18 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
         };
         let (to_tcp, to_ring) = sw
             .as_ref()
-            .map(|s| (s.to_tcp.load(core::sync::atomic::Ordering::Relaxed), s.to_ring.load(core::sync::atomic::Ordering::Relaxed)))
+            .map(|s| {
+                (
+                    s.to_tcp.load(core::sync::atomic::Ordering::Relaxed),
+                    s.to_ring.load(core::sync::atomic::Ordering::Relaxed),
+                )
+            })
             .unwrap_or((0, 0));
-        let _ = writeln!(l, "{:>7} {:>7} {:>7} {:>7} {:>8} {:>9} {:<10} {:>6} {:>7}", rxs, rxf, txs, txf, bin, bout, carrier, to_tcp, to_ring);
+        let _ = writeln!(
+            l,
+            "{:>7} {:>7} {:>7} {:>7} {:>8} {:>9} {:<10} {:>6} {:>7}",
+            rxs, rxf, txs, txf, bin, bout, carrier, to_tcp, to_ring
+        );
         seq.write(&l.buf[..l.len]);
     }
 }

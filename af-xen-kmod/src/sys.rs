@@ -77,7 +77,11 @@ extern "C" {
     fn afx_spin_lock_irqsave(l: *mut bindings::spinlock_t) -> core::ffi::c_ulong;
     fn afx_spin_unlock_irqrestore(l: *mut bindings::spinlock_t, flags: core::ffi::c_ulong);
     fn afx_sock_hold(sk: *mut bindings::sock);
-    fn afx_busy_wait(sk: *mut bindings::sock, cond: unsafe extern "C" fn(*mut c_void) -> c_int, arg: *mut c_void) -> c_int;
+    fn afx_busy_wait(
+        sk: *mut bindings::sock,
+        cond: unsafe extern "C" fn(*mut c_void) -> c_int,
+        arg: *mut c_void,
+    ) -> c_int;
     fn afx_time_data_path() -> c_int;
 }
 
@@ -115,7 +119,11 @@ pub(crate) struct Timer(Option<i64>);
 impl Timer {
     pub(crate) fn start() -> Self {
         // SAFETY: reads a bool module parameter.
-        Timer(if unsafe { afx_time_data_path() } != 0 { Some(now_ns()) } else { None })
+        Timer(if unsafe { afx_time_data_path() } != 0 {
+            Some(now_ns())
+        } else {
+            None
+        })
     }
     /// Adds the time since `start` to `c` (nothing if timing was off then).
     pub(crate) fn stop(self, c: &core::sync::atomic::AtomicI64) {
@@ -132,7 +140,10 @@ pub(crate) fn hostile_test() -> bool {
 }
 
 /// An int setsockopt() value: Ok(v), or the positive errno (EINVAL short, EFAULT).
-pub(crate) fn sockopt_int(optval: bindings::sockptr_t, optlen: c_uint) -> core::result::Result<i32, i32> {
+pub(crate) fn sockopt_int(
+    optval: bindings::sockptr_t,
+    optlen: c_uint,
+) -> core::result::Result<i32, i32> {
     let mut v: c_int = 0;
     // SAFETY: optval/optlen are the setsockopt() callback's arguments; the
     // glue checks the length and copies with copy_from_sockptr.
@@ -326,10 +337,19 @@ impl Registration {
     pub(crate) fn register(
         module: &'static ThisModule,
         family: i32,
-        create: unsafe extern "C" fn(*mut bindings::net, *mut bindings::socket, c_int, c_int) -> c_int,
+        create: unsafe extern "C" fn(
+            *mut bindings::net,
+            *mut bindings::socket,
+            c_int,
+            c_int,
+        ) -> c_int,
     ) -> Result<Self> {
         let pf = KBox::new(
-            bindings::net_proto_family { family, create: Some(create), owner: module.as_ptr() },
+            bindings::net_proto_family {
+                family,
+                create: Some(create),
+                owner: module.as_ptr(),
+            },
             GFP_KERNEL,
         )?;
         // SAFETY: `pf` outlives the registration (sock_unregister in drop).
@@ -387,7 +407,12 @@ impl Socket {
     }
     /// Allocates and initialises our `struct sock` for this socket, with
     /// `privp` (from `Arc::into_raw`) attached.
-    pub(crate) fn alloc_sk(&self, net: *mut bindings::net, kern: c_int, privp: *const c_void) -> Option<Sk> {
+    pub(crate) fn alloc_sk(
+        &self,
+        net: *mut bindings::net,
+        kern: c_int,
+        privp: *const c_void,
+    ) -> Option<Sk> {
         // SAFETY: net and socket come from the create() callback.
         let sk = unsafe { afx_sk_alloc(net, self.0, kern, privp as *mut c_void) };
         if sk.is_null() {
@@ -406,7 +431,11 @@ impl Socket {
         // SAFETY: live socket fresh from accept; sk is a live sock we own a ref of.
         unsafe { afx_sk_graft(sk.0, self.0) }
     }
-    pub(crate) fn poll_wait(&self, file: *mut bindings::file, wait: *mut bindings::poll_table_struct) {
+    pub(crate) fn poll_wait(
+        &self,
+        file: *mut bindings::file,
+        wait: *mut bindings::poll_table_struct,
+    ) {
         // SAFETY: arguments of the poll() callback.
         unsafe { afx_poll_wait(file, self.0, wait) }
     }
@@ -503,7 +532,11 @@ impl Sk {
         r
     }
     /// `wait`, its time counted in `WAIT_NS`.
-    pub(crate) fn wait_timed<F: FnMut() -> bool>(&self, timeo: &mut c_long, cond: F) -> core::result::Result<(), i32> {
+    pub(crate) fn wait_timed<F: FnMut() -> bool>(
+        &self,
+        timeo: &mut c_long,
+        cond: F,
+    ) -> core::result::Result<(), i32> {
         let t = Timer::start();
         let r = self.wait(timeo, cond);
         t.stop(&counters::WAIT_NS);
@@ -511,7 +544,11 @@ impl Sk {
     }
     /// Sleeps until `cond()` holds. Returns Ok, or Err(EAGAIN) when the
     /// timeout ran out, or the signal errno.
-    pub(crate) fn wait<F: FnMut() -> bool>(&self, timeo: &mut c_long, mut cond: F) -> core::result::Result<(), i32> {
+    pub(crate) fn wait<F: FnMut() -> bool>(
+        &self,
+        timeo: &mut c_long,
+        mut cond: F,
+    ) -> core::result::Result<(), i32> {
         unsafe extern "C" fn tramp<F: FnMut() -> bool>(arg: *mut c_void) -> c_int {
             // SAFETY: `arg` is the `&mut F` passed below, alive for the call.
             let f = unsafe { &mut *(arg as *mut F) };
@@ -519,7 +556,12 @@ impl Sk {
         }
         // SAFETY: live sock; `cond` outlives the call; tramp matches F.
         let r = unsafe {
-            afx_wait(self.0, timeo, tramp::<F>, &mut cond as *mut F as *mut c_void)
+            afx_wait(
+                self.0,
+                timeo,
+                tramp::<F>,
+                &mut cond as *mut F as *mut c_void,
+            )
         };
         if r == 0 {
             Ok(())
@@ -575,7 +617,11 @@ pub(crate) struct IrqSaveBackend;
 unsafe impl kernel::sync::lock::Backend for IrqSaveBackend {
     type State = bindings::spinlock_t;
     type GuardState = core::ffi::c_ulong;
-    unsafe fn init(ptr: *mut Self::State, name: *const kernel::ffi::c_char, key: *mut bindings::lock_class_key) {
+    unsafe fn init(
+        ptr: *mut Self::State,
+        name: *const kernel::ffi::c_char,
+        key: *mut bindings::lock_class_key,
+    ) {
         // SAFETY: the caller passes valid storage and static name/key.
         unsafe { bindings::__spin_lock_init(ptr, name, key) }
     }
@@ -670,7 +716,9 @@ impl Msg {
     /// (short on a fault).
     pub(crate) fn copy_from(&mut self, buf: &mut [u8]) -> usize {
         // SAFETY: live msghdr; buf is valid for buf.len() bytes.
-        unsafe { bindings::_copy_from_iter(buf.as_mut_ptr().cast(), buf.len(), &mut (*self.0).msg_iter) }
+        unsafe {
+            bindings::_copy_from_iter(buf.as_mut_ptr().cast(), buf.len(), &mut (*self.0).msg_iter)
+        }
     }
     /// Copies `buf` out to the user's iovecs; returns the bytes copied.
     pub(crate) fn copy_to(&mut self, buf: &[u8]) -> usize {
@@ -708,7 +756,12 @@ impl Msg {
     }
     /// Copies `len` bytes of `ring`'s data area at `offset` straight out to
     /// the user's iovecs; returns the bytes copied (short on a fault).
-    pub(crate) fn copy_from_ring(&mut self, ring: &crate::mem::RawRing, offset: u32, len: usize) -> usize {
+    pub(crate) fn copy_from_ring(
+        &mut self,
+        ring: &crate::mem::RawRing,
+        offset: u32,
+        len: usize,
+    ) -> usize {
         let size = ring.geometry().data_size();
         let offset = offset as usize;
         if offset > size || len > size - offset {
@@ -717,7 +770,11 @@ impl Msg {
         // SAFETY: as in copy_into_ring; the source is read once, the
         // destination is user memory behind the iov_iter.
         unsafe {
-            bindings::_copy_to_iter(ring.data_ptr().as_ptr().add(offset).cast(), len, &mut (*self.0).msg_iter)
+            bindings::_copy_to_iter(
+                ring.data_ptr().as_ptr().add(offset).cast(),
+                len,
+                &mut (*self.0).msg_iter,
+            )
         }
     }
     /// recvmsg(): report the peer address, if the caller asked for it.
@@ -756,11 +813,16 @@ pub(crate) fn accept_flags(arg: *mut bindings::proto_accept_arg) -> i32 {
 }
 
 /// `dir/node`'s value handed to `f`; None if it is missing or unreadable.
-fn with_xenstore_value<R>(dir: &core::ffi::CStr, node: &core::ffi::CStr, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+fn with_xenstore_value<R>(
+    dir: &core::ffi::CStr,
+    node: &core::ffi::CStr,
+    f: impl FnOnce(&[u8]) -> R,
+) -> Option<R> {
     let mut len: c_uint = 0;
     let xbt = xen_sys::xenbus_transaction { id: 0 };
     // SAFETY: NUL-terminated strings; result is kmalloc'd or an ERR_PTR.
-    let p = unsafe { xen_sys::xenbus_read(xbt, dir.as_ptr().cast(), node.as_ptr().cast(), &mut len) };
+    let p =
+        unsafe { xen_sys::xenbus_read(xbt, dir.as_ptr().cast(), node.as_ptr().cast(), &mut len) };
     // SAFETY: IS_ERR only inspects the pointer value.
     if p.is_null() || unsafe { bindings::IS_ERR(p as *const c_void) } {
         return None;
@@ -885,7 +947,10 @@ impl Region {
     }
     /// A ring of `geometry` over this region. The caller keeps the Region
     /// alive (same owning struct) as long as the ring is used.
-    pub(crate) fn ring(&self, geometry: crate::layout::RingGeometry) -> Option<crate::mem::RawRing> {
+    pub(crate) fn ring(
+        &self,
+        geometry: crate::layout::RingGeometry,
+    ) -> Option<crate::mem::RawRing> {
         // SAFETY: base is page aligned (>= 128), valid for len bytes while
         // self lives, and only ever accessed through RawRing.
         unsafe { crate::mem::RawRing::from_region(self.base, self.len, geometry) }.ok()
@@ -1051,7 +1116,11 @@ impl Evtchn {
             return Err(Error::from_errno(irq));
         }
         counters::add(&counters::EVTCHNS, 1);
-        Ok(Evtchn { port, irq, wake: wake.clone() })
+        Ok(Evtchn {
+            port,
+            irq,
+            wake: wake.clone(),
+        })
     }
     /// A fresh unbound port that `remote` may bind.
     pub(crate) fn alloc_unbound(remote: u32, wake: &Arc<crate::wake::LinkWake>) -> Result<Evtchn> {
@@ -1064,7 +1133,11 @@ impl Evtchn {
         Self::bind(port, wake)
     }
     /// Binds `remote`'s port `rport` (from XenStore: any value is checked by Xen).
-    pub(crate) fn bind_interdomain(remote: u32, rport: u32, wake: &Arc<crate::wake::LinkWake>) -> Result<Evtchn> {
+    pub(crate) fn bind_interdomain(
+        remote: u32,
+        rport: u32,
+        wake: &Arc<crate::wake::LinkWake>,
+    ) -> Result<Evtchn> {
         let mut port: c_uint = 0;
         // SAFETY: plain hypercall with an out parameter.
         let r = unsafe { afx_evtchn_bind_interdomain(remote, rport, &mut port) };
@@ -1125,7 +1198,10 @@ impl Grant {
         counters::add(&counters::GRANTS, 1);
         Ok(Grant { base, gref })
     }
-    pub(crate) fn ring(&self, geometry: crate::layout::RingGeometry) -> Option<crate::mem::RawRing> {
+    pub(crate) fn ring(
+        &self,
+        geometry: crate::layout::RingGeometry,
+    ) -> Option<crate::mem::RawRing> {
         // SAFETY: a page-aligned page, alive while self lives (the caller
         // keeps it next to the ring), shared with the peer only through RawRing.
         unsafe { crate::mem::RawRing::from_region(self.base, 4096, geometry) }.ok()
@@ -1161,7 +1237,10 @@ impl Mapping {
         counters::add(&counters::MAPS, 1);
         Ok(Mapping { base, cookie })
     }
-    pub(crate) fn ring(&self, geometry: crate::layout::RingGeometry) -> Option<crate::mem::RawRing> {
+    pub(crate) fn ring(
+        &self,
+        geometry: crate::layout::RingGeometry,
+    ) -> Option<crate::mem::RawRing> {
         // SAFETY: a page-aligned mapping of one page, alive while self
         // lives; the peer may write it at any time, which RawRing tolerates.
         unsafe { crate::mem::RawRing::from_region(self.base, 4096, geometry) }.ok()
@@ -1204,7 +1283,13 @@ pub(crate) mod xs {
     pub(crate) fn read_u32(dir: &CString, node: &core::ffi::CStr) -> Option<u32> {
         let mut v: c_uint = 0;
         // SAFETY: NUL-terminated strings, out parameter.
-        let r = unsafe { afx_xs_read_uint(dir.as_bytes_with_nul().as_ptr(), node.as_ptr().cast(), &mut v) };
+        let r = unsafe {
+            afx_xs_read_uint(
+                dir.as_bytes_with_nul().as_ptr(),
+                node.as_ptr().cast(),
+                &mut v,
+            )
+        };
         if r == 0 {
             Some(v)
         } else {
@@ -1229,9 +1314,13 @@ pub(crate) mod xs {
         let dir = core::ffi::CStr::from_bytes_with_nul(dir.as_bytes_with_nul()).ok()?;
         let s = super::with_xenstore_value(dir, node, |s| {
             let valid = s.len() == 36
-                && s.iter()
-                    .enumerate()
-                    .all(|(k, b)| if dashes.contains(&k) { *b == b'-' } else { b.is_ascii_hexdigit() });
+                && s.iter().enumerate().all(|(k, b)| {
+                    if dashes.contains(&k) {
+                        *b == b'-'
+                    } else {
+                        b.is_ascii_hexdigit()
+                    }
+                });
             valid.then(|| {
                 let mut u = [0u8; 36];
                 u.copy_from_slice(s);
@@ -1285,10 +1374,20 @@ unsafe extern "C" fn afx_rs_work() {
 // ---- rings larger than one page ------------------------------------------------
 
 extern "C" {
-    fn afx_grant_pages(domid: c_uint, n: c_uint, refs: *mut c_uint, cookie: *mut *mut c_void) -> *mut c_void;
+    fn afx_grant_pages(
+        domid: c_uint,
+        n: c_uint,
+        refs: *mut c_uint,
+        cookie: *mut *mut c_void,
+    ) -> *mut c_void;
     fn afx_end_grants(refs: *const c_uint, cookie: *mut c_void);
     fn afx_max_map_pages() -> c_uint;
-    fn afx_map_pages(domid: c_uint, n: c_uint, refs: *const c_uint, cookie: *mut *mut c_void) -> *mut c_void;
+    fn afx_map_pages(
+        domid: c_uint,
+        n: c_uint,
+        refs: *const c_uint,
+        cookie: *mut *mut c_void,
+    ) -> *mut c_void;
     fn afx_unmap_pages(cookie: *mut c_void);
 }
 
@@ -1306,7 +1405,11 @@ impl Grant {
         unsafe { &*(self.base.as_ptr() as *const crate::layout::GrantDirectory) }
     }
     /// A large ring: this page is its header, `data` its data pages.
-    pub(crate) fn large_ring(&self, data: &GrantedPages, g: crate::layout::RingGeometry) -> Option<crate::mem::RawRing> {
+    pub(crate) fn large_ring(
+        &self,
+        data: &GrantedPages,
+        g: crate::layout::RingGeometry,
+    ) -> Option<crate::mem::RawRing> {
         if data.n * 4096 != g.data_size() {
             return None;
         }
@@ -1324,7 +1427,11 @@ impl Mapping {
         // each slot once and Xen validates the refs).
         unsafe { &*(self.base.as_ptr() as *const crate::layout::GrantDirectory) }
     }
-    pub(crate) fn large_ring(&self, data: &MappedPages, g: crate::layout::RingGeometry) -> Option<crate::mem::RawRing> {
+    pub(crate) fn large_ring(
+        &self,
+        data: &MappedPages,
+        g: crate::layout::RingGeometry,
+    ) -> Option<crate::mem::RawRing> {
         if data.n * 4096 != g.data_size() {
             return None;
         }
@@ -1360,10 +1467,16 @@ impl GrantedPages {
         }
         let mut cookie: *mut c_void = core::ptr::null_mut();
         // SAFETY: refs has room for n entries; cookie is an out parameter.
-        let p = unsafe { afx_grant_pages(domid, n as c_uint, refs.as_mut_ptr(), &mut cookie) } as *mut u8;
+        let p = unsafe { afx_grant_pages(domid, n as c_uint, refs.as_mut_ptr(), &mut cookie) }
+            as *mut u8;
         let base = core::ptr::NonNull::new(p).ok_or(ENOMEM)?;
         counters::add(&counters::GRANTS, n as i64);
-        Ok(GrantedPages { base, n, cookie, refs })
+        Ok(GrantedPages {
+            base,
+            n,
+            cookie,
+            refs,
+        })
     }
 }
 
@@ -1396,10 +1509,15 @@ impl MappedPages {
         }
         let mut cookie: *mut c_void = core::ptr::null_mut();
         // SAFETY: refs valid for its length; out parameter.
-        let p = unsafe { afx_map_pages(domid, refs.len() as c_uint, refs.as_ptr(), &mut cookie) } as *mut u8;
+        let p = unsafe { afx_map_pages(domid, refs.len() as c_uint, refs.as_ptr(), &mut cookie) }
+            as *mut u8;
         let base = core::ptr::NonNull::new(p).ok_or(ENXIO)?;
         counters::add(&counters::MAPS, refs.len() as i64);
-        Ok(MappedPages { base, n: refs.len(), cookie })
+        Ok(MappedPages {
+            base,
+            n: refs.len(),
+            cookie,
+        })
     }
 }
 

@@ -26,15 +26,31 @@ extern "C" {
     fn afx_peer_lost_ms() -> c_int;
     fn afx_tcp_tick_after_ms(ms: kernel::ffi::c_uint);
     fn afx_tcp_live_after_ms(ms: kernel::ffi::c_uint);
-    fn afx_tcp_connect_start(addr: *const u8, port: c_int, user_timeout_ms: kernel::ffi::c_uint, out: *mut *mut bindings::socket) -> c_int;
+    fn afx_tcp_connect_start(
+        addr: *const u8,
+        port: c_int,
+        user_timeout_ms: kernel::ffi::c_uint,
+        out: *mut *mut bindings::socket,
+    ) -> c_int;
     fn afx_tcp_leg_state(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_set_user_timeout(s: *mut bindings::socket, ms: kernel::ffi::c_uint);
     fn afx_tcp_segs_in(s: *mut bindings::socket) -> u32;
     fn afx_tcp_leg_waits(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_kick_retransmit(s: *mut bindings::socket) -> c_int;
-    fn afx_tcp_send_nb(s: *mut bindings::socket, buf: *const c_void, len: usize, more: c_int) -> c_int;
-    fn afx_tcp_recv_msg(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize) -> c_int;
-    fn afx_tcp_send_msg_nb(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize, more: c_int) -> c_int;
+    fn afx_tcp_send_nb(
+        s: *mut bindings::socket,
+        buf: *const c_void,
+        len: usize,
+        more: c_int,
+    ) -> c_int;
+    fn afx_tcp_recv_msg(s: *mut bindings::socket, user: *mut bindings::msghdr, len: usize)
+        -> c_int;
+    fn afx_tcp_send_msg_nb(
+        s: *mut bindings::socket,
+        user: *mut bindings::msghdr,
+        len: usize,
+        more: c_int,
+    ) -> c_int;
     fn afx_tcp_readable(s: *mut bindings::socket) -> c_int;
     fn afx_tcp_leg_info(s: *mut bindings::socket, out: *mut c_int);
     fn afx_tcp_nospace_armed() -> kernel::ffi::c_long;
@@ -191,10 +207,16 @@ impl TcpSock {
     /// Starts connecting to `addr:port` without blocking; `state()` tells
     /// when it is up. The leg gives up after `user_timeout_ms` without
     /// acknowledgement (TCP_USER_TIMEOUT).
-    pub(crate) fn connect_start(addr: [u8; 4], port: u16, user_timeout_ms: u32) -> core::result::Result<TcpSock, i32> {
+    pub(crate) fn connect_start(
+        addr: [u8; 4],
+        port: u16,
+        user_timeout_ms: u32,
+    ) -> core::result::Result<TcpSock, i32> {
         let mut s: *mut bindings::socket = core::ptr::null_mut();
         // SAFETY: `addr` is 4 readable bytes; `s` set only on success.
-        to_result(unsafe { afx_tcp_connect_start(addr.as_ptr(), port as c_int, user_timeout_ms, &mut s) })?;
+        to_result(unsafe {
+            afx_tcp_connect_start(addr.as_ptr(), port as c_int, user_timeout_ms, &mut s)
+        })?;
         Ok(TcpSock(s))
     }
 
@@ -239,7 +261,9 @@ impl TcpSock {
     /// held back (MSG_MORE) when `more` follows at once.
     pub(crate) fn send_nb(&self, buf: &[u8], more: bool) -> core::result::Result<usize, i32> {
         // SAFETY: self.0 is live; buf is readable for buf.len() bytes.
-        let n = to_result(unsafe { afx_tcp_send_nb(self.0, buf.as_ptr().cast(), buf.len(), c_int::from(more)) })?;
+        let n = to_result(unsafe {
+            afx_tcp_send_nb(self.0, buf.as_ptr().cast(), buf.len(), c_int::from(more))
+        })?;
         leg_calls::count(&leg_calls::SENDS);
         Ok(n as usize)
     }
@@ -256,10 +280,17 @@ impl TcpSock {
     /// sendmsg being served (`msg` advances by what was taken), without
     /// blocking, held back (MSG_MORE) when `more` follows at once: Ok(n),
     /// Err(EAGAIN) when full, Err(EFAULT).
-    pub(crate) fn send_from_user(&self, msg: &mut crate::sys::Msg, len: usize, more: bool) -> core::result::Result<usize, i32> {
+    pub(crate) fn send_from_user(
+        &self,
+        msg: &mut crate::sys::Msg,
+        len: usize,
+        more: bool,
+    ) -> core::result::Result<usize, i32> {
         // SAFETY: self.0 is live; msg is the live msghdr of this sendmsg,
         // whose iterator the helper copies, truncates and advances.
-        let n = to_result(unsafe { afx_tcp_send_msg_nb(self.0, msg.as_raw(), len, c_int::from(more)) })?;
+        let n = to_result(unsafe {
+            afx_tcp_send_msg_nb(self.0, msg.as_raw(), len, c_int::from(more))
+        })?;
         leg_calls::count(&leg_calls::SENDS);
         Ok(n as usize)
     }
@@ -267,7 +298,11 @@ impl TcpSock {
     /// Receives at most `len` bytes straight into the user buffers of the
     /// recvmsg being served (`msg` advances), without blocking: Ok(0) at
     /// EOF, Err(EAGAIN) when nothing, Err(EFAULT) with the data left queued.
-    pub(crate) fn recv_to_user(&self, msg: &mut crate::sys::Msg, len: usize) -> core::result::Result<usize, i32> {
+    pub(crate) fn recv_to_user(
+        &self,
+        msg: &mut crate::sys::Msg,
+        len: usize,
+    ) -> core::result::Result<usize, i32> {
         // SAFETY: self.0 is live; msg is the live msghdr of this recvmsg,
         // whose iterator the helper copies, truncates and advances.
         let n = to_result(unsafe { afx_tcp_recv_msg(self.0, msg.as_raw(), len) })?;
@@ -317,7 +352,8 @@ impl TcpSock {
     pub(crate) fn send_all(&self, mut buf: &[u8]) -> core::result::Result<(), i32> {
         while !buf.is_empty() {
             // SAFETY: self.0 is live; buf is readable for buf.len() bytes.
-            let n = to_result(unsafe { afx_tcp_send(self.0, buf.as_ptr().cast(), buf.len()) })? as usize;
+            let n = to_result(unsafe { afx_tcp_send(self.0, buf.as_ptr().cast(), buf.len()) })?
+                as usize;
             if n == 0 || n > buf.len() {
                 return Err(crate::sys::errno::EPIPE);
             }
@@ -357,4 +393,3 @@ impl Drop for TcpSock {
         unsafe { afx_tcp_release(self.0) }
     }
 }
-

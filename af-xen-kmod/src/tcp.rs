@@ -10,9 +10,9 @@ use crate::ctrl::{self, Channel, Message, TcpEndpoint};
 use crate::sock::{State as SockState, XenSock};
 use crate::sys_net::{self, TcpSock};
 use core::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, Ordering};
+use kernel::new_mutex;
 use kernel::prelude::*;
 use kernel::sync::{Arc, Mutex};
-use kernel::new_mutex;
 
 /// Bytes of a `TcpHello` frame (header + cookie).
 pub(crate) const HELLO_LEN: usize = ctrl::HEADER_LEN + 8;
@@ -34,7 +34,10 @@ pub(crate) struct ConnTcp {
 
 impl Default for ConnTcp {
     fn default() -> Self {
-        ConnTcp { cookie: 0, peer: TcpEndpoint::NONE }
+        ConnTcp {
+            cookie: 0,
+            peer: TcpEndpoint::NONE,
+        }
     }
 }
 
@@ -117,17 +120,31 @@ pub(crate) fn start() -> Result<TcpCarrier> {
         match TcpSock::listen(port) {
             Ok(l) => Some(l),
             Err(x) => {
-                pr_warn!("TCP leg listener on port {}: error {}; no TCP carrier\n", port, x);
+                pr_warn!(
+                    "TCP leg listener on port {}: error {}; no TCP carrier\n",
+                    port,
+                    x
+                );
                 None
             }
         }
     };
     let has = listener.is_some();
     let b = KBox::pin_init(
-        new_mutex!(Legs { listener, pending: KVec::new(), active: KVec::new() }, "af_xen_tcp"),
+        new_mutex!(
+            Legs {
+                listener,
+                pending: KVec::new(),
+                active: KVec::new()
+            },
+            "af_xen_tcp"
+        ),
         GFP_KERNEL,
     )?;
-    STATE.store(&*b as *const Mutex<Legs> as *mut Mutex<Legs>, Ordering::Release);
+    STATE.store(
+        &*b as *const Mutex<Legs> as *mut Mutex<Legs>,
+        Ordering::Release,
+    );
     LISTENING.store(has, Ordering::Release);
     if has {
         pr_info!("TCP leg listener on port {}\n", port);
@@ -162,7 +179,10 @@ pub(crate) fn local_endpoint() -> TcpEndpoint {
             addr[10] = 0xff;
             addr[11] = 0xff;
             addr[12..].copy_from_slice(&a);
-            TcpEndpoint { addr, port: sys_net::tcp_port() }
+            TcpEndpoint {
+                addr,
+                port: sys_net::tcp_port(),
+            }
         }
         _ => TcpEndpoint::NONE,
     }
@@ -178,7 +198,11 @@ fn find_conn(conn_id: u32) -> Option<(Arc<XenSock>, u64)> {
     let p = crate::sock::globals().ports.lock();
     for (_, xs) in p.all.iter() {
         let i = xs.inner.lock();
-        if i.conn_id == conn_id && i.link.is_some() && i.state == SockState::Connected && !i.released {
+        if i.conn_id == conn_id
+            && i.link.is_some()
+            && i.state == SockState::Connected
+            && !i.released
+        {
             return Some((xs.clone(), i.tcp.cookie));
         }
     }
@@ -191,7 +215,9 @@ fn check_hello(buf: &[u8]) -> core::result::Result<Arc<XenSock>, &'static Atomic
         Ok((Message::TcpHello { conn_id, cookie }, n)) if n == HELLO_LEN => (conn_id, cookie),
         _ => return Err(&MALFORMED),
     };
-    let Some((xs, want)) = find_conn(conn_id) else { return Err(&UNKNOWN_CONN) };
+    let Some((xs, want)) = find_conn(conn_id) else {
+        return Err(&UNKNOWN_CONN);
+    };
     // no early exit on the first differing byte: one xor, one compare
     if (want ^ cookie) != 0 || want == 0 {
         return Err(&BAD_COOKIE);
@@ -208,7 +234,10 @@ pub(crate) fn work() {
     work_pass();
     // a pass that blocks holds up every leg's frames and every wake of a
     // socket on TCP (an epoll reader waits for those): shown in the stats
-    crate::carrier::note_work_ms(&crate::carrier::counters::TCP_WORK_MAX_MS, sys_net::now_ms() - t0);
+    crate::carrier::note_work_ms(
+        &crate::carrier::counters::TCP_WORK_MAX_MS,
+        sys_net::now_ms() - t0,
+    );
 }
 
 fn work_pass() {
@@ -223,8 +252,20 @@ fn work_pass() {
                 inc(&DROPPED);
                 continue;
             }
-            let deadline_ms = (sys_net::now_ms() + HELLO_TIMEOUT_MS).max(HELLO_GRACE_UNTIL_MS.load(Ordering::Acquire));
-            if g.pending.push(Pending { sock: c, hello: [0; HELLO_LEN], got: 0, deadline_ms }, GFP_KERNEL).is_err() {
+            let deadline_ms = (sys_net::now_ms() + HELLO_TIMEOUT_MS)
+                .max(HELLO_GRACE_UNTIL_MS.load(Ordering::Acquire));
+            if g.pending
+                .push(
+                    Pending {
+                        sock: c,
+                        hello: [0; HELLO_LEN],
+                        got: 0,
+                        deadline_ms,
+                    },
+                    GFP_KERNEL,
+                )
+                .is_err()
+            {
                 inc(&DROPPED);
             }
         }
@@ -269,7 +310,9 @@ fn work_pass() {
         }
         // come back at the earliest hello deadline
         if let Some(d) = next {
-            let wait = d.saturating_sub(sys_net::now_ms()).clamp(10, HELLO_TIMEOUT_MS);
+            let wait = d
+                .saturating_sub(sys_net::now_ms())
+                .clamp(10, HELLO_TIMEOUT_MS);
             sys_net::schedule_after_ms(wait as u32);
         }
     }
@@ -413,7 +456,10 @@ pub(crate) fn connection_ended() {
 /// `wrong_cookie` instead sends, on a separate socket, a hello whose cookie
 /// differs in one bit (the peer must refuse and count it). Process context
 /// (that connect blocks).
-pub(crate) fn test_open_leg(xs: &Arc<XenSock>, wrong_cookie: bool) -> core::result::Result<(), i32> {
+pub(crate) fn test_open_leg(
+    xs: &Arc<XenSock>,
+    wrong_cookie: bool,
+) -> core::result::Result<(), i32> {
     use crate::sys::errno as e;
     let (st, peer_conn, t) = {
         let i = xs.inner.lock();
@@ -431,7 +477,12 @@ pub(crate) fn test_open_leg(xs: &Arc<XenSock>, wrong_cookie: bool) -> core::resu
     }
     let sock = TcpSock::connect([a[12], a[13], a[14], a[15]], t.peer.port)?;
     let mut b = [0u8; HELLO_LEN];
-    let n = Message::TcpHello { conn_id: peer_conn, cookie: t.cookie ^ 1 }.encode(&mut b).map_err(|_| e::EINVAL)?;
+    let n = Message::TcpHello {
+        conn_id: peer_conn,
+        cookie: t.cookie ^ 1,
+    }
+    .encode(&mut b)
+    .map_err(|_| e::EINVAL)?;
     sock.send_all(&b[..n])?;
     inc(&LEGS_OUT);
     Ok(())
@@ -440,7 +491,11 @@ pub(crate) fn test_open_leg(xs: &Arc<XenSock>, wrong_cookie: bool) -> core::resu
 /// /proc/net/af_xen_stats lines of the TCP carrier.
 pub(crate) fn stats(seq: &mut crate::sys::Seq) {
     let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
-    let port = if LISTENING.load(Ordering::Relaxed) { sys_net::tcp_port() } else { 0 };
+    let port = if LISTENING.load(Ordering::Relaxed) {
+        sys_net::tcp_port()
+    } else {
+        0
+    };
     seq.counters(&[
         ("tcp_port", i64::from(port)),
         ("tcp_legs_in", g(&LEGS_IN)),

@@ -111,9 +111,15 @@ impl PipeWake {
     /// Hard irq: wake the owner if the peer moved this ring or set flags.
     fn poll(&self) {
         let (counter, flags) = if self.consumer {
-            (self.ring.load(Field::Prod, Ordering::Acquire), self.ring.load(Field::ProdFlags, Ordering::Acquire))
+            (
+                self.ring.load(Field::Prod, Ordering::Acquire),
+                self.ring.load(Field::ProdFlags, Ordering::Acquire),
+            )
         } else {
-            (self.ring.load(Field::Cons, Ordering::Acquire), self.ring.load(Field::ConsFlags, Ordering::Acquire))
+            (
+                self.ring.load(Field::Cons, Ordering::Acquire),
+                self.ring.load(Field::ConsFlags, Ordering::Acquire),
+            )
         };
         // a change only: flags stay set (FIN, CLOSED), and waking on every
         // interrupt of the link for them woke each half-closed connection
@@ -214,7 +220,9 @@ pub(crate) fn irq(w: &LinkWake) {
             p.poll();
         }
         match &i.ctrl {
-            Some(r) => r.load(Field::Prod, Ordering::Acquire) != r.load(Field::Cons, Ordering::Relaxed),
+            Some(r) => {
+                r.load(Field::Prod, Ordering::Acquire) != r.load(Field::Cons, Ordering::Relaxed)
+            }
             None => true,
         }
     };
