@@ -160,6 +160,7 @@ xs_report() {
     sed 's/^/  [xenstored] /' /var/log/xen/xenstored.log 2>/dev/null
     dmesg | grep -iE "xenstored|segfault|trap" | tail -n 5 | sed 's/^/  [dmesg] /'
   fi
+  grep -v xenconsoled /var/log/syslog 2>/dev/null | tail -n 20 | sed 's/^/  [syslog] /'
   [ ! -f /var/log/xen/xenstored-trace.log ] ||
     tail -n 40 /var/log/xen/xenstored-trace.log | sed 's/^/  [xs-trace] /'
 }
