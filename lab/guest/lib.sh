@@ -147,7 +147,8 @@ forward_file() {
 # domain's quota use (outstanding requests, watches, transactions) and
 # whether it still answers dom0.
 xs_report() {
-  _xr_d=$(xl domid "$1" 2>/dev/null)
+  # (xl waits for a dead xenstored for good)
+  _xr_d=$(timeout 5 xl domid "$1" 2>/dev/null)
   echo "lab[dom0] XenStore report for $1 (domid ${_xr_d:-?}), which says its XenStore does not answer:"
   if _xr_p=$(pidof xenstored); then
     echo "  xenstored (pid $_xr_p) runs: state, CPU ticks $(awk '{print $3, $14 + $15}' /proc/$_xr_p/stat 2>/dev/null)"
