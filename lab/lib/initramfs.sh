@@ -71,6 +71,7 @@ build_dom0_root() {
   local root=$RUN/dom0-root
   rm -rf "$root"; common_root "$root"
   cp "$LAB_DIR/guest/dom0-init" "$root/init"
+  cp "$XS_TRACEBUF" "$root/lab/xs-tracebuf.so"
   copy_bin "$root" "$XEN_BIN" "$XEN_BIN/xl" "$XEN_BIN/xenstored" "$XEN_BIN/xenconsoled" \
     "$XEN_BIN/xen-init-dom0" "$XEN_BIN/libxl-save-helper" "$XEN_BIN/xenconsole" \
     "$XEN_BIN/xenstore-control"
