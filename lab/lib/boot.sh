@@ -50,8 +50,9 @@ progress_filter() {
 # xenstored's request trace in dom0 (dom0-init's lab_xstrace): costly under
 # TCG, so only for scenarios that read it (XS_TRACE=1 in their
 # scenario.conf) or on request (LAB_XS_TRACE=1 in the environment; 0: never).
-# LAB_XS_TRACE=ring keeps it in xenstored's memory and writes out its last
-# 512 KiB only if xenstored dies of a signal (lab/tools/xs-tracebuf.c).
+# LAB_XS_TRACE=ring runs xenstored verbose (-V: a line per message each
+# way) into its own memory instead, written out only if it dies
+# (lab/tools/xs-tracebuf.c).
 xs_trace_arg() {
   if [[ ${LAB_XS_TRACE:-} = ring ]]; then echo " lab_xstrace=ring"; return 0; fi
   [[ -n ${LAB_XS_TRACE:-${XS_TRACE:-}} && ${LAB_XS_TRACE:-1} != 0 ]] && echo " lab_xstrace=1"
