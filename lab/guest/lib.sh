@@ -157,8 +157,8 @@ xs_report() {
     [ -z "$_xr_d" ] || timeout 10 xenstore-control quota "$_xr_d" 2>&1 | sed 's/^/  [quota] /'
     timeout 10 xenstore-control quota 2>&1 | sed 's/^/  [quota limits] /'
   else
-    echo "  xenstored is NOT running; its output:"
-    sed 's/^/  [xenstored] /' /var/log/xen/xenstored.log 2>/dev/null
+    echo "  xenstored is NOT running; its output (without its verbose lines, which dom0 printed when it died):"
+    grep -vE '^(Got message|Writing msg) ' /var/log/xen/xenstored.log 2>/dev/null | tail -n 20 | sed 's/^/  [xenstored] /'
     dmesg | grep -iE "xenstored|segfault|trap" | tail -n 5 | sed 's/^/  [dmesg] /'
   fi
   grep -v xenconsoled /var/log/syslog 2>/dev/null | tail -n 20 | sed 's/^/  [syslog] /'
