@@ -259,6 +259,17 @@ pub fn frame(m: &Message<'_>) -> Vec<u8> {
     buf
 }
 
+/// `err` is the connection's reset, and the engine's recorded failure
+/// says `why`.
+pub fn assert_reset(engine: &Engine, err: io::Error, why: &str) {
+    assert_eq!(err.raw_os_error(), Some(libc::ECONNRESET), "{err}");
+    let failure = engine.status().failure;
+    assert!(
+        failure.as_deref().is_some_and(|f| f.contains(why)),
+        "failure {failure:?}, wanted one naming {why:?}"
+    );
+}
+
 /// An engine on TCP (id `local`, its peer `local + 1`) whose peer is the
 /// test, holding both of the engine's legs by hand.
 pub struct HandPeer {
