@@ -27,6 +27,9 @@ BENCH_KTCPC=paired
 # paired client names each segment's row in domu2's data/bench-row): what
 # dom0's netback spends on each row, which neither domU sees
 BENCH_DOMCPU=
+# BENCH_USER_PEERS=static (host environment, via bench.env): the
+# user-space transport gets a static peer list (XENSOCK_PEERS), so it does
+# not watch all of /local/domain (docs/lab.md "Session 20")
 [ -f /opt/xensock/bench.env ] && . /opt/xensock/bench.env
 # the client's limit for the user-space carrier phase (the server's is 100 s
 # more): a round is ~6 s plus ~1.5 s per 100 round trips per row
