@@ -429,10 +429,140 @@ void *afx_grant_page(unsigned int domid, unsigned int *ref)
 	return p;
 }
 
-/* revoke and free (deferred by the grant table code while the peer maps it) */
+/*
+ * Grants whose peer still maps the page when we end them. Linux's
+ * gnttab_end_foreign_access() would put them on its own deferred list,
+ * which retries free_per_iteration (10) entries a second: a connection's
+ * 1 MiB ring is 258 entries, so a client that closed before its server
+ * (which unmaps the ring only when it closes too) got its memory back
+ * minutes later, and a few hundred such connections filled the grant
+ * table (ENOMEM on every later connect). We keep them here instead and try
+ * every one of them again each AFX_PENDING_MS, and at once when the peer
+ * says it is done (afx_pending_kick), until the peer unmaps them (its own
+ * close, or Xen when it dies).
+ */
+#define AFX_PENDING_MS 200
+struct afx_pending {
+	struct list_head list;
+	grant_ref_t ref;
+	struct page *page;
+};
+static LIST_HEAD(afx_pending_list);
+static DEFINE_SPINLOCK(afx_pending_lock);
+/* entries on the list now, and ever put on it (/proc/net/af_xen_stats) */
+static atomic_long_t afx_pending_now = ATOMIC_LONG_INIT(0);
+static atomic_long_t afx_pending_total = ATOMIC_LONG_INIT(0);
+static void afx_pending_fn(struct work_struct *w);
+static DECLARE_DELAYED_WORK(afx_pending_work, afx_pending_fn);
+static bool afx_pending_stopping;
+
+long afx_grants_pending(void) { return atomic_long_read(&afx_pending_now); }
+long afx_grants_pended(void) { return atomic_long_read(&afx_pending_total); }
+
+/* ends one grant and frees its page, or keeps both until the peer unmaps */
+static void afx_end_one(grant_ref_t ref, struct page *page)
+{
+	struct afx_pending *e;
+	gfp_t gfp = (in_atomic() || irqs_disabled()) ? GFP_ATOMIC : GFP_KERNEL;
+	unsigned long f;
+
+	if (gnttab_try_end_foreign_access(ref)) {
+		put_page(page);
+		return;
+	}
+	e = kmalloc(sizeof(*e), gfp);
+	if (!e) {
+		/* Linux's deferred list, slow but safe */
+		gnttab_end_foreign_access(ref, page);
+		return;
+	}
+	e->ref = ref;
+	e->page = page;
+	spin_lock_irqsave(&afx_pending_lock, f);
+	list_add_tail(&e->list, &afx_pending_list);
+	/* queue_ (not mod_): a stream of new entries must not keep the pass away */
+	if (!afx_pending_stopping)
+		queue_delayed_work(system_wq, &afx_pending_work, msecs_to_jiffies(AFX_PENDING_MS));
+	spin_unlock_irqrestore(&afx_pending_lock, f);
+	atomic_long_inc(&afx_pending_now);
+	atomic_long_inc(&afx_pending_total);
+}
+
+/* one pass over the pending grants; true if some are left */
+static bool afx_pending_pass(void)
+{
+	struct afx_pending *e, *n;
+	LIST_HEAD(todo);
+	unsigned long f;
+	bool left;
+
+	spin_lock_irqsave(&afx_pending_lock, f);
+	list_splice_init(&afx_pending_list, &todo);
+	spin_unlock_irqrestore(&afx_pending_lock, f);
+	list_for_each_entry_safe(e, n, &todo, list) {
+		if (!gnttab_try_end_foreign_access(e->ref))
+			continue;
+		list_del(&e->list);
+		put_page(e->page);
+		kfree(e);
+		atomic_long_dec(&afx_pending_now);
+	}
+	spin_lock_irqsave(&afx_pending_lock, f);
+	list_splice(&todo, &afx_pending_list);
+	left = !list_empty(&afx_pending_list);
+	spin_unlock_irqrestore(&afx_pending_lock, f);
+	return left;
+}
+
+static void afx_pending_fn(struct work_struct *w)
+{
+	unsigned long f;
+
+	if (!afx_pending_pass())
+		return;
+	spin_lock_irqsave(&afx_pending_lock, f);
+	if (!afx_pending_stopping)
+		queue_delayed_work(system_wq, &afx_pending_work, msecs_to_jiffies(AFX_PENDING_MS));
+	spin_unlock_irqrestore(&afx_pending_lock, f);
+}
+
+/* the peer said it is done with a connection or went away: try now */
+void afx_pending_kick(void)
+{
+	unsigned long f;
+
+	spin_lock_irqsave(&afx_pending_lock, f);
+	if (!afx_pending_stopping && !list_empty(&afx_pending_list))
+		mod_delayed_work(system_wq, &afx_pending_work, 0);
+	spin_unlock_irqrestore(&afx_pending_lock, f);
+}
+
+/*
+ * Module exit: what a peer still maps goes to Linux's deferred list, which
+ * outlives the module (it holds the page, and no code of ours).
+ */
+void afx_pending_exit(void)
+{
+	struct afx_pending *e, *n;
+	unsigned long f;
+
+	spin_lock_irqsave(&afx_pending_lock, f);
+	afx_pending_stopping = true;
+	spin_unlock_irqrestore(&afx_pending_lock, f);
+	cancel_delayed_work_sync(&afx_pending_work);
+	afx_pending_pass();
+	list_for_each_entry_safe(e, n, &afx_pending_list, list) {
+		list_del(&e->list);
+		gnttab_end_foreign_access(e->ref, e->page);
+		kfree(e);
+		atomic_long_dec(&afx_pending_now);
+	}
+}
+
+/* revoke and free (kept pending while the peer maps it) */
 void afx_end_grant(unsigned int ref, void *p)
 {
-	gnttab_end_foreign_access(ref, virt_to_page(p));
+	afx_end_one(ref, virt_to_page(p));
 }
 
 struct afx_map {
@@ -683,7 +813,7 @@ void afx_end_grants(const unsigned int *refs, void *cookie)
 
 	vunmap(g->addr);
 	for (i = 0; i < g->n; i++)
-		gnttab_end_foreign_access(refs[i], g->pages[i]);
+		afx_end_one(refs[i], g->pages[i]);
 	kvfree(g);
 }
 

@@ -124,6 +124,7 @@ impl Drop for AfXen {
         drop(self.reg.take());
         link::shutdown_all();
         drop(self.tcp.take());
+        sys::pending_grants_exit();
         sys::proto_unregister();
         sock::unpublish();
         pr_info!("AF_XEN (family {}) unloaded\n", sys::family());

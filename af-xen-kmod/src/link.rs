@@ -417,6 +417,8 @@ impl Link {
         }
         let ph = i.peer.take();
         drop(ph);
+        // a dead peer's mappings are gone: its pending grants can end
+        sys::pending_grants_kick();
     }
 
     /// Our directory for this link came back empty (dom0/the agent made
@@ -910,6 +912,9 @@ impl Link {
             Message::Reset { conn_id, .. } => {
                 let lent = i.lent.remove(&conn_id);
                 drop(lent);
+                // the peer unmapped our rings of this connection before
+                // it sent this: ring grants ended while it mapped them go now
+                sys::pending_grants_kick();
                 if let Some(s) = i.conns.remove(&conn_id) {
                     sock::peer_ended(&s);
                     sock::link_lost(&s);
@@ -927,6 +932,7 @@ impl Link {
             Message::Close { conn_id } => {
                 let lent = i.lent.remove(&conn_id);
                 drop(lent);
+                sys::pending_grants_kick();
                 if let Some(s) = i.conns.get(&conn_id) {
                     sock::peer_ended(s);
                 }

@@ -223,6 +223,10 @@ unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
         ("sockets", get(&SOCKS)),
         ("proto_resets", get(&PROTO_RESETS)),
         ("links_down", get(&LINKS_DOWN)),
+        // grant entries whose peer still mapped them when we ended them,
+        // kept until it unmaps (af_xen_glue.c, afx_end_one): now, and ever
+        ("grants_pending", grants_pending()),
+        ("grants_pended", grants_pended()),
         ("lingering", get(&LINGERING)),
         ("linger_expired", get(&LINGER_EXPIRED)),
         ("irqs", get(&IRQS)),
@@ -1041,6 +1045,10 @@ extern "C" {
     fn afx_notify(port: c_uint);
     fn afx_grant_page(domid: c_uint, gref: *mut c_uint) -> *mut c_void;
     fn afx_end_grant(gref: c_uint, p: *mut c_void);
+    fn afx_grants_pending() -> c_long;
+    fn afx_grants_pended() -> c_long;
+    fn afx_pending_kick();
+    fn afx_pending_exit();
     fn afx_map_page(domid: c_uint, gref: c_uint, cookie: *mut *mut c_void) -> *mut c_void;
     fn afx_unmap_page(cookie: *mut c_void);
     fn afx_xs_advertise(dir: *const u8, gref: c_uint, port: c_uint, state: c_int) -> c_int;
@@ -1158,6 +1166,30 @@ unsafe extern "C" fn afx_rs_irq(wake: *mut c_void) {
     // Evtchn until afx_unbind_irq has waited for running handlers.
     let w = unsafe { &*(wake as *const crate::wake::LinkWake) };
     crate::wake::irq(w);
+}
+
+/// Grant entries ended while the peer still mapped them, kept (with their
+/// pages) until it unmaps: how many now, and how many ever.
+pub(crate) fn grants_pending() -> i64 {
+    // SAFETY: reads an atomic of the glue.
+    unsafe { afx_grants_pending() as i64 }
+}
+pub(crate) fn grants_pended() -> i64 {
+    // SAFETY: reads an atomic of the glue.
+    unsafe { afx_grants_pended() as i64 }
+}
+
+/// The peer is done with a connection, or gone: try the pending grants now.
+pub(crate) fn pending_grants_kick() {
+    // SAFETY: queues the glue's work item (any context).
+    unsafe { afx_pending_kick() }
+}
+
+/// Module exit, after every socket and link: what a peer still maps goes to
+/// Linux's deferred list.
+pub(crate) fn pending_grants_exit() {
+    // SAFETY: called once, from module exit, after every grant of ours ended.
+    unsafe { afx_pending_exit() }
 }
 
 /// Kicks the other end of one of our ports (a closed port only fails the hypercall).
