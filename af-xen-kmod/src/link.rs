@@ -480,18 +480,21 @@ impl Link {
     /// connection that went on under a newer link to its peer
     /// (`adopt_moved`, `adopt`) stayed listed here too, and its
     /// close only takes it off the newer one; this link must neither wake
-    /// it nor switch it again when it goes down.
+    /// it nor switch it again when it goes down. A socket with no link at
+    /// all is one that `destroy` or a failed connect is taking off itself:
+    /// it stays until then, so that the peer's `Close` still finds it
+    /// (pruned, the Close went unnoticed and the closing acceptor lent its
+    /// ring for the whole bound).
     fn prune(&self, i: &mut LinkInner) {
         let mut stale: KVec<u32> = KVec::new();
         for (id, s) in i.conns.iter() {
-            let here = s
+            let elsewhere = s
                 .inner
                 .lock()
                 .link
                 .as_ref()
-                .map(|l| core::ptr::eq(&**l, self))
-                .unwrap_or(false);
-            if !here && stale.push(*id, GFP_KERNEL).is_err() {
+                .is_some_and(|l| !core::ptr::eq(&**l, self));
+            if elsewhere && stale.push(*id, GFP_KERNEL).is_err() {
                 break;
             }
         }
