@@ -184,6 +184,7 @@ int afx_sock_error(struct sock *sk) { return sock_error(sk); }
 int afx_sk_err_pending(struct sock *sk) { return READ_ONCE(sk->sk_err); }
 /* SO_LINGER set with l_linger == 0: close() aborts (reset, unsent data dropped) */
 int afx_linger_abort(struct sock *sk) { return sock_flag(sk, SOCK_LINGER) && !READ_ONCE(sk->sk_lingertime); }
+int afx_rcvlowat(struct sock *sk) { return READ_ONCE(sk->sk_rcvlowat); }
 /* an int option value from setsockopt */
 int afx_sockopt_int(sockptr_t optval, unsigned int optlen, int *out)
 {

@@ -48,6 +48,7 @@ void afx_unmap_pages(void *cookie);
 int afx_hostile_test(void);
 int afx_sk_err_pending(struct sock *sk);
 int afx_linger_abort(struct sock *sk);
+int afx_rcvlowat(struct sock *sk);
 /* data path (kperf): irq-safe lock for Rust, sock references, busy-poll */
 typedef struct spinlock spinlock_t;
 unsigned long afx_spin_lock_irqsave(spinlock_t *l);

@@ -1156,6 +1156,16 @@ fn queue_from_user(t: &mut TxSide, msg: &mut Msg, left: usize) -> Write {
     Write::Sent(got)
 }
 
+/// SIOCOUTQ on TCP: stream bytes we hold that have not gone out on the
+/// outbound leg yet (queued, or read back from a frozen ring to resend).
+pub(crate) fn tx_unsent(sw: &Switch) -> usize {
+    if !sw.is_active() {
+        return 0;
+    }
+    let t = sw.tx.lock();
+    t.q.as_ref().map_or(0, |q| q.len()) + t.resend_end.saturating_sub(t.resend_pos)
+}
+
 /// Whether a writer waiting on TCP should look again.
 pub(crate) fn tx_ready(sw: &Switch) -> bool {
     let t = sw.tx.lock();

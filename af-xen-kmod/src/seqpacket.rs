@@ -214,7 +214,17 @@ fn deliver(
                 return err(conn_reset(xs, "seqpacket record shrank while read"));
             }
             if msg.copy_to(&buf[..got]) < got {
-                // the message stays in the ring
+                // As AF_UNIX and vsock: the message is gone (unless
+                // peeked), else the next recv would return it instead of
+                // the next one.
+                if !peek {
+                    if let Err(why) = record::consume(&mut c, h) {
+                        drop(c);
+                        return err(conn_reset(xs, why));
+                    }
+                    drop(c);
+                    rx.after_read();
+                }
                 return err(e::EFAULT);
             }
             off += got;

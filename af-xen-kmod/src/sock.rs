@@ -1262,6 +1262,10 @@ unsafe extern "C" fn xs_poll(
         State::Connected => {
             let mut rd_hup = shut_rd;
             let mut err_ = reset;
+            // stream: readable once SO_RCVLOWAT bytes are there (as TCP),
+            // on the ring and the TCP carrier together
+            let lowat = if seqpacket { 1 } else { xs.sk.rcvlowat() };
+            let mut ring_bytes = 0usize;
             if let Some(rx) = rx {
                 if rx.is_remote() {
                     // the event-channel interrupt wakes this socket's pollers
@@ -1278,7 +1282,8 @@ unsafe extern "C" fn xs_poll(
                                 false
                             })
                         } else {
-                            n > 0
+                            ring_bytes = n as usize;
+                            ring_bytes >= lowat
                         };
                         if ready {
                             mask |= POLLIN | POLLRDNORM;
@@ -1323,7 +1328,9 @@ unsafe extern "C" fn xs_poll(
             let sw = xs.inner.lock().sw.clone();
             if let Some(sw) = sw.filter(|s| s.is_active()) {
                 let (readable, rdh, writable, wrh) = crate::carrier::poll_bits(&xs, &sw);
-                if readable {
+                if readable
+                    && (lowat <= 1 || ring_bytes + crate::carrier::tcp_readable(&xs, &sw) >= lowat)
+                {
                     mask |= POLLIN | POLLRDNORM;
                 }
                 rd_hup |= rdh;
@@ -1347,9 +1354,12 @@ unsafe extern "C" fn xs_poll(
 }
 
 /// `SIOCINQ` (`FIONREAD`): bytes ready to read; `SIOCOUTQ`: bytes written
-/// but not yet consumed by the peer. Both as TCP: `EINVAL` on a listener,
-/// 0 on a socket with no connection. Every other command goes on to the
-/// generic socket ioctls (`-ENOIOCTLCMD`), as AF_UNIX does.
+/// but not yet delivered to the peer, as TCP (unacknowledged) and vsock
+/// (unsent) count them. A ring is the peer's receive buffer, so bytes in it
+/// are delivered whether or not the peer read them: only bytes the TCP
+/// carrier still queues count. Both as TCP: `EINVAL` on a listener, 0 on a
+/// socket with no connection. Every other command goes on to the generic
+/// socket ioctls (`-ENOIOCTLCMD`), as AF_UNIX does.
 unsafe extern "C" fn xs_ioctl(
     sock: *mut bindings::socket,
     cmd: core::ffi::c_uint,
@@ -1385,13 +1395,10 @@ unsafe extern "C" fn xs_ioctl(
         };
         c_int::try_from(on_tcp + on_ring).unwrap_or(c_int::MAX)
     } else {
-        match tx.map(|tx| {
-            tx.tx_state()
-                .map(|(free, _)| tx.capacity().saturating_sub(free))
-        }) {
-            Some(Ok(n)) => n as c_int,
-            Some(Err(_)) | None => 0,
-        }
+        drop(tx);
+        let sw = xs.inner.lock().sw.clone();
+        let unsent = sw.map_or(0, |sw| crate::carrier::tx_unsent(&sw));
+        c_int::try_from(unsent).unwrap_or(c_int::MAX)
     };
     let mut w =
         kernel::uaccess::UserSlice::new(arg as usize, core::mem::size_of::<c_int>()).writer();
@@ -1751,6 +1758,12 @@ unsafe extern "C" fn xs_recvmsg_untimed(
     let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
         return err(e::EINVAL);
     };
+    // We queue no socket errors (no timestamps, no zerocopy completions):
+    // the error queue is always empty, which recvmsg reports as EAGAIN on
+    // every family, rather than reading nothing.
+    if flags & bindings::MSG_ERRQUEUE as i32 != 0 {
+        return err(e::EAGAIN);
+    }
     // SAFETY: live msghdr of this call.
     let mut msg = unsafe { Msg::from_raw(msg) };
     let (state, shut_rd, reset, rx, peer, seqpacket, sw) = {
@@ -1793,6 +1806,14 @@ unsafe extern "C" fn xs_recvmsg_untimed(
     let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;
     let mut timeo: c_long = xs.sk.rcvtimeo(nonblock);
     let total = msg.left();
+    // As TCP: a blocking read returns once SO_RCVLOWAT bytes (at most the
+    // buffer) are there, MSG_WAITALL once the buffer is full; a
+    // non-blocking one returns what there is.
+    let target = if waitall {
+        total
+    } else {
+        xs.sk.rcvlowat().clamp(1, total.max(1))
+    };
     let mut copied = 0usize;
     while copied < total {
         if xs.inner.lock().reset {
@@ -1845,7 +1866,7 @@ unsafe extern "C" fn xs_recvmsg_untimed(
                     continue;
                 }
                 Read::Empty { eof } => {
-                    if eof || shut_rd || (copied > 0 && !waitall) {
+                    if eof || shut_rd || copied >= target {
                         break;
                     }
                     crate::carrier::counters::TCP_READ_WAITS
@@ -1914,7 +1935,7 @@ unsafe extern "C" fn xs_recvmsg_untimed(
             Read::Empty(end) => end,
         };
         // ring empty
-        if end.fin || shut_rd || (copied > 0 && !waitall) {
+        if end.fin || shut_rd || copied >= target {
             break;
         }
         // (read_msg read it)

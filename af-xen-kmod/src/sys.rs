@@ -73,6 +73,7 @@ extern "C" {
     fn afx_hostile_test() -> c_int;
     fn afx_sk_err_pending(sk: *mut bindings::sock) -> c_int;
     fn afx_linger_abort(sk: *mut bindings::sock) -> c_int;
+    fn afx_rcvlowat(sk: *mut bindings::sock) -> c_int;
     fn afx_sockopt_int(optval: bindings::sockptr_t, optlen: c_uint, out: *mut c_int) -> c_int;
     fn afx_spin_lock_irqsave(l: *mut bindings::spinlock_t) -> core::ffi::c_ulong;
     fn afx_spin_unlock_irqrestore(l: *mut bindings::spinlock_t, flags: core::ffi::c_ulong);
@@ -501,6 +502,12 @@ impl Sk {
     pub(crate) fn err_pending(&self) -> bool {
         // SAFETY: live sock.
         unsafe { afx_sk_err_pending(self.0) != 0 }
+    }
+    /// SO_RCVLOWAT (1 unless set; the socket layer keeps it >= 1).
+    pub(crate) fn rcvlowat(&self) -> usize {
+        // SAFETY: live sock; reads one field.
+        let v = unsafe { afx_rcvlowat(self.0) };
+        usize::try_from(v).unwrap_or(1).max(1)
     }
     /// SO_LINGER with a zero timeout: close() must reset the connection.
     pub(crate) fn linger_abort(&self) -> bool {

@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -449,6 +450,8 @@ static void seq_suite(const char *prefix, int s, long peer_ring, long own_ring)
 }
 
 /* SEQPACKET within this domain: a forked echo peer over loopback */
+static char big_msg[1000];
+
 static void test_seq_local(void)
 {
 	uint32_t me = own_domid();
@@ -512,6 +515,30 @@ static void test_seq_local(void)
 
 			result("seq-fionread-empty", r2 == 0 && q == 0, "r=%d n=%d", r2, q);
 		}
+	}
+	/* a recv that faults drops its message (AF_UNIX, vsock): the next
+	 * recv gets the next message, or EAGAIN when there is none */
+	{
+		long pg = sysconf(_SC_PAGESIZE);
+		char *m = mmap(NULL, 2 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		char got[64];
+		ssize_t n;
+
+		memset(big_msg, 'a', sizeof(big_msg));
+		send(c, big_msg, sizeof(big_msg), MSG_NOSIGNAL);
+		send(c, "second", 6, MSG_NOSIGNAL);
+		mprotect(m + pg, pg, PROT_NONE);
+		/* the message runs from the mapped page into the unmapped one */
+		n = recv(s, m + pg - 100, sizeof(big_msg), 0);
+		result("seq-efault-unmapped-page", n == -1 && errno == EFAULT, "n=%zd errno=%s", n, en(errno));
+		n = recv(s, got, sizeof(got), MSG_DONTWAIT);
+		result("seq-efault-message-dropped", n == 6 && !memcmp(got, "second", 6), "n=%zd errno=%s", n, en(n < 0 ? errno : 0));
+		send(c, "third", 5, MSG_NOSIGNAL);
+		n = recv(s, NULL, 64, 0);
+		result("seq-efault-null", n == -1 && errno == EFAULT, "n=%zd errno=%s", n, en(errno));
+		n = recv(s, got, sizeof(got), MSG_DONTWAIT);
+		result("seq-efault-null-dropped", n == -1 && errno == EAGAIN, "n=%zd errno=%s", n, en(n < 0 ? errno : 0));
+		munmap(m, 2 * pg);
 	}
 	pid = fork();
 	if (pid == 0) {
