@@ -86,6 +86,21 @@ static long long afx_stat(const char *name)
 	return r;
 }
 
+/* sockets /proc/net/af_xen lists (its lines after the header), or -1 */
+static int proc_sockets(void)
+{
+	FILE *f = fopen("/proc/net/af_xen", "r");
+	char line[512];
+	int n = -1;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		n++;
+	fclose(f);
+	return n;
+}
+
 /* lines of /proc/interrupts naming our irq handler ("af_xen") */
 static int afx_irq_lines(void)
 {
@@ -1514,14 +1529,27 @@ static void test_xdeath(void)
 	/* everything the connections and the link's peer half held is given
 	 * back; what stays is our own advertised half of each link (one
 	 * granted control page and one event channel each) */
-	ev1 = afx_stat("evtchns"); maps1 = afx_stat("maps"); grants1 = afx_stat("grants"); socks1 = afx_stat("sockets");
+	ev1 = afx_stat("evtchns"); maps1 = afx_stat("maps"); grants1 = afx_stat("grants");
 	irq1 = afx_irq_lines();
+	/* close() returns with the socket gone from the listing (and its
+	 * grants, mappings and port given back, checked below) */
+	result("xd-released-listing", proc_sockets() == 0, "/proc/net/af_xen lists %d", proc_sockets());
+	/* the module's record of it goes when the work item's pass that
+	 * holds it ends (as a struct sock's last reference can outlive
+	 * close()); a pass takes up to about a second under TCG */
+	{
+		double t0 = now();
+
+		while ((socks1 = afx_stat("sockets")) != 0 && now() - t0 < 5)
+			usleep(20000);
+		printf("peer death: sockets 0 after %.3fs\n", now() - t0);
+	}
 	system("cat /proc/net/af_xen_stats /proc/net/af_xen; grep af_xen /proc/interrupts");
 	result("xd-released-maps", maps1 == 0, "maps %lld -> %lld", maps0, maps1);
 	result("xd-released-evtchn", ev1 == ev0 - 1 && ev1 >= 1, "evtchns %lld -> %lld", ev0, ev1);
 	result("xd-released-grants", grants1 == ev1 && grants0 > grants1, "grants %lld -> %lld (links advertised %lld)", grants0, grants1, ev1);
 	result("xd-released-irqs", irq1 == ev1 && irq0 - irq1 == 1, "af_xen irq lines %d -> %d", irq0, irq1);
-	result("xd-released-sockets", socks1 == 0, "sockets %lld", socks1);
+	result("xd-released-sockets", socks1 == 0, "sockets %lld 5 s after close", socks1);
 	/* also dom0's cue: with no page of domu2 mapped here, Xen can free it */
 	result("xd-closed", maps1 == 0 && socks1 == 0, "maps %lld sockets %lld", maps1, socks1);
 }
