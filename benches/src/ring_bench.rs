@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Ring benchmark: two processes stream through a xensock-proto ring in
 //! shared memory (memfd + mmap, eventfd notifications), against an AF_UNIX
 //! socketpair and TCP loopback measured in the same run, plus a 1-byte

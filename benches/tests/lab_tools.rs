@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The lab's ratio tools (`lab/tools/pooled-ratios`, `lab/tools/bench-ratios`)
 //! on made-up runs: issue #7's figures in the notes and docs come from
 //! them, so their arithmetic and their refusals are checked here.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `stall_watch` (lab/guest/lib.sh), run by bash on the host as the
 //! guests' shell runs it: the bench's kernel carrier phase relies on it to
 //! say who waits for what when a round stands still, and to stop when

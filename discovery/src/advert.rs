@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A guest advertises its addresses and xensock version under its own
 //! `data/xensock/` subtree, where only it and dom0 can read them.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `xensock-agent`: the dom0 daemon that tells each guest which peers are
 //! co-resident and may be seen.
 //!

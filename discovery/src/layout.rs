@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Where discovery keeps things in XenStore. Paths without a leading `/`
 //! are relative to a domain's home, `/local/domain/<id>`.
 

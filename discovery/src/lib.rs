@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Co-residency discovery for xensock.
 //!
 //! - [`xs`]: our own XenStore client (the `xs_wire.h` protocol over the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The guest's view of co-residency: the peers table the agent publishes
 //! for it, lookups by IP address or UUID, and change events.
 //!

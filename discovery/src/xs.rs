@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A XenStore client: the `xs_wire.h` protocol over the xenstored unix
 //! socket or `/dev/xen/xenbus`, with a blocking API ([`XsClient`]) and an
 //! async one ([`AsyncXsClient`], watches as a [`futures_core::Stream`]).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Discovery end to end on a sim host: three guests, two tenants, the agent
 //! in dom0, guests advertising, looking peers up and watching them.
 

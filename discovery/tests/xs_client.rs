@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Wire-level tests of our XenStore client against the sim's xenstored.
 
 use std::time::Duration;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! See `xensock_proto::fuzzing::switch_with_hostile_peer`.
 #![no_main]
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0
 /*
  * xlbench: the lab's baseline benchmark between two Xen domains.
  *

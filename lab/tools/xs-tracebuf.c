@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0
 /*
  * xs-tracebuf.so: an LD_PRELOAD library for dom0's xenstored in the lab.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Benchmark of the carrier engine (issue #7's targets), reported as
 //! ratios against a plain loopback TCP stream measured in the same run:
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `lab_bench`: xlbench's workload (`lab/tools/xlbench.c`) over libxensock,
 //! for the xensock rows of `lab/run bench`.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `lab_echo`: the two ends of xensock's first real-Xen runs
 //! (`tests/lab/userspace`), one per domain, plus a XenStore self-test.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `lab_kernel`: libxensock's behaviour checks across two real Xen
 //! domains, run by `tests/lab/kmod-rust` with `af_xen.ko` loaded (so every
 //! socket is the kernel family; the program also runs over the user-space

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Issue #7's targets on the user-space transport over the simulated host,
 //! as ratios and differences against the same run (never absolute
 //! targets in tests):

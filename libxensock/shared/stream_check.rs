@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The checksummed test stream shared by `xensock demo` and the lab's
 //! `lab_echo` example: both ends of a lab run must compute the same values,
 //! so there is one copy, included with `#[path]` by both programs.

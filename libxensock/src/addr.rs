@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `SockAddrXen`: a domain and a port, the address of an AF_XEN socket.
 
 use std::fmt;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Which grant/event-channel backend this process uses, and why.
 //!
 //! Order of preference (see [`backend`]):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! One connection's state: its two rings, its readiness descriptor and the
 //! wait/wake discipline shared by blocking callers, poll/epoll users and
 //! the link manager.

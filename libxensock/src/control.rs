@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The process-wide transport's control socket: how `xensock status`
 //! shows the connections of other processes of this domain, and how the
 //! guest's suspend/resume scripts reach every transport (`xensock

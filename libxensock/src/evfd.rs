@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A non-blocking eventfd: the pollable readiness descriptor of every
 //! stream and listener, and the manager thread's wake-up.
 

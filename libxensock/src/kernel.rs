@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The AF_XEN kernel family (`af_xen.ko`) as a libxensock backend: a
 //! stream or listener is a plain socket descriptor ([`socket2::Socket`]),
 //! and every method maps onto the BSD call a C program would make with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! # libxensock
 //!
 //! xensock sockets for Rust programs: stream connections between

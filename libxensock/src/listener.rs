@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `XenListener`: a bound port with a backlog of connections the link
 //! manager has already completed (as the kernel completes TCP handshakes
 //! before `accept`).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Granting and mapping rings: the only place that turns backend regions
 //! into proto [`RawRing`]s.
 

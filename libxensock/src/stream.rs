@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `XenStream`: a connected xensock stream, in the shape of
 //! `std::net::TcpStream`, over the kernel family or the user-space
 //! transport.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The user-space transport: one per process and domain. It owns the links
 //! (one per peer domain, set up once through XenStore), dispatches control
 //! frames in a manager thread, and creates connections with their own data

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Core behaviour across two simulated domains in one process. The
 //! backend-independent cases are the bodies in `cases/` (shared with
 //! `kernel_family.rs`, which runs them over `af_xen.ko` in the lab); the

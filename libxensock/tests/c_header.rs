@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The C side of the kernel family, checked with a real C compiler:
 //! `struct sockaddr_xen` from `af-xen-kmod/include/xensock.h` has the
 //! layout libxensock encodes, and the README's C example compiles.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A hostile or broken peer can only break its own connection: a ring index
 //! out of range, or an offset out of range in a control frame, resets the
 //! connection (ECONNRESET) instead of hanging, panicking or delivering

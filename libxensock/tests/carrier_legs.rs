@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The TCP leg: authentication, refusals, a listener that slow clients
 //! cannot block, malformed frames, and a peer that never comes back.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The carrier engine with real rings and real TCP legs: a checksummed
 //! bidirectional stream survives freezes and returns to the ring injected
 //! at random points, by either side or both at once, with full rings and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The `xensock` binary: `demo` (the README's main job), `bench`, `status`.
 
 use std::process::Command;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The backend-independent behaviour cases of `cases/` (the bodies
 //! `basic.rs` runs on the simulated host) over the kernel family: with
 //! `af_xen.ko` loaded, every socket is an AF_XEN socket and both ends live

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Link lifecycle against XenStore: which paths the transport watches,
 //! what an orderly shutdown leaves behind (nothing), and how a process
 //! copes with the nodes a killed predecessor left.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Peer death, hostile peers, non-blocking mode with epoll, many
 //! connections.
 

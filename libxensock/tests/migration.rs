@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Issue #7 on the user-space transport over the simulated host:
 //! connections survive their domains' migrations (suspend hook, TCP
 //! carrier, back to a ring on the new link), byte for byte.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Rings kept across connections on a link (docs/protocol.md 6.6): a
 //! connect on a warm link costs no grant, map or unmap, a new connection
 //! never sees an old one's bytes, and a peer without the feature (as the

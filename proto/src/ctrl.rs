@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Control messages: the link's control ring and the TCP leg.
 //!
 //! Every message is a frame: an 8-byte header then a body, little endian.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Fuzz bodies: one function per structure read from a peer, shared by the
 //! `cargo fuzz` targets in `fuzz/` and by the tests that replay the corpus
 //! and random inputs under `cargo test`. Each panics only when an invariant

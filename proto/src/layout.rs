@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Shared-page layouts.
 //!
 //! Every structure here lives in memory that a peer domain can write at any

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! # xensock-proto
 //!
 //! The xensock wire protocol, shared by the AF_XEN kernel module and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! [`RingMemory`] over a region of raw shared memory: kernel pages, mmap'd
 //! grant pages, memfd mappings or a test buffer.
 //!

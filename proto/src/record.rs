@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Record framing: `SOCK_SEQPACKET` messages over the byte ring.
 //!
 //! A connection of type seqpacket (`ctrl::SockType::SeqPacket`) uses the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The single-producer/single-consumer byte ring and its notification
 //! protocol.
 //!

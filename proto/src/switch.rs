@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The carrier state machine: how a stream connection moves between the
 //! ring and its TCP leg without losing, duplicating or reordering a byte.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The fuzz bodies of `xensock_proto::fuzzing` under `cargo test`: every
 //! seed and corpus file (`fuzz/seeds/<target>/`, `fuzz/corpus/<target>/`), then a few
 //! thousand deterministic pseudo-random inputs per target. `cargo fuzz run

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A loom model of one producer and one consumer sharing a ring, each going
 //! to sleep on an event channel when it cannot make progress, using the
 //! notification protocol of `xensock_proto::ring` (the real code, over

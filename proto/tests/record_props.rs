@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Properties of record framing (SOCK_SEQPACKET over the byte ring):
 //! messages come out whole, in order, with their flags, for any ring size,
 //! message sizes, read sizes and counter start; a short read loses only the

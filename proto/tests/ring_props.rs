@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Properties of the byte ring: bytes read equal bytes written for any ring
 //! size and any interleaving of partial writes and reads, notifications are
 //! never lost and are batched, and a hostile peer only ever produces errors.

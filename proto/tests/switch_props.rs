@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Carrier switching: for random sequences of moves (either end, both at
 //! once, during an upgrade, after shutdown), partial writes and reads, the
 //! stream each side delivers equals the stream the other side sent.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The sim backend of [`XenBackend`]: a domain process's handle on the sim
 //! host's grant table and event channels, over its control socket.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The control protocol between a domain's processes and the sim host, over
 //! `<dir>/dom<id>/control.sock` (`SOCK_SEQPACKET`, one message per packet).
 //!

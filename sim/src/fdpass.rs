@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Unix `SOCK_SEQPACKET` sockets with file-descriptor passing
 //! (`SCM_RIGHTS`), plus the memfd / eventfd / mmap helpers of the sim.
 //! std has none of these; this is the only file of the crate with raw

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The simulated Xen host: domains, their xenstored and control sockets,
 //! the grant table and event channels.
 

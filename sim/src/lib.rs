@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A simulated Xen host for xensock's tests and demos.
 //!
 //! One host process ([`SimHost`], or `xensock-sim up N`) runs:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Accept loops for the per-domain sockets. Dropping a [`Listener`] stops
 //! its thread and removes the socket file.
 

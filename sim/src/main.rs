@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `xensock-sim`: run a simulated Xen host, or act as a process of a sim
 //! domain.
 

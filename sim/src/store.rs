@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The XenStore tree of the simulated xenstored: nodes, Xen's permission
 //! model, quotas and transaction snapshots. Pure data, no I/O; the server in
 //! `xenstored.rs` drives it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The simulated xenstored: the XenStore wire protocol over unix sockets,
 //! one listening socket per domain so that every connection has a domain
 //! identity (dom0 privileged, domUs not).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Malformed input to the sim's xenstored and control sockets: wrong
 //! lengths, missing NULs, huge payloads, unknown types. Every reply must be
 //! well-formed, or the connection closed; the daemon must keep serving.

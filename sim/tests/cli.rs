@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `xensock-sim up 2` starts a host a person can inspect with Debian's
 //! xenstore tools, takes commands on stdin, and stops on SIGTERM.
 

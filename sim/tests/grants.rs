@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The sim's grant table and event channels through the XenBackend trait.
 
 use std::io::{BufRead, BufReader};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Conformance with a real client: Debian's `xenstore-*` tools (package
 //! `xenstore-utils`, libxenstore 4.17) pointed at the sim's xenstored with
 //! `XENSTORED_PATH`. The expected outputs and exit codes are what the same

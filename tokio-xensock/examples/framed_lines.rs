@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `tokio_util::codec::Framed` over xensock: a line-based upper-casing
 //! service between two domains of a simulated host (in this process).
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A hyper HTTP/1 server and client talking over xensock between two
 //! domains of a simulated host (in this process).
 //!

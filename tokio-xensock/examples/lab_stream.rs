@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `lab_stream`: one checksummed bidirectional stream over tokio-xensock,
 //! for the lab's migration scenarios (`tests/lab/migration/`). The same
 //! wire as the C `tests/lab/c/xsstream.c`: nothing here knows about

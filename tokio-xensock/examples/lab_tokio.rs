@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `lab_tokio`: tokio-xensock across two real Xen domains, run by
 //! `tests/lab/kmod-rust` with `af_xen.ko` loaded (the tokio code is the
 //! same as over the user-space transport; only the backend differs).

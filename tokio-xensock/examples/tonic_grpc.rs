@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A tonic gRPC server and client talking over xensock between two domains
 //! of a simulated host (in this process): one unary RPC,
 //! `xensock.Greeter/SayHello`.

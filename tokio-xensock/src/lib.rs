@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! # tokio-xensock
 //!
 //! Async xensock sockets for tokio, in the shape of tokio's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The examples run as tests.
 
 #[path = "../examples/hyper_http1.rs"]

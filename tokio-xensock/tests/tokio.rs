@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! tokio-xensock across two simulated domains in one process. The bodies
 //! are the backend-independent cases of `cases/`, which
 //! `tokio_kernel_family.rs` runs over `af_xen.ko` in the lab.

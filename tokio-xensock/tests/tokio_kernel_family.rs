@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The tokio-xensock cases of `cases/` (the bodies `tokio.rs` runs on the
 //! simulated host) over the kernel family: with `af_xen.ko` loaded every
 //! socket is an AF_XEN socket, both ends in this domain (the module's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The grant-table and event-channel interface the user-space transport is
 //! written against. Two backends implement it: [`crate::dev::DevXen`] over
 //! the real `/dev/xen/{gntalloc,gntdev,evtchn}` devices, and the simulated

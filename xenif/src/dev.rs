@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The real-Xen backend: grants through `/dev/xen/gntalloc`, mappings
 //! through `/dev/xen/gntdev`, event channels through `/dev/xen/evtchn`
 //! (Linux's `xen-gntalloc`, `xen-gntdev` and `xen-evtchn` drivers).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Xen interfaces shared by xensock's user-space crates.
 //!
 //! - [`xs_wire`]: the XenStore wire format (`io/xs_wire.h`): message header,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The XenStore wire format (Xen's public `io/xs_wire.h`), written from the
 //! header's documented layout.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `xensock-agent`: publishes co-residency tables for every guest (dom0).
 
 use std::sync::atomic::AtomicBool;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `xensock-discover`: a guest's view of co-residency, from the shell.
 
 use std::net::IpAddr;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The `xensock` command line tool.
 //!
 //! * `xensock demo`: a simulated host with two domains, an echo server in

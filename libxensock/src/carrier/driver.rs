@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The carrier engines' driver threads: a small fixed pool, shared by every
 //! engine of the process, instead of one thread per moved connection.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! One connection's carrier engine: the I/O around proto's `TxPath` (our
 //! sending direction) and `RxPath` (our receiving direction).
 //!

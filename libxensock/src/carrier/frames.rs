@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The TCP legs' two kinds of traffic (the raw leg, `docs/protocol.md`
 //! 5.4): a leg carries, from the side that connected it, that side's
 //! stream itself, unframed, and from the side that accepted it control

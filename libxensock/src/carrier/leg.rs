@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The TCP leg's listening side: one listener per transport that takes
 //! connections from peers, authenticates each by its first frame
 //! (`TcpHello{conn_id, cookie}`) and hands it to the connection it names.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The carrier engine: one stream connection carried over a ring or a TCP
 //! leg, switching between them without losing, duplicating or reordering a
 //! byte (issue #7, `docs/migration.md`).

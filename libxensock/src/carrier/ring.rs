@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Rings as the engine sees them: a [`RawRing`] plus whatever keeps its
 //! memory mapped. The transport will hand in grant mappings; tests and the
 //! benchmark use [`MemfdRing`], the same memory mapped twice, once for the

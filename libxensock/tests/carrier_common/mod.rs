@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Two carrier engines wired together as two domains would be: rings in
 //! memfd memory mapped separately by owner and sender, doorbells for event
 //! channels, one leg listener per side on loopback TCP.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Behaviour cases shared by the backends: the same test bodies run over
 //! the user-space transport on the simulated host (`tests/basic.rs`, two
 //! simulated domains) and over the kernel family (`tests/kernel_family.rs`,

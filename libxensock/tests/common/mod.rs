@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Helpers shared by the integration tests: a sim host with two domains
 //! and a transport per domain, all in this process.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The test streams' byte pattern and checksum, one copy for the sim
 //! helpers (`common`) and the backend-neutral cases (`cases`).
 

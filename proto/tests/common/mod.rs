@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Test memory standing in for granted pages.
 #![allow(dead_code)]
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0
 /*
  * xs_left_open: starts one XS_TRANSACTION_START through /dev/xen/xenbus
  * and closes the descriptor without ending it, as a process does that

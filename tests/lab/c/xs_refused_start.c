@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0
 /*
  * xs_refused_start: has xenstored refuse one XS_TRANSACTION_START that user
  * space sends through /dev/xen/xenbus, then ends every transaction it

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! tokio-xensock behaviour cases shared by the backends: the same bodies run
 //! over the user-space transport on the simulated host (`tests/tokio.rs`)
 //! and over the kernel family (`tests/tokio_kernel_family.rs`, `af_xen.ko`
