@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use xensock_xenif::xs_wire::{
     encode_message, split_strings, Header, MsgType, Perm, XsErrno, HEADER_LEN, PAYLOAD_MAX,
@@ -86,6 +86,18 @@ pub enum XsError {
     /// No XenStore to connect to.
     #[error("no XenStore available: {0}")]
     NotAvailable(String),
+    /// A request of this connection went unanswered for the reply bound
+    /// ([`REPLY_BOUND_ENV`]): the connection is given up (is xenstored
+    /// alive?), and every request on it fails so from then on.
+    #[error("xenstore {op} {path}: no answer within {after:?}; connection given up (is xenstored alive?)")]
+    Unanswered {
+        /// The operation.
+        op: &'static str,
+        /// The path (or argument) of the request.
+        path: String,
+        /// The bound that ran out.
+        after: Duration,
+    },
 }
 
 impl XsError {
@@ -138,6 +150,8 @@ struct Pending {
     op: &'static str,
     arg: String,
     sink: ReplySink,
+    /// When it was written (the reply bound counts from here).
+    sent: Instant,
 }
 
 /// A callback run on the connection's reader thread for each event of a
@@ -169,9 +183,29 @@ struct Routes {
     pending: HashMap<u32, Pending>,
     watches: HashMap<String, Arc<EventSink>>,
     closed: bool,
+    /// The reply bound ran out on this connection (it is closed too).
+    gave_up: Option<Duration>,
     /// A WATCH or UNWATCH is being written on a quiescing connection:
     /// nothing else may be sent until its write returns.
     watch_in_progress: bool,
+}
+
+/// Environment variable: how long a request may wait for xenstored's
+/// answer, in milliseconds, before the connection is given up with
+/// [`XsError::Unanswered`] (default 30000; 0 waits for ever). A dead
+/// xenstored is then an error instead of a wait for ever. The connection
+/// is not used again after that: on `/dev/xen/xenbus` a late answer to an
+/// abandoned request, with a WATCH written meanwhile, would stop the
+/// guest's whole xenbus (see [`Core::send`]).
+pub const REPLY_BOUND_ENV: &str = "XENSOCK_XS_REPLY_MS";
+const REPLY_BOUND_DEFAULT: Duration = Duration::from_secs(30);
+
+fn reply_bound_from_env() -> Duration {
+    std::env::var(REPLY_BOUND_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(REPLY_BOUND_DEFAULT)
 }
 
 /// Environment variable naming the lock file that serialises the
@@ -264,6 +298,8 @@ struct Core {
     wake: OwnedFd,
     reader: Mutex<Option<JoinHandle<()>>>,
     path: PathBuf,
+    /// The reply bound in ms (0: none), read by the reader thread.
+    reply_bound_ms: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -339,6 +375,9 @@ impl Core {
             wake,
             reader: Mutex::new(None),
             path: path.to_path_buf(),
+            reply_bound_ms: AtomicU64::new(
+                u64::try_from(reply_bound_from_env().as_millis()).unwrap_or(u64::MAX),
+            ),
         });
         let weak = Arc::downgrade(&core);
         let fd = core.fd.as_raw_fd();
@@ -383,6 +422,13 @@ impl Core {
                     r = self.quiet.wait(r).unwrap_or_else(|p| p.into_inner());
                 }
             }
+            if let Some(after) = r.gave_up {
+                return Err(XsError::Unanswered {
+                    op: p.op,
+                    path: p.arg,
+                    after,
+                });
+            }
             if r.closed {
                 return Err(XsError::Closed);
             }
@@ -420,6 +466,7 @@ impl Core {
                 op: "detached",
                 arg: String::new(),
                 sink: ReplySink::Discard,
+                sent: Instant::now(),
             },
         );
     }
@@ -442,6 +489,7 @@ impl Core {
                 op,
                 arg: arg.to_string(),
                 sink: ReplySink::Blocking(s),
+                sent: Instant::now(),
             },
         )?;
         r.recv().map_err(|_| XsError::Closed)?
@@ -465,6 +513,7 @@ impl Core {
                 op,
                 arg: arg.to_string(),
                 sink: ReplySink::Async(s),
+                sent: Instant::now(),
             },
         );
         async move {
@@ -524,8 +573,14 @@ fn read_loop(core: std::sync::Weak<Core>, fd: i32, wake: i32) {
                 revents: 0,
             },
         ];
+        // With a reply bound, look at the oldest request once a second.
+        let bound = match core.upgrade() {
+            Some(c) => Duration::from_millis(c.reply_bound_ms.load(Ordering::Relaxed)),
+            None => return,
+        };
+        let timeout = if bound.is_zero() { -1 } else { 1000 };
         // SAFETY: `pfds` is a live array of two pollfds.
-        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
+        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), 2, timeout) };
         if rc < 0 {
             if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                 continue;
@@ -534,6 +589,11 @@ fn read_loop(core: std::sync::Weak<Core>, fd: i32, wake: i32) {
         }
         if pfds[1].revents != 0 {
             break XsError::Closed;
+        }
+        if !bound.is_zero() {
+            if let Some(e) = core.upgrade().and_then(|c| unanswered(&c, bound)) {
+                break e;
+            }
         }
         if pfds[0].revents == 0 {
             continue;
@@ -577,6 +637,9 @@ fn read_loop(core: std::sync::Weak<Core>, fd: i32, wake: i32) {
         let (pending, _watches) = {
             let mut r = lock(&core.routes);
             r.closed = true;
+            if let XsError::Unanswered { after, .. } = &reason {
+                r.gave_up = Some(*after);
+            }
             (
                 std::mem::take(&mut r.pending),
                 std::mem::take(&mut r.watches),
@@ -586,11 +649,28 @@ fn read_loop(core: std::sync::Weak<Core>, fd: i32, wake: i32) {
         for (_, p) in pending {
             let e = match &reason {
                 XsError::Protocol(s) => XsError::Protocol(s.clone()),
+                XsError::Unanswered { after, .. } => XsError::Unanswered {
+                    op: p.op,
+                    path: p.arg.clone(),
+                    after: *after,
+                },
                 _ => XsError::Closed,
             };
             p.sink.send(Err(e));
         }
     }
+}
+
+/// The oldest request of `core` that has waited longer than `bound`, as
+/// the error that gives the connection up.
+fn unanswered(core: &Core, bound: Duration) -> Option<XsError> {
+    let r = lock(&core.routes);
+    let oldest = r.pending.values().min_by_key(|p| p.sent)?;
+    (oldest.sent.elapsed() > bound).then(|| XsError::Unanswered {
+        op: oldest.op,
+        path: oldest.arg.clone(),
+        after: bound,
+    })
 }
 
 fn dispatch(core: &Core, h: Header, payload: Vec<u8>) {
@@ -890,6 +970,14 @@ impl XsClient {
         Ok(XsClient {
             core: Core::connect(path.as_ref(), Some(true))?,
         })
+    }
+
+    /// How long a request may wait for its answer before the connection
+    /// is given up ([`XsError::Unanswered`]); zero waits for ever. The
+    /// default comes from [`REPLY_BOUND_ENV`].
+    pub fn set_reply_bound(&self, bound: Duration) {
+        let ms = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
+        self.core.reply_bound_ms.store(ms, Ordering::Relaxed);
     }
 
     fn core(&self) -> &Core {

@@ -436,6 +436,56 @@ fn fake_xenstored(
     (dir, path, log)
 }
 
+/// A xenstored that stops answering is an error once the reply bound runs
+/// out, not a wait for ever; the connection is given up and nothing more
+/// is written on it (on /dev/xen/xenbus a late reply with a WATCH written
+/// meanwhile would stop the guest's xenbus).
+#[test]
+fn an_unanswered_request_gives_the_connection_up() {
+    let (_dir, path, log) = fake_xenstored(Duration::from_secs(60));
+    let xs = XsClient::open_path_quiescing_watches(&path).unwrap();
+    xs.set_reply_bound(Duration::from_millis(300));
+    xs.write("/answered", "1").unwrap();
+    let t0 = std::time::Instant::now();
+    let e = xs.read("/never").unwrap_err();
+    let waited = t0.elapsed();
+    assert!(
+        matches!(&e, XsError::Unanswered { op, path, after } if *op == "read" && path == "/never" && *after == Duration::from_millis(300)),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("is xenstored alive?"), "{e}");
+    // the reader looks once a second
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    let sent_before = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("recv"))
+        .count();
+    let e = xs.write("/after", "1").unwrap_err();
+    assert!(
+        matches!(&e, XsError::Unanswered { path, .. } if path == "/after"),
+        "{e:?}"
+    );
+    assert!(xs.watch("/after").is_err());
+    std::thread::sleep(Duration::from_millis(100));
+    let sent_after = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("recv"))
+        .count();
+    assert_eq!(
+        sent_before,
+        sent_after,
+        "written after the give-up: {:?}",
+        log.lock().unwrap()
+    );
+}
+
 /// A private temporary directory (removed on drop).
 mod tempdir_like {
     pub struct Dir(std::path::PathBuf);

@@ -41,6 +41,8 @@ impl Error {
                 XenError::Unavailable(_) => libc::ENODEV,
                 other => other.errno(),
             },
+            // xenstored did not answer within the reply bound
+            Error::Xs(XsError::Unanswered { .. }) => libc::ETIMEDOUT,
             Error::Xs(_) => libc::EIO,
             Error::Layout(_) | Error::Ring(_) | Error::Protocol(_) => libc::EPROTO,
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
