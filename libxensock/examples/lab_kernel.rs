@@ -200,6 +200,17 @@ fn client(server: u32) -> u32 {
         Ok(format!("family {:?}", r.family))
     });
 
+    // the module owns this domain's links: the user-space transport
+    // refuses to start beside it, saying why
+    c.run(
+        "userspace-refused",
+        || match libxensock::Transport::from_env() {
+            Ok(_) => Err("the user-space transport started beside af_xen.ko".into()),
+            Err(e) if e.to_string().contains("af_xen.ko is loaded") => Ok(e.to_string()),
+            Err(e) => Err(format!("unexpected error: {e}").into()),
+        },
+    );
+
     // the first connection also waits for the server and the link
     c.run("echo", || {
         let mut s = connect_retry(echo)?;

@@ -574,12 +574,23 @@ impl Transport {
     /// The user-space backend [`crate::backend()`] reports
     /// (`user_space`), for this process's domain: real `/dev/xen` devices,
     /// else the simulated host named by `XENSOCK_SIM`/`XENSOCK_SIM_DOMID`.
-    /// `ENODEV` when neither exists. (Where `af_xen.ko` is loaded,
-    /// `XenStream::connect`/`XenListener::bind` use the kernel family
-    /// instead; a `Transport` is always the user-space transport.)
+    /// `ENODEV` when neither exists. Over `/dev/xen` it refuses to start,
+    /// saying why, while `af_xen.ko` is loaded: both would own the
+    /// domain's XenStore link nodes (`XenStream::connect` and
+    /// `XenListener::bind` use the kernel family then).
     pub fn from_env() -> io::Result<Transport> {
         let report = crate::backend::backend();
         match report.user_space {
+            BackendKind::DevXen if report.kind == BackendKind::Kernel => {
+                // Both would own this domain's XenStore link nodes and
+                // withdraw each other's links.
+                Err(io::Error::other(format!(
+                    "af_xen.ko is loaded in this domain (family {}) and owns its xensock links; \
+                     XenStream and XenListener use it; unload the module to run the \
+                     user-space transport instead",
+                    report.family.unwrap_or_default()
+                )))
+            }
             BackendKind::DevXen => {
                 let xen = xensock_xenif::dev::DevXen::open().map_err(Error::from)?;
                 let xs = XsClient::open().map_err(Error::from)?;
