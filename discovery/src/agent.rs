@@ -82,6 +82,8 @@ struct Dom {
 struct Table {
     entries: BTreeMap<DomId, (String, AdvertRaw)>,
     moved: BTreeMap<String, String>,
+    /// Peers released from this host with no move marker: domid -> UUID.
+    gone: BTreeMap<DomId, String>,
 }
 
 /// The agent's state. [`Agent::sync`] does one full pass; [`Agent::run`]
@@ -289,12 +291,27 @@ impl Agent {
                 tables.insert(g.domid, t.entries.keys().copied().collect());
             }
             let old = self.published.get(&g.domid).cloned();
-            // Peers that left for another host.
+            // Peers that left for another host, or for good.
             if let Some(old) = &old {
                 t.moved = old.moved.clone();
-                for (uuid, _) in old.entries.values() {
+                t.gone = old.gone.clone();
+                t.gone.retain(|domid, _| !live.contains_key(domid));
+                for (&old_domid, (uuid, _)) in &old.entries {
                     if t.entries.values().any(|(u, _)| u == uuid) {
                         continue;
+                    }
+                    let moved_note = self
+                        .xs
+                        .try_read(&format!("{}/{uuid}", layout::TOOL_MOVED))?
+                        .map(lossy);
+                    // No instance of it is left and no move is noted: the
+                    // domain was released (destroyed, crashed, or saved:
+                    // dom0 cannot tell, the guest can, see layout::GONE).
+                    if !newest.contains_key(uuid.as_str())
+                        && moved_note.is_none()
+                        && !live.contains_key(&old_domid)
+                    {
+                        t.gone.insert(old_domid, uuid.clone());
                     }
                     let dest = match newest.get(uuid.as_str()) {
                         // Still on this host but separated by an away
@@ -304,10 +321,7 @@ impl Agent {
                             .get(&p.uuid)
                             .cloned()
                             .or_else(|| g_at.map(|_| here.clone())),
-                        None => self
-                            .xs
-                            .try_read(&format!("{}/{uuid}", layout::TOOL_MOVED))?
-                            .map(lossy),
+                        None => moved_note,
                     };
                     if let Some(dest) = dest {
                         t.moved.insert(uuid.clone(), dest);
@@ -422,6 +436,7 @@ impl Agent {
         let base = format!("{home}/{}", layout::XENSOCK);
         let peers = format!("{base}/{}", layout::PEERS);
         let moved = format!("{base}/{}", layout::MOVED);
+        let gone = format!("{base}/{}", layout::GONE);
         let perms = [
             Perm::new(PermAccess::None, 0),
             Perm::new(PermAccess::Read, u32::from(g)),
@@ -435,6 +450,7 @@ impl Agent {
                 tx.mkdir(&base)?;
                 tx.rm(&peers)?;
                 tx.rm(&moved)?;
+                tx.rm(&gone)?;
                 tx.set_perms(&base, &perms)?;
                 tx.mkdir(&peers)?;
                 tx.set_perms(&peers, &perms)?;
@@ -448,6 +464,11 @@ impl Agent {
                 for uuid in old.moved.keys() {
                     if !new.moved.contains_key(uuid) {
                         tx.rm(&format!("{moved}/{uuid}"))?;
+                    }
+                }
+                for domid in old.gone.keys() {
+                    if !new.gone.contains_key(domid) {
+                        tx.rm(&format!("{gone}/{domid}"))?;
                     }
                 }
             }
@@ -470,6 +491,14 @@ impl Agent {
                 let node = format!("{moved}/{uuid}");
                 tx.write(&node, dest)?;
                 tx.set_perms(&moved, &perms)?;
+                tx.set_perms(&node, &perms)?;
+            }
+        }
+        for (domid, uuid) in &new.gone {
+            if old.and_then(|o| o.gone.get(domid)) != Some(uuid) {
+                let node = format!("{gone}/{domid}");
+                tx.write(&node, uuid)?;
+                tx.set_perms(&gone, &perms)?;
                 tx.set_perms(&node, &perms)?;
             }
         }

@@ -27,6 +27,11 @@ pub const LABEL: &str = "xensock/label";
 pub const PEERS: &str = "peers";
 /// Below [`XENSOCK`]: UUIDs of peers that left for another host.
 pub const MOVED: &str = "moved";
+/// Below [`XENSOCK`]: domids of peers released from this host without a
+/// move marker (`gone/<domid>` = UUID): gone for good unless the guest
+/// retracted its links first, as a guest being saved does. Removed when
+/// the domid is in use again.
+pub const GONE: &str = "gone";
 
 /// Where the toolstack notes that a domain left for another host:
 /// `/tool/xensock/moved/<uuid>` = destination host.

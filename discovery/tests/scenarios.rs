@@ -219,6 +219,66 @@ fn destroyed_peer_fires_watches_within_the_bound() {
     assert_eq!(co(&w.a).lookup_ip(w.b.ip).unwrap(), None);
 }
 
+/// What a guest's table says of peer `domid` under `gone/` (dom0's word
+/// that it was released for good), waiting up to `T` for `want`.
+fn gone_note(g: &Guest, domid: DomId, want: bool) -> Option<String> {
+    let node = format!("xensock/gone/{domid}");
+    let deadline = Instant::now() + T;
+    loop {
+        let v =
+            g.xs.try_read(&node)
+                .unwrap()
+                .map(|v| String::from_utf8_lossy(&v).into_owned());
+        if v.is_some() == want || Instant::now() >= deadline {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A destroyed peer: its former peers' tables say it is gone for good
+/// (`xensock/gone/<domid>` = its UUID, dom0's, readable by the guest), so
+/// their connections to it can end at once.
+#[test]
+fn destroyed_peer_is_noted_gone_for_good() {
+    let w = world();
+    let b = w.b.dom.domid;
+    w.host.destroy_domain(b).unwrap();
+    assert_eq!(
+        gone_note(&w.a, b, true).as_deref(),
+        Some(w.b.dom.uuid.as_str())
+    );
+    let node = format!("/local/domain/{}/xensock/gone/{b}", w.a.dom.domid);
+    assert_eq!(
+        perms_string(&w.dom0.get_perms(&node).unwrap()),
+        format!("n0,r{}", w.a.dom.domid)
+    );
+    // another tenant never knew B: nothing noted there
+    assert_eq!(gone_note(&w.c, b, false), None);
+}
+
+/// A peer that leaves for another host or moves on this one is not gone.
+#[test]
+fn moved_peers_are_not_noted_gone() {
+    let w = world();
+    let mut wa = co(&w.a).watch().unwrap();
+    let old = w.b.dom.domid;
+    w.host
+        .migrate_domain(old, MigrateTo::OtherHost("host-b".into()))
+        .unwrap();
+    assert!(matches!(next(&mut wa), PeerEvent::Left { .. }));
+    assert_eq!(gone_note(&w.a, old, false), None);
+    let w = world();
+    let mut wa = co(&w.a).watch().unwrap();
+    let old = w.b.dom.domid;
+    w.host
+        .migrate_domain(old, MigrateTo::SameHost)
+        .unwrap()
+        .unwrap();
+    assert!(matches!(next(&mut wa), PeerEvent::Moved { .. }));
+    assert_eq!(gone_note(&w.a, old, false), None);
+}
+
 #[test]
 fn migrated_peer_reappears_under_its_new_domid() {
     let w = world();
