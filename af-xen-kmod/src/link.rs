@@ -129,6 +129,10 @@ pub(crate) struct Link {
     my_dir: CString,
     peer_dir: CString,
     up: AtomicBool,
+    /// The peer's half vanished while the link was up (not retracted by
+    /// the peer as a departing guest does): if dom0 then says the domain
+    /// is gone for good, its connections end at once (`end_dead_peer`).
+    vanished: AtomicBool,
     /// our local port bound to the peer's advertised port (0: none)
     kick_port: AtomicU32,
     /// what the event-channel interrupt wakes (wake.rs)
@@ -171,6 +175,24 @@ pub(crate) fn next_conn_id() -> u32 {
 
 fn root(me: u32) -> Result<CString> {
     CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link", me))
+}
+
+/// `/local/domain/<me>/xensock/gone`: dom0's word that a domain is gone
+/// for good, one node per domid (the agent writes it when a domain is
+/// released without a move marker, and removes it when the domid is used
+/// again).
+fn gone_dir(me: u32) -> Result<CString> {
+    CString::try_from_fmt(fmt!("/local/domain/{}/xensock/gone", me))
+}
+
+/// Whether dom0 says `peer` is gone for good.
+fn dead_marked(me: u32, peer: u32) -> bool {
+    let Ok(dir) = gone_dir(me) else {
+        return false;
+    };
+    let mut ids = [0u32; 64];
+    let n = xs::dir_ids(&dir, &mut ids);
+    ids[..n].contains(&peer)
 }
 
 fn link_geometry() -> Result<RingGeometry> {
@@ -224,6 +246,7 @@ impl Link {
                 my_dir,
                 peer_dir,
                 up: AtomicBool::new(false),
+                vanished: AtomicBool::new(false),
                 kick_port: AtomicU32::new(0),
                 wake: lw.clone(),
                 inner <- new_mutex!(LinkInner {
@@ -334,6 +357,7 @@ impl Link {
 
     /// Maps the peer's control ring and binds its port.
     fn attach(&self, i: &mut LinkInner, gref: u32, port: u32) -> Result {
+        self.vanished.store(false, Ordering::Release);
         let g = link_geometry()?;
         let map = Mapping::map(self.peer, gref)?;
         let ring = map.ring(g).ok_or(EINVAL)?;
@@ -386,6 +410,38 @@ impl Link {
         // connections that moved to TCP offer rings again (carrier.rs)
         crate::carrier::link_up();
         Ok(())
+    }
+
+    /// The peer's half vanished while the link was up and dom0 says its
+    /// domain is gone for good (`xensock/gone/<domid>` in our table, as
+    /// the agent writes it when a domain is released without a move): the
+    /// connections the link still lists (streams wait there on TCP for the
+    /// peer to come back) end now with ECONNRESET, not after the lost-peer
+    /// bound. A guest that leaves and comes back (save, migration) retracts
+    /// its half first (state Closed, from its freeze hook), so its
+    /// connections are never ended this way; the agent cannot tell a save
+    /// from a destruction, the departing guest can. Link locked.
+    fn end_dead_peer(&self, i: &mut LinkInner) {
+        if !self.vanished.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let mut ended: KVec<u32> = KVec::new();
+        for (id, _) in i.conns.iter() {
+            if ended.push(*id, GFP_KERNEL).is_err() {
+                break;
+            }
+        }
+        for id in ended.iter() {
+            if let Some(s) = i.conns.remove(id) {
+                sock::link_lost(&s);
+            }
+        }
+        sys::counters::add(&sys::counters::PEERS_DEAD, 1);
+        pr_info!(
+            "link to dom{}: dom0 says the domain is gone: {} connection(s) reset\n",
+            self.peer,
+            ended.len()
+        );
     }
 
     /// The peer went away: stream connections switch to their TCP legs
@@ -510,7 +566,15 @@ impl Link {
         let port = xs::read_u32(&self.peer_dir, c"event-channel");
         let advertised = matches!(st, Some(3) | Some(4));
         if let Some(ph) = &i.peer {
-            if !advertised {
+            if !advertised && st.is_none() {
+                // vanished, not retracted: a destroyed domain, or a pair
+                // dom0 ended; the first unless dom0 says it is gone
+                self.vanished.store(true, Ordering::Release);
+                self.detach(i, "peer state removed");
+                if dead_marked(self.me, self.peer) {
+                    self.end_dead_peer(i);
+                }
+            } else if !advertised {
                 self.detach(i, "peer state changed or removed");
             } else if gref != Some(ph.gref) || port != Some(ph.port) {
                 self.detach(i, "peer re-advertised (restarted)");
@@ -993,6 +1057,12 @@ fn add_watches(t: &mut LinkTable, me: u32) {
             let _ = t.watches.push(w, GFP_KERNEL);
         }
     }
+    // dom0 saying a peer is gone for good (`end_dead_peer`)
+    if let Ok(p) = gone_dir(me) {
+        if let Ok(w) = xs::Watch::add(&p) {
+            let _ = t.watches.push(w, GFP_KERNEL);
+        }
+    }
     if let Ok(p) = CString::try_from_fmt(fmt!("@releaseDomain")) {
         if let Ok(w) = xs::Watch::add(&p) {
             let _ = t.watches.push(w, GFP_KERNEL);
@@ -1111,6 +1181,11 @@ fn work_pass() {
             l.send_forged_offers(forge);
         }
         l.service(xs_changed);
+        // dom0's word may come after the peer's half vanished
+        if xs_changed && l.vanished.load(Ordering::Acquire) && dead_marked(me, l.peer) {
+            let mut i = l.inner.lock();
+            l.end_dead_peer(&mut i);
+        }
     }
 }
 

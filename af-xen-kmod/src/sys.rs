@@ -171,6 +171,9 @@ pub(crate) mod counters {
     pub(crate) static PROTO_RESETS: AtomicI64 = AtomicI64::new(0);
     /// links brought down (peer gone, restarted or unload)
     pub(crate) static LINKS_DOWN: AtomicI64 = AtomicI64::new(0);
+    /// links whose peer domain dom0 said was gone for good while its
+    /// connections waited (they were reset at once)
+    pub(crate) static PEERS_DEAD: AtomicI64 = AtomicI64::new(0);
     /// data path cost (docs/design.md, "The lab benchmark"): event-channel
     /// interrupts taken, sockets woken straight from them, work item runs
     /// they scheduled, event-channel notifications sent for data rings
@@ -224,6 +227,7 @@ unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
         ("sockets", get(&SOCKS)),
         ("proto_resets", get(&PROTO_RESETS)),
         ("links_down", get(&LINKS_DOWN)),
+        ("peers_dead", get(&PEERS_DEAD)),
         // grant entries whose peer still mapped them when we ended them,
         // kept until it unmaps (af_xen_glue.c, afx_end_one): now, and ever
         ("grants_pending", grants_pending()),

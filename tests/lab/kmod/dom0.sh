@@ -21,6 +21,9 @@ xenstore-ls /local/domain/$D2/data/xensock
 check domu2-script-done wait_domu domu2 '^@@EXIT' 1000
 check domu1-death-ready wait_domu domu1 '^@@RESULT c-xd-ready ' 600
 check xl-destroy-domu2 xl destroy domu2
+# what xensock-agent writes when a domain is released without a move
+# marker: the survivor's table says the domain is gone for good
+xenstore-write /local/domain/$D1/xensock/gone/$D2 1
 check domu2-gone sh -c '! xl list domu2 >/dev/null 2>&1'
 # once domu1 closed its sockets no page of domu2 stays mapped, so Xen can
 # free the dead domain completely (no "(null)" zombie in xl list)
