@@ -33,7 +33,7 @@ wait_domu domu1 '^@@LEAK-END1' 300
 END1=$(xen_grants "$D1") END2=$(xen_grants "$D2")
 log "Xen grant tables at the end (frames active): domu1 $END1, domu2 $END2"
 # Frames never shrink: they grow to what the connections in flight at
-# once need (a 1 MiB ring is 258 entries, a frame 512: 10-16 frames in
+# once need (a 1 MiB ring is 258 entries, a frame 512: 10-19 frames in
 # 10,000 cycles), and must stay below half the limit of 64. Grants ended
 # late grew them to the limit within 150 cycles (every later connect:
 # ENOMEM). The entries another domain maps are back to the baseline's.
