@@ -71,6 +71,15 @@ impl kernel::Module for AfXen {
         if own == 0 {
             pr_warn!("cannot read our domid from XenStore\n");
         }
+        if let Some(peer) = link::user_space_link(own) {
+            pr_err!(
+                "a user-space xensock transport (libxensock) holds this domain's link to dom{}: stop it before loading af_xen; if it died, remove /local/domain/{}/data/xensock/link/{} (xenstore-rm)\n",
+                peer,
+                own,
+                peer
+            );
+            return Err(EBUSY);
+        }
         // Ring geometry sanity: proto's smallest ring must exist.
         if layout::RingGeometry::new(11).is_err() {
             return Err(EINVAL);

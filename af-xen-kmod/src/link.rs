@@ -1037,6 +1037,25 @@ pub(crate) fn get_or_create(peer: u32) -> core::result::Result<Arc<Link>, i32> {
     Ok(l)
 }
 
+/// A link half in our link directory that the user-space transport
+/// (libxensock) advertises: the peer's domid. It writes `generation`,
+/// which the module never does. Module init refuses to start beside it:
+/// both would own these nodes and withdraw each other's links.
+pub(crate) fn user_space_link(me: u32) -> Option<u32> {
+    let dir = root(me).ok()?;
+    let mut ids = [0u32; 64];
+    let n = xs::dir_ids(&dir, &mut ids);
+    ids[..n].iter().copied().find(|peer| {
+        let Ok(half) =
+            CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}", me, peer))
+        else {
+            return false;
+        };
+        xs::read_u32(&half, c"generation").is_some()
+            && matches!(xs::read_u32(&half, c"state"), Some(1..=4))
+    })
+}
+
 /// Module init: watch our link directory (dom0 creating a link) and domain
 /// deaths, then look once.
 pub(crate) fn start() {
