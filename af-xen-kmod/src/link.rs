@@ -1312,7 +1312,7 @@ pub(crate) fn lend(i: &mut LinkInner, conn_id: u32, rx: Arc<crate::conn::Pipe>) 
 
 /// The delayed work for the links' deadlines: ends lent rings whose peer
 /// never answered within `LINGER_MAX_MS` (counted in `linger_expired`;
-/// ending is deferred by Xen while the peer maps the ring), fails connects
+/// ending is kept pending while the peer maps the ring), fails connects
 /// whose answer did not come within `sock::CONNECT_TIMEOUT_MS`
 /// (ETIMEDOUT), and runs again for the rest.
 pub(crate) fn reap() {

@@ -410,7 +410,7 @@ fn destroy(xs: &Arc<XenSock>) {
     // one Close (clean) or Reset (abort, reset) from each side, here unless
     // conn_reset sent it already; its rings already carry FIN/CLOSED or
     // RESET. Our ring's grant ends when the last reference to its pipe goes
-    // (deferred by Xen while the peer still maps it), except that an
+    // (kept pending until the peer unmaps it: af_xen_glue.c), except that an
     // accepted connection closed cleanly lends it to the peer until the
     // peer's own Close or Reset: the peer may not have mapped it yet.
     if let Some(link) = link {

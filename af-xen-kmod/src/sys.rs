@@ -1220,7 +1220,7 @@ impl Drop for Evtchn {
 }
 
 /// A zeroed page of ours granted read-write to one domain. Dropping it ends
-/// the grant and frees the page (deferred by Xen's grant code while the peer
+/// the grant and frees the page (kept pending by the glue while the peer
 /// still maps it).
 pub(crate) struct Grant {
     base: core::ptr::NonNull<u8>,
