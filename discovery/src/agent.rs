@@ -300,19 +300,6 @@ impl Agent {
                     if t.entries.values().any(|(u, _)| u == uuid) {
                         continue;
                     }
-                    let moved_note = self
-                        .xs
-                        .try_read(&format!("{}/{uuid}", layout::TOOL_MOVED))?
-                        .map(lossy);
-                    // No instance of it is left and no move is noted: the
-                    // domain was released (destroyed, crashed, or saved:
-                    // dom0 cannot tell, the guest can, see layout::GONE).
-                    if !newest.contains_key(uuid.as_str())
-                        && moved_note.is_none()
-                        && !live.contains_key(&old_domid)
-                    {
-                        t.gone.insert(old_domid, uuid.clone());
-                    }
                     let dest = match newest.get(uuid.as_str()) {
                         // Still on this host but separated by an away
                         // marking: the peer's destination, or, when the
@@ -321,7 +308,20 @@ impl Agent {
                             .get(&p.uuid)
                             .cloned()
                             .or_else(|| g_at.map(|_| here.clone())),
-                        None => moved_note,
+                        None => {
+                            let note = self
+                                .xs
+                                .try_read(&format!("{}/{uuid}", layout::TOOL_MOVED))?
+                                .map(lossy);
+                            // No instance of it is left and no move is
+                            // noted: the domain was released (destroyed,
+                            // crashed, or saved: dom0 cannot tell, the
+                            // guest can, see layout::GONE).
+                            if note.is_none() && !live.contains_key(&old_domid) {
+                                t.gone.insert(old_domid, uuid.clone());
+                            }
+                            note
+                        }
                     };
                     if let Some(dest) = dest {
                         t.moved.insert(uuid.clone(), dest);
