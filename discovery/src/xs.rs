@@ -201,11 +201,18 @@ pub const REPLY_BOUND_ENV: &str = "XENSOCK_XS_REPLY_MS";
 const REPLY_BOUND_DEFAULT: Duration = Duration::from_secs(30);
 
 fn reply_bound_from_env() -> Duration {
-    std::env::var(REPLY_BOUND_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_millis)
-        .unwrap_or(REPLY_BOUND_DEFAULT)
+    let Ok(v) = std::env::var(REPLY_BOUND_ENV) else {
+        return REPLY_BOUND_DEFAULT;
+    };
+    match v.trim().parse::<u64>() {
+        Ok(ms) => Duration::from_millis(ms),
+        Err(_) => {
+            tracing::warn!(
+                "{REPLY_BOUND_ENV}={v:?} is not a number of milliseconds; using {REPLY_BOUND_DEFAULT:?}"
+            );
+            REPLY_BOUND_DEFAULT
+        }
+    }
 }
 
 /// Environment variable naming the lock file that serialises the
