@@ -5,16 +5,28 @@
 //!
 //! One reader thread per connection routes replies to their requests by
 //! request id and watch events to their watches by token, so any number of
-//! threads or tasks may have requests in flight while events arrive. On
-//! `/dev/xen/xenbus` a WATCH or UNWATCH is written only while no other
-//! request waits for its reply: Linux's xenbus device deadlocks the whole
-//! guest's XenStore otherwise (see `Core::send`). And there transactions
-//! are opened one at a time per guest (a lock file held from start to
-//! end, [`TX_LOCK_ENV`]): the guest's one connection may hold 10 open
-//! transactions, shared by its kernel and every process, and Linux counts
-//! a refused user-space `TRANSACTION_START` twice on its way out
-//! (`xs_request_exit`), after which the guest can never suspend again
-//! (`xl save` and `xl migrate` time out).
+//! threads or tasks may use one client while events arrive. On a xenstored
+//! socket their requests are in flight together. On `/dev/xen/xenbus`
+//! (the device rules):
+//! - One request is in flight at a time: a request is written only once
+//!   the previous one has its reply. Linux's device queues a request's
+//!   body by reference to the open file's one message buffer
+//!   (`xenbus_dev_request_and_reply`), and the domain's `xenbus` thread
+//!   copies it to the ring later, so a second request written meanwhile
+//!   overwrites the first's body under the first's header. xenstored then
+//!   reads a malformed request; Xen 4.17's aborts on some
+//!   (`consider_message: Assertion 'conn->in == NULL' failed`), and with
+//!   it every guest's XenStore stops (`docs/discovery.md`). libxenstore
+//!   never meets this: it waits for each reply before the next request.
+//! - That also keeps a WATCH or UNWATCH from being written while another
+//!   request waits for its reply, which deadlocks the whole guest's
+//!   XenStore (see `Core::send`).
+//! - Transactions are opened one at a time per guest (a lock file held
+//!   from start to end, [`TX_LOCK_ENV`]): the guest's one connection may
+//!   hold 10 open transactions, shared by its kernel and every process,
+//!   and Linux counts a refused user-space `TRANSACTION_START` twice on
+//!   its way out (`xs_request_exit`), after which the guest can never
+//!   suspend again (`xl save` and `xl migrate` time out).
 //!
 //! ```no_run
 //! use xensock_discovery::xs::XsClient;
@@ -296,8 +308,8 @@ struct Core {
     routes: Mutex<Routes>,
     /// Signalled when `routes.pending` shrinks or a watch write ends.
     quiet: Condvar,
-    /// Linux's `/dev/xen/xenbus` rules (see [`Core::quiesce_watches`]).
-    quiesce_watches: bool,
+    /// Linux's `/dev/xen/xenbus` rules (see the module notes).
+    device_rules: bool,
     /// A unix socket (dom0's xenstored), not a device.
     is_socket: bool,
     next_req: AtomicU32,
@@ -343,10 +355,10 @@ fn reply_error(p: &Pending, payload: &[u8]) -> XsError {
 }
 
 impl Core {
-    /// Connects to a socket or a device. `quiesce_watches` applies Linux's
-    /// `/dev/xen/xenbus` rules (see [`Core::quiesce_watches`]); `None`
+    /// Connects to a socket or a device. `device_rules` applies Linux's
+    /// `/dev/xen/xenbus` rules (see [`Core::device_rules`]); `None`
     /// decides by the file type (a character device gets them).
-    fn connect(path: &Path, quiesce_watches: Option<bool>) -> Result<Arc<Core>, XsError> {
+    fn connect(path: &Path, device_rules: Option<bool>) -> Result<Arc<Core>, XsError> {
         let meta = std::fs::metadata(path)
             .map_err(|e| XsError::NotAvailable(format!("{}: {e}", path.display())))?;
         let is_socket = meta.file_type().is_socket();
@@ -375,7 +387,7 @@ impl Core {
             write_lock: Mutex::new(()),
             routes: Mutex::new(Routes::default()),
             quiet: Condvar::new(),
-            quiesce_watches: quiesce_watches.unwrap_or(!is_socket),
+            device_rules: device_rules.unwrap_or(!is_socket),
             is_socket,
             next_req: AtomicU32::new(1),
             next_token: AtomicU64::new(1),
@@ -406,10 +418,10 @@ impl Core {
 
     /// Sends one request; its reply goes to `p.sink`.
     ///
-    /// On a quiescing connection (Linux's `/dev/xen/xenbus`), WATCH and
-    /// UNWATCH are written only when no other request of this connection
-    /// is waiting for its reply, and nothing else is written until the
-    /// watch's write returns. The kernel handles a WATCH written to the
+    /// Under the device rules (Linux's `/dev/xen/xenbus`) a request is
+    /// written only when no other request of this connection is waiting
+    /// for its reply, and nothing else is written until a watch's write
+    /// returns (the module notes say why for every request). The kernel handles a WATCH written to the
     /// device synchronously: `xenbus_file_write` holds the file's
     /// `msgbuffer_mutex` while it waits for xenstored's answer, and the
     /// domain's single `xenbus` thread, delivering the reply to an earlier
@@ -421,11 +433,14 @@ impl Core {
         let req = self.next_req_id();
         let msg = encode_message(ty, req, tx, payload)
             .map_err(|e| XsError::InvalidArgument(e.to_string()))?;
-        let is_watch = self.quiesce_watches && matches!(ty, MsgType::Watch | MsgType::Unwatch);
+        let is_watch = self.device_rules && matches!(ty, MsgType::Watch | MsgType::Unwatch);
         {
             let mut r = lock(&self.routes);
-            if self.quiesce_watches {
-                while !r.closed && (r.watch_in_progress || (is_watch && !r.pending.is_empty())) {
+            if self.device_rules {
+                while !r.closed
+                    && r.gave_up.is_none()
+                    && (r.watch_in_progress || !r.pending.is_empty())
+                {
                     r = self.quiet.wait(r).unwrap_or_else(|p| p.into_inner());
                 }
             }
@@ -699,7 +714,7 @@ fn dispatch(core: &Core, h: Header, payload: Vec<u8>) {
     let Some(p) = lock(&core.routes).pending.remove(&h.req_id) else {
         return;
     };
-    if core.quiesce_watches {
+    if core.device_rules {
         core.quiet.notify_all();
     }
     let r = if h.msg_type() == Some(MsgType::Error) {
@@ -969,11 +984,11 @@ impl XsClient {
     }
 
     /// Connects to `path` with the rules of Linux's `/dev/xen/xenbus`
-    /// whatever it is: a WATCH or UNWATCH is written only while no other
-    /// request of the connection waits for its reply, and transactions
-    /// are opened one at a time per guest (see the module notes). [`XsClient::open_path`] applies them to character devices
-    /// by itself; this is for tests that play the device over a socket.
-    pub fn open_path_quiescing_watches(path: impl AsRef<Path>) -> Result<XsClient, XsError> {
+    /// whatever it is: one request in flight at a time, and transactions
+    /// opened one at a time per guest (see the module notes).
+    /// [`XsClient::open_path`] applies them to character devices by
+    /// itself; this is for tests that play the device over a socket.
+    pub fn open_path_with_device_rules(path: impl AsRef<Path>) -> Result<XsClient, XsError> {
         Ok(XsClient {
             core: Core::connect(path.as_ref(), Some(true))?,
         })
@@ -1096,7 +1111,7 @@ impl XsClient {
     /// Starts a transaction. Prefer [`XsClient::transaction`], which
     /// retries on conflicts.
     pub fn transaction_start(&self) -> Result<Transaction, XsError> {
-        let gate = if self.core.quiesce_watches {
+        let gate = if self.core.device_rules {
             TxGate::acquire()
         } else {
             None
@@ -1405,7 +1420,7 @@ impl AsyncXsClient {
 
     /// Starts a transaction.
     pub async fn transaction_start(&self) -> Result<AsyncTransaction, XsError> {
-        let gate = if self.core.quiesce_watches {
+        let gate = if self.core.device_rules {
             // The wait for the lock happens on a thread of its own, not on
             // the executor's.
             let (done, got) = tokio::sync::oneshot::channel();
