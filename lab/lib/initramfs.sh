@@ -75,6 +75,12 @@ build_dom0_root() {
   copy_bin "$root" "$XEN_BIN" "$XEN_BIN/xl" "$XEN_BIN/xenstored" "$XEN_BIN/xenconsoled" \
     "$XEN_BIN/xen-init-dom0" "$XEN_BIN/libxl-save-helper" "$XEN_BIN/xenconsole" \
     "$XEN_BIN/xenstore-control"
+  # LAB_XENSTORED=PATH: a xenstored of one's own build (same 4.17 libraries)
+  # instead of Debian's, e.g. one with symbols and diagnostics
+  if [[ -n ${LAB_XENSTORED:-} ]]; then
+    [[ -x $LAB_XENSTORED ]] || die "LAB_XENSTORED: $LAB_XENSTORED is not an executable"
+    cp "$LAB_XENSTORED" "$root$XEN_BIN/xenstored"
+  fi
   # glibc dlopen()s libgcc_s for pthread_cancel: xl create aborts without it
   cp -L /lib/x86_64-linux-gnu/libgcc_s.so.1 "$root/lib/x86_64-linux-gnu/"
   mkdir -p "$root/etc/xen/scripts" "$root/var/lib/xen" "$root/var/log/xen/console"

@@ -1,0 +1,2 @@
+# xenbus-overwrite, domu2: nothing to do.
+:
