@@ -994,6 +994,11 @@ impl XsClient {
         })
     }
 
+    /// The socket or device this client is connected to.
+    pub fn connection_path(&self) -> &Path {
+        &self.core.path
+    }
+
     /// How long a request may wait for its answer before the connection
     /// is given up ([`XsError::Unanswered`]); zero waits for ever. The
     /// default comes from [`REPLY_BOUND_ENV`].

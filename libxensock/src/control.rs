@@ -8,7 +8,9 @@
 //! A client writes one line (`status`, `suspend` or `resume`) and reads
 //! the answer until the server closes. Only the process-wide transport
 //! ([`crate::Transport::global`]) serves one; the socket is owner-only
-//! (the directory is made mode 0700).
+//! (the directory is made mode 0700). Its path is also written into the
+//! domain's transport claim ([`crate::claim`]), where a root suspend hook
+//! finds it whichever user runs the transport.
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -77,6 +79,13 @@ impl ControlServer {
     }
 }
 
+impl ControlServer {
+    /// The socket's path.
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
 impl Drop for ControlServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
@@ -114,24 +123,37 @@ fn serve(conn: UnixStream, t: Transport) -> io::Result<()> {
     }
 }
 
-/// Sends `cmd` to every transport's control socket on this machine (of
-/// this user); returns (pid, answer) for each that answered. Sockets of
+/// Sends `cmd` to every transport's control socket on this machine: this
+/// user's (in [`run_dir`]) and the one of the process holding the guest's
+/// `/dev/xen` transport ([`crate::claim`]), whichever user runs it (root
+/// may connect to any user's socket: the guest's suspend hook runs as
+/// root). Returns (pid, answer) for each that answered. Sockets of
 /// processes that are gone are removed.
 pub fn broadcast(cmd: &str) -> Vec<(u32, String)> {
+    let mut targets: Vec<(u32, PathBuf)> = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(run_dir()) {
+        for e in entries.flatten() {
+            let path = e.path();
+            let Some(pid) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".sock"))
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            targets.push((pid, path));
+        }
+    }
+    if let Some(h) = crate::claim::holder(&crate::claim::guest_claim_path()) {
+        if let Some(c) = h.control {
+            if !targets.iter().any(|(_, p)| *p == c) {
+                targets.push((h.pid, c));
+            }
+        }
+    }
     let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(run_dir()) else {
-        return out;
-    };
-    for e in entries.flatten() {
-        let path = e.path();
-        let Some(pid) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".sock"))
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for (pid, path) in targets {
         if pid == std::process::id() {
             continue;
         }
@@ -152,4 +174,48 @@ pub fn broadcast(cmd: &str) -> Vec<(u32, String)> {
     }
     out.sort_by_key(|(p, _)| *p);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The suspend hook reaches the guest's transport through its claim
+    /// even when the transport's socket is not in the caller's run
+    /// directory (another user's process).
+    #[test]
+    fn broadcast_reaches_the_claim_holder_outside_the_run_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        let other = dir.path().join("other-user");
+        std::fs::create_dir(&other).unwrap();
+        let sock = other.join("4242.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let server = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            let mut line = String::new();
+            BufReader::new(&conn).read_line(&mut line).unwrap();
+            let mut out = &conn;
+            write!(out, "got {}", line.trim()).unwrap();
+        });
+        let claim_path = dir.path().join("claim");
+        let claim = crate::claim::Claim::take(&claim_path).unwrap();
+        claim.record(Some(&sock));
+        // as if another process held it
+        let text = std::fs::read_to_string(&claim_path).unwrap();
+        std::fs::write(
+            &claim_path,
+            text.replace(&format!("pid {}", std::process::id()), "pid 4242"),
+        )
+        .unwrap();
+        std::env::set_var(ENV_RUN_DIR, &run);
+        std::env::set_var(crate::claim::ENV_CLAIM_PATH, &claim_path);
+        let answers = broadcast("suspend");
+        std::env::remove_var(ENV_RUN_DIR);
+        std::env::remove_var(crate::claim::ENV_CLAIM_PATH);
+        server.join().unwrap();
+        assert_eq!(answers, vec![(4242, "got suspend".to_string())]);
+        drop(claim);
+    }
 }

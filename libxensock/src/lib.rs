@@ -57,6 +57,7 @@ mod backend;
 // include this module by path.
 #[allow(dead_code)]
 mod carrier;
+pub mod claim;
 mod conn;
 pub mod control;
 mod error;

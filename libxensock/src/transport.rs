@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
@@ -339,6 +339,9 @@ pub(crate) struct Owner {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// The process-wide transport's control socket (`None` for others).
     control: Mutex<Option<crate::control::ControlServer>>,
+    /// The domain's claim on its transport; released after the teardown
+    /// in `drop`, so that a successor never meets our links.
+    claim: crate::claim::Claim,
 }
 
 impl Drop for Owner {
@@ -371,8 +374,9 @@ impl Drop for Owner {
 /// [`crate::backend()`]). Tests and the demo run several simulated
 /// domains in one process, one `Transport` each ([`Transport::sim`]).
 ///
-/// The user-space transport supports one `Transport` per domain at a time
-/// (the XenStore link nodes are per domain, as the kernel module's will be).
+/// One `Transport` per domain at a time: the XenStore link nodes are per
+/// domain, so a transport takes the domain's claim ([`crate::claim`]) and
+/// a second one, in this process or another, is refused naming the first.
 #[derive(Clone)]
 pub struct Transport {
     pub(crate) owner: Arc<Owner>,
@@ -406,6 +410,16 @@ extern "C" fn global_at_exit() {
                 inner.link_down(&mut st, p, false);
             }
         }
+    }
+}
+
+/// The lock file of a transport's claim ([`crate::claim`]): the guest's
+/// over `/dev/xen`; next to the domain's XenStore socket otherwise (one
+/// per simulated domain).
+fn claim_path(kind: BackendKind, xs: &XsClient) -> PathBuf {
+    match (kind, xs.connection_path().parent()) {
+        (BackendKind::DevXen, _) | (_, None) => crate::claim::guest_claim_path(),
+        (_, Some(dir)) => dir.join("xensock-transport.lock"),
     }
 }
 
@@ -471,6 +485,9 @@ impl Transport {
                  choose it) or unload the module to run the user-space transport",
             ));
         }
+        // One process of the domain runs its transport: a second would take
+        // over the link nodes and break the first one's connections.
+        let claim = crate::claim::Claim::take(&claim_path(kind, &xs))?;
         // SAFETY: epoll_create1 has no pointer arguments.
         let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if ep < 0 {
@@ -567,6 +584,7 @@ impl Transport {
                 inner,
                 threads: Mutex::new(threads),
                 control: Mutex::new(None),
+                claim,
             }),
         })
     }
@@ -634,7 +652,12 @@ impl Transport {
             // Other processes (`xensock status`, `xensock suspend`) reach
             // this transport through its control socket.
             match crate::control::ControlServer::start(Arc::downgrade(&t.owner.inner)) {
-                Ok(c) => *lock(&t.owner.control) = Some(c),
+                Ok(c) => {
+                    // The guest's suspend hook finds us through the claim,
+                    // whichever user it runs as.
+                    t.owner.claim.record(Some(c.path()));
+                    *lock(&t.owner.control) = Some(c);
+                }
                 Err(e) => tracing::warn!("no control socket: {e}"),
             }
             // A static is never dropped: withdraw our XenStore nodes and

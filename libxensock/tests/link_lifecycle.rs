@@ -236,6 +236,66 @@ fn a_killed_predecessor_is_superseded() {
     assert_eq!(&got, b"again");
 }
 
+/// One process per domain runs the user-space transport: a second one is
+/// refused, naming the first, and the first one's links and connections
+/// are untouched (a second transport used to take over the domain's link
+/// nodes and break them). Once the first is gone the domain is free.
+#[test]
+fn a_second_process_is_refused_and_the_first_keeps_its_connections() {
+    let host = SimHost::start().unwrap();
+    let da = host.create_domain(DomainConfig::new("a")).unwrap();
+    let db = host.create_domain(DomainConfig::new("b")).unwrap();
+    let a = Transport::sim_with(host.dir(), da.domid, config()).unwrap();
+    let l = a.bind("xen:self:6").unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_linker",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .envs(db.env())
+        .env("XENSOCK_TEST_CONNECT", format!("xen:{}:6", da.domid))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut s1, _) = l.accept().unwrap();
+    let mut line = String::new();
+    while !line.contains("connected") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child exited");
+    }
+    let gen = a.status().links[0].peer_generation;
+    // b's second process (here a transport in this process) is refused.
+    let e = Transport::sim_with(host.dir(), db.domid, config()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains(&format!("in use by process {}", child.id())),
+        "{e}"
+    );
+    // The child's link and connection live on.
+    std::thread::sleep(Duration::from_millis(500));
+    let st = a.status();
+    assert_eq!(st.links.len(), 1, "{st:?}");
+    assert!(st.links[0].up);
+    assert_eq!(st.links[0].peer_generation, gen);
+    assert_eq!(st.links_lost, 0);
+    s1.write_all(b"still here").unwrap();
+    // Gone, the child frees the domain for the next process.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let b = Transport::sim_with(host.dir(), db.domid, config()).unwrap();
+    let mut c = b.connect((u32::from(da.domid), 6)).unwrap();
+    let (mut s2, _) = l.accept().unwrap();
+    c.write_all(b"next").unwrap();
+    let mut got = [0u8; 4];
+    s2.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"next");
+}
+
 #[test]
 fn dom0_learns_from_xenstored_that_a_domain_does_not_exist() {
     // No agent and no static list, but dom0 may ask IS_DOMAIN_INTRODUCED.

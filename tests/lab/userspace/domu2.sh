@@ -56,6 +56,21 @@ fi
 run lab_echo client $PEER 7 8; rc=$?
 if [ $rc = 0 ]; then result echo-checksum PASS; else result echo-checksum FAIL "rc=$rc"; fi
 links
+# one process per guest runs the user-space transport: while one streams,
+# a second is refused, naming the first, whose stream goes on to the end
+lab_echo client $PEER 7 512 > /tmp/holder.log 2>&1 &
+HOLDER=$!
+wait_until 60 grep -q '^connect_ms' /tmp/holder.log
+lab_echo client $PEER 7 1 > /tmp/second.log 2>&1; rc=$?
+alive=no; kill -0 $HOLDER 2>/dev/null && alive=yes
+cat /tmp/second.log
+watchdog $HOLDER 180; hrc=$?
+grep -v '^@@METRIC' /tmp/holder.log
+if [ $rc = 2 ] && grep -q "in use by process $HOLDER" /tmp/second.log && [ $alive = yes ] && [ $hrc = 0 ]; then
+  result second-process-refused PASS
+else
+  result second-process-refused FAIL "second rc=$rc, first still streaming then: $alive, first rc=$hrc"
+fi
 # peer death: stream until domu1 kills its server (after 2 MiB)
 run lab_echo hold $PEER 8 60; rc=$?
 if [ $rc = 0 ]; then result peer-death PASS; else result peer-death FAIL "rc=$rc"; fi

@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The domain's claim on its user-space transport: one process of a guest
+//! at a time runs it.
+//!
+//! The transport's XenStore link nodes are per domain (`docs/protocol.md`
+//! 6.1): a second process that started its own transport would take them
+//! over and the first process's connections would break. So a transport
+//! takes the domain's claim first, an exclusive `flock` on a lock file that
+//! the kernel drops when the holder exits however it exits, and a process
+//! that finds it taken is refused, naming the holder. The file
+//! also says where the holder's control socket is, so that the guest's
+//! suspend hook (`xensock suspend`, run as root) reaches the transport
+//! whichever user runs it.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Environment variable overriding the lock file of the `/dev/xen`
+/// transport ([`guest_claim_path`]).
+pub const ENV_CLAIM_PATH: &str = "XENSOCK_CLAIM_PATH";
+
+/// The lock file of the guest's `/dev/xen` transport: `$XENSOCK_CLAIM_PATH`,
+/// else `/run/lock/xensock-transport`, else `/tmp/xensock-transport.lock`.
+pub fn guest_claim_path() -> PathBuf {
+    if let Some(p) = std::env::var_os(ENV_CLAIM_PATH) {
+        return PathBuf::from(p);
+    }
+    if Path::new("/run/lock").is_dir() {
+        PathBuf::from("/run/lock/xensock-transport")
+    } else {
+        PathBuf::from("/tmp/xensock-transport.lock")
+    }
+}
+
+/// Who holds a claim, as its file says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// The holder's pid.
+    pub pid: u32,
+    /// Its control socket, when it serves one.
+    pub control: Option<PathBuf>,
+}
+
+/// A held claim; dropping it (or the process ending) releases it.
+#[derive(Debug)]
+pub(crate) struct Claim {
+    file: File,
+}
+
+fn open(path: &Path) -> io::Result<File> {
+    // Any user's process may take the claim after another's: the first
+    // makes the file writable for all (the lock, not the file's content,
+    // is what excludes; `/run/lock` is sticky).
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o666)
+        .open(path)
+    {
+        Ok(f) => {
+            let _ = f.set_permissions(std::fs::Permissions::from_mode(0o666));
+            Ok(f)
+        }
+        // another user's file that is not writable: locking needs no write
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => File::open(path),
+        Err(e) => Err(e),
+    }
+}
+
+/// Takes an exclusive `flock` without waiting; `Ok(false)` when another
+/// open file description holds it.
+fn try_lock(f: &File) -> io::Result<bool> {
+    loop {
+        // SAFETY: flock on a descriptor we own; no memory is passed.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => return Ok(false),
+            Some(libc::EINTR) => continue,
+            _ => return Err(e),
+        }
+    }
+}
+
+fn parse(text: &str) -> Option<Holder> {
+    let mut pid = None;
+    let mut control = None;
+    for line in text.lines() {
+        match line.split_once(' ') {
+            Some(("pid", v)) => pid = v.trim().parse().ok(),
+            Some(("control", v)) if !v.trim().is_empty() => control = Some(PathBuf::from(v.trim())),
+            _ => {}
+        }
+    }
+    Some(Holder { pid: pid?, control })
+}
+
+impl Claim {
+    /// Takes the claim at `path` for this process, or fails naming the
+    /// process that holds it.
+    pub(crate) fn take(path: &Path) -> io::Result<Claim> {
+        let file = open(path).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("xensock transport claim {}: {e}", path.display()),
+            )
+        })?;
+        if !try_lock(&file)? {
+            let who = holder(path)
+                .map(|h| format!("process {}", h.pid))
+                .unwrap_or_else(|| "another process".into());
+            return Err(io::Error::other(format!(
+                "this domain's user-space xensock transport is in use by {who} \
+                     (claim {}); one process per guest runs it, and starting a second \
+                     would break the first one's connections: load af_xen.ko for \
+                     sockets in any number of processes",
+                path.display()
+            )));
+        }
+        let claim = Claim { file };
+        claim.record(None);
+        Ok(claim)
+    }
+
+    /// Writes who holds the claim (best effort: a file another user made
+    /// may be read-only to us, and the lock is what counts).
+    pub(crate) fn record(&self, control: Option<&Path>) {
+        let mut text = format!("pid {}\n", std::process::id());
+        if let Some(c) = control {
+            text.push_str(&format!("control {}\n", c.display()));
+        }
+        let mut f = &self.file;
+        let _ = f.set_len(0);
+        let _ = f.rewind();
+        let _ = f.write_all(text.as_bytes());
+    }
+}
+
+/// The process holding the claim at `path`, if one does (a file left by a
+/// process that is gone names nobody).
+pub fn holder(path: &Path) -> Option<Holder> {
+    let mut f = File::open(path).ok()?;
+    // If we can lock it, nobody holds it. Our own lock on another open of
+    // the file in this process counts as held, as for any other process.
+    if try_lock(&f).ok()? {
+        return None;
+    }
+    let mut text = String::new();
+    f.read_to_string(&mut text).ok()?;
+    parse(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_claim_is_refused_naming_the_first_and_free_after_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("claim");
+        assert_eq!(holder(&path), None);
+        let first = Claim::take(&path).unwrap();
+        first.record(Some(Path::new("/run/x/1.sock")));
+        assert_eq!(
+            holder(&path),
+            Some(Holder {
+                pid: std::process::id(),
+                control: Some(PathBuf::from("/run/x/1.sock")),
+            })
+        );
+        let e = Claim::take(&path).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(&format!("in use by process {}", std::process::id())),
+            "{e}"
+        );
+        drop(first);
+        assert_eq!(holder(&path), None);
+        let again = Claim::take(&path).unwrap();
+        drop(again);
+    }
+}
