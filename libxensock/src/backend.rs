@@ -38,6 +38,9 @@ pub enum BackendKind {
     DevXen,
     /// The user-space transport over the simulated host.
     Sim,
+    /// The guest's user-space transport, shared by `xensock daemon`
+    /// ([`crate::daemon`]): a stream is a Unix socket the daemon relays.
+    Daemon,
     /// Nothing usable.
     None,
 }
@@ -48,6 +51,7 @@ impl fmt::Display for BackendKind {
             BackendKind::Kernel => "kernel AF_XEN family",
             BackendKind::DevXen => "user-space transport over /dev/xen",
             BackendKind::Sim => "user-space transport over the simulated host",
+            BackendKind::Daemon => "user-space transport shared by xensock daemon",
             BackendKind::None => "none",
         })
     }

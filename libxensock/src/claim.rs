@@ -119,8 +119,9 @@ impl Claim {
             return Err(io::Error::other(format!(
                 "this domain's user-space xensock transport is in use by {who} \
                      (claim {}); one process per guest runs it, and starting a second \
-                     would break the first one's connections: load af_xen.ko for \
-                     sockets in any number of processes",
+                     would break the first one's connections (for sockets in any \
+                     number of processes run `xensock daemon` in its place, or load \
+                     af_xen.ko)",
                 path.display()
             )));
         }

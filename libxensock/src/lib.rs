@@ -60,6 +60,7 @@ mod carrier;
 pub mod claim;
 mod conn;
 pub mod control;
+pub mod daemon;
 mod error;
 mod evfd;
 mod kernel;

@@ -15,6 +15,7 @@ use xensock_xenif::DomId;
 use crate::addr::{SockAddrXen, ToXenAddr};
 use crate::backend::BackendKind;
 use crate::conn::{lock, Conn};
+use crate::daemon::RelayListener;
 use crate::error::errno;
 use crate::evfd::EventFd;
 use crate::kernel::{loaded_family, KernelListener};
@@ -129,6 +130,8 @@ impl Drop for UserListener {
 enum ListenerImpl {
     User(UserListener),
     Kernel(KernelListener),
+    /// A listener of the guest's `xensock daemon` ([`crate::daemon`]).
+    Relay(RelayListener),
 }
 
 /// A xensock listening socket, in the shape of `std::net::TcpListener`,
@@ -178,7 +181,16 @@ impl XenListener {
             Some(f) => Ok(XenListener {
                 imp: ListenerImpl::Kernel(KernelListener::bind(f, addr, opts)?),
             }),
-            None => Transport::global()?.bind_with(addr, opts),
+            None => {
+                if let Some(path) = crate::daemon::present() {
+                    if let Some(r) = crate::daemon::listen_via(&path, addr, opts)? {
+                        return Ok(XenListener {
+                            imp: ListenerImpl::Relay(r),
+                        });
+                    }
+                }
+                Transport::global()?.bind_with(addr, opts)
+            }
         }
     }
 
@@ -188,6 +200,7 @@ impl XenListener {
         match &self.imp {
             ListenerImpl::User(u) => u.accept(),
             ListenerImpl::Kernel(k) => k.accept().map(|(s, a)| (XenStream::from_kernel(s), a)),
+            ListenerImpl::Relay(r) => r.accept().map(|(s, a)| (XenStream::from_relay(s), a)),
         }
     }
 
@@ -198,6 +211,9 @@ impl XenListener {
             ListenerImpl::Kernel(k) => k
                 .accept_timeout(timeout)
                 .map(|(s, a)| (XenStream::from_kernel(s), a)),
+            ListenerImpl::Relay(r) => r
+                .accept_timeout(timeout)
+                .map(|(s, a)| (XenStream::from_relay(s), a)),
         }
     }
 
@@ -211,6 +227,7 @@ impl XenListener {
         match &self.imp {
             ListenerImpl::User(u) => Ok(u.local_addr()),
             ListenerImpl::Kernel(k) => k.local_addr(),
+            ListenerImpl::Relay(r) => Ok(r.local_addr()),
         }
     }
 
@@ -222,6 +239,10 @@ impl XenListener {
                 Ok(())
             }
             ListenerImpl::Kernel(k) => k.set_nonblocking(nonblocking),
+            ListenerImpl::Relay(r) => {
+                r.set_nonblocking(nonblocking);
+                Ok(())
+            }
         }
     }
 
@@ -230,6 +251,7 @@ impl XenListener {
         match &self.imp {
             ListenerImpl::User(u) => u.transport.backend_kind(),
             ListenerImpl::Kernel(_) => BackendKind::Kernel,
+            ListenerImpl::Relay(_) => BackendKind::Daemon,
         }
     }
 
@@ -239,6 +261,7 @@ impl XenListener {
         match &self.imp {
             ListenerImpl::User(u) => Some(&u.transport),
             ListenerImpl::Kernel(_) => None,
+            ListenerImpl::Relay(_) => None,
         }
     }
 }
@@ -254,6 +277,7 @@ impl AsFd for XenListener {
         match &self.imp {
             ListenerImpl::User(u) => u.shared.evfd.as_fd(),
             ListenerImpl::Kernel(k) => k.as_fd(),
+            ListenerImpl::Relay(r) => r.as_fd(),
         }
     }
 }

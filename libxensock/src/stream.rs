@@ -14,6 +14,7 @@ use crate::addr::{SockAddrXen, ToXenAddr};
 use crate::backend::BackendKind;
 use crate::carrier::Engine;
 use crate::conn::{is_carried, lock, Conn, ConnPhase, WANT_READ, WANT_WRITE};
+use crate::daemon::RelayStream;
 use crate::error::errno;
 use crate::kernel::{loaded_family, KernelStream};
 use crate::transport::{SocketOptions, Transport};
@@ -468,6 +469,8 @@ impl AsFd for UserStream {
 enum StreamImpl {
     User(UserStream),
     Kernel(KernelStream),
+    /// A connection of the guest's `xensock daemon` ([`crate::daemon`]).
+    Relay(RelayStream),
 }
 
 /// A connected xensock stream.
@@ -505,7 +508,22 @@ impl std::fmt::Debug for XenStream {
     }
 }
 
+/// Connects through the guest's `xensock daemon` if one answers
+/// ([`crate::daemon`]); `None` otherwise.
+fn via_daemon(addr: SockAddrXen, timeout: Option<Duration>) -> io::Result<Option<XenStream>> {
+    let Some(path) = crate::daemon::present() else {
+        return Ok(None);
+    };
+    Ok(crate::daemon::connect_via(&path, addr, timeout)?.map(XenStream::from_relay))
+}
+
 impl XenStream {
+    pub(crate) fn from_relay(r: RelayStream) -> XenStream {
+        XenStream {
+            imp: StreamImpl::Relay(r),
+        }
+    }
+
     pub(crate) fn new(transport: Transport, conn: Arc<Conn>) -> XenStream {
         XenStream {
             imp: StreamImpl::User(UserStream::new(transport, conn)),
@@ -528,7 +546,10 @@ impl XenStream {
         match loaded_family() {
             Some(f) => KernelStream::connect(f, addr, None, SocketOptions::default())
                 .map(Self::from_kernel),
-            None => Transport::global()?.connect(addr),
+            None => match via_daemon(addr, None)? {
+                Some(s) => Ok(s),
+                None => Transport::global()?.connect(addr),
+            },
         }
     }
 
@@ -541,7 +562,11 @@ impl XenStream {
         match loaded_family() {
             Some(f) => KernelStream::connect(f, *addr, Some(timeout), SocketOptions::default())
                 .map(Self::from_kernel),
-            None => Transport::global()?.connect_timeout(*addr, timeout),
+            None if timeout.is_zero() => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+            None => match via_daemon(*addr, Some(timeout))? {
+                Some(s) => Ok(s),
+                None => Transport::global()?.connect_timeout(*addr, timeout),
+            },
         }
     }
 
@@ -551,7 +576,10 @@ impl XenStream {
         let addr = addr.to_xen_addr()?;
         match loaded_family() {
             Some(f) => KernelStream::connect(f, addr, None, opts).map(Self::from_kernel),
-            None => Transport::global()?.connect_with(addr, None, opts),
+            None => match via_daemon(addr, None)? {
+                Some(s) => Ok(s),
+                None => Transport::global()?.connect_with(addr, None, opts),
+            },
         }
     }
 
@@ -569,7 +597,11 @@ impl XenStream {
         let addr = addr.to_xen_addr()?;
         match loaded_family() {
             Some(f) => KernelStream::connect_nonblocking(f, addr, opts).map(Self::from_kernel),
-            None => Transport::global()?.connect_nonblocking(addr, opts),
+            None => match via_daemon(addr, None)? {
+                // the daemon answers once the connect ended
+                Some(s) => s.set_nonblocking(true).map(|()| s),
+                None => Transport::global()?.connect_nonblocking(addr, opts),
+            },
         }
     }
 
@@ -579,6 +611,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.transport().backend_kind(),
             StreamImpl::Kernel(_) => BackendKind::Kernel,
+            StreamImpl::Relay(_) => BackendKind::Daemon,
         }
     }
 
@@ -587,6 +620,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.peer_addr(),
             StreamImpl::Kernel(k) => k.peer_addr(),
+            StreamImpl::Relay(r) => Ok(r.peer),
         }
     }
 
@@ -595,6 +629,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.local_addr(),
             StreamImpl::Kernel(k) => k.local_addr(),
+            StreamImpl::Relay(r) => Ok(r.local),
         }
     }
 
@@ -611,6 +646,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.finish_connect(),
             StreamImpl::Kernel(k) => k.finish_connect(),
+            StreamImpl::Relay(_) => Ok(()),
         }
     }
 
@@ -620,6 +656,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.take_error(),
             StreamImpl::Kernel(k) => k.take_error(),
+            StreamImpl::Relay(r) => r.sock.take_error(),
         }
     }
 
@@ -630,6 +667,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.shutdown(how),
             StreamImpl::Kernel(k) => k.shutdown(how),
+            StreamImpl::Relay(r) => r.sock.shutdown(how),
         }
     }
 
@@ -640,6 +678,7 @@ impl XenStream {
             imp: match &self.imp {
                 StreamImpl::User(u) => StreamImpl::User(u.try_clone()?),
                 StreamImpl::Kernel(k) => StreamImpl::Kernel(k.try_clone()?),
+                StreamImpl::Relay(r) => StreamImpl::Relay(r.try_clone()?),
             },
         })
     }
@@ -650,6 +689,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.set_nonblocking(nonblocking),
             StreamImpl::Kernel(k) => k.set_nonblocking(nonblocking),
+            StreamImpl::Relay(r) => r.sock.set_nonblocking(nonblocking),
         }
     }
 
@@ -659,6 +699,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.set_read_timeout(t),
             StreamImpl::Kernel(k) => k.set_read_timeout(t),
+            StreamImpl::Relay(r) => r.sock.set_read_timeout(t),
         }
     }
 
@@ -667,6 +708,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.set_write_timeout(t),
             StreamImpl::Kernel(k) => k.set_write_timeout(t),
+            StreamImpl::Relay(r) => r.sock.set_write_timeout(t),
         }
     }
 
@@ -675,6 +717,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.read_timeout(),
             StreamImpl::Kernel(k) => k.read_timeout(),
+            StreamImpl::Relay(r) => r.sock.read_timeout(),
         }
     }
 
@@ -683,6 +726,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.write_timeout(),
             StreamImpl::Kernel(k) => k.write_timeout(),
+            StreamImpl::Relay(r) => r.sock.write_timeout(),
         }
     }
 
@@ -693,6 +737,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.recv_buffer_size(),
             StreamImpl::Kernel(k) => k.recv_buffer_size(),
+            StreamImpl::Relay(r) => r.recv_buffer_size(),
         }
     }
 
@@ -702,6 +747,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.send_buffer_size(),
             StreamImpl::Kernel(k) => k.send_buffer_size(),
+            StreamImpl::Relay(r) => r.send_buffer_size(),
         }
     }
 
@@ -710,6 +756,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.bytes_readable(),
             StreamImpl::Kernel(k) => k.bytes_readable(),
+            StreamImpl::Relay(r) => r.bytes_readable(),
         }
     }
 
@@ -719,6 +766,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => Some(u.transport()),
             StreamImpl::Kernel(_) => None,
+            StreamImpl::Relay(_) => None,
         }
     }
 
@@ -732,6 +780,7 @@ impl XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.debug_scribble_peer_ring(offset, value),
             StreamImpl::Kernel(_) => false,
+            StreamImpl::Relay(_) => false,
         }
     }
 }
@@ -741,6 +790,7 @@ impl Read for &XenStream {
         match &self.imp {
             StreamImpl::User(u) => (&*u).read(buf),
             StreamImpl::Kernel(k) => k.read(buf),
+            StreamImpl::Relay(r) => (&r.sock).read(buf),
         }
     }
 }
@@ -750,6 +800,7 @@ impl Write for &XenStream {
         match &self.imp {
             StreamImpl::User(u) => (&*u).write(buf),
             StreamImpl::Kernel(k) => k.write(buf),
+            StreamImpl::Relay(r) => (&r.sock).write(buf),
         }
     }
 
@@ -757,6 +808,7 @@ impl Write for &XenStream {
         match &self.imp {
             StreamImpl::User(u) => (&*u).write_vectored(bufs),
             StreamImpl::Kernel(k) => k.write_vectored(bufs),
+            StreamImpl::Relay(r) => (&r.sock).write_vectored(bufs),
         }
     }
 
@@ -794,6 +846,7 @@ impl AsFd for XenStream {
         match &self.imp {
             StreamImpl::User(u) => u.as_fd(),
             StreamImpl::Kernel(k) => k.as_fd(),
+            StreamImpl::Relay(r) => r.sock.as_fd(),
         }
     }
 }

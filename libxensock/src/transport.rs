@@ -630,7 +630,9 @@ impl Transport {
                 .map_err(Error::from)?;
                 Transport::with_backend(xen, xs, domid, BackendKind::Sim, Config::default())
             }
-            BackendKind::Kernel | BackendKind::None => Err(errno(libc::ENODEV)),
+            BackendKind::Kernel | BackendKind::Daemon | BackendKind::None => {
+                Err(errno(libc::ENODEV))
+            }
         }
     }
 

@@ -81,6 +81,30 @@ enum Cmd {
     /// bring connections back onto rings. (They also notice a new domid by
     /// themselves.)
     Resume,
+    /// Run this guest's user-space transport for every process of the
+    /// guest: programs' XenStream and XenListener then go through this
+    /// daemon (each connection a Unix socket it relays), so any number of
+    /// processes have their own connections. Runs until killed.
+    Daemon {
+        /// The socket programs reach the daemon on (default
+        /// `$XENSOCK_DAEMON_SOCKET`, else /run/xensock/daemon.sock).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+}
+
+/// `xensock daemon`: the process-wide transport, served to the guest.
+fn daemon(socket: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
+    let path = socket.unwrap_or_else(libxensock::daemon::socket_path);
+    let t = libxensock::Transport::global()?;
+    eprintln!(
+        "xensock daemon: domain {} ({}), serving on {}",
+        t.domid(),
+        t.backend_kind(),
+        path.display()
+    );
+    libxensock::daemon::serve(&t, &path)?;
+    Ok(())
 }
 
 fn main() {
@@ -101,6 +125,7 @@ fn main() {
         Cmd::Status => status(),
         Cmd::Suspend => hook("suspend"),
         Cmd::Resume => hook("resume"),
+        Cmd::Daemon { socket } => daemon(socket),
     };
     if let Err(e) = r {
         eprintln!("xensock: {e}");
