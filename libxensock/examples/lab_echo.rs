@@ -5,6 +5,8 @@
 //! ```text
 //! lab_echo server <port>...                   echo every connection back (one thread each)
 //! lab_echo client <domid> <port> <MiB>        stream MiB through the echo, verify the checksum
+//! lab_echo dclient <domid> <port> <MiB>       the same through XenStream::connect (kernel family,
+//!                                             the guest's xensock daemon, or this process's transport)
 //! lab_echo hold <domid> <port> <secs>         stream until the peer dies; report EOF/reset
 //! lab_echo xs <path> [--watch]                XsClient read/write/perms/rm (+ watch) under <path>
 //! ```
@@ -57,10 +59,10 @@ fn main() {
     let a: Vec<String> = std::env::args().collect();
     let r = match a.get(1).map(String::as_str) {
         Some("server") => server(&a),
-        Some("client") => client(&a),
+        Some("client" | "dclient") => client(&a),
         Some("hold") => hold(&a),
         Some("xs") => xs(&a),
-        _ => Err("usage: lab_echo server PORT... | client DOMID PORT MIB | hold DOMID PORT SECS | xs PATH [--watch]".into()),
+        _ => Err("usage: lab_echo server PORT... | client|dclient DOMID PORT MIB | hold DOMID PORT SECS | xs PATH [--watch]".into()),
     };
     match r {
         Ok(code) => std::process::exit(code),
@@ -159,9 +161,15 @@ fn client(a: &[String]) -> Res<i32> {
     let port: u32 = arg(a, 3, "port")?;
     let mib: u64 = arg(a, 4, "MiB")?;
     let total = mib << 20;
-    let t = transport()?;
     let t0 = Instant::now();
-    let s = t.connect(SockAddrXen::new(domid, port)).map_err(|e| {
+    // dclient: the generic XenStream::connect, which goes through the
+    // guest's xensock daemon when one runs
+    let r = if a[1] == "dclient" {
+        XenStream::connect(SockAddrXen::new(domid, port))
+    } else {
+        transport()?.connect(SockAddrXen::new(domid, port))
+    };
+    let s = r.map_err(|e| {
         format!(
             "connect to xen:{domid}:{port} failed after {:.2?}: {e}",
             t0.elapsed()

@@ -140,9 +140,9 @@ fn numbers<const N: usize>(text: &str, skip: usize) -> Option<[u32; N]> {
 
 // ---- client ------------------------------------------------------------------
 
-/// The daemon's socket, if one exists (whether it answers is known on
-/// the first request).
-pub(crate) fn present() -> Option<PathBuf> {
+/// The daemon's socket, if one exists (whether a daemon answers on it is
+/// known on the first request).
+pub fn present() -> Option<PathBuf> {
     let p = socket_path();
     std::fs::metadata(&p)
         .ok()

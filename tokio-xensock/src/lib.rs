@@ -198,6 +198,16 @@ impl XenStream {
             std::future::poll_fn(|cx| s.poll_connected(cx)).await?;
             return Ok(s);
         }
+        if libxensock::daemon::present().is_some() {
+            // The guest's xensock daemon holds its transport: connect
+            // through it on the blocking pool (it answers once the connect
+            // ended; a daemon that is gone falls back to this process's
+            // transport there).
+            let s = tokio::task::spawn_blocking(move || libxensock::XenStream::connect(addr))
+                .await
+                .map_err(io::Error::other)??;
+            return XenStream::from_std(s);
+        }
         let t = tokio::task::spawn_blocking(Transport::global)
             .await
             .map_err(io::Error::other)??;
