@@ -71,6 +71,31 @@ if [ $rc = 2 ] && grep -q "in use by process $HOLDER" /tmp/second.log && [ $aliv
 else
   result second-process-refused FAIL "second rc=$rc, first still streaming then: $alive, first rc=$hrc"
 fi
+# xensock daemon shares the guest's transport: two processes stream
+# through it at once; one killed mid-stream takes only its own connection,
+# the other's checksum comes out right
+xensock daemon > /tmp/daemon.log 2>&1 &
+DAEMON=$!
+wait_until 60 test -S /run/xensock/daemon.sock
+lab_echo dclient $PEER 7 512 > /tmp/d1.log 2>&1 &
+D1=$!
+lab_echo dclient $PEER 7 256 > /tmp/d2.log 2>&1 &
+D2=$!
+wait_until 60 grep -q '^connect_ms' /tmp/d1.log
+wait_until 60 grep -q '^connect_ms' /tmp/d2.log
+kill -9 $D1; wait $D1 2>/dev/null
+watchdog $D2 240; rc=$?
+grep -v '^@@METRIC' /tmp/d2.log
+lab_echo dclient $PEER 7 1 > /tmp/d3.log 2>&1; rc3=$?
+grep -v '^@@METRIC' /tmp/d3.log
+cat /tmp/daemon.log
+if [ $rc = 0 ] && [ $rc3 = 0 ] && grep -q 'checksum OK' /tmp/d2.log && kill -0 $DAEMON 2>/dev/null; then
+  result daemon-shared PASS
+else
+  result daemon-shared FAIL "survivor rc=$rc, next rc=$rc3"
+fi
+kill $DAEMON; wait $DAEMON 2>/dev/null
+links
 # peer death: stream until domu1 kills its server (after 2 MiB)
 run lab_echo hold $PEER 8 60; rc=$?
 if [ $rc = 0 ]; then result peer-death PASS; else result peer-death FAIL "rc=$rc"; fi
