@@ -24,7 +24,10 @@ use xensock_proto::mem::RawRing;
 use xensock_proto::ring::{Consumer, Producer, RingError};
 
 #[derive(Parser, Debug)]
-#[command(about = "xensock ring vs AF_UNIX vs TCP loopback vs memcpy, in one run")]
+#[command(
+    version,
+    about = "xensock ring vs AF_UNIX vs TCP loopback vs memcpy, in one run"
+)]
 struct Args {
     /// Fewer bytes and round trips (about 8x faster, noisier).
     #[arg(long)]

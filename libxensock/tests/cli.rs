@@ -56,3 +56,10 @@ fn status_without_a_backend_says_so() {
     assert!(ok, "{out}");
     assert!(out.contains("kernel family: not loaded"), "{out}");
 }
+
+#[test]
+fn xensock_says_its_version() {
+    let (ok, out) = xensock(&["--version"]);
+    assert!(ok, "{out}");
+    assert_eq!(out.trim(), format!("xensock {}", env!("CARGO_PKG_VERSION")));
+}

@@ -10,6 +10,7 @@ use xensock_discovery::xs::XsClient;
 
 #[derive(Parser)]
 #[command(
+    name = "xensock-agent",
     version,
     about = "xensock dom0 agent: tells each guest its co-resident peers"
 )]

@@ -11,7 +11,11 @@ use xensock_discovery::peers::{CoResidency, Discovery};
 use xensock_discovery::xs::XsClient;
 
 #[derive(Parser)]
-#[command(version, about = "xensock co-residency queries for a guest")]
+#[command(
+    name = "xensock-discover",
+    version,
+    about = "xensock co-residency queries for a guest"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

@@ -26,6 +26,7 @@ use xensock_sim::{DomainConfig, SimHost};
 #[derive(Parser)]
 #[command(
     name = "xensock",
+    version,
     about = "xensock: sockets between co-resident Xen domains"
 )]
 struct Cli {
