@@ -41,10 +41,6 @@ impl SockAddrXen {
     }
 }
 
-fn einval() -> io::Error {
-    io::Error::from_raw_os_error(libc::EINVAL)
-}
-
 /// A string that is not `xen:<domid>:<port>`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid xensock address: {0}")]
@@ -119,8 +115,12 @@ impl ToXenAddr for (u16, u32) {
 }
 
 impl ToXenAddr for str {
+    /// A string that does not parse fails with `ErrorKind::InvalidInput`
+    /// (the kind of `EINVAL`) carrying the [`AddrParseError`], which says
+    /// what is wrong.
     fn to_xen_addr(&self) -> io::Result<SockAddrXen> {
-        self.parse().map_err(|_: AddrParseError| einval())
+        self.parse()
+            .map_err(|e: AddrParseError| io::Error::new(io::ErrorKind::InvalidInput, e))
     }
 }
 
@@ -171,7 +171,12 @@ mod tests {
         ] {
             assert!(s.parse::<SockAddrXen>().is_err(), "{s}");
             let e = s.to_xen_addr().unwrap_err();
-            assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{s}");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{s}");
+            assert!(
+                e.to_string()
+                    .contains(&format!("invalid xensock address: {s:?}")),
+                "{e}"
+            );
         }
     }
 }

@@ -41,7 +41,8 @@
 //! `ECONNREFUSED` (nobody listens, backlog full), `EADDRINUSE`,
 //! `ETIMEDOUT`, `ECONNRESET` / `EPIPE` (peer reset, died or closed),
 //! `EHOSTUNREACH` (no link to that domain could be set up), `EINVAL`
-//! (bad address).
+//! (an address no domain can have). An address string that does not parse
+//! fails with `ErrorKind::InvalidInput` saying what is wrong.
 //!
 //! Readiness: every stream and listener has a pollable descriptor
 //! ([`std::os::fd::AsRawFd`]): the socket itself for the kernel family, an

@@ -244,7 +244,8 @@ pub fn bad_addresses_are_einval<W: World>(w: W) {
     // refused by the address parser, whichever backend
     for a in ["xen:1", "tcp:1:2", "xen:99999:1"] {
         let e = a.to_xen_addr().unwrap_err();
-        assert_eq!(errno(&e), libc::EINVAL, "{a}");
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{a}");
+        assert!(e.to_string().contains(a), "{e}");
     }
     // The wildcard port.
     let any = SockAddrXen::new(w.server_domid(), libxensock::PORT_ANY);
