@@ -63,3 +63,69 @@ fn xensock_says_its_version() {
     assert!(ok, "{out}");
     assert_eq!(out.trim(), format!("xensock {}", env!("CARGO_PKG_VERSION")));
 }
+
+/// `xensock listen` and `xensock connect`: a shell user's pair, as `nc`.
+#[test]
+fn listen_and_connect_pipe_both_ways() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::Stdio;
+    let host = xensock_sim::SimHost::start().unwrap();
+    let da = host
+        .create_domain(xensock_sim::DomainConfig::new("a"))
+        .unwrap();
+    let db = host
+        .create_domain(xensock_sim::DomainConfig::new("b"))
+        .unwrap();
+    let mut listener = Command::new(env!("CARGO_BIN_EXE_xensock"))
+        .args(["listen", "5"])
+        .envs(da.env())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(listener.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(
+        line.contains(&format!("listening on xen:{}:5", da.domid)),
+        "{line}"
+    );
+    let mut connector = Command::new(env!("CARGO_BIN_EXE_xensock"))
+        .args(["connect", &format!("xen:{}:5", da.domid)])
+        .envs(db.env())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    connector
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello from b\n")
+        .unwrap();
+    listener
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hi from a\n")
+        .unwrap();
+    let mut got_a = String::new();
+    listener
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut got_a)
+        .unwrap();
+    let mut got_b = String::new();
+    connector
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut got_b)
+        .unwrap();
+    assert_eq!(got_a, "hello from b\n");
+    assert_eq!(got_b, "hi from a\n");
+    assert!(listener.wait().unwrap().success());
+    assert!(connector.wait().unwrap().success());
+}

@@ -82,6 +82,19 @@ enum Cmd {
     /// bring connections back onto rings. (They also notice a new domid by
     /// themselves.)
     Resume,
+    /// Connect to a xensock listener and copy stdin to it and it to stdout
+    /// (as `nc`): stdin's end of file half-closes the connection; the
+    /// command ends when the peer's end of stream arrives.
+    Connect {
+        /// `xen:DOMID:PORT`.
+        addr: String,
+    },
+    /// Listen on a port of this domain, accept one connection and copy it
+    /// to stdout and stdin to it (as `nc -l`).
+    Listen {
+        /// The port (`xen:self:PORT` is also accepted).
+        port: String,
+    },
     /// Run this guest's user-space transport for every process of the
     /// guest: programs' XenStream and XenListener then go through this
     /// daemon (each connection a Unix socket it relays), so any number of
@@ -92,6 +105,37 @@ enum Cmd {
         #[arg(long)]
         socket: Option<PathBuf>,
     },
+}
+
+/// `xensock listen`: one connection, piped.
+fn listen(port: &str) -> Res<()> {
+    let addr = if port.starts_with("xen:") {
+        port.to_string()
+    } else {
+        format!("xen:self:{port}")
+    };
+    let l =
+        libxensock::XenListener::bind(addr.as_str()).map_err(|e| format!("listen {addr}: {e}"))?;
+    eprintln!("xensock: listening on {}", l.local_addr()?);
+    let (s, peer) = l.accept()?;
+    eprintln!("xensock: connection from {peer}");
+    drop(l);
+    pipe(s)
+}
+
+/// Copies stdin to `s` (then half-closes it) and `s` to stdout, until the
+/// peer's end of stream.
+fn pipe(s: XenStream) -> Res<()> {
+    let mut w = s.try_clone()?;
+    thread::spawn(move || {
+        let _ = io::copy(&mut io::stdin().lock(), &mut w);
+        let _ = w.shutdown(Shutdown::Write);
+    });
+    let mut r = s;
+    let mut out = io::stdout().lock();
+    io::copy(&mut r, &mut out)?;
+    out.flush()?;
+    Ok(())
 }
 
 /// `xensock daemon`: the process-wide transport, served to the guest.
@@ -127,6 +171,10 @@ fn main() {
         Cmd::Suspend => hook("suspend"),
         Cmd::Resume => hook("resume"),
         Cmd::Daemon { socket } => daemon(socket),
+        Cmd::Connect { addr } => XenStream::connect(addr.as_str())
+            .map_err(|e| format!("connect {addr}: {e}").into())
+            .and_then(pipe),
+        Cmd::Listen { port } => listen(&port),
     };
     if let Err(e) = r {
         eprintln!("xensock: {e}");
