@@ -129,3 +129,27 @@ fn listen_and_connect_pipe_both_ways() {
     assert!(listener.wait().unwrap().success());
     assert!(connector.wait().unwrap().success());
 }
+
+#[test]
+fn bench_and_demo_refuse_what_cannot_work_before_running() {
+    let (ok, out) = xensock(&["bench", "--scale", "0"]);
+    assert!(
+        !ok && out.contains("--scale must be a positive number"),
+        "{out}"
+    );
+    let (ok, out) = xensock(&["bench", "--scale=-1"]);
+    assert!(
+        !ok && out.contains("--scale must be a positive number"),
+        "{out}"
+    );
+    let (ok, out) = xensock(&["bench", "--plot", "/nonexistent-dir/chart.png"]);
+    assert!(
+        !ok && out.contains("--plot /nonexistent-dir/chart.png"),
+        "{out}"
+    );
+    let (ok, out) = xensock(&["demo", "--write-size", "0"]);
+    assert!(
+        !ok && out.contains("--write-size must be at least 1"),
+        "{out}"
+    );
+}

@@ -107,6 +107,20 @@ enum Cmd {
     },
 }
 
+/// What `bench` can know is wrong before it runs for minutes.
+fn check_bench_args(scale: f64, plot: Option<&std::path::Path>) -> Res<()> {
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(format!("--scale must be a positive number, not {scale}").into());
+    }
+    if let Some(p) = plot {
+        // the chart is written at the end: find out now that it can be
+        std::fs::File::create(p)
+            .and_then(|_| std::fs::remove_file(p))
+            .map_err(|e| format!("--plot {}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
 /// `xensock listen`: one connection, piped.
 fn listen(port: &str) -> Res<()> {
     let addr = if port.starts_with("xen:") {
@@ -155,18 +169,20 @@ fn daemon(socket: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
 fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
+        Cmd::Demo { write_size: 0, .. } => Err("--write-size must be at least 1 byte".into()),
         Cmd::Demo {
             mib,
             write_size,
             ring,
             quiet,
-        } => demo(mib, write_size.max(1), ring, quiet),
+        } => demo(mib, write_size, ring, quiet),
         Cmd::Bench {
             scale,
             plot,
             reps,
             placement,
-        } => bench(scale, plot, reps.max(1), placement),
+        } => check_bench_args(scale, plot.as_deref())
+            .and_then(|()| bench(scale, plot, reps.max(1), placement)),
         Cmd::Status => status(),
         Cmd::Suspend => hook("suspend"),
         Cmd::Resume => hook("resume"),
