@@ -86,6 +86,40 @@ pub enum PeerEvent {
     Updated(Peer),
 }
 
+/// `dom5 <uuid> 10.0.0.5,fd00::5 v1`, as `xensock-discover peers` prints it.
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let addrs: Vec<String> = self.addrs.iter().map(|a| a.to_string()).collect();
+        let addrs = if addrs.is_empty() {
+            "-".to_string()
+        } else {
+            addrs.join(",")
+        };
+        write!(
+            f,
+            "dom{} {} {} v{}",
+            self.domid, self.uuid, addrs, self.version
+        )
+    }
+}
+
+/// One line a person reads: what happened, then the peer.
+impl std::fmt::Display for PeerEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerEvent::Arrived(p) => write!(f, "arrived {p}"),
+            PeerEvent::Gone(p) => write!(f, "gone    {p}"),
+            PeerEvent::Moved { peer, from_domid } => {
+                write!(f, "moved   {peer} (was dom{from_domid})")
+            }
+            PeerEvent::Left { peer, destination } => {
+                write!(f, "left    {peer} for {destination}")
+            }
+            PeerEvent::Updated(p) => write!(f, "updated {p}"),
+        }
+    }
+}
+
 /// Events turning `old` into `new`, matched by UUID.
 pub fn diff(old: &PeerTable, new: &PeerTable) -> Vec<PeerEvent> {
     let by_uuid = |t: &PeerTable| -> BTreeMap<String, Peer> {
@@ -595,6 +629,33 @@ mod tests {
                 "10.0.0.1".parse::<IpAddr>().unwrap(),
                 "fd00::1".parse().unwrap()
             ]
+        );
+    }
+}
+
+#[cfg(test)]
+mod display_tests {
+    use super::*;
+
+    #[test]
+    fn events_read_as_sentences() {
+        let p = Peer {
+            domid: 5,
+            uuid: "0b0e2e5c-0000-4000-8000-000000000005".into(),
+            addrs: vec!["10.0.0.5".parse().unwrap()],
+            version: "1".into(),
+        };
+        assert_eq!(
+            PeerEvent::Moved {
+                peer: p.clone(),
+                from_domid: 3
+            }
+            .to_string(),
+            "moved   dom5 0b0e2e5c-0000-4000-8000-000000000005 10.0.0.5 v1 (was dom3)"
+        );
+        assert_eq!(
+            PeerEvent::Arrived(Peer { addrs: vec![], ..p }).to_string(),
+            "arrived dom5 0b0e2e5c-0000-4000-8000-000000000005 - v1"
         );
     }
 }

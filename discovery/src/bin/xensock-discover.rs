@@ -100,14 +100,7 @@ fn run(cli: Cli) -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
         Cmd::Peers => {
             let t = CoResidency::new(XsClient::open()?).table()?;
             for p in t.peers.values() {
-                let addrs: Vec<String> = p.addrs.iter().map(|a| a.to_string()).collect();
-                println!(
-                    "dom{} {} {} v{}",
-                    p.domid,
-                    p.uuid,
-                    addrs.join(","),
-                    p.version
-                );
+                println!("{p}");
             }
             for (uuid, dest) in &t.moved {
                 println!("moved {uuid} -> {dest}");
@@ -139,7 +132,7 @@ fn run(cli: Cli) -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
                     break;
                 }
                 if let Some(e) = w.next_event(left)? {
-                    println!("{e:?}");
+                    println!("{e}");
                 }
             }
         }
