@@ -61,9 +61,18 @@ listener_check() {
 }
 
 # ---- setup and teardown --------------------------------------------------------
+# the user the user-space streams run as (streams.sh); the suspend hook
+# runs as root
+UT_UID=1000
 mig_setup() {
   # the user-space transport's link and carrier events, on the console
   [ "$MIG_STACK" = userspace ] && export RUST_LOG=libxensock=info
+  if [ "$MIG_STACK" = userspace ]; then
+    # what a udev rule giving a group the devices would do, and a /tmp
+    # every user may write
+    chmod 0666 /dev/xen/gntdev /dev/xen/gntalloc /dev/xen/evtchn /dev/xen/xenbus
+    chmod 1777 /tmp
+  fi
   if [ "$MIG_STACK" = kmod ]; then
     check kmod-insmod insmod /opt/xensock/af_xen.ko
     log "af_xen family $(cat /sys/module/af_xen/parameters/family 2>&1)"

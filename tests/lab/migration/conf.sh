@@ -90,6 +90,7 @@ scenario_build() {
     afx_module "$out" || return 1
   fi
   gcc -O2 -Wall -static -I "$src/af-xen-kmod/include" -o "$out/bin/xsstream" "$REPO_DIR/tests/lab/c/xsstream.c"
+  gcc -O2 -Wall -static -o "$out/bin/runas" "$REPO_DIR/tests/lab/c/runas.c"
   # the agent and xensock-discover always from this tree (away/back,
   # advertise --keep); lab_stream from RUST_TREE if given
   local rtdir=$tdir

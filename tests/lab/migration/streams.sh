@@ -32,12 +32,18 @@ start_stream() {
   case $1-$2 in
     server-kx) xsstream server xen "$4" "$3" $_opt & ;;
     server-tcp) xsstream server tcp "$4" "$3" $_opt & ;;
-    server-kt|server-ut) lab_stream server "$4" "$3" $_opt & ;;
+    server-kt) lab_stream server "$4" "$3" $_opt & ;;
+    # the user-space transport as an unprivileged user: the root suspend
+    # hook must reach it through the guest's transport claim
+    server-ut) runas "$UT_UID" lab_stream server "$4" "$3" $_opt & ;;
     client-kx) xsstream client xen "$5" "$4" "$3" $_opt & ;;
     client-tcp) xsstream client tcp "$5" "$4" "$3" $_opt & ;;
-    client-kt|client-ut) lab_stream client "$5" "$4" "$3" $_opt & ;;
+    client-kt) lab_stream client "$5" "$4" "$3" $_opt & ;;
+    client-ut) runas "$UT_UID" lab_stream client "$5" "$4" "$3" $_opt & ;;
   esac
   echo $! > "/tmp/$3.pid"
+  # (once runas has dropped to it)
+  [ "$2" = ut ] && ( _p=$!; lab_sleep 2; log "$3: pid $_p runs as uid $(awk '/^Uid:/ {print $2}' /proc/$_p/status 2>/dev/null)" ) &
 }
 stream_alive() { kill -0 "$(cat "/tmp/$1.pid" 2>/dev/null)" 2>/dev/null; }
 # stop_stream NAME: end it (end marker, shutdown) and wait for its verdict;
