@@ -23,7 +23,8 @@
 //! - `connect DOMID PORT TIMEOUT_MS` (0: the transport's default) is
 //!   answered `ok LDOMID LPORT PDOMID PPORT` with the program's end of the
 //!   pair attached (`SCM_RIGHTS`), or `err ERRNO MESSAGE`.
-//! - `listen PORT BACKLOG` is answered `ok LDOMID LPORT` or `err ...`; then
+//! - `listen DOMID PORT BACKLOG` (0: the default) is answered
+//!   `ok LDOMID LPORT` or `err ...`; then
 //!   each accepted connection comes as `conn PDOMID PPORT` with its end
 //!   attached. The listener lives as long as the request's connection.
 
@@ -291,19 +292,7 @@ impl RelayListener {
     }
 
     pub(crate) fn accept(&self) -> io::Result<(RelayStream, SockAddrXen)> {
-        let nb = self.nonblocking.load(Ordering::Relaxed);
-        let (text, fd) = recv_packet(self.ctrl.as_raw_fd(), nb)?;
-        if text.is_empty() {
-            // the daemon went away: the listener is gone
-            return Err(io::Error::from_raw_os_error(libc::ECONNABORTED));
-        }
-        match (numbers::<2>(&text, 1), fd) {
-            (Some([pd, pp]), Some(fd)) if text.starts_with("conn ") => {
-                let peer = SockAddrXen::new(pd, pp);
-                Ok((relay_stream(fd, self.local, peer), peer))
-            }
-            _ => Err(protocol_error(&format!("unexpected packet {text:?}"))),
-        }
+        self.next_conn(self.nonblocking.load(Ordering::Relaxed))
     }
 
     pub(crate) fn accept_timeout(
@@ -315,16 +304,18 @@ impl RelayListener {
             self.ctrl.as_fd(),
             nix::poll::PollFlags::POLLIN,
         )];
-        let n = nix::poll::poll(
-            &mut p,
-            nix::poll::PollTimeout::try_from(ms).unwrap_or(nix::poll::PollTimeout::MAX),
-        )
-        .map_err(nix_err)?;
-        if n == 0 {
+        let wait = nix::poll::PollTimeout::try_from(ms).unwrap_or(nix::poll::PollTimeout::MAX);
+        if nix::poll::poll(&mut p, wait).map_err(nix_err)? == 0 {
             return Err(io::Error::from_raw_os_error(libc::ETIMEDOUT));
         }
-        let (text, fd) = recv_packet(self.ctrl.as_raw_fd(), false)?;
+        self.next_conn(false)
+    }
+
+    /// The next `conn` packet and its descriptor.
+    fn next_conn(&self, nonblocking: bool) -> io::Result<(RelayStream, SockAddrXen)> {
+        let (text, fd) = recv_packet(self.ctrl.as_raw_fd(), nonblocking)?;
         if text.is_empty() {
+            // the daemon went away: the listener is gone
             return Err(io::Error::from_raw_os_error(libc::ECONNABORTED));
         }
         match (numbers::<2>(&text, 1), fd) {
