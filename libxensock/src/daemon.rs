@@ -476,6 +476,33 @@ fn serve_listener(l: &crate::XenListener, c: &OwnedFd) -> io::Result<()> {
     }
 }
 
+/// How one direction of a relay ended.
+enum CopyEnd {
+    /// The source's end of stream, passed on.
+    Eof,
+    /// The destination refused the bytes (its reader is gone).
+    WriteFailed,
+    /// The source failed (a reset).
+    ReadFailed,
+}
+
+/// Copies `from` to `to` until one of them ends.
+fn copy_until(mut from: impl Read, mut to: impl Write) -> CopyEnd {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => return CopyEnd::Eof,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    return CopyEnd::WriteFailed;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return CopyEnd::ReadFailed,
+        }
+    }
+}
+
 /// Copies both ways between a xensock connection and the program's end of
 /// its socket pair until both directions ended.
 fn relay(x: XenStream, u: UnixStream) {
@@ -486,52 +513,20 @@ fn relay(x: XenStream, u: UnixStream) {
         .name("xensock-daemon-rx".into())
         .spawn(move || {
             // peer -> program
-            let mut buf = vec![0u8; 64 * 1024];
-            let (mut x, mut u) = (&x2, &u2);
-            loop {
-                match x.read(&mut buf) {
-                    Ok(0) => {
-                        let _ = u.shutdown(Shutdown::Write);
-                        return;
-                    }
-                    Ok(n) => {
-                        if u.write_all(&buf[..n]).is_err() {
-                            // the program closed: what the peer sends is
-                            // refused, as TCP resets after a close
-                            let _ = x.shutdown(Shutdown::Both);
-                            return;
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => {
-                        let _ = u.shutdown(Shutdown::Both);
-                        return;
-                    }
-                }
-            }
+            let _ = match copy_until(&x2, &u2) {
+                CopyEnd::Eof => u2.shutdown(Shutdown::Write),
+                // the program closed: what the peer sends is refused, as
+                // TCP resets after a close
+                CopyEnd::WriteFailed => x2.shutdown(Shutdown::Both),
+                CopyEnd::ReadFailed => u2.shutdown(Shutdown::Both),
+            };
         });
     // program -> peer
-    let mut buf = vec![0u8; 64 * 1024];
-    let (mut xr, mut ur) = (&x, &u);
-    loop {
-        match ur.read(&mut buf) {
-            Ok(0) => {
-                let _ = xr.shutdown(Shutdown::Write);
-                break;
-            }
-            Ok(n) => {
-                if xr.write_all(&buf[..n]).is_err() {
-                    let _ = ur.shutdown(Shutdown::Both);
-                    break;
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => {
-                let _ = xr.shutdown(Shutdown::Both);
-                break;
-            }
-        }
-    }
+    let _ = match copy_until(&u, &x) {
+        CopyEnd::Eof => x.shutdown(Shutdown::Write),
+        CopyEnd::WriteFailed => u.shutdown(Shutdown::Both),
+        CopyEnd::ReadFailed => x.shutdown(Shutdown::Both),
+    };
     // The program may still read after its half-close; once it closed the
     // socket altogether (it exited, or died), the connection ends.
     let mut p = [nix::poll::PollFd::new(

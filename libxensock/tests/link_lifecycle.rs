@@ -177,14 +177,12 @@ fn child_linker() {
     }
 }
 
-#[test]
-fn a_killed_predecessor_is_superseded() {
-    let host = SimHost::start().unwrap();
-    let da = host.create_domain(DomainConfig::new("a")).unwrap();
-    let db = host.create_domain(DomainConfig::new("b")).unwrap();
-    let dom0 = xensock_discovery::xs::XsClient::open_path(host.dom0().xenstored_path()).unwrap();
-    let a = Transport::sim_with(host.dir(), da.domid, config()).unwrap();
-    let l = a.bind("xen:self:6").unwrap();
+/// `child_linker` as a process of domain `d`, linking to `to`'s port 6;
+/// its stdout.
+fn spawn_child_linker(
+    d: &xensock_sim::SimDomain,
+    to: u16,
+) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -193,13 +191,25 @@ fn a_killed_predecessor_is_superseded() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .envs(db.env())
-        .env("XENSOCK_TEST_CONNECT", format!("xen:{}:6", da.domid))
+        .envs(d.env())
+        .env("XENSOCK_TEST_CONNECT", format!("xen:{to}:6"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let out = BufReader::new(child.stdout.take().unwrap());
+    (child, out)
+}
+
+#[test]
+fn a_killed_predecessor_is_superseded() {
+    let host = SimHost::start().unwrap();
+    let da = host.create_domain(DomainConfig::new("a")).unwrap();
+    let db = host.create_domain(DomainConfig::new("b")).unwrap();
+    let dom0 = xensock_discovery::xs::XsClient::open_path(host.dom0().xenstored_path()).unwrap();
+    let a = Transport::sim_with(host.dir(), da.domid, config()).unwrap();
+    let l = a.bind("xen:self:6").unwrap();
+    let (mut child, mut out) = spawn_child_linker(&db, da.domid);
     let (s1, _) = l.accept().unwrap();
     let mut line = String::new();
     while !line.contains("connected") {
@@ -247,21 +257,7 @@ fn a_second_process_is_refused_and_the_first_keeps_its_connections() {
     let db = host.create_domain(DomainConfig::new("b")).unwrap();
     let a = Transport::sim_with(host.dir(), da.domid, config()).unwrap();
     let l = a.bind("xen:self:6").unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_linker",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .envs(db.env())
-        .env("XENSOCK_TEST_CONNECT", format!("xen:{}:6", da.domid))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut child, mut out) = spawn_child_linker(&db, da.domid);
     let (mut s1, _) = l.accept().unwrap();
     let mut line = String::new();
     while !line.contains("connected") {
