@@ -113,6 +113,17 @@ fn recv_packet(sock: RawFd, nonblocking: bool) -> io::Result<(String, Option<Own
     Ok((text, fd))
 }
 
+/// A Unix `SOCK_SEQPACKET` socket, closed on exec.
+fn seqpacket() -> io::Result<OwnedFd> {
+    socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(nix_err)
+}
+
 fn protocol_error(what: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidData,
@@ -154,13 +165,7 @@ pub fn present() -> Option<PathBuf> {
 /// Opens a request's connection; `None` when no daemon answers there (a
 /// socket file left by a daemon that is gone).
 fn request(path: &Path, text: &str) -> io::Result<Option<OwnedFd>> {
-    let sock = socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .map_err(nix_err)?;
+    let sock = seqpacket()?;
     let addr = UnixAddr::new(path).map_err(nix_err)?;
     match connect(sock.as_raw_fd(), &addr) {
         Ok(()) => {}
@@ -354,13 +359,7 @@ pub fn serve(transport: &Transport, path: &Path) -> io::Result<()> {
         // transport's claim, so we would not have got here)
         let _ = std::fs::remove_file(path);
     }
-    let sock = socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .map_err(nix_err)?;
+    let sock = seqpacket()?;
     bind(sock.as_raw_fd(), &UnixAddr::new(path).map_err(nix_err)?).map_err(nix_err)?;
     // any user's program may use the guest's transport, as any may open
     // a socket
