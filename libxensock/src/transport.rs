@@ -285,6 +285,10 @@ pub(crate) struct State {
     conns: HashMap<u32, Arc<Conn>>,
     used_ports: HashSet<u32>,
     dead_gens: HashMap<DomId, u32>,
+    /// Peers whose link was lost without their half being retracted first
+    /// (state Closed, as a guest being saved or migrated does): dead if
+    /// dom0 notes them gone (`xensock/gone/<domid>`), else moving.
+    vanished: HashSet<DomId>,
     next_port: u32,
 }
 
@@ -544,6 +548,7 @@ impl Transport {
                 conns: HashMap::new(),
                 used_ports: HashSet::new(),
                 dead_gens: HashMap::new(),
+                vanished: HashSet::new(),
                 next_port: EPHEMERAL_PORT_FIRST,
             }),
             link_cv: Condvar::new(),
@@ -1365,6 +1370,12 @@ fn manager_thread(inner: Arc<Inner>) {
             inner.follow_table();
         }
         let mut st = inner.state();
+        if evs.iter().any(|p| inner.is_gone_event(p)) {
+            let vanished: Vec<DomId> = st.vanished.iter().copied().collect();
+            for p in vanished {
+                inner.end_dead_peer(&mut st, p);
+            }
+        }
         let mut peers: Vec<DomId> = evs.iter().filter_map(|p| inner.is_link_event(p)).collect();
         peers.sort_unstable();
         peers.dedup();
@@ -1474,6 +1485,54 @@ impl Inner {
         )
     }
 
+    /// Where dom0 notes peers destroyed for good: `xensock/gone/<domid>`.
+    fn gone_dir(&self) -> String {
+        format!(
+            "/local/domain/{}/{}/{}",
+            self.domid(),
+            xensock_discovery::layout::XENSOCK,
+            xensock_discovery::layout::GONE
+        )
+    }
+
+    /// Whether `path` is the gone notes or one of them.
+    fn is_gone_event(&self, path: &str) -> bool {
+        path.strip_prefix(&self.gone_dir())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
+
+    /// Whether dom0 noted `peer` destroyed for good.
+    fn peer_gone(&self, peer: DomId) -> bool {
+        matches!(
+            self.xs.try_read(&format!("{}/{peer}", self.gone_dir())),
+            Ok(Some(_))
+        )
+    }
+
+    /// Whether `peer` retracted its half of our link (state Closed), as a
+    /// guest about to be saved or migrated does.
+    fn peer_retracted(&self, peer: DomId) -> bool {
+        matches!(
+            self.xs.try_read(&format!("{}/state", self.peer_node(peer))),
+            Ok(Some(v)) if std::str::from_utf8(&v).ok().map(str::trim) == Some(STATE_CLOSED)
+        )
+    }
+
+    /// A vanished peer that dom0 notes gone: its connections, carried on
+    /// since the link went, fail now.
+    fn end_dead_peer(&self, st: &mut State, peer: DomId) {
+        if !st.vanished.contains(&peer) || !self.peer_gone(peer) {
+            return;
+        }
+        st.vanished.remove(&peer);
+        for c in st.conns.values().filter(|c| c.peer() == peer) {
+            if let Some(e) = c.engine() {
+                tracing::info!(conn = c.id, peer, "peer domain destroyed: connection reset");
+                e.peer_dead();
+            }
+        }
+    }
+
     /// Whether `path` is our table or an entry of it.
     fn is_table_event(&self, path: &str) -> bool {
         path.strip_prefix(&self.table_dir())
@@ -1538,6 +1597,7 @@ impl Inner {
         let broad = table.is_none() && self.static_peers.is_none();
         let mut wanted: HashSet<String> = candidates.iter().map(|&p| self.peer_node(p)).collect();
         wanted.insert(self.table_dir());
+        wanted.insert(self.gone_dir());
         wanted.insert("domid".to_string());
         if broad {
             wanted.insert("/local/domain".to_string());
@@ -1913,6 +1973,8 @@ impl Inner {
             // Its grants and mappings would go into the save.
             return Err(Error::Io(errno(libc::EAGAIN)));
         }
+        // a peer we link with again is alive
+        st.vanished.remove(&peer);
         let rx = grant_ring(
             self.xen.as_ref(),
             self.domid(),
@@ -2086,6 +2148,9 @@ impl Inner {
             // Node gone: the peer tore its link down or its domain died.
             if st.links.get(&peer).is_some_and(|l| l.peer_gen.is_some()) {
                 self.link_down(st, peer, true);
+            } else if self.peer_retracted(peer) {
+                // retracted after we saw the link die: saved or migrating
+                st.vanished.remove(&peer);
             }
             return;
         };
@@ -2151,6 +2216,11 @@ impl Inner {
             }
         }
         let moved = lost && self.peer_moved(peer);
+        if lost && !moved && !self.peer_retracted(peer) {
+            st.vanished.insert(peer);
+        } else {
+            st.vanished.remove(&peer);
+        }
         for id in &link.conns {
             // A connection on its carrier engine goes on over TCP (its legs
             // are its own); it comes back to a ring on a new link. The
@@ -2190,6 +2260,8 @@ impl Inner {
         for l in st.listeners.values() {
             l.drop_peer(peer);
         }
+        // dom0 may have noted the peer gone before its link was seen to go
+        self.end_dead_peer(st, peer);
         let created = link.created_dir;
         drop(link);
         self.withdraw_node(peer, created);

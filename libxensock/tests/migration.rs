@@ -740,6 +740,142 @@ fn destroyed_peer_resets() {
     assert!(latency < bound * slack(), "reset after {latency:?}");
 }
 
+/// Run as the init process of a sim domain by
+/// `a_peer_noted_gone_resets_at_once`: connects to `XENSOCK_TEST_CONNECT`,
+/// leaves the rings and comes back (the connection now has its carrier
+/// engine), says so in `XENSOCK_TEST_MARK`, then writes until its domain
+/// is destroyed.
+#[test]
+#[ignore = "helper: run as a domain's process by a_peer_noted_gone_resets_at_once"]
+fn child_returner() {
+    let Ok(addr) = std::env::var("XENSOCK_TEST_CONNECT") else {
+        return;
+    };
+    let s = XenStream::connect(addr.as_str()).unwrap();
+    (&s).write_all(&[0x5a; 4096]).unwrap();
+    let t = Transport::global().unwrap();
+    t.suspend();
+    t.resume();
+    let back = (0..200).any(|_| {
+        thread::sleep(Duration::from_millis(50));
+        (&s).write_all(&[0x5a; 4096]).is_ok() && t.status().connections.iter().all(carried_on_ring)
+    });
+    std::fs::write(
+        std::env::var("XENSOCK_TEST_MARK").unwrap(),
+        back.to_string(),
+    )
+    .unwrap();
+    loop {
+        if (&s).write_all(&[0x5a; 4096]).is_err() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn carried_on_ring(c: &ConnStatus) -> bool {
+    matches!(
+        &c.carrier,
+        Carrier::Engine {
+            tx: "ring",
+            rx: "ring",
+            ..
+        }
+    )
+}
+
+/// A peer destroyed without retracting its half of the link (not saved,
+/// not migrated) while its connection has a TCP carrier: dom0's agent
+/// notes it gone, and the stayer's reads end in ECONNRESET at once, not
+/// after the lost-peer bound its TCP legs would otherwise wait.
+#[test]
+fn a_peer_noted_gone_resets_at_once() {
+    let host = SimHost::start().unwrap();
+    let da = host.create_domain(DomainConfig::new("a")).unwrap();
+    let dom0 = xensock_discovery::xs::XsClient::open_path(host.dom0().xenstored_path()).unwrap();
+    let _agent = xensock_discovery::agent::Agent::spawn(
+        dom0.clone(),
+        xensock_discovery::agent::AgentConfig::default(),
+    )
+    .unwrap();
+    advertise(&host, &da, "10.0.0.1");
+    let bound = Duration::from_secs(60);
+    let a = Transport::sim_with(
+        host.dir(),
+        da.domid,
+        Config {
+            peer_lost_after: bound,
+            ..cfg()
+        },
+    )
+    .unwrap();
+    let l = a.bind("xen:self:7006").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mark = dir.path().join("back");
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child_returner", "--ignored", "--test-threads=1"])
+        .env("XENSOCK_TEST_CONNECT", format!("xen:{}:7006", da.domid))
+        .env("XENSOCK_TEST_MARK", &mark)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let (db, pid) = host.spawn_domain(DomainConfig::new("b"), cmd).unwrap();
+    advertise(&host, &db, "10.0.0.2");
+    wait_for_table(&dom0, &da, &[db.domid]);
+    let (s, peer) = l.accept().unwrap();
+    assert_eq!(peer.domid, u32::from(db.domid));
+    let mut buf = vec![0u8; 65536];
+    assert!(eventually(Duration::from_secs(30), || {
+        let _ = (&s).read(&mut buf);
+        std::fs::read_to_string(&mark).is_ok_and(|m| !m.is_empty())
+    }));
+    assert_eq!(std::fs::read_to_string(&mark).unwrap(), "true");
+    assert!(
+        a.status().connections.iter().all(carried_on_ring),
+        "{:?}",
+        a.status()
+    );
+    // A destroyed Xen domain goes silent: its TCP legs neither close nor
+    // reset (the sim's destroy would kill the process, whose sockets the
+    // host kernel then resets), its XenStore home goes, and the agent
+    // notes it gone. So: freeze the process, then do in XenStore what
+    // xl destroy and the agent do.
+    // SAFETY: sends SIGSTOP to our own child process.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+    // a reader of a silent peer otherwise waits for ever: nothing it sent
+    // goes unacknowledged
+    s.set_read_timeout(Some(bound / 4)).unwrap();
+    let t0 = std::time::Instant::now();
+    dom0.rm(&format!(
+        "/local/domain/{}/data/xensock/link/{}",
+        db.domid, da.domid
+    ))
+    .unwrap();
+    dom0.write(
+        &format!("/local/domain/{}/xensock/gone/{}", da.domid, db.domid),
+        db.uuid.as_str(),
+    )
+    .unwrap();
+    let end = loop {
+        match (&s).read(&mut buf) {
+            Ok(0) => break Ok(0),
+            Ok(_) => continue,
+            Err(e) => break Err(e),
+        }
+    };
+    let latency = t0.elapsed();
+    // SAFETY: ends our own stopped child.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let _ = host.destroy_domain(db.domid);
+    assert_eq!(
+        end.map_err(|e| e.raw_os_error()),
+        Err(Some(libc::ECONNRESET))
+    );
+    assert!(
+        latency < bound / 4,
+        "reset after {latency:?}, not at the gone note"
+    );
+}
+
 /// With the dom0 agent: a listener's guest moves; clients find it again
 /// by its IP address (the agent's table follows the move), not by the
 /// stale domid, and the old connection carries on.

@@ -516,6 +516,14 @@ impl Engine {
         }
     }
 
+    /// The peer's domain was destroyed (dom0 noted it gone for good): the
+    /// connection fails now with `ECONNRESET`, not after its TCP legs
+    /// stayed unanswered for the lost-peer bound.
+    pub(crate) fn peer_dead(&self) {
+        lock(&self.shared.failure).get_or_insert_with(|| "peer domain destroyed".into());
+        self.shared.fail(libc::ECONNRESET, ResetReason::PeerLost);
+    }
+
     /// Whether the connection failed (reads and writes return the error).
     pub(crate) fn failed(&self) -> bool {
         self.shared.failed.load(Ordering::SeqCst) != 0
