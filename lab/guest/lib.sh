@@ -219,3 +219,17 @@ check_wait() {
   if wait "$2"; then result "$1" PASS
   else _rc=$?; [ -n "${3:-}" ] && tail -n 15 "$3" | sed "s/^/  [$1] /"; result "$1" FAIL "rc=$_rc"; fi
 }
+# watchdog PID SECS (shadows busybox's applet of that name): wait for
+# PID; after SECS show where its threads sleep (a client once hung after
+# printing "checksum OK"), kill -9 it. Its status.
+watchdog() {
+  _t=0
+  while kill -0 $1 2>/dev/null && [ $_t -lt $2 ]; do sleep 1; _t=$((_t + 1)); done
+  if kill -0 $1 2>/dev/null; then
+    log "pid $1 still alive after $2 s:"
+    for _k in /proc/$1/task/*; do echo "  [hang] $_k wchan=$(cat $_k/wchan 2>/dev/null) $(grep State $_k/status)"; done
+    kill -9 $1; sleep 2
+    kill -0 $1 2>/dev/null && { echo "  [hang] still there after SIGKILL: $(grep State /proc/$1/status)"; return 125; }
+  fi
+  wait $1
+}

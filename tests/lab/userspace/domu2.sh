@@ -15,19 +15,6 @@ links() {
   echo "  [links] own:"; xenstore-ls /local/domain/$ME/data/xensock/link 2>&1 | sed 's/^/  [links]   /'
   echo "  [links] peer's link/$ME:"; xenstore-ls /local/domain/$PEER/data/xensock/link/$ME 2>&1 | sed 's/^/  [links]   /'
 }
-# watchdog PID SECS: wait for PID; after SECS show where its threads sleep
-# (a client once hung after printing "checksum OK"), kill -9 it. Its status.
-watchdog() {
-  _t=0
-  while kill -0 $1 2>/dev/null && [ $_t -lt $2 ]; do sleep 1; _t=$((_t + 1)); done
-  if kill -0 $1 2>/dev/null; then
-    log "pid $1 still alive after $2 s:"
-    for _k in /proc/$1/task/*; do echo "  [hang] $_k wchan=$(cat $_k/wchan 2>/dev/null) $(grep State $_k/status)"; done
-    kill -9 $1; sleep 2
-    kill -0 $1 2>/dev/null && { echo "  [hang] still there after SIGKILL: $(grep State /proc/$1/status)"; return 125; }
-  fi
-  wait $1
-}
 # run CMD...: once, with the library's defaults, under the watchdog
 run() {
   log "run: $*"
