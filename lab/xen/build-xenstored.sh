@@ -1,10 +1,11 @@
 #!/bin/bash
 # Build Xen 4.17's xenstored from Debian's xen source package with symbols
-# (-Og -g3, assertions on) and lab/xen/xenstored-diag.patch: before its
-# `conn->in == NULL` assertion it prints the request it failed to answer
-# (type, length, first bytes, handler result, errno) to stderr and syslog,
-# which dom0 shows with @@XENSTORED-GONE. Links against the 4.17 shared
-# libraries dom0 already carries.
+# (-Og -g3, assertions on) and lab/xen/xenstored-diag.patch: it clears
+# errno before each request's handler, and before its `conn->in == NULL`
+# assertion prints the request it failed to answer (type, length, first
+# bytes, handler result, errno) and a backtrace to stderr (and a line to
+# syslog), which dom0 shows with @@XENSTORED-GONE. Links against the 4.17
+# shared libraries dom0 already carries.
 #
 #   lab/xen/build-xenstored.sh OUTDIR
 #   LAB_XENSTORED=OUTDIR/xenstored lab/run SCENARIO
