@@ -123,6 +123,22 @@ fn serve(conn: UnixStream, t: Transport) -> io::Result<()> {
     }
 }
 
+/// Whether `path` looks like process `pid`'s control socket: named
+/// `<pid>.sock`, a socket, owned by the user the process runs as. The
+/// claim file is writable by every user, so a root hook must not write
+/// to whatever socket it names.
+fn is_control_socket_of(path: &std::path::Path, pid: u32) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let named = path.file_name().and_then(|n| n.to_str()) == Some(&format!("{pid}.sock"));
+    let (Ok(sock), Ok(proc_dir)) = (
+        std::fs::symlink_metadata(path),
+        std::fs::metadata(format!("/proc/{pid}")),
+    ) else {
+        return false;
+    };
+    named && sock.file_type().is_socket() && sock.uid() == proc_dir.uid()
+}
+
 /// Sends `cmd` to every transport's control socket on this machine: this
 /// user's (in [`run_dir`]) and the one of the process holding the guest's
 /// `/dev/xen` transport ([`crate::claim`]), whichever user runs it (root
@@ -146,7 +162,7 @@ pub fn broadcast(cmd: &str) -> Vec<(u32, String)> {
         }
     }
     if let Some(h) = crate::claim::holder(&crate::claim::guest_claim_path()) {
-        if let Some(c) = h.control {
+        if let Some(c) = h.control.filter(|c| is_control_socket_of(c, h.pid)) {
             if !targets.iter().any(|(_, p)| *p == c) {
                 targets.push((h.pid, c));
             }
@@ -190,7 +206,13 @@ mod tests {
         std::fs::create_dir(&run).unwrap();
         let other = dir.path().join("other-user");
         std::fs::create_dir(&other).unwrap();
-        let sock = other.join("4242.sock");
+        // a live process of the socket's owner stands for the holder
+        let mut holder = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = holder.id();
+        let sock = other.join(format!("{pid}.sock"));
         let listener = UnixListener::bind(&sock).unwrap();
         let server = std::thread::spawn(move || {
             let (conn, _) = listener.accept().unwrap();
@@ -206,7 +228,10 @@ mod tests {
         let text = std::fs::read_to_string(&claim_path).unwrap();
         std::fs::write(
             &claim_path,
-            text.replace(&format!("pid {}", std::process::id()), "pid 4242"),
+            text.replace(
+                &format!("pid {}", std::process::id()),
+                &format!("pid {pid}"),
+            ),
         )
         .unwrap();
         std::env::set_var(ENV_RUN_DIR, &run);
@@ -215,7 +240,14 @@ mod tests {
         std::env::remove_var(ENV_RUN_DIR);
         std::env::remove_var(crate::claim::ENV_CLAIM_PATH);
         server.join().unwrap();
-        assert_eq!(answers, vec![(4242, "got suspend".to_string())]);
+        assert_eq!(answers, vec![(pid, "got suspend".to_string())]);
+        // a claim naming a socket that is not its holder's is not followed
+        let stray = other.join("stray.sock");
+        let _l = UnixListener::bind(&stray).unwrap();
+        assert!(!is_control_socket_of(&stray, pid));
+        assert!(!is_control_socket_of(&sock, pid + 1_000_000));
+        let _ = holder.kill();
+        let _ = holder.wait();
         drop(claim);
     }
 }
