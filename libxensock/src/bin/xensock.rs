@@ -137,11 +137,13 @@ fn listen(port: &str) -> Res<()> {
     pipe(s)
 }
 
-/// Copies stdin to `s` (then half-closes it) and `s` to stdout, until the
-/// peer's end of stream.
+/// Copies stdin to `s` (then half-closes it) and `s` to stdout. Ends at
+/// the peer's end of stream once stdin is sent too, unless stdin is a
+/// terminal (a person typing), which is not waited for.
 fn pipe(s: XenStream) -> Res<()> {
+    use std::io::IsTerminal;
     let mut w = s.try_clone()?;
-    thread::spawn(move || {
+    let sender = thread::spawn(move || {
         let _ = io::copy(&mut io::stdin().lock(), &mut w);
         let _ = w.shutdown(Shutdown::Write);
     });
@@ -149,6 +151,9 @@ fn pipe(s: XenStream) -> Res<()> {
     let mut out = io::stdout().lock();
     io::copy(&mut r, &mut out)?;
     out.flush()?;
+    if !io::stdin().is_terminal() {
+        let _ = sender.join();
+    }
     Ok(())
 }
 
