@@ -354,10 +354,17 @@ pub fn serve(transport: &Transport, path: &Path) -> io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    if present().as_deref() == Some(path) || path.exists() {
+    match std::fs::symlink_metadata(path) {
         // a socket left by a daemon that is gone (a live one holds the
         // transport's claim, so we would not have got here)
-        let _ = std::fs::remove_file(path);
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ))
+        }
+        Err(_) => {}
     }
     let sock = seqpacket()?;
     bind(sock.as_raw_fd(), &UnixAddr::new(path).map_err(nix_err)?).map_err(nix_err)?;

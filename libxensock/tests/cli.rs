@@ -104,19 +104,19 @@ fn listen_and_connect_pipe_both_ways() {
         .unwrap()
         .write_all(b"hello from b\n")
         .unwrap();
+    // The listener has b's line before it ends its own side: the
+    // connector exits at that end, and a user-space transport that exits
+    // resets what its peer has not read yet (README, limits).
+    let mut from_b = BufReader::new(listener.stdout.take().unwrap());
+    let mut got_a = String::new();
+    from_b.read_line(&mut got_a).unwrap();
     listener
         .stdin
         .take()
         .unwrap()
         .write_all(b"hi from a\n")
         .unwrap();
-    let mut got_a = String::new();
-    listener
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut got_a)
-        .unwrap();
+    from_b.read_to_string(&mut got_a).unwrap();
     let mut got_b = String::new();
     connector
         .stdout
@@ -152,4 +152,27 @@ fn bench_and_demo_refuse_what_cannot_work_before_running() {
         !ok && out.contains("--write-size must be at least 1"),
         "{out}"
     );
+}
+
+/// `xensock daemon --socket PATH` never removes a file that is not a
+/// socket (a mistyped path must not cost a file).
+#[test]
+fn the_daemon_refuses_a_socket_path_that_is_a_file() {
+    let host = xensock_sim::SimHost::start().unwrap();
+    let d = host
+        .create_domain(xensock_sim::DomainConfig::new("a"))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("precious");
+    std::fs::write(&file, "keep me").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_xensock"))
+        .args(["daemon", "--socket"])
+        .arg(&file)
+        .envs(d.env())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("exists and is not a socket"), "{err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
 }
