@@ -684,14 +684,13 @@ fn child_mover() {
     }
 }
 
-/// A peer whose domain is destroyed (not migrated) while the connection
-/// is on TCP: the stayer's reads end in ECONNRESET, within the bound
-/// (`Config::peer_lost_after`), not in a hang.
-#[test]
-fn destroyed_peer_resets() {
-    let host = SimHost::start().unwrap();
-    let da = host.create_domain(DomainConfig::new("a")).unwrap();
-    let bound = Duration::from_secs(2);
+/// Domain `da`'s transport with lost-peer bound `bound`, listening on `port`.
+fn stayer(
+    host: &SimHost,
+    da: &xensock_sim::SimDomain,
+    bound: Duration,
+    port: u32,
+) -> (Transport, libxensock::XenListener) {
     let a = Transport::sim_with(
         host.dir(),
         da.domid,
@@ -701,16 +700,40 @@ fn destroyed_peer_resets() {
         },
     )
     .unwrap();
-    let l = a.bind("xen:self:7004").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mark = dir.path().join("moved");
+    let l = a.bind(format!("xen:self:{port}").as_str()).unwrap();
+    (a, l)
+}
+
+/// A new domain "b" whose process is this binary's helper test `helper`,
+/// connecting to `da`'s `port` and reporting through `mark`.
+fn spawn_child_domain(
+    host: &SimHost,
+    helper: &str,
+    da: &xensock_sim::SimDomain,
+    port: u32,
+    mark: &std::path::Path,
+) -> (xensock_sim::SimDomain, u32) {
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child_mover", "--ignored", "--test-threads=1"])
-        .env("XENSOCK_TEST_CONNECT", format!("xen:{}:7004", da.domid))
-        .env("XENSOCK_TEST_MARK", &mark)
+    cmd.args(["--exact", helper, "--ignored", "--test-threads=1"])
+        .env("XENSOCK_TEST_CONNECT", format!("xen:{}:{port}", da.domid))
+        .env("XENSOCK_TEST_MARK", mark)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-    let (db, _pid) = host.spawn_domain(DomainConfig::new("b"), cmd).unwrap();
+    host.spawn_domain(DomainConfig::new("b"), cmd).unwrap()
+}
+
+/// A peer whose domain is destroyed (not migrated) while the connection
+/// is on TCP: the stayer's reads end in ECONNRESET, within the bound
+/// (`Config::peer_lost_after`), not in a hang.
+#[test]
+fn destroyed_peer_resets() {
+    let host = SimHost::start().unwrap();
+    let da = host.create_domain(DomainConfig::new("a")).unwrap();
+    let bound = Duration::from_secs(2);
+    let (a, l) = stayer(&host, &da, bound, 7004);
+    let dir = tempfile::tempdir().unwrap();
+    let mark = dir.path().join("moved");
+    let (db, _pid) = spawn_child_domain(&host, "child_mover", &da, 7004, &mark);
     let (s, peer) = l.accept().unwrap();
     assert_eq!(peer.domid, u32::from(db.domid));
     let mut buf = vec![0u8; 65536];
@@ -800,25 +823,10 @@ fn a_peer_noted_gone_resets_at_once() {
     .unwrap();
     advertise(&host, &da, "10.0.0.1");
     let bound = Duration::from_secs(60);
-    let a = Transport::sim_with(
-        host.dir(),
-        da.domid,
-        Config {
-            peer_lost_after: bound,
-            ..cfg()
-        },
-    )
-    .unwrap();
-    let l = a.bind("xen:self:7006").unwrap();
+    let (a, l) = stayer(&host, &da, bound, 7006);
     let dir = tempfile::tempdir().unwrap();
     let mark = dir.path().join("back");
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child_returner", "--ignored", "--test-threads=1"])
-        .env("XENSOCK_TEST_CONNECT", format!("xen:{}:7006", da.domid))
-        .env("XENSOCK_TEST_MARK", &mark)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let (db, pid) = host.spawn_domain(DomainConfig::new("b"), cmd).unwrap();
+    let (db, pid) = spawn_child_domain(&host, "child_returner", &da, 7006, &mark);
     advertise(&host, &db, "10.0.0.2");
     wait_for_table(&dom0, &da, &[db.domid]);
     let (s, peer) = l.accept().unwrap();
