@@ -191,6 +191,27 @@ impl ConnIo {
         }
     }
 
+    /// The link goes while the peer has ended its half (a FIN on our ring
+    /// or its Close): as after a TCP FIN, what it wrote stays readable (the
+    /// ring is our own grant), then end of stream, and writes get `EPIPE`.
+    /// Returns false when the connection is to be reset instead.
+    pub(crate) fn end_with_link(&mut self) -> bool {
+        if self.phase != ConnPhase::Open || self.carried {
+            return false;
+        }
+        let ended = match self.rx.as_ref().map(|rx| rx.c.peer_end()) {
+            Some(Ok(end)) => !end.reset && (end.fin || self.close_received),
+            Some(Err(_)) | None => false,
+        };
+        if !ended {
+            return false;
+        }
+        self.peer_closed = true;
+        self.tx = None;
+        self.kicker = None;
+        true
+    }
+
     fn violated(&mut self, e: RingError) -> io::Error {
         self.violation = Some(e);
         self.reset_local();

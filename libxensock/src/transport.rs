@@ -397,23 +397,19 @@ impl std::fmt::Debug for Transport {
 
 static GLOBAL: OnceLock<Transport> = OnceLock::new();
 
+/// The longest a process's exit waits for its TCP-carried connections'
+/// bytes to be acknowledged ([`Inner::end_at_exit`]).
+const EXIT_LINGER: Duration = Duration::from_secs(2);
+
 /// `atexit` hook of the process-wide transport: the orderly part of
-/// dropping it (links down, XenStore nodes withdrawn, control socket
-/// removed). Best effort: it gives up on a lock another thread holds.
+/// dropping it (connections ended, links down, XenStore nodes withdrawn,
+/// control socket removed).
 extern "C" fn global_at_exit() {
     if let Some(t) = GLOBAL.get() {
         if let Ok(mut c) = t.owner.control.try_lock() {
             c.take();
         }
-        let inner = &t.owner.inner;
-        inner.stop.store(true, Ordering::Release);
-        inner.sink.wake.signal();
-        if let Ok(mut st) = inner.state.try_lock() {
-            let peers: Vec<DomId> = st.links.keys().copied().collect();
-            for p in peers {
-                inner.link_down(&mut st, p, false);
-            }
-        }
+        t.owner.inner.end_at_exit();
     }
 }
 
@@ -2251,6 +2247,11 @@ impl Inner {
                     }
                 }
             }
+            // One whose peer ended its half stays readable until closed.
+            if let Some(c) = st.conns.get(id).filter(|c| c.io().end_with_link()) {
+                c.signal();
+                continue;
+            }
             if let Some(conn) = st.conns.remove(id) {
                 st.used_ports.remove(&conn.local_port);
                 conn.io().reset_local();
@@ -2924,7 +2925,12 @@ impl Inner {
             return;
         }
         let mut st = self.state();
-        let reuse = self.link_reuses_rings(&st, conn.peer());
+        self.close_ring_conn(&mut st, conn);
+    }
+
+    /// [`Inner::close_conn`] for a connection on rings (no engine).
+    fn close_ring_conn(&self, st: &mut State, conn: &Arc<Conn>) {
+        let reuse = self.link_reuses_rings(st, conn.peer());
         let mut lazy = false;
         let (send_close, send_reset, peer_id, kept) = {
             let mut io = conn.io();
@@ -2958,16 +2964,16 @@ impl Inner {
         };
         if let Some((tx, rx)) = kept {
             if let Some(tx) = tx {
-                self.keep_mapping(&mut st, conn.peer(), tx);
+                self.keep_mapping(st, conn.peer(), tx);
             }
             if let Some((ring, peer_done)) = rx {
-                self.release_rx_ring(&mut st, conn, ring, peer_done);
+                self.release_rx_ring(st, conn, ring, peer_done);
             }
         }
         if send_reset {
             self.counters.resets_sent.fetch_add(1, Ordering::Relaxed);
             self.send_frame(
-                &mut st,
+                st,
                 conn.peer(),
                 &Message::Reset {
                     conn_id: peer_id,
@@ -2975,11 +2981,54 @@ impl Inner {
                 },
             );
         } else if send_close && lazy {
-            self.send_frame_lazy(&mut st, conn.peer(), &Message::Close { conn_id: peer_id });
+            self.send_frame_lazy(st, conn.peer(), &Message::Close { conn_id: peer_id });
         } else if send_close {
-            self.send_frame(&mut st, conn.peer(), &Message::Close { conn_id: peer_id });
+            self.send_frame(st, conn.peer(), &Message::Close { conn_id: peer_id });
         }
-        self.unregister(&mut st, conn);
+        self.unregister(st, conn);
+    }
+
+    /// The process exits with its transport. Its open connections end as
+    /// a TCP socket's do when its process exits: what was written is
+    /// delivered, then end of stream (a reset would lose what the peer has
+    /// not read yet). On rings that costs nothing, the peer reads from its
+    /// own ring after we are gone; a connection on TCP lingers until the
+    /// peer has acknowledged its bytes, for at most [`EXIT_LINGER`] in all.
+    /// Then the links go. Best effort: it gives up on a lock another thread
+    /// holds.
+    fn end_at_exit(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.sink.wake.signal();
+        let engines: Vec<Arc<Engine>> = match self.state.try_lock() {
+            Ok(st) => st
+                .conns
+                .values()
+                .filter_map(|c| c.engine.try_lock().ok().and_then(|e| e.clone()))
+                .collect(),
+            Err(_) => return,
+        };
+        let deadline = Instant::now() + EXIT_LINGER.min(self.cfg.peer_lost_after);
+        for e in &engines {
+            if e.shutdown_write().is_ok() {
+                e.linger(deadline.saturating_duration_since(Instant::now()));
+            }
+        }
+        let Ok(mut st) = self.state.try_lock() else {
+            return;
+        };
+        let on_rings: Vec<Arc<Conn>> = st
+            .conns
+            .values()
+            .filter(|c| c.engine.try_lock().is_ok_and(|e| e.is_none()))
+            .cloned()
+            .collect();
+        for c in &on_rings {
+            self.close_ring_conn(&mut st, c);
+        }
+        let peers: Vec<DomId> = st.links.keys().copied().collect();
+        for p in peers {
+            self.link_down(&mut st, p, false);
+        }
     }
 
     /// A ring violation was found by a reader or writer: tell the peer.

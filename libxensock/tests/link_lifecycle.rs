@@ -292,6 +292,76 @@ fn a_second_process_is_refused_and_the_first_keeps_its_connections() {
     assert_eq!(&got, b"next");
 }
 
+/// Run as a child process by `what_an_exiting_process_wrote_is_delivered`:
+/// connects to `XENSOCK_TEST_CONNECT`, writes `XENSOCK_TEST_BYTES` bytes of
+/// pattern 7, says `written` and returns, leaving the stream open for the
+/// process's exit to deal with.
+#[test]
+#[ignore = "helper: run as a child process by what_an_exiting_process_wrote_is_delivered"]
+fn child_writer() {
+    let (Ok(addr), Ok(n)) = (
+        std::env::var("XENSOCK_TEST_CONNECT"),
+        std::env::var("XENSOCK_TEST_BYTES"),
+    ) else {
+        return;
+    };
+    let mut s = XenStream::connect(addr.as_str()).unwrap();
+    let mut data = vec![0u8; n.parse().unwrap()];
+    pattern::Pattern::new(7).fill(&mut data);
+    s.write_all(&data).unwrap();
+    println!("written");
+    io::stdout().flush().unwrap();
+    std::mem::forget(s);
+}
+
+/// A process that exits with a stream open ends it as TCP does: what it
+/// wrote is delivered, then end of stream (it used to be reset, losing
+/// what the peer had not read yet).
+#[test]
+fn what_an_exiting_process_wrote_is_delivered() {
+    let host = SimHost::start().unwrap();
+    let da = host.create_domain(DomainConfig::new("a")).unwrap();
+    let db = host.create_domain(DomainConfig::new("b")).unwrap();
+    let a = Transport::sim_with(host.dir(), da.domid, config()).unwrap();
+    let l = a.bind("xen:self:6").unwrap();
+    let n = 40_000;
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_writer", "--ignored", "--nocapture"])
+        .envs(db.env())
+        .env("XENSOCK_TEST_CONNECT", format!("xen:{}:6", da.domid))
+        .env("XENSOCK_TEST_BYTES", n.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    // Nothing is read until the child has gone.
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(out.contains("written"), "{out}");
+    // The peer's link is withdrawn; the stream still holds every byte.
+    assert!(eventually(Duration::from_secs(5), || a
+        .status()
+        .links
+        .is_empty()));
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    let mut want = vec![0u8; n];
+    pattern::Pattern::new(7).fill(&mut want);
+    assert_eq!(got.len(), n);
+    assert!(got == want, "the bytes differ");
+    // The peer is gone: writing fails as on a closed TCP connection.
+    let e = s.write_all(b"x").unwrap_err();
+    assert_eq!(errno(&e), libc::EPIPE, "{e}");
+}
+
 #[test]
 fn dom0_learns_from_xenstored_that_a_domain_does_not_exist() {
     // No agent and no static list, but dom0 may ask IS_DOMAIN_INTRODUCED.

@@ -942,6 +942,70 @@ fn child_echo() {
     }
 }
 
+/// Run as a child process by `an_exiting_process_ends_its_tcp_carried_streams`:
+/// connects to `XENSOCK_TEST_CONNECT`, leaves the rings (the suspend hook),
+/// writes `XENSOCK_TEST_BYTES` bytes over TCP and returns with the stream
+/// open, for the process's exit to end it.
+#[test]
+#[ignore = "helper: run as a child process by an_exiting_process_ends_its_tcp_carried_streams"]
+fn child_tcp_writer() {
+    let (Ok(addr), Ok(n)) = (
+        std::env::var("XENSOCK_TEST_CONNECT"),
+        std::env::var("XENSOCK_TEST_BYTES"),
+    ) else {
+        return;
+    };
+    let s = XenStream::connect(addr.as_str()).unwrap();
+    Transport::global().unwrap().suspend();
+    let t = Transport::global().unwrap();
+    assert!(t
+        .status()
+        .connections
+        .iter()
+        .all(|c| matches!(&c.carrier, Carrier::Engine { tx: "tcp", .. })));
+    let n: usize = n.parse().unwrap();
+    (&s).write_all(&vec![0x5a; n]).unwrap();
+    std::mem::forget(s);
+}
+
+/// A process that exits with a stream on TCP (its peer moved away) ends it
+/// as TCP does: the peer reads every byte, then end of stream, well
+/// before the lost-peer bound (it used to wait that long and then reset).
+#[test]
+fn an_exiting_process_ends_its_tcp_carried_streams() {
+    let host = SimHost::start().unwrap();
+    let da = host.create_domain(DomainConfig::new("a")).unwrap();
+    let db = host.create_domain(DomainConfig::new("b")).unwrap();
+    let bound = Duration::from_secs(60);
+    let (_a, l) = stayer(&host, &da, bound, 7007);
+    let n = 200_000;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_tcp_writer",
+            "--ignored",
+            "--test-threads=1",
+        ])
+        .envs(db.env())
+        .env("XENSOCK_TEST_CONNECT", format!("xen:{}:7007", da.domid))
+        .env("XENSOCK_TEST_BYTES", n.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (s, _) = l.accept().unwrap();
+    let t0 = std::time::Instant::now();
+    let r = read_n(s.try_clone().unwrap(), n);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let mut h = FNV_INIT;
+    fnv(&mut h, &vec![0x5a; n]);
+    assert_eq!(r.join().unwrap(), h);
+    let mut buf = [0u8; 16];
+    assert_eq!((&s).read(&mut buf).map_err(|e| e.raw_os_error()), Ok(0));
+    assert!(t0.elapsed() < bound / 4, "ended after {:?}", t0.elapsed());
+}
+
 /// `xensock status` shows another process's connection with its carrier;
 /// `xensock suspend` and `xensock resume` (the migration hook) reach it:
 /// off the rings, then back on.
