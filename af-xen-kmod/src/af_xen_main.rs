@@ -5,35 +5,11 @@
 //! re-implemented. `sys` holds every `unsafe` wrapper; `sock` is the socket
 //! family in safe Rust.
 
-// proto's sources, compiled into this crate (Kbuild has no cargo).
-#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
-#[path = "../../proto/src/ctrl.rs"]
-mod ctrl;
-#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
-#[path = "../../proto/src/layout.rs"]
-mod layout;
-#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
-#[path = "../../proto/src/mem.rs"]
-mod mem;
-#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
-#[path = "../../proto/src/record.rs"]
-mod record;
-#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
-#[path = "../../proto/src/ring.rs"]
-mod ring;
-#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
-#[path = "../../proto/src/switch.rs"]
-mod switch;
-
 mod carrier;
-mod conn;
 mod link;
-mod seqpacket;
-mod sock;
+mod proto;
+mod socket;
 mod sys;
-mod sys_net;
-mod tcp;
-mod wake;
 
 use kernel::prelude::*;
 
@@ -48,10 +24,10 @@ module! {
 struct AfXen {
     reg: Option<sys::Registration>,
     proc_: Option<sys::ProcEntry>,
-    tcp: Option<tcp::TcpCarrier>,
-    pm: Option<sys_net::PmHooks>,
+    tcp: Option<carrier::leg::TcpCarrier>,
+    pm: Option<sys::net::PmHooks>,
     _ops: Pin<KBox<sys::Ops>>,
-    _globals: Pin<KBox<sock::Globals>>,
+    _globals: Pin<KBox<socket::Globals>>,
 }
 
 impl kernel::Module for AfXen {
@@ -81,19 +57,19 @@ impl kernel::Module for AfXen {
             return Err(EBUSY);
         }
         // Ring geometry sanity: proto's smallest ring must exist.
-        if layout::RingGeometry::new(11).is_err() {
+        if proto::layout::RingGeometry::new(11).is_err() {
             return Err(EINVAL);
         }
-        let globals = KBox::pin_init(sock::Globals::new(own), GFP_KERNEL)?;
-        let ops = KBox::pin(sock::build_ops(module, family), GFP_KERNEL)?;
-        sock::publish(&globals, &ops);
+        let globals = KBox::pin_init(socket::Globals::new(own), GFP_KERNEL)?;
+        let ops = KBox::pin(socket::build_ops(module, family), GFP_KERNEL)?;
+        socket::publish(&globals, &ops);
         sys::proto_register()?;
-        let reg = match sys::Registration::register(module, family, sock::xs_create) {
+        let reg = match sys::Registration::register(module, family, socket::xs_create) {
             Ok(r) => r,
             Err(e) => {
                 pr_err!("sock_register(family={}) failed: {:?}\n", family, e);
                 sys::proto_unregister();
-                sock::unpublish();
+                socket::unpublish();
                 return Err(e);
             }
         };
@@ -105,10 +81,10 @@ impl kernel::Module for AfXen {
             }
         };
         // before the links: their handshakes advertise its endpoint
-        let tcp = tcp::start().ok();
+        let tcp = carrier::leg::start().ok();
         link::start();
         // this guest's own save/restore moves its connections (carrier.rs)
-        let pm = sys_net::PmHooks::register();
+        let pm = sys::net::PmHooks::register();
         if pm.is_none() {
             pr_warn!("no save/restore hooks: connections will not survive this guest's save\n");
         }
@@ -135,7 +111,7 @@ impl Drop for AfXen {
         drop(self.tcp.take());
         sys::pending_grants_exit();
         sys::proto_unregister();
-        sock::unpublish();
+        socket::unpublish();
         pr_info!("AF_XEN (family {}) unloaded\n", sys::family());
     }
 }

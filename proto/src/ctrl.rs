@@ -17,7 +17,7 @@
 //! past the input. The peer that sent such a frame is in breach and its link
 //! (or TCP leg) is reset.
 
-use crate::layout::{MAX_RING_ORDER, MIN_RING_ORDER};
+use super::layout::{MAX_RING_ORDER, MIN_RING_ORDER};
 
 /// Version byte of every frame.
 pub const CTRL_VERSION: u8 = 1;
@@ -498,7 +498,7 @@ impl<'a> Reader<'a> {
         if !(MIN_RING_ORDER..=MAX_RING_ORDER).contains(&(order as u32)) {
             return Err(DecodeError::BadField("ring order"));
         }
-        let compact = order as u32 <= crate::layout::COMPACT_MAX_ORDER;
+        let compact = order as u32 <= super::layout::COMPACT_MAX_ORDER;
         if compact && dir_ref != 0 {
             return Err(DecodeError::BadField("directory ref of a compact ring"));
         }

@@ -12,8 +12,8 @@
 use core::ptr::NonNull;
 use core::sync::atomic::{fence, AtomicU32, Ordering};
 
-use crate::layout::{LayoutError, RingGeometry, RingHeader};
-use crate::ring::{Field, RingMemory};
+use super::layout::{LayoutError, RingGeometry, RingHeader};
+use super::ring::{Field, RingMemory};
 
 /// One ring in a shared region: a header and a data area.
 ///

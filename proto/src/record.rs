@@ -32,7 +32,7 @@
 //! * End of stream (FIN) is only valid between records; FIN with part of a
 //!   record unread is reported by hosts as a reset.
 
-use crate::ring::{Consumer, Producer, RingError, RingMemory};
+use super::ring::{Consumer, Producer, RingError, RingMemory};
 
 /// Bytes of a record header.
 pub const RECORD_HEADER_SIZE: u32 = 8;

@@ -218,12 +218,12 @@ impl<M: RingMemory> Producer<M> {
     /// Reads the consumer's flags once.
     pub fn reader_end(&self) -> Result<ReaderEnd, RingError> {
         let flags = self.mem.load(Field::ConsFlags, Ordering::Acquire);
-        if flags & !crate::layout::CONS_FLAGS_KNOWN != 0 {
+        if flags & !super::layout::CONS_FLAGS_KNOWN != 0 {
             return Err(RingError::UnknownFlags(flags));
         }
         Ok(ReaderEnd {
-            closed: flags & crate::layout::CONS_FLAG_CLOSED != 0,
-            reset: flags & crate::layout::CONS_FLAG_RESET != 0,
+            closed: flags & super::layout::CONS_FLAG_CLOSED != 0,
+            reset: flags & super::layout::CONS_FLAG_RESET != 0,
         })
     }
 
@@ -357,17 +357,17 @@ impl<M: RingMemory> Producer<M> {
     /// caller always kicks afterwards: a sleeping consumer waits for data,
     /// not for flags.
     pub fn finish(&mut self) {
-        self.set_flag(crate::layout::PROD_FLAG_FIN);
+        self.set_flag(super::layout::PROD_FLAG_FIN);
     }
 
     /// Marks the ring frozen for a carrier switch; nothing more is written.
     pub fn freeze(&mut self) {
-        self.set_flag(crate::layout::PROD_FLAG_FROZEN);
+        self.set_flag(super::layout::PROD_FLAG_FROZEN);
     }
 
     /// Marks the connection reset.
     pub fn reset(&mut self) {
-        self.set_flag(crate::layout::PROD_FLAG_RESET);
+        self.set_flag(super::layout::PROD_FLAG_RESET);
     }
 
     /// Gives back the memory handle.
@@ -444,13 +444,13 @@ impl<M: RingMemory> Consumer<M> {
     /// `prod` store, so `fin` then `readable() == 0` is a true EOF.
     pub fn peer_end(&self) -> Result<PeerEnd, RingError> {
         let flags = self.mem.load(Field::ProdFlags, Ordering::Acquire);
-        if flags & !crate::layout::PROD_FLAGS_KNOWN != 0 {
+        if flags & !super::layout::PROD_FLAGS_KNOWN != 0 {
             return Err(RingError::UnknownFlags(flags));
         }
         Ok(PeerEnd {
-            fin: flags & crate::layout::PROD_FLAG_FIN != 0,
-            reset: flags & crate::layout::PROD_FLAG_RESET != 0,
-            frozen: flags & crate::layout::PROD_FLAG_FROZEN != 0,
+            fin: flags & super::layout::PROD_FLAG_FIN != 0,
+            reset: flags & super::layout::PROD_FLAG_RESET != 0,
+            frozen: flags & super::layout::PROD_FLAG_FROZEN != 0,
         })
     }
 
@@ -571,12 +571,12 @@ impl<M: RingMemory> Consumer<M> {
 
     /// Tells the producer nothing more will be read. Kick afterwards.
     pub fn close(&mut self) {
-        self.set_flag(crate::layout::CONS_FLAG_CLOSED);
+        self.set_flag(super::layout::CONS_FLAG_CLOSED);
     }
 
     /// Marks the connection reset. Kick afterwards.
     pub fn reset(&mut self) {
-        self.set_flag(crate::layout::CONS_FLAG_RESET);
+        self.set_flag(super::layout::CONS_FLAG_RESET);
     }
 
     /// Gives back the memory handle.

@@ -8,13 +8,14 @@
 //! directories dom0 made for us, follows the peers' states, drains control
 //! frames and wakes the sockets of every link.
 
-use crate::ctrl::{self, Channel, Message, RejectReason, ResetReason, SockType};
-use crate::layout::{RingGeometry, RingIdentity, LINK_RING_MAGIC, LINK_RING_ORDER};
-use crate::mem::RawRing;
-use crate::ring::{Consumer, Field, Producer, RingMemory};
-use crate::sock::{self, XenSock};
+pub(crate) mod wake;
+
+use crate::proto::ctrl::{self, Channel, Message, RejectReason, ResetReason, SockType};
+use crate::proto::layout::{RingGeometry, RingIdentity, LINK_RING_MAGIC, LINK_RING_ORDER};
+use crate::proto::mem::RawRing;
+use crate::proto::ring::{Consumer, Field, Producer, RingMemory};
+use crate::socket::{self, XenSock};
 use crate::sys::{self, errno as e, xs, Evtchn, Grant, Mapping};
-use crate::wake::LinkWake;
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use kernel::fmt;
 use kernel::new_mutex;
@@ -22,6 +23,7 @@ use kernel::prelude::*;
 use kernel::rbtree::RBTree;
 use kernel::str::CString;
 use kernel::sync::{Arc, Mutex};
+use wake::LinkWake;
 
 const STATE_INITIALISED: i32 = 3;
 const STATE_CONNECTED: i32 = 4;
@@ -78,16 +80,16 @@ pub(crate) const LINGER_MAX_MS: u64 = 60_000;
 /// the connector's connect failed with ECONNREFUSED instead of reading the
 /// data and EOF (lab runs kmod-rust-20261122-070226 .. -080833).
 pub(crate) struct Lent {
-    _pipe: Arc<crate::conn::Pipe>,
+    _pipe: Arc<crate::carrier::ring::Pipe>,
     deadline_ms: u64,
 }
 
 impl Lent {
-    pub(crate) fn new(pipe: Arc<crate::conn::Pipe>) -> Self {
+    pub(crate) fn new(pipe: Arc<crate::carrier::ring::Pipe>) -> Self {
         sys::counters::add(&sys::counters::LINGERING, 1);
         Lent {
             _pipe: pipe,
-            deadline_ms: crate::sys_net::now_ms() + LINGER_MAX_MS,
+            deadline_ms: crate::sys::net::now_ms() + LINGER_MAX_MS,
         }
     }
 }
@@ -141,7 +143,7 @@ pub(crate) struct Link {
     pub(crate) inner: Mutex<LinkInner>,
 }
 
-/// Module-wide link table (in sock::Globals).
+/// Module-wide link table (in socket::Globals).
 pub(crate) struct LinkTable {
     pub(crate) links: KVec<Arc<Link>>,
     pub(crate) watches: KVec<xs::Watch>,
@@ -408,7 +410,7 @@ impl Link {
             port
         );
         // connections that moved to TCP offer rings again (carrier.rs)
-        crate::carrier::link_up();
+        crate::carrier::switch::link_up();
         Ok(())
     }
 
@@ -433,7 +435,7 @@ impl Link {
         }
         for id in ended.iter() {
             if let Some(s) = i.conns.remove(id) {
-                sock::link_lost(&s);
+                socket::link_lost(&s);
             }
         }
         sys::counters::add(&sys::counters::PEERS_DEAD, 1);
@@ -462,13 +464,13 @@ impl Link {
         // the peer's rings stay mapped until the switches copied them back
         let mut lost: KVec<u32> = KVec::new();
         for (id, s) in i.conns.iter() {
-            if !crate::carrier::peer_gone(s) && lost.push(*id, GFP_KERNEL).is_err() {
-                sock::link_lost(s);
+            if !crate::carrier::switch::peer_gone(s) && lost.push(*id, GFP_KERNEL).is_err() {
+                socket::link_lost(s);
             }
         }
         for id in lost.iter() {
             if let Some(s) = i.conns.remove(id) {
-                sock::link_lost(&s);
+                socket::link_lost(&s);
             }
         }
         let ph = i.peer.take();
@@ -610,7 +612,7 @@ impl Link {
     /// is for resolving addresses.
     fn adopt_moved(self: &Arc<Self>, i: &mut LinkInner) {
         let mut followed: KVec<Arc<XenSock>> = KVec::new();
-        let p = sock::globals().ports.lock();
+        let p = socket::globals().ports.lock();
         for (_, xs) in p.all.iter() {
             let (id, old, was) = {
                 let mut inner = xs.inner.lock();
@@ -621,7 +623,7 @@ impl Link {
                 let renamed = self.peer_uuid.is_some()
                     && earlier.peer_uuid == self.peer_uuid
                     && earlier.peer == inner.peer.domid;
-                if inner.state != sock::State::Connected
+                if inner.state != socket::State::Connected
                     || inner.released
                     || inner.sw.is_none()
                     || !stale
@@ -658,7 +660,7 @@ impl Link {
         // sw.tx after the ports lock (link.inner -> sw.tx is the order)
         drop(p);
         for xs in followed.iter() {
-            crate::carrier::followed_peer(xs, self);
+            crate::carrier::switch::followed_peer(xs, self);
         }
     }
 
@@ -669,7 +671,7 @@ impl Link {
     /// names one; nothing is changed (`carrier::on_candidate_offer` says
     /// why).
     fn moved_peer_candidate(&self, conn_id: u32) -> Option<Arc<XenSock>> {
-        let p = sock::globals().ports.lock();
+        let p = socket::globals().ports.lock();
         for (_, xs) in p.all.iter() {
             let inner = xs.inner.lock();
             let stale = inner
@@ -678,7 +680,7 @@ impl Link {
                 .map(|l| l.peer != self.peer && !l.is_up())
                 .unwrap_or(false);
             if inner.conn_id == conn_id
-                && inner.state == sock::State::Connected
+                && inner.state == socket::State::Connected
                 && !inner.released
                 && inner.sw.is_some()
                 && stale
@@ -705,7 +707,7 @@ impl Link {
                 .as_ref()
                 .map(|l| !Arc::ptr_eq(l, self) && !l.is_up())
                 .unwrap_or(false);
-            if inner.state != sock::State::Connected || inner.released || !stale {
+            if inner.state != socket::State::Connected || inner.released || !stale {
                 return false;
             }
             let was = inner.peer.domid;
@@ -734,7 +736,7 @@ impl Link {
             self.peer
         );
         for conn_id in 1..=n {
-            let rx = crate::ctrl::RingGrant {
+            let rx = crate::proto::ctrl::RingGrant {
                 order: 12,
                 epoch: 1,
                 header_ref: 0,
@@ -759,12 +761,12 @@ impl Link {
         }
         let mut todo: KVec<Arc<XenSock>> = KVec::new();
         for (_, s) in i.conns.iter() {
-            if sock::pending_request(s).is_some() && todo.push(s.clone(), GFP_KERNEL).is_err() {
+            if socket::pending_request(s).is_some() && todo.push(s.clone(), GFP_KERNEL).is_err() {
                 break;
             }
         }
         for s in todo.iter() {
-            let Some((conn_id, src_port, dst_port, rx)) = sock::pending_request(s) else {
+            let Some((conn_id, src_port, dst_port, rx)) = socket::pending_request(s) else {
                 continue;
             };
             let cookie = s.inner.lock().tcp.cookie;
@@ -772,22 +774,22 @@ impl Link {
                 conn_id,
                 src_port,
                 dst_port,
-                sock_type: if sock::is_seqpacket(s) {
+                sock_type: if socket::is_seqpacket(s) {
                     SockType::SeqPacket
                 } else {
                     SockType::Stream
                 },
                 cookie,
                 rx,
-                tcp: crate::tcp::local_endpoint(),
+                tcp: crate::carrier::leg::local_endpoint(),
             };
             match Self::send_locked(i, &req) {
-                Ok(()) => sock::request_sent(s),
+                Ok(()) => socket::request_sent(s),
                 // the frame queue is full: retry when the work item runs next
                 Err(x) if x == e::ENOBUFS => return,
                 Err(_) => {
                     i.conns.remove(&conn_id);
-                    sock::connect_failed(s, e::ECONNRESET);
+                    socket::connect_failed(s, e::ECONNRESET);
                 }
             }
         }
@@ -874,7 +876,7 @@ impl Link {
                 rx,
                 tcp,
             } => {
-                let r = sock::accept_remote(
+                let r = socket::accept_remote(
                     self,
                     conn_id,
                     src_port,
@@ -889,19 +891,20 @@ impl Link {
                             .try_create_and_insert(*my_id, child.clone(), GFP_KERNEL)
                             .is_err()
                         {
-                            sock::link_lost(child);
+                            socket::link_lost(child);
                             Message::ConnectReject {
                                 conn_id,
                                 reason: RejectReason::NoResources,
                             }
                         } else {
-                            child.inner.lock().tcp = crate::tcp::ConnTcp { cookie, peer: tcp };
+                            child.inner.lock().tcp =
+                                crate::carrier::leg::ConnTcp { cookie, peer: tcp };
                             Message::ConnectAccept {
                                 conn_id,
                                 acceptor_id: *my_id,
                                 cookie,
                                 rx: *rx_grant,
-                                tcp: crate::tcp::local_endpoint(),
+                                tcp: crate::carrier::leg::local_endpoint(),
                             }
                         }
                     }
@@ -918,9 +921,9 @@ impl Link {
                     if sent.is_err() {
                         // the requester never hears of it: nothing to lend
                         i.conns.remove(&my_id);
-                        sock::answer_lost(&child);
+                        socket::answer_lost(&child);
                     }
-                    sock::accepted_remote(&child);
+                    socket::accepted_remote(&child);
                 }
             }
             Message::ConnectAccept {
@@ -942,11 +945,11 @@ impl Link {
                             },
                         );
                         i.conns.remove(&conn_id);
-                        sock::connect_failed(&s, e::ECONNREFUSED);
+                        socket::connect_failed(&s, e::ECONNREFUSED);
                     }
                     Some(s) => {
                         s.inner.lock().tcp.peer = tcp;
-                        if sock::connect_accepted(&s, self, acceptor_id, &rx).is_err() {
+                        if socket::connect_accepted(&s, self, acceptor_id, &rx).is_err() {
                             let _ = Self::send_locked(
                                 i,
                                 &Message::Reset {
@@ -970,10 +973,10 @@ impl Link {
             }
             Message::ConnectReject { conn_id, .. } => {
                 if let Some(s) = i.conns.remove(&conn_id) {
-                    sock::connect_failed(&s, e::ECONNREFUSED);
+                    socket::connect_failed(&s, e::ECONNREFUSED);
                 }
             }
-            // The peer is done with the connection (sock::destroy): a ring
+            // The peer is done with the connection (socket::destroy): a ring
             // we lent it after our close can go now; a socket still open
             // learns that it need not lend its ring when it closes.
             Message::Reset { conn_id, .. } => {
@@ -983,15 +986,15 @@ impl Link {
                 // it sent this: ring grants ended while it mapped them go now
                 sys::pending_grants_kick();
                 if let Some(s) = i.conns.remove(&conn_id) {
-                    sock::peer_ended(&s);
-                    sock::link_lost(&s);
+                    socket::peer_ended(&s);
+                    socket::link_lost(&s);
                 }
             }
             Message::RingOffer { conn_id, rx } => {
                 if let Some(s) = i.conns.get(&conn_id).cloned() {
-                    crate::carrier::on_ring_offer(&s, rx);
+                    crate::carrier::switch::on_ring_offer(&s, rx);
                 } else if let Some(s) = self.moved_peer_candidate(conn_id) {
-                    crate::carrier::on_candidate_offer(&s, self.clone(), rx);
+                    crate::carrier::switch::on_candidate_offer(&s, self.clone(), rx);
                 }
             }
             // Both directions' flags are already in the rings; the wake
@@ -1001,7 +1004,7 @@ impl Link {
                 drop(lent);
                 sys::pending_grants_kick();
                 if let Some(s) = i.conns.get(&conn_id) {
-                    sock::peer_ended(s);
+                    socket::peer_ended(s);
                 }
             }
             _ => {}
@@ -1010,12 +1013,12 @@ impl Link {
 }
 
 fn globals_table() -> &'static Mutex<LinkTable> {
-    &sock::globals().links
+    &socket::globals().links
 }
 
 /// The link to `peer`, advertised now if dom0 made its directory for us.
 pub(crate) fn get_or_create(peer: u32) -> core::result::Result<Arc<Link>, i32> {
-    let me = sock::globals().own_domid();
+    let me = socket::globals().own_domid();
     let mut t = globals_table().lock();
     if t.stopping || t.suspended {
         return Err(e::ENETUNREACH);
@@ -1059,7 +1062,7 @@ pub(crate) fn user_space_link(me: u32) -> Option<u32> {
 /// Module init: watch our link directory (dom0 creating a link) and domain
 /// deaths, then look once.
 pub(crate) fn start() {
-    let me = sock::globals().own_domid();
+    let me = socket::globals().own_domid();
     if me == 0 {
         return;
     }
@@ -1139,16 +1142,16 @@ pub(crate) fn resumed(restored: bool) {
         }
     );
     RESUMED.store(true, Ordering::Release);
-    crate::carrier::resumed();
+    crate::carrier::switch::resumed();
     sys::schedule_work();
 }
 
 /// Work item, after a restore: our domid as XenStore says now, watches on
 /// our (new) link directory.
 fn start_over() {
-    let old = sock::globals().own_domid();
+    let old = socket::globals().own_domid();
     let me = sys::xenstore_read_u32(c"domid", c"").unwrap_or(old);
-    sock::globals().set_own_domid(me);
+    socket::globals().set_own_domid(me);
     let mut t = globals_table().lock();
     t.suspended = false;
     let w = core::mem::replace(&mut t.watches, KVec::new());
@@ -1160,11 +1163,11 @@ fn start_over() {
 
 /// The work item.
 pub(crate) fn work() {
-    let t0 = crate::sys_net::now_ms();
+    let t0 = crate::sys::net::now_ms();
     work_pass();
-    crate::carrier::note_work_ms(
-        &crate::carrier::counters::LINK_WORK_MAX_MS,
-        crate::sys_net::now_ms() - t0,
+    crate::carrier::switch::note_work_ms(
+        &crate::carrier::switch::counters::LINK_WORK_MAX_MS,
+        crate::sys::net::now_ms() - t0,
     );
 }
 
@@ -1173,7 +1176,7 @@ fn work_pass() {
     if resumed {
         start_over();
     }
-    let me = sock::globals().own_domid();
+    let me = socket::globals().own_domid();
     if me == 0 {
         return;
     }
@@ -1233,7 +1236,7 @@ fn links_snapshot(keep: impl Fn(&Link) -> bool) -> Option<KVec<Arc<Link>>> {
 /// attached to it), and a connection must not stay on TCP because of it.
 pub(crate) fn poll_down_links() {
     static LAST_MS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
-    let now = crate::sys_net::now_ms();
+    let now = crate::sys::net::now_ms();
     let last = LAST_MS.load(Ordering::Relaxed);
     if now < last + 500
         || LAST_MS
@@ -1242,7 +1245,7 @@ pub(crate) fn poll_down_links() {
     {
         return;
     }
-    let me = sock::globals().own_domid();
+    let me = socket::globals().own_domid();
     let Some(links) = links_snapshot(|l| !l.is_up()) else {
         return;
     };
@@ -1300,7 +1303,7 @@ pub(crate) fn shutdown_all() {
 /// locked, in the same critical section that took the connection off
 /// `conns`, so a Close handled by the work item either found the socket
 /// (and it does not lend) or finds the ring here.
-pub(crate) fn lend(i: &mut LinkInner, conn_id: u32, rx: Arc<crate::conn::Pipe>) {
+pub(crate) fn lend(i: &mut LinkInner, conn_id: u32, rx: Arc<crate::carrier::ring::Pipe>) {
     // no memory for the entry: the grant ends now, as it did before lending
     if i.lent
         .try_create_and_insert(conn_id, Lent::new(rx), GFP_KERNEL)
@@ -1313,7 +1316,7 @@ pub(crate) fn lend(i: &mut LinkInner, conn_id: u32, rx: Arc<crate::conn::Pipe>) 
 /// The delayed work for the links' deadlines: ends lent rings whose peer
 /// never answered within `LINGER_MAX_MS` (counted in `linger_expired`;
 /// ending is kept pending while the peer maps the ring), fails connects
-/// whose answer did not come within `sock::CONNECT_TIMEOUT_MS`
+/// whose answer did not come within `socket::CONNECT_TIMEOUT_MS`
 /// (ETIMEDOUT), and runs again for the rest.
 pub(crate) fn reap() {
     let links: KVec<Arc<Link>> = {
@@ -1329,7 +1332,7 @@ pub(crate) fn reap() {
         }
         v
     };
-    let now = crate::sys_net::now_ms();
+    let now = crate::sys::net::now_ms();
     let mut next: Option<u64> = None;
     for l in links.iter() {
         let mut expired: KVec<Lent> = KVec::new();
@@ -1348,7 +1351,7 @@ pub(crate) fn reap() {
             }
             let mut late: KVec<Arc<XenSock>> = KVec::new();
             for (_, s) in i.conns.iter() {
-                match sock::connect_deadline(s) {
+                match socket::connect_deadline(s) {
                     Some(d) if d <= now => {
                         let _ = late.push(s.clone(), GFP_KERNEL);
                     }
@@ -1359,7 +1362,7 @@ pub(crate) fn reap() {
             for s in late.iter() {
                 let id = s.inner.lock().conn_id;
                 i.conns.remove(&id);
-                sock::connect_failed(s, e::ETIMEDOUT);
+                socket::connect_failed(s, e::ETIMEDOUT);
             }
             for id in due.iter() {
                 if let Some(lent) = i.lent.remove(id) {

@@ -9,6 +9,8 @@ use kernel::ffi::{c_int, c_long, c_uint};
 use kernel::prelude::*;
 use kernel::sync::Arc;
 
+pub(crate) mod net;
+
 #[allow(
     non_camel_case_types,
     non_upper_case_globals,
@@ -253,8 +255,8 @@ unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
         ("kick_ns", get(&KICK_NS)),
         ("irq_ns", get(&IRQ_NS)),
     ]);
-    crate::tcp::stats(&mut seq);
-    crate::carrier::stats(&mut seq);
+    crate::carrier::leg::stats(&mut seq);
+    crate::carrier::switch::stats(&mut seq);
     0
 }
 
@@ -746,7 +748,7 @@ impl Msg {
     /// `how` picks the copy routine: the same bytes either way.
     pub(crate) fn copy_into_ring(
         &mut self,
-        ring: &crate::mem::RawRing,
+        ring: &crate::proto::mem::RawRing,
         offset: u32,
         len: usize,
         how: CopyRoutine,
@@ -773,7 +775,7 @@ impl Msg {
     /// the user's iovecs; returns the bytes copied (short on a fault).
     pub(crate) fn copy_from_ring(
         &mut self,
-        ring: &crate::mem::RawRing,
+        ring: &crate::proto::mem::RawRing,
         offset: u32,
         len: usize,
     ) -> usize {
@@ -964,11 +966,11 @@ impl Region {
     /// alive (same owning struct) as long as the ring is used.
     pub(crate) fn ring(
         &self,
-        geometry: crate::layout::RingGeometry,
-    ) -> Option<crate::mem::RawRing> {
+        geometry: crate::proto::layout::RingGeometry,
+    ) -> Option<crate::proto::mem::RawRing> {
         // SAFETY: base is page aligned (>= 128), valid for len bytes while
         // self lives, and only ever accessed through RawRing.
-        unsafe { crate::mem::RawRing::from_region(self.base, self.len, geometry) }.ok()
+        unsafe { crate::proto::mem::RawRing::from_region(self.base, self.len, geometry) }.ok()
     }
 }
 
@@ -1024,7 +1026,7 @@ impl Seq {
     pub(crate) fn counters(&mut self, counters: &[(&str, i64)]) {
         use core::fmt::Write;
         for (name, value) in counters {
-            let mut l = crate::sock::Line::new();
+            let mut l = crate::socket::Line::new();
             let _ = writeln!(l, "{name} {value}");
             self.write(l.bytes());
         }
@@ -1033,13 +1035,13 @@ impl Seq {
 
 #[no_mangle]
 unsafe extern "C" fn afx_rs_proc_show(m: *mut bindings::seq_file) -> c_int {
-    crate::sock::proc_show(&mut Seq(m));
+    crate::socket::proc_show(&mut Seq(m));
     0
 }
 
 #[no_mangle]
 unsafe extern "C" fn afx_rs_tcp_show(m: *mut bindings::seq_file) -> c_int {
-    crate::sock::tcp_show(&mut Seq(m));
+    crate::socket::tcp_show(&mut Seq(m));
     0
 }
 
@@ -1120,12 +1122,12 @@ pub(crate) struct Evtchn {
     pub(crate) port: u32,
     irq: c_int,
     /// the handler's argument: kept alive while the irq is bound
-    wake: Arc<crate::wake::LinkWake>,
+    wake: Arc<crate::link::wake::LinkWake>,
 }
 
 impl Evtchn {
-    fn bind(port: c_uint, wake: &Arc<crate::wake::LinkWake>) -> Result<Evtchn> {
-        let cookie = &**wake as *const crate::wake::LinkWake as *const c_void;
+    fn bind(port: c_uint, wake: &Arc<crate::link::wake::LinkWake>) -> Result<Evtchn> {
+        let cookie = &**wake as *const crate::link::wake::LinkWake as *const c_void;
         // SAFETY: `port` is a port of ours, not bound to an irq yet; the
         // cookie stays valid until afx_unbind_irq (Evtchn keeps the Arc).
         let irq = unsafe { afx_bind_irq(port, cookie) };
@@ -1142,7 +1144,10 @@ impl Evtchn {
         })
     }
     /// A fresh unbound port that `remote` may bind.
-    pub(crate) fn alloc_unbound(remote: u32, wake: &Arc<crate::wake::LinkWake>) -> Result<Evtchn> {
+    pub(crate) fn alloc_unbound(
+        remote: u32,
+        wake: &Arc<crate::link::wake::LinkWake>,
+    ) -> Result<Evtchn> {
         let mut port: c_uint = 0;
         // SAFETY: plain hypercall with an out parameter.
         let r = unsafe { afx_evtchn_alloc_unbound(remote, &mut port) };
@@ -1155,7 +1160,7 @@ impl Evtchn {
     pub(crate) fn bind_interdomain(
         remote: u32,
         rport: u32,
-        wake: &Arc<crate::wake::LinkWake>,
+        wake: &Arc<crate::link::wake::LinkWake>,
     ) -> Result<Evtchn> {
         let mut port: c_uint = 0;
         // SAFETY: plain hypercall with an out parameter.
@@ -1175,8 +1180,8 @@ impl Evtchn {
 unsafe extern "C" fn afx_rs_irq(wake: *mut c_void) {
     // SAFETY: the cookie of Evtchn::bind: a LinkWake kept alive by the
     // Evtchn until afx_unbind_irq has waited for running handlers.
-    let w = unsafe { &*(wake as *const crate::wake::LinkWake) };
-    crate::wake::irq(w);
+    let w = unsafe { &*(wake as *const crate::link::wake::LinkWake) };
+    crate::link::wake::irq(w);
 }
 
 /// Grant entries ended while the peer still mapped them, kept (with their
@@ -1211,7 +1216,7 @@ pub(crate) fn notify_port(port: u32) {
 
 impl Drop for Evtchn {
     fn drop(&mut self) {
-        let cookie = &*self.wake as *const crate::wake::LinkWake as *const c_void;
+        let cookie = &*self.wake as *const crate::link::wake::LinkWake as *const c_void;
         // SAFETY: irq bound in bind() with this cookie; frees it (waits for
         // a running handler) and closes the port.
         unsafe { afx_unbind_irq(self.irq, cookie) };
@@ -1243,11 +1248,11 @@ impl Grant {
     }
     pub(crate) fn ring(
         &self,
-        geometry: crate::layout::RingGeometry,
-    ) -> Option<crate::mem::RawRing> {
+        geometry: crate::proto::layout::RingGeometry,
+    ) -> Option<crate::proto::mem::RawRing> {
         // SAFETY: a page-aligned page, alive while self lives (the caller
         // keeps it next to the ring), shared with the peer only through RawRing.
-        unsafe { crate::mem::RawRing::from_region(self.base, 4096, geometry) }.ok()
+        unsafe { crate::proto::mem::RawRing::from_region(self.base, 4096, geometry) }.ok()
     }
 }
 
@@ -1282,11 +1287,11 @@ impl Mapping {
     }
     pub(crate) fn ring(
         &self,
-        geometry: crate::layout::RingGeometry,
-    ) -> Option<crate::mem::RawRing> {
+        geometry: crate::proto::layout::RingGeometry,
+    ) -> Option<crate::proto::mem::RawRing> {
         // SAFETY: a page-aligned mapping of one page, alive while self
         // lives; the peer may write it at any time, which RawRing tolerates.
-        unsafe { crate::mem::RawRing::from_region(self.base, 4096, geometry) }.ok()
+        unsafe { crate::proto::mem::RawRing::from_region(self.base, 4096, geometry) }.ok()
     }
 }
 
@@ -1442,45 +1447,45 @@ pub(crate) fn max_map_pages() -> usize {
 
 impl Grant {
     /// This page as a grant directory (a page of atomics).
-    pub(crate) fn directory(&self) -> &crate::layout::GrantDirectory {
+    pub(crate) fn directory(&self) -> &crate::proto::layout::GrantDirectory {
         // SAFETY: page aligned, 4096 bytes, alive while self is borrowed;
         // GrantDirectory is atomics only, so a shared view is sound.
-        unsafe { &*(self.base.as_ptr() as *const crate::layout::GrantDirectory) }
+        unsafe { &*(self.base.as_ptr() as *const crate::proto::layout::GrantDirectory) }
     }
     /// A large ring: this page is its header, `data` its data pages.
     pub(crate) fn large_ring(
         &self,
         data: &GrantedPages,
-        g: crate::layout::RingGeometry,
-    ) -> Option<crate::mem::RawRing> {
+        g: crate::proto::layout::RingGeometry,
+    ) -> Option<crate::proto::mem::RawRing> {
         if data.n * 4096 != g.data_size() {
             return None;
         }
         // SAFETY: header page and data pages alive as long as the caller
         // keeps both next to the ring; only accessed through RawRing.
-        Some(unsafe { crate::mem::RawRing::from_parts(self.base, data.base, g) })
+        Some(unsafe { crate::proto::mem::RawRing::from_parts(self.base, data.base, g) })
     }
 }
 
 impl Mapping {
     /// This mapped page as a grant directory.
-    pub(crate) fn directory(&self) -> &crate::layout::GrantDirectory {
+    pub(crate) fn directory(&self) -> &crate::proto::layout::GrantDirectory {
         // SAFETY: page-aligned mapping of one page, alive while self is
         // borrowed; atomics only (the peer may change it: read_refs reads
         // each slot once and Xen validates the refs).
-        unsafe { &*(self.base.as_ptr() as *const crate::layout::GrantDirectory) }
+        unsafe { &*(self.base.as_ptr() as *const crate::proto::layout::GrantDirectory) }
     }
     pub(crate) fn large_ring(
         &self,
         data: &MappedPages,
-        g: crate::layout::RingGeometry,
-    ) -> Option<crate::mem::RawRing> {
+        g: crate::proto::layout::RingGeometry,
+    ) -> Option<crate::proto::mem::RawRing> {
         if data.n * 4096 != g.data_size() {
             return None;
         }
         // SAFETY: as for Grant::large_ring; the peer may write the pages at
         // any time, which RawRing tolerates.
-        Some(unsafe { crate::mem::RawRing::from_parts(self.base, data.base, g) })
+        Some(unsafe { crate::proto::mem::RawRing::from_parts(self.base, data.base, g) })
     }
 }
 

@@ -6,9 +6,9 @@
 //! libxensock's `LegListener`. An authenticated leg goes to its
 //! connection's switch (carrier.rs), which this work item also services.
 
-use crate::ctrl::{self, Channel, Message, TcpEndpoint};
-use crate::sock::{State as SockState, XenSock};
-use crate::sys_net::{self, TcpSock};
+use crate::proto::ctrl::{self, Channel, Message, TcpEndpoint};
+use crate::socket::{State as SockState, XenSock};
+use crate::sys::net::{self, TcpSock};
 use core::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, Ordering};
 use kernel::new_mutex;
 use kernel::prelude::*;
@@ -113,7 +113,7 @@ pub(crate) struct TcpCarrier(Pin<KBox<Mutex<Legs>>>);
 /// that cannot be made is logged and leaves connections without a TCP
 /// endpoint.
 pub(crate) fn start() -> Result<TcpCarrier> {
-    let port = sys_net::tcp_port();
+    let port = net::tcp_port();
     let listener = if port == 0 {
         None
     } else {
@@ -149,7 +149,7 @@ pub(crate) fn start() -> Result<TcpCarrier> {
     if has {
         pr_info!("TCP leg listener on port {}\n", port);
         // connections that arrived before the state was published
-        sys_net::schedule();
+        net::schedule();
     }
     Ok(TcpCarrier(b))
 }
@@ -165,7 +165,7 @@ impl Drop for TcpCarrier {
             g.pending = KVec::new();
             g.active = KVec::new();
         }
-        sys_net::flush();
+        net::flush();
         STATE.store(core::ptr::null_mut(), Ordering::Release);
     }
 }
@@ -173,7 +173,7 @@ impl Drop for TcpCarrier {
 /// Our endpoint for ConnectRequest/ConnectAccept (IPv4-mapped), or NONE.
 pub(crate) fn local_endpoint() -> TcpEndpoint {
     // no lock: the link work calls this holding its link's lock
-    match (LISTENING.load(Ordering::Acquire), sys_net::local_ipv4()) {
+    match (LISTENING.load(Ordering::Acquire), net::local_ipv4()) {
         (true, Some(a)) => {
             let mut addr = [0u8; 16];
             addr[10] = 0xff;
@@ -181,7 +181,7 @@ pub(crate) fn local_endpoint() -> TcpEndpoint {
             addr[12..].copy_from_slice(&a);
             TcpEndpoint {
                 addr,
-                port: sys_net::tcp_port(),
+                port: net::tcp_port(),
             }
         }
         _ => TcpEndpoint::NONE,
@@ -190,12 +190,12 @@ pub(crate) fn local_endpoint() -> TcpEndpoint {
 
 /// A fresh cookie for a connection we request.
 pub(crate) fn new_cookie() -> u64 {
-    sys_net::random_u64()
+    net::random_u64()
 }
 
 /// The connection with our id `conn_id`, and its cookie.
 fn find_conn(conn_id: u32) -> Option<(Arc<XenSock>, u64)> {
-    let p = crate::sock::globals().ports.lock();
+    let p = crate::socket::globals().ports.lock();
     for (_, xs) in p.all.iter() {
         let i = xs.inner.lock();
         if i.conn_id == conn_id
@@ -229,14 +229,14 @@ fn check_hello(buf: &[u8]) -> core::result::Result<Arc<XenSock>, &'static Atomic
 /// authenticate and hand legs to their connections, then service every
 /// active switch.
 pub(crate) fn work() {
-    let t0 = sys_net::now_ms();
-    crate::carrier::counters::TCP_WORK_PASSES.fetch_add(1, Ordering::Relaxed);
+    let t0 = net::now_ms();
+    crate::carrier::switch::counters::TCP_WORK_PASSES.fetch_add(1, Ordering::Relaxed);
     work_pass();
     // a pass that blocks holds up every leg's frames and every wake of a
     // socket on TCP (an epoll reader waits for those): shown in the stats
-    crate::carrier::note_work_ms(
-        &crate::carrier::counters::TCP_WORK_MAX_MS,
-        sys_net::now_ms() - t0,
+    crate::carrier::switch::note_work_ms(
+        &crate::carrier::switch::counters::TCP_WORK_MAX_MS,
+        net::now_ms() - t0,
     );
 }
 
@@ -252,7 +252,7 @@ fn work_pass() {
                 inc(&DROPPED);
                 continue;
             }
-            let deadline_ms = (sys_net::now_ms() + HELLO_TIMEOUT_MS)
+            let deadline_ms = (net::now_ms() + HELLO_TIMEOUT_MS)
                 .max(HELLO_GRACE_UNTIL_MS.load(Ordering::Acquire));
             if g.pending
                 .push(
@@ -289,7 +289,7 @@ fn work_pass() {
                 Err(x) if x == crate::sys::errno::EAGAIN => None,
                 Err(_) => Some(Err(&MALFORMED)),
             };
-            let now = sys_net::now_ms();
+            let now = net::now_ms();
             match verdict {
                 None if now >= p.deadline_ms => inc(&TIMED_OUT),
                 None => {
@@ -310,16 +310,14 @@ fn work_pass() {
         }
         // come back at the earliest hello deadline
         if let Some(d) = next {
-            let wait = d
-                .saturating_sub(sys_net::now_ms())
-                .clamp(10, HELLO_TIMEOUT_MS);
-            sys_net::schedule_after_ms(wait as u32);
+            let wait = d.saturating_sub(net::now_ms()).clamp(10, HELLO_TIMEOUT_MS);
+            net::schedule_after_ms(wait as u32);
         }
     }
     // outside the legs' lock: the switch takes its own locks
     for (xs, sock) in authenticated.into_iter() {
         // no TCP_USER_TIMEOUT on an established leg: carrier leg_unanswered
-        if crate::carrier::attach_inbound(&xs, HeldLeg::new(sock)).is_err() {
+        if crate::carrier::switch::attach_inbound(&xs, HeldLeg::new(sock)).is_err() {
             // a second leg for one connection, or no switch: closed
             inc(&DROPPED);
         }
@@ -338,7 +336,7 @@ fn work_pass() {
     // connection to them kicks its backed-off legs (carrier kick_if_heard)
     let mut heard: KVec<[u8; 4]> = KVec::new();
     for xs in active.iter() {
-        if let Some(ip) = crate::carrier::heard_from(xs) {
+        if let Some(ip) = crate::carrier::switch::heard_from(xs) {
             if !heard.contains(&ip) {
                 let _ = heard.push(ip, GFP_KERNEL);
             }
@@ -346,7 +344,7 @@ fn work_pass() {
     }
     let mut done: KVec<Arc<XenSock>> = KVec::new();
     for xs in active.iter() {
-        if !crate::carrier::service(xs, &heard) {
+        if !crate::carrier::switch::service(xs, &heard) {
             let _ = done.push(xs.clone(), GFP_KERNEL);
         }
     }
@@ -375,7 +373,7 @@ fn work_pass() {
 /// connection reset ("outbound leg closed while frozen" on the peer, run
 /// kmod-saverestore-20261122-114731). Pending legs, and legs accepted in
 /// the next peer-lost bound, wait that long for their hello (the clock no
-/// longer jumps, sys_net::now_ms, but a hello from the peer's backoff still
+/// longer jumps, net::now_ms, but a hello from the peer's backoff still
 /// comes tens of seconds late: kmod-moves-20261122-120320).
 pub(crate) fn resumed() {
     hold_hellos_for_peer_lost();
@@ -390,7 +388,7 @@ pub(crate) fn resumed() {
 /// stayed). Pending legs, and legs accepted in the next peer-lost bound,
 /// wait that long for their hello, as after our own resume.
 pub(crate) fn hold_hellos_for_peer_lost() {
-    let deadline_ms = sys_net::now_ms() + sys_net::peer_lost_ms().max(HELLO_TIMEOUT_MS);
+    let deadline_ms = net::now_ms() + net::peer_lost_ms().max(HELLO_TIMEOUT_MS);
     // legs the kernel completed before the save but we accept only now
     HELLO_GRACE_UNTIL_MS.store(deadline_ms, Ordering::Release);
     if let Some(s) = state() {
@@ -399,10 +397,10 @@ pub(crate) fn hold_hellos_for_peer_lost() {
             p.deadline_ms = p.deadline_ms.max(deadline_ms);
         }
     }
-    sys_net::schedule();
+    net::schedule();
 }
 
-/// Until then (sys_net::now_ms), a leg accepted after a resume waits for
+/// Until then (net::now_ms), a leg accepted after a resume waits for
 /// its hello as long as the peer-lost bound (see `resumed`).
 static HELLO_GRACE_UNTIL_MS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
 
@@ -414,7 +412,7 @@ pub(crate) fn register(xs: &Arc<XenSock>) {
             let _ = g.active.push(xs.clone(), GFP_KERNEL);
         }
     }
-    sys_net::schedule();
+    net::schedule();
 }
 
 /// The connections whose switch is active, now.
@@ -447,7 +445,7 @@ fn is_hello_header(h: &[u8]) -> bool {
 
 /// A connection ended: the work item releases its legs.
 pub(crate) fn connection_ended() {
-    sys_net::schedule();
+    net::schedule();
 }
 
 /// Test trigger (hostile_test=1, setsockopt XENSOCK_TEST_OPEN_LEG): open
@@ -473,7 +471,7 @@ pub(crate) fn test_open_leg(
         return Err(e::ENETUNREACH);
     }
     if !wrong_cookie {
-        return crate::carrier::open_leg(xs);
+        return crate::carrier::switch::open_leg(xs);
     }
     let sock = TcpSock::connect([a[12], a[13], a[14], a[15]], t.peer.port)?;
     let mut b = [0u8; HELLO_LEN];
@@ -492,7 +490,7 @@ pub(crate) fn test_open_leg(
 pub(crate) fn stats(seq: &mut crate::sys::Seq) {
     let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
     let port = if LISTENING.load(Ordering::Relaxed) {
-        sys_net::tcp_port()
+        net::tcp_port()
     } else {
         0
     };

@@ -2,7 +2,9 @@
 //! AF_XEN SOCK_STREAM sockets: the proto_ops callbacks. Safe Rust over the
 //! wrappers in `sys`.
 
-use crate::conn::{Pipe, Read, Wrote};
+pub(crate) mod seqpacket;
+
+use crate::carrier::ring::{Pipe, Read, Wrote};
 use crate::link::{Link, LinkTable};
 use crate::sys::{self, errno as e, poll::*, Msg, Sk, Socket};
 use core::ffi::c_void;
@@ -109,20 +111,20 @@ pub(crate) struct Inner {
     pub(crate) seqpacket: bool,
     /// a connect over a link whose ConnectRequest is not sent yet (the link
     /// was not up, or its control ring was full): the work item sends it
-    pub(crate) request: Option<crate::ctrl::RingGrant>,
+    pub(crate) request: Option<crate::proto::ctrl::RingGrant>,
     /// test mode: the next connect names a bogus grant in its directory
     pub(crate) test_bad_directory: bool,
     /// inter-domain: cookie and peer endpoint of the TCP carrier (tcp.rs)
-    pub(crate) tcp: crate::tcp::ConnTcp,
+    pub(crate) tcp: crate::carrier::leg::ConnTcp,
     /// inter-domain stream: the carrier switch (carrier.rs)
-    pub(crate) sw: Option<Arc<crate::carrier::Switch>>,
+    pub(crate) sw: Option<Arc<crate::carrier::switch::Switch>>,
     /// inter-domain: our one Close or Reset for this connection went out
     /// (or there is nobody to tell)
     pub(crate) end_sent: bool,
     /// inter-domain: the peer's Close or Reset for this connection arrived
     pub(crate) peer_ended: bool,
     /// inter-domain, connecting: when the connect fails with ETIMEDOUT
-    /// (sys_net::now_ms), whether anyone waits for it or not
+    /// (net::now_ms), whether anyone waits for it or not
     pub(crate) connect_deadline_ms: u64,
     /// inter-domain, accepted: the peer may not have mapped our receive
     /// ring yet (it maps it when our ConnectAccept reaches it), so a close
@@ -164,7 +166,7 @@ impl XenSock {
                     seqpacket: false,
                     request: None,
                     test_bad_directory: false,
-                    tcp: crate::tcp::ConnTcp::default(),
+                    tcp: crate::carrier::leg::ConnTcp::default(),
                     sw: None,
                     end_sent: false,
                     connect_deadline_ms: 0,
@@ -367,11 +369,11 @@ fn destroy(xs: &Arc<XenSock>) {
         )
     };
     // before the struct sock can go: its TCP legs' callbacks stop waking it
-    crate::carrier::disown(xs);
+    crate::carrier::switch::disown(xs);
     if link.is_some() {
         // its TCP legs go once what it sent is out (carrier.rs)
-        crate::carrier::closing(xs, tx.as_ref());
-        crate::tcp::connection_ended();
+        crate::carrier::switch::closing(xs, tx.as_ref());
+        crate::carrier::leg::connection_ended();
     }
     // SO_LINGER with l_linger 0: abortive close, the peer sees
     // ECONNRESET (unread data is dropped), as TCP's RST.
@@ -419,18 +421,18 @@ fn destroy(xs: &Arc<XenSock>) {
             None
         } else if abort || reset {
             // a reset the peer told us of needs no answer
-            (!peer_ended).then_some(crate::ctrl::Message::Reset {
+            (!peer_ended).then_some(crate::proto::ctrl::Message::Reset {
                 conn_id: peer_conn,
                 reason: if abort {
-                    crate::ctrl::ResetReason::Abort
+                    crate::proto::ctrl::ResetReason::Abort
                 } else {
-                    crate::ctrl::ResetReason::ProtocolError
+                    crate::proto::ctrl::ResetReason::ProtocolError
                 },
             })
         } else {
-            Some(crate::ctrl::Message::Close { conn_id: peer_conn })
+            Some(crate::proto::ctrl::Message::Close { conn_id: peer_conn })
         };
-        let clean = matches!(end, Some(crate::ctrl::Message::Close { .. }));
+        let clean = matches!(end, Some(crate::proto::ctrl::Message::Close { .. }));
         if let Some(m) = &end {
             let _ = link.send(m);
         }
@@ -735,12 +737,12 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
     }
     let conn_id = crate::link::next_conn_id();
     let stream = !xs.inner.lock().seqpacket;
-    let cap = crate::conn::remote_rx_ring_capacity(&xs.sk, stream);
+    let cap = crate::carrier::ring::remote_rx_ring_capacity(&xs.sk, stream);
     let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap, 0).map_err(|_| e::ENOMEM)?;
     let sw = if xs.inner.lock().seqpacket {
         None
     } else {
-        crate::carrier::Switch::new(cap).ok()
+        crate::carrier::switch::Switch::new(cap).ok()
     };
     if xs.inner.lock().test_bad_directory {
         rx.test_spoil_directory();
@@ -755,12 +757,12 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
         i.connect_err = 0;
         i.reset = false;
         i.request = Some(rx_grant);
-        i.tcp = crate::tcp::ConnTcp {
-            cookie: crate::tcp::new_cookie(),
-            peer: crate::ctrl::TcpEndpoint::NONE,
+        i.tcp = crate::carrier::leg::ConnTcp {
+            cookie: crate::carrier::leg::new_cookie(),
+            peer: crate::proto::ctrl::TcpEndpoint::NONE,
         };
         i.sw = sw;
-        i.connect_deadline_ms = crate::sys_net::now_ms() + CONNECT_TIMEOUT_MS as u64;
+        i.connect_deadline_ms = crate::sys::net::now_ms() + CONNECT_TIMEOUT_MS as u64;
     }
     if link
         .inner
@@ -814,7 +816,9 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
 
 /// Work item: the ConnectRequest of a pending connect over `link`, if it
 /// still has to go out: (our conn id, src port, dst port, our ring).
-pub(crate) fn pending_request(xs: &XenSock) -> Option<(u32, u32, u32, crate::ctrl::RingGrant)> {
+pub(crate) fn pending_request(
+    xs: &XenSock,
+) -> Option<(u32, u32, u32, crate::proto::ctrl::RingGrant)> {
     let i = xs.inner.lock();
     if i.state != State::Connecting {
         return None;
@@ -842,9 +846,12 @@ pub(crate) fn accept_remote(
     src_port: u32,
     dst_port: u32,
     seqpacket: bool,
-    rg: &crate::ctrl::RingGrant,
-) -> core::result::Result<(Arc<XenSock>, u32, crate::ctrl::RingGrant), crate::ctrl::RejectReason> {
-    use crate::ctrl::RejectReason as R;
+    rg: &crate::proto::ctrl::RingGrant,
+) -> core::result::Result<
+    (Arc<XenSock>, u32, crate::proto::ctrl::RingGrant),
+    crate::proto::ctrl::RejectReason,
+> {
+    use crate::proto::ctrl::RejectReason as R;
     let me = globals().own_domid();
     let l = {
         let p = globals().ports.lock();
@@ -867,7 +874,7 @@ pub(crate) fn accept_remote(
     }
     let child = new_child(&l).ok_or(R::NoResources)?;
     let my_id = crate::link::next_conn_id();
-    let cap = crate::conn::remote_rx_ring_capacity(&child.sk, !seqpacket);
+    let cap = crate::carrier::ring::remote_rx_ring_capacity(&child.sk, !seqpacket);
     let (rx, rx_grant) = match Pipe::new_granted(link, me, my_id, cap, 0) {
         Ok(v) => v,
         Err(_) => return Err(discard_child(&child, R::NoResources)),
@@ -879,7 +886,7 @@ pub(crate) fn accept_remote(
     let sw = if seqpacket {
         None
     } else {
-        crate::carrier::Switch::new(cap).ok()
+        crate::carrier::switch::Switch::new(cap).ok()
     };
     {
         let mut c = child.inner.lock();
@@ -1008,7 +1015,7 @@ pub(crate) fn connect_accepted(
     xs: &Arc<XenSock>,
     link: &Arc<Link>,
     acceptor_id: u32,
-    rg: &crate::ctrl::RingGrant,
+    rg: &crate::proto::ctrl::RingGrant,
 ) -> core::result::Result<(), ()> {
     let me = globals().own_domid();
     if xs.inner.lock().state != State::Connecting {
@@ -1133,9 +1140,9 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
     }
     let child = new_child(&l).ok_or(e::ENOMEM)?;
     // to_child is read by the child (its SO_RCVBUF), to_me by us.
-    let to_child = Pipe::new_local(crate::conn::rx_ring_capacity(&child.sk), me, port)
+    let to_child = Pipe::new_local(crate::carrier::ring::rx_ring_capacity(&child.sk), me, port)
         .map_err(|_| discard_child(&child, e::ENOMEM))?;
-    let to_me = Pipe::new_local(crate::conn::rx_ring_capacity(&xs.sk), me, port)
+    let to_me = Pipe::new_local(crate::carrier::ring::rx_ring_capacity(&xs.sk), me, port)
         .map_err(|_| discard_child(&child, e::ENOMEM))?;
     to_child.set_ends(Some(child.clone()), Some(xs.clone()));
     to_me.set_ends(Some(xs.clone()), Some(child.clone()));
@@ -1277,7 +1284,7 @@ unsafe extern "C" fn xs_poll(
                     Ok((n, end)) => {
                         // seqpacket: readable once a whole message is there
                         let ready = if seqpacket {
-                            crate::seqpacket::rx_ready(&rx).unwrap_or_else(|_| {
+                            crate::socket::seqpacket::rx_ready(&rx).unwrap_or_else(|_| {
                                 err_ = true;
                                 false
                             })
@@ -1310,7 +1317,7 @@ unsafe extern "C" fn xs_poll(
                             wr_hup = true;
                         } else if !shut_wr
                             && (if seqpacket {
-                                crate::seqpacket::tx_writable(free)
+                                crate::socket::seqpacket::tx_writable(free)
                             } else {
                                 free > 0
                             })
@@ -1327,9 +1334,10 @@ unsafe extern "C" fn xs_poll(
             // a direction on TCP (carrier.rs)
             let sw = xs.inner.lock().sw.clone();
             if let Some(sw) = sw.filter(|s| s.is_active()) {
-                let (readable, rdh, writable, wrh) = crate::carrier::poll_bits(&xs, &sw);
+                let (readable, rdh, writable, wrh) = crate::carrier::switch::poll_bits(&xs, &sw);
                 if readable
-                    && (lowat <= 1 || ring_bytes + crate::carrier::tcp_readable(&xs, &sw) >= lowat)
+                    && (lowat <= 1
+                        || ring_bytes + crate::carrier::switch::tcp_readable(&xs, &sw) >= lowat)
                 {
                     mask |= POLLIN | POLLRDNORM;
                 }
@@ -1383,12 +1391,12 @@ unsafe extern "C" fn xs_ioctl(
         return err(e::EINVAL);
     }
     let value: c_int = if cmd == SIOCINQ && seqpacket {
-        rx.map_or(0, |rx| crate::seqpacket::next_len(&rx) as c_int)
+        rx.map_or(0, |rx| crate::socket::seqpacket::next_len(&rx) as c_int)
     } else if cmd == SIOCINQ {
         // bytes taken off the TCP carrier come first (carrier.rs)
         // (the socket's lock is let go first: the carrier takes it after its own)
         let sw = xs.inner.lock().sw.clone();
-        let on_tcp = sw.map_or(0, |sw| crate::carrier::tcp_readable(&xs, &sw));
+        let on_tcp = sw.map_or(0, |sw| crate::carrier::switch::tcp_readable(&xs, &sw));
         let on_ring = match rx.map(|rx| rx.rx_state()) {
             Some(Ok((n, _))) => n as usize,
             Some(Err(_)) | None => 0,
@@ -1397,7 +1405,7 @@ unsafe extern "C" fn xs_ioctl(
     } else {
         drop(tx);
         let sw = xs.inner.lock().sw.clone();
-        let unsent = sw.map_or(0, |sw| crate::carrier::tx_unsent(&sw));
+        let unsent = sw.map_or(0, |sw| crate::carrier::switch::tx_unsent(&sw));
         c_int::try_from(unsent).unwrap_or(c_int::MAX)
     };
     let mut w =
@@ -1428,7 +1436,7 @@ unsafe extern "C" fn xs_shutdown(sock: *mut bindings::socket, how: c_int) -> c_i
     i.shut_wr |= wr;
     drop(i);
     if wr {
-        crate::carrier::finish(&xs);
+        crate::carrier::switch::finish(&xs);
         if let Some(tx) = tx {
             tx.tx.lock().finish();
             tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
@@ -1467,9 +1475,9 @@ pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
         (i.tx.clone(), i.rx.clone(), tell)
     };
     if let Some((link, peer_conn)) = tell {
-        let _ = link.send(&crate::ctrl::Message::Reset {
+        let _ = link.send(&crate::proto::ctrl::Message::Reset {
             conn_id: peer_conn,
-            reason: crate::ctrl::ResetReason::ProtocolError,
+            reason: crate::proto::ctrl::ResetReason::ProtocolError,
         });
     }
     if let Some(tx) = tx {
@@ -1552,7 +1560,7 @@ unsafe extern "C" fn xs_sendmsg_untimed(
             return err(e::ENOTCONN);
         };
         tx.set_owner(&xs.sk);
-        return crate::seqpacket::sendmsg(&xs, &mut msg, &tx);
+        return crate::socket::seqpacket::sendmsg(&xs, &mut msg, &tx);
     }
     if tx.is_none() && sw.is_none() {
         return err(e::ENOTCONN);
@@ -1573,7 +1581,7 @@ unsafe extern "C" fn xs_sendmsg_untimed(
         // epoch; only when it is not on a ring does the carrier write.
         let mut on_ring = match &sw {
             None => None,
-            Some(sw) => match crate::carrier::ring_writer(sw) {
+            Some(sw) => match crate::carrier::switch::ring_writer(sw) {
                 Some(w) => Some(w),
                 None => {
                     if xs.inner.lock().reset {
@@ -1583,8 +1591,9 @@ unsafe extern "C" fn xs_sendmsg_untimed(
                             err(e::ECONNRESET)
                         };
                     }
-                    use crate::carrier::Write;
-                    match crate::carrier::send(&xs, sw, &mut msg, total - copied, !nonblock) {
+                    use crate::carrier::switch::Write;
+                    match crate::carrier::switch::send(&xs, sw, &mut msg, total - copied, !nonblock)
+                    {
                         // back on a ring meanwhile: take the guard again
                         Write::Ring => continue,
                         Write::Sent(n) => {
@@ -1598,13 +1607,13 @@ unsafe extern "C" fn xs_sendmsg_untimed(
                                 }
                                 return err(e::EAGAIN);
                             }
-                            crate::carrier::counters::TCP_WRITE_WAITS
+                            crate::carrier::switch::counters::TCP_WRITE_WAITS
                                 .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
                             let r = xs.sk.wait(&mut timeo, || {
-                                crate::carrier::tx_ready(sw) || xs.inner.lock().reset
+                                crate::carrier::switch::tx_ready(sw) || xs.inner.lock().reset
                             });
                             if let Err(x) = r {
-                                crate::carrier::writer_gone(&xs, sw);
+                                crate::carrier::switch::writer_gone(&xs, sw);
                                 return if copied > 0 { copied as c_int } else { err(x) };
                             }
                             continue;
@@ -1791,7 +1800,7 @@ unsafe extern "C" fn xs_recvmsg_untimed(
             return err(e::ENOTCONN);
         };
         rx.set_owner(&xs.sk);
-        return crate::seqpacket::recvmsg(&xs, &mut msg, &rx, flags, peer);
+        return crate::socket::seqpacket::recvmsg(&xs, &mut msg, &rx, flags, peer);
     }
     if rx.is_none() && sw.is_none() {
         return err(e::ENOTCONN);
@@ -1837,8 +1846,8 @@ unsafe extern "C" fn xs_recvmsg_untimed(
         if let (Read::OffRing, Some(sw)) = (&step, &sw) {
             // not this ring: TCP bytes come first, or the switch reads TCP
             // or a newer ring (carrier.rs says which)
-            use crate::carrier::Read;
-            match crate::carrier::recv(&xs, sw, &mut msg, total - copied, peek) {
+            use crate::carrier::switch::Read;
+            match crate::carrier::switch::recv(&xs, sw, &mut msg, total - copied, peek) {
                 Read::Ring => {
                     let now = xs.inner.lock().rx.clone();
                     // a ring the switch came back to: its interrupts wake us too
@@ -1869,13 +1878,13 @@ unsafe extern "C" fn xs_recvmsg_untimed(
                     if eof || shut_rd || copied >= target {
                         break;
                     }
-                    crate::carrier::counters::TCP_READ_WAITS
+                    crate::carrier::switch::counters::TCP_READ_WAITS
                         .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
                     let r = xs.sk.wait(&mut timeo, || {
                         let i = xs.inner.lock();
                         let stop = i.shut_rd || i.reset;
                         drop(i);
-                        stop || crate::carrier::rx_ready(&xs, sw)
+                        stop || crate::carrier::switch::rx_ready(&xs, sw)
                     });
                     if let Err(x) = r {
                         return if copied > 0 { copied as c_int } else { err(x) };
@@ -1949,7 +1958,7 @@ unsafe extern "C" fn xs_recvmsg_untimed(
         // the switch leaving the ring ends the wait as well
         let off_ring = || {
             sw.as_ref()
-                .map(|s| !crate::carrier::ring_read_ok(s))
+                .map(|s| !crate::carrier::switch::ring_read_ok(s))
                 .unwrap_or(false)
         };
         // SO_BUSY_POLL: a reply due within the budget costs no event
@@ -2037,7 +2046,8 @@ unsafe extern "C" fn xs_setsockopt(
                 return err(e::EPERM);
             }
             match sys::sockopt_int(optval, optlen) {
-                Ok(m @ (1 | 2)) => match crate::tcp::test_open_leg(&Arc::from(xs), m == 2) {
+                Ok(m @ (1 | 2)) => match crate::carrier::leg::test_open_leg(&Arc::from(xs), m == 2)
+                {
                     Ok(()) => 0,
                     Err(x) => err(x),
                 },
@@ -2071,7 +2081,7 @@ unsafe extern "C" fn xs_setsockopt(
 /// Test mode (hostile_test=1): behave as a hostile peer on this one
 /// connection by writing garbage into its shared ring header, then kick.
 fn corrupt(xs: &XenSock, mode: i32) -> core::result::Result<(), i32> {
-    use crate::ring::{Field, RingMemory};
+    use crate::proto::ring::{Field, RingMemory};
     use core::sync::atomic::Ordering;
     if mode == 4 {
         // before connect: our ring's directory will name a bogus grant, so
@@ -2165,7 +2175,7 @@ impl core::fmt::Write for Line {
 /// one (`carrier::tcp_show`), taken outside the port table's lock.
 pub(crate) fn tcp_show(seq: &mut sys::Seq) {
     seq.write(b"conn dir state ... leg (unacked, wmem, sndbuf: bytes; nospace, writeable: 0/1; owner: AFX_OWNER_* flags, -1 none)\n");
-    let mut conns: KVec<(u32, Arc<crate::carrier::Switch>)> = KVec::new();
+    let mut conns: KVec<(u32, Arc<crate::carrier::switch::Switch>)> = KVec::new();
     {
         let p = globals().ports.lock();
         for (_, xs) in p.all.iter() {
@@ -2178,7 +2188,7 @@ pub(crate) fn tcp_show(seq: &mut sys::Seq) {
         }
     }
     for (conn, sw) in conns.iter() {
-        crate::carrier::tcp_show(*conn, sw, seq);
+        crate::carrier::switch::tcp_show(*conn, sw, seq);
     }
 }
 
@@ -2236,7 +2246,7 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
         let carrier = if reset {
             "reset"
         } else if let Some(p) = phase {
-            use crate::switch::Phase;
+            use crate::proto::switch::Phase;
             match p {
                 Phase::Ring => "ring-xen",
                 Phase::Draining => "draining",

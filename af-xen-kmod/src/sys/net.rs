@@ -129,7 +129,7 @@ pub(crate) fn random_u64() -> u64 {
     unsafe { afx_random_u64() }
 }
 
-/// Runs the TCP work item (`crate::tcp::work`) soon.
+/// Runs the TCP work item (`crate::carrier::leg::work`) soon.
 pub(crate) fn schedule() {
     // SAFETY: schedules a static work item.
     unsafe { afx_tcp_schedule() }
@@ -157,7 +157,7 @@ pub(crate) fn flush() {
 
 #[no_mangle]
 extern "C" fn afx_rs_tcp_work() {
-    crate::tcp::work();
+    crate::carrier::leg::work();
 }
 
 /// A kernel TCP socket (init_net), released on drop. Its `sk_data_ready`

@@ -4,13 +4,13 @@
 //! variant (both ends in this domain) keeps the ring in local memory, the
 //! inter-domain one (not yet) in a page granted by the receiver.
 
-use crate::layout::{RingGeometry, RingIdentity, DATA_RING_MAGIC};
+use crate::link::wake::PipeWake;
 use crate::link::Link;
-use crate::mem::RawRing;
-use crate::ring::{Consumer, PeerEnd, Producer, ReaderEnd, RingError};
-use crate::sock::XenSock;
+use crate::proto::layout::{RingGeometry, RingIdentity, DATA_RING_MAGIC};
+use crate::proto::mem::RawRing;
+use crate::proto::ring::{Consumer, PeerEnd, Producer, ReaderEnd, RingError};
+use crate::socket::XenSock;
 use crate::sys::{CopyRoutine, Grant, GrantedPages, MappedPages, Mapping, Msg, Region, Sk};
-use crate::wake::PipeWake;
 use core::sync::atomic::{AtomicU32, Ordering};
 use kernel::prelude::*;
 use kernel::sync::{Arc, Mutex, SpinLock};
@@ -132,7 +132,7 @@ pub(crate) enum Carrier {
 fn max_order() -> u32 {
     let mut o = 12;
     while (1usize << (o + 1 - 12)) <= crate::sys::max_map_pages()
-        && o < crate::layout::MAX_RING_ORDER
+        && o < crate::proto::layout::MAX_RING_ORDER
     {
         o += 1;
     }
@@ -243,7 +243,7 @@ impl Pipe {
         conn_id: u32,
         capacity: usize,
         epoch: u32,
-    ) -> Result<(Arc<Pipe>, crate::ctrl::RingGrant)> {
+    ) -> Result<(Arc<Pipe>, crate::proto::ctrl::RingGrant)> {
         let mut g = RingGeometry::for_capacity(capacity);
         if g.order() > max_order() {
             g = RingGeometry::new(max_order()).map_err(|_| EINVAL)?;
@@ -259,7 +259,7 @@ impl Pipe {
         let (ring, rg, mem) = if g.is_compact() {
             let grant = Grant::new(link.peer)?;
             let ring = grant.ring(g).ok_or(EINVAL)?;
-            let rg = crate::ctrl::RingGrant {
+            let rg = crate::proto::ctrl::RingGrant {
                 order: g.order() as u8,
                 epoch,
                 header_ref: grant.gref,
@@ -284,7 +284,7 @@ impl Pipe {
                 dir.directory().write_refs(&refs).map_err(|_| EINVAL)?;
             }
             let ring = header.large_ring(&data, g).ok_or(EINVAL)?;
-            let rg = crate::ctrl::RingGrant {
+            let rg = crate::proto::ctrl::RingGrant {
                 order: g.order() as u8,
                 epoch,
                 header_ref: header.gref,
@@ -306,12 +306,13 @@ impl Pipe {
     pub(crate) fn new_mapped(
         link: &Arc<Link>,
         me: u32,
-        rg: &crate::ctrl::RingGrant,
+        rg: &crate::proto::ctrl::RingGrant,
         peer_conn: u32,
         epoch: u32,
     ) -> Result<Arc<Pipe>> {
         let order = rg.order as u32;
-        if rg.epoch != epoch || order < crate::layout::MIN_RING_ORDER || order > max_order() {
+        if rg.epoch != epoch || order < crate::proto::layout::MIN_RING_ORDER || order > max_order()
+        {
             return Err(EINVAL);
         }
         let g = RingGeometry::new(order).map_err(|_| EINVAL)?;
@@ -450,7 +451,7 @@ impl Pipe {
         msg: &mut Msg,
         max: usize,
         peek: bool,
-        sw: Option<&crate::carrier::Switch>,
+        sw: Option<&crate::carrier::switch::Switch>,
     ) -> core::result::Result<Read, RingError> {
         let t = counters::Timer::start();
         let r = self.read_msg_untimed(msg, max, peek, sw);
@@ -463,12 +464,12 @@ impl Pipe {
         msg: &mut Msg,
         max: usize,
         peek: bool,
-        sw: Option<&crate::carrier::Switch>,
+        sw: Option<&crate::carrier::switch::Switch>,
     ) -> core::result::Result<Read, RingError> {
         let (out, short, kick) = {
             let mut c = self.rx.lock();
             let mut on_ring = match sw {
-                Some(sw) => match crate::carrier::ring_reader(sw, self.epoch) {
+                Some(sw) => match crate::carrier::switch::ring_reader(sw, self.epoch) {
                     Some(g) => Some(g),
                     None => return Ok(Read::OffRing),
                 },

@@ -13,8 +13,8 @@
 //! trip and a wakeup per socket per kick (docs/design.md, "The lab
 //! benchmark").
 
-use crate::mem::RawRing;
-use crate::ring::{Field, RingMemory};
+use crate::proto::mem::RawRing;
+use crate::proto::ring::{Field, RingMemory};
 use crate::sys::{self, counters, IrqSpinLock, Sk, SkRef};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use kernel::prelude::*;

@@ -16,9 +16,9 @@
 //!   unknown flags), or end-of-stream in the middle of a record, resets the
 //!   connection.
 
-use crate::conn::Pipe;
-use crate::record::{self, Next, RecordHeader, RECORD_FLAG_EOR, RECORD_HEADER_SIZE};
-use crate::sock::{conn_reset, Addr, XenSock};
+use crate::carrier::ring::Pipe;
+use crate::proto::record::{self, Next, RecordHeader, RECORD_FLAG_EOR, RECORD_HEADER_SIZE};
+use crate::socket::{conn_reset, Addr, XenSock};
 use crate::sys::{self, errno as e, Msg};
 use kernel::bindings;
 use kernel::ffi::{c_int, c_long};

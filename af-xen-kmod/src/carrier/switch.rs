@@ -45,13 +45,15 @@
 //! for the rest: leg connects, queue flushes, control frames both ways,
 //! resends, deadlines, ring offers; it wakes the socket after each pass.
 
-use crate::conn::Pipe;
-use crate::ctrl::{self, Channel, Message, RingGrant};
+use crate::carrier::ring::Pipe;
 use crate::link::Link;
-use crate::sock::{State as SockState, XenSock};
-use crate::switch::{ConsumedOutcome, Phase, RingFromOutcome, RxPath, RxState, TxPath, TxState};
+use crate::proto::ctrl::{self, Channel, Message, RingGrant};
+use crate::proto::switch::{
+    ConsumedOutcome, Phase, RingFromOutcome, RxPath, RxState, TxPath, TxState,
+};
+use crate::socket::{State as SockState, XenSock};
+use crate::sys::net::{self, TcpSock};
 use crate::sys::{errno as e, poll::*, Msg};
-use crate::sys_net::{self, TcpSock};
 use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use kernel::new_mutex;
 use kernel::prelude::*;
@@ -247,10 +249,10 @@ struct TxSide {
     path: TxPath,
     /// outbound leg (ours): our stream out, raw; the peer's control
     /// frames back
-    leg: Option<crate::tcp::HeldLeg>,
+    leg: Option<crate::carrier::leg::HeldLeg>,
     leg_up: bool,
     /// the leg's `TcpHello`, sent before anything in `q`
-    hello: [u8; crate::tcp::HELLO_LEN],
+    hello: [u8; crate::carrier::leg::HELLO_LEN],
     hello_left: usize,
     /// stream bytes for the leg (raw)
     q: Option<Fifo>,
@@ -294,7 +296,7 @@ struct RxSide {
     path: RxPath,
     /// inbound leg (the peer's): its stream in, raw; our control frames
     /// back (`Switch::ctl`)
-    leg: Option<crate::tcp::HeldLeg>,
+    leg: Option<crate::carrier::leg::HeldLeg>,
     buf: Option<Fifo>,
     /// the bytes on the leg are the stream at `path.taken()`: the peer's
     /// `RawFrom` for them was taken and no `RingFrom` ended the run since
@@ -412,7 +414,7 @@ impl Switch {
                     path: TxPath::on_ring(),
                     leg: None,
                     leg_up: false,
-                    hello: [0; crate::tcp::HELLO_LEN],
+                    hello: [0; crate::carrier::leg::HELLO_LEN],
                     hello_left: 0,
                     q: None,
                     resend: KVVec::new(),
@@ -470,7 +472,7 @@ impl Switch {
 
     /// The connection's phase (proto's), for /proc/net/af_xen.
     pub(crate) fn phase(&self) -> Phase {
-        let c = crate::switch::Connection {
+        let c = crate::proto::switch::Connection {
             tx: self.tx.lock().path.clone(),
             rx: self.rx.lock().path.clone(),
         };
@@ -514,7 +516,7 @@ fn push_ctl(sw: &Switch, m: &Message<'_>) -> bool {
     }
     let ok = q.as_mut().map(|q| q.push(&b[..n])).unwrap_or(false);
     drop(q);
-    sys_net::schedule();
+    net::schedule();
     ok
 }
 
@@ -542,14 +544,14 @@ fn sw_of(xs: &XenSock) -> Option<Arc<Switch>> {
 
 fn activate(xs: &Arc<XenSock>, sw: &Switch) {
     if !sw.active.swap(true, Ordering::AcqRel) {
-        crate::tcp::register(xs);
+        crate::carrier::leg::register(xs);
     }
 }
 
 fn start_bound(sw: &Switch) {
     let _ = sw.deadline.compare_exchange(
         0,
-        sys_net::now_ms() + sys_net::peer_lost_ms(),
+        net::now_ms() + net::peer_lost_ms(),
         Ordering::AcqRel,
         Ordering::Acquire,
     );
@@ -567,7 +569,7 @@ fn fail(xs: &XenSock, why: &str) {
         xs.inner.lock().conn_id,
         why
     );
-    let _ = crate::sock::conn_reset(xs, why);
+    let _ = crate::socket::conn_reset(xs, why);
     wake(
         xs,
         POLLIN | POLLOUT | POLLERR | POLLHUP | POLLRDNORM | POLLWRNORM,
@@ -590,7 +592,7 @@ pub(crate) fn peer_gone(xs: &Arc<XenSock>) -> bool {
         )
     };
     let Some(sw) = sw else { return false };
-    if !ok || crate::tcp::legs_disabled() {
+    if !ok || crate::carrier::leg::legs_disabled() {
         return false;
     }
     inc(&counters::TRIGGERS, 1);
@@ -598,7 +600,7 @@ pub(crate) fn peer_gone(xs: &Arc<XenSock>) -> bool {
         "connection {}: peer's link gone, switching to TCP\n",
         xs.inner.lock().conn_id
     );
-    crate::tcp::hold_hellos_for_peer_lost();
+    crate::carrier::leg::hold_hellos_for_peer_lost();
     activate(xs, &sw);
     start_bound(&sw);
     {
@@ -614,7 +616,7 @@ pub(crate) fn peer_gone(xs: &Arc<XenSock>) -> bool {
         fail(xs, why);
         return true;
     }
-    sys_net::schedule();
+    net::schedule();
     wake(xs, POLLIN | POLLOUT | POLLRDNORM | POLLWRNORM);
     true
 }
@@ -713,7 +715,7 @@ fn same_pipe(a: &Option<Arc<Pipe>>, b: &Option<Arc<Pipe>>) -> bool {
 
 type ConsumerGuard<'a> = kernel::sync::lock::Guard<
     'a,
-    crate::ring::Consumer<crate::mem::RawRing>,
+    crate::proto::ring::Consumer<crate::proto::mem::RawRing>,
     kernel::sync::lock::mutex::MutexBackend,
 >;
 type RxGuard<'a> = kernel::sync::lock::Guard<'a, RxSide, kernel::sync::lock::mutex::MutexBackend>;
@@ -750,7 +752,7 @@ fn freeze_rx_locked(
         }
         if was_ring {
             r.saw_freeze = false;
-            r.left_ms = sys_net::now_ms();
+            r.left_ms = net::now_ms();
             sw.to_tcp.fetch_add(1, Ordering::Relaxed);
             inc(&counters::TO_TCP, 1);
         }
@@ -781,7 +783,7 @@ pub(crate) fn on_ring_offer(xs: &Arc<XenSock>, grant: RingGrant) {
         return;
     }
     sw.tx.lock().offer = Some(grant);
-    sys_net::schedule();
+    net::schedule();
 }
 
 /// A `RingOffer` naming this connection over `link`, from a domain that
@@ -804,7 +806,7 @@ pub(crate) fn on_candidate_offer(xs: &Arc<XenSock>, link: Arc<Link>, grant: Ring
     inc(&counters::CANDIDATES, 1);
     let earlier = sw.tx.lock().candidate.replace((link, grant));
     drop(earlier);
-    sys_net::schedule();
+    net::schedule();
 }
 
 /// The work item's half of `on_candidate_offer`: a candidate that proved
@@ -856,22 +858,22 @@ pub(crate) fn followed_peer(xs: &Arc<XenSock>, link: &Arc<Link>) {
 /// may have jumped by the time it was away, so the peer-lost bounds
 /// running start again from now.
 pub(crate) fn resumed() {
-    crate::tcp::resumed();
-    let now = sys_net::now_ms();
-    for xs in crate::tcp::active_snapshot().iter() {
+    crate::carrier::leg::resumed();
+    let now = net::now_ms();
+    for xs in crate::carrier::leg::active_snapshot().iter() {
         if let Some(sw) = sw_of(xs) {
             if sw.deadline.load(Ordering::Acquire) != 0 {
                 sw.deadline
-                    .store(now + sys_net::peer_lost_ms(), Ordering::Release);
+                    .store(now + net::peer_lost_ms(), Ordering::Release);
             }
         }
     }
-    sys_net::schedule();
+    net::schedule();
 }
 
 /// The link to the peer is up again: let the work item offer rings.
 pub(crate) fn link_up() {
-    sys_net::schedule();
+    net::schedule();
 }
 
 /// `shutdown(SHUT_WR)` or close: the end of stream goes out on whichever
@@ -880,7 +882,7 @@ pub(crate) fn finish(xs: &XenSock) {
     if let Some(sw) = sw_of(xs) {
         sw.tx.lock().path.finish();
         if sw.is_active() {
-            sys_net::schedule();
+            net::schedule();
         }
     }
 }
@@ -902,11 +904,11 @@ pub(crate) fn closing(xs: &XenSock, tx: Option<&Arc<Pipe>>) {
         if sw.is_active() {
             let _ = sw.deadline.compare_exchange(
                 0,
-                sys_net::now_ms() + sys_net::peer_lost_ms(),
+                net::now_ms() + net::peer_lost_ms(),
                 Ordering::AcqRel,
                 Ordering::Acquire,
             );
-            sys_net::schedule();
+            net::schedule();
         }
     }
 }
@@ -916,7 +918,7 @@ pub(crate) fn closing(xs: &XenSock, tx: Option<&Arc<Pipe>>) {
 /// socket. Caller holds the switch lock of the leg's direction, which
 /// `disown` takes after `closed`: either this sees `closed` or `disown`
 /// clears what this set.
-fn own(xs: &XenSock, sw: &Switch, leg: &crate::tcp::HeldLeg) {
+fn own(xs: &XenSock, sw: &Switch, leg: &crate::carrier::leg::HeldLeg) {
     if !sw.closed.load(Ordering::Acquire) {
         leg.sock().set_owner(Some(&xs.sk), false, false);
     }
@@ -952,7 +954,7 @@ fn own_outbound(xs: &XenSock, sw: &Switch, t: &mut TxSide) {
     t.owner_writes = writes;
     // a drain before this found the flag still set and left the queue
     if !writes && leg.sock().writable() {
-        sys_net::schedule();
+        net::schedule();
     }
 }
 
@@ -1002,8 +1004,8 @@ pub(crate) fn disown(xs: &XenSock) {
 /// leg, or no switch).
 pub(crate) fn attach_inbound(
     xs: &Arc<XenSock>,
-    leg: crate::tcp::HeldLeg,
-) -> core::result::Result<(), crate::tcp::HeldLeg> {
+    leg: crate::carrier::leg::HeldLeg,
+) -> core::result::Result<(), crate::carrier::leg::HeldLeg> {
     let Some(sw) = sw_of(xs) else { return Err(leg) };
     {
         let mut r = sw.rx.lock();
@@ -1023,7 +1025,7 @@ pub(crate) fn attach_inbound(
         t.want_leg = true;
         // the peer reaches us now, so we reach it: an attempt of ours that
         // waits for a backed-off SYN retransmit starts over at once
-        let now = sys_net::now_ms();
+        let now = net::now_ms();
         if t.leg.is_some() && !t.leg_up && now >= t.connect_started_ms + 1000 {
             t.leg = None;
             t.next_connect_ms = now;
@@ -1031,7 +1033,7 @@ pub(crate) fn attach_inbound(
         }
     }
     activate(xs, &sw);
-    sys_net::schedule();
+    net::schedule();
     Ok(())
 }
 
@@ -1051,7 +1053,7 @@ pub(crate) fn open_leg(xs: &Arc<XenSock>) -> core::result::Result<(), i32> {
         rx_activate(&mut r)?;
     }
     activate(xs, &sw);
-    sys_net::schedule();
+    net::schedule();
     Ok(())
 }
 
@@ -1273,7 +1275,7 @@ pub(crate) fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: 
         buf.consume(out);
         if was_full {
             // the work item stopped reading the leg for want of room
-            sys_net::schedule();
+            net::schedule();
         }
     }
     Read::Got(out)
@@ -1431,7 +1433,7 @@ fn flush_tx(t: &mut TxSide) {
     }
     let Some(leg) = t.leg.as_ref() else { return };
     while t.hello_left > 0 {
-        let start = crate::tcp::HELLO_LEN - t.hello_left;
+        let start = crate::carrier::leg::HELLO_LEN - t.hello_left;
         match leg.sock().send_nb(&t.hello[start..], false) {
             Ok(n) if n > 0 => t.hello_left -= n.min(t.hello_left),
             Ok(_) => return,
@@ -1521,7 +1523,7 @@ fn take_offer(
     // peer's domain, and the pipe kicks through the link once it is
     let link = xs.inner.lock().link.clone();
     let Some(link) = link else { return Ok(()) };
-    let me = crate::sock::globals().own_domid();
+    let me = crate::socket::globals().own_domid();
     let pipe = match Pipe::new_mapped(&link, me, grant, ids.peer_conn, grant.epoch) {
         Ok(p) => p,
         Err(_) => {
@@ -1569,7 +1571,7 @@ fn take_offer(
 
 /// Connects the outbound leg when it is wanted, and follows its connect.
 fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids, peer_heard: bool) {
-    let now = sys_net::now_ms();
+    let now = net::now_ms();
     if t.leg.is_none() && t.want_leg && !t.broken && now >= t.next_connect_ms {
         let peer = xs.inner.lock().tcp;
         let a = &peer.peer.addr;
@@ -1581,7 +1583,7 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids, peer_heard: bool) {
         match TcpSock::connect_start(
             [a[12], a[13], a[14], a[15]],
             peer.peer.port,
-            sys_net::peer_lost_ms() as u32,
+            net::peer_lost_ms() as u32,
         ) {
             Ok(s) => {
                 let n = Message::TcpHello {
@@ -1591,7 +1593,7 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids, peer_heard: bool) {
                 .encode(&mut t.hello)
                 .unwrap_or(0);
                 t.hello_left = n;
-                let leg = crate::tcp::HeldLeg::new(s);
+                let leg = crate::carrier::leg::HeldLeg::new(s);
                 if let Some(sw) = sw_of(xs) {
                     own(xs, &sw, &leg);
                 }
@@ -1619,7 +1621,7 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids, peer_heard: bool) {
                     // from here the carrier's own bound (leg_unanswered):
                     // TCP_USER_TIMEOUT also ends a live peer's zero window
                     leg.sock().set_user_timeout(0);
-                    crate::tcp::leg_out();
+                    crate::carrier::leg::leg_out();
                 }
                 Ok(false)
                     if now >= t.connect_started_ms + LEG_CONNECT_RETRY_MS
@@ -2005,7 +2007,7 @@ fn take_rx_ctl(
                         // outbound leg's way back
                         pr_info!("connection {}: dom{} proved to be the peer (switched onto the ring granted to it)\n", ids.conn_id, l.peer);
                         r.adopt = Some(l);
-                        sys_net::schedule();
+                        net::schedule();
                     }
                     sw.to_ring.fetch_add(1, Ordering::Relaxed);
                     inc(&counters::TO_RING, 1);
@@ -2098,7 +2100,7 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
         let i = xs.inner.lock();
         (i.reset, i.state)
     };
-    let now = sys_net::now_ms();
+    let now = net::now_ms();
     if reset {
         release_legs(&sw);
         return false;
@@ -2168,7 +2170,7 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
     // a leg unanswered at every look for the bound: the peer died (or is
     // away for longer than peer_lost_ms) with the legs up
     let (holds, unanswered) = leg_unanswered(&sw, now);
-    if unanswered.is_some_and(|ms| ms >= sys_net::peer_lost_ms()) {
+    if unanswered.is_some_and(|ms| ms >= net::peer_lost_ms()) {
         inc(&counters::PEER_LOST, 1);
         if !closed {
             fail(xs, "peer lost: a leg unanswered for peer_lost_ms");
@@ -2177,7 +2179,7 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
         return false;
     }
     if holds {
-        sys_net::live_after_ms(LIVE_TICK_MS);
+        net::live_after_ms(LIVE_TICK_MS);
     }
     // both legs up: the bound stops (leg_unanswered covers the rest)
     let (out_up, tx_done, connecting) = {
@@ -2219,7 +2221,7 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
     }
     let waits = !closed && maybe_offer(xs, &sw, &ids, now);
     if d != 0 || connecting || waits {
-        sys_net::tick_after_ms(TICK_MS);
+        net::tick_after_ms(TICK_MS);
     }
     wake(xs, POLLIN | POLLOUT | POLLRDNORM | POLLWRNORM | POLLRDHUP);
     true
@@ -2314,7 +2316,11 @@ fn kick_if_heard(sw: &Switch, peer_heard: bool) {
 /// retransmission or probe within a round trip, so one look that finds it
 /// answered starts the count over.
 fn leg_unanswered(sw: &Switch, now: u64) -> (bool, Option<u64>) {
-    fn look(leg: Option<&crate::tcp::HeldLeg>, since: &mut u64, now: u64) -> (bool, Option<u64>) {
+    fn look(
+        leg: Option<&crate::carrier::leg::HeldLeg>,
+        since: &mut u64,
+        now: u64,
+    ) -> (bool, Option<u64>) {
         match leg.and_then(|l| l.sock().waits()) {
             Some(true) => {
                 if *since == 0 {
@@ -2444,7 +2450,7 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
         let Ok(epoch) = probe.offer_ring() else {
             return false;
         };
-        let me = crate::sock::globals().own_domid();
+        let me = crate::socket::globals().own_domid();
         let cap = sw.rx_cap;
         let Ok((pipe, grant)) = Pipe::new_granted(&link, me, ids.conn_id, cap, epoch) else {
             return true;
@@ -2493,7 +2499,7 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
 /// the application's calls on TCP and theirs into the legs.
 pub(crate) fn stats(seq: &mut crate::sys::Seq) {
     use counters::*;
-    use sys_net::leg_calls;
+    use net::leg_calls;
     let g = |c: &AtomicI64| c.load(Ordering::Relaxed);
     seq.counters(&[
         ("switch_triggers", g(&TRIGGERS)),
@@ -2529,8 +2535,8 @@ pub(crate) fn stats(seq: &mut crate::sys::Seq) {
 /// that stands still shows who waits for what; bench's stall_watch).
 pub(crate) fn tcp_show(conn: u32, sw: &Switch, seq: &mut crate::sys::Seq) {
     use core::fmt::Write;
-    let leg = |l: Option<&crate::tcp::HeldLeg>| l.map(|l| l.sock().info());
-    let mut l = crate::sock::Line::new();
+    let leg = |l: Option<&crate::carrier::leg::HeldLeg>| l.map(|l| l.sock().info());
+    let mut l = crate::socket::Line::new();
     {
         let t = sw.tx.lock();
         let state = match t.path.state() {
@@ -2561,7 +2567,7 @@ pub(crate) fn tcp_show(conn: u32, sw: &Switch, seq: &mut crate::sys::Seq) {
         };
     }
     seq.write(l.bytes());
-    let mut l = crate::sock::Line::new();
+    let mut l = crate::socket::Line::new();
     {
         let r = sw.rx.lock();
         let state = match r.path.state() {

@@ -1,0 +1,23 @@
+// SPDX-License-Identifier: GPL-2.0
+//! proto's sources (`xensock-proto`), compiled into this crate since Kbuild
+//! has no cargo: the wire format, ring layout and the pure decisions both
+//! hosts share. Nothing here is re-implemented by the module.
+
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/ctrl.rs"]
+pub(crate) mod ctrl;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/layout.rs"]
+pub(crate) mod layout;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/mem.rs"]
+pub(crate) mod mem;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/record.rs"]
+pub(crate) mod record;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/ring.rs"]
+pub(crate) mod ring;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/switch.rs"]
+pub(crate) mod switch;
