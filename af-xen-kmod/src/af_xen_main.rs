@@ -26,12 +26,29 @@ struct AfXen {
     proc_: Option<sys::ProcEntry>,
     tcp: Option<carrier::leg::TcpCarrier>,
     pm: Option<sys::net::PmHooks>,
-    _ops: Pin<KBox<sys::Ops>>,
-    _globals: Pin<KBox<socket::Globals>>,
+}
+
+/// What the C glue reaches through the `sys` floor.
+static ENTRY_POINTS: sys::entry::EntryPoints = sys::entry::EntryPoints {
+    link_work: link::work,
+    link_reap: link::reap,
+    leg_work: carrier::leg::work,
+    suspend: link::suspend_all,
+    resume: link::resumed,
+    proc_show: socket::proc_show,
+    tcp_show: socket::tcp_show,
+    stats_show: stats_show,
+};
+
+/// The layers' lines of /proc/net/af_xen_stats.
+fn stats_show(seq: &mut sys::Seq) {
+    carrier::leg::stats(seq);
+    carrier::switch::stats(seq);
 }
 
 impl kernel::Module for AfXen {
     fn init(module: &'static ThisModule) -> Result<Self> {
+        sys::entry::install(&ENTRY_POINTS);
         let family = sys::family();
         if !(1..46).contains(&family) {
             pr_err!("family={} is not a valid address family (1..45)\n", family);
@@ -62,9 +79,13 @@ impl kernel::Module for AfXen {
         }
         let globals = KBox::pin_init(socket::Globals::new(own), GFP_KERNEL)?;
         let ops = KBox::pin(socket::build_ops(module, family), GFP_KERNEL)?;
-        socket::publish(&globals, &ops);
+        socket::publish(globals, ops)?;
         sys::proto_register()?;
-        let reg = match sys::Registration::register(module, family, socket::xs_create) {
+        let reg = match sys::Registration::register(
+            module,
+            family,
+            sys::family::create_fn::<socket::XenFamily>(),
+        ) {
             Ok(r) => r,
             Err(e) => {
                 pr_err!("sock_register(family={}) failed: {:?}\n", family, e);
@@ -94,8 +115,6 @@ impl kernel::Module for AfXen {
             proc_,
             tcp,
             pm,
-            _ops: ops,
-            _globals: globals,
         })
     }
 }

@@ -9,7 +9,7 @@
 use crate::proto::ctrl::{self, Channel, Message, TcpEndpoint};
 use crate::socket::{State as SockState, XenSock};
 use crate::sys::net::{self, TcpSock};
-use core::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use kernel::new_mutex;
 use kernel::prelude::*;
 use kernel::sync::{Arc, Mutex};
@@ -94,20 +94,18 @@ struct Legs {
     active: KVec<Arc<XenSock>>,
 }
 
-static STATE: AtomicPtr<Mutex<Legs>> = AtomicPtr::new(core::ptr::null_mut());
+static STATE: crate::sys::Published<Mutex<Legs>> = crate::sys::Published::new();
 /// The listener is up (read without the state's lock).
 static LISTENING: AtomicBool = AtomicBool::new(false);
 
 fn state() -> Option<&'static Mutex<Legs>> {
-    let p = STATE.load(Ordering::Acquire);
-    // published by start() while the owning TcpCarrier (in the module
-    // object) lives; cleared by its drop before it is freed, after the
+    // published by start(), taken back by the TcpCarrier's drop after the
     // work item was flushed
-    (!p.is_null()).then(|| crate::sys::static_ref(p))
+    STATE.get()
 }
 
-/// The TCP leg listener and the legs, owned by the module object.
-pub(crate) struct TcpCarrier(Pin<KBox<Mutex<Legs>>>);
+/// The TCP leg listener and the legs, while the module object holds this.
+pub(crate) struct TcpCarrier(());
 
 /// Module init: listens on `tcp_port` (0: no TCP carrier). A listener
 /// that cannot be made is logged and leaves connections without a TCP
@@ -141,17 +139,14 @@ pub(crate) fn start() -> Result<TcpCarrier> {
         ),
         GFP_KERNEL,
     )?;
-    STATE.store(
-        &*b as *const Mutex<Legs> as *mut Mutex<Legs>,
-        Ordering::Release,
-    );
+    STATE.publish(b).map_err(|_| EBUSY)?;
     LISTENING.store(has, Ordering::Release);
     if has {
         pr_info!("TCP leg listener on port {}\n", port);
         // connections that arrived before the state was published
         net::schedule();
     }
-    Ok(TcpCarrier(b))
+    Ok(TcpCarrier(()))
 }
 
 impl Drop for TcpCarrier {
@@ -159,14 +154,14 @@ impl Drop for TcpCarrier {
     /// listener (our callbacks go with them), flush the work, unpublish.
     fn drop(&mut self) {
         LISTENING.store(false, Ordering::Release);
-        {
-            let mut g = self.0.lock();
+        if let Some(legs) = state() {
+            let mut g = legs.lock();
             g.listener = None;
             g.pending = KVec::new();
             g.active = KVec::new();
         }
         net::flush();
-        STATE.store(core::ptr::null_mut(), Ordering::Release);
+        drop(STATE.unpublish());
     }
 }
 

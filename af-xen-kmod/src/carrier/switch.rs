@@ -2536,7 +2536,7 @@ pub(crate) fn stats(seq: &mut crate::sys::Seq) {
 pub(crate) fn tcp_show(conn: u32, sw: &Switch, seq: &mut crate::sys::Seq) {
     use core::fmt::Write;
     let leg = |l: Option<&crate::carrier::leg::HeldLeg>| l.map(|l| l.sock().info());
-    let mut l = crate::socket::Line::new();
+    let mut l = crate::sys::Line::new();
     {
         let t = sw.tx.lock();
         let state = match t.path.state() {
@@ -2567,7 +2567,7 @@ pub(crate) fn tcp_show(conn: u32, sw: &Switch, seq: &mut crate::sys::Seq) {
         };
     }
     seq.write(l.bytes());
-    let mut l = crate::socket::Line::new();
+    let mut l = crate::sys::Line::new();
     {
         let r = sw.rx.lock();
         let state = match r.path.state() {

@@ -369,14 +369,6 @@ void afx_schedule_reap(unsigned int ms)
 }
 void afx_cancel_reap(void) { cancel_delayed_work_sync(&afx_reap); }
 
-/*
- * The event-channel interrupt: Rust (wake.rs) wakes the sockets whose rings
- * moved straight from here and schedules the work item only when there is
- * control work. dev is the link's wake table (LinkWake), alive while bound.
- */
-void afx_rs_irq(void *wake);	/* Rust (wake.rs) */
-static irqreturn_t afx_irq(int irq, void *dev) { afx_rs_irq(dev); return IRQ_HANDLED; }
-
 int afx_evtchn_alloc_unbound(unsigned int remote, unsigned int *port)
 {
 	struct evtchn_alloc_unbound a = { .dom = DOMID_SELF, .remote_dom = remote };
@@ -405,8 +397,15 @@ void afx_evtchn_close(unsigned int port)
 }
 
 /* irq >= 0 or -errno; unbind_from_irqhandler also closes the port */
-int afx_bind_irq(unsigned int port, void *wake) { return bind_evtchn_to_irqhandler(port, afx_irq, 0, "af_xen", wake); }
-void afx_unbind_irq(int irq, void *wake) { unbind_from_irqhandler(irq, wake); }
+/*
+ * The event-channel interrupt: handler and cookie come from Rust
+ * (sys/mod.rs, Evtchn); the cookie stays alive while the irq is bound.
+ */
+int afx_bind_irq(unsigned int port, irq_handler_t handler, void *cookie)
+{
+	return bind_evtchn_to_irqhandler(port, handler, 0, "af_xen", cookie);
+}
+void afx_unbind_irq(int irq, void *cookie) { unbind_from_irqhandler(irq, cookie); }
 /* an irq-safe spinlock for Rust (kernel::sync has none in 6.12): see sys.rs IrqSaveBackend */
 unsigned long afx_spin_lock_irqsave(spinlock_t *l) { unsigned long f; spin_lock_irqsave(l, f); return f; }
 void afx_spin_unlock_irqrestore(spinlock_t *l, unsigned long f) { spin_unlock_irqrestore(l, f); }

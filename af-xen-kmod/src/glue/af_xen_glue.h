@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /* C glue of af_xen.ko: the functions Rust calls (declared again in src/sys.rs). */
+#include <linux/interrupt.h>
 #include <linux/sockptr.h>
 struct net; struct socket; struct sock; struct file; struct poll_table_struct;
 int afx_family(void);
@@ -58,7 +59,7 @@ int afx_busy_wait(struct sock *sk, int (*cond)(void *), void *arg);
 int afx_time_data_path(void);
 
 /* grants, event channels, work items and XenStore (wrapped by src/sys.rs) */
-int afx_bind_irq(unsigned int port, void *wake);
+int afx_bind_irq(unsigned int port, irq_handler_t handler, void *cookie);
 void afx_cancel_reap(void);
 void afx_cancel_work(void);
 void afx_end_grant(unsigned int ref, void *p);
@@ -76,7 +77,7 @@ void afx_schedule(void);
 void afx_schedule_reap(unsigned int ms);
 int afx_sockopt_int(sockptr_t optval, unsigned int optlen, int *out);
 int afx_take_xs_dirty(void);
-void afx_unbind_irq(int irq, void *wake);
+void afx_unbind_irq(int irq, void *cookie);
 void afx_unmap_page(void *cookie);
 void *afx_watch_add(const char *path);
 void afx_watch_del(void *p);

@@ -35,7 +35,7 @@ const DRAIN_BATCH: usize = 1024;
 /// port it kicks.
 struct Half {
     rx: Consumer<RawRing>,
-    _chan: Evtchn,
+    _chan: Evtchn<LinkWake>,
     /// the interrupt reads `rx`'s ring too (wake.rs)
     wake: Arc<LinkWake>,
     /// last: the ring above points into it
@@ -52,7 +52,7 @@ impl Drop for Half {
 /// The peer's half, once mapped and bound.
 struct PeerHalf {
     tx: Producer<RawRing>,
-    chan: Evtchn,
+    chan: Evtchn<LinkWake>,
     gref: u32,
     port: u32,
     /// last: the ring above points into it

@@ -210,8 +210,14 @@ impl LinkWake {
     }
 }
 
+impl sys::IrqTarget for LinkWake {
+    fn irq(&self) {
+        irq(self)
+    }
+}
+
 /// The event-channel interrupt of a link (hard irq context).
-pub(crate) fn irq(w: &LinkWake) {
+fn irq(w: &LinkWake) {
     let t = sys::Timer::start();
     counters::add(&counters::IRQS, 1);
     let ctrl_pending = {

@@ -6,8 +6,7 @@ pub(crate) mod seqpacket;
 
 use crate::carrier::ring::{Pipe, Read, Wrote};
 use crate::link::{Link, LinkTable};
-use crate::sys::{self, errno as e, poll::*, Msg, Sk, Socket};
-use core::ffi::c_void;
+use crate::sys::{self, errno as e, poll::*, Line, Msg, Sk, Socket};
 use kernel::bindings;
 use kernel::ffi::{c_int, c_long};
 use kernel::prelude::*;
@@ -29,16 +28,11 @@ pub(crate) struct Addr {
 }
 
 impl Addr {
-    fn parse(p: *const bindings::sockaddr, len: c_int) -> core::result::Result<Addr, i32> {
-        let mut b = [0u8; SOCKADDR_XEN_LEN];
-        if len < 2 {
+    fn parse(addr: &[u8]) -> core::result::Result<Addr, i32> {
+        // like vsock, any length short of ours is EINVAL (not EAFNOSUPPORT)
+        let Some(b) = addr.get(..SOCKADDR_XEN_LEN) else {
             return Err(e::EINVAL);
-        }
-        // family first: a short sockaddr of another family is e::EAFNOSUPPORT? no:
-        // like vsock, any length short of ours is e::EINVAL.
-        if !sys::read_sockaddr(p, len, &mut b) {
-            return Err(e::EINVAL);
-        }
+        };
         let fam = u16::from_ne_bytes([b[0], b[1]]);
         if fam as i32 != sys::family() {
             return Err(e::EAFNOSUPPORT);
@@ -241,93 +235,131 @@ impl Globals {
     }
 }
 
-static GLOBALS: core::sync::atomic::AtomicPtr<Globals> =
-    core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
-static OPS: core::sync::atomic::AtomicPtr<sys::Ops> =
-    core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
+static GLOBALS: sys::Published<Globals> = sys::Published::new();
+static OPS: sys::Published<sys::Ops> = sys::Published::new();
 
-/// Publishes the module's globals and ops for the callbacks. They live in
-/// the module object, which outlives every socket (each socket holds a
-/// module reference).
-pub(crate) fn publish(g: &Globals, ops: &sys::Ops) {
-    use core::sync::atomic::Ordering;
-    GLOBALS.store(g as *const _ as *mut _, Ordering::Release);
-    OPS.store(ops as *const _ as *mut _, Ordering::Release);
+/// Publishes the module's globals and ops for the callbacks, before the
+/// family is registered.
+pub(crate) fn publish(g: Pin<KBox<Globals>>, ops: Pin<KBox<sys::Ops>>) -> Result {
+    GLOBALS.publish(g).map_err(|_| EBUSY)?;
+    OPS.publish(ops).map_err(|_| EBUSY)?;
+    Ok(())
 }
+
+/// Module exit, after the family is unregistered and every socket gone.
 pub(crate) fn unpublish() {
-    use core::sync::atomic::Ordering;
-    GLOBALS.store(core::ptr::null_mut(), Ordering::Release);
-    OPS.store(core::ptr::null_mut(), Ordering::Release);
+    drop(OPS.unpublish());
+    drop(GLOBALS.unpublish());
 }
 
 pub(crate) fn globals() -> &'static Globals {
     // Callbacks only run between publish() and unpublish().
-    sys::static_ref(GLOBALS.load(core::sync::atomic::Ordering::Acquire))
+    match GLOBALS.get() {
+        Some(g) => g,
+        None => unreachable!("af_xen callback outside the module's lifetime"),
+    }
 }
 
 fn ops() -> &'static sys::Ops {
-    sys::static_ref(OPS.load(core::sync::atomic::Ordering::Acquire))
+    match OPS.get() {
+        Some(o) => o,
+        None => unreachable!("af_xen callback outside the module's lifetime"),
+    }
+}
+
+/// The AF_XEN family's callbacks ([`sys::family`] calls them with safe
+/// arguments).
+pub(crate) struct XenFamily;
+
+impl sys::family::Family for XenFamily {
+    type Sock = XenSock;
+    type Name = [u8; SOCKADDR_XEN_LEN];
+
+    fn create(
+        sock: &Socket,
+        new: &sys::family::NewSock,
+        protocol: i32,
+    ) -> core::result::Result<Arc<XenSock>, i32> {
+        xs_create(sock, new, protocol)
+    }
+    fn release(_sock: &Socket, state: Option<Arc<XenSock>>) {
+        xs_release(state)
+    }
+    fn bind(s: ArcBorrow<'_, XenSock>, addr: &[u8]) -> c_int {
+        xs_bind(s, addr)
+    }
+    fn listen(s: ArcBorrow<'_, XenSock>, backlog: i32) -> c_int {
+        xs_listen(s, backlog)
+    }
+    fn getname(
+        s: ArcBorrow<'_, XenSock>,
+        peer: bool,
+    ) -> core::result::Result<[u8; SOCKADDR_XEN_LEN], i32> {
+        xs_getname(s, peer)
+    }
+    fn connect(sock: &Socket, s: ArcBorrow<'_, XenSock>, addr: &[u8], flags: i32) -> c_int {
+        xs_connect(sock, s, addr, flags)
+    }
+    fn accept(s: ArcBorrow<'_, XenSock>, newsock: &Socket, flags: i32) -> c_int {
+        xs_accept(s, newsock, flags)
+    }
+    fn poll(s: Option<ArcBorrow<'_, XenSock>>) -> u32 {
+        xs_poll(s)
+    }
+    fn ioctl(s: Option<ArcBorrow<'_, XenSock>>, cmd: u32, arg: usize) -> c_int {
+        xs_ioctl(s, cmd, arg)
+    }
+    fn shutdown(s: ArcBorrow<'_, XenSock>, how: i32) -> c_int {
+        xs_shutdown(s, how)
+    }
+    fn sendmsg(s: ArcBorrow<'_, XenSock>, msg: &mut Msg) -> c_int {
+        xs_sendmsg(s, msg)
+    }
+    fn recvmsg(s: ArcBorrow<'_, XenSock>, msg: &mut Msg, flags: i32) -> c_int {
+        xs_recvmsg(s, msg, flags)
+    }
+    fn setsockopt(
+        s: ArcBorrow<'_, XenSock>,
+        level: i32,
+        optname: i32,
+        value: &sys::family::SockoptValue,
+    ) -> c_int {
+        xs_setsockopt(s, level, optname, value)
+    }
 }
 
 pub(crate) fn build_ops(module: &'static ThisModule, family: i32) -> sys::Ops {
-    let mut o = bindings::proto_ops::default();
-    o.family = family;
-    o.owner = module.as_ptr();
-    o.release = Some(xs_release);
-    o.bind = Some(xs_bind);
-    o.connect = Some(xs_connect);
-    o.socketpair = Some(xs_socketpair);
-    o.accept = Some(xs_accept);
-    o.getname = Some(xs_getname);
-    o.poll = Some(xs_poll);
-    o.listen = Some(xs_listen);
-    o.shutdown = Some(xs_shutdown);
-    o.sendmsg = Some(xs_sendmsg);
-    o.recvmsg = Some(xs_recvmsg);
-    o.setsockopt = Some(xs_setsockopt);
-    // sock_do_ioctl calls ops->ioctl without a NULL check: leaving it unset
-    // oopses the kernel on any ioctl (FIONREAD did, in the lab).
-    o.ioctl = Some(xs_ioctl);
-    sys::Ops(o)
+    sys::family::build_ops::<XenFamily>(module, family)
 }
 
 fn err(e: i32) -> c_int {
     -e
 }
 
-/// The XenSock attached to a socket for the duration of a callback.
-fn xsock(sock: Socket) -> Option<ArcBorrow<'static, XenSock>> {
-    let sk = sock.sk()?;
-    sys::arc_borrow::<XenSock>(sk.privp())
-}
-
 // ---- create / release ------------------------------------------------------
 
-pub(crate) unsafe extern "C" fn xs_create(
-    net: *mut bindings::net,
-    sock: *mut bindings::socket,
-    protocol: c_int,
-    kern: c_int,
-) -> c_int {
-    // SAFETY: called by __sock_create with a live socket.
-    let sock = unsafe { Socket::from_raw(sock) };
+fn xs_create(
+    sock: &Socket,
+    new: &sys::family::NewSock,
+    protocol: i32,
+) -> core::result::Result<Arc<XenSock>, i32> {
     if protocol != 0 {
-        return err(e::EPROTONOSUPPORT);
+        return Err(e::EPROTONOSUPPORT);
     }
     let seqpacket = sock.type_() == bindings::sock_type_SOCK_SEQPACKET as i32;
     if sock.type_() != bindings::sock_type_SOCK_STREAM as i32 && !seqpacket {
-        return err(e::ESOCKTNOSUPPORT);
+        return Err(e::ESOCKTNOSUPPORT);
     }
     sock.set_ops(ops());
-    let sk = match sock.alloc_sk(net, kern, core::ptr::null()) {
+    let sk = match sock.alloc_sk(new) {
         Some(sk) => sk,
-        None => return err(e::ENOMEM),
+        None => return Err(e::ENOMEM),
     };
     let xs = match XenSock::new(sk) {
         Ok(x) => x,
         Err(_) => {
             sock.release_sk();
-            return err(e::ENOMEM);
+            return Err(e::ENOMEM);
         }
     };
     xs.inner.lock().seqpacket = seqpacket;
@@ -340,11 +372,10 @@ pub(crate) unsafe extern "C" fn xs_create(
         {
             drop(p);
             sock.release_sk();
-            return err(e::ENOMEM);
+            return Err(e::ENOMEM);
         }
     }
-    sk.set_privp(Arc::into_raw(xs) as *const c_void);
-    0
+    Ok(xs)
 }
 
 /// Forgets a socket everywhere (port table, listing) and tears it down.
@@ -472,30 +503,18 @@ fn destroy(xs: &Arc<XenSock>) {
     // Children that were never accepted: close them too.
     for c in children.into_iter() {
         let sk = c.sk;
-        let p = sk.privp();
-        sk.set_privp(core::ptr::null());
-        drop(sys::arc_take::<XenSock>(p));
+        drop(sk.detach::<XenFamily>());
         destroy(&c);
         sk.put();
     }
     xs.sk.wake(POLLIN | POLLOUT | POLLHUP | POLLERR);
 }
 
-unsafe extern "C" fn xs_release(sock: *mut bindings::socket) -> c_int {
-    // SAFETY: live socket in release().
-    let sock = unsafe { Socket::from_raw(sock) };
-    let sk = match sock.sk() {
-        Some(sk) => sk,
-        None => return 0,
-    };
-    let p = sk.privp();
-    sk.set_privp(core::ptr::null());
-    if let Some(xs) = sys::arc_take::<XenSock>(p) {
+fn xs_release(state: Option<Arc<XenSock>>) {
+    if let Some(xs) = state {
         destroy(&xs);
         drop(xs);
     }
-    sock.release_sk();
-    0
 }
 
 // ---- bind / listen / getname -------------------------------------------------
@@ -545,16 +564,8 @@ fn do_bind(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
     Ok(())
 }
 
-unsafe extern "C" fn xs_bind(
-    sock: *mut bindings::socket,
-    addr: *mut bindings::sockaddr,
-    len: c_int,
-) -> c_int {
-    // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
-        return err(e::EINVAL);
-    };
-    let a = match Addr::parse(addr, len) {
+fn xs_bind(xs: ArcBorrow<'_, XenSock>, addr: &[u8]) -> c_int {
+    let a = match Addr::parse(addr) {
         Ok(a) => a,
         Err(e) => return err(e),
     };
@@ -571,11 +582,7 @@ unsafe extern "C" fn xs_bind(
     }
 }
 
-unsafe extern "C" fn xs_listen(sock: *mut bindings::socket, backlog: c_int) -> c_int {
-    // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
-        return err(e::EINVAL);
-    };
+fn xs_listen(xs: ArcBorrow<'_, XenSock>, backlog: c_int) -> c_int {
     let xs: Arc<XenSock> = xs.into();
     let st = xs.inner.lock().state;
     match st {
@@ -609,20 +616,15 @@ fn current_addrs(i: &Inner) -> (Addr, Addr) {
     (local, peer)
 }
 
-unsafe extern "C" fn xs_getname(
-    sock: *mut bindings::socket,
-    addr: *mut bindings::sockaddr,
-    peer: c_int,
-) -> c_int {
-    // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
-        return err(e::EINVAL);
-    };
+fn xs_getname(
+    xs: ArcBorrow<'_, XenSock>,
+    peer: bool,
+) -> core::result::Result<[u8; SOCKADDR_XEN_LEN], i32> {
     let i = xs.inner.lock();
     let (local_now, peer_now) = current_addrs(&i);
-    let a = if peer != 0 {
+    let a = if peer {
         if i.state != State::Connected {
-            return err(e::ENOTCONN);
+            return Err(e::ENOTCONN);
         }
         peer_now
     } else if i.bound || i.state == State::Connected {
@@ -635,23 +637,13 @@ unsafe extern "C" fn xs_getname(
         }
     };
     drop(i);
-    sys::write_sockaddr(addr, &a.bytes());
-    SOCKADDR_XEN_LEN as c_int
+    Ok(a.bytes())
 }
 
 // ---- connect / accept --------------------------------------------------------
 
-unsafe extern "C" fn xs_connect(
-    sock: *mut bindings::socket,
-    addr: *mut bindings::sockaddr,
-    len: c_int,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
-        return err(e::EINVAL);
-    };
-    let a = match Addr::parse(addr, len) {
+fn xs_connect(sock: &Socket, xs: ArcBorrow<'_, XenSock>, addr: &[u8], flags: c_int) -> c_int {
+    let a = match Addr::parse(addr) {
         Ok(a) => a,
         Err(e) => return err(e),
     };
@@ -676,8 +668,7 @@ unsafe extern "C" fn xs_connect(
         let xs: Arc<XenSock> = xs.into();
         return match connect_local(&xs, a.port) {
             Ok(()) => {
-                // SAFETY: live socket.
-                unsafe { Socket::from_raw(sock) }.set_connected(true);
+                sock.set_connected(true);
                 0
             }
             Err(x) => err(x),
@@ -686,8 +677,7 @@ unsafe extern "C" fn xs_connect(
     let xs: Arc<XenSock> = xs.into();
     match connect_remote(&xs, a, nonblock) {
         Ok(()) => {
-            // SAFETY: live socket.
-            unsafe { Socket::from_raw(sock) }.set_connected(true);
+            sock.set_connected(true);
             0
         }
         Err(x) => err(x),
@@ -929,7 +919,7 @@ fn new_child(l: &XenSock) -> Option<Arc<XenSock>> {
             return None;
         }
     };
-    child_sk.set_privp(Arc::into_raw(child.clone()) as *const c_void);
+    child_sk.attach::<XenFamily>(child.clone());
     Some(child)
 }
 
@@ -946,9 +936,7 @@ fn discard_child<T>(child: &Arc<XenSock>, why: T) -> T {
     }
     drop((tx, rx));
     let sk = child.sk;
-    let p = sk.privp();
-    sk.set_privp(core::ptr::null());
-    drop(sys::arc_take::<XenSock>(p));
+    drop(sk.detach::<XenFamily>());
     sk.put();
     why
 }
@@ -1180,18 +1168,7 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
     Ok(())
 }
 
-unsafe extern "C" fn xs_accept(
-    sock: *mut bindings::socket,
-    newsock: *mut bindings::socket,
-    arg: *mut bindings::proto_accept_arg,
-) -> c_int {
-    // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
-        return err(e::EINVAL);
-    };
-    // SAFETY: live socket (freshly allocated by the core).
-    let newsock = unsafe { Socket::from_raw(newsock) };
-    let flags = sys::accept_flags(arg);
+fn xs_accept(xs: ArcBorrow<'_, XenSock>, newsock: &Socket, flags: i32) -> c_int {
     if xs.inner.lock().state != State::Listening {
         return err(e::EINVAL);
     }
@@ -1222,21 +1199,10 @@ unsafe extern "C" fn xs_accept(
     0
 }
 
-unsafe extern "C" fn xs_socketpair(_a: *mut bindings::socket, _b: *mut bindings::socket) -> c_int {
-    err(e::EOPNOTSUPP)
-}
-
 // ---- poll / shutdown / data --------------------------------------------------
 
-unsafe extern "C" fn xs_poll(
-    file: *mut bindings::file,
-    sock: *mut bindings::socket,
-    wait: *mut bindings::poll_table_struct,
-) -> bindings::__poll_t {
-    // SAFETY: live socket.
-    let s = unsafe { Socket::from_raw(sock) };
-    s.poll_wait(file, wait);
-    let Some(xs) = xsock(s) else { return POLLERR };
+fn xs_poll(xs: Option<ArcBorrow<'_, XenSock>>) -> u32 {
+    let Some(xs) = xs else { return POLLERR };
     let (state, qlen, shut_rd, shut_wr, reset, tx, rx) = {
         let i = xs.inner.lock();
         (
@@ -1368,19 +1334,13 @@ unsafe extern "C" fn xs_poll(
 /// carrier still queues count. Both as TCP: `EINVAL` on a listener, 0 on a
 /// socket with no connection. Every other command goes on to the generic
 /// socket ioctls (`-ENOIOCTLCMD`), as AF_UNIX does.
-unsafe extern "C" fn xs_ioctl(
-    sock: *mut bindings::socket,
-    cmd: core::ffi::c_uint,
-    arg: kernel::ffi::c_ulong,
-) -> c_int {
+fn xs_ioctl(xs: Option<ArcBorrow<'_, XenSock>>, cmd: u32, arg: usize) -> c_int {
     const SIOCINQ: u32 = 0x541B;
     const SIOCOUTQ: u32 = 0x5411;
     if cmd != SIOCINQ && cmd != SIOCOUTQ {
         return -(bindings::ENOIOCTLCMD as c_int);
     }
-    // SAFETY: live socket for the duration of the callback.
-    let s = unsafe { Socket::from_raw(sock) };
-    let Some(xs) = xsock(s) else {
+    let Some(xs) = xs else {
         return err(e::EINVAL);
     };
     let (state, tx, rx, seqpacket) = {
@@ -1408,19 +1368,14 @@ unsafe extern "C" fn xs_ioctl(
         let unsent = sw.map_or(0, |sw| crate::carrier::switch::tx_unsent(&sw));
         c_int::try_from(unsent).unwrap_or(c_int::MAX)
     };
-    let mut w =
-        kernel::uaccess::UserSlice::new(arg as usize, core::mem::size_of::<c_int>()).writer();
+    let mut w = kernel::uaccess::UserSlice::new(arg, core::mem::size_of::<c_int>()).writer();
     match w.write(&value) {
         Ok(()) => 0,
         Err(_) => err(e::EFAULT),
     }
 }
 
-unsafe extern "C" fn xs_shutdown(sock: *mut bindings::socket, how: c_int) -> c_int {
-    // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
-        return err(e::EINVAL);
-    };
+fn xs_shutdown(xs: ArcBorrow<'_, XenSock>, how: c_int) -> c_int {
     // how is SHUT_RD (0), SHUT_WR (1), SHUT_RDWR (2)
     if !(0..=2).contains(&how) {
         return err(e::EINVAL);
@@ -1496,30 +1451,15 @@ pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
 const MSG_NOSIGNAL: i32 = 0x4000;
 
 /// sendmsg, counted and timed for the data path's cost counters (sys.rs).
-unsafe extern "C" fn xs_sendmsg(
-    sock: *mut bindings::socket,
-    msg: *mut bindings::msghdr,
-    len: usize,
-) -> c_int {
+fn xs_sendmsg(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg) -> c_int {
     let t = sys::Timer::start();
-    // SAFETY: the socket layer's arguments, passed on unchanged.
-    let r = unsafe { xs_sendmsg_untimed(sock, msg, len) };
+    let r = xs_sendmsg_untimed(xs, msg);
     sys::counters::add(&sys::counters::SEND_CALLS, 1);
     t.stop(&sys::counters::SEND_NS);
     r
 }
 
-unsafe extern "C" fn xs_sendmsg_untimed(
-    sock: *mut bindings::socket,
-    msg: *mut bindings::msghdr,
-    _len: usize,
-) -> c_int {
-    // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
-        return err(e::EINVAL);
-    };
-    // SAFETY: live msghdr of this call.
-    let mut msg = unsafe { Msg::from_raw(msg) };
+fn xs_sendmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg) -> c_int {
     let flags = msg.flags();
     let epipe = |copied: usize| -> c_int {
         if copied > 0 {
@@ -1560,7 +1500,7 @@ unsafe extern "C" fn xs_sendmsg_untimed(
             return err(e::ENOTCONN);
         };
         tx.set_owner(&xs.sk);
-        return crate::socket::seqpacket::sendmsg(&xs, &mut msg, &tx);
+        return crate::socket::seqpacket::sendmsg(&xs, msg, &tx);
     }
     if tx.is_none() && sw.is_none() {
         return err(e::ENOTCONN);
@@ -1592,8 +1532,7 @@ unsafe extern "C" fn xs_sendmsg_untimed(
                         };
                     }
                     use crate::carrier::switch::Write;
-                    match crate::carrier::switch::send(&xs, sw, &mut msg, total - copied, !nonblock)
-                    {
+                    match crate::carrier::switch::send(&xs, sw, msg, total - copied, !nonblock) {
                         // back on a ring meanwhile: take the guard again
                         Write::Ring => continue,
                         Write::Sent(n) => {
@@ -1676,7 +1615,7 @@ unsafe extern "C" fn xs_sendmsg_untimed(
         }
         // copied straight from the user's iovecs into the ring, a step at
         // a time (conn.rs, Pipe::write_msg)
-        let step = match tx.write_msg(&mut msg, total - copied) {
+        let step = match tx.write_msg(msg, total - copied) {
             Ok(w) => w,
             Err(why) => {
                 drop(on_ring);
@@ -1743,38 +1682,21 @@ unsafe extern "C" fn xs_sendmsg_untimed(
 }
 
 /// recvmsg, counted and timed for the data path's cost counters (sys.rs).
-unsafe extern "C" fn xs_recvmsg(
-    sock: *mut bindings::socket,
-    msg: *mut bindings::msghdr,
-    len: usize,
-    flags: c_int,
-) -> c_int {
+fn xs_recvmsg(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg, flags: c_int) -> c_int {
     let t = sys::Timer::start();
-    // SAFETY: the socket layer's arguments, passed on unchanged.
-    let r = unsafe { xs_recvmsg_untimed(sock, msg, len, flags) };
+    let r = xs_recvmsg_untimed(xs, msg, flags);
     sys::counters::add(&sys::counters::RECV_CALLS, 1);
     t.stop(&sys::counters::RECV_NS);
     r
 }
 
-unsafe extern "C" fn xs_recvmsg_untimed(
-    sock: *mut bindings::socket,
-    msg: *mut bindings::msghdr,
-    _len: usize,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
-        return err(e::EINVAL);
-    };
+fn xs_recvmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg, flags: c_int) -> c_int {
     // We queue no socket errors (no timestamps, no zerocopy completions):
     // the error queue is always empty, which recvmsg reports as EAGAIN on
     // every family, rather than reading nothing.
     if flags & bindings::MSG_ERRQUEUE as i32 != 0 {
         return err(e::EAGAIN);
     }
-    // SAFETY: live msghdr of this call.
-    let mut msg = unsafe { Msg::from_raw(msg) };
     let (state, shut_rd, reset, rx, peer, seqpacket, sw) = {
         let i = xs.inner.lock();
         (
@@ -1800,7 +1722,7 @@ unsafe extern "C" fn xs_recvmsg_untimed(
             return err(e::ENOTCONN);
         };
         rx.set_owner(&xs.sk);
-        return crate::socket::seqpacket::recvmsg(&xs, &mut msg, &rx, flags, peer);
+        return crate::socket::seqpacket::recvmsg(&xs, msg, &rx, flags, peer);
     }
     if rx.is_none() && sw.is_none() {
         return err(e::ENOTCONN);
@@ -1837,7 +1759,7 @@ unsafe extern "C" fn xs_recvmsg_untimed(
         // straight from the ring to the user's iovecs; a reset drops what
         // was not read yet (TCP's RST does too)
         let step = match rx_cur.as_ref() {
-            Some(rx) => match rx.read_msg(&mut msg, total - copied, peek, sw.as_deref()) {
+            Some(rx) => match rx.read_msg(msg, total - copied, peek, sw.as_deref()) {
                 Ok(r) => r,
                 Err(why) => return err(conn_reset(&xs, why)),
             },
@@ -1847,7 +1769,7 @@ unsafe extern "C" fn xs_recvmsg_untimed(
             // not this ring: TCP bytes come first, or the switch reads TCP
             // or a newer ring (carrier.rs says which)
             use crate::carrier::switch::Read;
-            match crate::carrier::switch::recv(&xs, sw, &mut msg, total - copied, peek) {
+            match crate::carrier::switch::recv(&xs, sw, msg, total - copied, peek) {
                 Read::Ring => {
                     let now = xs.inner.lock().rx.clone();
                     // a ring the switch came back to: its interrupts wake us too
@@ -2001,17 +1923,12 @@ const XENSOCK_TEST_SILENT_CLOSE: c_int = 0x7e60;
 /// benchmark knob: how this connection's ring writes copy (sys::CopyRoutine)
 const XENSOCK_COPY_ROUTINE: c_int = 0x7e61;
 
-unsafe extern "C" fn xs_setsockopt(
-    sock: *mut bindings::socket,
+fn xs_setsockopt(
+    xs: ArcBorrow<'_, XenSock>,
     level: c_int,
     optname: c_int,
-    optval: bindings::sockptr_t,
-    optlen: kernel::ffi::c_uint,
+    value: &sys::family::SockoptValue,
 ) -> c_int {
-    // SAFETY: live socket.
-    let Some(xs) = xsock(unsafe { Socket::from_raw(sock) }) else {
-        return err(e::EINVAL);
-    };
     if level != sys::family() {
         return err(e::ENOPROTOOPT);
     }
@@ -2020,7 +1937,7 @@ unsafe extern "C" fn xs_setsockopt(
             if !sys::hostile_test() {
                 return err(e::EPERM);
             }
-            match sys::sockopt_int(optval, optlen) {
+            match value.int() {
                 Ok(mode) => match corrupt(&xs, mode) {
                     Ok(()) => 0,
                     Err(x) => err(x),
@@ -2032,7 +1949,7 @@ unsafe extern "C" fn xs_setsockopt(
             if !sys::hostile_test() {
                 return err(e::EPERM);
             }
-            match sys::sockopt_int(optval, optlen) {
+            match value.int() {
                 Ok(1) => {
                     xs.inner.lock().end_sent = true;
                     0
@@ -2045,7 +1962,7 @@ unsafe extern "C" fn xs_setsockopt(
             if !sys::hostile_test() {
                 return err(e::EPERM);
             }
-            match sys::sockopt_int(optval, optlen) {
+            match value.int() {
                 Ok(m @ (1 | 2)) => match crate::carrier::leg::test_open_leg(&Arc::from(xs), m == 2)
                 {
                     Ok(()) => 0,
@@ -2055,25 +1972,23 @@ unsafe extern "C" fn xs_setsockopt(
                 Err(x) => err(x),
             }
         }
-        XENSOCK_COPY_ROUTINE => {
-            match sys::sockopt_int(optval, optlen).map(sys::CopyRoutine::from_int) {
-                Ok(Some(how)) => {
-                    let (tx, rx) = {
-                        let i = xs.inner.lock();
-                        (i.tx.clone(), i.rx.clone())
-                    };
-                    if tx.is_none() && rx.is_none() {
-                        return err(e::ENOTCONN);
-                    }
-                    for p in [tx, rx].into_iter().flatten() {
-                        p.set_copy_routine(how);
-                    }
-                    0
+        XENSOCK_COPY_ROUTINE => match value.int().map(sys::CopyRoutine::from_int) {
+            Ok(Some(how)) => {
+                let (tx, rx) = {
+                    let i = xs.inner.lock();
+                    (i.tx.clone(), i.rx.clone())
+                };
+                if tx.is_none() && rx.is_none() {
+                    return err(e::ENOTCONN);
                 }
-                Ok(None) => err(e::EINVAL),
-                Err(x) => err(x),
+                for p in [tx, rx].into_iter().flatten() {
+                    p.set_copy_routine(how);
+                }
+                0
             }
-        }
+            Ok(None) => err(e::EINVAL),
+            Err(x) => err(x),
+        },
         _ => err(e::ENOPROTOOPT),
     }
 }
@@ -2143,34 +2058,6 @@ fn corrupt(xs: &XenSock, mode: i32) -> core::result::Result<(), i32> {
     Ok(())
 }
 
-/// A line buffer for /proc output.
-pub(crate) struct Line {
-    buf: [u8; 256],
-    len: usize,
-}
-
-impl Line {
-    pub(crate) fn new() -> Self {
-        Line {
-            buf: [0; 256],
-            len: 0,
-        }
-    }
-    pub(crate) fn bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-}
-
-impl core::fmt::Write for Line {
-    fn write_str(&mut self, s: &str) -> core::fmt::Result {
-        let b = s.as_bytes();
-        let n = b.len().min(self.buf.len() - self.len);
-        self.buf[self.len..self.len + n].copy_from_slice(&b[..n]);
-        self.len += n;
-        Ok(())
-    }
-}
-
 /// /proc/net/af_xen_tcp: the carrier switch of each connection that has
 /// one (`carrier::tcp_show`), taken outside the port table's lock.
 pub(crate) fn tcp_show(seq: &mut sys::Seq) {
@@ -2214,10 +2101,7 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
                 i.sw.clone(),
             )
         };
-        let mut l = Line {
-            buf: [0; 256],
-            len: 0,
-        };
+        let mut l = Line::new();
         let _ = write!(l, "{:<11} ", st.name());
         if bound || st == State::Connected {
             let _ = write!(l, "{:>5}:{:<10} ", local.domid, local.port);
@@ -2274,6 +2158,6 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
             "{:>7} {:>7} {:>7} {:>7} {:>8} {:>9} {:<10} {:>6} {:>7}",
             rxs, rxf, txs, txf, bin, bout, carrier, to_tcp, to_ring
         );
-        seq.write(&l.buf[..l.len]);
+        seq.write(l.bytes());
     }
 }

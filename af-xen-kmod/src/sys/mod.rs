@@ -9,6 +9,8 @@ use kernel::ffi::{c_int, c_long, c_uint};
 use kernel::prelude::*;
 use kernel::sync::Arc;
 
+pub(crate) mod entry;
+pub(crate) mod family;
 pub(crate) mod net;
 
 #[allow(
@@ -142,22 +144,6 @@ pub(crate) fn hostile_test() -> bool {
     unsafe { afx_hostile_test() != 0 }
 }
 
-/// An int setsockopt() value: Ok(v), or the positive errno (EINVAL short, EFAULT).
-pub(crate) fn sockopt_int(
-    optval: bindings::sockptr_t,
-    optlen: c_uint,
-) -> core::result::Result<i32, i32> {
-    let mut v: c_int = 0;
-    // SAFETY: optval/optlen are the setsockopt() callback's arguments; the
-    // glue checks the length and copies with copy_from_sockptr.
-    let r = unsafe { afx_sockopt_int(optval, optlen, &mut v) };
-    if r != 0 {
-        Err(-r)
-    } else {
-        Ok(v)
-    }
-}
-
 /// Resource counters of the module, for leak checks (/proc/net/af_xen_stats).
 pub(crate) mod counters {
     use core::sync::atomic::{AtomicI64, Ordering};
@@ -218,10 +204,10 @@ pub(crate) mod counters {
     }
 }
 
-#[no_mangle]
-unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
+/// /proc/net/af_xen_stats: the floor's own counters (the layers above add
+/// theirs through [`entry::EntryPoints::stats_show`]).
+pub(crate) fn show_counters(seq: &mut Seq) {
     use counters::*;
-    let mut seq = Seq(m);
     seq.counters(&[
         ("grants", get(&GRANTS)),
         ("maps", get(&MAPS)),
@@ -255,9 +241,6 @@ unsafe extern "C" fn afx_rs_stats_show(m: *mut bindings::seq_file) -> c_int {
         ("kick_ns", get(&KICK_NS)),
         ("irq_ns", get(&IRQ_NS)),
     ]);
-    crate::carrier::leg::stats(&mut seq);
-    crate::carrier::switch::stats(&mut seq);
-    0
 }
 
 /// errno values (positive), as the socket layer returns them negated.
@@ -382,12 +365,12 @@ impl Drop for Registration {
 
 /// A `struct socket` handed to us by the socket layer for one call.
 #[derive(Clone, Copy)]
-pub(crate) struct Socket(*mut bindings::socket);
+pub(crate) struct Socket(pub(super) *mut bindings::socket);
 
 impl Socket {
     /// # Safety
     /// `p` is a live `struct socket` for the duration of the callback.
-    pub(crate) unsafe fn from_raw(p: *mut bindings::socket) -> Self {
+    pub(super) unsafe fn from_raw(p: *mut bindings::socket) -> Self {
         Self(p)
     }
     pub(crate) fn type_(&self) -> i32 {
@@ -416,22 +399,6 @@ impl Socket {
             Some(Sk(sk))
         }
     }
-    /// Allocates and initialises our `struct sock` for this socket, with
-    /// `privp` (from `Arc::into_raw`) attached.
-    pub(crate) fn alloc_sk(
-        &self,
-        net: *mut bindings::net,
-        kern: c_int,
-        privp: *const c_void,
-    ) -> Option<Sk> {
-        // SAFETY: net and socket come from the create() callback.
-        let sk = unsafe { afx_sk_alloc(net, self.0, kern, privp as *mut c_void) };
-        if sk.is_null() {
-            None
-        } else {
-            Some(Sk(sk))
-        }
-    }
     /// Orphans and drops the sock (the socket is closing).
     pub(crate) fn release_sk(&self) {
         // SAFETY: live socket in release(); detaches and puts its sk.
@@ -442,19 +409,11 @@ impl Socket {
         // SAFETY: live socket fresh from accept; sk is a live sock we own a ref of.
         unsafe { afx_sk_graft(sk.0, self.0) }
     }
-    pub(crate) fn poll_wait(
-        &self,
-        file: *mut bindings::file,
-        wait: *mut bindings::poll_table_struct,
-    ) {
-        // SAFETY: arguments of the poll() callback.
-        unsafe { afx_poll_wait(file, self.0, wait) }
-    }
 }
 
 /// A `struct sock` of ours (allocated by `afx_sk_alloc`).
 #[derive(Clone, Copy)]
-pub(crate) struct Sk(*mut bindings::sock);
+pub(crate) struct Sk(pub(super) *mut bindings::sock);
 
 // SAFETY: a struct sock is reference counted and used from any CPU; we only
 // call thread-safe helpers on it.
@@ -474,14 +433,6 @@ impl Sk {
     /// The sock's address, as an identity (never dereferenced).
     pub(crate) fn id(&self) -> usize {
         self.0 as usize
-    }
-    pub(crate) fn privp(&self) -> *const c_void {
-        // SAFETY: live sock of our proto.
-        unsafe { afx_sk_priv(self.0) }
-    }
-    pub(crate) fn set_privp(&self, p: *const c_void) {
-        // SAFETY: live sock of our proto.
-        unsafe { afx_sk_set_priv(self.0, p as *mut c_void) }
     }
     pub(crate) fn rcvtimeo(&self, nonblock: bool) -> c_long {
         // SAFETY: live sock.
@@ -708,7 +659,7 @@ pub(crate) struct Msg(*mut bindings::msghdr);
 impl Msg {
     /// # Safety
     /// `p` is the live msghdr of the current sendmsg/recvmsg callback.
-    pub(crate) unsafe fn from_raw(p: *mut bindings::msghdr) -> Self {
+    pub(super) unsafe fn from_raw(p: *mut bindings::msghdr) -> Self {
         Self(p)
     }
     pub(crate) fn flags(&self) -> i32 {
@@ -808,27 +759,6 @@ impl Msg {
     }
 }
 
-/// Reads a sockaddr the socket layer copied into kernel memory.
-pub(crate) fn read_sockaddr(p: *const bindings::sockaddr, len: c_int, out: &mut [u8]) -> bool {
-    if p.is_null() || len < 0 || (len as usize) < out.len() {
-        return false;
-    }
-    // SAFETY: the socket layer copied `len` >= out.len() bytes to `p`.
-    unsafe { core::ptr::copy_nonoverlapping(p.cast::<u8>(), out.as_mut_ptr(), out.len()) };
-    true
-}
-
-/// Writes a sockaddr for getname() (the buffer is a sockaddr_storage).
-pub(crate) fn write_sockaddr(p: *mut bindings::sockaddr, bytes: &[u8]) {
-    // SAFETY: getname() receives a sockaddr_storage-sized kernel buffer.
-    unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), p.cast::<u8>(), bytes.len()) };
-}
-
-pub(crate) fn accept_flags(arg: *mut bindings::proto_accept_arg) -> i32 {
-    // SAFETY: live proto_accept_arg of the accept() callback.
-    unsafe { afx_accept_flags(arg) }
-}
-
 /// `dir/node`'s value handed to `f`; None if it is missing or unreadable.
 fn with_xenstore_value<R>(
     dir: &core::ffi::CStr,
@@ -880,33 +810,56 @@ impl Sk {
     }
 }
 
-/// A module-lifetime object published through an atomic pointer.
-pub(crate) fn static_ref<T>(p: *mut T) -> &'static T {
-    // SAFETY: callers publish `p` (pointing into the module object, alive until
-    // after sock_unregister) before any callback can run, and clear it only
-    // after the last one.
-    unsafe { &*p }
-}
+/// A module-lifetime object that callbacks reach through a static: owned
+/// here from `publish` (module init) to `unpublish` (module exit).
+///
+/// Module exit unpublishes only after the last callback that can reach
+/// the object is gone (`sock_unregister`, the sockets' module references,
+/// work items cancelled), so a reference from `get` never outlives it.
+pub(crate) struct Published<T>(core::sync::atomic::AtomicPtr<T>);
 
-/// Borrows the Arc whose raw pointer a sock carries in its priv field.
-pub(crate) fn arc_borrow<T>(p: *const c_void) -> Option<kernel::sync::ArcBorrow<'static, T>> {
-    if p.is_null() {
-        return None;
+impl<T> Published<T> {
+    pub(crate) const fn new() -> Self {
+        Published(core::sync::atomic::AtomicPtr::new(core::ptr::null_mut()))
     }
-    // SAFETY: `p` came from Arc::into_raw and the sock keeps that reference
-    // until release(), which cannot run concurrently with another callback
-    // on the same socket (the file reference pins it).
-    Some(unsafe { kernel::sync::ArcBorrow::from_raw(p as *const T) })
-}
-
-/// Takes back the Arc reference stored in a sock's priv field.
-pub(crate) fn arc_take<T>(p: *const c_void) -> Option<kernel::sync::Arc<T>> {
-    if p.is_null() {
-        return None;
+    /// Takes ownership of `v` and makes it reachable; `Err(v)` if an
+    /// object is published already.
+    pub(crate) fn publish(&self, v: Pin<KBox<T>>) -> core::result::Result<(), Pin<KBox<T>>> {
+        // SAFETY: the box is never moved out of: `unpublish` (or the
+        // refusal below) pins it again.
+        let p = KBox::into_raw(unsafe { Pin::into_inner_unchecked(v) });
+        match self.0.compare_exchange(
+            core::ptr::null_mut(),
+            p,
+            core::sync::atomic::Ordering::AcqRel,
+            core::sync::atomic::Ordering::Acquire,
+        ) {
+            Ok(_) => Ok(()),
+            // SAFETY: `p` came from `KBox::into_raw` above and was not
+            // published.
+            Err(_) => Err(unsafe { Pin::new_unchecked(KBox::from_raw(p)) }),
+        }
     }
-    // SAFETY: `p` came from Arc::into_raw; the caller cleared the priv field,
-    // so this reference is taken back exactly once.
-    Some(unsafe { kernel::sync::Arc::from_raw(p as *const T) })
+    /// Makes it unreachable and hands it back (to be dropped).
+    pub(crate) fn unpublish(&self) -> Option<Pin<KBox<T>>> {
+        let p = self
+            .0
+            .swap(core::ptr::null_mut(), core::sync::atomic::Ordering::AcqRel);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: `p` came from `KBox::into_raw` in `publish`, and the swap
+        // took it out, so it is taken back once; it was never moved.
+        Some(unsafe { Pin::new_unchecked(KBox::from_raw(p)) })
+    }
+    /// The object, while published.
+    pub(crate) fn get(&self) -> Option<&'static T> {
+        let p = self.0.load(core::sync::atomic::Ordering::Acquire);
+        // SAFETY: non-null only between `publish` and `unpublish`, and the
+        // callers are callbacks that module exit ends before it unpublishes
+        // (see the type's comment).
+        unsafe { p.as_ref() }
+    }
 }
 
 /// Removes element `i` of a vector (KVec has no remove() in 6.12).
@@ -1013,8 +966,36 @@ impl Drop for ProcEntry {
     }
 }
 
+/// A line buffer for /proc output.
+pub(crate) struct Line {
+    buf: [u8; 256],
+    len: usize,
+}
+
+impl Line {
+    pub(crate) fn new() -> Self {
+        Line {
+            buf: [0; 256],
+            len: 0,
+        }
+    }
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl core::fmt::Write for Line {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        let b = s.as_bytes();
+        let n = b.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&b[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
 /// A seq_file being shown.
-pub(crate) struct Seq(*mut bindings::seq_file);
+pub(crate) struct Seq(pub(super) *mut bindings::seq_file);
 
 impl Seq {
     pub(crate) fn write(&mut self, b: &[u8]) {
@@ -1026,23 +1007,11 @@ impl Seq {
     pub(crate) fn counters(&mut self, counters: &[(&str, i64)]) {
         use core::fmt::Write;
         for (name, value) in counters {
-            let mut l = crate::socket::Line::new();
+            let mut l = Line::new();
             let _ = writeln!(l, "{name} {value}");
             self.write(l.bytes());
         }
     }
-}
-
-#[no_mangle]
-unsafe extern "C" fn afx_rs_proc_show(m: *mut bindings::seq_file) -> c_int {
-    crate::socket::proc_show(&mut Seq(m));
-    0
-}
-
-#[no_mangle]
-unsafe extern "C" fn afx_rs_tcp_show(m: *mut bindings::seq_file) -> c_int {
-    crate::socket::tcp_show(&mut Seq(m));
-    0
 }
 
 // ---- inter-domain plumbing (C glue, af_xen_glue.c) ---------------------------
@@ -1053,8 +1022,12 @@ extern "C" {
     fn afx_evtchn_alloc_unbound(remote: c_uint, port: *mut c_uint) -> c_int;
     fn afx_evtchn_bind_interdomain(remote: c_uint, rport: c_uint, lport: *mut c_uint) -> c_int;
     fn afx_evtchn_close(port: c_uint);
-    fn afx_bind_irq(port: c_uint, wake: *const c_void) -> c_int;
-    fn afx_unbind_irq(irq: c_int, wake: *const c_void);
+    fn afx_bind_irq(
+        port: c_uint,
+        handler: unsafe extern "C" fn(c_int, *mut c_void) -> bindings::irqreturn_t,
+        cookie: *const c_void,
+    ) -> c_int;
+    fn afx_unbind_irq(irq: c_int, cookie: *const c_void);
     fn afx_notify(port: c_uint);
     fn afx_grant_page(domid: c_uint, gref: *mut c_uint) -> *mut c_void;
     fn afx_end_grant(gref: c_uint, p: *mut c_void);
@@ -1110,27 +1083,41 @@ pub(crate) fn cancel_reap() {
     unsafe { afx_cancel_reap() }
 }
 
-#[no_mangle]
-unsafe extern "C" fn afx_rs_reap() {
-    crate::link::reap();
+/// What an event channel's interrupt calls (hard irq context): it must
+/// not sleep.
+pub(crate) trait IrqTarget: Send + Sync {
+    fn irq(&self);
 }
 
-/// An event channel port of ours bound to an irq whose handler
-/// (`afx_rs_irq`) wakes the link's sockets and schedules the work item.
-/// Dropping it unbinds the irq and closes the port.
-pub(crate) struct Evtchn {
+/// An event channel port of ours bound to an irq whose handler calls its
+/// target's [`IrqTarget::irq`]. Dropping it unbinds the irq and closes the
+/// port.
+pub(crate) struct Evtchn<T: IrqTarget> {
     pub(crate) port: u32,
     irq: c_int,
     /// the handler's argument: kept alive while the irq is bound
-    wake: Arc<crate::link::wake::LinkWake>,
+    target: Arc<T>,
 }
 
-impl Evtchn {
-    fn bind(port: c_uint, wake: &Arc<crate::link::wake::LinkWake>) -> Result<Evtchn> {
-        let cookie = &**wake as *const crate::link::wake::LinkWake as *const c_void;
+/// The irq handler of every `Evtchn<T>` (hard irq context).
+unsafe extern "C" fn irq_handler<T: IrqTarget>(
+    _irq: c_int,
+    cookie: *mut c_void,
+) -> bindings::irqreturn_t {
+    // SAFETY: the cookie of `Evtchn::<T>::bind`: a `T` kept alive by the
+    // Evtchn until afx_unbind_irq has waited for running handlers.
+    let target = unsafe { &*(cookie as *const T) };
+    target.irq();
+    bindings::irqreturn_IRQ_HANDLED
+}
+
+impl<T: IrqTarget> Evtchn<T> {
+    fn bind(port: c_uint, target: &Arc<T>) -> Result<Evtchn<T>> {
+        let cookie = &**target as *const T as *const c_void;
         // SAFETY: `port` is a port of ours, not bound to an irq yet; the
-        // cookie stays valid until afx_unbind_irq (Evtchn keeps the Arc).
-        let irq = unsafe { afx_bind_irq(port, cookie) };
+        // handler matches the cookie's type, and the cookie stays valid
+        // until afx_unbind_irq (Evtchn keeps the Arc).
+        let irq = unsafe { afx_bind_irq(port, irq_handler::<T>, cookie) };
         if irq < 0 {
             // SAFETY: our port, unused.
             unsafe { afx_evtchn_close(port) };
@@ -1140,48 +1127,32 @@ impl Evtchn {
         Ok(Evtchn {
             port,
             irq,
-            wake: wake.clone(),
+            target: target.clone(),
         })
     }
     /// A fresh unbound port that `remote` may bind.
-    pub(crate) fn alloc_unbound(
-        remote: u32,
-        wake: &Arc<crate::link::wake::LinkWake>,
-    ) -> Result<Evtchn> {
+    pub(crate) fn alloc_unbound(remote: u32, target: &Arc<T>) -> Result<Evtchn<T>> {
         let mut port: c_uint = 0;
         // SAFETY: plain hypercall with an out parameter.
         let r = unsafe { afx_evtchn_alloc_unbound(remote, &mut port) };
         if r != 0 {
             return Err(Error::from_errno(r));
         }
-        Self::bind(port, wake)
+        Self::bind(port, target)
     }
     /// Binds `remote`'s port `rport` (from XenStore: any value is checked by Xen).
-    pub(crate) fn bind_interdomain(
-        remote: u32,
-        rport: u32,
-        wake: &Arc<crate::link::wake::LinkWake>,
-    ) -> Result<Evtchn> {
+    pub(crate) fn bind_interdomain(remote: u32, rport: u32, target: &Arc<T>) -> Result<Evtchn<T>> {
         let mut port: c_uint = 0;
         // SAFETY: plain hypercall with an out parameter.
         let r = unsafe { afx_evtchn_bind_interdomain(remote, rport, &mut port) };
         if r != 0 {
             return Err(Error::from_errno(r));
         }
-        Self::bind(port, wake)
+        Self::bind(port, target)
     }
     pub(crate) fn notify(&self) {
         notify_port(self.port)
     }
-}
-
-/// The event-channel interrupt (hard irq context), from af_xen_glue.c.
-#[no_mangle]
-unsafe extern "C" fn afx_rs_irq(wake: *mut c_void) {
-    // SAFETY: the cookie of Evtchn::bind: a LinkWake kept alive by the
-    // Evtchn until afx_unbind_irq has waited for running handlers.
-    let w = unsafe { &*(wake as *const crate::link::wake::LinkWake) };
-    crate::link::wake::irq(w);
 }
 
 /// Grant entries ended while the peer still mapped them, kept (with their
@@ -1214,9 +1185,9 @@ pub(crate) fn notify_port(port: u32) {
     unsafe { afx_notify(port) }
 }
 
-impl Drop for Evtchn {
+impl<T: IrqTarget> Drop for Evtchn<T> {
     fn drop(&mut self) {
-        let cookie = &*self.wake as *const crate::link::wake::LinkWake as *const c_void;
+        let cookie = &*self.target as *const T as *const c_void;
         // SAFETY: irq bound in bind() with this cookie; frees it (waits for
         // a running handler) and closes the port.
         unsafe { afx_unbind_irq(self.irq, cookie) };
@@ -1412,11 +1383,6 @@ pub(crate) mod xs {
             unsafe { afx_watch_del(self.0) }
         }
     }
-}
-
-#[no_mangle]
-unsafe extern "C" fn afx_rs_work() {
-    crate::link::work();
 }
 
 // ---- rings larger than one page ------------------------------------------------

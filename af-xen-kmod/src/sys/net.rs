@@ -77,16 +77,6 @@ impl Drop for PmHooks {
     }
 }
 
-#[no_mangle]
-extern "C" fn afx_rs_suspend() {
-    crate::link::suspend_all();
-}
-
-#[no_mangle]
-extern "C" fn afx_rs_resume(restored: c_int) {
-    crate::link::resumed(restored != 0);
-}
-
 /// The `peer_lost_ms` module parameter (at least 100).
 pub(crate) fn peer_lost_ms() -> u64 {
     // SAFETY: reads an int module parameter.
@@ -129,7 +119,7 @@ pub(crate) fn random_u64() -> u64 {
     unsafe { afx_random_u64() }
 }
 
-/// Runs the TCP work item (`crate::carrier::leg::work`) soon.
+/// Runs the TCP work item ([`super::entry::EntryPoints::leg_work`]) soon.
 pub(crate) fn schedule() {
     // SAFETY: schedules a static work item.
     unsafe { afx_tcp_schedule() }
@@ -153,11 +143,6 @@ pub(crate) fn now_ms() -> u64 {
 pub(crate) fn flush() {
     // SAFETY: cancels a static work item; process context.
     unsafe { afx_tcp_flush() }
-}
-
-#[no_mangle]
-extern "C" fn afx_rs_tcp_work() {
-    crate::carrier::leg::work();
 }
 
 /// A kernel TCP socket (init_net), released on drop. Its `sk_data_ready`
