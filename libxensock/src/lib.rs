@@ -53,10 +53,7 @@
 mod addr;
 mod backend;
 // The migration engine (docs/migration.md): the transport hands a
-// connection to it at its first switch. Some of it (memfd rings, starting
-// on fresh rings) serves only the engine's own tests and benchmark, which
-// include this module by path.
-#[allow(dead_code)]
+// connection to it at its first switch.
 mod carrier;
 pub mod claim;
 mod conn;
@@ -85,3 +82,11 @@ pub use transport::{
     ENV_PEER_LOST_MS, EPHEMERAL_PORT_FIRST, LINK_DIR,
 };
 pub use xensock_xenif::DomId;
+
+/// The carrier engine's benchmark (`benches/carrier.rs`): not a stable
+/// interface.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::carrier::bench::main as carrier_bench;
+}

@@ -90,6 +90,7 @@ impl EngineConfig {
 }
 
 /// The rings a connection starts on.
+#[cfg(any(test, feature = "internals"))]
 pub(crate) struct InitialRings {
     /// The ring we read (we own it).
     pub rx: SharedRing,
@@ -295,16 +296,14 @@ fn ring_error(e: RingError) -> io::Error {
     protocol_error(format!("ring: {e}"))
 }
 
-fn errno(e: &io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(libc::ECONNRESET)
-}
-
 impl Engine {
     /// Starts a connection's engine: on `rings` when given, else on TCP.
+    /// (The transport adopts connections that ran on rings instead.)
     /// Legs presenting `cfg.local_id` and `cfg.cookie` at `listener` are
     /// routed here; `doorbell` is where the peer's kicks arrive and
     /// `kick_peer` rings the peer's; `alloc` makes receive rings for
     /// [`Engine::offer_ring`].
+    #[cfg(any(test, feature = "internals"))]
     pub(crate) fn start(
         cfg: EngineConfig,
         rings: Option<InitialRings>,

@@ -164,11 +164,6 @@ impl Outbox {
         self.pos == self.buf.len()
     }
 
-    /// Bytes still to write.
-    pub(super) fn len(&self) -> usize {
-        self.buf.len() - self.pos
-    }
-
     pub(crate) fn push(&mut self, msg: &Message<'_>) {
         let start = self.buf.len();
         self.buf.resize(start + msg.encoded_len(), 0);

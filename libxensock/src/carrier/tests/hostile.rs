@@ -4,17 +4,7 @@
 //! connection (ECONNRESET) instead of hanging, panicking or delivering
 //! wrong bytes. Also the raw leg's one race a reader can lose (it reads on
 //! past a run's end before the run's `RingFrom` came), played by hand: the
-//! random switches of `carrier_stream.rs` never produced it.
-
-#[allow(dead_code)]
-#[path = "../src/evfd.rs"]
-mod evfd;
-
-#[allow(dead_code, unused_imports)]
-#[path = "../src/carrier/mod.rs"]
-mod carrier;
-
-mod carrier_common;
+//! random switches of `stream.rs` never produced it.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -22,8 +12,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use carrier::{Doorbell, Engine, EngineConfig, InitialRings, MemfdRing, RingAlloc, Trigger};
-use carrier_common::*;
+use super::support::*;
+use crate::carrier::testbed::MemfdRing;
+use crate::carrier::testbed::*;
+use crate::carrier::{Doorbell, Engine, EngineConfig, InitialRings, RingAlloc, Trigger};
 use xensock_proto::ctrl::Message;
 
 fn no_alloc() -> RingAlloc {

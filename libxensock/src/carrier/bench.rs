@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! Benchmark of the carrier engine (issue #7's targets), reported as
+//! Benchmark of the carrier engine's targets, reported as
 //! ratios against a plain loopback TCP stream measured in the same run:
 //!
 //! * TCP-carrier throughput: one direction streamed over the engine's TCP
@@ -9,22 +9,11 @@
 //!   write call and the longest gap between reads in the 100 ms after each
 //!   event, minus the same in the 100 ms before it.
 //!
-//! `cargo run --release -p libxensock --example carrier_bench [-- MiB switches]`;
+//! `cargo bench -p libxensock --features internals --bench carrier [-- MiB switches]`;
 //! `-- plain N` / `-- leg N` stream N MiB once (for profilers), `-- pingpong
 //! N` times N one-byte round trips over the TCP legs (e.g. under `strace -f
 //! -c`: a round trip is a `poll` and a `recvfrom` per read, a `writev` per
 //! write).
-
-#[allow(dead_code)]
-#[path = "../src/evfd.rs"]
-mod evfd;
-
-#[allow(dead_code, unused_imports)]
-#[path = "../src/carrier/mod.rs"]
-mod carrier;
-
-#[path = "../tests/carrier_common/mod.rs"]
-mod carrier_common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -32,8 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use carrier::{Engine, Trigger};
-use carrier_common::{pair, PairOptions};
+use crate::carrier::testbed::{pair, PairOptions};
+use crate::carrier::{Engine, Trigger};
 use xensock_proto::switch::TxState;
 
 const CHUNK: usize = 64 * 1024;
@@ -301,10 +290,12 @@ fn switch_pause(switches: usize) {
     );
 }
 
-fn main() {
-    // `-- plain N` / `-- leg N`: one stream of N MiB only, for profilers;
-    // `-- pingpong N`: N one-byte round trips over the TCP legs.
-    let mode: Vec<String> = std::env::args().skip(1).collect();
+/// The benchmark's `main`: `args` as its command line has them, without
+/// the program name (`--bench`, which cargo adds, is ignored).
+pub fn main(args: Vec<String>) {
+    // `plain N` / `leg N`: one stream of N MiB only, for profilers;
+    // `pingpong N`: N one-byte round trips over the TCP legs.
+    let mode: Vec<String> = args.into_iter().filter(|a| a != "--bench").collect();
     if let [m, n] = &mode[..] {
         if let ("pingpong", Ok(n)) = (m.as_str(), n.parse::<usize>()) {
             let p = pair(&PairOptions {
@@ -332,10 +323,7 @@ fn main() {
             return;
         }
     }
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let args: Vec<usize> = mode.iter().filter_map(|a| a.parse().ok()).collect();
     let mib = args.first().copied().unwrap_or(256);
     let switches = args.get(1).copied().unwrap_or(20);
     throughput(mib << 20, 9);

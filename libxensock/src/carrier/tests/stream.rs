@@ -5,22 +5,13 @@
 //! during FIN. `XENSOCK_CARRIER_CASES` sets the number of cases (default
 //! 48; runs of 2000 and 1500 cases passed in release builds).
 
-#[allow(dead_code)]
-#[path = "../src/evfd.rs"]
-mod evfd;
-
-#[allow(dead_code, unused_imports)]
-#[path = "../src/carrier/mod.rs"]
-mod carrier;
-
-mod carrier_common;
-
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use carrier::{Engine, Trigger};
-use carrier_common::*;
+use super::support::*;
+use crate::carrier::testbed::*;
+use crate::carrier::{Engine, Trigger};
 use proptest::prelude::*;
 use xensock_proto::switch::{RxState, TxState};
 

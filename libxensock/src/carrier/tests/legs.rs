@@ -2,23 +2,14 @@
 //! The TCP leg: authentication, refusals, a listener that slow clients
 //! cannot block, malformed frames, and a peer that never comes back.
 
-#[allow(dead_code)]
-#[path = "../src/evfd.rs"]
-mod evfd;
-
-#[allow(dead_code, unused_imports)]
-#[path = "../src/carrier/mod.rs"]
-mod carrier;
-
-mod carrier_common;
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use carrier::{LegListener, LegListenerConfig, LegStats, Trigger};
-use carrier_common::*;
+use super::support::*;
+use crate::carrier::testbed::*;
+use crate::carrier::{LegListener, LegListenerConfig, LegStats, Trigger};
 use xensock_proto::ctrl::Message;
 
 fn hello(conn_id: u32, cookie: u64) -> Vec<u8> {

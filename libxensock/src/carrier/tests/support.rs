@@ -1,131 +1,16 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! Two carrier engines wired together as two domains would be: rings in
-//! memfd memory mapped separately by owner and sender, doorbells for event
-//! channels, one leg listener per side on loopback TCP.
-#![allow(dead_code)]
+//! What the carrier tests share beyond the testbed: checksummed streams,
+//! a lone engine, hand-written frames and a peer played by hand.
 
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
 use xensock_proto::ctrl::Message;
-use xensock_proto::layout::RingIdentity;
 
-use crate::carrier::{
-    Doorbell, Engine, EngineConfig, InitialRings, LegListener, LegListenerConfig, MemfdRing,
-    RingAlloc,
-};
-
-pub const A_ID: u32 = 11;
-pub const B_ID: u32 = 22;
-pub const COOKIE: u64 = 0x5eed_c00c_1e00_0001;
-
-pub fn identity(owner: u32, peer: u32, conn_id: u32, epoch: u32) -> RingIdentity {
-    RingIdentity {
-        magic: 0,
-        order: 0,
-        owner_domid: owner,
-        peer_domid: peer,
-        conn_id,
-        epoch,
-    }
-}
-
-fn alloc(order: u32, owner: u32, peer: u32, conn_id: u32) -> RingAlloc {
-    Box::new(move |epoch| MemfdRing::pair(order, identity(owner, peer, conn_id, epoch)))
-}
-
-pub struct Pair {
-    pub a: Arc<Engine>,
-    pub b: Arc<Engine>,
-    pub la: Arc<LegListener>,
-    pub lb: Arc<LegListener>,
-}
-
-pub struct PairOptions {
-    pub order: u32,
-    pub ip: IpAddr,
-    pub on_ring: bool,
-    pub peer_lost_after: Duration,
-}
-
-impl Default for PairOptions {
-    fn default() -> Self {
-        PairOptions {
-            order: 12,
-            ip: "127.0.0.1".parse().unwrap(),
-            on_ring: true,
-            peer_lost_after: Duration::from_secs(20),
-        }
-    }
-}
-
-pub fn listener(ip: IpAddr) -> Arc<LegListener> {
-    Arc::new(LegListener::bind(ip, LegListenerConfig::default()).unwrap())
-}
-
-/// Engines A (id 11, domain 1) and B (id 22, domain 2).
-pub fn pair(opts: &PairOptions) -> io::Result<Pair> {
-    let la = listener(opts.ip);
-    let lb = listener(opts.ip);
-    pair_on(opts, la, lb, A_ID, B_ID)
-}
-
-pub fn pair_on(
-    opts: &PairOptions,
-    la: Arc<LegListener>,
-    lb: Arc<LegListener>,
-    a_id: u32,
-    b_id: u32,
-) -> io::Result<Pair> {
-    let (da, db) = (Doorbell::new()?, Doorbell::new()?);
-    let (rings_a, rings_b) = if opts.on_ring {
-        // A -> B ring: B owns it; B -> A ring: A owns it.
-        let ab = MemfdRing::pair(opts.order, identity(2, 1, b_id, 0))?;
-        let ba = MemfdRing::pair(opts.order, identity(1, 2, a_id, 0))?;
-        (
-            Some(InitialRings {
-                rx: ba.local,
-                tx: ab.for_peer,
-            }),
-            Some(InitialRings {
-                rx: ab.local,
-                tx: ba.for_peer,
-            }),
-        )
-    } else {
-        (None, None)
-    };
-    let mut ca = EngineConfig::new(a_id, b_id, COOKIE, Some(lb.local_addr()));
-    ca.peer_lost_after = opts.peer_lost_after;
-    let mut cb = EngineConfig::new(b_id, a_id, COOKIE, Some(la.local_addr()));
-    cb.peer_lost_after = opts.peer_lost_after;
-    let kick_b = db.clone();
-    let kick_a = da.clone();
-    let a = Engine::start(
-        ca,
-        rings_a,
-        la.clone(),
-        da,
-        Arc::new(move || kick_b.ring()),
-        alloc(opts.order, 1, 2, a_id),
-    )?;
-    let b = Engine::start(
-        cb,
-        rings_b,
-        lb.clone(),
-        db,
-        Arc::new(move || kick_a.ring()),
-        alloc(opts.order, 2, 1, b_id),
-    )?;
-    Ok(Pair {
-        a: Arc::new(a),
-        b: Arc::new(b),
-        la,
-        lb,
-    })
-}
+use crate::carrier::testbed::*;
+use crate::carrier::{Doorbell, Engine, EngineConfig, InitialRings, LegListener};
 
 /// The byte at stream offset `i` of the stream seeded `seed`: position
 /// dependent, so a lost, duplicated or reordered byte shows.

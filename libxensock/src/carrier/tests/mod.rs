@@ -1,0 +1,8 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The carrier engine's own tests: two engines wired together as two
+//! domains would be ([`crate::carrier::testbed`], [`support`]), over memfd rings and loopback TCP legs.
+
+mod hostile;
+mod legs;
+mod stream;
+mod support;
