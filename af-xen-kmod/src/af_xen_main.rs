@@ -1,9 +1,63 @@
 // SPDX-License-Identifier: GPL-2.0
 //! af_xen: the AF_XEN socket family for co-resident Xen guests.
 //!
-//! Protocol logic is proto's (`xensock-proto`) source, included below, not
-//! re-implemented. `sys` holds every `unsafe` wrapper; `sock` is the socket
-//! family in safe Rust.
+//! # Layers
+//!
+//! - `socket/`: the family as the socket layer sees it (`XenFamily`: the
+//!   proto_ops callbacks in safe Rust), socket state, the port table,
+//!   connect/accept, the data calls, socket options, /proc.
+//! - `link/`: one link per peer domain (XenStore handshake, control ring,
+//!   event channel, control frames, the work item); `link/wake.rs` is the
+//!   event-channel interrupt.
+//! - `carrier/`: how a connection's bytes travel: `ring.rs` (a `Pipe`, one
+//!   direction over a shared ring), `leg.rs` (TCP legs and their
+//!   listener), `switch.rs` (moving a connection between its rings and TCP).
+//! - `proto`: the wire format, ring layout and decisions, proto's own
+//!   source (`xensock-proto`), shared with user space.
+//! - `sys/`: the floor. Every `unsafe` block, each with its `// SAFETY:`
+//!   comment: wrappers over `kernel::bindings`, the module-private Xen
+//!   bindings and the C glue (`glue/`). It calls nothing above it: the
+//!   glue's entry points reach the layers through [`ENTRY_POINTS`], and
+//!   the socket callbacks through the `sys::family::Family` trait.
+//!
+//! # Lifecycle
+//!
+//! `init` installs the entry points, publishes the globals (port table,
+//! link table) and the ops table, registers the protocol and the family,
+//! creates /proc, starts the TCP leg listener, the links and the PM hooks.
+//! `Drop` undoes it in reverse: no new sockets once the family is
+//! unregistered, and every socket holds a module reference, so none is
+//! left when it runs; links and legs go, then the pending grants are
+//! handed to Linux's deferred list, and the globals are unpublished last.
+//!
+//! # References
+//!
+//! A socket's sock carries one `Arc<XenSock>` in its private field from
+//! create (or, for an accepted socket, from when its listener made it) to
+//! release; the port table holds one per socket for listing and one per
+//! bound port. A connected socket holds its `Arc<Link>`, and the link one
+//! `Arc<XenSock>` per connection on it (`LinkInner::conns`), dropped when
+//! the connection ends or the link goes. A link's wake table holds a
+//! sock reference (`SkRef`) for each ring's owner, put outside its lock.
+//!
+//! # Locking order
+//!
+//! The link table, then a link's lock, then the port table, then a
+//! socket's lock (a spinlock, held only for short field updates). A
+//! switch: `Switch::tx` before the tx pipe's producer; the rx pipe's
+//! consumer before `Switch::rx`; `Switch::rx` before the socket's lock;
+//! no link lock under either switch lock (carrier/switch.rs). The wake
+//! table and a pipe's `ends` are leaf spinlocks.
+//!
+//! # Contexts
+//!
+//! Hard irq: `link/wake.rs` only (irq-safe spinlocks; it wakes the socket
+//! whose ring the peer moved and schedules the link work item when there
+//! is control work). Softirq: the TCP legs' socket callbacks, C only
+//! (`glue/af_xen_net.c`): they wake the leg's owning socket and schedule
+//! the legs' work item. Everything else runs in process context: the
+//! socket calls, the link work item and the reaper, the legs' work item,
+//! the XenStore watch callbacks and the PM freeze/thaw/restore hooks.
 
 mod carrier;
 mod link;
@@ -24,7 +78,7 @@ module! {
 struct AfXen {
     reg: Option<sys::Registration>,
     proc_: Option<sys::ProcEntry>,
-    tcp: Option<carrier::leg::TcpCarrier>,
+    legs: Option<carrier::leg::LegService>,
     pm: Option<sys::net::PmHooks>,
 }
 
@@ -102,7 +156,7 @@ impl kernel::Module for AfXen {
             }
         };
         // before the links: their handshakes advertise its endpoint
-        let tcp = carrier::leg::start().ok();
+        let legs = carrier::leg::start().ok();
         link::start();
         // this guest's own save/restore moves its connections (carrier.rs)
         let pm = sys::net::PmHooks::register();
@@ -113,7 +167,7 @@ impl kernel::Module for AfXen {
         Ok(AfXen {
             reg: Some(reg),
             proc_,
-            tcp,
+            legs,
             pm,
         })
     }
@@ -127,7 +181,7 @@ impl Drop for AfXen {
         drop(self.proc_.take());
         drop(self.reg.take());
         link::shutdown_all();
-        drop(self.tcp.take());
+        drop(self.legs.take());
         sys::pending_grants_exit();
         sys::proto_unregister();
         socket::unpublish();

@@ -99,18 +99,18 @@ static STATE: crate::sys::Published<Mutex<Legs>> = crate::sys::Published::new();
 static LISTENING: AtomicBool = AtomicBool::new(false);
 
 fn state() -> Option<&'static Mutex<Legs>> {
-    // published by start(), taken back by the TcpCarrier's drop after the
+    // published by start(), taken back by the LegService's drop after the
     // work item was flushed
     STATE.get()
 }
 
 /// The TCP leg listener and the legs, while the module object holds this.
-pub(crate) struct TcpCarrier(());
+pub(crate) struct LegService(());
 
 /// Module init: listens on `tcp_port` (0: no TCP carrier). A listener
 /// that cannot be made is logged and leaves connections without a TCP
 /// endpoint.
-pub(crate) fn start() -> Result<TcpCarrier> {
+pub(crate) fn start() -> Result<LegService> {
     let port = net::tcp_port();
     let listener = if port == 0 {
         None
@@ -146,10 +146,10 @@ pub(crate) fn start() -> Result<TcpCarrier> {
         // connections that arrived before the state was published
         net::schedule();
     }
-    Ok(TcpCarrier(()))
+    Ok(LegService(()))
 }
 
-impl Drop for TcpCarrier {
+impl Drop for LegService {
     /// Module exit (no socket of ours is left): release every leg and the
     /// listener (our callbacks go with them), flush the work, unpublish.
     fn drop(&mut self) {

@@ -44,7 +44,7 @@ pub(crate) struct Pipe {
     /// a `sys::CopyRoutine`; copy_from_iter unless the socket asked).
     copy: AtomicU32,
     /// Must outlive `tx` and `rx` (declared last: dropped last).
-    _mem: Carrier,
+    _mem: RingBacking,
 }
 
 #[pinned_drop]
@@ -114,7 +114,7 @@ pub(crate) enum Read {
 /// Where a ring's memory lives. The variants only own it: their fields
 /// are never read, and dropping them ends the grant or the mapping.
 #[allow(dead_code)]
-pub(crate) enum Carrier {
+pub(crate) enum RingBacking {
     /// loopback: local memory
     Local(Region),
     /// our receive ring, granted to the peer
@@ -198,7 +198,7 @@ impl Pipe {
             conn_id,
             epoch: 0,
         });
-        Self::over(ring, g.order(), 0, None, Carrier::Local(region), None)
+        Self::over(ring, g.order(), 0, None, RingBacking::Local(region), None)
     }
 
     /// The pipe of a ring in `mem` (which must outlive it: the pipe owns it);
@@ -208,7 +208,7 @@ impl Pipe {
         order: u32,
         epoch: u32,
         link: Option<Arc<Link>>,
-        mem: Carrier,
+        mem: RingBacking,
         wake: Option<Arc<PipeWake>>,
     ) -> Result<Arc<Pipe>> {
         let in_pipe = wake.clone();
@@ -265,7 +265,7 @@ impl Pipe {
                 header_ref: grant.gref,
                 dir_ref: 0,
             };
-            (ring, rg, Carrier::Granted(grant))
+            (ring, rg, RingBacking::Granted(grant))
         } else {
             let header = Grant::new(link.peer)?;
             let dir = Grant::new(link.peer)?;
@@ -290,7 +290,7 @@ impl Pipe {
                 header_ref: header.gref,
                 dir_ref: dir.gref,
             };
-            (ring, rg, Carrier::GrantedLarge(header, dir, data))
+            (ring, rg, RingBacking::GrantedLarge(header, dir, data))
         };
         ring.header().init(&id);
         let wake = PipeWake::new(ring, true)?;
@@ -322,7 +322,7 @@ impl Pipe {
             }
             let map = Mapping::map(link.peer, rg.header_ref)?;
             let ring = map.ring(g).ok_or(EINVAL)?;
-            (ring, Carrier::Mapped(map))
+            (ring, RingBacking::Mapped(map))
         } else {
             let n = g.data_pages();
             let mut refs = KVec::with_capacity(n, GFP_KERNEL)?;
@@ -339,7 +339,7 @@ impl Pipe {
             let header = Mapping::map(link.peer, rg.header_ref)?;
             let data = MappedPages::map(link.peer, &refs[..n])?;
             let ring = header.large_ring(&data, g).ok_or(EINVAL)?;
-            (ring, Carrier::MappedLarge(header, data))
+            (ring, RingBacking::MappedLarge(header, data))
         };
         ring.header()
             .verify(&RingIdentity {
@@ -358,7 +358,7 @@ impl Pipe {
     /// Test mode (hostile_test): a bogus grant reference in the first
     /// directory slot of our large ring, so the peer cannot map it.
     pub(crate) fn test_spoil_directory(&self) {
-        if let Carrier::GrantedLarge(_, dir, _) = &self._mem {
+        if let RingBacking::GrantedLarge(_, dir, _) = &self._mem {
             dir.directory().refs[0].store(0xFFFF_FFF0, core::sync::atomic::Ordering::Release);
         }
     }
