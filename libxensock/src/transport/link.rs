@@ -1,0 +1,577 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Links: our half in XenStore, attaching the peer's half, tearing a link
+//! down, and the control ring (frames queued, flushed and serviced).
+
+use super::*;
+
+impl Inner {
+    /// Creates our half of a link to `peer` (grant, port, XenStore node).
+    pub(super) fn create_link(
+        &self,
+        st: &mut State,
+        peer: DomId,
+        peer_gen: Option<u32>,
+    ) -> Result<(), Error> {
+        if self.suspended.load(Ordering::Acquire) {
+            // Its grants and mappings would go into the save.
+            return Err(Error::Io(errno(libc::EAGAIN)));
+        }
+        // a peer we link with again is alive
+        st.vanished.remove(&peer);
+        let rx = grant_ring(
+            self.xen.as_ref(),
+            self.domid(),
+            peer,
+            RingGeometry::new(LINK_RING_ORDER).map_err(Error::Layout)?,
+            0,
+            true,
+        )?;
+        let mut rx = rx;
+        set_byte(rx.region.as_ref(), LINK_OWNER_ALIVE_OFFSET, 1);
+        rx.region.set_unmap_notify(UnmapNotify {
+            clear_byte: Some(LINK_OWNER_ALIVE_OFFSET),
+            send_event: None,
+        })?;
+        let rx_chan = self.xen.alloc_unbound(peer)?;
+        let gen = random_u32();
+        let node = self.my_node(peer);
+        let me = self.domid();
+        let (ring_ref, port) = (rx.grant.header_ref, rx_chan.local_port());
+        let created_dir = self.xs.transaction(|tx| {
+            // A directory made by dom0 (the agent's policy, as the kernel
+            // module needs) is kept with its permissions; otherwise we make
+            // it readable by the peer only.
+            let exists = match tx.directory(&node) {
+                Ok(_) => true,
+                Err(e) if e.is(XsErrno::NoEnt) => false,
+                Err(e) => return Err(e),
+            };
+            if !exists {
+                tx.mkdir(&node)?;
+                tx.set_perms(
+                    &node,
+                    &[
+                        Perm::new(PermAccess::None, u32::from(me)),
+                        Perm::new(PermAccess::Read, u32::from(peer)),
+                    ],
+                )?;
+            }
+            tx.write(&format!("{node}/version"), "1")?;
+            tx.write(&format!("{node}/ring-ref"), ring_ref.to_string())?;
+            tx.write(&format!("{node}/event-channel"), port.to_string())?;
+            tx.write(&format!("{node}/generation"), gen.to_string())?;
+            tx.write(
+                &format!("{node}/peer-generation"),
+                peer_gen.unwrap_or(0).to_string(),
+            )?;
+            if self.cfg.ring_reuse {
+                tx.write(&format!("{node}/{FEATURE_RING_REUSE}"), "1")?;
+            }
+            tx.write(&format!("{node}/state"), STATE_INITIALISED)?;
+            Ok(!exists)
+        })?;
+        epoll_add(&self.epoll, rx_chan.as_raw_fd(), u64::from(peer) + 1)?;
+        tracing::info!(peer, gen, answering = peer_gen, "link offered");
+        // When the peer's domain is destroyed, xenstored reports the removal
+        // of its node only to watchers of that path (it may already be
+        // watched: a candidate peer).
+        let _ = self.add_watch(&self.peer_node(peer));
+        let c = Consumer::new(rx.ring);
+        let shared = Arc::new(LinkShared::new(rx_chan.as_fd().try_clone_to_owned().ok()));
+        st.links.insert(
+            peer,
+            Link {
+                peer,
+                gen,
+                peer_gen: None,
+                rx,
+                c,
+                rx_chan,
+                tx: None,
+                pending: VecDeque::new(),
+                shared,
+                conns: HashSet::new(),
+                peer_seen_alive: false,
+                owner_seen_alive: false,
+                created_dir,
+                reuse: false,
+                kick_owed: false,
+                rings: RingCache::default(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Maps the peer's control page and binds its port.
+    pub(super) fn attach_link(
+        &self,
+        st: &mut State,
+        peer: DomId,
+        info: &PeerNode,
+    ) -> Result<(), Error> {
+        let Some(link) = st.links.get_mut(&peer) else {
+            return Ok(());
+        };
+        let grant = ctrl::RingGrant {
+            order: LINK_RING_ORDER as u8,
+            epoch: 0,
+            header_ref: info.ring_ref,
+            dir_ref: 0,
+        };
+        let mut ring = map_ring(
+            self.xen.as_ref(),
+            peer,
+            &grant,
+            &link_identity(peer, self.domid()),
+        )?;
+        let chan: Arc<dyn EventChannel> = Arc::from(self.xen.bind_interdomain(peer, info.port)?);
+        set_byte(ring.region.as_ref(), LINK_MAPPER_ALIVE_OFFSET, 1);
+        ring.region.set_unmap_notify(UnmapNotify {
+            clear_byte: Some(LINK_MAPPER_ALIVE_OFFSET),
+            send_event: Some(chan.local_port()),
+        })?;
+        let p = Producer::new(ring.ring);
+        link.tx = Some(LinkTx { ring, p, chan });
+        link.peer_gen = Some(info.gen);
+        link.reuse = self.cfg.ring_reuse && info.ring_reuse;
+        tracing::info!(peer, gen = link.gen, peer_gen = info.gen, "link up");
+        let _ = self
+            .xs
+            .write(&format!("{}/state", self.my_node(peer)), STATE_CONNECTED);
+        let _ = self.flush_link(link);
+        if let Some(tx) = &link.tx {
+            let _ = tx.chan.notify();
+        }
+        self.link_cv.notify_all();
+        Ok(())
+    }
+
+    pub(super) fn read_peer_node(&self, peer: DomId) -> Result<Option<PeerNode>, XsError> {
+        let node = self.peer_node(peer);
+        let num = |name: &str| -> Result<Option<u32>, XsError> {
+            Ok(self
+                .xs
+                .try_read(&format!("{node}/{name}"))?
+                .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok()))
+        };
+        let read = || -> Result<Option<PeerNode>, XsError> {
+            let (Some(ring_ref), Some(port), Some(state)) =
+                (num("ring-ref")?, num("event-channel")?, num("state")?)
+            else {
+                return Ok(None);
+            };
+            // Hosts that write no `generation` (the kernel module) are
+            // identified by their ring-ref and port: a restart changes them.
+            let gen = num("generation")?
+                .unwrap_or_else(|| (ring_ref.rotate_left(16) ^ port ^ 0x5853_0000) | 1);
+            if !(3..=4).contains(&state) {
+                return Ok(None);
+            }
+            Ok(Some(PeerNode {
+                gen,
+                ring_ref,
+                port,
+                peer_gen: num("peer-generation")?.unwrap_or(0),
+                ring_reuse: num(FEATURE_RING_REUSE)? == Some(1),
+            }))
+        };
+        match read() {
+            Ok(v) => Ok(v),
+            Err(e) if e.is(XsErrno::Acces) || e.is(XsErrno::NoEnt) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A peer's link node for us changed (or appeared, or went away).
+    pub(super) fn on_peer_node(&self, st: &mut State, peer: DomId) {
+        if self.suspended.load(Ordering::Acquire) && !st.links.contains_key(&peer) {
+            // Answered after the resume (which offers a link itself).
+            return;
+        }
+        let info = match self.read_peer_node(peer) {
+            Ok(i) => i,
+            Err(_) => return,
+        };
+        let Some(info) = info else {
+            // Node gone: the peer tore its link down or its domain died.
+            if st.links.get(&peer).is_some_and(|l| l.peer_gen.is_some()) {
+                self.link_down(st, peer, true);
+            } else if self.peer_retracted(peer) {
+                // retracted after we saw the link die: saved or migrating
+                st.vanished.remove(&peer);
+            }
+            return;
+        };
+        if st.dead_gens.get(&peer) == Some(&info.gen) {
+            return;
+        }
+        match st.links.get(&peer).map(|l| (l.gen, l.peer_gen)) {
+            Some((_, Some(g))) if g == info.gen => return,
+            Some((_, Some(_))) => {
+                // The peer restarted: everything on the old link is dead.
+                self.link_down(st, peer, true);
+            }
+            Some((mine, None)) => {
+                if info.peer_gen != 0 && info.peer_gen != mine {
+                    // An answer to an older offer of ours; it will see the
+                    // current one and answer again.
+                    return;
+                }
+                if self.attach_link(st, peer, &info).is_err() {
+                    self.link_down(st, peer, false);
+                } else {
+                    self.offer_carriers(st, peer);
+                }
+                return;
+            }
+            None => {}
+        }
+        if st.links.contains_key(&peer) {
+            return;
+        }
+        if self.create_link(st, peer, Some(info.gen)).is_err() {
+            return;
+        }
+        if self.attach_link(st, peer, &info).is_err() {
+            self.link_down(st, peer, false);
+        } else {
+            self.offer_carriers(st, peer);
+        }
+    }
+
+    /// Tears a link down: every connection on it is reset, rings and
+    /// channels released, our XenStore node removed.
+    pub(super) fn link_down(&self, st: &mut State, peer: DomId, lost: bool) {
+        let Some(link) = st.links.remove(&peer) else {
+            return;
+        };
+        if lost {
+            self.counters.links_lost.fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::info!(peer, lost, gen = link.gen, "link down");
+        if let Some(g) = link.peer_gen {
+            st.dead_gens.insert(peer, g);
+        }
+        epoll_del(&self.epoll, link.rx_chan.as_raw_fd());
+        // Ring offers that went over this link can no longer be taken.
+        for c in st.conns.values() {
+            let mut offered = lock(&c.offered_to);
+            if let (Some((to, epoch, _)), Some(e)) = (*offered, c.engine()) {
+                if to == peer && e.withdraw_offer(epoch) {
+                    *offered = None;
+                    tracing::info!(conn = c.id, peer, epoch, "ring offer withdrawn");
+                }
+            }
+        }
+        let moved = lost && self.peer_moved(peer);
+        if lost && !moved && !self.peer_retracted(peer) {
+            st.vanished.insert(peer);
+        } else {
+            st.vanished.remove(&peer);
+        }
+        for id in &link.conns {
+            // A connection on its carrier engine goes on over TCP (its legs
+            // are its own); it comes back to a ring on a new link. The
+            // link's event channel goes with the link.
+            if let Some(c) = st.conns.get(id).filter(|c| c.engine().is_some()) {
+                // one back on a ring of this link leaves it: its kicks go
+                // with the link (whatever the peer does, LocalMove trusts
+                // nothing past what was consumed)
+                if let Some(e) = c.engine().filter(|e| e.on_ring()) {
+                    match e.freeze(Trigger::LocalMove) {
+                        Ok(()) => {
+                            tracing::info!(conn = c.id, "connection leaves its ring with its link")
+                        }
+                        Err(err) => tracing::warn!(conn = c.id, "freeze: {err}"),
+                    }
+                }
+                lock(&c.carrier_kick).take();
+                c.io().kicker = None;
+                continue;
+            }
+            // The agent says the peer moved: this one leaves its rings now.
+            if moved {
+                if let Some(c) = st.conns.get(id).cloned() {
+                    if let Some(e) = self.escalate(&c) {
+                        if e.freeze(Trigger::LocalMove).is_ok() {
+                            continue;
+                        }
+                    }
+                }
+            }
+            // One whose peer ended its half stays readable until closed.
+            if let Some(c) = st.conns.get(id).filter(|c| c.io().end_with_link()) {
+                c.signal();
+                continue;
+            }
+            if let Some(conn) = st.conns.remove(id) {
+                st.used_ports.remove(&conn.local_port);
+                conn.io().reset_local();
+                conn.signal();
+            }
+        }
+        for l in st.listeners.values() {
+            l.drop_peer(peer);
+        }
+        // dom0 may have noted the peer gone before its link was seen to go
+        self.end_dead_peer(st, peer);
+        let created = link.created_dir;
+        drop(link);
+        self.withdraw_node(peer, created);
+        // Stop watching a peer that is no candidate any more (a link it
+        // offered while only the broad watch knew it).
+        let keep = {
+            let w = lock(&self.watches);
+            w.table.as_ref().is_some_and(|t| t.contains(&peer))
+                || w.dom0_dirs.contains(&peer)
+                || self
+                    .static_peers
+                    .as_ref()
+                    .is_some_and(|s| s.contains(&peer))
+        };
+        if !keep {
+            lock(&self.watches).by_path.remove(&self.peer_node(peer));
+        }
+        self.link_cv.notify_all();
+    }
+
+    /// Removes our half of the link from XenStore: the whole node if we
+    /// made it, else (dom0 made it) our values, leaving `state` Closed.
+    pub(super) fn withdraw_node(&self, peer: DomId, created_dir: bool) {
+        let node = self.my_node(peer);
+        if created_dir {
+            let _ = self.xs.rm(&node);
+            return;
+        }
+        let _ = self.xs.transaction(|tx| {
+            // Gone already (dom0 removed it: the pair ended): writing
+            // `state` would recreate it.
+            if tx.try_read(&node)?.is_none() {
+                return Ok(());
+            }
+            for name in [
+                "ring-ref",
+                "event-channel",
+                "generation",
+                "peer-generation",
+                FEATURE_RING_REUSE,
+            ] {
+                match tx.rm(&format!("{node}/{name}")) {
+                    Ok(()) => {}
+                    Err(e) if e.is(XsErrno::NoEnt) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            tx.write(&format!("{node}/state"), STATE_CLOSED)
+        });
+    }
+
+    pub(super) fn link_alive(&self, link: &mut Link) -> bool {
+        if link.tx.is_none() {
+            return true;
+        }
+        let mapper = get_byte(link.rx.region.as_ref(), LINK_MAPPER_ALIVE_OFFSET);
+        let owner = link.tx.as_ref().map_or(1, |t| {
+            get_byte(t.ring.region.as_ref(), LINK_OWNER_ALIVE_OFFSET)
+        });
+        // A byte counts only once it has been seen set: a peer that does
+        // not use it (the kernel module today) is never declared dead by it.
+        if mapper == 1 {
+            link.peer_seen_alive = true;
+        }
+        if owner == 1 {
+            link.owner_seen_alive = true;
+        }
+        !((link.owner_seen_alive && owner == 0) || (link.peer_seen_alive && mapper == 0))
+    }
+
+    /// Writes queued frames while they fit; kicks once.
+    pub(super) fn flush_link(&self, link: &mut Link) -> Result<(), Error> {
+        self.flush_link_with(link, true)
+    }
+
+    /// [`Inner::flush_link`]; with `kick` false the kick decision is left
+    /// to the next flush (which covers these frames too) or the kick timer.
+    pub(super) fn flush_link_with(&self, link: &mut Link, kick: bool) -> Result<(), Error> {
+        let Some(tx) = link.tx.as_mut() else {
+            return Ok(());
+        };
+        while let Some((buf, len)) = link.pending.front() {
+            let free = tx.p.free_space().map_err(Error::Ring)?;
+            if (free as usize) < *len {
+                let _ = tx.p.prepare_wait(*len as u32).map_err(Error::Ring)?;
+                // Space may have appeared between the two checks.
+                if (tx.p.free_space().map_err(Error::Ring)? as usize) < *len {
+                    break;
+                }
+                continue;
+            }
+            tx.p.write(&buf[..*len]).map_err(Error::Ring)?;
+            link.pending.pop_front();
+        }
+        if !kick {
+            link.kick_owed = true;
+            return Ok(());
+        }
+        link.kick_owed = false;
+        if tx.p.flush() {
+            let _ = tx.chan.notify();
+        }
+        Ok(())
+    }
+
+    /// Sends `msg` without a kick of its own (see `CLOSE_KICK_DELAY`).
+    pub(super) fn send_frame_lazy(&self, st: &mut State, peer: DomId, msg: &Message<'_>) {
+        if !self.queue_frame(st, peer, msg, false) {
+            return;
+        }
+        if !self.kick_timer_armed.swap(true, Ordering::AcqRel) {
+            let spec = libc::itimerspec {
+                it_interval: libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                },
+                it_value: libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: CLOSE_KICK_DELAY.as_nanos() as libc::c_long,
+                },
+            };
+            // SAFETY: a valid timer descriptor and spec; no old value wanted.
+            unsafe {
+                libc::timerfd_settime(self.kick_timer.as_raw_fd(), 0, &spec, std::ptr::null_mut())
+            };
+        }
+    }
+
+    pub(super) fn send_frame(&self, st: &mut State, peer: DomId, msg: &Message<'_>) {
+        self.queue_frame(st, peer, msg, true);
+    }
+
+    /// Queues `msg` on the link to `peer` and flushes what fits (kicking
+    /// the peer only if `kick`); a broken ring takes the link down. False
+    /// when nothing was queued or the link went down.
+    pub(super) fn queue_frame(
+        &self,
+        st: &mut State,
+        peer: DomId,
+        msg: &Message<'_>,
+        kick: bool,
+    ) -> bool {
+        let Some(link) = st.links.get_mut(&peer) else {
+            return false;
+        };
+        let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
+        let Ok(len) = msg.encode(&mut buf) else {
+            return false;
+        };
+        link.pending.push_back((buf, len));
+        if self.flush_link_with(link, kick).is_err() {
+            self.counters.ring_errors.fetch_add(1, Ordering::Relaxed);
+            self.link_down(st, peer, true);
+            return false;
+        }
+        true
+    }
+
+    /// The peer kicked the link: liveness, control frames, queued frames,
+    /// waiting connections.
+    pub(super) fn service_link(&self, st: &mut State, peer: DomId) {
+        let mut frames: Vec<([u8; ctrl::MAX_CONTROL_FRAME], usize)> = Vec::new();
+        let mut broken = false;
+        {
+            let Some(link) = st.links.get_mut(&peer) else {
+                return;
+            };
+            let _ = link.rx_chan.ack();
+            if !self.link_alive(link) {
+                drop(frames);
+                self.link_down(st, peer, true);
+                return;
+            }
+            loop {
+                // Drain whole frames.
+                loop {
+                    let mut hdr = [0u8; ctrl::MAX_CONTROL_FRAME];
+                    let got = match link.c.peek(&mut hdr) {
+                        Ok(n) => n,
+                        Err(_) => {
+                            broken = true;
+                            break;
+                        }
+                    };
+                    if got < ctrl::HEADER_LEN {
+                        break;
+                    }
+                    let h = match ctrl::decode_header(&hdr[..got], Channel::Link) {
+                        Ok(h) => h,
+                        Err(_) => {
+                            broken = true;
+                            break;
+                        }
+                    };
+                    let total = h.frame_len();
+                    if total > ctrl::MAX_CONTROL_FRAME {
+                        broken = true;
+                        break;
+                    }
+                    if got < total {
+                        break;
+                    }
+                    let _ = link.c.skip(total as u32);
+                    frames.push((hdr, total));
+                }
+                if broken {
+                    break;
+                }
+                if link.c.flush() {
+                    if let Some(tx) = &link.tx {
+                        let _ = tx.chan.notify();
+                    }
+                }
+                match link.c.prepare_wait() {
+                    Ok(true) => break,
+                    Ok(false) => {
+                        if link.c.readable().unwrap_or(0) < ctrl::HEADER_LEN as u32 {
+                            break;
+                        }
+                    }
+                    Err(_) => {
+                        broken = true;
+                        break;
+                    }
+                }
+            }
+            if !broken && self.flush_link(link).is_err() {
+                broken = true;
+            }
+        }
+        if broken {
+            self.counters.ring_errors.fetch_add(1, Ordering::Relaxed);
+            self.link_down(st, peer, true);
+            return;
+        }
+        for (buf, len) in frames {
+            match ctrl::decode(&buf[..len], Channel::Link) {
+                Ok((msg, _)) => self.on_frame(st, peer, msg),
+                Err(_) => {
+                    self.counters.ring_errors.fetch_add(1, Ordering::Relaxed);
+                    self.link_down(st, peer, true);
+                    return;
+                }
+            }
+        }
+        // First: a kick from a peer that moved here may be the first one
+        // for a connection that follows it now.
+        self.check_rehomes(st, peer);
+        self.ring_carriers(st, peer);
+        // Wake connections whose condition holds.
+        if let Some(link) = st.links.get(&peer) {
+            let shared = link.shared.clone();
+            let mut list = lock(&shared.armed);
+            list.retain(|w| match w.upgrade() {
+                Some(c) => c.check_armed(),
+                None => false,
+            });
+        }
+    }
+}

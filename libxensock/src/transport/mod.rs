@@ -1,0 +1,1117 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The user-space transport: one per process and domain. It owns the links
+//! (one per peer domain, set up once through XenStore), dispatches control
+//! frames in a manager thread, and creates connections with their own data
+//! rings. See `docs/protocol.md` section 6.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use xensock_discovery::xs::{CallbackWatch, XsClient, XsError};
+use xensock_proto::ctrl::{
+    self, Channel, Message, RejectReason, ResetReason, SockType, TcpEndpoint,
+};
+use xensock_proto::layout::{RingGeometry, RingIdentity, LINK_RING_ORDER};
+use xensock_proto::mem::RawRing;
+use xensock_proto::ring::{Consumer, Field, Producer, RingMemory};
+use xensock_xenif::xs_wire::{Perm, PermAccess, XsErrno};
+use xensock_xenif::{DomId, EventChannel, UnmapNotify, XenBackend};
+
+use crate::addr::{SockAddrXen, DOMID_ANY, DOMID_FIRST_RESERVED, DOMID_SELF, PORT_ANY};
+use crate::backend::{BackendKind, Dyn, DynXen};
+use crate::carrier::{
+    endpoint_of, socket_addr_of, Engine, EngineConfig, LegListener, LegListenerConfig, LegStats,
+    NewRing, RingAlloc, Seed, Trigger,
+};
+use crate::conn::{
+    lock, Conn, ConnIo, ConnPhase, KickWait, LinkShared, RxSide, TxSide, NOT_WAITING,
+};
+use crate::error::{errno, Error};
+use crate::evfd::EventFd;
+use crate::listener::{ListenerShared, XenListener};
+use crate::rings::HeldRing;
+use crate::rings::{
+    data_identity, get_byte, grant_ring, link_identity, map_ring, reinit_ring, set_byte,
+    verify_fresh, MappedRing, OwnedRing, LINK_MAPPER_ALIVE_OFFSET, LINK_OWNER_ALIVE_OFFSET,
+};
+use crate::stream::XenStream;
+
+mod config;
+mod connections;
+mod discovery;
+mod link;
+mod manager;
+mod migration;
+mod pool;
+mod status;
+
+use config::*;
+pub use config::{Config, ENV_CONNECT_TIMEOUT_MS, ENV_LINK_TIMEOUT_MS, ENV_PEER_LOST_MS};
+use manager::*;
+pub use status::{Carrier, ConnStatus, LegCounters, LinkStatus, Status};
+
+/// XenStore directory, relative to a domain's home, under which a domain
+/// publishes one node per peer it has a link with: `data/xensock/link/<peer>`.
+pub const LINK_DIR: &str = xensock_discovery::layout::LINK_DIR;
+
+/// `state` of a link node once our half is advertised (`XenbusStateInitialised`).
+pub const STATE_INITIALISED: &str = "3";
+/// `state` once we mapped the peer's page and bound its port (`XenbusStateConnected`).
+pub const STATE_CONNECTED: &str = "4";
+/// `state` of a withdrawn half-link in a directory dom0 made (`XenbusStateClosed`).
+pub const STATE_CLOSED: &str = "6";
+
+/// Key of a link node that advertises ring reuse (`docs/protocol.md` 6.6):
+/// "1" when this side keeps rings granted and mapped across connections
+/// and speaks `RingRetire`. Absent (the kernel module today): no reuse.
+pub const FEATURE_RING_REUSE: &str = "feature-ring-reuse";
+
+/// Idle receive rings kept per ring order on a link, at most.
+const POOL_PER_ORDER: usize = 8;
+/// Bytes of idle receive rings kept per ring order on a link, at most (one
+/// ring is always kept).
+const POOL_BYTES_PER_ORDER: usize = 4 << 20;
+/// Peer rings kept mapped after their connection, per link, at most.
+const MAPPED_KEPT_MAX: usize = 64;
+
+/// A blocking connect spins for this many times `Config::busy_poll` for
+/// the answer before sleeping: the peer's manager has to wake up first.
+const CONNECT_SPIN_FACTOR: u32 = 4;
+
+/// How long a `Close` may wait in the control ring for a kick: it only
+/// does bookkeeping at the peer (the rings' FIN and CLOSED flags carry the
+/// end of stream, and are kicked at once when the peer waits on them), and
+/// the next frame on the link usually carries the kick, so closing a
+/// connection does not wake the peer's manager thread.
+const CLOSE_KICK_DELAY: Duration = Duration::from_millis(2);
+/// epoll token of the transport's kick timer.
+const KICK_TIMER_TOKEN: u64 = u64::MAX;
+
+/// First port handed out for `PORT_ANY`.
+pub const EPHEMERAL_PORT_FIRST: u32 = 49152;
+
+/// Per-socket options: the `SO_RCVBUF` and `listen(backlog)` equivalents.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SocketOptions {
+    /// Receive ring size in bytes (power of two, 2 KiB..4 MiB); `None` for
+    /// the transport's default. The peer's send ring is our receive ring,
+    /// so this is also the peer's `SO_SNDBUF`.
+    pub recv_buffer: Option<usize>,
+    /// Listener backlog; `None` for the transport's default.
+    pub backlog: Option<usize>,
+}
+
+struct LinkTx {
+    ring: MappedRing,
+    p: Producer<RawRing>,
+    chan: Arc<dyn EventChannel>,
+}
+
+struct Link {
+    peer: DomId,
+    gen: u32,
+    peer_gen: Option<u32>,
+    rx: OwnedRing,
+    c: Consumer<RawRing>,
+    rx_chan: Box<dyn EventChannel>,
+    tx: Option<LinkTx>,
+    pending: VecDeque<([u8; ctrl::MAX_CONTROL_FRAME], usize)>,
+    shared: Arc<LinkShared>,
+    conns: HashSet<u32>,
+    peer_seen_alive: bool,
+    owner_seen_alive: bool,
+    created_dir: bool,
+    /// Both sides advertise `feature-ring-reuse`.
+    reuse: bool,
+    /// Frames were written without deciding on a kick.
+    kick_owed: bool,
+    rings: RingCache,
+}
+
+/// Rings kept across connections on one link (docs/protocol.md 6.6).
+#[derive(Default)]
+struct RingCache {
+    /// Our receive rings that no connection uses and that the peer no
+    /// longer writes, by ring order: re-offered at the next connect/accept.
+    pool: HashMap<u8, Vec<OwnedRing>>,
+    /// Our receive rings whose connection closed here before the peer's
+    /// `Close` came (until then it may still write), by our connection id.
+    lent: HashMap<u32, OwnedRing>,
+    /// Peer rings we stopped writing and keep mapped, oldest first.
+    mapped: VecDeque<(ctrl::RingGrant, MappedRing)>,
+}
+
+/// Where the XenStore client's reader thread puts the paths that fired
+/// (a callback per watch); the manager thread takes them. Not tied to the
+/// transport's lifetime, so a callback never keeps it alive.
+struct WatchSink {
+    events: Mutex<Vec<String>>,
+    wake: EventFd,
+}
+
+impl WatchSink {
+    fn push(&self, path: String) {
+        lock(&self.events).push(path);
+        self.wake.signal();
+    }
+}
+
+/// What the transport knows about which domains it may link with, and the
+/// XenStore watches that follow them (`docs/protocol.md` 6.2).
+#[derive(Default)]
+struct Watches {
+    /// Registered watches by path.
+    by_path: HashMap<String, CallbackWatch>,
+    /// The agent's table for us (`xensock/peers`), if it publishes one.
+    table: Option<HashSet<DomId>>,
+    /// Link directories dom0 made for us (`data/xensock/link/<P>`).
+    dom0_dirs: HashSet<DomId>,
+    /// UUIDs of the peers the table listed (kept after they leave it, to
+    /// read the agent's `moved` note about them).
+    uuids: HashMap<DomId, String>,
+}
+
+pub(crate) struct State {
+    links: HashMap<DomId, Link>,
+    pub(crate) listeners: HashMap<u32, Arc<ListenerShared>>,
+    conns: HashMap<u32, Arc<Conn>>,
+    used_ports: HashSet<u32>,
+    dead_gens: HashMap<DomId, u32>,
+    /// Peers whose link was lost without their half being retracted first
+    /// (state Closed, as a guest being saved or migrated does): dead if
+    /// dom0 notes them gone (`xensock/gone/<domid>`), else moving.
+    vanished: HashSet<DomId>,
+    next_port: u32,
+}
+
+/// Counters for `status`.
+#[derive(Debug, Default)]
+struct Counters {
+    resets_sent: AtomicU64,
+    resets_received: AtomicU64,
+    ring_errors: AtomicU64,
+    links_lost: AtomicU64,
+    rejected: AtomicU64,
+}
+
+pub(crate) struct Inner {
+    xen: Box<dyn DynXen>,
+    xs: XsClient,
+    /// This domain's id; changes when the domain migrates on this host.
+    domid: AtomicU16,
+    kind: BackendKind,
+    /// Ourselves, for callbacks that must not keep the transport alive.
+    weak: std::sync::Weak<Inner>,
+    /// The TCP listener for connections' legs (`None`: no TCP fallback).
+    legs: Option<Arc<LegListener>>,
+    /// Where peers reach `legs`, as it travels in the handshake.
+    leg_endpoint: TcpEndpoint,
+    pub(crate) cfg: Config,
+    state: Mutex<State>,
+    link_cv: Condvar,
+    epoll: OwnedFd,
+    sink: Arc<WatchSink>,
+    watches: Mutex<Watches>,
+    /// [`Config::static_peers`], resolved.
+    static_peers: Option<HashSet<DomId>>,
+    stop: AtomicBool,
+    next_conn: AtomicU32,
+    counters: Counters,
+    /// Fires `CLOSE_KICK_DELAY` after a `Close` went out without a kick,
+    /// so that the peer processes it even if nothing else follows.
+    kick_timer: OwnedFd,
+    kick_timer_armed: AtomicBool,
+    /// Connections ever handed to a carrier engine (0: the link manager
+    /// skips looking for them).
+    carriers: std::sync::atomic::AtomicUsize,
+    /// Between the suspend hook and the resume (or the new domid): no
+    /// connection goes back onto a ring, whose pages the move would take.
+    suspended: AtomicBool,
+}
+
+/// Keeps the transport running; dropped when the last handle goes.
+pub(crate) struct Owner {
+    pub(crate) inner: Arc<Inner>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The process-wide transport's control socket (`None` for others).
+    control: Mutex<Option<crate::control::ControlServer>>,
+    /// The domain's claim on its transport; released after the teardown
+    /// in `drop`, so that a successor never meets our links.
+    claim: crate::claim::Claim,
+}
+
+impl Drop for Owner {
+    /// Orderly shutdown: every link is torn down (connections reset, our
+    /// XenStore nodes withdrawn) and every watch removed, so that nothing
+    /// of this transport stays in XenStore.
+    fn drop(&mut self) {
+        lock(&self.control).take();
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.sink.wake.signal();
+        for t in lock(&self.threads).drain(..) {
+            let _ = t.join();
+        }
+        let mut st = self.inner.state();
+        let peers: Vec<DomId> = st.links.keys().copied().collect();
+        for p in peers {
+            self.inner.link_down(&mut st, p, false);
+        }
+        st.listeners.clear();
+        drop(st);
+        lock(&self.inner.watches).by_path.clear();
+    }
+}
+
+/// A domain's xensock endpoint in this process: the links to peer domains
+/// and the connections over them. Cheap to clone.
+///
+/// Most programs use the process-wide transport implicitly
+/// ([`XenListener::bind`], [`XenStream::connect`], chosen by
+/// [`crate::backend()`]). Tests and the demo run several simulated
+/// domains in one process, one `Transport` each ([`Transport::sim`]).
+///
+/// One `Transport` per domain at a time: the XenStore link nodes are per
+/// domain, so a transport takes the domain's claim ([`crate::claim`]) and
+/// a second one, in this process or another, is refused naming the first.
+#[derive(Clone)]
+pub struct Transport {
+    pub(crate) owner: Arc<Owner>,
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transport")
+            .field("domid", &self.domid())
+            .field("backend", &self.owner.inner.kind)
+            .finish()
+    }
+}
+
+static GLOBAL: OnceLock<Transport> = OnceLock::new();
+
+/// The longest a process's exit waits for its TCP-carried connections'
+/// bytes to be acknowledged ([`Inner::end_at_exit`]).
+const EXIT_LINGER: Duration = Duration::from_secs(2);
+
+/// `atexit` hook of the process-wide transport: the orderly part of
+/// dropping it (connections ended, links down, XenStore nodes withdrawn,
+/// control socket removed).
+extern "C" fn global_at_exit() {
+    if let Some(t) = GLOBAL.get() {
+        if let Ok(mut c) = t.owner.control.try_lock() {
+            c.take();
+        }
+        t.owner.inner.end_at_exit();
+    }
+}
+
+/// The lock file of a transport's claim ([`crate::claim`]): the guest's
+/// over `/dev/xen`; next to the domain's XenStore socket otherwise (one
+/// per simulated domain).
+fn claim_path(kind: BackendKind, xs: &XsClient) -> PathBuf {
+    match (kind, xs.connection_path().parent()) {
+        (BackendKind::DevXen, _) | (_, None) => crate::claim::guest_claim_path(),
+        (_, Some(dir)) => dir.join("xensock-transport.lock"),
+    }
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // getrandom(2) rather than opening /dev/urandom: this runs on every
+    // connect (the cookie), where an open and a close showed up in profiles.
+    // SAFETY: writes at most 4 bytes into `b`.
+    let got = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if got != b.len() as isize {
+        if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+            let _ = io::Read::read_exact(&mut f, &mut b);
+        }
+    }
+    let v = u32::from_ne_bytes(b);
+    if v == 0 {
+        (std::process::id() ^ Instant::now().elapsed().subsec_nanos()) | 1
+    } else {
+        v
+    }
+}
+
+fn random_u64() -> u64 {
+    u64::from(random_u32()) << 32 | u64::from(random_u32())
+}
+
+impl Transport {
+    /// A transport for domain `domid` of the simulated host in `sim_dir`.
+    pub fn sim(sim_dir: &Path, domid: DomId) -> io::Result<Transport> {
+        Transport::sim_with(sim_dir, domid, Config::default())
+    }
+
+    /// [`Transport::sim`] with settings.
+    pub fn sim_with(sim_dir: &Path, domid: DomId, cfg: Config) -> io::Result<Transport> {
+        let xen = xensock_sim::SimXen::connect(sim_dir, domid).map_err(Error::from)?;
+        let xs =
+            XsClient::open_path(xensock_sim::domain_dir(sim_dir, domid).join("xenstored.sock"))
+                .map_err(Error::from)?;
+        Transport::with_backend(xen, xs, domid, BackendKind::Sim, cfg)
+    }
+
+    /// A transport over any backend, for domain `domid` whose XenStore is
+    /// reached through `xs`.
+    pub fn with_backend<B>(
+        backend: B,
+        xs: XsClient,
+        domid: DomId,
+        kind: BackendKind,
+        cfg: Config,
+    ) -> io::Result<Transport>
+    where
+        B: XenBackend + 'static,
+        B::Grant: 'static,
+        B::Mapping: 'static,
+        B::Channel: 'static,
+    {
+        if kind == BackendKind::DevXen && crate::kernel::loaded_family().is_some() {
+            // Both would own this domain's `data/xensock/link` nodes and
+            // tear down each other's links.
+            return Err(io::Error::other(
+                "af_xen.ko is loaded in this domain and owns its xensock links: \
+                 use the kernel family (XenStream::connect / XenListener::bind \
+                 choose it) or unload the module to run the user-space transport",
+            ));
+        }
+        // One process of the domain runs its transport: a second would take
+        // over the link nodes and break the first one's connections.
+        let claim = crate::claim::Claim::take(&claim_path(kind, &xs))?;
+        // SAFETY: epoll_create1 has no pointer arguments.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+        let sink = Arc::new(WatchSink {
+            events: Mutex::new(Vec::new()),
+            wake: EventFd::new()?,
+        });
+        epoll_add(&epoll, sink.wake.as_raw_fd(), 0)?;
+        // SAFETY: timerfd_create has no pointer arguments.
+        let tfd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if tfd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        let kick_timer = unsafe { OwnedFd::from_raw_fd(tfd) };
+        epoll_add(&epoll, kick_timer.as_raw_fd(), KICK_TIMER_TOKEN)?;
+        // a malformed setting is an error here, not silently the default
+        env_ms(ENV_LINK_TIMEOUT_MS)?;
+        env_ms(ENV_CONNECT_TIMEOUT_MS)?;
+        env_ms(ENV_PEER_LOST_MS)?;
+        let static_peers = match cfg.static_peers.clone() {
+            Some(v) => Some(v),
+            None => env_static_peers()?,
+        }
+        .map(|v| v.into_iter().collect());
+        let (legs, leg_endpoint) = if cfg.tcp_carrier {
+            leg_listener(kind)
+        } else {
+            (None, TcpEndpoint::NONE)
+        };
+        let inner = Arc::new_cyclic(|weak| Inner {
+            xen: Box::new(Dyn(backend)),
+            xs,
+            domid: AtomicU16::new(domid),
+            weak: weak.clone(),
+            legs,
+            leg_endpoint,
+            kind,
+            cfg,
+            watches: Mutex::new(Watches::default()),
+            static_peers,
+            state: Mutex::new(State {
+                links: HashMap::new(),
+                listeners: HashMap::new(),
+                conns: HashMap::new(),
+                used_ports: HashSet::new(),
+                dead_gens: HashMap::new(),
+                vanished: HashSet::new(),
+                next_port: EPHEMERAL_PORT_FIRST,
+            }),
+            link_cv: Condvar::new(),
+            epoll,
+            sink,
+            stop: AtomicBool::new(false),
+            next_conn: AtomicU32::new(1),
+            counters: Counters::default(),
+            kick_timer,
+            kick_timer_armed: AtomicBool::new(false),
+            carriers: std::sync::atomic::AtomicUsize::new(0),
+            suspended: AtomicBool::new(false),
+        });
+        // Links of an earlier process of this domain are dead.
+        if let Ok(peers) = inner.xs.directory(&inner.link_dir_abs()) {
+            for p in peers.iter().filter_map(|p| p.parse::<DomId>().ok()) {
+                inner.withdraw_node(p, false);
+            }
+        }
+        // The agent's table for us: its changes change whom we watch.
+        inner.add_watch(&inner.table_dir()).map_err(Error::from)?;
+        // Our own `domid` (relative: it follows the domain): it fires after
+        // a migration, the user-space transport's resume hook.
+        inner.add_watch("domid").map_err(Error::from)?;
+        {
+            let st = inner.state();
+            inner.refresh_peers(&st).map_err(Error::from)?;
+        }
+        let mut threads = Vec::new();
+        let i3 = inner.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("xensock-link-{domid}"))
+                .spawn(move || manager_thread(i3))?,
+        );
+        Ok(Transport {
+            owner: Arc::new(Owner {
+                inner,
+                threads: Mutex::new(threads),
+                control: Mutex::new(None),
+                claim,
+            }),
+        })
+    }
+
+    /// The user-space backend [`crate::backend()`] reports
+    /// (`user_space`), for this process's domain: real `/dev/xen` devices,
+    /// else the simulated host named by `XENSOCK_SIM`/`XENSOCK_SIM_DOMID`.
+    /// `ENODEV` when neither exists. Over `/dev/xen` it refuses to start,
+    /// saying why, while `af_xen.ko` is loaded: both would own the
+    /// domain's XenStore link nodes (`XenStream::connect` and
+    /// `XenListener::bind` use the kernel family then).
+    pub fn from_env() -> io::Result<Transport> {
+        let report = crate::backend::backend();
+        match report.user_space {
+            BackendKind::DevXen if report.kind == BackendKind::Kernel => {
+                // Both would own this domain's XenStore link nodes and
+                // withdraw each other's links.
+                Err(io::Error::other(format!(
+                    "af_xen.ko is loaded in this domain (family {}) and owns its xensock links; \
+                     XenStream and XenListener use it; unload the module to run the \
+                     user-space transport instead",
+                    report.family.unwrap_or_default()
+                )))
+            }
+            BackendKind::DevXen => {
+                let xen = xensock_xenif::dev::DevXen::open().map_err(Error::from)?;
+                let xs = XsClient::open().map_err(Error::from)?;
+                let domid: DomId = xs
+                    .read_string("domid")
+                    .map_err(Error::from)?
+                    .trim()
+                    .parse()
+                    .map_err(|_| errno(libc::EIO))?;
+                Transport::with_backend(xen, xs, domid, BackendKind::DevXen, Config::default())
+            }
+            BackendKind::Sim => {
+                let xen = xensock_sim::SimXen::from_env().map_err(Error::from)?;
+                let domid = xen.domid();
+                let dir = std::env::var_os(xensock_sim::ENV_SIM_DIR).unwrap_or_default();
+                let xs = XsClient::open_path(
+                    xensock_sim::domain_dir(Path::new(&dir), domid).join("xenstored.sock"),
+                )
+                .map_err(Error::from)?;
+                Transport::with_backend(xen, xs, domid, BackendKind::Sim, Config::default())
+            }
+            BackendKind::Kernel | BackendKind::Daemon | BackendKind::None => {
+                Err(errno(libc::ENODEV))
+            }
+        }
+    }
+
+    /// The process-wide transport (created on first use with
+    /// [`Transport::from_env`]).
+    pub fn global() -> io::Result<Transport> {
+        if let Some(t) = GLOBAL.get() {
+            return Ok(t.clone());
+        }
+        let t = Transport::from_env()?;
+        let mut first = false;
+        let t = GLOBAL
+            .get_or_init(|| {
+                first = true;
+                t
+            })
+            .clone();
+        if first {
+            // Other processes (`xensock status`, `xensock suspend`) reach
+            // this transport through its control socket.
+            match crate::control::ControlServer::start(Arc::downgrade(&t.owner.inner)) {
+                Ok(c) => {
+                    // The guest's suspend hook finds us through the claim,
+                    // whichever user it runs as.
+                    t.owner.claim.record(Some(c.path()));
+                    *lock(&t.owner.control) = Some(c);
+                }
+                Err(e) => tracing::warn!("no control socket: {e}"),
+            }
+            // A static is never dropped: withdraw our XenStore nodes and
+            // close the connections at exit, as dropping it would.
+            // SAFETY: registers a plain `extern "C" fn()` with no captures.
+            unsafe { libc::atexit(global_at_exit) };
+        }
+        Ok(t)
+    }
+
+    /// The process-wide transport, if `inner` is its (only it serves a
+    /// control socket).
+    pub(crate) fn global_of(inner: &Arc<Inner>) -> Option<Transport> {
+        GLOBAL
+            .get()
+            .filter(|t| Arc::ptr_eq(&t.owner.inner, inner))
+            .cloned()
+    }
+
+    /// This domain's id.
+    pub fn domid(&self) -> DomId {
+        self.owner.inner.domid()
+    }
+
+    /// The backend in use.
+    pub fn backend_kind(&self) -> BackendKind {
+        self.owner.inner.kind
+    }
+
+    /// Listens on `addr` (its domid must be this domain, `self` or `any`).
+    pub fn bind(&self, addr: impl crate::ToXenAddr) -> io::Result<XenListener> {
+        self.bind_with(addr, SocketOptions::default())
+    }
+
+    /// [`Transport::bind`] with a backlog and receive-ring size for accepted
+    /// connections.
+    pub fn bind_with(
+        &self,
+        addr: impl crate::ToXenAddr,
+        opts: SocketOptions,
+    ) -> io::Result<XenListener> {
+        let addr = addr.to_xen_addr()?;
+        let inner = &self.owner.inner;
+        if addr.domid != DOMID_SELF
+            && addr.domid != DOMID_ANY
+            && addr.domid != u32::from(inner.domid())
+        {
+            return Err(errno(libc::EADDRNOTAVAIL));
+        }
+        let mut st = inner.state();
+        let port = if addr.port == PORT_ANY {
+            inner.ephemeral_port(&mut st)?
+        } else {
+            if st.used_ports.contains(&addr.port) {
+                return Err(errno(libc::EADDRINUSE));
+            }
+            addr.port
+        };
+        st.used_ports.insert(port);
+        let shared = ListenerShared::new(
+            port,
+            opts.backlog.unwrap_or(inner.cfg.backlog).max(1),
+            opts.recv_buffer.unwrap_or(inner.cfg.recv_buffer),
+        )?;
+        st.listeners.insert(port, shared.clone());
+        drop(st);
+        Ok(XenListener::new(self.clone(), shared))
+    }
+
+    /// Connects to `addr` with the default timeout.
+    pub fn connect(&self, addr: impl crate::ToXenAddr) -> io::Result<XenStream> {
+        let t = self.owner.inner.cfg.connect_timeout;
+        self.connect_with(addr, Some(t), SocketOptions::default())
+    }
+
+    /// Connects to `addr`, failing with `ETIMEDOUT` after `timeout`
+    /// (`EHOSTUNREACH` if the link to the domain does not come up).
+    pub fn connect_timeout(
+        &self,
+        addr: impl crate::ToXenAddr,
+        timeout: Duration,
+    ) -> io::Result<XenStream> {
+        if timeout.is_zero() {
+            return Err(errno(libc::EINVAL));
+        }
+        self.connect_with(addr, Some(timeout), SocketOptions::default())
+    }
+
+    /// Connects with a receive-ring size (`SO_RCVBUF` equivalent).
+    pub fn connect_with(
+        &self,
+        addr: impl crate::ToXenAddr,
+        timeout: Option<Duration>,
+        opts: SocketOptions,
+    ) -> io::Result<XenStream> {
+        let addr = addr.to_xen_addr()?;
+        let inner = &self.owner.inner;
+        let peer = self.check_connect_addr(&addr)?;
+        let deadline = Instant::now() + timeout.unwrap_or(inner.cfg.connect_timeout);
+        let link_deadline = deadline.min(Instant::now() + inner.cfg.link_timeout);
+        let conn = inner.start_connect(peer, addr.port, opts, link_deadline)?;
+        // The answer usually comes back within microseconds: spin a little,
+        // taking it off the control ring ourselves, before sleeping until
+        // the manager thread signals it.
+        let spin_end = Instant::now() + inner.cfg.busy_poll * CONNECT_SPIN_FACTOR;
+        // After the spin, sleep on the link's event channel and take the
+        // answer ourselves when it kicks; after a kick that was not our
+        // answer, wait for the manager's signal instead.
+        let mut direct = true;
+        // Wait for Accept / Reject.
+        loop {
+            if direct && Instant::now() >= spin_end {
+                // Before reading the generation for the sleep below. Not
+                // handed out yet: nobody else watches this eventfd.
+                conn.evfd.drain();
+            }
+            let g0 = conn.generation();
+            let phase = conn.io().phase;
+            match phase {
+                ConnPhase::Connecting => {}
+                ConnPhase::Open => break,
+                ConnPhase::Failed(e) => {
+                    inner.forget_conn(&conn);
+                    return Err(errno(e));
+                }
+                _ => {
+                    inner.forget_conn(&conn);
+                    return Err(errno(libc::ECONNREFUSED));
+                }
+            }
+            if Instant::now() < spin_end {
+                inner.poll_link(peer);
+                std::thread::yield_now();
+                continue;
+            }
+            let woke = match direct.then(|| conn.wait_kick(g0, deadline)).flatten() {
+                Some(KickWait::Kicked) => {
+                    inner.poll_link(peer);
+                    direct = false;
+                    true
+                }
+                Some(KickWait::Signalled) => true,
+                Some(KickWait::TimedOut) => false,
+                None => {
+                    direct = false;
+                    conn.wait_since(g0, Some(deadline))
+                }
+            };
+            if !woke && conn.io().phase == ConnPhase::Connecting {
+                {
+                    let mut io = conn.io();
+                    io.release();
+                    io.phase = ConnPhase::Failed(libc::ETIMEDOUT);
+                }
+                inner.forget_conn(&conn);
+                return Err(errno(libc::ETIMEDOUT));
+            }
+        }
+        Ok(XenStream::new(self.clone(), conn))
+    }
+
+    /// Starts a connect and returns at once, as a non-blocking `connect`
+    /// returning `EINPROGRESS`: the stream is in non-blocking mode and
+    /// still connecting. Its descriptor becomes readable when the answer
+    /// comes; [`XenStream::finish_connect`] then reports the outcome
+    /// (`WouldBlock` while still in progress), and
+    /// [`XenStream::take_error`] the failure. Reads and writes return
+    /// `WouldBlock` until the connection is open. There is no timeout:
+    /// drop the stream to abandon the attempt.
+    ///
+    /// The only blocking part is bringing up the link to a domain this
+    /// transport has no link with yet (XenStore, up to
+    /// `Config::link_timeout`); an async caller runs
+    /// [`Transport::prepare_link`] on a thread that may block first when
+    /// [`Transport::link_ready`] is false.
+    pub fn connect_nonblocking(
+        &self,
+        addr: impl crate::ToXenAddr,
+        opts: SocketOptions,
+    ) -> io::Result<XenStream> {
+        let addr = addr.to_xen_addr()?;
+        let peer = self.check_connect_addr(&addr)?;
+        let inner = &self.owner.inner;
+        let link_deadline = Instant::now() + inner.cfg.link_timeout;
+        let conn = inner.start_connect(peer, addr.port, opts, link_deadline)?;
+        conn.nonblocking.store(true, Ordering::Release);
+        Ok(XenStream::new(self.clone(), conn))
+    }
+
+    /// Whether the link to `domid` is up, so that
+    /// [`Transport::connect_nonblocking`] will not block.
+    pub fn link_ready(&self, domid: u32) -> bool {
+        let Ok(peer) = DomId::try_from(domid) else {
+            return false;
+        };
+        self.owner
+            .inner
+            .state()
+            .links
+            .get(&peer)
+            .is_some_and(|l| l.tx.is_some())
+    }
+
+    /// Brings the link to `domid` up (through XenStore, the first time),
+    /// waiting at most `timeout` and `Config::link_timeout`: `EHOSTUNREACH`
+    /// if the domain does not answer. Blocks; see [`Transport::connect_nonblocking`].
+    pub fn prepare_link(&self, domid: u32, timeout: Duration) -> io::Result<()> {
+        let addr = SockAddrXen::new(domid, 1);
+        let peer = self.check_connect_addr(&addr)?;
+        let inner = &self.owner.inner;
+        let st = inner.state();
+        let deadline = Instant::now() + timeout.min(inner.cfg.link_timeout);
+        inner.ensure_link(st, peer, deadline).map(drop)
+    }
+
+    fn check_connect_addr(&self, addr: &SockAddrXen) -> io::Result<DomId> {
+        if addr.domid >= DOMID_FIRST_RESERVED
+            || addr.port == PORT_ANY
+            || addr.domid == u32::from(self.owner.inner.domid())
+        {
+            return Err(errno(libc::EINVAL));
+        }
+        DomId::try_from(addr.domid).map_err(|_| errno(libc::EINVAL))
+    }
+
+    /// A snapshot of links and connections, for `xensock status`.
+    pub fn status(&self) -> Status {
+        self.owner.inner.status()
+    }
+
+    /// Test hook: sends `RingOffer`s naming the peer's connection ids
+    /// `ids` over our link to `peer` (if it is up), with grant refs that
+    /// name nothing, as a guest posing as another guest's moved peer would.
+    /// Returns how many were queued. Not for applications.
+    #[doc(hidden)]
+    pub fn send_forged_ring_offers(
+        &self,
+        peer: DomId,
+        ids: std::ops::RangeInclusive<u32>,
+    ) -> usize {
+        let inner = &self.owner.inner;
+        let mut st = inner.state();
+        let mut sent = 0;
+        for conn_id in ids {
+            let rx = ctrl::RingGrant {
+                order: 12,
+                epoch: 1,
+                header_ref: 0,
+                dir_ref: 0,
+            };
+            if !inner.queue_frame(&mut st, peer, &Message::RingOffer { conn_id, rx }, true) {
+                break;
+            }
+            sent += 1;
+        }
+        sent
+    }
+
+    /// The suspend hook: this domain is about to be suspended, saved or
+    /// migrated. Every open stream connection leaves its rings for its TCP
+    /// carrier while the rings are still shared (the unconsumed bytes of
+    /// what it sent are copied back out, nothing in what it receives is
+    /// trusted past what it consumed). Returns once each such connection
+    /// has both TCP legs up (or failed), at most
+    /// [`Config::peer_lost_after`], with the number of connections moved.
+    /// Readers and writers only pause. Connections whose peer offered no
+    /// TCP endpoint cannot move and end when the link does.
+    pub fn suspend(&self) -> usize {
+        let inner = &self.owner.inner;
+        inner.suspended.store(true, Ordering::Release);
+        let engines = inner.freeze_conns(None, Trigger::LocalMove);
+        let deadline = Instant::now() + inner.cfg.peer_lost_after;
+        while Instant::now() < deadline && !engines.iter().all(|e| e.failed() || e.status().legs_up)
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Nothing shared may stay through the save: a PV guest restored
+        // with gntdev mappings of another domain's pages crashed in the
+        // lab. The links go (control rings, event channels, kept and
+        // pooled rings; the peers see them withdrawn), offers not taken
+        // are dropped, and rings the connections still drain are waited
+        // for. No link comes up again until `resume` or a new domid.
+        for e in &engines {
+            e.drop_pending_offer();
+        }
+        {
+            let mut st = inner.state();
+            let peers: Vec<DomId> = st.links.keys().copied().collect();
+            for p in peers {
+                inner.link_down(&mut st, p, false);
+            }
+        }
+        while Instant::now() < deadline && inner.shared_pages_held() > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let held = inner.shared_pages_held();
+        if held > 0 {
+            tracing::warn!(held, "suspend: shared pages still held at the bound");
+        }
+        tracing::info!(connections = engines.len(), "suspended");
+        engines.len()
+    }
+
+    /// Links and connections that still hold a shared page (a grant of
+    /// ours or a mapping of a peer's page): 0 after a complete
+    /// [`Transport::suspend`].
+    pub fn shared_pages_held(&self) -> usize {
+        self.owner.inner.shared_pages_held()
+    }
+
+    /// The resume hook: looks whether this domain's id changed (a
+    /// same-host migration) and, if so, follows it: links are set up anew
+    /// and moved connections return to rings. The transport does this by
+    /// itself when XenStore's `domid` watch fires; a suspend that ends on
+    /// the same domid (cancelled, or saved and restored under the same id)
+    /// needs this call to let connections back onto rings. Returns whether
+    /// the domid changed.
+    pub fn resume(&self) -> bool {
+        let inner = &self.owner.inner;
+        let moved = inner.check_domid();
+        if !moved {
+            inner.suspended.store(false, Ordering::Release);
+            // The suspend took the links down: new ones bring the moved
+            // connections back to rings.
+            let mut st = inner.state();
+            inner.relink_carriers(&mut st);
+            // Offers that came while suspended were left alone: answer them.
+            let offered: Vec<DomId> = lock(&inner.watches)
+                .by_path
+                .keys()
+                .filter_map(|p| inner.is_link_event(p))
+                .collect();
+            for p in offered {
+                if !st.links.contains_key(&p) {
+                    inner.on_peer_node(&mut st, p);
+                }
+            }
+        }
+        inner.link_cv.notify_all();
+        // The manager sweeps soon: offers kept while suspended are taken.
+        inner.sink.wake.signal();
+        tracing::info!(domid = inner.domid(), moved, "resumed");
+        moved
+    }
+
+    /// The current domid of a co-resident peer named by IP address or
+    /// UUID, from the dom0 agent's table for us, which follows migrations:
+    /// connect to a domain that may have moved by what stays, not by a
+    /// domid that may be stale. `EHOSTUNREACH` when the table does not list
+    /// it (not co-resident, or no agent).
+    pub fn resolve(&self, name: &str) -> io::Result<DomId> {
+        let co = xensock_discovery::peers::CoResidency::new(self.owner.inner.xs.clone());
+        let found = match name.parse::<IpAddr>() {
+            Ok(ip) => co.lookup_ip(ip),
+            Err(_) => co.lookup_uuid(name),
+        }
+        .map_err(Error::from)?;
+        found
+            .map(|p| p.domid)
+            .ok_or_else(|| errno(libc::EHOSTUNREACH))
+    }
+
+    /// The peer of every connection to `domid` left the ring (it moved
+    /// away, or its link died while discovery says it is alive
+    /// elsewhere): those connections drain what it wrote and go on over
+    /// TCP. Returns how many connections moved. Only correct once the
+    /// peer has stopped writing into the rings (it is suspended or gone).
+    pub fn peer_gone(&self, domid: DomId) -> usize {
+        self.owner
+            .inner
+            .freeze_conns(Some(domid), Trigger::PeerGone)
+            .len()
+    }
+}
+
+fn epoll_add(ep: &OwnedFd, fd: i32, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: token,
+    };
+    // SAFETY: valid epoll and target descriptors; ev outlives the call.
+    let rc = unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn epoll_del(ep: &OwnedFd, fd: i32) {
+    let mut ev = libc::epoll_event { events: 0, u64: 0 };
+    // SAFETY: as in epoll_add; failure (already gone) is harmless.
+    unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
+}
+
+/// The transport's leg listener and the endpoint peers reach it at. In the
+/// sim every domain is a process of this machine: loopback. On Xen: all
+/// addresses, advertised as the first address discovery would advertise.
+/// `None` (and `TcpEndpoint::NONE`) when it cannot be set up: connections
+/// then have no TCP fallback.
+fn leg_listener(kind: BackendKind) -> (Option<Arc<LegListener>>, TcpEndpoint) {
+    let cfg = LegListenerConfig::default();
+    let (bind, advertised): (IpAddr, Option<IpAddr>) = match kind {
+        BackendKind::Sim => (IpAddr::V4(Ipv4Addr::LOCALHOST), None),
+        _ => {
+            let ip = xensock_discovery::advert::local_addresses()
+                .ok()
+                .and_then(|v| v.into_iter().next());
+            // Peers connect to the advertised address only: a listener of
+            // its family. (An IPv4 leg accepted on `[::]` is an IPv6
+            // socket carrying v4-mapped traffic, a different path through
+            // the kernel from the plain TCP it is measured against.)
+            match ip {
+                Some(IpAddr::V4(_)) => (IpAddr::V4(Ipv4Addr::UNSPECIFIED), ip),
+                _ => (IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), ip),
+            }
+        }
+    };
+    // `[::]` needs IPv6 in the guest's kernel; IPv4 alone does too.
+    let listener = match LegListener::bind(bind, cfg).or_else(|e| match bind {
+        IpAddr::V6(_) => LegListener::bind(IpAddr::V4(Ipv4Addr::UNSPECIFIED), cfg),
+        _ => Err(e),
+    }) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("no TCP carrier: leg listener on {bind}: {e}");
+            return (None, TcpEndpoint::NONE);
+        }
+    };
+    let port = listener.local_addr().port();
+    let endpoint = match (kind, advertised) {
+        (BackendKind::Sim, _) => listener.endpoint(),
+        (_, Some(ip)) => endpoint_of(SocketAddr::new(ip, port)),
+        (_, None) => {
+            tracing::warn!("no TCP carrier: this domain has no address to advertise");
+            return (None, TcpEndpoint::NONE);
+        }
+    };
+    (Some(Arc::new(listener)), endpoint)
+}
+
+impl Inner {
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    pub(crate) fn domid(&self) -> DomId {
+        self.domid.load(Ordering::Acquire)
+    }
+
+    fn link_dir_abs(&self) -> String {
+        format!("/local/domain/{}/{LINK_DIR}", self.domid())
+    }
+
+    fn my_node(&self, peer: DomId) -> String {
+        format!("{}/{peer}", self.link_dir_abs())
+    }
+
+    fn peer_node(&self, peer: DomId) -> String {
+        format!("/local/domain/{peer}/{LINK_DIR}/{}", self.domid())
+    }
+
+    /// The agent's co-residency table for us.
+    fn table_dir(&self) -> String {
+        format!(
+            "/local/domain/{}/{}/{}",
+            self.domid(),
+            xensock_discovery::layout::XENSOCK,
+            xensock_discovery::layout::PEERS
+        )
+    }
+
+    /// Where dom0 notes peers destroyed for good: `xensock/gone/<domid>`.
+    fn gone_dir(&self) -> String {
+        format!(
+            "/local/domain/{}/{}/{}",
+            self.domid(),
+            xensock_discovery::layout::XENSOCK,
+            xensock_discovery::layout::GONE
+        )
+    }
+
+    /// Whether `path` is the gone notes or one of them.
+    fn is_gone_event(&self, path: &str) -> bool {
+        path.strip_prefix(&self.gone_dir())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
+
+    /// Whether dom0 noted `peer` destroyed for good.
+    fn peer_gone(&self, peer: DomId) -> bool {
+        matches!(
+            self.xs.try_read(&format!("{}/{peer}", self.gone_dir())),
+            Ok(Some(_))
+        )
+    }
+
+    /// Whether `peer` retracted its half of our link (state Closed), as a
+    /// guest about to be saved or migrated does.
+    fn peer_retracted(&self, peer: DomId) -> bool {
+        matches!(
+            self.xs.try_read(&format!("{}/state", self.peer_node(peer))),
+            Ok(Some(v)) if std::str::from_utf8(&v).ok().map(str::trim) == Some(STATE_CLOSED)
+        )
+    }
+
+    /// A vanished peer that dom0 notes gone: its connections, carried on
+    /// since the link went, fail now.
+    fn end_dead_peer(&self, st: &mut State, peer: DomId) {
+        if !st.vanished.contains(&peer) || !self.peer_gone(peer) {
+            return;
+        }
+        st.vanished.remove(&peer);
+        for c in st.conns.values().filter(|c| c.peer() == peer) {
+            if let Some(e) = c.engine() {
+                tracing::info!(conn = c.id, peer, "peer domain destroyed: connection reset");
+                e.peer_dead();
+            }
+        }
+    }
+
+    /// Whether `path` is our table or an entry of it.
+    fn is_table_event(&self, path: &str) -> bool {
+        path.strip_prefix(&self.table_dir())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
+}
+
+/// Whether the link to `peer` is up and its peer not known to be gone
+/// (a move or death the manager has not processed yet).
+fn link_usable(st: &State, peer: DomId) -> bool {
+    st.links.get(&peer).is_some_and(|l| {
+        l.tx.as_ref().is_some_and(|t| {
+            !matches!(
+                t.chan.peer_state(),
+                Ok(xensock_xenif::PeerState::Closed) | Err(_)
+            )
+        })
+    })
+}
+
+/// A `ConnectRequest` as the acceptor needs it.
+struct Request {
+    their_id: u32,
+    src_port: u32,
+    dst_port: u32,
+    cookie: u64,
+    tcp: TcpEndpoint,
+}
+
+struct PeerNode {
+    gen: u32,
+    ring_ref: u32,
+    port: u32,
+    peer_gen: u32,
+    ring_reuse: bool,
+}
