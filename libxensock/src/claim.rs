@@ -14,7 +14,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -76,11 +76,9 @@ fn open(path: &Path) -> io::Result<File> {
 /// open file description holds it.
 fn try_lock(f: &File) -> io::Result<bool> {
     loop {
-        // SAFETY: flock on a descriptor we own; no memory is passed.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        let Err(e) = crate::sys::try_lock_exclusive(f.as_fd()) else {
             return Ok(true);
-        }
-        let e = io::Error::last_os_error();
+        };
         match e.raw_os_error() {
             Some(libc::EWOULDBLOCK) => return Ok(false),
             Some(libc::EINTR) => continue,

@@ -18,8 +18,8 @@ use xensock_xenif::{DomId, EventChannel};
 
 use crate::carrier::{Doorbell, Engine};
 use crate::error::errno;
-use crate::evfd::EventFd;
 use crate::rings::{MappedRing, OwnedRing};
+use crate::sys::eventfd::EventFd;
 
 pub(crate) const WANT_READ: u8 = 1;
 pub(crate) const WANT_WRITE: u8 = 2;
@@ -693,10 +693,9 @@ impl Conn {
                     revents: 0,
                 },
             ];
-            // SAFETY: two valid pollfds for the duration of the call; both
-            // descriptors stay open (this connection and its link share
-            // hold them).
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+            // (both descriptors stay open: this connection and its link
+            // share hold them)
+            let n = crate::sys::poll(&mut fds, ms);
             if n <= 0 {
                 // EINTR or the timeout: the checks above decide.
                 continue;

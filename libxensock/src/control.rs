@@ -35,8 +35,7 @@ pub fn run_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
         return PathBuf::from(d).join("xensock");
     }
-    // SAFETY: getuid has no preconditions.
-    PathBuf::from(format!("/tmp/xensock-{}", unsafe { libc::getuid() }))
+    PathBuf::from(format!("/tmp/xensock-{}", crate::sys::uid()))
 }
 
 /// Serves a transport's control socket until dropped.

@@ -28,9 +28,9 @@
 //!   each accepted connection comes as `conn PDOMID PPORT` with its end
 //!   attached. The listener lives as long as the request's connection.
 
-use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -38,8 +38,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use nix::sys::socket::{
-    accept, bind, connect, listen, recvmsg, sendmsg, socket, AddressFamily, Backlog,
-    ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
+    bind, connect, listen, sendmsg, socket, AddressFamily, Backlog, ControlMessage, MsgFlags,
+    SockFlag, SockType, UnixAddr,
 };
 
 use crate::{SockAddrXen, SocketOptions, Transport, XenStream};
@@ -79,36 +79,9 @@ fn send_packet(sock: RawFd, text: &str, fd: Option<RawFd>) -> io::Result<()> {
 
 /// Receives one packet and the descriptor attached to it, if any. An
 /// empty text is the other side's close.
-fn recv_packet(sock: RawFd, nonblocking: bool) -> io::Result<(String, Option<OwnedFd>)> {
+fn recv_packet(sock: BorrowedFd<'_>, nonblocking: bool) -> io::Result<(String, Option<OwnedFd>)> {
     let mut buf = [0u8; PACKET_MAX];
-    let mut cmsg = nix::cmsg_space!([RawFd; 1]);
-    let mut flags = MsgFlags::MSG_CMSG_CLOEXEC;
-    if nonblocking {
-        flags |= MsgFlags::MSG_DONTWAIT;
-    }
-    let (n, fd) = loop {
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        match recvmsg::<()>(sock, &mut iov, Some(&mut cmsg), flags) {
-            Ok(msg) => {
-                let mut fd = None;
-                for c in msg.cmsgs().map_err(nix_err)? {
-                    if let ControlMessageOwned::ScmRights(fds) = c {
-                        for f in fds {
-                            // SAFETY: the kernel just installed `f` in this
-                            // process for us (SCM_RIGHTS); nothing else owns it.
-                            let owned = unsafe { OwnedFd::from_raw_fd(f) };
-                            if fd.is_none() {
-                                fd = Some(owned);
-                            }
-                        }
-                    }
-                }
-                break (msg.bytes, fd);
-            }
-            Err(nix::Error::EINTR) => continue,
-            Err(e) => return Err(nix_err(e)),
-        }
-    };
+    let (n, fd) = crate::sys::recv_with_fd(sock, &mut buf, nonblocking)?;
     let text = String::from_utf8_lossy(&buf[..n]).into_owned();
     Ok((text, fd))
 }
@@ -198,15 +171,7 @@ impl RelayStream {
     }
 
     pub(crate) fn bytes_readable(&self) -> usize {
-        let mut n: libc::c_int = 0;
-        // SAFETY: FIONREAD writes one int to the pointer we pass, which
-        // points at `n` for the duration of the call.
-        let r = unsafe { libc::ioctl(self.sock.as_raw_fd(), libc::FIONREAD, &mut n) };
-        if r == 0 {
-            usize::try_from(n).unwrap_or(0)
-        } else {
-            0
-        }
+        crate::sys::readable_bytes(self.sock.as_fd()).unwrap_or(0)
     }
 
     pub(crate) fn try_clone(&self) -> io::Result<RelayStream> {
@@ -236,7 +201,7 @@ pub(crate) fn connect_via(
     let Some(req) = request(path, &format!("connect {} {} {ms}", addr.domid, addr.port))? else {
         return Ok(None);
     };
-    let (text, fd) = recv_packet(req.as_raw_fd(), false)?;
+    let (text, fd) = recv_packet(req.as_fd(), false)?;
     if text.starts_with("err ") {
         return Err(answer_error(&text));
     }
@@ -273,7 +238,7 @@ pub(crate) fn listen_via(
     else {
         return Ok(None);
     };
-    let (text, _) = recv_packet(req.as_raw_fd(), false)?;
+    let (text, _) = recv_packet(req.as_fd(), false)?;
     if text.starts_with("err ") {
         return Err(answer_error(&text));
     }
@@ -318,7 +283,7 @@ impl RelayListener {
 
     /// The next `conn` packet and its descriptor.
     fn next_conn(&self, nonblocking: bool) -> io::Result<(RelayStream, SockAddrXen)> {
-        let (text, fd) = recv_packet(self.ctrl.as_raw_fd(), nonblocking)?;
+        let (text, fd) = recv_packet(self.ctrl.as_fd(), nonblocking)?;
         if text.is_empty() {
             // the daemon went away: the listener is gone
             return Err(io::Error::from_raw_os_error(libc::ECONNABORTED));
@@ -374,13 +339,13 @@ pub fn serve(transport: &Transport, path: &Path) -> io::Result<()> {
     listen(&sock, Backlog::new(128).map_err(nix_err)?).map_err(nix_err)?;
     tracing::info!(path = %path.display(), "xensock daemon serving");
     loop {
-        let c = match accept(sock.as_raw_fd()) {
+        let c = match crate::sys::accept(sock.as_fd()) {
             Ok(c) => c,
-            Err(nix::Error::EINTR | nix::Error::ECONNABORTED) => continue,
-            Err(e) => return Err(nix_err(e)),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::ECONNABORTED)) => {
+                continue
+            }
+            Err(e) => return Err(e),
         };
-        // SAFETY: accept just returned this descriptor; nothing else owns it.
-        let c = unsafe { OwnedFd::from_raw_fd(c) };
         let t = transport.clone();
         std::thread::Builder::new()
             .name("xensock-daemon-req".into())
@@ -398,7 +363,7 @@ fn send_error(c: &OwnedFd, e: &io::Error) -> io::Result<()> {
 }
 
 fn handle(t: &Transport, c: OwnedFd) -> io::Result<()> {
-    let (text, _) = recv_packet(c.as_raw_fd(), false)?;
+    let (text, _) = recv_packet(c.as_fd(), false)?;
     let word = text.split(' ').next().unwrap_or("");
     match (word, numbers::<3>(&text, 1)) {
         ("connect", Some([domid, port, ms])) => {

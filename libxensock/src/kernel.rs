@@ -15,7 +15,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use socket2::{Domain, SockAddr, SockAddrStorage, Socket, Type};
+use socket2::{Domain, SockAddr, Socket, Type};
 
 use crate::addr::SockAddrXen;
 use crate::error::errno;
@@ -101,28 +101,11 @@ pub fn decode_sockaddr(family: i32, bytes: &[u8]) -> io::Result<SockAddrXen> {
 }
 
 fn to_sockaddr(family: i32, addr: SockAddrXen) -> io::Result<SockAddr> {
-    let raw = encode_sockaddr(family, addr);
-    // SAFETY: the closure writes SOCKADDR_XEN_LEN bytes into the storage
-    // socket2 provides (a zeroed sockaddr_storage of 128 bytes, so the
-    // copy stays inside it) and sets the length to exactly those bytes,
-    // which start with the family: a valid address of that family.
-    let ((), sa) = unsafe {
-        SockAddr::try_init(|storage: *mut SockAddrStorage, len| {
-            std::ptr::copy_nonoverlapping(raw.as_ptr(), storage.cast::<u8>(), raw.len());
-            *len = raw.len() as libc::socklen_t;
-            Ok(())
-        })
-    }?;
-    Ok(sa)
+    crate::sys::sockaddr::from_bytes(&encode_sockaddr(family, addr))
 }
 
 fn from_sockaddr(family: i32, sa: &SockAddr) -> io::Result<SockAddrXen> {
-    let len = (sa.len() as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
-    // SAFETY: `as_ptr` points at socket2's sockaddr_storage, of which the
-    // first `len` bytes (bounded by its size above) were written by the
-    // kernel; we only read them, as bytes.
-    let bytes = unsafe { std::slice::from_raw_parts(sa.as_ptr().cast::<u8>(), len) };
-    decode_sockaddr(family, bytes)
+    decode_sockaddr(family, crate::sys::sockaddr::bytes(sa))
 }
 
 fn new_socket(family: i32) -> io::Result<Socket> {
@@ -386,8 +369,7 @@ impl KernelListener {
                 revents: 0,
             };
             let ms = left.as_millis().clamp(1, libc::c_int::MAX as u128) as libc::c_int;
-            // SAFETY: one pollfd, alive for the call.
-            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+            let r = crate::sys::poll(std::slice::from_mut(&mut pfd), ms);
             if r < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -401,10 +383,8 @@ impl KernelListener {
             // accept4(SOCK_NONBLOCK) would change the new socket's mode;
             // MSG_DONTWAIT does not exist for accept, so use the raw
             // descriptor's flags only for this call.
-            let fd = self.sock.as_raw_fd();
-            // SAFETY: fcntl on a descriptor we own, no pointers.
-            let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-            let was_nb = fl >= 0 && fl & libc::O_NONBLOCK != 0;
+            let fl = crate::sys::status_flags(self.sock.as_fd()).unwrap_or(0);
+            let was_nb = fl & libc::O_NONBLOCK != 0;
             if !was_nb {
                 self.sock.set_nonblocking(true)?;
             }

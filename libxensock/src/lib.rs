@@ -60,11 +60,11 @@ mod conn;
 pub mod control;
 pub mod daemon;
 mod error;
-mod evfd;
 mod kernel;
 mod listener;
 mod rings;
 mod stream;
+mod sys;
 mod transport;
 
 pub use addr::{

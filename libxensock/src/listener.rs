@@ -17,9 +17,9 @@ use crate::backend::BackendKind;
 use crate::conn::{lock, Conn};
 use crate::daemon::RelayListener;
 use crate::error::errno;
-use crate::evfd::EventFd;
 use crate::kernel::{loaded_family, KernelListener};
 use crate::stream::XenStream;
+use crate::sys::eventfd::EventFd;
 use crate::transport::{SocketOptions, Transport};
 
 pub(crate) struct ListenerShared {

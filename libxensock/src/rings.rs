@@ -2,19 +2,18 @@
 //! Granting and mapping rings: the only place that turns backend regions
 //! into proto [`RawRing`]s.
 
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use xensock_proto::ctrl::RingGrant;
 use xensock_proto::layout::{
-    GrantDirectory, LayoutError, RingGeometry, RingIdentity, DATA_RING_MAGIC, LINK_RING_MAGIC,
-    LINK_RING_ORDER, PAGE_SIZE,
+    LayoutError, RingGeometry, RingIdentity, DATA_RING_MAGIC, LINK_RING_MAGIC, LINK_RING_ORDER,
 };
 use xensock_proto::mem::RawRing;
 use xensock_xenif::{Access, DomId, GrantedRegion, MappedRegion, SharedRegion};
 
 use crate::backend::DynXen;
 use crate::error::Error;
+use crate::sys::shared;
 
 /// Offset, in a link's control page, of the byte the *mapping* side sets to
 /// 1 once it has mapped the page and that its unmap notification clears
@@ -38,12 +37,9 @@ pub(crate) struct MappedRing {
 }
 
 fn ring_over(ptr: *mut u8, len: usize, geometry: RingGeometry) -> Result<RawRing, Error> {
-    let base = NonNull::new(ptr).ok_or(Error::Protocol("null shared region"))?;
-    // SAFETY: the region is page aligned, `len` bytes long and stays mapped
-    // for as long as the returned ring is used (callers keep the region
-    // next to the ring and drop them together); it is only accessed through
-    // atomics and raw copies (RawRing), never through references.
-    unsafe { RawRing::from_region(base, len, geometry) }.map_err(Error::Layout)
+    shared::ring_over(ptr, len, geometry)
+        .map_err(Error::Layout)?
+        .ok_or(Error::Protocol("null shared region"))
 }
 
 /// Grants a fresh ring of `geometry` to `peer` and initialises its header.
@@ -75,13 +71,10 @@ pub(crate) fn grant_ring(
     if !geometry.is_compact() {
         let data = geometry.data_pages();
         let dir_off = geometry.region_size();
-        if refs.len() < 1 + data + 1 || region.len() < dir_off + PAGE_SIZE {
-            return Err(Error::Protocol("backend returned too few grant refs"));
-        }
-        // SAFETY: dir_off + PAGE_SIZE <= region.len(); the page is page
-        // aligned and GrantDirectory is an array of atomics, so a shared
-        // reference to memory the peer may also access is sound.
-        let dir = unsafe { &*(region.as_ptr().add(dir_off) as *const GrantDirectory) };
+        let dir = match shared::directory_at(&*region, dir_off) {
+            Some(d) if refs.len() > 1 + data => d,
+            _ => return Err(Error::Protocol("backend returned too few grant refs")),
+        };
         dir.write_refs(&refs[1..1 + data]).map_err(Error::Layout)?;
         dir_ref = refs[1 + data];
     }
@@ -113,12 +106,8 @@ pub(crate) fn map_ring(
     if !geometry.is_compact() {
         let dir = xen.map(peer, &[grant.dir_ref], Access::ReadOnly)?;
         let mut data = vec![0u32; geometry.data_pages()];
-        if dir.len() < PAGE_SIZE {
-            return Err(Error::Protocol("directory mapping too small"));
-        }
-        // SAFETY: the mapping is one page, page aligned, alive until `dir`
-        // drops below; GrantDirectory is atomics only.
-        let d = unsafe { &*(dir.as_ptr() as *const GrantDirectory) };
+        let d =
+            shared::directory_at(&*dir, 0).ok_or(Error::Protocol("directory mapping too small"))?;
         d.read_refs(&mut data).map_err(Error::Layout)?;
         drop(dir);
         refs.extend_from_slice(&data);
@@ -186,13 +175,7 @@ pub(crate) fn shared_byte<R: SharedRegion + ?Sized>(
     region: &R,
     offset: usize,
 ) -> Option<&AtomicU8> {
-    if offset >= region.len() {
-        return None;
-    }
-    // SAFETY: offset < len, inside the mapped region, which outlives the
-    // returned reference (it borrows `region`); an AtomicU8 may alias
-    // memory written concurrently by the peer.
-    Some(unsafe { &*(region.as_ptr().add(offset) as *const AtomicU8) })
+    shared::byte_at(region, offset)
 }
 
 /// Sets a liveness byte.
@@ -232,6 +215,7 @@ impl<T: Send> crate::carrier::RingRegion for HeldRing<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xensock_proto::layout::PAGE_SIZE;
 
     #[repr(C, align(4096))]
     struct Page([u8; PAGE_SIZE]);
@@ -240,9 +224,10 @@ mod tests {
     fn a_reused_ring_must_start_from_zero() {
         let mut page = Box::new(Page([0; PAGE_SIZE]));
         let geometry = RingGeometry::new(11).unwrap();
-        let base = NonNull::new(page.0.as_mut_ptr()).unwrap();
-        // SAFETY: a private, page-aligned page that outlives `ring`.
-        let ring = unsafe { RawRing::from_region(base, PAGE_SIZE, geometry) }.unwrap();
+        // (a private, page-aligned page that outlives `ring`)
+        let ring = shared::ring_over(page.0.as_mut_ptr(), PAGE_SIZE, geometry)
+            .unwrap()
+            .unwrap();
         ring.header().init(&data_identity(1, 2, 7, 11));
         assert!(verify_fresh(&ring).is_ok());
         // What the last connection leaves behind: counters, FIN, CLOSED.

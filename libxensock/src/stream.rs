@@ -226,14 +226,9 @@ impl UserStream {
             return false;
         };
         let region = &tx.mapped.region;
-        if offset % 4 != 0 || offset + 4 > region.len() {
+        let Some(cell) = crate::sys::shared::word_at(&**region, offset) else {
             return false;
-        }
-        // SAFETY: offset is 4-aligned and inside the mapped region, which
-        // stays mapped while `io` is locked; AtomicU32 may alias memory the
-        // peer writes concurrently.
-        let cell =
-            unsafe { &*(region.as_ptr().add(offset) as *const std::sync::atomic::AtomicU32) };
+        };
         cell.store(value, Ordering::Release);
         if let Some(k) = &io.kicker {
             let _ = k.notify();

@@ -352,6 +352,11 @@ fn migration_tears_down_and_the_domain_continues_under_a_new_domid() {
         .migrate_domain(b.domid, MigrateTo::SameHost)
         .unwrap()
         .unwrap();
+    // The handle learns of the move from the host's event, asynchronously.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while xb.domid() != new && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert_eq!(xb.domid(), new);
     assert!(!xb.is_closed());
     // B's view of A's page and its own granted page are gone (zero pages),

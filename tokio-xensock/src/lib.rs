@@ -56,19 +56,13 @@ use std::task::{ready, Context, Poll};
 use futures_core::Stream;
 pub use libxensock::{SockAddrXen, SocketOptions, ToXenAddr, Transport};
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 pub use libxensock;
 
-fn register<T: std::os::fd::AsRawFd>(inner: T) -> io::Result<AsyncFd<T>> {
-    // SAFETY: `inner` is a libxensock socket that owns its descriptor (an
-    // AF_XEN socket or the transport's eventfd); the
-    // descriptor stays open and unchanged until the socket is dropped,
-    // which happens only when the AsyncFd (its owner) is dropped or
-    // `into_inner` is called.
-    unsafe { AsyncFd::register_with_interest(inner, Interest::READABLE | Interest::WRITABLE) }
-        .map_err(io::Error::from)
-}
+mod sys;
+
+use sys::register;
 
 /// A xensock listener for tokio.
 #[derive(Debug)]

@@ -513,22 +513,24 @@ impl Placement {
 
 /// Restricts the calling thread to `cpu`, or lets it run anywhere again.
 fn pin_to(cpu: Option<usize>) {
-    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    use nix::sched::{sched_setaffinity, CpuSet};
+    use nix::unistd::{sysconf, Pid, SysconfVar};
     // Not available_parallelism(): that follows our own affinity mask.
-    // SAFETY: sysconf has no pointer arguments.
-    let online = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) })
+    let online = sysconf(SysconfVar::_NPROCESSORS_ONLN)
+        .ok()
+        .flatten()
+        .and_then(|n| usize::try_from(n).ok())
         .unwrap_or(1)
         .max(1);
-    for c in 0..online.min(libc::CPU_SETSIZE as usize) {
+    let mut set = CpuSet::new();
+    for c in 0..online.min(CpuSet::count()) {
         if cpu.map_or(true, |p| p % online == c) {
-            // SAFETY: c < CPU_SETSIZE, inside the set.
-            unsafe { libc::CPU_SET(c, &mut set) };
+            let _ = set.set(c);
         }
     }
-    // SAFETY: a valid set of the size passed; 0 is the calling thread. A
-    // failure leaves the thread where it was, which only costs accuracy.
-    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    // 0 is the calling thread. A failure leaves the thread where it was,
+    // which only costs accuracy.
+    let _ = sched_setaffinity(Pid::from_raw(0), &set);
 }
 
 fn throughput(env: &mut Env, kind: Kind, write: usize, total: u64, place: Placement) -> Res<f64> {

@@ -102,15 +102,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// CPU time (user + system, all threads) this process used so far.
-fn cpu_time() -> Duration {
-    // SAFETY: getrusage fills the struct we pass; zeroed is a valid value.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid pointer to a local rusage.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(u.ru_utime) + tv(u.ru_stime)
-}
+use crate::sys::cpu_time;
 
 /// Runs `f` (returning MB/s) and also reports the CPU it cost per MiB.
 fn measured(total: usize, f: impl FnOnce() -> f64) -> (f64, f64) {

@@ -18,7 +18,7 @@ use std::thread::ThreadId;
 use std::time::Instant;
 
 use super::leg::lock;
-use crate::evfd::EventFd;
+use crate::sys::eventfd::EventFd;
 
 /// At most this many driver threads per process (fewer on fewer CPUs).
 pub(crate) const MAX_DRIVER_THREADS: usize = 4;
@@ -160,8 +160,7 @@ impl Worker {
                 let d = t.saturating_duration_since(Instant::now());
                 (d.as_millis() + 1).min(i32::MAX as u128) as i32
             });
-            // SAFETY: `fds` is a valid array of pollfds of that length.
-            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+            crate::sys::poll(&mut fds, timeout);
             if fds[0].revents != 0 {
                 self.wake.drain();
             }

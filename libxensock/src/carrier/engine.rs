@@ -25,7 +25,7 @@
 use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -41,7 +41,7 @@ use super::driver::{self, Attachment, Driven};
 use super::frames::{protocol_error, send_raw, Frame, Inbox, Incoming, Outbox};
 use super::leg::{lock, LegListener};
 use super::ring::{NewRing, SharedRing};
-use crate::evfd::EventFd;
+use crate::sys::eventfd::EventFd;
 
 /// Why the engine leaves the ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -688,8 +688,7 @@ fn close_quietly(legs: Vec<Arc<TcpStream>>, limit: Duration) {
                 revents: 0,
             })
             .collect();
-        // SAFETY: `fds` is a valid array of pollfds of that length.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
+        let n = crate::sys::poll(&mut fds, 50);
         if n <= 0 {
             return;
         }
@@ -724,8 +723,7 @@ fn sleep_on(wake: &EventFd, fd: Option<RawFd>, events: i16) {
         },
     ];
     let n = if fd.is_some() { 2 } else { 1 };
-    // SAFETY: `fds` is a valid array of at least `n` pollfds.
-    let r = unsafe { libc::poll(fds.as_mut_ptr(), n, -1) };
+    let r = crate::sys::poll(&mut fds[..n], -1);
     if r < 0 || fds[0].revents != 0 {
         wake.drain();
     }
@@ -733,12 +731,7 @@ fn sleep_on(wake: &EventFd, fd: Option<RawFd>, events: i16) {
 
 /// Bytes written to `sock` and not yet acknowledged by the peer.
 fn unacked(sock: &TcpStream) -> i32 {
-    let mut n: libc::c_int = 0;
-    // SAFETY: TIOCOUTQ writes one int through the pointer.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::TIOCOUTQ, &mut n) } != 0 {
-        return 0;
-    }
-    n
+    crate::sys::unsent_bytes(sock.as_fd()).map_or(0, |n| i32::try_from(n).unwrap_or(i32::MAX))
 }
 
 /// A leg's socket options. No TCP_USER_TIMEOUT: besides a peer that stops
@@ -762,21 +755,8 @@ fn leg_waits(sock: &TcpStream) -> Option<bool> {
     if unacked(sock) <= 0 {
         return None;
     }
-    // SAFETY: tcp_info is plain integers, for which all zeroes is valid.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `info`, which is
-    // that large, and stores the length it wrote in `len`.
-    let r = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    Some(r == 0 && (info.tcpi_retransmits > 0 || info.tcpi_probes > 0))
+    let info = crate::sys::tcp_info(sock.as_fd()).ok();
+    Some(info.is_some_and(|i| i.tcpi_retransmits > 0 || i.tcpi_probes > 0))
 }
 
 /// Samples `leg` (`leg_waits`) into `since`: how long it has been

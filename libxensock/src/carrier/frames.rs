@@ -243,8 +243,7 @@ mod tests {
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let r = unsafe { libc::poll(&mut p, 1, 5000) };
+        let r = crate::sys::poll(std::slice::from_mut(&mut p), 5000);
         assert_eq!(r, 1, "leg not readable within 5 s");
     }
 
@@ -375,15 +374,10 @@ mod tests {
     /// not ignore it, as C programs using the transport need not).
     #[test]
     fn sending_on_a_reset_leg_is_an_error_not_a_sigpipe() {
-        // SAFETY: installs a handler that only bumps an atomic counter
-        // (async-signal-safe); no other test in this binary relies on
-        // SIGPIPE being ignored, and any SIGPIPE would be a defect.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = count_sigpipe as *const () as usize;
-            sa.sa_flags = libc::SA_RESTART;
-            assert_eq!(libc::sigaction(libc::SIGPIPE, &sa, std::ptr::null_mut()), 0);
-        }
+        // The handler only bumps an atomic counter (async-signal-safe); no
+        // other test in this binary relies on SIGPIPE being ignored, and
+        // any SIGPIPE would be a defect.
+        crate::sys::on_sigpipe(count_sigpipe).unwrap();
         let (w, r) = leg_pair();
         // The peer's end resets (SO_LINGER 0): the first send reports the
         // reset, every later one EPIPE.

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use xensock_proto::ctrl::{decode, Channel, Message, TcpEndpoint};
 
-use crate::evfd::EventFd;
+use crate::sys::eventfd::EventFd;
 
 /// Bytes of a `TcpHello` frame.
 const HELLO_LEN: usize = 16;
@@ -238,8 +238,7 @@ fn serve(listener: TcpListener, shared: Arc<Shared>, config: LegListenerConfig) 
             events: libc::POLLIN,
             revents: 0,
         }));
-        // SAFETY: fds is a valid array of pollfd of the given length.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+        let r = crate::sys::poll(&mut fds, timeout);
         if r < 0 {
             if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                 continue;

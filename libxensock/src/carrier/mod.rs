@@ -3,7 +3,7 @@
 //! leg, switching between them without losing, duplicating or reordering a
 //! byte (`docs/migration.md`).
 //!
-//! It needs proto, libc and [`crate::evfd`]. The decisions are proto's
+//! It needs proto, libc and [`crate::sys::eventfd`]. The decisions are proto's
 //! (`switch::TxPath`, `switch::RxPath`); this module is their host: the
 //! TCP legs ([`leg`]), frames on them ([`frames`]) and the engine that
 //! moves bytes and answers the peer ([`engine`]). [`testbed`] wires two

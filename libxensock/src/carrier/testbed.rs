@@ -5,8 +5,6 @@
 
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,7 +32,7 @@ pub fn identity(owner: u32, peer: u32, conn_id: u32, epoch: u32) -> RingIdentity
 }
 
 pub fn alloc(order: u32, owner: u32, peer: u32, conn_id: u32) -> RingAlloc {
-    Box::new(move |epoch| MemfdRing::pair(order, identity(owner, peer, conn_id, epoch)))
+    Box::new(move |epoch| MemfdRing::new_ring(order, identity(owner, peer, conn_id, epoch)))
 }
 
 pub struct Pair {
@@ -85,8 +83,8 @@ pub fn pair_on(
     let (da, db) = (Doorbell::new()?, Doorbell::new()?);
     let (rings_a, rings_b) = if opts.on_ring {
         // A -> B ring: B owns it; B -> A ring: A owns it.
-        let ab = MemfdRing::pair(opts.order, identity(2, 1, b_id, 0))?;
-        let ba = MemfdRing::pair(opts.order, identity(1, 2, a_id, 0))?;
+        let ab = MemfdRing::new_ring(opts.order, identity(2, 1, b_id, 0))?;
+        let ba = MemfdRing::new_ring(opts.order, identity(1, 2, a_id, 0))?;
         (
             Some(InitialRings {
                 rx: ba.local,
@@ -130,88 +128,29 @@ pub fn pair_on(
     })
 }
 
-/// One mapping of a memfd-backed ring.
-pub(crate) struct MemfdRing {
-    base: NonNull<u8>,
-    len: usize,
-    ring: RawRing,
+pub(crate) use crate::sys::memfd::MemfdRing;
+
+impl RingRegion for MemfdRing {
+    fn ring(&self) -> RawRing {
+        MemfdRing::ring(self)
+    }
 }
 
-// SAFETY: the mapping is only accessed through RawRing (atomics and raw
-// copies), which is Send + Sync; `base` is only used to unmap on drop.
-unsafe impl Send for MemfdRing {}
-// SAFETY: as above.
-unsafe impl Sync for MemfdRing {}
-
 impl MemfdRing {
-    /// A fresh ring of `order` with `identity` written by the owner, mapped
-    /// twice: `(owner's view, sender's view)`.
-    pub(crate) fn pair(order: u32, identity: RingIdentity) -> io::Result<NewRing> {
+    /// A fresh ring of `order` with `identity` written by the owner, as
+    /// the owner's and the sender's views.
+    pub(crate) fn new_ring(order: u32, identity: RingIdentity) -> io::Result<NewRing> {
         let geometry = RingGeometry::new(order)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-        let len = geometry.region_size();
-        // SAFETY: the name is a NUL-terminated literal; no other pointers.
-        let fd = unsafe { libc::memfd_create(c"xensock-carrier".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a fresh descriptor that we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: plain syscall on our descriptor.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let local = Self::map(&fd, len, geometry)?;
-        local.ring.header().init(&RingIdentity {
+        let (local, peer) = MemfdRing::pair(geometry)?;
+        local.ring().header().init(&RingIdentity {
             magic: DATA_RING_MAGIC,
             order,
             ..identity
         });
-        let peer = Self::map(&fd, len, geometry)?;
         Ok(NewRing {
             local: Arc::new(local),
             for_peer: Arc::new(peer),
         })
-    }
-
-    fn map(fd: &OwnedFd, len: usize, geometry: RingGeometry) -> io::Result<MemfdRing> {
-        // SAFETY: a fresh shared mapping of a memfd of `len` bytes; no
-        // existing memory is affected.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let base = NonNull::new(ptr.cast::<u8>()).ok_or_else(io::Error::last_os_error)?;
-        // SAFETY: the mapping is page aligned, `len` bytes, and unmapped only
-        // when this value drops, after every RawRing copy taken from it is
-        // gone (holders keep the Arc next to the ring they use); it is only
-        // accessed through RawRing.
-        let ring = unsafe { RawRing::from_region(base, len, geometry) }
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-        Ok(MemfdRing { base, len, ring })
-    }
-}
-
-impl RingRegion for MemfdRing {
-    fn ring(&self) -> RawRing {
-        self.ring
-    }
-}
-
-impl Drop for MemfdRing {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unmapped once.
-        unsafe {
-            libc::munmap(self.base.as_ptr().cast(), self.len);
-        }
     }
 }

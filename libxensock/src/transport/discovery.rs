@@ -261,8 +261,7 @@ impl Inner {
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
         while Instant::now() < end && !self.stop.load(Ordering::Acquire) {
             std::thread::yield_now();
-            // SAFETY: room for 8 events; the epoll fd is ours; no sleep.
-            let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), evs.as_mut_ptr(), 8, 0) };
+            let n = sys::epoll_wait(self.epoll.as_fd(), &mut evs, 0);
             let Ok(n) = usize::try_from(n) else {
                 return;
             };

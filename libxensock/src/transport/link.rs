@@ -426,20 +426,7 @@ impl Inner {
             return;
         }
         if !self.kick_timer_armed.swap(true, Ordering::AcqRel) {
-            let spec = libc::itimerspec {
-                it_interval: libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                },
-                it_value: libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: CLOSE_KICK_DELAY.as_nanos() as libc::c_long,
-                },
-            };
-            // SAFETY: a valid timer descriptor and spec; no old value wanted.
-            unsafe {
-                libc::timerfd_settime(self.kick_timer.as_raw_fd(), 0, &spec, std::ptr::null_mut())
-            };
+            sys::timerfd_arm(self.kick_timer.as_fd(), CLOSE_KICK_DELAY);
         }
     }
 

@@ -39,15 +39,7 @@ pub(super) fn manager_thread(inner: Arc<Inner>) {
         } else {
             -1
         };
-        // SAFETY: `events` has room for its length; the epoll fd is ours.
-        let n = unsafe {
-            libc::epoll_wait(
-                inner.epoll.as_raw_fd(),
-                events.as_mut_ptr(),
-                events.len() as i32,
-                timeout,
-            )
-        };
+        let n = sys::epoll_wait(inner.epoll.as_fd(), &mut events, timeout);
         if n < 0 {
             if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                 continue;
@@ -68,9 +60,7 @@ pub(super) fn manager_thread(inner: Arc<Inner>) {
             if token == 0 {
                 inner.sink.wake.drain();
             } else if token == KICK_TIMER_TOKEN {
-                let mut v = 0u64;
-                // SAFETY: reads 8 bytes into a local u64; non-blocking.
-                unsafe { libc::read(inner.kick_timer.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+                sys::read_counter(inner.kick_timer.as_fd());
                 // Before scanning: a Close sent after this re-arms it.
                 inner.kick_timer_armed.store(false, Ordering::Release);
                 owed = true;

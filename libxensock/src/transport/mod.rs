@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -34,7 +34,6 @@ use crate::conn::{
     lock, Conn, ConnIo, ConnPhase, KickWait, LinkShared, RxSide, TxSide, NOT_WAITING,
 };
 use crate::error::{errno, Error};
-use crate::evfd::EventFd;
 use crate::listener::{ListenerShared, XenListener};
 use crate::rings::HeldRing;
 use crate::rings::{
@@ -42,6 +41,8 @@ use crate::rings::{
     verify_fresh, MappedRing, OwnedRing, LINK_MAPPER_ALIVE_OFFSET, LINK_OWNER_ALIVE_OFFSET,
 };
 use crate::stream::XenStream;
+use crate::sys;
+use crate::sys::eventfd::EventFd;
 
 mod config;
 mod connections;
@@ -326,9 +327,7 @@ fn random_u32() -> u32 {
     let mut b = [0u8; 4];
     // getrandom(2) rather than opening /dev/urandom: this runs on every
     // connect (the cookie), where an open and a close showed up in profiles.
-    // SAFETY: writes at most 4 bytes into `b`.
-    let got = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if got != b.len() as isize {
+    if !sys::random_fill(&mut b) {
         if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
             let _ = io::Read::read_exact(&mut f, &mut b);
         }
@@ -387,30 +386,13 @@ impl Transport {
         // One process of the domain runs its transport: a second would take
         // over the link nodes and break the first one's connections.
         let claim = crate::claim::Claim::take(&claim_path(kind, &xs))?;
-        // SAFETY: epoll_create1 has no pointer arguments.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if ep < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor we own.
-        let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+        let epoll = sys::epoll_create()?;
         let sink = Arc::new(WatchSink {
             events: Mutex::new(Vec::new()),
             wake: EventFd::new()?,
         });
         epoll_add(&epoll, sink.wake.as_raw_fd(), 0)?;
-        // SAFETY: timerfd_create has no pointer arguments.
-        let tfd = unsafe {
-            libc::timerfd_create(
-                libc::CLOCK_MONOTONIC,
-                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-            )
-        };
-        if tfd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor we own.
-        let kick_timer = unsafe { OwnedFd::from_raw_fd(tfd) };
+        let kick_timer = sys::timerfd_create()?;
         epoll_add(&epoll, kick_timer.as_raw_fd(), KICK_TIMER_TOKEN)?;
         // a malformed setting is an error here, not silently the default
         env_ms(ENV_LINK_TIMEOUT_MS)?;
@@ -564,8 +546,9 @@ impl Transport {
             }
             // A static is never dropped: withdraw our XenStore nodes and
             // close the connections at exit, as dropping it would.
-            // SAFETY: registers a plain `extern "C" fn()` with no captures.
-            unsafe { libc::atexit(global_at_exit) };
+            if !sys::at_exit(global_at_exit) {
+                tracing::warn!("no exit hook: connections reset when the process exits");
+            }
         }
         Ok(t)
     }
@@ -936,22 +919,11 @@ impl Transport {
 }
 
 fn epoll_add(ep: &OwnedFd, fd: i32, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: token,
-    };
-    // SAFETY: valid epoll and target descriptors; ev outlives the call.
-    let rc = unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    sys::epoll_add(ep.as_fd(), fd, token)
 }
 
 fn epoll_del(ep: &OwnedFd, fd: i32) {
-    let mut ev = libc::epoll_event { events: 0, u64: 0 };
-    // SAFETY: as in epoll_add; failure (already gone) is harmless.
-    unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
+    sys::epoll_del(ep.as_fd(), fd)
 }
 
 /// The transport's leg listener and the endpoint peers reach it at. In the

@@ -24,8 +24,8 @@ fn no_alloc() -> RingAlloc {
 
 #[test]
 fn corrupt_ring_index_resets_the_connection() {
-    let rx = MemfdRing::pair(11, identity(1, 2, 71, 0)).unwrap();
-    let tx = MemfdRing::pair(11, identity(2, 1, 72, 0)).unwrap();
+    let rx = MemfdRing::new_ring(11, identity(1, 2, 71, 0)).unwrap();
+    let tx = MemfdRing::new_ring(11, identity(2, 1, 72, 0)).unwrap();
     // The peer's view of the ring we read: it claims more bytes than fit.
     let peer_view = rx.for_peer.clone();
     let la = listener("127.0.0.1".parse().unwrap());

@@ -118,8 +118,8 @@ pub fn lone_engine(
     peer_lost_after: Duration,
 ) -> Engine {
     let rings = on_ring.then(|| {
-        let rx = MemfdRing::pair(11, identity(1, 2, local, 0)).unwrap();
-        let tx = MemfdRing::pair(11, identity(2, 1, peer_id, 0)).unwrap();
+        let rx = MemfdRing::new_ring(11, identity(1, 2, local, 0)).unwrap();
+        let tx = MemfdRing::new_ring(11, identity(2, 1, peer_id, 0)).unwrap();
         InitialRings {
             rx: rx.local,
             tx: tx.for_peer,

@@ -5,6 +5,8 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
+use super::{read_counter, write_counter};
+
 #[derive(Debug)]
 pub(crate) struct EventFd(OwnedFd);
 
@@ -21,29 +23,12 @@ impl EventFd {
 
     /// Makes the descriptor readable (a new edge for epoll users).
     pub(crate) fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a local u64. EAGAIN (counter
-        // saturated) means it is readable already, which is all we want.
-        unsafe {
-            libc::write(
-                self.0.as_raw_fd(),
-                (&one as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            );
-        }
+        write_counter(self.0.as_fd(), 1);
     }
 
     /// Makes the descriptor unreadable again.
     pub(crate) fn drain(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a local u64; non-blocking.
-        unsafe {
-            libc::read(
-                self.0.as_raw_fd(),
-                (&mut v as *mut u64).cast(),
-                std::mem::size_of::<u64>(),
-            );
-        }
+        read_counter(self.0.as_fd());
     }
 }
 
