@@ -200,7 +200,7 @@ static void init_pattern(void)
 	}
 }
 
-/* /proc/net/af_xen_stats counters of the data path (af-xen-kmod/src/sys.rs);
+/* /proc/net/af_xen_stats counters of the data path (af-xen-kmod/src/sys/mod.rs);
  * the first NEVENTS are events, printed per unit; the rest feed the cost line */
 static const char *const afx_ctr[] = { "irqs", "irq_wakes", "irq_work", "data_kicks", "sleeps", "spin_hits",
 				       "send_calls", "send_ns", "recv_calls", "recv_ns", "tx_copy_ns",
@@ -478,7 +478,7 @@ static int serve(struct conn *c, long mib, long n)
 	return bad ? 1 : 0;
 }
 
-/* This connection's line of /proc/net/af_xen (af-xen-kmod/src/sock.rs,
+/* This connection's line of /proc/net/af_xen (af-xen-kmod/src/socket/mod.rs,
  * proc_show), found by its local port: its carrier column and how many of
  * its directions went to TCP. 0 when found. */
 static int afx_carrier(int fd, char *carrier, size_t cn, long *to_tcp)
