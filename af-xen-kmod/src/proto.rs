@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 //! proto's sources (`xensock-proto`), compiled into this crate since Kbuild
-//! has no cargo: the wire format, ring layout and the pure decisions both
-//! hosts share. Nothing here is re-implemented by the module.
+//! has no cargo: the wire format, ring layout, the link handshake's layout
+//! and the pure decisions both hosts share. Nothing here is re-implemented by the module.
 
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 #[path = "../../proto/src/ctrl.rs"]
@@ -9,6 +9,9 @@ pub(crate) mod ctrl;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 #[path = "../../proto/src/layout.rs"]
 pub(crate) mod layout;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/link.rs"]
+pub(crate) mod link;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 #[path = "../../proto/src/mem.rs"]
 pub(crate) mod mem;

@@ -17,7 +17,7 @@ pub const ADVERT_VERSION: &str = "data/xensock/version";
 /// Below a guest's home: one directory per peer it has a link with,
 /// `data/xensock/link/<peer>` (`docs/protocol.md` 6.1). The agent makes
 /// them for co-resident pairs.
-pub const LINK_DIR: &str = "data/xensock/link";
+pub const LINK_DIR: &str = xensock_proto::link::LINK_DIR;
 
 /// Dom0-owned, guest-readable xensock directory of a guest.
 pub const XENSOCK: &str = "xensock";

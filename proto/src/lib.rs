@@ -12,6 +12,8 @@
 //! * [`mem`]: [`ring::RingMemory`] over raw shared memory.
 //! * [`record`]: record framing for `SOCK_SEQPACKET` messages over the
 //!   byte ring (header, validation, whole-record publication).
+//! * [`link`]: the link handshake's XenStore layout, states and what a
+//!   half read back means.
 //! * [`ctrl`]: the versioned control-message codec for the link and the TCP
 //!   leg, strict on untrusted input.
 //! * [`switch`]: the ring <-> TCP carrier state machine, with byte offsets
@@ -58,6 +60,7 @@ pub mod ctrl;
 #[cfg(feature = "arbitrary")]
 pub mod fuzzing;
 pub mod layout;
+pub mod link;
 pub mod mem;
 pub mod record;
 pub mod ring;

@@ -12,6 +12,7 @@ pub(crate) mod wake;
 
 use crate::proto::ctrl::{self, Channel, Message, RejectReason, ResetReason, SockType};
 use crate::proto::layout::{RingGeometry, RingIdentity, LINK_RING_MAGIC, LINK_RING_ORDER};
+use crate::proto::link::{node, HalfPath, HalfValues, LinkState, LINK_DIR};
 use crate::proto::mem::RawRing;
 use crate::proto::ring::{Consumer, Field, Producer, RingMemory};
 use crate::socket::{self, XenSock};
@@ -25,8 +26,6 @@ use kernel::str::CString;
 use kernel::sync::{Arc, Mutex};
 use wake::LinkWake;
 
-const STATE_INITIALISED: i32 = 3;
-const STATE_CONNECTED: i32 = 4;
 /// Control frames handled per run of the work item before it requeues
 /// itself (a busy link must not starve the other work of the system).
 const DRAIN_BATCH: usize = 1024;
@@ -176,7 +175,7 @@ pub(crate) fn next_conn_id() -> u32 {
 }
 
 fn root(me: u32) -> Result<CString> {
-    CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link", me))
+    CString::try_from_fmt(fmt!("/local/domain/{}/{}", me, LINK_DIR))
 }
 
 /// `/local/domain/<me>/xensock/gone`: dom0's word that a domain is gone
@@ -204,15 +203,13 @@ fn link_geometry() -> Result<RingGeometry> {
 impl Link {
     /// Advertises our half for `peer` (dom0 made the directory).
     fn create(me: u32, peer: u32) -> Result<Arc<Link>> {
-        let my_dir =
-            CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}", me, peer))?;
-        let peer_dir =
-            CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}", peer, me))?;
-        let state_path = CString::try_from_fmt(fmt!(
-            "/local/domain/{}/data/xensock/link/{}/state",
-            peer,
-            me
-        ))?;
+        let my_dir = CString::try_from_fmt(fmt!("{}", HalfPath { owner: me, peer }))?;
+        let their_half = HalfPath {
+            owner: peer,
+            peer: me,
+        };
+        let peer_dir = CString::try_from_fmt(fmt!("{}", their_half))?;
+        let state_path = CString::try_from_fmt(fmt!("{}/{}", their_half, node::STATE))?;
         // dom0 writes a peer's table entry with (or before) the pair's link
         // directories, so it is there whenever a link is made
         let table_entry =
@@ -232,7 +229,12 @@ impl Link {
         let lw = LinkWake::new()?;
         lw.set_ctrl(Some(ring));
         let chan = Evtchn::alloc_unbound(peer, &lw)?;
-        xs::advertise(&my_dir, grant.gref, chan.port, STATE_INITIALISED)?;
+        xs::advertise(
+            &my_dir,
+            grant.gref,
+            chan.port,
+            LinkState::Initialised.value() as i32,
+        )?;
         let watch = xs::Watch::add(&state_path).ok();
         pr_info!(
             "link to dom{}: advertised ring-ref {} event-channel {}\n",
@@ -398,10 +400,10 @@ impl Link {
         let ours = i
             .mine
             .as_ref()
-            .map(|m| xs::read_u32(&self.my_dir, c"ring-ref") == Some(m._grant.gref))
+            .map(|m| xs::read_u32(&self.my_dir, node::RING_REF) == Some(m._grant.gref))
             .unwrap_or(false);
         if ours {
-            let _ = xs::write_state(&self.my_dir, STATE_CONNECTED);
+            let _ = xs::write_state(&self.my_dir, LinkState::Connected.value() as i32);
         }
         pr_info!(
             "link to dom{} up (peer ring-ref {} event-channel {})\n",
@@ -489,13 +491,13 @@ impl Link {
         // state into the new, empty directory before we advertised again
         // (run kmod-migrate-20261122-091200: state 4 without a ring-ref,
         // and the peer never attached)
-        if xs::read_u32(&self.my_dir, c"ring-ref") == Some(mine._grant.gref) {
+        if xs::read_u32(&self.my_dir, node::RING_REF) == Some(mine._grant.gref) {
             return;
         }
         let state = if i.peer.is_some() {
-            STATE_CONNECTED
+            LinkState::Connected.value() as i32
         } else {
-            STATE_INITIALISED
+            LinkState::Initialised.value() as i32
         };
         if xs::advertise(&self.my_dir, mine._grant.gref, mine._chan.port, state).is_ok() {
             pr_info!(
@@ -563,10 +565,12 @@ impl Link {
     }
 
     fn follow_peer(self: &Arc<Self>, i: &mut LinkInner) {
-        let st = xs::read_u32(&self.peer_dir, c"state");
-        let gref = xs::read_u32(&self.peer_dir, c"ring-ref");
-        let port = xs::read_u32(&self.peer_dir, c"event-channel");
-        let advertised = matches!(st, Some(3) | Some(4));
+        let st = xs::read_u32(&self.peer_dir, node::STATE);
+        let gref = xs::read_u32(&self.peer_dir, node::RING_REF);
+        let port = xs::read_u32(&self.peer_dir, node::EVENT_CHANNEL);
+        let advertised = st
+            .and_then(LinkState::from_value)
+            .is_some_and(LinkState::is_offered);
         if let Some(ph) = &i.peer {
             if !advertised && st.is_none() {
                 // vanished, not retracted: a destroyed domain, or a pair
@@ -1049,13 +1053,21 @@ pub(crate) fn user_space_link(me: u32) -> Option<u32> {
     let mut ids = [0u32; 64];
     let n = xs::dir_ids(&dir, &mut ids);
     ids[..n].iter().copied().find(|peer| {
-        let Ok(half) =
-            CString::try_from_fmt(fmt!("/local/domain/{}/data/xensock/link/{}", me, peer))
-        else {
+        let Ok(half) = CString::try_from_fmt(fmt!(
+            "{}",
+            HalfPath {
+                owner: me,
+                peer: *peer
+            }
+        )) else {
             return false;
         };
-        xs::read_u32(&half, c"generation").is_some()
-            && matches!(xs::read_u32(&half, c"state"), Some(1..=4))
+        HalfValues {
+            generation: xs::read_u32(&half, node::GENERATION),
+            state: xs::read_u32(&half, node::STATE),
+            ..HalfValues::default()
+        }
+        .held_by_user_space()
     })
 }
 

@@ -1299,7 +1299,9 @@ pub(crate) mod xs {
         // SAFETY: NUL-terminated path.
         unsafe { afx_xs_retract(dir.as_bytes_with_nul().as_ptr()) }
     }
-    pub(crate) fn read_u32(dir: &CString, node: &core::ffi::CStr) -> Option<u32> {
+    /// `dir/node` as a number; None if it is missing or not one.
+    pub(crate) fn read_u32(dir: &CString, node: &str) -> Option<u32> {
+        let node = CString::try_from_fmt(kernel::fmt!("{}", node)).ok()?;
         let mut v: c_uint = 0;
         // SAFETY: NUL-terminated strings, out parameter.
         let r = unsafe {

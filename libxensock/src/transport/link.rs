@@ -56,18 +56,19 @@ impl Inner {
                     ],
                 )?;
             }
-            tx.write(&format!("{node}/version"), "1")?;
-            tx.write(&format!("{node}/ring-ref"), ring_ref.to_string())?;
-            tx.write(&format!("{node}/event-channel"), port.to_string())?;
-            tx.write(&format!("{node}/generation"), gen.to_string())?;
+            let at = |name: &str| format!("{node}/{name}");
+            tx.write(&at(node::VERSION), xensock_proto::link::LINK_VERSION)?;
+            tx.write(&at(node::RING_REF), ring_ref.to_string())?;
+            tx.write(&at(node::EVENT_CHANNEL), port.to_string())?;
+            tx.write(&at(node::GENERATION), gen.to_string())?;
             tx.write(
-                &format!("{node}/peer-generation"),
+                &at(node::PEER_GENERATION),
                 peer_gen.unwrap_or(0).to_string(),
             )?;
             if self.cfg.ring_reuse {
-                tx.write(&format!("{node}/{FEATURE_RING_REUSE}"), "1")?;
+                tx.write(&at(node::FEATURE_RING_REUSE), "1")?;
             }
-            tx.write(&format!("{node}/state"), STATE_INITIALISED)?;
+            tx.write(&at(node::STATE), LinkState::Initialised.as_str())?;
             Ok(!exists)
         })?;
         epoll_add(&self.epoll, rx_chan.as_raw_fd(), u64::from(peer) + 1)?;
@@ -107,7 +108,7 @@ impl Inner {
         &self,
         st: &mut State,
         peer: DomId,
-        info: &PeerNode,
+        info: &PeerHalf,
     ) -> Result<(), Error> {
         let Some(link) = st.links.get_mut(&peer) else {
             return Ok(());
@@ -124,7 +125,8 @@ impl Inner {
             &grant,
             &link_identity(peer, self.domid()),
         )?;
-        let chan: Arc<dyn EventChannel> = Arc::from(self.xen.bind_interdomain(peer, info.port)?);
+        let chan: Arc<dyn EventChannel> =
+            Arc::from(self.xen.bind_interdomain(peer, info.event_channel)?);
         set_byte(ring.region.as_ref(), LINK_MAPPER_ALIVE_OFFSET, 1);
         ring.region.set_unmap_notify(UnmapNotify {
             clear_byte: Some(LINK_MAPPER_ALIVE_OFFSET),
@@ -132,12 +134,13 @@ impl Inner {
         })?;
         let p = Producer::new(ring.ring);
         link.tx = Some(LinkTx { ring, p, chan });
-        link.peer_gen = Some(info.gen);
+        link.peer_gen = Some(info.generation);
         link.reuse = self.cfg.ring_reuse && info.ring_reuse;
-        tracing::info!(peer, gen = link.gen, peer_gen = info.gen, "link up");
-        let _ = self
-            .xs
-            .write(&format!("{}/state", self.my_node(peer)), STATE_CONNECTED);
+        tracing::info!(peer, gen = link.gen, peer_gen = info.generation, "link up");
+        let _ = self.xs.write(
+            &format!("{}/{}", self.my_node(peer), node::STATE),
+            LinkState::Connected.as_str(),
+        );
         let _ = self.flush_link(link);
         if let Some(tx) = &link.tx {
             let _ = tx.chan.notify();
@@ -146,34 +149,24 @@ impl Inner {
         Ok(())
     }
 
-    pub(super) fn read_peer_node(&self, peer: DomId) -> Result<Option<PeerNode>, XsError> {
-        let node = self.peer_node(peer);
+    pub(super) fn read_peer_node(&self, peer: DomId) -> Result<Option<PeerHalf>, XsError> {
+        let half = self.peer_node(peer);
         let num = |name: &str| -> Result<Option<u32>, XsError> {
             Ok(self
                 .xs
-                .try_read(&format!("{node}/{name}"))?
+                .try_read(&format!("{half}/{name}"))?
                 .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok()))
         };
-        let read = || -> Result<Option<PeerNode>, XsError> {
-            let (Some(ring_ref), Some(port), Some(state)) =
-                (num("ring-ref")?, num("event-channel")?, num("state")?)
-            else {
-                return Ok(None);
+        let read = || -> Result<Option<PeerHalf>, XsError> {
+            let values = HalfValues {
+                ring_ref: num(node::RING_REF)?,
+                event_channel: num(node::EVENT_CHANNEL)?,
+                state: num(node::STATE)?,
+                generation: num(node::GENERATION)?,
+                peer_generation: num(node::PEER_GENERATION)?,
+                ring_reuse: num(node::FEATURE_RING_REUSE)?,
             };
-            // Hosts that write no `generation` (the kernel module) are
-            // identified by their ring-ref and port: a restart changes them.
-            let gen = num("generation")?
-                .unwrap_or_else(|| (ring_ref.rotate_left(16) ^ port ^ 0x5853_0000) | 1);
-            if !(3..=4).contains(&state) {
-                return Ok(None);
-            }
-            Ok(Some(PeerNode {
-                gen,
-                ring_ref,
-                port,
-                peer_gen: num("peer-generation")?.unwrap_or(0),
-                ring_reuse: num(FEATURE_RING_REUSE)? == Some(1),
-            }))
+            Ok(values.offered())
         };
         match read() {
             Ok(v) => Ok(v),
@@ -202,17 +195,17 @@ impl Inner {
             }
             return;
         };
-        if st.dead_gens.get(&peer) == Some(&info.gen) {
+        if st.dead_gens.get(&peer) == Some(&info.generation) {
             return;
         }
         match st.links.get(&peer).map(|l| (l.gen, l.peer_gen)) {
-            Some((_, Some(g))) if g == info.gen => return,
+            Some((_, Some(g))) if g == info.generation => return,
             Some((_, Some(_))) => {
                 // The peer restarted: everything on the old link is dead.
                 self.link_down(st, peer, true);
             }
             Some((mine, None)) => {
-                if info.peer_gen != 0 && info.peer_gen != mine {
+                if info.peer_generation != 0 && info.peer_generation != mine {
                     // An answer to an older offer of ours; it will see the
                     // current one and answer again.
                     return;
@@ -229,7 +222,7 @@ impl Inner {
         if st.links.contains_key(&peer) {
             return;
         }
-        if self.create_link(st, peer, Some(info.gen)).is_err() {
+        if self.create_link(st, peer, Some(info.generation)).is_err() {
             return;
         }
         if self.attach_link(st, peer, &info).is_err() {
@@ -350,11 +343,11 @@ impl Inner {
                 return Ok(());
             }
             for name in [
-                "ring-ref",
-                "event-channel",
-                "generation",
-                "peer-generation",
-                FEATURE_RING_REUSE,
+                node::RING_REF,
+                node::EVENT_CHANNEL,
+                node::GENERATION,
+                node::PEER_GENERATION,
+                node::FEATURE_RING_REUSE,
             ] {
                 match tx.rm(&format!("{node}/{name}")) {
                     Ok(()) => {}
@@ -362,7 +355,10 @@ impl Inner {
                     Err(e) => return Err(e),
                 }
             }
-            tx.write(&format!("{node}/state"), STATE_CLOSED)
+            tx.write(
+                &format!("{node}/{}", node::STATE),
+                LinkState::Closed.as_str(),
+            )
         });
     }
 

@@ -19,6 +19,7 @@ use xensock_proto::ctrl::{
     self, Channel, Message, RejectReason, ResetReason, SockType, TcpEndpoint,
 };
 use xensock_proto::layout::{RingGeometry, RingIdentity, LINK_RING_ORDER};
+use xensock_proto::link::{node, HalfPath, HalfValues, LinkState, PeerHalf};
 use xensock_proto::mem::RawRing;
 use xensock_proto::ring::{Consumer, Field, Producer, RingMemory};
 use xensock_xenif::xs_wire::{Perm, PermAccess, XsErrno};
@@ -60,19 +61,7 @@ pub use status::{Carrier, ConnStatus, LegCounters, LinkStatus, Status};
 
 /// XenStore directory, relative to a domain's home, under which a domain
 /// publishes one node per peer it has a link with: `data/xensock/link/<peer>`.
-pub const LINK_DIR: &str = xensock_discovery::layout::LINK_DIR;
-
-/// `state` of a link node once our half is advertised (`XenbusStateInitialised`).
-pub const STATE_INITIALISED: &str = "3";
-/// `state` once we mapped the peer's page and bound its port (`XenbusStateConnected`).
-pub const STATE_CONNECTED: &str = "4";
-/// `state` of a withdrawn half-link in a directory dom0 made (`XenbusStateClosed`).
-pub const STATE_CLOSED: &str = "6";
-
-/// Key of a link node that advertises ring reuse (`docs/protocol.md` 6.6):
-/// "1" when this side keeps rings granted and mapped across connections
-/// and speaks `RingRetire`. Absent (the kernel module today): no reuse.
-pub const FEATURE_RING_REUSE: &str = "feature-ring-reuse";
+pub const LINK_DIR: &str = xensock_proto::link::LINK_DIR;
 
 /// Idle receive rings kept per ring order on a link, at most.
 const POOL_PER_ORDER: usize = 8;
@@ -990,7 +979,11 @@ impl Inner {
     }
 
     fn peer_node(&self, peer: DomId) -> String {
-        format!("/local/domain/{peer}/{LINK_DIR}/{}", self.domid())
+        HalfPath {
+            owner: u32::from(peer),
+            peer: u32::from(self.domid()),
+        }
+        .to_string()
     }
 
     /// The agent's co-residency table for us.
@@ -1032,7 +1025,7 @@ impl Inner {
     fn peer_retracted(&self, peer: DomId) -> bool {
         matches!(
             self.xs.try_read(&format!("{}/state", self.peer_node(peer))),
-            Ok(Some(v)) if std::str::from_utf8(&v).ok().map(str::trim) == Some(STATE_CLOSED)
+            Ok(Some(v)) if std::str::from_utf8(&v).ok().map(str::trim) == Some(LinkState::Closed.as_str())
         )
     }
 
@@ -1078,12 +1071,4 @@ struct Request {
     dst_port: u32,
     cookie: u64,
     tcp: TcpEndpoint,
-}
-
-struct PeerNode {
-    gen: u32,
-    ring_ref: u32,
-    port: u32,
-    peer_gen: u32,
-    ring_reuse: bool,
 }

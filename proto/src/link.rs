@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The link handshake in XenStore (`docs/protocol.md` 6.1): where each
+//! domain's half of a link lives, its node names and states, and what a
+//! half read back from XenStore means. Both hosts (the kernel module and
+//! the user-space transport) decide with these.
+
+use core::fmt;
+
+/// Below a domain's home: one directory per peer it has a link with,
+/// `data/xensock/link/<peer>`.
+pub const LINK_DIR: &str = "data/xensock/link";
+
+/// The names of the values in a half's directory.
+pub mod node {
+    /// The half's protocol version (`"1"`).
+    pub const VERSION: &str = "version";
+    /// Grant reference of the owner's control receive page.
+    pub const RING_REF: &str = "ring-ref";
+    /// The port the owner allocated unbound for the peer.
+    pub const EVENT_CHANNEL: &str = "event-channel";
+    /// Random non-zero u32 naming this instance of the half (optional).
+    pub const GENERATION: &str = "generation";
+    /// The peer's generation this half answered, 0 when it offered first.
+    pub const PEER_GENERATION: &str = "peer-generation";
+    /// `1`: the owner keeps data rings across connections (6.6).
+    pub const FEATURE_RING_REUSE: &str = "feature-ring-reuse";
+    /// The half's [`super::LinkState`].
+    pub const STATE: &str = "state";
+}
+
+/// The version a half writes in [`node::VERSION`].
+pub const LINK_VERSION: &str = "1";
+
+/// A half's `state` (Xenbus states, as split drivers use them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// Being set up.
+    Initialising,
+    /// Waiting for the other end.
+    InitWait,
+    /// Advertised: the page is granted and the port allocated.
+    Initialised,
+    /// The owner mapped the peer's page and bound its port.
+    Connected,
+    /// Going away.
+    Closing,
+    /// Withdrawn (in a directory dom0 made, which the owner does not remove).
+    Closed,
+}
+
+impl LinkState {
+    /// The state a `state` value names, if any.
+    pub fn from_value(v: u32) -> Option<LinkState> {
+        Some(match v {
+            1 => LinkState::Initialising,
+            2 => LinkState::InitWait,
+            3 => LinkState::Initialised,
+            4 => LinkState::Connected,
+            5 => LinkState::Closing,
+            6 => LinkState::Closed,
+            _ => return None,
+        })
+    }
+
+    /// The value written to `state`.
+    pub fn value(self) -> u32 {
+        match self {
+            LinkState::Initialising => 1,
+            LinkState::InitWait => 2,
+            LinkState::Initialised => 3,
+            LinkState::Connected => 4,
+            LinkState::Closing => 5,
+            LinkState::Closed => 6,
+        }
+    }
+
+    /// The value as XenStore holds it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkState::Initialising => "1",
+            LinkState::InitWait => "2",
+            LinkState::Initialised => "3",
+            LinkState::Connected => "4",
+            LinkState::Closing => "5",
+            LinkState::Closed => "6",
+        }
+    }
+
+    /// Whether a half in this state can be attached to: advertised or
+    /// connected.
+    pub fn is_offered(self) -> bool {
+        matches!(self, LinkState::Initialised | LinkState::Connected)
+    }
+}
+
+/// The absolute path of `owner`'s half of its link with `peer`:
+/// `/local/domain/<owner>/data/xensock/link/<peer>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HalfPath {
+    /// The domain whose home holds the half.
+    pub owner: u32,
+    /// The other end of the link.
+    pub peer: u32,
+}
+
+impl fmt::Display for HalfPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "/local/domain/{}/{}/{}", self.owner, LINK_DIR, self.peer)
+    }
+}
+
+/// A peer's half as read back, each value `None` when missing or not a
+/// number.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HalfValues {
+    /// [`node::RING_REF`].
+    pub ring_ref: Option<u32>,
+    /// [`node::EVENT_CHANNEL`].
+    pub event_channel: Option<u32>,
+    /// [`node::STATE`].
+    pub state: Option<u32>,
+    /// [`node::GENERATION`].
+    pub generation: Option<u32>,
+    /// [`node::PEER_GENERATION`].
+    pub peer_generation: Option<u32>,
+    /// [`node::FEATURE_RING_REUSE`].
+    pub ring_reuse: Option<u32>,
+}
+
+/// A peer's half that can be attached to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerHalf {
+    /// Its generation: written, or derived from its ring-ref and port for
+    /// a host that writes none (a restart changes those).
+    pub generation: u32,
+    /// Its control page's grant reference.
+    pub ring_ref: u32,
+    /// Its port, for us to bind.
+    pub event_channel: u32,
+    /// Our generation it answered (0: it offered first).
+    pub peer_generation: u32,
+    /// It keeps data rings across connections.
+    pub ring_reuse: bool,
+}
+
+impl HalfValues {
+    /// The half, if it is offered or connected and complete.
+    pub fn offered(&self) -> Option<PeerHalf> {
+        let (ring_ref, event_channel) = (self.ring_ref?, self.event_channel?);
+        if !LinkState::from_value(self.state?).is_some_and(LinkState::is_offered) {
+            return None;
+        }
+        Some(PeerHalf {
+            generation: self
+                .generation
+                .unwrap_or_else(|| derived_generation(ring_ref, event_channel)),
+            ring_ref,
+            event_channel,
+            peer_generation: self.peer_generation.unwrap_or(0),
+            ring_reuse: self.ring_reuse == Some(1),
+        })
+    }
+
+    /// Whether the half is kept by a live user-space transport: only it
+    /// writes a generation, and it is not withdrawn. (The kernel module
+    /// refuses to load beside one: both would own the domain's halves.)
+    pub fn held_by_user_space(&self) -> bool {
+        self.generation.is_some()
+            && self.state.and_then(LinkState::from_value).is_some_and(|s| {
+                matches!(
+                    s,
+                    LinkState::Initialising
+                        | LinkState::InitWait
+                        | LinkState::Initialised
+                        | LinkState::Connected
+                )
+            })
+    }
+}
+
+/// The generation of a half that writes none, from its ring-ref and port.
+fn derived_generation(ring_ref: u32, event_channel: u32) -> u32 {
+    (ring_ref.rotate_left(16) ^ event_channel ^ 0x5853_0000) | 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_and_only_offered_ones_attach() {
+        for v in 1..=6 {
+            let s = LinkState::from_value(v).unwrap();
+            assert_eq!(s.value(), v);
+            assert_eq!(s.as_str().parse::<u32>().unwrap(), v);
+            assert_eq!(s.is_offered(), v == 3 || v == 4);
+        }
+        assert_eq!(LinkState::from_value(0), None);
+        assert_eq!(LinkState::from_value(7), None);
+    }
+
+    #[test]
+    fn a_half_is_attached_to_only_when_complete_and_offered() {
+        let full = HalfValues {
+            ring_ref: Some(8),
+            event_channel: Some(9),
+            state: Some(3),
+            generation: Some(77),
+            peer_generation: None,
+            ring_reuse: Some(1),
+        };
+        assert_eq!(
+            full.offered(),
+            Some(PeerHalf {
+                generation: 77,
+                ring_ref: 8,
+                event_channel: 9,
+                peer_generation: 0,
+                ring_reuse: true,
+            })
+        );
+        for broken in [
+            HalfValues {
+                ring_ref: None,
+                ..full
+            },
+            HalfValues {
+                event_channel: None,
+                ..full
+            },
+            HalfValues {
+                state: None,
+                ..full
+            },
+            HalfValues {
+                state: Some(6),
+                ..full
+            },
+            HalfValues {
+                state: Some(99),
+                ..full
+            },
+        ] {
+            assert_eq!(broken.offered(), None, "{broken:?}");
+        }
+        // A host that writes no generation: derived, odd, and changed by a
+        // restart (new ring-ref or port).
+        let kernel = HalfValues {
+            generation: None,
+            ..full
+        };
+        let g = kernel.offered().unwrap().generation;
+        assert_eq!(g & 1, 1);
+        let restarted = HalfValues {
+            ring_ref: Some(10),
+            ..kernel
+        };
+        assert_ne!(restarted.offered().unwrap().generation, g);
+    }
+
+    #[test]
+    fn only_a_live_user_space_half_is_held() {
+        let h = HalfValues {
+            generation: Some(5),
+            state: Some(4),
+            ..HalfValues::default()
+        };
+        assert!(h.held_by_user_space());
+        assert!(!HalfValues {
+            generation: None,
+            ..h
+        }
+        .held_by_user_space());
+        assert!(!HalfValues {
+            state: Some(6),
+            ..h
+        }
+        .held_by_user_space());
+    }
+
+    #[test]
+    fn half_paths_name_the_owner_then_the_peer() {
+        extern crate std;
+        use std::string::ToString;
+        assert_eq!(
+            HalfPath { owner: 3, peer: 7 }.to_string(),
+            "/local/domain/3/data/xensock/link/7"
+        );
+    }
+}
