@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use xensock_proto::ctrl::RingGrant;
 use xensock_proto::mem::RawRing;
-use xensock_proto::ring::{Consumer, Field, Producer, RingError, RingMemory};
+use xensock_proto::ring::{Consumer, Field, Producer, RingError, RingMemory, Sent};
 use xensock_proto::switch::{RxPath, TxPath};
 use xensock_xenif::{DomId, EventChannel};
 
@@ -298,22 +298,15 @@ impl ConnIo {
         let Some(tx) = self.tx.as_mut() else {
             return Err(errno(libc::EPIPE));
         };
-        let reader = match tx.p.reader_end() {
-            Ok(r) => r,
-            Err(e) => return Err(self.violated(e)),
-        };
-        if reader.reset {
-            self.reset_local();
-            self.phase = ConnPhase::Reset { reported: true };
-            return Err(errno(libc::ECONNRESET));
-        }
-        if reader.closed {
-            return Err(errno(libc::EPIPE));
-        }
-        match tx.p.write(buf) {
-            Ok(0) => Err(io::ErrorKind::WouldBlock.into()),
-            Ok(n) => {
-                let kick = tx.p.flush();
+        match tx.p.send(buf) {
+            Ok(Sent::ReaderReset) => {
+                self.reset_local();
+                self.phase = ConnPhase::Reset { reported: true };
+                Err(errno(libc::ECONNRESET))
+            }
+            Ok(Sent::ReaderClosed) => Err(errno(libc::EPIPE)),
+            Ok(Sent::Full) => Err(io::ErrorKind::WouldBlock.into()),
+            Ok(Sent::Bytes { n, kick }) => {
                 let _ = self.tx_path.record_sent(n as u64);
                 self.bytes_out += n as u64;
                 if kick {

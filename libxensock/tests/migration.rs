@@ -958,11 +958,15 @@ fn child_tcp_writer() {
     let s = XenStream::connect(addr.as_str()).unwrap();
     Transport::global().unwrap().suspend();
     let t = Transport::global().unwrap();
-    assert!(t
+    // (the switch to TCP completes in the background)
+    assert!(eventually(Duration::from_secs(20), || t
         .status()
         .connections
         .iter()
-        .all(|c| matches!(&c.carrier, Carrier::Engine { tx: "tcp", .. })));
+        .all(|c| matches!(
+            &c.carrier,
+            Carrier::Engine { tx: "tcp", .. }
+        ))));
     let n: usize = n.parse().unwrap();
     (&s).write_all(&vec![0x5a; n]).unwrap();
     std::mem::forget(s);
@@ -989,15 +993,21 @@ fn an_exiting_process_ends_its_tcp_carried_streams() {
         .envs(db.env())
         .env("XENSOCK_TEST_CONNECT", format!("xen:{}:7007", da.domid))
         .env("XENSOCK_TEST_BYTES", n.to_string())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let (s, _) = l.accept().unwrap();
     let t0 = std::time::Instant::now();
     let r = read_n(s.try_clone().unwrap(), n);
-    let status = child.wait().unwrap();
-    assert!(status.success(), "{status}");
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut h = FNV_INIT;
     fnv(&mut h, &vec![0x5a; n]);
     assert_eq!(r.join().unwrap(), h);

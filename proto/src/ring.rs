@@ -135,6 +135,25 @@ pub struct ReaderEnd {
     pub reset: bool,
 }
 
+/// What one [`Producer::send`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sent {
+    /// `n` bytes written and published; `kick`: the consumer asked to be
+    /// notified (the caller kicks its event channel).
+    Bytes {
+        /// Bytes written.
+        n: usize,
+        /// Whether to kick the consumer.
+        kick: bool,
+    },
+    /// The ring is full: nothing written.
+    Full,
+    /// The consumer reset the connection: nothing written.
+    ReaderReset,
+    /// The consumer reads no more (shut down or closed): nothing written.
+    ReaderClosed,
+}
+
 /// The sending side of a ring.
 ///
 /// `write` publishes data as it goes; `flush` decides, once per burst,
@@ -251,6 +270,26 @@ impl<M: RingMemory> Producer<M> {
         self.prod = self.prod.wrapping_add(n);
         self.mem.store(Field::Prod, self.prod, Ordering::Release);
         Ok(n as usize)
+    }
+
+    /// One send step of a stream, as both hosts take it: the consumer's
+    /// flags first (a reset or closed reader gets nothing), then as much of
+    /// `src` as fits, published, and whether to kick.
+    pub fn send(&mut self, src: &[u8]) -> Result<Sent, RingError> {
+        let end = self.reader_end()?;
+        if end.reset {
+            return Ok(Sent::ReaderReset);
+        }
+        if end.closed {
+            return Ok(Sent::ReaderClosed);
+        }
+        match self.write(src)? {
+            0 => Ok(Sent::Full),
+            n => Ok(Sent::Bytes {
+                n,
+                kick: self.flush(),
+            }),
+        }
     }
 
     /// Space known free without reading the peer's line again (what the

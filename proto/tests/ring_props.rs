@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use common::{pattern, pattern_bytes, Region};
 use proptest::prelude::*;
 use xensock_proto::layout::{MAX_RING_ORDER, MIN_RING_ORDER, PROD_FLAGS_KNOWN};
-use xensock_proto::ring::{Consumer, Field, Producer, RingError};
+use xensock_proto::ring::{Consumer, Field, Producer, RingError, Sent};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -312,4 +312,35 @@ fn skip_then_read_never_reads_past_prod() {
     assert_eq!(rx.read(&mut rest).unwrap(), 4);
     assert_eq!(&rest[..4], &pattern_bytes(16, 4)[..]);
     assert_eq!(rx.read(&mut rest).unwrap(), 0);
+}
+
+#[test]
+fn a_send_step_reads_the_readers_flags_before_it_writes() {
+    let region = Region::new(11, 0);
+    let mut tx = Producer::new(region.ring);
+    let mut rx = Consumer::new(region.ring);
+    // A fresh ring asks for a kick on the first byte.
+    assert_eq!(tx.send(b"ab"), Ok(Sent::Bytes { n: 2, kick: true }));
+    assert_eq!(tx.send(b"c"), Ok(Sent::Bytes { n: 1, kick: false }));
+    assert_eq!(
+        tx.send(&[0; 4096]),
+        Ok(Sent::Bytes {
+            n: 2045,
+            kick: false
+        })
+    );
+    assert_eq!(tx.send(b"d"), Ok(Sent::Full));
+    rx.read(&mut [0; 16]).unwrap();
+    rx.close();
+    assert_eq!(
+        tx.send(b"d"),
+        Ok(Sent::ReaderClosed),
+        "a closed reader gets nothing"
+    );
+    let region = Region::new(11, 0);
+    let mut tx = Producer::new(region.ring);
+    let mut rx = Consumer::new(region.ring);
+    rx.reset();
+    assert_eq!(tx.send(b"x"), Ok(Sent::ReaderReset));
+    assert_eq!(tx.unconsumed(), Ok(0));
 }

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use xensock_proto::ctrl::{Message, ResetReason};
 use xensock_proto::mem::RawRing;
-use xensock_proto::ring::{Consumer, Producer, RingError};
+use xensock_proto::ring::{Consumer, Producer, RingError, Sent};
 use xensock_proto::switch::{
     ConsumedOutcome, RingFromOutcome, RxPath, RxState, SwitchError, TxPath, TxState,
 };
@@ -866,23 +866,23 @@ impl Shared {
                     let Some(p) = tx.producer.as_mut() else {
                         return Err(self.breach(protocol_error("ring state without a ring")));
                     };
-                    let end = p.reader_end().map_err(|e| self.breach(ring_error(e)))?;
-                    if end.reset {
-                        return Err(self.breach(io::ErrorKind::ConnectionReset.into()));
-                    }
-                    if end.closed {
-                        return Err(io::Error::from_raw_os_error(libc::EPIPE));
-                    }
-                    let n = p.write(buf).map_err(|e| self.breach(ring_error(e)))?;
-                    if n > 0 {
-                        let kick = p.flush();
-                        tx.path
-                            .record_sent(n as u64)
-                            .map_err(|e| self.breach(switch_error(e)))?;
-                        if kick {
-                            self.kick();
+                    match p.send(buf).map_err(|e| self.breach(ring_error(e)))? {
+                        Sent::ReaderReset => {
+                            return Err(self.breach(io::ErrorKind::ConnectionReset.into()));
                         }
-                        return Ok(n);
+                        Sent::ReaderClosed => {
+                            return Err(io::Error::from_raw_os_error(libc::EPIPE))
+                        }
+                        Sent::Bytes { n, kick } => {
+                            tx.path
+                                .record_sent(n as u64)
+                                .map_err(|e| self.breach(switch_error(e)))?;
+                            if kick {
+                                self.kick();
+                            }
+                            return Ok(n);
+                        }
+                        Sent::Full => {}
                     }
                     let want = buf.len().min(p.capacity() as usize / 2).max(1) as u32;
                     if !p
