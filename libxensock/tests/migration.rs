@@ -983,7 +983,7 @@ fn an_exiting_process_ends_its_tcp_carried_streams() {
     let bound = Duration::from_secs(60);
     let (_a, l) = stayer(&host, &da, bound, 7007);
     let n = 200_000;
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
             "child_tcp_writer",
