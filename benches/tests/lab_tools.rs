@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! The lab's ratio tools (`lab/tools/pooled-ratios`, `lab/tools/bench-ratios`)
-//! on made-up runs: issue #7's figures in the notes and docs come from
+//! on made-up runs: the TCP carrier figures in the docs come from
 //! them, so their arithmetic and their refusals are checked here.
 
 use std::path::{Path, PathBuf};
