@@ -115,39 +115,7 @@ impl Drop for Advertiser {
 
 /// This machine's addresses, without loopback and IPv6 link-local ones.
 pub fn local_addresses() -> io::Result<Vec<IpAddr>> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list we free below.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut out = Vec::new();
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list getifaddrs returned; ifa_addr
-        // is null or points to a sockaddr of the family it names.
-        unsafe {
-            let ifa = &*cur;
-            let sa = ifa.ifa_addr;
-            if !sa.is_null() {
-                match i32::from((*sa).sa_family) {
-                    libc::AF_INET => {
-                        let sin = &*(sa as *const libc::sockaddr_in);
-                        out.push(IpAddr::from(
-                            u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
-                        ));
-                    }
-                    libc::AF_INET6 => {
-                        let sin6 = &*(sa as *const libc::sockaddr_in6);
-                        out.push(IpAddr::from(sin6.sin6_addr.s6_addr));
-                    }
-                    _ => {}
-                }
-            }
-            cur = ifa.ifa_next;
-        }
-    }
-    // SAFETY: `head` came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(head) };
+    let mut out = crate::sys::interface_addresses()?;
     out.retain(|a| match a {
         IpAddr::V4(v) => !v.is_loopback(),
         IpAddr::V6(v) => !v.is_loopback() && (v.segments()[0] & 0xffc0) != 0xfe80,

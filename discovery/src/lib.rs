@@ -16,6 +16,7 @@ pub mod advert;
 pub mod agent;
 pub mod layout;
 pub mod peers;
+mod sys;
 pub mod xs;
 
 pub use xensock_xenif::DomId;

@@ -45,7 +45,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -280,11 +280,9 @@ impl TxGate {
         };
         let deadline = std::time::Instant::now() + TX_LOCK_WAIT;
         loop {
-            // SAFETY: flock on a descriptor we own; no memory is passed.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            let Err(e) = crate::sys::try_lock_exclusive(file.as_fd()) else {
                 return Some(TxGate { _file: file });
-            }
-            let e = io::Error::last_os_error();
+            };
             if e.raw_os_error() != Some(libc::EWOULDBLOCK) && e.kind() != io::ErrorKind::Interrupted
             {
                 tracing::warn!(path = %path.display(), "xenstore transaction lock: {e}");
@@ -327,9 +325,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Drop for Core {
     fn drop(&mut self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-        unsafe { libc::write(self.wake.as_raw_fd(), std::ptr::addr_of!(one).cast(), 8) };
+        crate::sys::eventfd_signal(self.wake.as_fd());
         if let Some(r) = lock(&self.reader).take() {
             // The reader itself may drop the last reference while routing a
             // message; it exits on its own then.
@@ -365,23 +361,14 @@ impl Core {
         let fd: OwnedFd = if is_socket {
             UnixStream::connect(path)?.into()
         } else {
-            let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-                .map_err(|_| XsError::InvalidArgument("NUL in path".into()))?;
-            // SAFETY: `c` is a valid C string.
-            let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-            if fd < 0 {
-                return Err(io::Error::last_os_error().into());
-            }
-            // SAFETY: fd was just opened and is owned by nobody else.
-            unsafe { OwnedFd::from_raw_fd(fd) }
+            // (std opens with O_CLOEXEC)
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)?
+                .into()
         };
-        // SAFETY: plain eventfd(2) call.
-        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if wake < 0 {
-            return Err(io::Error::last_os_error().into());
-        }
-        // SAFETY: the eventfd was just created and is owned by nobody else.
-        let wake = unsafe { OwnedFd::from_raw_fd(wake) };
+        let wake = crate::sys::eventfd()?;
         let core = Arc::new(Core {
             fd,
             write_lock: Mutex::new(()),
@@ -557,13 +544,7 @@ impl Core {
 /// SIGPIPE (whose default action ends it); a device takes `write`.
 fn write_all(fd: i32, mut buf: &[u8], socket: bool) -> io::Result<()> {
     while !buf.is_empty() {
-        let n = if socket {
-            // SAFETY: sends from a live buffer of the given length.
-            unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) }
-        } else {
-            // SAFETY: writes from a live buffer of the given length.
-            unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) }
-        };
+        let n = crate::sys::send_or_write(fd, buf, socket);
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -601,8 +582,7 @@ fn read_loop(core: std::sync::Weak<Core>, fd: i32, wake: i32) {
             None => return,
         };
         let timeout = if bound.is_zero() { -1 } else { 1000 };
-        // SAFETY: `pfds` is a live array of two pollfds.
-        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), 2, timeout) };
+        let rc = crate::sys::poll(&mut pfds, timeout);
         if rc < 0 {
             if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                 continue;
@@ -620,8 +600,7 @@ fn read_loop(core: std::sync::Weak<Core>, fd: i32, wake: i32) {
         if pfds[0].revents == 0 {
             continue;
         }
-        // SAFETY: reads into a live buffer of the given length.
-        let n = unsafe { libc::read(fd, chunk.as_mut_ptr().cast(), chunk.len()) };
+        let n = crate::sys::read(fd, &mut chunk);
         if n < 0 {
             let e = io::Error::last_os_error();
             if matches!(

@@ -91,20 +91,13 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     let stop = Arc::new(AtomicBool::new(false));
     // SIGINT/SIGTERM stop the loop (checked every 100 ms).
     let s = stop.clone();
-    // SAFETY: sigset_t is plain old data; the calls only touch the local set
-    // and this thread's mask, inherited by the agent threads spawned later.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    };
+    // Blocked in this thread, so in the agent threads spawned later too.
+    let mut set = nix::sys::signal::SigSet::empty();
+    set.add(nix::sys::signal::Signal::SIGINT);
+    set.add(nix::sys::signal::Signal::SIGTERM);
+    set.thread_block()?;
     std::thread::spawn(move || {
-        let mut sig = 0;
-        // SAFETY: waits for a signal of the blocked set into a live int.
-        unsafe { libc::sigwait(&set, &mut sig) };
+        let _ = set.wait();
         s.store(true, std::sync::atomic::Ordering::Release);
     });
     tracing::info!("xensock-agent running");
