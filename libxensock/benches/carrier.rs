@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! The carrier engine against plain loopback TCP, in one run (the
+//! The carrier switch against plain loopback TCP, in one run (the
 //! harness is `libxensock::internals::carrier_bench`):
 //! `cargo bench -p libxensock --features internals --bench carrier [-- MiB switches]`.
 

@@ -721,7 +721,7 @@ fn carrier_of(t: &Transport, s: &XenStream) -> Res<Carrier> {
 fn on_tcp(c: &Carrier) -> bool {
     matches!(
         c,
-        Carrier::Engine {
+        Carrier::Switched {
             tx: "tcp",
             legs_up: true,
             tx_to_ring: 0,

@@ -16,7 +16,7 @@ use xensock_proto::ring::{Consumer, Field, Producer, RingError, RingMemory, Sent
 use xensock_proto::switch::{RxPath, TxPath};
 use xensock_xenif::{DomId, EventChannel};
 
-use crate::carrier::{Doorbell, Engine};
+use crate::carrier::{Doorbell, Switch};
 use crate::error::errno;
 use crate::rings::{MappedRing, OwnedRing};
 use crate::sys::eventfd::EventFd;
@@ -111,19 +111,19 @@ pub(crate) struct ConnIo {
     pub bytes_out: u64,
     /// Ring error waiting to be turned into a Reset frame by the caller.
     pub violation: Option<RingError>,
-    /// The carrier engine took the rings over (`Conn::engine`): every
+    /// The carrier switch took the rings over (`Conn::switch`): every
     /// operation goes there.
     pub carried: bool,
 }
 
-/// What a ring operation returns once the connection's carrier engine has
-/// taken over: the caller retries on the engine.
+/// What a ring operation returns once the connection's carrier switch has
+/// taken over: the caller retries on the switch.
 #[derive(Debug)]
 pub(crate) struct Carried;
 
 impl std::fmt::Display for Carried {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("connection moved to its carrier engine")
+        f.write_str("connection moved to its carrier switch")
     }
 }
 
@@ -478,15 +478,15 @@ pub(crate) struct Conn {
     pub cookie: AtomicU64,
     /// The peer's leg listener, from the handshake.
     pub peer_tcp: Mutex<Option<SocketAddr>>,
-    /// The carrier engine, once a switch made the connection leave the
+    /// The carrier switch, once a switch made the connection leave the
     /// transport's ring fast path (set once, never taken back before close).
-    pub engine: Mutex<Option<Arc<Engine>>>,
-    /// Where the link manager rings the engine when the link is kicked.
+    pub switch: Mutex<Option<Arc<Switch>>>,
+    /// Where the link manager rings the switch when the link is kicked.
     pub doorbell: Doorbell,
-    /// Our end of the link's event channel the engine kicks (replaced when
+    /// Our end of the link's event channel the switch kicks (replaced when
     /// the connection moves to a new link).
     pub carrier_kick: Mutex<Option<Arc<dyn EventChannel>>>,
-    /// The grant of the receive ring the engine's last `offer_ring` made.
+    /// The grant of the receive ring the switch's last `offer_ring` made.
     pub offered_grant: Mutex<Option<RingGrant>>,
     /// The domain the next offer's ring is granted to.
     pub offer_target: AtomicU16,
@@ -522,7 +522,7 @@ impl Conn {
             nonblocking: AtomicBool::new(false),
             cookie: AtomicU64::new(0),
             peer_tcp: Mutex::new(None),
-            engine: Mutex::new(None),
+            switch: Mutex::new(None),
             doorbell: Doorbell::new()?,
             carrier_kick: Mutex::new(None),
             offered_grant: Mutex::new(None),
@@ -541,9 +541,9 @@ impl Conn {
         self.peer.store(peer, Ordering::Release);
     }
 
-    /// The carrier engine, if the connection has left the fast path.
-    pub(crate) fn engine(&self) -> Option<Arc<Engine>> {
-        lock(&self.engine).clone()
+    /// The carrier switch, if the connection has left the fast path.
+    pub(crate) fn switch(&self) -> Option<Arc<Switch>> {
+        lock(&self.switch).clone()
     }
 
     pub(crate) fn io(&self) -> MutexGuard<'_, ConnIo> {

@@ -52,8 +52,8 @@
 
 mod addr;
 mod backend;
-// The migration engine (docs/migration.md): the transport hands a
-// connection to it at its first switch.
+// The migration switch (docs/migration.md): the transport hands a
+// connection to it at its first move.
 mod carrier;
 pub mod claim;
 mod conn;
@@ -83,7 +83,7 @@ pub use transport::{
 };
 pub use xensock_xenif::DomId;
 
-/// The carrier engine's benchmark (`benches/carrier.rs`): not a stable
+/// The carrier switch's benchmark (`benches/carrier.rs`): not a stable
 /// interface.
 #[cfg(feature = "internals")]
 #[doc(hidden)]

@@ -54,9 +54,9 @@ impl ListenerShared {
     }
 
     /// The link to `peer` died: its connections waiting to be accepted go,
-    /// except those on their carrier engine (they live on over TCP).
+    /// except those on their carrier switch (they live on over TCP).
     pub(crate) fn drop_peer(&self, peer: DomId) {
-        lock(&self.queue).retain(|c| c.peer() != peer || c.engine().is_some());
+        lock(&self.queue).retain(|c| c.peer() != peer || c.switch().is_some());
     }
 
     pub(crate) fn take_all(&self) -> Vec<Arc<Conn>> {

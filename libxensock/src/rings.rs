@@ -190,8 +190,8 @@ pub(crate) fn get_byte<R: SharedRegion + ?Sized>(region: &R, offset: usize) -> u
     shared_byte(region, offset).map_or(0, |b| b.load(Ordering::Acquire))
 }
 
-/// A transport ring (granted or mapped) handed to the carrier engine: the
-/// pages stay granted or mapped as long as the engine holds it.
+/// A transport ring (granted or mapped) handed to the carrier switch: the
+/// pages stay granted or mapped as long as the switch holds it.
 pub(crate) struct HeldRing<T: Send> {
     ring: RawRing,
     _keep: std::sync::Mutex<T>,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::addr::{SockAddrXen, ToXenAddr};
 use crate::backend::BackendKind;
-use crate::carrier::Engine;
+use crate::carrier::Switch;
 use crate::conn::{is_carried, lock, Conn, ConnPhase, WANT_READ, WANT_WRITE};
 use crate::daemon::RelayStream;
 use crate::error::errno;
@@ -107,7 +107,7 @@ impl UserStream {
     /// peer's writes fail with `EPIPE`.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         let c = self.conn();
-        if let Some(e) = c.engine() {
+        if let Some(e) = c.switch() {
             if matches!(how, Shutdown::Write | Shutdown::Both) {
                 e.shutdown_write()?;
             }
@@ -247,26 +247,26 @@ impl UserStream {
         e
     }
 
-    /// An operation on the carrier engine: blocking calls block in the
-    /// engine (no timeout) or wait for its ready hook (timeout);
+    /// An operation on the carrier switch: blocking calls block in the
+    /// switch (no timeout) or wait for its ready hook (timeout);
     /// non-blocking ones return `WouldBlock` with the descriptor reset, as
     /// on the fast path.
     fn engine_op<T>(
         &self,
-        engine: &Engine,
+        switch: &Switch,
         want: u8,
         timeout: Option<Duration>,
-        mut f: impl FnMut(&Engine, bool) -> io::Result<T>,
+        mut f: impl FnMut(&Switch, bool) -> io::Result<T>,
     ) -> io::Result<T> {
         let c = self.conn();
         let nonblocking = c.nonblocking.load(Ordering::Acquire);
         if !nonblocking && timeout.is_none() {
-            return f(engine, false);
+            return f(switch, false);
         }
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             let g0 = c.generation();
-            match f(engine, true) {
+            match f(switch, true) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
                 Ok(v) => {
@@ -276,10 +276,10 @@ impl UserStream {
             }
             if nonblocking {
                 c.waiting.fetch_or(want, Ordering::AcqRel);
-                // Reset the descriptor, then look again: the engine's hook
+                // Reset the descriptor, then look again: the switch's hook
                 // signals it anew for anything after the drain.
                 c.evfd.drain();
-                match f(engine, true) {
+                match f(switch, true) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Err(e),
                     Ok(v) => {
@@ -291,7 +291,7 @@ impl UserStream {
                 // give it back unless its hook call is still to come.
                 let other = (WANT_READ | WANT_WRITE) & !want;
                 if c.waiting.load(Ordering::Acquire) & other != 0
-                    && !engine.nb_pending(other == WANT_READ)
+                    && !switch.nb_pending(other == WANT_READ)
                 {
                     c.evfd.signal();
                 }
@@ -306,7 +306,7 @@ impl UserStream {
     fn read_impl(&self, buf: &mut [u8]) -> io::Result<usize> {
         let t = lock(&self.timeouts).read;
         let c = self.conn();
-        if let Some(e) = c.engine() {
+        if let Some(e) = c.switch() {
             if c.io().shut_rd {
                 return Ok(0);
             }
@@ -326,7 +326,7 @@ impl UserStream {
 
     fn write_impl(&self, buf: &[u8]) -> io::Result<usize> {
         let t = lock(&self.timeouts).write;
-        if let Some(e) = self.conn().engine() {
+        if let Some(e) = self.conn().switch() {
             return self.engine_op(&e, WANT_WRITE, t, |e, nb| {
                 if nb {
                     e.try_write(buf)
@@ -410,7 +410,7 @@ impl Write for &UserStream {
     }
 
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        if self.conn().engine().is_some() {
+        if self.conn().switch().is_some() {
             let first = bufs
                 .iter()
                 .find(|b| !b.is_empty())

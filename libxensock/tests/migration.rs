@@ -203,11 +203,11 @@ proptest! {
     }
 }
 
-/// Whether every connection of `t` is on the engine with its sending and
+/// Whether every connection of `t` is on the switch with its sending and
 /// receiving carriers as `want` (e.g. `("tcp", "tcp")`).
 fn carried_on(t: &Transport, want: (&str, &str)) -> bool {
     t.status().connections.iter().all(|c| match &c.carrier {
-        Carrier::Engine { tx, rx, .. } => (*tx, *rx) == want,
+        Carrier::Switched { tx, rx, .. } => (*tx, *rx) == want,
         Carrier::Ring => false,
     })
 }
@@ -216,7 +216,7 @@ fn carried_on(t: &Transport, want: (&str, &str)) -> bool {
 fn switched_once_and_back(c: &ConnStatus) -> bool {
     matches!(
         &c.carrier,
-        Carrier::Engine {
+        Carrier::Switched {
             tx: "ring",
             rx: "ring",
             tx_to_tcp: 1,
@@ -402,7 +402,7 @@ fn a_guest_posing_as_the_moved_peer_never_gets_the_connection() {
     w.b.suspend();
     assert!(eventually(Duration::from_secs(10), || matches!(
         carrier(&w).carrier,
-        Carrier::Engine {
+        Carrier::Switched {
             tx: "tcp",
             rx: "tcp",
             ..
@@ -512,7 +512,7 @@ fn hundred_migrations_lose_nothing() {
     for t in [&w.a, &w.b] {
         let st = t.status();
         match &st.connections[0].carrier {
-            Carrier::Engine {
+            Carrier::Switched {
                 tx_to_tcp,
                 tx_to_ring,
                 ..
@@ -612,7 +612,7 @@ fn move_to_another_host_continues_over_tcp() {
     assert!(
         matches!(
             &st.connections[0].carrier,
-            Carrier::Engine {
+            Carrier::Switched {
                 tx: "tcp",
                 rx: "tcp",
                 ..
@@ -647,7 +647,7 @@ fn a_reader_pausing_past_the_bound_on_tcp_keeps_its_connection() {
         "{:?}",
         w.a.status()
     );
-    // more than the engine's buffers and both sockets' hold: the writer
+    // more than the switch's buffers and both sockets' hold: the writer
     // blocks on a full leg while nobody reads
     let total = 48 << 20;
     let wa = writer(c.try_clone().unwrap(), 31, total, 1 << 16);
@@ -744,7 +744,7 @@ fn destroyed_peer_resets() {
     assert_eq!(std::fs::read_to_string(&mark).unwrap(), "1");
     assert!(matches!(
         &a.status().connections[0].carrier,
-        Carrier::Engine { legs_up: true, .. }
+        Carrier::Switched { legs_up: true, .. }
     ));
     let t0 = std::time::Instant::now();
     host.destroy_domain(db.domid).unwrap();
@@ -766,7 +766,7 @@ fn destroyed_peer_resets() {
 /// Run as the init process of a sim domain by
 /// `a_peer_noted_gone_resets_at_once`: connects to `XENSOCK_TEST_CONNECT`,
 /// leaves the rings and comes back (the connection now has its carrier
-/// engine), says so in `XENSOCK_TEST_MARK`, then writes until its domain
+/// switch), says so in `XENSOCK_TEST_MARK`, then writes until its domain
 /// is destroyed.
 #[test]
 #[ignore = "helper: run as a domain's process by a_peer_noted_gone_resets_at_once"]
@@ -799,7 +799,7 @@ fn child_returner() {
 fn carried_on_ring(c: &ConnStatus) -> bool {
     matches!(
         &c.carrier,
-        Carrier::Engine {
+        Carrier::Switched {
             tx: "ring",
             rx: "ring",
             ..
@@ -965,7 +965,7 @@ fn child_tcp_writer() {
         .iter()
         .all(|c| matches!(
             &c.carrier,
-            Carrier::Engine { tx: "tcp", .. }
+            Carrier::Switched { tx: "tcp", .. }
         ))));
     let n: usize = n.parse().unwrap();
     (&s).write_all(&vec![0x5a; n]).unwrap();
@@ -1133,7 +1133,7 @@ fn agent_away_marking_moves_to_tcp_and_back() {
 }
 
 /// Away and back again, several times under one connection: a connection
-/// that came back to a ring through its carrier engine leaves that ring at
+/// that came back to a ring through its carrier switch leaves that ring at
 /// the next away as it did at the first (lab `userspace-churn`: the second
 /// away left it on a ring whose link was gone, its kicks with it).
 #[test]
@@ -1209,7 +1209,7 @@ fn carrier_threads() -> usize {
 
 /// 200 connections, each with bytes in flight both ways, moved at once
 /// (B's suspend hook): all of them go on over TCP and arrive intact, and
-/// their engines are driven by the bounded pool (at most 4 driver threads
+/// their switches are driven by the bounded pool (at most 4 driver threads
 /// in the process, whatever else runs in it), not a thread each.
 #[test]
 fn two_hundred_connections_move_at_once() {

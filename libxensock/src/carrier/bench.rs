@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! Benchmark of the carrier engine's targets, reported as
+//! Benchmark of the carrier switch's targets, reported as
 //! ratios against a plain loopback TCP stream measured in the same run:
 //!
-//! * TCP-carrier throughput: one direction streamed over the engine's TCP
+//! * TCP-carrier throughput: one direction streamed over the switch's TCP
 //!   leg vs. a plain `TcpStream` pair, same write/read sizes.
 //! * Added pause at a switch: while A streams to B over the ring, A (or B)
 //!   moves (`freeze`) and the pair later returns to a ring; the longest
@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::carrier::testbed::{pair, PairOptions};
-use crate::carrier::{Engine, Trigger};
+use crate::carrier::{Switch, Trigger};
 use xensock_proto::switch::TxState;
 
 const CHUNK: usize = 64 * 1024;
@@ -55,7 +55,7 @@ fn plain_tcp(total: usize) -> f64 {
     total as f64 / (end - t0).as_secs_f64() / 1e6
 }
 
-fn engine_stream(a: Arc<Engine>, b: Arc<Engine>, total: usize) -> f64 {
+fn engine_stream(a: Arc<Switch>, b: Arc<Switch>, total: usize) -> f64 {
     let reader = std::thread::spawn(move || {
         let mut buf = vec![0u8; CHUNK];
         let mut got = 0;
@@ -78,7 +78,7 @@ fn engine_stream(a: Arc<Engine>, b: Arc<Engine>, total: usize) -> f64 {
 }
 
 /// `n` one-byte round trips A -> B -> A; the mean round trip in us.
-fn engine_pingpong(a: Arc<Engine>, b: Arc<Engine>, n: usize) -> f64 {
+fn engine_pingpong(a: Arc<Switch>, b: Arc<Switch>, n: usize) -> f64 {
     let echo = std::thread::spawn(move || {
         let mut buf = [0u8; 64];
         for _ in 0..n {
@@ -112,7 +112,7 @@ fn measured(total: usize, f: impl FnOnce() -> f64) -> (f64, f64) {
     (rate, cpu)
 }
 
-/// Rounds alternate plain TCP, the engine's TCP leg and its ring, and the
+/// Rounds alternate plain TCP, the switch's TCP leg and its ring, and the
 /// ratios are taken per round: on a shared machine the load drifts more
 /// between rounds than within one. CPU per MiB (user + system, both ends)
 /// is much less sensitive to other load than wall-clock throughput.
@@ -148,14 +148,14 @@ fn throughput(total: usize, rounds: usize) {
     };
     let (tlo, thi) = spread(&tcp_ratio);
     println!(
-        "throughput, {} MiB x {rounds} rounds: plain loopback TCP median {:.0} MB/s; engine on its TCP leg / plain: median {:.2} (min {tlo:.2}, max {thi:.2}); engine on a 1 MiB ring / plain: median {:.2}",
+        "throughput, {} MiB x {rounds} rounds: plain loopback TCP median {:.0} MB/s; switch on its TCP leg / plain: median {:.2} (min {tlo:.2}, max {thi:.2}); switch on a 1 MiB ring / plain: median {:.2}",
         total >> 20,
         median(plain),
         median(tcp_ratio.clone()),
         median(ring_ratio),
     );
     println!(
-        "CPU per MiB moved (user + system, both ends): plain TCP median {:.0} us; engine on its TCP leg / plain: median {:.2}",
+        "CPU per MiB moved (user + system, both ends): plain TCP median {:.0} us; switch on its TCP leg / plain: median {:.2}",
         median(cpu_plain),
         median(cpu_ratio),
     );

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! The carrier engines' driver threads: a small fixed pool, shared by every
-//! engine of the process, instead of one thread per moved connection.
+//! The carrier switches' driver threads: a small fixed pool, shared by every
+//! switch of the process, instead of one thread per moved connection.
 //!
-//! Each pool thread serves the engines attached to it with one `poll(2)`
+//! Each pool thread serves the switches attached to it with one `poll(2)`
 //! over all their descriptors (wake eventfd, ring doorbell, TCP legs) and
 //! the earliest of their deadlines. After the poll it steps only the
-//! engines that had an event or whose deadline passed. An engine's step
-//! never blocks on I/O (the legs are non-blocking); it takes the engine's
+//! switches that had an event or whose deadline passed. A switch's step
+//! never blocks on I/O (the legs are non-blocking); it takes the switch's
 //! own direction locks, which applications hold only briefly.
 
 use std::io;
@@ -23,10 +23,10 @@ use crate::sys::eventfd::EventFd;
 /// At most this many driver threads per process (fewer on fewer CPUs).
 pub(crate) const MAX_DRIVER_THREADS: usize = 4;
 
-/// What a pool thread needs from an engine.
+/// What a pool thread needs from a switch.
 pub(crate) trait Driven: Send + Sync {
     /// Appends the descriptors to wait on now (with their events) to
-    /// `fds`; returns the engine's next deadline, if any.
+    /// `fds`; returns the switch's next deadline, if any.
     fn interest(&self, fds: &mut Vec<libc::pollfd>) -> Option<Instant>;
     /// After the poll: `fds` are the entries `interest` appended, with
     /// their `revents`.
@@ -34,10 +34,10 @@ pub(crate) trait Driven: Send + Sync {
 }
 
 struct Entry {
-    engine: Arc<dyn Driven>,
+    switch: Arc<dyn Driven>,
     /// Detached: never called again.
     retired: AtomicBool,
-    /// Held by the pool thread across each call into the engine, so that
+    /// Held by the pool thread across each call into the switch, so that
     /// a detach can wait for a call in progress.
     busy: Mutex<()>,
 }
@@ -64,15 +64,15 @@ fn pool() -> &'static Pool {
     })
 }
 
-/// An engine's place in the pool; `detach` (or drop) takes it out.
+/// A switch's place in the pool; `detach` (or drop) takes it out.
 pub(crate) struct Attachment {
     worker: Arc<Worker>,
     entry: Arc<Entry>,
 }
 
-/// Serves `engine` from the pool (starting a pool thread if the pool is
+/// Serves `switch` from the pool (starting a pool thread if the pool is
 /// not full yet) until the returned attachment is detached.
-pub(crate) fn attach(engine: Arc<dyn Driven>) -> io::Result<Attachment> {
+pub(crate) fn attach(switch: Arc<dyn Driven>) -> io::Result<Attachment> {
     let p = pool();
     let worker = {
         let mut ws = lock(&p.workers);
@@ -99,7 +99,7 @@ pub(crate) fn attach(engine: Arc<dyn Driven>) -> io::Result<Attachment> {
         }
     };
     let entry = Arc::new(Entry {
-        engine,
+        switch,
         retired: AtomicBool::new(false),
         busy: Mutex::new(()),
     });
@@ -109,9 +109,9 @@ pub(crate) fn attach(engine: Arc<dyn Driven>) -> io::Result<Attachment> {
     Ok(Attachment { worker, entry })
 }
 
-/// Dropping the attachment takes the engine out of the pool: once the drop
+/// Dropping the attachment takes the switch out of the pool: once the drop
 /// returns, the pool never calls into it again (when dropped from the
-/// engine's own step, on the pool thread, after that call).
+/// switch's own step, on the pool thread, after that call).
 impl Drop for Attachment {
     fn drop(&mut self) {
         if self.entry.retired.swap(true, Ordering::SeqCst) {
@@ -149,7 +149,7 @@ impl Worker {
                     continue;
                 }
                 let start = fds.len();
-                let due = e.engine.interest(&mut fds);
+                let due = e.switch.interest(&mut fds);
                 wake_at = match (wake_at, due) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
@@ -177,7 +177,7 @@ impl Worker {
                 }
                 let _busy = lock(&e.busy);
                 if !e.retired.load(Ordering::SeqCst) {
-                    e.engine.step(&fds[range.clone()]);
+                    e.switch.step(&fds[range.clone()]);
                 }
             }
         }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! Rings as the engine sees them: a [`RawRing`] plus whatever keeps its
+//! Rings as the switch sees them: a [`RawRing`] plus whatever keeps its
 //! memory mapped: grant mappings from the transport, memfd mappings in the
 //! testbed.
 
@@ -13,7 +13,7 @@ pub(crate) trait RingRegion: Send + Sync {
     fn ring(&self) -> RawRing;
 }
 
-/// A ring shared between the engine and whoever supplied it.
+/// A ring shared between the switch and whoever supplied it.
 pub(crate) type SharedRing = Arc<dyn RingRegion>;
 
 /// A receive ring just made for an offer: the owner's view, and the view

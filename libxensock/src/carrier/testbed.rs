@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! Two carrier engines wired together as two domains would be: rings in
+//! Two carrier switches wired together as two domains would be: rings in
 //! memfd memory mapped separately by owner and sender, doorbells for event
 //! channels, one leg listener per side on loopback TCP.
 
@@ -12,8 +12,8 @@ use xensock_proto::layout::{RingGeometry, RingIdentity, DATA_RING_MAGIC};
 use xensock_proto::mem::RawRing;
 
 use crate::carrier::{
-    Doorbell, Engine, EngineConfig, InitialRings, LegListener, LegListenerConfig, NewRing,
-    RingAlloc, RingRegion,
+    Doorbell, InitialRings, LegListener, LegListenerConfig, NewRing, RingAlloc, RingRegion, Switch,
+    SwitchConfig,
 };
 
 pub const A_ID: u32 = 11;
@@ -36,8 +36,8 @@ pub fn alloc(order: u32, owner: u32, peer: u32, conn_id: u32) -> RingAlloc {
 }
 
 pub struct Pair {
-    pub a: Arc<Engine>,
-    pub b: Arc<Engine>,
+    pub a: Arc<Switch>,
+    pub b: Arc<Switch>,
     #[cfg_attr(not(test), allow(dead_code))]
     pub la: Arc<LegListener>,
     #[cfg_attr(not(test), allow(dead_code))]
@@ -66,7 +66,7 @@ pub fn listener(ip: IpAddr) -> Arc<LegListener> {
     Arc::new(LegListener::bind(ip, LegListenerConfig::default()).unwrap())
 }
 
-/// Engines A (id 11, domain 1) and B (id 22, domain 2).
+/// Switches A (id 11, domain 1) and B (id 22, domain 2).
 pub fn pair(opts: &PairOptions) -> io::Result<Pair> {
     let la = listener(opts.ip);
     let lb = listener(opts.ip);
@@ -98,13 +98,13 @@ pub fn pair_on(
     } else {
         (None, None)
     };
-    let mut ca = EngineConfig::new(a_id, b_id, COOKIE, Some(lb.local_addr()));
+    let mut ca = SwitchConfig::new(a_id, b_id, COOKIE, Some(lb.local_addr()));
     ca.peer_lost_after = opts.peer_lost_after;
-    let mut cb = EngineConfig::new(b_id, a_id, COOKIE, Some(la.local_addr()));
+    let mut cb = SwitchConfig::new(b_id, a_id, COOKIE, Some(la.local_addr()));
     cb.peer_lost_after = opts.peer_lost_after;
     let kick_b = db.clone();
     let kick_a = da.clone();
-    let a = Engine::start(
+    let a = Switch::start(
         ca,
         rings_a,
         la.clone(),
@@ -112,7 +112,7 @@ pub fn pair_on(
         Arc::new(move || kick_b.ring()),
         alloc(opts.order, 1, 2, a_id),
     )?;
-    let b = Engine::start(
+    let b = Switch::start(
         cb,
         rings_b,
         lb.clone(),

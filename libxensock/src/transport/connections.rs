@@ -388,9 +388,9 @@ impl Inner {
     /// The last handle of a connection went away: FIN, CLOSED, Close frame,
     /// release.
     pub(crate) fn close_conn(&self, conn: &Arc<Conn>) {
-        // (The engine's lock must not be held while the state's is taken.)
-        let engine = lock(&conn.engine).take();
-        if let Some(engine) = engine {
+        // (The switch's lock must not be held while the state's is taken.)
+        let switch = lock(&conn.switch).take();
+        if let Some(switch) = switch {
             {
                 let mut st = self.state();
                 if let Some(l) = st.links.get_mut(&conn.peer()) {
@@ -402,11 +402,11 @@ impl Inner {
             // End of stream after what was written, delivered on whichever
             // carrier is current before the legs close (a lingering close,
             // off the caller's thread).
-            let _ = engine.shutdown_write();
+            let _ = switch.shutdown_write();
             let linger = self.cfg.peer_lost_after;
             let spawned = std::thread::Builder::new()
                 .name("xensock-linger".into())
-                .spawn(move || engine.linger(linger));
+                .spawn(move || switch.linger(linger));
             if let Err(e) = spawned {
                 tracing::warn!("closing a carrier connection at once: {e}");
             }
@@ -416,7 +416,7 @@ impl Inner {
         self.close_ring_conn(&mut st, conn);
     }
 
-    /// [`Inner::close_conn`] for a connection on rings (no engine).
+    /// [`Inner::close_conn`] for a connection on rings (no switch).
     pub(super) fn close_ring_conn(&self, st: &mut State, conn: &Arc<Conn>) {
         let reuse = self.link_reuses_rings(st, conn.peer());
         let mut lazy = false;
@@ -487,16 +487,16 @@ impl Inner {
     pub(super) fn end_at_exit(&self) {
         self.stop.store(true, Ordering::Release);
         self.sink.wake.signal();
-        let engines: Vec<Arc<Engine>> = match self.state.try_lock() {
+        let switches: Vec<Arc<Switch>> = match self.state.try_lock() {
             Ok(st) => st
                 .conns
                 .values()
-                .filter_map(|c| c.engine.try_lock().ok().and_then(|e| e.clone()))
+                .filter_map(|c| c.switch.try_lock().ok().and_then(|e| e.clone()))
                 .collect(),
             Err(_) => return,
         };
         let deadline = Instant::now() + EXIT_LINGER.min(self.cfg.peer_lost_after);
-        for e in &engines {
+        for e in &switches {
             if e.shutdown_write().is_ok() {
                 e.linger(deadline.saturating_duration_since(Instant::now()));
             }
@@ -507,7 +507,7 @@ impl Inner {
         let on_rings: Vec<Arc<Conn>> = st
             .conns
             .values()
-            .filter(|c| c.engine.try_lock().is_ok_and(|e| e.is_none()))
+            .filter(|c| c.switch.try_lock().is_ok_and(|e| e.is_none()))
             .cloned()
             .collect();
         for c in &on_rings {

@@ -110,7 +110,7 @@ impl Inner {
             let mut v: Vec<DomId> = st
                 .conns
                 .values()
-                .filter(|c| c.engine().map_or(true, |e| e.on_ring()) && !table.contains(&c.peer()))
+                .filter(|c| c.switch().map_or(true, |e| e.on_ring()) && !table.contains(&c.peer()))
                 .map(|c| c.peer())
                 .collect();
             v.sort_unstable();
@@ -135,7 +135,7 @@ impl Inner {
             };
             st.conns
                 .values()
-                .filter(|c| c.engine().is_some() && !table.contains(&c.peer()))
+                .filter(|c| c.switch().is_some() && !table.contains(&c.peer()))
                 .filter_map(|c| {
                     let uuid = w.uuids.get(&c.peer())?;
                     let now = table
@@ -166,7 +166,7 @@ impl Inner {
             let mut v: Vec<DomId> = st
                 .conns
                 .values()
-                .filter(|c| c.engine().is_some() && table.contains(&c.peer()))
+                .filter(|c| c.switch().is_some() && table.contains(&c.peer()))
                 .map(|c| c.peer())
                 .filter(|p| !st.links.contains_key(p))
                 .collect();

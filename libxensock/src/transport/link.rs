@@ -249,7 +249,7 @@ impl Inner {
         // Ring offers that went over this link can no longer be taken.
         for c in st.conns.values() {
             let mut offered = lock(&c.offered_to);
-            if let (Some((to, epoch, _)), Some(e)) = (*offered, c.engine()) {
+            if let (Some((to, epoch, _)), Some(e)) = (*offered, c.switch()) {
                 if to == peer && e.withdraw_offer(epoch) {
                     *offered = None;
                     tracing::info!(conn = c.id, peer, epoch, "ring offer withdrawn");
@@ -263,14 +263,14 @@ impl Inner {
             st.vanished.remove(&peer);
         }
         for id in &link.conns {
-            // A connection on its carrier engine goes on over TCP (its legs
+            // A connection on its carrier switch goes on over TCP (its legs
             // are its own); it comes back to a ring on a new link. The
             // link's event channel goes with the link.
-            if let Some(c) = st.conns.get(id).filter(|c| c.engine().is_some()) {
+            if let Some(c) = st.conns.get(id).filter(|c| c.switch().is_some()) {
                 // one back on a ring of this link leaves it: its kicks go
                 // with the link (whatever the peer does, LocalMove trusts
                 // nothing past what was consumed)
-                if let Some(e) = c.engine().filter(|e| e.on_ring()) {
+                if let Some(e) = c.switch().filter(|e| e.on_ring()) {
                     match e.freeze(Trigger::LocalMove) {
                         Ok(()) => {
                             tracing::info!(conn = c.id, "connection leaves its ring with its link")

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! Connections on their carrier engine (`docs/migration.md`): handing a
-//! connection to its engine, ring offers when peers are co-resident again,
+//! Connections on their carrier switch (`docs/migration.md`): handing a
+//! connection to its switch, ring offers when peers are co-resident again,
 //! freezes, suspend and resume, a new domid.
 
 use super::*;
 
 impl Inner {
     /// Routes legs presenting this connection's id and cookie to it: the
-    /// first one hands the connection to its carrier engine (the peer left
+    /// first one hands the connection to its carrier switch (the peer left
     /// the ring).
     pub(super) fn register_legs(&self, conn: &Arc<Conn>) {
         let Some(legs) = &self.legs else {
@@ -35,13 +35,13 @@ impl Inner {
     }
 
     /// Hands an open connection from the ring fast path to its carrier
-    /// engine, once: the engine takes the rings and the switch state as they
+    /// switch, once: the switch takes the rings and the switch state as they
     /// stand. `None` when the connection has no TCP carrier (the peer sent
     /// no endpoint, or we have no leg listener) or is not open with both
     /// rings.
-    pub(crate) fn escalate(&self, conn: &Arc<Conn>) -> Option<Arc<Engine>> {
+    pub(crate) fn escalate(&self, conn: &Arc<Conn>) -> Option<Arc<Switch>> {
         let legs = self.legs.clone()?;
-        let mut slot = lock(&conn.engine);
+        let mut slot = lock(&conn.switch);
         if let Some(e) = slot.as_ref() {
             return Some(e.clone());
         }
@@ -63,9 +63,9 @@ impl Inner {
         };
         *lock(&conn.carrier_kick) = io.kicker.clone();
         conn.offer_target.store(conn.peer(), Ordering::Release);
-        let cfg = EngineConfig {
+        let cfg = SwitchConfig {
             peer_lost_after: self.cfg.peer_lost_after,
-            ..EngineConfig::new(
+            ..SwitchConfig::new(
                 conn.id,
                 io.peer_id,
                 conn.cookie.load(Ordering::Relaxed),
@@ -87,7 +87,7 @@ impl Inner {
             }
         });
         let alloc = self.ring_alloc(conn, order);
-        match Engine::start_seeded(
+        match Switch::start_seeded(
             cfg,
             seed,
             legs,
@@ -106,14 +106,14 @@ impl Inner {
                 tracing::info!(
                     conn = conn.id,
                     peer = conn.peer(),
-                    "connection handed to its carrier engine"
+                    "connection handed to its carrier switch"
                 );
-                // Waiters on the fast path retry on the engine.
+                // Waiters on the fast path retry on the switch.
                 conn.signal();
                 Some(e)
             }
             Err(err) => {
-                tracing::warn!(conn = conn.id, "carrier engine: {err}");
+                tracing::warn!(conn = conn.id, "carrier switch: {err}");
                 io.reset_local();
                 drop(io);
                 conn.signal();
@@ -123,7 +123,7 @@ impl Inner {
     }
 
     /// Makes receive rings for a connection's offers: granted to the
-    /// domain the offer goes to, identity epoch as the engine says.
+    /// domain the offer goes to, identity epoch as the switch says.
     pub(super) fn ring_alloc(&self, conn: &Arc<Conn>, order: u8) -> RingAlloc {
         let (wi, wc) = (self.weak.clone(), Arc::downgrade(conn));
         Box::new(move |epoch| {
@@ -154,14 +154,14 @@ impl Inner {
     }
 
     /// Carrier connections to `peer`, for triggers and offers.
-    pub(super) fn carriers_to(&self, st: &State, peer: DomId) -> Vec<(Arc<Conn>, Arc<Engine>)> {
+    pub(super) fn carriers_to(&self, st: &State, peer: DomId) -> Vec<(Arc<Conn>, Arc<Switch>)> {
         if self.carriers.load(Ordering::Relaxed) == 0 {
             return Vec::new();
         }
         st.conns
             .values()
             .filter(|c| c.peer() == peer)
-            .filter_map(|c| c.engine().map(|e| (c.clone(), e)))
+            .filter_map(|c| c.switch().map(|e| (c.clone(), e)))
             .collect()
     }
 
@@ -169,9 +169,9 @@ impl Inner {
     /// ring for its receiving direction (when that is on TCP), to return
     /// to the rings.
     pub(super) fn offer_carriers(&self, st: &mut State, peer: DomId) {
-        for (conn, engine) in self.carriers_to(st, peer) {
+        for (conn, switch) in self.carriers_to(st, peer) {
             self.rehome(st, &conn, peer);
-            self.offer_ring_to(st, &conn, &engine, peer);
+            self.offer_ring_to(st, &conn, &switch, peer);
         }
     }
 
@@ -208,7 +208,7 @@ impl Inner {
         &self,
         st: &mut State,
         conn: &Arc<Conn>,
-        engine: &Engine,
+        switch: &Switch,
         to: DomId,
     ) {
         if self.suspended.load(Ordering::Acquire) {
@@ -220,7 +220,7 @@ impl Inner {
             return;
         }
         conn.offer_target.store(to, Ordering::Release);
-        match engine.offer_ring() {
+        match switch.offer_ring() {
             Ok(Some((epoch, _))) => {
                 let Some(grant) = lock(&conn.offered_grant).take() else {
                     return;
@@ -259,7 +259,7 @@ impl Inner {
         let Some(conn) = st.conns.get(&conn_id).cloned() else {
             return;
         };
-        let Some(engine) = conn.engine() else {
+        let Some(switch) = conn.switch() else {
             return;
         };
         if self.suspended.load(Ordering::Acquire) {
@@ -273,20 +273,20 @@ impl Inner {
             *lock(&conn.pending_offer) = Some((peer, *rx));
             let offered = *lock(&conn.offered_to);
             if offered.map(|(to, ..)| to) != Some(peer) {
-                self.offer_ring_to(st, &conn, &engine, peer);
+                self.offer_ring_to(st, &conn, &switch, peer);
             }
-            self.check_rehome(st, &conn, &engine);
+            self.check_rehome(st, &conn, &switch);
             return;
         }
-        self.take_offer(st, &conn, &engine, peer, rx);
-        self.offer_ring_to(st, &conn, &engine, peer);
+        self.take_offer(st, &conn, &switch, peer, rx);
+        self.offer_ring_to(st, &conn, &switch, peer);
     }
 
     pub(super) fn take_offer(
         &self,
         st: &mut State,
         conn: &Arc<Conn>,
-        engine: &Engine,
+        switch: &Switch,
         peer: DomId,
         rx: &ctrl::RingGrant,
     ) {
@@ -304,7 +304,7 @@ impl Inner {
         };
         self.rehome(st, conn, peer);
         let ring = mapped.ring;
-        match engine.accept_ring_offer(rx.epoch, HeldRing::shared(ring, mapped)) {
+        match switch.accept_ring_offer(rx.epoch, HeldRing::shared(ring, mapped)) {
             Ok(true) => tracing::info!(conn = conn.id, peer, epoch = rx.epoch, "back on a ring"),
             Ok(false) => tracing::debug!(conn = conn.id, epoch = rx.epoch, "stale ring offer"),
             Err(e) => tracing::warn!(conn = conn.id, "ring offer: {e}"),
@@ -314,7 +314,7 @@ impl Inner {
     /// A connection holding an offer from another domain: once our
     /// receiving direction reads the ring we offered that domain, the peer
     /// is there; move the connection and take its offer.
-    pub(super) fn check_rehome(&self, st: &mut State, conn: &Arc<Conn>, engine: &Engine) {
+    pub(super) fn check_rehome(&self, st: &mut State, conn: &Arc<Conn>, switch: &Switch) {
         let Some((from, grant)) = *lock(&conn.pending_offer) else {
             return;
         };
@@ -324,7 +324,7 @@ impl Inner {
         if from != to {
             return;
         }
-        let rx = engine.status().rx;
+        let rx = switch.status().rx;
         let on_it =
             matches!(rx, xensock_proto::switch::RxState::Ring { epoch: e, .. } if e == epoch);
         if !on_it {
@@ -338,25 +338,25 @@ impl Inner {
             return;
         }
         *lock(&conn.pending_offer) = None;
-        self.take_offer(st, conn, engine, from, &grant);
+        self.take_offer(st, conn, switch, from, &grant);
     }
 
     /// Retries what a carrier connection on TCP needs to return to a ring
-    /// (an offer refused for now by the engine, e.g. before the sender's
+    /// (an offer refused for now by the switch, e.g. before the sender's
     /// freeze notice arrived, or voided by a later freeze), and moves
     /// connections whose peer proved to be on another domain. Returns
     /// whether any of them could use a sweep: a usable link to its
     /// target, or an offer kept for later.
     pub(super) fn sweep_carriers(&self) -> bool {
         let mut st = self.state();
-        let conns: Vec<(Arc<Conn>, Arc<Engine>)> = st
+        let conns: Vec<(Arc<Conn>, Arc<Switch>)> = st
             .conns
             .values()
-            .filter_map(|c| c.engine().map(|e| (c.clone(), e)))
+            .filter_map(|c| c.switch().map(|e| (c.clone(), e)))
             .collect();
         let mut busy = false;
-        for (conn, engine) in conns {
-            if engine.failed() {
+        for (conn, switch) in conns {
+            if switch.failed() {
                 continue;
             }
             let target = match *lock(&conn.pending_offer) {
@@ -365,7 +365,7 @@ impl Inner {
             };
             if link_usable(&st, target) {
                 busy = true;
-                self.offer_ring_to(&mut st, &conn, &engine, target);
+                self.offer_ring_to(&mut st, &conn, &switch, target);
             }
             // An offer from the peer's own domain kept while suspended:
             // nothing to do with it before `resume` (which wakes us), so it
@@ -376,11 +376,11 @@ impl Inner {
             if let Some((from, grant)) = kept {
                 if from == conn.peer() && !self.suspended.load(Ordering::Acquire) {
                     *lock(&conn.pending_offer) = None;
-                    self.take_offer(&mut st, &conn, &engine, from, &grant);
+                    self.take_offer(&mut st, &conn, &switch, from, &grant);
                 }
             }
-            self.check_rehome(&mut st, &conn, &engine);
-            self.drop_unproven(&conn, &engine);
+            self.check_rehome(&mut st, &conn, &switch);
+            self.drop_unproven(&conn, &switch);
         }
         busy
     }
@@ -393,7 +393,7 @@ impl Inner {
     /// kept offer dropped, and the next candidate gets our ring; until
     /// then, one silent guest posing as the peer kept the connection on
     /// TCP for good.
-    pub(super) fn drop_unproven(&self, conn: &Arc<Conn>, engine: &Engine) {
+    pub(super) fn drop_unproven(&self, conn: &Arc<Conn>, switch: &Switch) {
         let mut offered = lock(&conn.offered_to);
         let Some((to, epoch, at)) = *offered else {
             return;
@@ -401,7 +401,7 @@ impl Inner {
         if to == conn.peer() || at.elapsed() < UNPROVEN_OFFER_TIMEOUT {
             return;
         }
-        if engine.abandon_offer(epoch) {
+        if switch.abandon_offer(epoch) {
             tracing::info!(
                 conn = conn.id,
                 to,
@@ -422,14 +422,14 @@ impl Inner {
         if self.carriers.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let waiting: Vec<(Arc<Conn>, Arc<Engine>)> = st
+        let waiting: Vec<(Arc<Conn>, Arc<Switch>)> = st
             .conns
             .values()
             .filter(|c| lock(&c.pending_offer).is_some_and(|(from, _)| from == peer))
-            .filter_map(|c| c.engine().map(|e| (c.clone(), e)))
+            .filter_map(|c| c.switch().map(|e| (c.clone(), e)))
             .collect();
-        for (conn, engine) in waiting {
-            self.check_rehome(st, &conn, &engine);
+        for (conn, switch) in waiting {
+            self.check_rehome(st, &conn, &switch);
         }
     }
 
@@ -441,9 +441,9 @@ impl Inner {
     }
 
     /// Freezes every open stream connection (to `peer` only, if given):
-    /// each is handed to its carrier engine and leaves its rings. Returns
-    /// the engines.
-    pub(super) fn freeze_conns(&self, peer: Option<DomId>, trigger: Trigger) -> Vec<Arc<Engine>> {
+    /// each is handed to its carrier switch and leaves its rings. Returns
+    /// the switches.
+    pub(super) fn freeze_conns(&self, peer: Option<DomId>, trigger: Trigger) -> Vec<Arc<Switch>> {
         let conns: Vec<Arc<Conn>> = self
             .state()
             .conns
@@ -451,29 +451,29 @@ impl Inner {
             .filter(|c| peer.map_or(true, |p| c.peer() == p))
             .cloned()
             .collect();
-        let mut engines = Vec::new();
+        let mut switches = Vec::new();
         for c in conns {
             if let Some(e) = self.escalate(&c) {
                 match e.freeze(trigger) {
                     Ok(()) => {
                         tracing::info!(conn = c.id, ?trigger, "connection leaves its ring");
-                        engines.push(e);
+                        switches.push(e);
                     }
                     Err(err) => tracing::warn!(conn = c.id, "freeze: {err}"),
                 }
             }
         }
-        engines
+        switches
     }
 
     /// Connections to `peer` still on a ring (their first, or one their
-    /// carrier engine came back to) leave it: the peer moved away.
+    /// carrier switch came back to) leave it: the peer moved away.
     pub(super) fn freeze_ring_conns(&self, peer: DomId) {
         let conns: Vec<Arc<Conn>> = self
             .state()
             .conns
             .values()
-            .filter(|c| c.peer() == peer && c.engine().map_or(true, |e| e.on_ring()))
+            .filter(|c| c.peer() == peer && c.switch().map_or(true, |e| e.on_ring()))
             .cloned()
             .collect();
         for c in conns {
@@ -552,7 +552,7 @@ impl Inner {
         let mut peers: Vec<DomId> = st
             .conns
             .values()
-            .filter(|c| c.engine().is_some())
+            .filter(|c| c.switch().is_some())
             .map(|c| c.peer())
             .collect();
         peers.sort_unstable();
@@ -564,14 +564,14 @@ impl Inner {
         }
     }
 
-    /// Links, and connections whose engine holds a ring: what a save
+    /// Links, and connections whose switch holds a ring: what a save
     /// would carry in grant mappings.
     pub(super) fn shared_pages_held(&self) -> usize {
         let st = self.state();
         st.links.len()
             + st.conns
                 .values()
-                .filter(|c| c.engine().is_some_and(|e| e.holds_rings()))
+                .filter(|c| c.switch().is_some_and(|e| e.holds_rings()))
                 .count()
     }
 }

@@ -28,8 +28,8 @@ use xensock_xenif::{DomId, EventChannel, UnmapNotify, XenBackend};
 use crate::addr::{SockAddrXen, DOMID_ANY, DOMID_FIRST_RESERVED, DOMID_SELF, PORT_ANY};
 use crate::backend::{BackendKind, Dyn, DynXen};
 use crate::carrier::{
-    endpoint_of, socket_addr_of, Engine, EngineConfig, LegListener, LegListenerConfig, LegStats,
-    NewRing, RingAlloc, Seed, Trigger,
+    endpoint_of, socket_addr_of, LegListener, LegListenerConfig, LegStats, NewRing, RingAlloc,
+    Seed, Switch, SwitchConfig, Trigger,
 };
 use crate::conn::{
     lock, Conn, ConnIo, ConnPhase, KickWait, LinkShared, RxSide, TxSide, NOT_WAITING,
@@ -218,7 +218,7 @@ pub(crate) struct Inner {
     /// so that the peer processes it even if nothing else follows.
     kick_timer: OwnedFd,
     kick_timer_armed: AtomicBool,
-    /// Connections ever handed to a carrier engine (0: the link manager
+    /// Connections ever handed to a carrier switch (0: the link manager
     /// skips looking for them).
     carriers: std::sync::atomic::AtomicUsize,
     /// Between the suspend hook and the resume (or the new domid): no
@@ -802,9 +802,10 @@ impl Transport {
     pub fn suspend(&self) -> usize {
         let inner = &self.owner.inner;
         inner.suspended.store(true, Ordering::Release);
-        let engines = inner.freeze_conns(None, Trigger::LocalMove);
+        let switches = inner.freeze_conns(None, Trigger::LocalMove);
         let deadline = Instant::now() + inner.cfg.peer_lost_after;
-        while Instant::now() < deadline && !engines.iter().all(|e| e.failed() || e.status().legs_up)
+        while Instant::now() < deadline
+            && !switches.iter().all(|e| e.failed() || e.status().legs_up)
         {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -814,7 +815,7 @@ impl Transport {
         // pooled rings; the peers see them withdrawn), offers not taken
         // are dropped, and rings the connections still drain are waited
         // for. No link comes up again until `resume` or a new domid.
-        for e in &engines {
+        for e in &switches {
             e.drop_pending_offer();
         }
         {
@@ -831,8 +832,8 @@ impl Transport {
         if held > 0 {
             tracing::warn!(held, "suspend: shared pages still held at the bound");
         }
-        tracing::info!(connections = engines.len(), "suspended");
-        engines.len()
+        tracing::info!(connections = switches.len(), "suspended");
+        switches.len()
     }
 
     /// Links and connections that still hold a shared page (a grant of
@@ -1037,7 +1038,7 @@ impl Inner {
         }
         st.vanished.remove(&peer);
         for c in st.conns.values().filter(|c| c.peer() == peer) {
-            if let Some(e) = c.engine() {
+            if let Some(e) = c.switch() {
                 tracing::info!(conn = c.id, peer, "peer domain destroyed: connection reset");
                 e.peer_dead();
             }

@@ -123,8 +123,9 @@ impl Status {
 pub enum Carrier {
     /// The transport's ring fast path (never switched).
     Ring,
-    /// The carrier engine (the connection switched at least once).
-    Engine {
+    /// The connection's switch carries it (it left its first rings at
+    /// least once).
+    Switched {
         /// Sending direction: `ring`, `frozen` or `tcp`.
         tx: &'static str,
         /// Receiving direction: `ring`, `draining`, `tcp` or `offered`.
@@ -147,7 +148,7 @@ impl Carrier {
     pub fn switches(&self) -> u64 {
         match self {
             Carrier::Ring => 0,
-            Carrier::Engine {
+            Carrier::Switched {
                 tx_to_tcp,
                 tx_to_ring,
                 rx_to_ring,
@@ -161,7 +162,7 @@ impl std::fmt::Display for Carrier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Carrier::Ring => f.write_str("ring"),
-            Carrier::Engine {
+            Carrier::Switched {
                 tx,
                 rx,
                 tx_to_tcp,
@@ -254,13 +255,13 @@ impl Inner {
             .values()
             .map(|c| {
                 let mut moved = None;
-                let carrier = match c.engine() {
+                let carrier = match c.switch() {
                     None => Carrier::Ring,
                     Some(e) => {
                         use xensock_proto::switch::{RxState, TxState};
                         let s = e.status();
                         moved = Some((s.delivered, s.sent));
-                        Carrier::Engine {
+                        Carrier::Switched {
                             tx: match s.tx {
                                 TxState::Ring { .. } => "ring",
                                 TxState::Frozen { .. } => "frozen",

@@ -128,7 +128,7 @@ afx_col() {
 }
 # userspace: the connection's Transport::status() line that lab_stream
 # writes into its status file ("... conn ConnStatus { ..., carrier: Ring }"
-# or "carrier: Engine { tx: \"tcp\", rx: \"tcp\", tx_to_tcp: 1, ... }")
+# or "carrier: Switched { tx: \"tcp\", rx: \"tcp\", tx_to_tcp: 1, ... }")
 us_carrier() {
   _l=$(sed -n 's/.* conn .*carrier: //p' "/tmp/$1.status" 2>/dev/null | head -n 1)
   case $_l in

@@ -1,5 +1,5 @@
 # userspace-death, dom0: the agent; once domu2 streams through domu1, away
-# and back (the connection gets its carrier engine and returns to a ring),
+# and back (the connection gets its carrier switch and returns to a ring),
 # then domu1 is destroyed without a move note.
 D1=$(xl domid domu1); D2=$(xl domid domu2)
 log "domu1 is dom$D1, domu2 is dom$D2"

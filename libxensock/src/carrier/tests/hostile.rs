@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::support::*;
 use crate::carrier::testbed::MemfdRing;
 use crate::carrier::testbed::*;
-use crate::carrier::{Doorbell, Engine, EngineConfig, InitialRings, RingAlloc, Trigger};
+use crate::carrier::{Doorbell, InitialRings, RingAlloc, Switch, SwitchConfig, Trigger};
 use xensock_proto::ctrl::Message;
 
 fn no_alloc() -> RingAlloc {
@@ -29,8 +29,8 @@ fn corrupt_ring_index_resets_the_connection() {
     // The peer's view of the ring we read: it claims more bytes than fit.
     let peer_view = rx.for_peer.clone();
     let la = listener("127.0.0.1".parse().unwrap());
-    let e = Engine::start(
-        EngineConfig::new(71, 72, COOKIE, None),
+    let e = Switch::start(
+        SwitchConfig::new(71, 72, COOKIE, None),
         Some(InitialRings {
             rx: rx.local,
             tx: tx.for_peer,
@@ -74,7 +74,7 @@ fn consumed_beyond_what_was_sent_resets_the_connection() {
     );
     assert_eq!(e.write(b"0123456789").unwrap(), 10);
     e.freeze(Trigger::LocalMove).unwrap();
-    // The engine's leg (its stream's way, our control frames' way back):
+    // The switch's leg (its stream's way, our control frames' way back):
     // only its hello so far.
     let (mut leg, _) = fake.accept().unwrap();
     let mut hello = [0u8; 16];
@@ -127,10 +127,10 @@ fn consumed_beyond_what_was_sent_resets_the_connection() {
 /// sender resent from 100, and those bytes came before its `RingFrom`. The
 /// test plays the sender; `next_run` is where its next `RawFrom` says the
 /// resend starts.
-fn read_past_a_run_end(local: u32, next_run: u64) -> (Engine, Vec<u8>, std::io::Result<usize>) {
+fn read_past_a_run_end(local: u32, next_run: u64) -> (Switch, Vec<u8>, std::io::Result<usize>) {
     let peer = local + 1;
     let HandPeer {
-        engine: e,
+        switch: e,
         mut control_to_engine,
         mut stream_to_engine,
     } = hand_peer(
@@ -140,7 +140,7 @@ fn read_past_a_run_end(local: u32, next_run: u64) -> (Engine, Vec<u8>, std::io::
     );
     let stream: Vec<u8> = (0..300u32).map(|i| pattern(7, u64::from(i))).collect();
     let mut got = vec![0u8; 300];
-    let read_to = |e: &Engine, end: usize, got: &mut Vec<u8>, at: &mut usize| {
+    let read_to = |e: &Switch, end: usize, got: &mut Vec<u8>, at: &mut usize| {
         while *at < end {
             let n = e.read(&mut got[*at..end]).unwrap();
             assert!(n > 0, "end of stream at {at}");
@@ -156,7 +156,7 @@ fn read_past_a_run_end(local: u32, next_run: u64) -> (Engine, Vec<u8>, std::io::
         .unwrap();
     stream_to_engine.write_all(&stream[..100]).unwrap();
     read_to(&e, 100, &mut got, &mut at);
-    // The engine offers ring 1 and gives the offer up: its Consumed{1, 100}
+    // The switch offers ring 1 and gives the offer up: its Consumed{1, 100}
     // comes back to us (after its own RawFrom{0}).
     let (epoch, _ring) = e.offer_ring().unwrap().unwrap();
     assert_eq!(epoch, 1);
@@ -177,7 +177,7 @@ fn read_past_a_run_end(local: u32, next_run: u64) -> (Engine, Vec<u8>, std::io::
         })[..]
     );
     // We had moved onto ring 1 at 100: the resend from 100 is on its way
-    // before our RingFrom, and the engine reads it as the run's.
+    // before our RingFrom, and the switch reads it as the run's.
     stream_to_engine.write_all(&stream[100..150]).unwrap();
     read_to(&e, 150, &mut got, &mut at);
     for m in [
@@ -226,7 +226,7 @@ fn a_resend_that_continues_a_run_read_past_its_end_is_taken_whole() {
 fn a_run_that_does_not_continue_where_the_reader_went_past_resets() {
     let (e, got, last) = read_past_a_run_end(111, 120);
     assert_eq!(got.len(), 150);
-    // Which check sees the bad run first depends on whether the engine
+    // Which check sees the bad run first depends on whether the switch
     // reads the next RawFrom before or after the reader went past the
     // run's end (a busy machine makes either likely): both reset.
     let why = e.status().failure.unwrap_or_default();
@@ -256,8 +256,8 @@ fn a_run_opened_away_from_where_the_reader_stands_resets() {
     p.stream_to_engine.write_all(b"abc").unwrap();
     let mut b = [0u8; 8];
     assert_reset(
-        &p.engine,
-        p.engine.read(&mut b).unwrap_err(),
+        &p.switch,
+        p.switch.read(&mut b).unwrap_err(),
         "carrier switch",
     );
 }
@@ -293,7 +293,7 @@ fn control_frames_piled_up_behind_a_waiting_ring_from_reset() {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let mut b = [0u8; 8];
     let err = loop {
-        match p.engine.try_read(&mut b) {
+        match p.switch.try_read(&mut b) {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 assert!(std::time::Instant::now() < deadline, "no reset within 20 s");
                 std::thread::sleep(Duration::from_millis(1));
@@ -301,5 +301,5 @@ fn control_frames_piled_up_behind_a_waiting_ring_from_reset() {
             other => break other.unwrap_err(),
         }
     };
-    assert_reset(&p.engine, err, "pile up");
+    assert_reset(&p.switch, err, "pile up");
 }

@@ -174,7 +174,7 @@ fn peer_never_reachable_resets_within_bound() {
     assert!(e.status().failure.is_some());
 }
 
-/// A peer whose host accepts TCP but whose engine never answers (no leg
+/// A peer whose host accepts TCP but whose switch never answers (no leg
 /// back, no Consumed) is lost too.
 #[test]
 fn silent_peer_resets_within_bound() {
@@ -221,7 +221,7 @@ fn malformed_frame_resets_only_its_connection() {
     // The victim's "peer" is this test: it holds both of the victim's
     // legs and sends garbage on the victim's control stream.
     let HandPeer {
-        engine: victim,
+        switch: victim,
         control_to_engine: mut from_victim,
         stream_to_engine: _to_victim,
     } = hand_peer(61, la.clone(), Duration::from_secs(20));
@@ -251,7 +251,7 @@ fn malformed_frame_resets_only_its_connection() {
     assert_eq!(reader.join().unwrap(), (200_000, sum));
 }
 
-/// The peer's engine is gone (its process died) but its host still runs
+/// The peer's switch is gone (its process died) but its host still runs
 /// the leg listener: the leg is parked, never claimed, and the connection
 /// resets within the bound.
 #[test]

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! The carrier engine's own tests: two engines wired together as two
+//! The carrier switch's own tests: two switches wired together as two
 //! domains would be ([`crate::carrier::testbed`], [`support`]), over memfd rings and loopback TCP legs.
 
 mod hostile;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! The carrier engine with real rings and real TCP legs: a checksummed
+//! The carrier switch with real rings and real TCP legs: a checksummed
 //! bidirectional stream survives freezes and returns to the ring injected
 //! at random points, by either side or both at once, with full rings and
 //! during FIN. `XENSOCK_CARRIER_CASES` sets the number of cases (default
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::support::*;
 use crate::carrier::testbed::*;
-use crate::carrier::{Engine, Trigger};
+use crate::carrier::{Switch, Trigger};
 use proptest::prelude::*;
 use xensock_proto::switch::{RxState, TxState};
 
@@ -49,14 +49,14 @@ fn event() -> impl Strategy<Value = Event> {
     ]
 }
 
-fn offer(from: &Engine, to: &Engine) {
+fn offer(from: &Switch, to: &Switch) {
     if let Ok(Some((epoch, ring))) = from.offer_ring() {
         to.accept_ring_offer(epoch, ring).unwrap();
     }
 }
 
 /// `x` noticed its peer `y` gone: only once `y` no longer writes a ring.
-fn peer_gone(x: &Engine, y: &Engine) {
+fn peer_gone(x: &Switch, y: &Switch) {
     if !matches!(y.status().tx, TxState::Ring { .. }) {
         x.freeze(Trigger::PeerGone).unwrap();
     }
@@ -117,7 +117,7 @@ fn run(case: &Case) -> Result<(), String> {
     };
     let p = pair(&opts).map_err(|e| e.to_string())?;
     let (done_tx, done_rx) = mpsc::channel::<(&'static str, Result<(u64, u64), String>)>();
-    let spawn_writer = |e: Arc<Engine>, name: &'static str, seed: u64, len: u64| {
+    let spawn_writer = |e: Arc<Switch>, name: &'static str, seed: u64, len: u64| {
         let done = done_tx.clone();
         let (s, mc) = (case.seed, case.max_chunk);
         std::thread::spawn(move || {
@@ -127,7 +127,7 @@ fn run(case: &Case) -> Result<(), String> {
             let _ = done.send((name, r));
         })
     };
-    let spawn_reader = |e: Arc<Engine>, name: &'static str, seed: u64| {
+    let spawn_reader = |e: Arc<Switch>, name: &'static str, seed: u64| {
         let done = done_tx.clone();
         let (s, mc) = (case.seed, case.max_chunk);
         std::thread::spawn(move || {
@@ -202,7 +202,7 @@ proptest! {
     }
 }
 
-fn write_range(e: &Engine, seed: u64, from: u64, to: u64, sum: &mut u64) {
+fn write_range(e: &Switch, seed: u64, from: u64, to: u64, sum: &mut u64) {
     for start in (from..to).step_by(5000) {
         let buf: Vec<u8> = (start..(start + 5000).min(to))
             .map(|i| pattern(seed, i))
@@ -217,7 +217,7 @@ fn write_range(e: &Engine, seed: u64, from: u64, to: u64, sum: &mut u64) {
     }
 }
 
-/// The engines also start on TCP (peers not co-resident at connect) and
+/// The switches also start on TCP (peers not co-resident at connect) and
 /// move onto rings when offered.
 #[test]
 fn starts_on_tcp_then_moves_to_rings() {
@@ -285,7 +285,7 @@ fn moves_switch_carriers_and_back() {
     assert!(matches!(s.tx, TxState::Ring { epoch: 3, .. }), "{s:?}");
 }
 
-fn read_all(e: &Engine, seed: u64) -> u64 {
+fn read_all(e: &Switch, seed: u64) -> u64 {
     let (len, _) = read_stream(e, seed, 3, 7000).unwrap();
     len
 }
@@ -478,7 +478,7 @@ fn close_right_after_a_switch_to_a_ring_loses_nothing() {
     // Less than the ring holds: nobody reads it yet.
     write_range(&p.a, seed, at, at + 1_000, &mut sum);
     p.a.shutdown_write().unwrap();
-    // The transport's close: linger, then drop the engine (legs closed).
+    // The transport's close: linger, then drop the switch (legs closed).
     let Pair {
         a,
         b,
@@ -514,7 +514,7 @@ fn a_write_after_the_peer_closed_on_tcp_fails() {
     let mut sum = FNV_START;
     write_range(&p.a, 5, 0, 30_000, &mut sum);
     p.a.shutdown_write().unwrap();
-    // The transport's close: linger, then drop the engine (legs closed).
+    // The transport's close: linger, then drop the switch (legs closed).
     let Pair {
         a,
         b,

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! What the carrier tests share beyond the testbed: checksummed streams,
-//! a lone engine, hand-written frames and a peer played by hand.
+//! a lone switch, hand-written frames and a peer played by hand.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -10,7 +10,7 @@ use std::time::Duration;
 use xensock_proto::ctrl::Message;
 
 use crate::carrier::testbed::*;
-use crate::carrier::{Doorbell, Engine, EngineConfig, InitialRings, LegListener};
+use crate::carrier::{Doorbell, InitialRings, LegListener, Switch, SwitchConfig};
 
 /// The byte at stream offset `i` of the stream seeded `seed`: position
 /// dependent, so a lost, duplicated or reordered byte shows.
@@ -52,7 +52,7 @@ pub const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
 /// Writes `len` pattern bytes in random chunks, then shuts down writing.
 /// Returns the checksum of what was written.
 pub fn write_stream(
-    e: &Engine,
+    e: &Switch,
     seed: u64,
     len: u64,
     rng_seed: u64,
@@ -79,7 +79,7 @@ pub fn write_stream(
 
 /// Reads to end of stream in random chunks with occasional pauses (so
 /// rings fill up), checking every byte. Returns (length, checksum).
-pub fn read_stream(e: &Engine, seed: u64, rng_seed: u64, max_chunk: u64) -> io::Result<(u64, u64)> {
+pub fn read_stream(e: &Switch, seed: u64, rng_seed: u64, max_chunk: u64) -> io::Result<(u64, u64)> {
     let mut rng = Rng(rng_seed | 1);
     let mut off = 0u64;
     let mut sum = FNV_START;
@@ -107,7 +107,7 @@ pub fn read_stream(e: &Engine, seed: u64, rng_seed: u64, max_chunk: u64) -> io::
     }
 }
 
-/// An engine whose peer is not another engine: its rings are served by
+/// A switch whose peer is not another switch: its rings are served by
 /// nobody and its peer's leg listener is `peer`.
 pub fn lone_engine(
     local: u32,
@@ -116,7 +116,7 @@ pub fn lone_engine(
     listener: Arc<LegListener>,
     on_ring: bool,
     peer_lost_after: Duration,
-) -> Engine {
+) -> Switch {
     let rings = on_ring.then(|| {
         let rx = MemfdRing::new_ring(11, identity(1, 2, local, 0)).unwrap();
         let tx = MemfdRing::new_ring(11, identity(2, 1, peer_id, 0)).unwrap();
@@ -125,9 +125,9 @@ pub fn lone_engine(
             tx: tx.for_peer,
         }
     });
-    let mut cfg = EngineConfig::new(local, peer_id, COOKIE, peer);
+    let mut cfg = SwitchConfig::new(local, peer_id, COOKIE, peer);
     cfg.peer_lost_after = peer_lost_after;
-    Engine::start(
+    Switch::start(
         cfg,
         rings,
         listener,
@@ -145,34 +145,34 @@ pub fn frame(m: &Message<'_>) -> Vec<u8> {
     buf
 }
 
-/// `err` is the connection's reset, and the engine's recorded failure
+/// `err` is the connection's reset, and the switch's recorded failure
 /// says `why`.
-pub fn assert_reset(engine: &Engine, err: io::Error, why: &str) {
+pub fn assert_reset(switch: &Switch, err: io::Error, why: &str) {
     assert_eq!(err.raw_os_error(), Some(libc::ECONNRESET), "{err}");
-    let failure = engine.status().failure;
+    let failure = switch.status().failure;
     assert!(
         failure.as_deref().is_some_and(|f| f.contains(why)),
         "failure {failure:?}, wanted one naming {why:?}"
     );
 }
 
-/// An engine on TCP (id `local`, its peer `local + 1`) whose peer is the
-/// test, holding both of the engine's legs by hand.
+/// A switch on TCP (id `local`, its peer `local + 1`) whose peer is the
+/// test, holding both of the switch's legs by hand.
 pub struct HandPeer {
-    pub engine: Engine,
-    /// The engine's outbound leg, accepted and its hello read: the
-    /// engine's stream comes in here, and the control frames for the
-    /// engine's receiving direction go back on it.
+    pub switch: Switch,
+    /// The switch's outbound leg, accepted and its hello read: the
+    /// switch's stream comes in here, and the control frames for the
+    /// switch's receiving direction go back on it.
     pub control_to_engine: TcpStream,
-    /// The leg the test connected to `listener` with the engine's hello:
-    /// the stream to the engine goes here, and its control frames come
+    /// The leg the test connected to `listener` with the switch's hello:
+    /// the stream to the switch goes here, and its control frames come
     /// back on it.
     pub stream_to_engine: TcpStream,
 }
 
 pub fn hand_peer(local: u32, listener: Arc<LegListener>, peer_lost_after: Duration) -> HandPeer {
     let fake = TcpListener::bind("127.0.0.1:0").unwrap();
-    let engine = lone_engine(
+    let switch = lone_engine(
         local,
         local + 1,
         Some(fake.local_addr().unwrap()),
@@ -180,7 +180,7 @@ pub fn hand_peer(local: u32, listener: Arc<LegListener>, peer_lost_after: Durati
         false,
         peer_lost_after,
     );
-    // On TCP from the start: the engine connects its leg to us at once.
+    // On TCP from the start: the switch connects its leg to us at once.
     let (mut control_to_engine, _) = fake.accept().unwrap();
     let mut hello = [0u8; 16];
     control_to_engine.read_exact(&mut hello).unwrap();
@@ -190,7 +190,7 @@ pub fn hand_peer(local: u32, listener: Arc<LegListener>, peer_lost_after: Durati
             conn_id: local + 1,
             cookie: COOKIE
         }),
-        "the engine's hello"
+        "the switch's hello"
     );
     let mut stream_to_engine = TcpStream::connect(listener.local_addr()).unwrap();
     stream_to_engine
@@ -200,7 +200,7 @@ pub fn hand_peer(local: u32, listener: Arc<LegListener>, peer_lost_after: Durati
         }))
         .unwrap();
     HandPeer {
-        engine,
+        switch,
         control_to_engine,
         stream_to_engine,
     }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! One connection's carrier engine: the I/O around proto's `TxPath` (our
+//! One connection's carrier switch: the I/O around proto's `TxPath` (our
 //! sending direction) and `RxPath` (our receiving direction).
 //!
 //! Every decision (may I write, where do the next bytes come from, what to
@@ -10,7 +10,7 @@
 //! Threads: the application's reader and writer (one of each at a time),
 //! and a driver that watches the TCP legs, the ring doorbell and the
 //! deadlines, so control frames are answered while the application is busy
-//! elsewhere. The drivers of all engines share a small pool of threads
+//! elsewhere. The drivers of all switches share a small pool of threads
 //! (`driver.rs`), so a thousand moved connections do not cost a thousand
 //! threads. The two directions have separate locks
 //! and no code path holds both.
@@ -43,7 +43,7 @@ use super::leg::{lock, LegListener};
 use super::ring::{NewRing, SharedRing};
 use crate::sys::eventfd::EventFd;
 
-/// Why the engine leaves the ring.
+/// Why the switch leaves the ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Trigger {
     /// This side is moving (suspend): its receive ring may be a torn copy,
@@ -55,9 +55,9 @@ pub(crate) enum Trigger {
     PeerGone,
 }
 
-/// Settings of one connection's engine.
+/// Settings of one connection's switch.
 #[derive(Clone, Debug)]
-pub(crate) struct EngineConfig {
+pub(crate) struct SwitchConfig {
     /// Our id for the connection (legs to us present it).
     pub local_id: u32,
     /// The peer's id (frames we send carry it).
@@ -75,10 +75,10 @@ pub(crate) struct EngineConfig {
     pub connect_timeout: Duration,
 }
 
-impl EngineConfig {
+impl SwitchConfig {
     /// Defaults for the timing fields.
     pub(crate) fn new(local_id: u32, peer_id: u32, cookie: u64, peer: Option<SocketAddr>) -> Self {
-        EngineConfig {
+        SwitchConfig {
             local_id,
             peer_id,
             cookie,
@@ -98,8 +98,8 @@ pub(crate) struct InitialRings {
     pub tx: SharedRing,
 }
 
-/// Where a connection that ran on its rings without an engine stands when
-/// the engine takes over (the transport's fast path before the first
+/// Where a connection that ran on its rings without a switch stands when
+/// the switch takes over (the transport's fast path before the first
 /// switch): the state machines with their offsets and the live ring ends.
 pub(crate) struct Seed {
     pub tx_path: TxPath,
@@ -110,7 +110,7 @@ pub(crate) struct Seed {
     pub delivered: u64,
 }
 
-/// Notifies the peer's engine that a ring changed (an event channel).
+/// Notifies the peer's switch that a ring changed (an event channel).
 pub(crate) type Kick = Arc<dyn Fn() + Send + Sync>;
 /// Called whenever a non-blocking reader or writer that got `WouldBlock`
 /// may now make progress (the transport signals the stream's readiness
@@ -135,9 +135,9 @@ impl Doorbell {
     }
 }
 
-/// What the engine reports about itself.
+/// What the switch reports about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct EngineStatus {
+pub(crate) struct SwitchStatus {
     pub tx: TxState,
     pub rx: RxState,
     /// Bytes the application wrote / read.
@@ -238,7 +238,7 @@ struct CtlOut {
 struct Shared {
     /// Ourselves, for helper threads that must not keep us alive.
     me: Weak<Shared>,
-    cfg: EngineConfig,
+    cfg: SwitchConfig,
     tx: Mutex<Tx>,
     rx: Mutex<Rx>,
     ctl_out: Mutex<CtlOut>,
@@ -280,8 +280,8 @@ struct Shared {
     graceful: AtomicBool,
 }
 
-/// One connection's carrier engine.
-pub(crate) struct Engine {
+/// One connection's carrier switch.
+pub(crate) struct Switch {
     shared: Arc<Shared>,
     listener: Arc<LegListener>,
     /// Our place in the driver pool (`driver.rs`).
@@ -296,22 +296,22 @@ fn ring_error(e: RingError) -> io::Error {
     protocol_error(format!("ring: {e}"))
 }
 
-impl Engine {
-    /// Starts a connection's engine: on `rings` when given, else on TCP.
+impl Switch {
+    /// Starts a connection's switch: on `rings` when given, else on TCP.
     /// (The transport adopts connections that ran on rings instead.)
     /// Legs presenting `cfg.local_id` and `cfg.cookie` at `listener` are
     /// routed here; `doorbell` is where the peer's kicks arrive and
     /// `kick_peer` rings the peer's; `alloc` makes receive rings for
-    /// [`Engine::offer_ring`].
+    /// [`Switch::offer_ring`].
     #[cfg(any(test, feature = "internals"))]
     pub(crate) fn start(
-        cfg: EngineConfig,
+        cfg: SwitchConfig,
         rings: Option<InitialRings>,
         listener: Arc<LegListener>,
         doorbell: Doorbell,
         kick_peer: Kick,
         alloc: RingAlloc,
-    ) -> io::Result<Engine> {
+    ) -> io::Result<Switch> {
         let seed = match rings {
             Some(r) => Seed {
                 tx_path: TxPath::on_ring(),
@@ -331,18 +331,18 @@ impl Engine {
         Self::start_seeded(cfg, seed, listener, doorbell, kick_peer, alloc, None)
     }
 
-    /// Starts an engine for a connection that has run without one so far,
+    /// Starts a switch for a connection that has run without one so far,
     /// from where it stands (`seed`). `ready` is told whenever a
     /// non-blocking caller that got `WouldBlock` may retry.
     pub(crate) fn start_seeded(
-        cfg: EngineConfig,
+        cfg: SwitchConfig,
         seed: Seed,
         listener: Arc<LegListener>,
         doorbell: Doorbell,
         kick_peer: Kick,
         alloc: RingAlloc,
         ready: Option<ReadyHook>,
-    ) -> io::Result<Engine> {
+    ) -> io::Result<Switch> {
         let needs_legs = !matches!(seed.tx_path.state(), TxState::Ring { .. })
             || !matches!(seed.rx_path.state(), RxState::Ring { .. });
         let tx_on_tcp = seed.tx_path.state() == TxState::Tcp;
@@ -444,7 +444,7 @@ impl Engine {
                 return Err(e);
             }
         };
-        Ok(Engine {
+        Ok(Switch {
             shared,
             listener,
             driver: Some(driver),
@@ -457,18 +457,18 @@ impl Engine {
         self.shared.write(buf, false)
     }
 
-    /// [`Engine::write`] that returns `WouldBlock` instead of waiting; the
+    /// [`Switch::write`] that returns `WouldBlock` instead of waiting; the
     /// ready hook is told when to retry.
     pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         self.shared.write(buf, true)
     }
 
-    /// [`Engine::read`] that returns `WouldBlock` instead of waiting.
+    /// [`Switch::read`] that returns `WouldBlock` instead of waiting.
     pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         self.shared.read(buf, true)
     }
 
-    /// A leg that reached the transport's listener before this engine
+    /// A leg that reached the transport's listener before this switch
     /// existed (it registered the connection itself).
     pub(crate) fn adopt_leg(&self, sock: TcpStream) {
         lock(&self.shared.inbound).push(sock);
@@ -479,7 +479,7 @@ impl Engine {
     /// written and the end of stream have left on the current carrier and
     /// everything queued for either leg is written and acknowledged, so
     /// closing the legs cannot discard it, then returns; dropping the
-    /// engine then closes the legs. On a ring too: a switch to it queues
+    /// switch then closes the legs. On a ring too: a switch to it queues
     /// its `RingFrom` for the inbound leg, and without it the receiver
     /// never looks at the ring.
     pub(crate) fn linger(&self, limit: Duration) {
@@ -620,7 +620,7 @@ impl Engine {
         tx || matches!(lock(&self.shared.rx).path.state(), RxState::Ring { .. })
     }
 
-    pub(crate) fn status(&self) -> EngineStatus {
+    pub(crate) fn status(&self) -> SwitchStatus {
         let s = &self.shared;
         let (tx, sent, tx_leg) = {
             let t = lock(&s.tx);
@@ -630,7 +630,7 @@ impl Engine {
             let r = lock(&s.rx);
             (r.path.state(), r.delivered, r.leg.is_some())
         };
-        EngineStatus {
+        SwitchStatus {
             tx,
             rx,
             sent,
@@ -644,7 +644,7 @@ impl Engine {
     }
 }
 
-impl Drop for Engine {
+impl Drop for Switch {
     fn drop(&mut self) {
         self.listener.unregister(self.shared.cfg.local_id);
         self.shared.stop.store(true, Ordering::SeqCst);
@@ -738,7 +738,7 @@ fn unacked(sock: &TcpStream) -> i32 {
 /// acknowledging, it ends a leg whose live peer keeps its window shut that
 /// long (Linux's zero-window probing counts against it), so a reader that
 /// stopped reading for `peer_lost_after` reset the connection; the bound
-/// is the engine's own ([`leg_waits`], `check_stall`).
+/// is the switch's own ([`leg_waits`], `check_stall`).
 fn set_leg_options(sock: &TcpStream) -> io::Result<()> {
     sock.set_nonblocking(true)?;
     sock.set_nodelay(true)
@@ -932,7 +932,7 @@ impl Shared {
         tx.waiting = true;
         tx.writer_polls = fd.is_some();
         drop(tx);
-        // The leg is never closed while the engine lives, so `fd` stays ours.
+        // The leg is never closed while the switch lives, so `fd` stays ours.
         sleep_on(&self.tx_wake, fd, leg_events);
         let mut tx = lock(&self.tx);
         tx.waiting = false;
