@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use xensock_proto::ctrl::RingGrant;
 use xensock_proto::mem::RawRing;
-use xensock_proto::ring::{Consumer, Field, Producer, RingError, RingMemory, Sent};
+use xensock_proto::ring::{Consumer, Producer, RingError, Sent};
 use xensock_proto::switch::{RxPath, TxPath};
 use xensock_xenif::{DomId, EventChannel};
 
@@ -385,17 +385,8 @@ impl ConnIo {
     /// due now. Each side's re-check after publishing its event index (and
     /// the fence here) means one of the two sees the other.
     pub(crate) fn peer_waiting(&self) -> bool {
-        let reader = self.tx.as_ref().is_some_and(|tx| {
-            let m = tx.p.memory();
-            m.fence();
-            m.load(Field::DataEvent, Ordering::Relaxed) == tx.p.position()
-        });
-        let writer = self.rx.as_ref().is_some_and(|rx| {
-            let m = rx.c.memory();
-            m.fence();
-            let ev = m.load(Field::SpaceEvent, Ordering::Relaxed);
-            ev.wrapping_sub(rx.c.position()) < rx.c.capacity()
-        });
+        let reader = self.tx.as_ref().is_some_and(|tx| tx.p.consumer_waiting());
+        let writer = self.rx.as_ref().is_some_and(|rx| rx.c.producer_waiting());
         reader || writer
     }
 

@@ -135,6 +135,30 @@ pub struct ReaderEnd {
     pub reset: bool,
 }
 
+/// The peer's line of a ring as an interrupt handler samples it: the
+/// producer's counter and flags for the ring we consume (`consumer`), the
+/// consumer's for the ring we produce into. Compared with the last sample,
+/// a change says the peer moved the ring or set a flag.
+pub fn peer_line<M: RingMemory>(mem: &M, consumer: bool) -> (u32, u32) {
+    if consumer {
+        (
+            mem.load(Field::Prod, Ordering::Acquire),
+            mem.load(Field::ProdFlags, Ordering::Acquire),
+        )
+    } else {
+        (
+            mem.load(Field::Cons, Ordering::Acquire),
+            mem.load(Field::ConsFlags, Ordering::Acquire),
+        )
+    }
+}
+
+/// Whether a ring holds bytes its consumer has not taken (a cheap look
+/// for an interrupt handler: the counters are not validated).
+pub fn has_unread<M: RingMemory>(mem: &M) -> bool {
+    mem.load(Field::Prod, Ordering::Acquire) != mem.load(Field::Cons, Ordering::Relaxed)
+}
+
 /// What one [`Producer::send`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sent {
@@ -194,6 +218,22 @@ impl<M: RingMemory> Producer<M> {
     /// The ring's data size.
     pub fn capacity(&self) -> u32 {
         self.mask.wrapping_add(1)
+    }
+
+    /// Attaches to a ring a consumer already reads, continuing where it
+    /// stands (a link's control ring an earlier incarnation of ours may
+    /// have written into).
+    pub fn resume_at_consumer(mem: M) -> Self {
+        let cons = mem.load(Field::Cons, Ordering::Acquire);
+        Self::resume(mem, cons)
+    }
+
+    /// Whether the consumer waits for data at our position (its event
+    /// index names it): a kick is due after a flag it must see. The fence
+    /// pairs with the consumer's re-check after it published the index.
+    pub fn consumer_waiting(&self) -> bool {
+        self.mem.fence();
+        self.mem.load(Field::DataEvent, Ordering::Relaxed) == self.prod
     }
 
     /// Our byte counter.
@@ -449,6 +489,15 @@ impl<M: RingMemory> Consumer<M> {
     /// The ring's data size.
     pub fn capacity(&self) -> u32 {
         self.mask.wrapping_add(1)
+    }
+
+    /// Whether the producer waits for space we would free (its event
+    /// index lies within a ring ahead of our position): a kick is due after
+    /// a flag it must see. The fence pairs with the producer's re-check.
+    pub fn producer_waiting(&self) -> bool {
+        self.mem.fence();
+        let ev = self.mem.load(Field::SpaceEvent, Ordering::Relaxed);
+        ev.wrapping_sub(self.cons) < self.capacity()
     }
 
     /// Our byte counter.

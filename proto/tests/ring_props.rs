@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use common::{pattern, pattern_bytes, Region};
 use proptest::prelude::*;
 use xensock_proto::layout::{MAX_RING_ORDER, MIN_RING_ORDER, PROD_FLAGS_KNOWN};
-use xensock_proto::ring::{Consumer, Field, Producer, RingError, Sent};
+use xensock_proto::ring::{has_unread, peer_line, Consumer, Field, Producer, RingError, Sent};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -343,4 +343,36 @@ fn a_send_step_reads_the_readers_flags_before_it_writes() {
     rx.reset();
     assert_eq!(tx.send(b"x"), Ok(Sent::ReaderReset));
     assert_eq!(tx.unconsumed(), Ok(0));
+}
+
+#[test]
+fn each_side_sees_the_other_waiting_and_an_interrupt_sees_moves() {
+    let region = Region::new(11, 0);
+    let mut tx = Producer::new(region.ring);
+    let mut rx = Consumer::new(region.ring);
+    // A fresh ring's consumer waits for the first byte.
+    assert!(tx.consumer_waiting());
+    tx.write(b"ab").unwrap();
+    tx.flush();
+    assert!(has_unread(&region.ring));
+    let before = peer_line(&region.ring, true);
+    tx.write(b"c").unwrap();
+    assert_ne!(peer_line(&region.ring, true), before, "prod moved");
+    rx.read(&mut [0; 8]).unwrap();
+    assert!(!has_unread(&region.ring));
+    assert!(!tx.consumer_waiting(), "it has not asked for more yet");
+    assert!(rx.prepare_wait().unwrap());
+    assert!(tx.consumer_waiting());
+    // The producer waits for space once the ring is full.
+    assert!(!rx.producer_waiting());
+    tx.write(&[0; 4096]).unwrap();
+    assert!(tx.prepare_wait(100).unwrap());
+    assert!(rx.producer_waiting());
+    let before = peer_line(&region.ring, false);
+    rx.read(&mut [0; 16]).unwrap();
+    rx.flush();
+    assert_ne!(peer_line(&region.ring, false), before, "cons moved");
+    // A producer that resumes at the consumer's position continues there.
+    let again = Producer::resume_at_consumer(region.ring);
+    assert_eq!(again.position(), rx.position());
 }

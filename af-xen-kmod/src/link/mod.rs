@@ -14,7 +14,7 @@ use crate::proto::ctrl::{self, Channel, Message, RejectReason, ResetReason, Sock
 use crate::proto::layout::{RingGeometry, RingIdentity, LINK_RING_MAGIC, LINK_RING_ORDER};
 use crate::proto::link::{node, HalfPath, HalfValues, LinkState, LINK_DIR};
 use crate::proto::mem::RawRing;
-use crate::proto::ring::{Consumer, Field, Producer, RingMemory};
+use crate::proto::ring::{Consumer, Producer};
 use crate::socket::{self, XenSock};
 use crate::sys::{self, errno as e, xs, Evtchn, Grant, Mapping};
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -377,8 +377,7 @@ impl Link {
             .map_err(|_| EINVAL)?;
         // Continue where the peer's consumer stands (a previous incarnation
         // of ours may have written into this ring before).
-        let cons = ring.load(Field::Cons, Ordering::Acquire);
-        let tx = Producer::resume(ring, cons);
+        let tx = Producer::resume_at_consumer(ring);
         let chan = Evtchn::bind_interdomain(self.peer, port, &self.wake)?;
         self.kick_port.store(chan.port, Ordering::Release);
         chan.notify();

@@ -14,7 +14,7 @@
 //! benchmark").
 
 use crate::proto::mem::RawRing;
-use crate::proto::ring::{Field, RingMemory};
+use crate::proto::ring::{has_unread, peer_line};
 use crate::sys::{self, counters, IrqSpinLock, Sk, SkRef};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use kernel::prelude::*;
@@ -110,17 +110,7 @@ impl PipeWake {
 
     /// Hard irq: wake the owner if the peer moved this ring or set flags.
     fn poll(&self) {
-        let (counter, flags) = if self.consumer {
-            (
-                self.ring.load(Field::Prod, Ordering::Acquire),
-                self.ring.load(Field::ProdFlags, Ordering::Acquire),
-            )
-        } else {
-            (
-                self.ring.load(Field::Cons, Ordering::Acquire),
-                self.ring.load(Field::ConsFlags, Ordering::Acquire),
-            )
-        };
+        let (counter, flags) = peer_line(&self.ring, self.consumer);
         // a change only: flags stay set (FIN, CLOSED), and waking on every
         // interrupt of the link for them woke each half-closed connection
         // again and again (about 14 wakes per interrupt with 1000
@@ -226,9 +216,7 @@ fn irq(w: &LinkWake) {
             p.poll();
         }
         match &i.ctrl {
-            Some(r) => {
-                r.load(Field::Prod, Ordering::Acquire) != r.load(Field::Cons, Ordering::Relaxed)
-            }
+            Some(r) => has_unread(r),
             None => true,
         }
     };
