@@ -133,8 +133,10 @@ impl kernel::Module for AfXen {
         }
         let globals = KBox::pin_init(socket::Globals::new(own), GFP_KERNEL)?;
         let ops = KBox::pin(socket::build_ops(module, family), GFP_KERNEL)?;
-        socket::publish(globals, ops)?;
-        sys::proto_register()?;
+        if let Err(e) = socket::publish(globals, ops).and_then(|()| sys::proto_register()) {
+            socket::unpublish();
+            return Err(e);
+        }
         let reg = match sys::Registration::register(
             module,
             family,

@@ -158,10 +158,19 @@ impl Inner {
                 .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok()))
         };
         let read = || -> Result<Option<PeerHalf>, XsError> {
+            // Absent or incomplete (the usual case when it is gone): the
+            // rest need not be read.
+            let (Some(ring_ref), Some(event_channel), Some(state)) = (
+                num(node::RING_REF)?,
+                num(node::EVENT_CHANNEL)?,
+                num(node::STATE)?,
+            ) else {
+                return Ok(None);
+            };
             let values = HalfValues {
-                ring_ref: num(node::RING_REF)?,
-                event_channel: num(node::EVENT_CHANNEL)?,
-                state: num(node::STATE)?,
+                ring_ref: Some(ring_ref),
+                event_channel: Some(event_channel),
+                state: Some(state),
                 generation: num(node::GENERATION)?,
                 peer_generation: num(node::PEER_GENERATION)?,
                 ring_reuse: num(node::FEATURE_RING_REUSE)?,

@@ -976,7 +976,11 @@ impl Inner {
     }
 
     fn my_node(&self, peer: DomId) -> String {
-        format!("{}/{peer}", self.link_dir_abs())
+        HalfPath {
+            owner: u32::from(self.domid()),
+            peer: u32::from(peer),
+        }
+        .to_string()
     }
 
     fn peer_node(&self, peer: DomId) -> String {
