@@ -45,7 +45,8 @@
 //! for the rest: leg connects, queue flushes, control frames both ways,
 //! resends, deadlines, ring offers; it wakes the socket after each pass.
 
-use crate::carrier::ring::Pipe;
+use crate::carrier::ring::{self, Pipe, Wrote};
+use crate::carrier::{Carrier, Readiness, Received, Sent};
 use crate::link::Link;
 use crate::proto::ctrl::{self, Channel, Message, RingGrant};
 use crate::proto::switch::{
@@ -55,6 +56,7 @@ use crate::socket::{State as SockState, XenSock};
 use crate::sys::net::{self, TcpSock};
 use crate::sys::{errno as e, poll::*, Msg};
 use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use kernel::ffi::c_long;
 use kernel::new_mutex;
 use kernel::prelude::*;
 use kernel::sync::{Arc, Mutex};
@@ -876,40 +878,27 @@ pub(crate) fn link_up() {
     net::schedule();
 }
 
-/// `shutdown(SHUT_WR)` or close: the end of stream goes out on whichever
-/// carrier is current (the ring's FIN flag is set by the caller).
-pub(crate) fn finish(xs: &XenSock) {
-    if let Some(sw) = sw_of(xs) {
-        sw.tx.lock().path.finish();
-        if sw.is_active() {
-            net::schedule();
-        }
-    }
-}
-
 /// The socket was closed: finish sending what is queued, then let go.
 /// `tx` is the ring it wrote (the socket lets go of it now), kept while the
 /// switch is active until the receiver has taken it all (see
 /// `ring_all_taken`).
-pub(crate) fn closing(xs: &XenSock, tx: Option<&Arc<Pipe>>) {
-    if let Some(sw) = sw_of(xs) {
-        {
-            let mut t = sw.tx.lock();
-            t.path.finish();
-            if sw.is_active() && matches!(t.path.state(), TxState::Ring { .. }) {
-                t.closed_ring = tx.cloned();
-            }
+fn closing(sw: &Switch, tx: Option<&Arc<Pipe>>) {
+    {
+        let mut t = sw.tx.lock();
+        t.path.finish();
+        if sw.is_active() && matches!(t.path.state(), TxState::Ring { .. }) {
+            t.closed_ring = tx.cloned();
         }
-        sw.closed.store(true, Ordering::Release);
-        if sw.is_active() {
-            let _ = sw.deadline.compare_exchange(
-                0,
-                net::now_ms() + net::peer_lost_ms(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
-            net::schedule();
-        }
+    }
+    sw.closed.store(true, Ordering::Release);
+    if sw.is_active() {
+        let _ = sw.deadline.compare_exchange(
+            0,
+            net::now_ms() + net::peer_lost_ms(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        net::schedule();
     }
 }
 
@@ -960,7 +949,7 @@ fn own_outbound(xs: &XenSock, sw: &Switch, t: &mut TxSide) {
 
 /// A writer that waited for room leaves `sendmsg` without writing again
 /// (a signal, its timeout): what it left queued is the work item's again.
-pub(crate) fn writer_gone(xs: &XenSock, sw: &Switch) {
+fn writer_gone(xs: &XenSock, sw: &Switch) {
     let mut t = sw.tx.lock();
     t.writer_waits = false;
     own_outbound(xs, sw, &mut t);
@@ -985,8 +974,7 @@ fn own_inbound(xs: &XenSock, sw: &Switch, r: &mut RxSide) {
 
 /// The application releases the socket: its legs (which may outlive it
 /// until what it sent is out) wake nobody from now on.
-pub(crate) fn disown(xs: &XenSock) {
-    let Some(sw) = sw_of(xs) else { return };
+fn disown(sw: &Switch) {
     sw.closed.store(true, Ordering::Release);
     {
         let t = sw.tx.lock();
@@ -1059,7 +1047,7 @@ pub(crate) fn open_leg(xs: &Arc<XenSock>) -> core::result::Result<(), i32> {
 
 // ---- the application's reads and writes --------------------------------------
 
-pub(crate) enum Write {
+enum Write {
     /// the ring carries this direction: use it
     Ring,
     Sent(usize),
@@ -1076,7 +1064,7 @@ pub(crate) enum Write {
 /// caller, told Blocked, waits for room and calls again when woken (a
 /// blocking writer; `writer_gone` if it leaves instead), so it flushes
 /// what is queued and the leg's drains need not run the work item.
-pub(crate) fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, waits: bool) -> Write {
+fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, waits: bool) -> Write {
     inc(&counters::SEND_STEPS, 1);
     let mut t = sw.tx.lock();
     t.writer_waits = false;
@@ -1160,7 +1148,7 @@ fn queue_from_user(t: &mut TxSide, msg: &mut Msg, left: usize) -> Write {
 
 /// SIOCOUTQ on TCP: stream bytes we hold that have not gone out on the
 /// outbound leg yet (queued, or read back from a frozen ring to resend).
-pub(crate) fn tx_unsent(sw: &Switch) -> usize {
+fn tx_unsent(sw: &Switch) -> usize {
     if !sw.is_active() {
         return 0;
     }
@@ -1169,7 +1157,7 @@ pub(crate) fn tx_unsent(sw: &Switch) -> usize {
 }
 
 /// Whether a writer waiting on TCP should look again.
-pub(crate) fn tx_ready(sw: &Switch) -> bool {
+fn tx_ready(sw: &Switch) -> bool {
     let t = sw.tx.lock();
     match t.path.state() {
         TxState::Ring { .. } => true,
@@ -1196,7 +1184,7 @@ fn tcp_writable(t: &TxSide) -> bool {
     t.q.as_ref().is_some_and(|q| q.room() > 0)
 }
 
-pub(crate) enum Read {
+enum Read {
     /// the ring carries this direction and no TCP bytes are ahead of it
     Ring,
     Got(usize),
@@ -1210,7 +1198,7 @@ pub(crate) enum Read {
 }
 
 /// One step of `recvmsg` on TCP: bytes taken off TCP come before the ring.
-pub(crate) fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: bool) -> Read {
+fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: bool) -> Read {
     inc(&counters::RECV_STEPS, 1);
     let mut r = sw.rx.lock();
     let pending = r.buf.as_ref().map(|b| b.len()).unwrap_or(0);
@@ -1290,7 +1278,7 @@ fn reads_leg(xs: &XenSock, r: &RxSide) -> bool {
 /// Bytes on the TCP carrier that the application has not read (FIONREAD
 /// adds the ring's): what the leg has is taken into the buffer first (the
 /// work item leaves it to the reader), so it is what a read returns now.
-pub(crate) fn tcp_readable(xs: &XenSock, sw: &Switch) -> usize {
+fn tcp_readable(xs: &XenSock, sw: &Switch) -> usize {
     let mut r = sw.rx.lock();
     if reads_leg(xs, &r) {
         let ids = ids(xs);
@@ -1306,7 +1294,7 @@ pub(crate) fn tcp_readable(xs: &XenSock, sw: &Switch) -> usize {
 /// Whether a reader waiting on TCP should look again: bytes buffered, the
 /// leg has bytes of an open run (the reader pulls them itself, see
 /// `service`), the end, back on a ring, or a failure to report.
-pub(crate) fn rx_ready(xs: &XenSock, sw: &Switch) -> bool {
+fn rx_ready(xs: &XenSock, sw: &Switch) -> bool {
     let r = sw.rx.lock();
     r.path.reads_ring()
         || r.buf.as_ref().map(|b| !b.is_empty()).unwrap_or(false)
@@ -1324,7 +1312,7 @@ pub(crate) fn rx_ready(xs: &XenSock, sw: &Switch) -> bool {
 /// an open run are there or the stream ended, as TCP's poll says. A
 /// `RingFrom` taken here says readable once: the reader's next call moves
 /// to the ring (and its interrupts wake it).
-pub(crate) fn poll_bits(xs: &XenSock, sw: &Switch) -> (bool, bool, bool, bool) {
+fn poll_bits(xs: &XenSock, sw: &Switch) -> (bool, bool, bool, bool) {
     let (readable, rd_hup) = {
         let mut r = sw.rx.lock();
         let mut to_ring = false;
@@ -1358,7 +1346,7 @@ pub(crate) fn poll_bits(xs: &XenSock, sw: &Switch) -> (bool, bool, bool, bool) {
 /// A ring read of `n` bytes (caller holds the rx pipe's consumer). False:
 /// this direction has left the ring (or TCP bytes come first): the reader
 /// must not consume from it.
-pub(crate) fn ring_read_ok(sw: &Switch) -> bool {
+fn ring_read_ok(sw: &Switch) -> bool {
     let r = sw.rx.lock();
     r.path.reads_ring() && r.buf.as_ref().map(|b| b.is_empty()).unwrap_or(true)
 }
@@ -1368,7 +1356,7 @@ pub(crate) fn ring_read_ok(sw: &Switch) -> bool {
 /// very ring and no TCP bytes come first. One take of the lock for the
 /// check and the count of what was taken (the ring data path's fast path:
 /// ring_read_ok and a second take for the count cost a lock each per step).
-pub(crate) fn ring_reader(sw: &Switch, epoch: u32) -> Option<RingReader<'_>> {
+fn ring_reader(sw: &Switch, epoch: u32) -> Option<RingReader<'_>> {
     let g = sw.rx.lock();
     let this_ring = match g.path.state() {
         RxState::Ring { epoch: e, .. } | RxState::Draining { epoch: e, .. } => e == epoch,
@@ -1382,20 +1370,20 @@ pub(crate) fn ring_reader(sw: &Switch, epoch: u32) -> Option<RingReader<'_>> {
 }
 
 /// The receiving direction, held on its ring for one read.
-pub(crate) struct RingReader<'a>(
+struct RingReader<'a>(
     kernel::sync::lock::Guard<'a, RxSide, kernel::sync::lock::mutex::MutexBackend>,
 );
 
-impl RingReader<'_> {
+impl ring::TakenCount for RingReader<'_> {
     /// Records `n` bytes taken off the ring; Err: the switch refuses the
     /// count (more than a draining ring's trusted bytes).
-    pub(crate) fn taken(&mut self, n: usize) -> core::result::Result<(), ()> {
+    fn taken(&mut self, n: usize) -> core::result::Result<(), ()> {
         self.0.path.record_ring_taken(n as u64).map_err(|_| ())
     }
 }
 
 /// Locks the sending direction for a ring write; None: it is not on the ring.
-pub(crate) fn ring_writer(sw: &Switch) -> Option<RingWriter<'_>> {
+fn ring_writer(sw: &Switch) -> Option<RingWriter<'_>> {
     let g = sw.tx.lock();
     if matches!(g.path.state(), TxState::Ring { .. }) {
         Some(RingWriter(g))
@@ -1405,13 +1393,13 @@ pub(crate) fn ring_writer(sw: &Switch) -> Option<RingWriter<'_>> {
 }
 
 /// The sending direction, held on the ring for one write.
-pub(crate) struct RingWriter<'a>(
+struct RingWriter<'a>(
     kernel::sync::lock::Guard<'a, TxSide, kernel::sync::lock::mutex::MutexBackend>,
 );
 
 impl RingWriter<'_> {
     /// The epoch of the ring it holds (Pipe::epoch names the same).
-    pub(crate) fn epoch(&self) -> u32 {
+    fn epoch(&self) -> u32 {
         match self.0.path.state() {
             TxState::Ring { epoch, .. } => epoch,
             // (ring_writer hands out a guard on a ring only)
@@ -1419,8 +1407,251 @@ impl RingWriter<'_> {
         }
     }
 
-    pub(crate) fn sent(&mut self, n: usize) {
+    fn sent(&mut self, n: usize) {
         let _ = self.0.path.record_sent(n as u64);
+    }
+}
+
+// ---- the carrier --------------------------------------------------------------
+
+/// Which carrier a step found full or empty: the waiter waits on that one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum On {
+    Ring,
+    Tcp,
+}
+
+/// The carrier of an inter-domain stream: each step goes to the ring or
+/// to the TCP leg, whichever carries that direction now. A ring step holds
+/// the direction on that very ring (`ring_writer`, `ring_reader`) for the
+/// step, one take of the switch's lock: the bytes are counted before a
+/// freeze can look, and the ring is named by its epoch.
+pub(crate) struct Switched {
+    sw: Arc<Switch>,
+    /// the ring this call writes, as the socket held it
+    tx: Option<Arc<Pipe>>,
+    /// the ring this call reads
+    rx: Option<Arc<Pipe>>,
+    /// where the last send step stopped for want of room
+    tx_wait: On,
+    /// where the last receive step found nothing
+    rx_wait: On,
+}
+
+impl Switched {
+    pub(crate) fn new(sw: Arc<Switch>, tx: Option<Arc<Pipe>>, rx: Option<Arc<Pipe>>) -> Switched {
+        Switched {
+            sw,
+            tx,
+            rx,
+            tx_wait: On::Ring,
+            rx_wait: On::Ring,
+        }
+    }
+
+    /// One send step on TCP (the direction is off its ring).
+    fn send_on_tcp(
+        &mut self,
+        xs: &XenSock,
+        msg: &mut Msg,
+        left: usize,
+        nonblock: bool,
+    ) -> Option<Sent> {
+        if xs.inner.lock().reset {
+            return Some(Sent::Reset);
+        }
+        match send(xs, &self.sw, msg, left, !nonblock) {
+            // back on a ring meanwhile: take the guard again
+            Write::Ring => None,
+            Write::Sent(n) => Some(Sent::Bytes(n)),
+            Write::Blocked => {
+                self.tx_wait = On::Tcp;
+                Some(Sent::Full)
+            }
+            Write::Pipe => Some(Sent::Closed),
+            Write::Fault => Some(Sent::Fault),
+        }
+    }
+}
+
+impl Carrier for Switched {
+    fn send(&mut self, xs: &XenSock, msg: &mut Msg, left: usize, nonblock: bool) -> Sent {
+        loop {
+            let Some(mut on_ring) = ring_writer(&self.sw) else {
+                match self.send_on_tcp(xs, msg, left, nonblock) {
+                    Some(s) => return s,
+                    None => continue,
+                }
+            };
+            // one look at the socket: reset, and, when the guard names
+            // another ring than ours (the switch came back to a new one),
+            // that ring (the switch replaces it under the lock the guard
+            // holds)
+            let (reset, newer) = {
+                let i = xs.inner.lock();
+                let stale = self
+                    .tx
+                    .as_ref()
+                    .map_or(true, |t| on_ring.epoch() != t.epoch);
+                (i.reset, stale.then(|| i.tx.clone()))
+            };
+            if reset {
+                return Sent::Reset;
+            }
+            if let Some(now) = newer {
+                self.tx = now;
+            }
+            let Some(tx) = self.tx.clone() else {
+                return Sent::Failed(e::ENOTCONN);
+            };
+            // the event-channel interrupt wakes us when the peer frees space
+            tx.set_owner(&xs.sk);
+            if on_ring.epoch() != tx.epoch {
+                // the switch replaces the ring and its epoch under one lock
+                drop(on_ring);
+                return Sent::Failed(crate::socket::conn_reset(
+                    xs,
+                    "the switch's ring is not the socket's",
+                ));
+            }
+            let step = tx.write_msg(msg, left);
+            if let Ok(Wrote::Bytes(n)) = &step {
+                on_ring.sent(*n);
+            }
+            drop(on_ring);
+            self.tx_wait = On::Ring;
+            return ring::sent(xs, step);
+        }
+    }
+
+    fn wait_writable(&mut self, xs: &XenSock, timeo: &mut c_long) -> core::result::Result<(), i32> {
+        let sw = &self.sw;
+        if self.tx_wait == On::Tcp {
+            inc(&counters::TCP_WRITE_WAITS, 1);
+            let r = xs.sk.wait(timeo, || tx_ready(sw) || xs.inner.lock().reset);
+            if r.is_err() {
+                writer_gone(xs, sw);
+            }
+            return r;
+        }
+        match &self.tx {
+            // the switch leaving the ring ends the wait as well
+            Some(tx) => ring::wait_for_space(xs, tx, timeo, || !sw.tx_on_ring()),
+            None => Ok(()),
+        }
+    }
+
+    fn recv(&mut self, xs: &XenSock, msg: &mut Msg, left: usize, peek: bool) -> Received {
+        loop {
+            // the ring first: the read holds the switch on this very ring
+            // for the step, copied straight from the ring to the user's
+            // iovecs
+            let step = match &self.rx {
+                Some(rx) => {
+                    rx.set_owner(&xs.sk);
+                    let sw = &self.sw;
+                    rx.read_msg(msg, left, peek, |epoch| match ring_reader(sw, epoch) {
+                        Some(g) => ring::Counted::By(g),
+                        None => ring::Counted::Elsewhere,
+                    })
+                }
+                None => Ok(ring::Read::OffRing),
+            };
+            if !matches!(step, Ok(ring::Read::OffRing)) {
+                self.rx_wait = On::Ring;
+                return ring::received(xs, step);
+            }
+            // not this ring: TCP bytes come first, or the switch reads TCP
+            // or a newer ring
+            match recv(xs, &self.sw, msg, left, peek) {
+                Read::Ring => {
+                    let now = xs.inner.lock().rx.clone();
+                    if now.is_none() {
+                        return Received::Failed(e::ENOTCONN);
+                    }
+                    // a ring the switch came back to: its interrupts wake
+                    // us too (`set_owner` above)
+                    self.rx = now;
+                }
+                Read::Got(n) => return Received::Bytes { n, short: false },
+                Read::Empty { eof } => {
+                    self.rx_wait = On::Tcp;
+                    return Received::Empty { eof };
+                }
+                Read::Fault => return Received::Fault,
+                Read::Reset => return Received::Reset,
+            }
+        }
+    }
+
+    fn wait_readable(&mut self, xs: &XenSock, timeo: &mut c_long) -> core::result::Result<(), i32> {
+        let sw = &self.sw;
+        if self.rx_wait == On::Tcp {
+            inc(&counters::TCP_READ_WAITS, 1);
+            return xs.sk.wait(timeo, || {
+                let i = xs.inner.lock();
+                let stop = i.shut_rd || i.reset;
+                drop(i);
+                stop || rx_ready(xs, sw)
+            });
+        }
+        match &self.rx {
+            // the switch leaving the ring ends the wait as well
+            Some(rx) => ring::wait_for_data(xs, rx, timeo, || !ring_read_ok(sw)),
+            None => Ok(()),
+        }
+    }
+
+    fn readiness(&mut self, xs: &XenSock, lowat: usize) -> Readiness {
+        let rings = ring::Rings::new(self.tx.clone(), self.rx.clone());
+        let (mut r, ring_bytes) =
+            rings.readiness_with(xs, |_, n| Ok(n as usize >= lowat), |free| free > 0);
+        // a direction on TCP
+        if self.sw.is_active() {
+            let (readable, read_hup, writable, write_hup) = poll_bits(xs, &self.sw);
+            if readable && (lowat <= 1 || ring_bytes + tcp_readable(xs, &self.sw) >= lowat) {
+                r.readable = true;
+            }
+            r.read_hup |= read_hup;
+            r.writable |= writable;
+            r.write_hup |= write_hup;
+        }
+        r
+    }
+
+    fn readable_bytes(&self, xs: &XenSock) -> usize {
+        // bytes taken off TCP come first
+        let on_tcp = tcp_readable(xs, &self.sw);
+        let on_ring = ring::Rings::new(None, self.rx.clone()).readable_bytes(xs);
+        on_tcp + on_ring
+    }
+
+    fn unsent_bytes(&self) -> usize {
+        tx_unsent(&self.sw)
+    }
+
+    fn shutdown(&mut self, xs: &XenSock, read: bool, write: bool) {
+        if write {
+            self.sw.tx.lock().path.finish();
+            if self.sw.is_active() {
+                net::schedule();
+            }
+        }
+        ring::Rings::new(self.tx.clone(), self.rx.clone()).shutdown(xs, read, write);
+    }
+
+    fn reset(&mut self, xs: &XenSock) {
+        ring::Rings::new(self.tx.clone(), self.rx.clone()).reset(xs);
+    }
+
+    fn release(&mut self, xs: &XenSock, abort: bool) -> Option<Arc<Pipe>> {
+        // before the struct sock can go: its TCP legs' callbacks stop
+        // waking it
+        disown(&self.sw);
+        // its TCP legs go once what it sent is out
+        closing(&self.sw, self.tx.as_ref());
+        crate::carrier::leg::connection_ended();
+        ring::Rings::new(self.tx.take(), self.rx.take()).release(xs, abort)
     }
 }
 

@@ -4,7 +4,8 @@
 
 pub(crate) mod seqpacket;
 
-use crate::carrier::ring::{Pipe, Read, Wrote};
+use crate::carrier::ring::Pipe;
+use crate::carrier::{Received, Sent, Stream};
 use crate::link::{Link, LinkTable};
 use crate::sys::{self, errno as e, poll::*, Line, Msg, Sk, Socket};
 use kernel::bindings;
@@ -380,7 +381,7 @@ fn xs_create(
 
 /// Forgets a socket everywhere (port table, listing) and tears it down.
 fn destroy(xs: &Arc<XenSock>) {
-    let (children, tx, rx, link, conn_id, peer_conn, was, reset, end_sent, lends_rx) = {
+    let (children, mut stream, link, conn_id, peer_conn, was, reset, end_sent, lends_rx) = {
         let mut i = xs.inner.lock();
         i.released = true;
         let was = i.state;
@@ -388,8 +389,7 @@ fn destroy(xs: &Arc<XenSock>) {
         let end_sent = core::mem::replace(&mut i.end_sent, true);
         (
             core::mem::replace(&mut i.accept_q, KVec::new()),
-            i.tx.take(),
-            i.rx.take(),
+            Stream::new(i.tx.take(), i.rx.take(), i.sw.clone()),
             i.link.take(),
             i.conn_id,
             i.peer_conn,
@@ -399,46 +399,14 @@ fn destroy(xs: &Arc<XenSock>) {
             i.lends_rx,
         )
     };
-    // before the struct sock can go: its TCP legs' callbacks stop waking it
-    crate::carrier::switch::disown(xs);
-    if link.is_some() {
-        // its TCP legs go once what it sent is out (carrier.rs)
-        crate::carrier::switch::closing(xs, tx.as_ref());
-        crate::carrier::leg::connection_ended();
-    }
     // SO_LINGER with l_linger 0: abortive close, the peer sees
     // ECONNRESET (unread data is dropped), as TCP's RST.
     let abort = was == State::Connected && !reset && xs.sk.linger_abort();
-    if abort {
-        if let Some(tx) = &tx {
-            tx.tx.lock().reset();
-        }
-        if let Some(rx) = &rx {
-            rx.rx.lock().reset();
-        }
-    }
     // Close: we read no more (the peer's writes get EPIPE); unsent data
-    // stays in the peer's ring and is still delivered (FIN after it).
-    // CLOSED goes out before FIN: a peer that has seen our EOF must also
-    // see that we stopped reading (its next send: EPIPE, not a byte
-    // written into the void; run kmod-20261122-070518 caught the race).
-    // kept for lending (below) when the peer may not have mapped it yet
-    let mut lend_rx = None;
-    if let Some(rx) = rx {
-        rx.rx.lock().close();
-        rx.detach(xs);
-        rx.wake_writer(POLLOUT | POLLERR);
-        rx.kick();
-        if lends_rx && link.is_some() {
-            lend_rx = Some(rx);
-        }
-    }
-    if let Some(tx) = tx {
-        tx.tx.lock().finish();
-        tx.detach(xs);
-        tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
-        tx.kick();
-    }
+    // is still delivered (FIN after it). The ring we read is kept for
+    // lending (below) when the peer may not have mapped it yet.
+    let rx = stream.carrier().release(xs, abort);
+    let mut lend_rx = rx.filter(|_| lends_rx && link.is_some());
     // Over a link: every connection that was established ends with exactly
     // one Close (clean) or Reset (abort, reset) from each side, here unless
     // conn_reset sent it already; its rings already carry FIN/CLOSED or
@@ -1203,7 +1171,7 @@ fn xs_accept(xs: ArcBorrow<'_, XenSock>, newsock: &Socket, flags: i32) -> c_int 
 
 fn xs_poll(xs: Option<ArcBorrow<'_, XenSock>>) -> u32 {
     let Some(xs) = xs else { return POLLERR };
-    let (state, qlen, shut_rd, shut_wr, reset, tx, rx) = {
+    let (state, qlen, shut_rd, shut_wr, reset, seqpacket, mut stream) = {
         let i = xs.inner.lock();
         (
             i.state,
@@ -1211,11 +1179,10 @@ fn xs_poll(xs: Option<ArcBorrow<'_, XenSock>>) -> u32 {
             i.shut_rd,
             i.shut_wr,
             i.reset,
-            i.tx.clone(),
-            i.rx.clone(),
+            i.seqpacket,
+            carrier_of(&i),
         )
     };
-    let seqpacket = xs.inner.lock().seqpacket;
     let mut mask = 0;
     match state {
         State::Listening => {
@@ -1233,93 +1200,37 @@ fn xs_poll(xs: Option<ArcBorrow<'_, XenSock>>) -> u32 {
         State::Closed => mask |= POLLHUP | POLLIN | POLLRDNORM | POLLRDHUP,
         State::Connecting => {}
         State::Connected => {
-            let mut rd_hup = shut_rd;
-            let mut err_ = reset;
-            // stream: readable once SO_RCVLOWAT bytes are there (as TCP),
-            // on the ring and the TCP carrier together
-            let lowat = if seqpacket { 1 } else { xs.sk.rcvlowat() };
-            let mut ring_bytes = 0usize;
-            if let Some(rx) = rx {
-                if rx.is_remote() {
-                    // the event-channel interrupt wakes this socket's pollers
-                    rx.set_owner(&xs.sk);
-                    // ask for a kick on the next byte before looking
-                    let _ = rx.rx.lock().prepare_wait();
+            let r = match &stream {
+                // seqpacket: readable once a whole record is there, writable
+                // once one fits
+                Stream::Rings(rings) if seqpacket => {
+                    rings
+                        .readiness_with(
+                            &xs,
+                            |rx, _| seqpacket::rx_ready(rx).map_err(|_| ()),
+                            seqpacket::tx_writable,
+                        )
+                        .0
                 }
-                match rx.rx_state() {
-                    Ok((n, end)) => {
-                        // seqpacket: readable once a whole message is there
-                        let ready = if seqpacket {
-                            crate::socket::seqpacket::rx_ready(&rx).unwrap_or_else(|_| {
-                                err_ = true;
-                                false
-                            })
-                        } else {
-                            ring_bytes = n as usize;
-                            ring_bytes >= lowat
-                        };
-                        if ready {
-                            mask |= POLLIN | POLLRDNORM;
-                        }
-                        if end.fin {
-                            rd_hup = true;
-                        }
-                        if end.reset {
-                            err_ = true;
-                        }
-                    }
-                    Err(_) => err_ = true,
-                }
+                // stream: readable once SO_RCVLOWAT bytes are there (as
+                // TCP), on the ring and TCP together
+                _ => stream.carrier().readiness(&xs, xs.sk.rcvlowat()),
+            };
+            if r.readable {
+                mask |= POLLIN | POLLRDNORM;
             }
-            let mut wr_hup = shut_wr;
-            if let Some(tx) = tx {
-                if tx.is_remote() {
-                    tx.set_owner(&xs.sk);
-                    let _ = tx.tx_prepare_wait(1);
-                }
-                match tx.tx_state() {
-                    Ok((free, end)) => {
-                        if end.closed || end.reset {
-                            wr_hup = true;
-                        } else if !shut_wr
-                            && (if seqpacket {
-                                crate::socket::seqpacket::tx_writable(free)
-                            } else {
-                                free > 0
-                            })
-                        {
-                            mask |= POLLOUT | POLLWRNORM;
-                        }
-                        if end.reset {
-                            err_ = true;
-                        }
-                    }
-                    Err(_) => err_ = true,
-                }
+            if r.writable && !shut_wr {
+                mask |= POLLOUT | POLLWRNORM;
             }
-            // a direction on TCP (carrier.rs)
-            let sw = xs.inner.lock().sw.clone();
-            if let Some(sw) = sw.filter(|s| s.is_active()) {
-                let (readable, rdh, writable, wrh) = crate::carrier::switch::poll_bits(&xs, &sw);
-                if readable
-                    && (lowat <= 1
-                        || ring_bytes + crate::carrier::switch::tcp_readable(&xs, &sw) >= lowat)
-                {
-                    mask |= POLLIN | POLLRDNORM;
-                }
-                rd_hup |= rdh;
-                if writable && !shut_wr {
-                    mask |= POLLOUT | POLLWRNORM;
-                }
-                wr_hup |= wrh;
-            }
+            let rd_hup = shut_rd || r.read_hup;
+            let wr_hup = shut_wr || r.write_hup;
             if rd_hup {
                 mask |= POLLIN | POLLRDNORM | POLLRDHUP;
             }
             if rd_hup && wr_hup {
                 mask |= POLLHUP;
             }
-            if err_ {
+            if reset || r.error {
                 mask |= POLLERR | POLLHUP | POLLIN | POLLRDNORM;
             }
         }
@@ -1343,31 +1254,22 @@ fn xs_ioctl(xs: Option<ArcBorrow<'_, XenSock>>, cmd: u32, arg: usize) -> c_int {
     let Some(xs) = xs else {
         return err(e::EINVAL);
     };
-    let (state, tx, rx, seqpacket) = {
+    // (the socket's lock is let go first: the carrier takes it after its own)
+    let (state, seqpacket, mut stream) = {
         let i = xs.inner.lock();
-        (i.state, i.tx.clone(), i.rx.clone(), i.seqpacket)
+        (i.state, i.seqpacket, carrier_of(&i))
     };
     if state == State::Listening {
         return err(e::EINVAL);
     }
-    let value: c_int = if cmd == SIOCINQ && seqpacket {
-        rx.map_or(0, |rx| crate::socket::seqpacket::next_len(&rx) as c_int)
-    } else if cmd == SIOCINQ {
-        // bytes taken off the TCP carrier come first (carrier.rs)
-        // (the socket's lock is let go first: the carrier takes it after its own)
-        let sw = xs.inner.lock().sw.clone();
-        let on_tcp = sw.map_or(0, |sw| crate::carrier::switch::tcp_readable(&xs, &sw));
-        let on_ring = match rx.map(|rx| rx.rx_state()) {
-            Some(Ok((n, _))) => n as usize,
-            Some(Err(_)) | None => 0,
-        };
-        c_int::try_from(on_tcp + on_ring).unwrap_or(c_int::MAX)
-    } else {
-        drop(tx);
-        let sw = xs.inner.lock().sw.clone();
-        let unsent = sw.map_or(0, |sw| crate::carrier::switch::tx_unsent(&sw));
-        c_int::try_from(unsent).unwrap_or(c_int::MAX)
+    let value = match &stream {
+        Stream::Rings(rings) if cmd == SIOCINQ && seqpacket => {
+            rings.rx().map_or(0, |rx| seqpacket::next_len(rx) as usize)
+        }
+        _ if cmd == SIOCINQ => stream.carrier().readable_bytes(&xs),
+        _ => stream.carrier().unsent_bytes(),
     };
+    let value = c_int::try_from(value).unwrap_or(c_int::MAX);
     let mut w = kernel::uaccess::UserSlice::new(arg, core::mem::size_of::<c_int>()).writer();
     match w.write(&value) {
         Ok(()) => 0,
@@ -1384,27 +1286,13 @@ fn xs_shutdown(xs: ArcBorrow<'_, XenSock>, how: c_int) -> c_int {
     if i.state != State::Connected {
         return err(e::ENOTCONN);
     }
-    let (tx, rx) = (i.tx.clone(), i.rx.clone());
-    let rd = how == 0 || how == 2;
-    let wr = how == 1 || how == 2;
-    i.shut_rd |= rd;
-    i.shut_wr |= wr;
+    let mut stream = carrier_of(&i);
+    let read = how == 0 || how == 2;
+    let write = how == 1 || how == 2;
+    i.shut_rd |= read;
+    i.shut_wr |= write;
     drop(i);
-    if wr {
-        crate::carrier::switch::finish(&xs);
-        if let Some(tx) = tx {
-            tx.tx.lock().finish();
-            tx.wake_reader(POLLIN | POLLRDNORM | POLLRDHUP);
-            tx.kick();
-        }
-    }
-    if rd {
-        if let Some(rx) = rx {
-            rx.rx.lock().close();
-            rx.wake_writer(POLLOUT | POLLERR);
-            rx.kick();
-        }
-    }
+    stream.carrier().shutdown(&xs, read, write);
     xs.sk.wake(POLLIN | POLLOUT | POLLRDHUP);
     0
 }
@@ -1413,7 +1301,7 @@ fn xs_shutdown(xs: ArcBorrow<'_, XenSock>, how: c_int) -> c_int {
 pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
     pr_warn!("connection reset: {}\n", why);
     sys::counters::add(&sys::counters::PROTO_RESETS, 1);
-    let (tx, rx, tell) = {
+    let (mut stream, tell) = {
         let mut i = xs.inner.lock();
         i.reset = true;
         // over a link the peer hears of it now (its one end message from
@@ -1427,7 +1315,7 @@ pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
         if tell.is_some() {
             i.end_sent = true;
         }
-        (i.tx.clone(), i.rx.clone(), tell)
+        (carrier_of(&i), tell)
     };
     if let Some((link, peer_conn)) = tell {
         let _ = link.send(&crate::proto::ctrl::Message::Reset {
@@ -1435,16 +1323,7 @@ pub(crate) fn conn_reset(xs: &XenSock, why: impl core::fmt::Display) -> i32 {
             reason: crate::proto::ctrl::ResetReason::ProtocolError,
         });
     }
-    if let Some(tx) = tx {
-        tx.tx.lock().reset();
-        tx.wake_reader(POLLERR | POLLIN);
-        tx.kick();
-    }
-    if let Some(rx) = rx {
-        rx.rx.lock().reset();
-        rx.wake_writer(POLLERR | POLLOUT);
-        rx.kick();
-    }
+    stream.carrier().reset(xs);
     e::ECONNRESET
 }
 
@@ -1470,17 +1349,9 @@ fn xs_sendmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg) -> c_int {
         }
         err(e::EPIPE)
     };
-    // inter-domain stream: `sw`, the switch, says which carrier (carrier.rs)
-    let (state, shut_wr, reset, tx, seqpacket, sw) = {
+    let (state, shut_wr, reset, seqpacket, mut stream) = {
         let i = xs.inner.lock();
-        (
-            i.state,
-            i.shut_wr,
-            i.reset,
-            i.tx.clone(),
-            i.seqpacket,
-            i.sw.clone(),
-        )
+        (i.state, i.shut_wr, i.reset, i.seqpacket, carrier_of(&i))
     };
     if reset {
         return err(e::ECONNRESET);
@@ -1496,185 +1367,43 @@ fn xs_sendmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg) -> c_int {
         return epipe(0);
     }
     if seqpacket {
-        let Some(tx) = tx else {
+        let Some(tx) = xs.inner.lock().tx.clone() else {
             return err(e::ENOTCONN);
         };
         tx.set_owner(&xs.sk);
-        return crate::socket::seqpacket::sendmsg(&xs, msg, &tx);
+        return seqpacket::sendmsg(&xs, msg, &tx);
     }
-    if tx.is_none() && sw.is_none() {
-        return err(e::ENOTCONN);
-    }
-    // the event-channel interrupt wakes us when the peer frees space
-    if let Some(tx) = &tx {
-        tx.set_owner(&xs.sk);
-    }
-    let mut tx_cur = tx;
+    let carrier = stream.carrier();
     let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;
     let mut timeo: c_long = xs.sk.sndtimeo(nonblock);
     let total = msg.left();
     let mut copied = 0usize;
+    // what went out, or else why nothing did
+    let partial = |copied: usize, errno: i32| -> c_int {
+        if copied > 0 {
+            copied as c_int
+        } else {
+            err(errno)
+        }
+    };
     while copied < total {
-        // With a switch, the ring fast path is one take of its lock: the
-        // guard holds this direction on its ring for the step (the bytes
-        // are counted before a freeze can look), and names the ring by its
-        // epoch; only when it is not on a ring does the carrier write.
-        let mut on_ring = match &sw {
-            None => None,
-            Some(sw) => match crate::carrier::switch::ring_writer(sw) {
-                Some(w) => Some(w),
-                None => {
-                    if xs.inner.lock().reset {
-                        return if copied > 0 {
-                            copied as c_int
-                        } else {
-                            err(e::ECONNRESET)
-                        };
+        match carrier.send(&xs, msg, total - copied, nonblock) {
+            Sent::Bytes(n) => copied += n,
+            Sent::Full => {
+                if nonblock {
+                    if copied > 0 {
+                        break;
                     }
-                    use crate::carrier::switch::Write;
-                    match crate::carrier::switch::send(&xs, sw, msg, total - copied, !nonblock) {
-                        // back on a ring meanwhile: take the guard again
-                        Write::Ring => continue,
-                        Write::Sent(n) => {
-                            copied += n;
-                            continue;
-                        }
-                        Write::Blocked => {
-                            if nonblock {
-                                if copied > 0 {
-                                    break;
-                                }
-                                return err(e::EAGAIN);
-                            }
-                            crate::carrier::switch::counters::TCP_WRITE_WAITS
-                                .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-                            let r = xs.sk.wait(&mut timeo, || {
-                                crate::carrier::switch::tx_ready(sw) || xs.inner.lock().reset
-                            });
-                            if let Err(x) = r {
-                                crate::carrier::switch::writer_gone(&xs, sw);
-                                return if copied > 0 { copied as c_int } else { err(x) };
-                            }
-                            continue;
-                        }
-                        Write::Pipe => return epipe(copied),
-                        Write::Fault => {
-                            return if copied > 0 {
-                                copied as c_int
-                            } else {
-                                err(e::EFAULT)
-                            }
-                        }
-                    }
+                    return err(e::EAGAIN);
                 }
-            },
-        };
-        // one look at the socket: reset, and, when the guard names another
-        // ring than ours (the switch came back to a new one), that ring
-        // (the switch replaces it under the lock the guard holds)
-        let (reset, newer) = {
-            let i = xs.inner.lock();
-            let stale = match (&on_ring, &tx_cur) {
-                (Some(w), Some(t)) => w.epoch() != t.epoch,
-                (Some(_), None) => true,
-                (None, _) => false,
-            };
-            (i.reset, if stale { Some(i.tx.clone()) } else { None })
-        };
-        if reset {
-            drop(on_ring);
-            return if copied > 0 {
-                copied as c_int
-            } else {
-                err(e::ECONNRESET)
-            };
-        }
-        if let Some(now) = newer {
-            // a ring the switch came back to: its interrupts wake us too
-            if let Some(t) = &now {
-                t.set_owner(&xs.sk);
-            }
-            tx_cur = now;
-        }
-        let Some(tx) = tx_cur.clone() else {
-            drop(on_ring);
-            return if copied > 0 {
-                copied as c_int
-            } else {
-                err(e::ENOTCONN)
-            };
-        };
-        if on_ring
-            .as_ref()
-            .map(|w| w.epoch() != tx.epoch)
-            .unwrap_or(false)
-        {
-            // the switch replaces the ring and its epoch under one lock
-            drop(on_ring);
-            return err(conn_reset(&xs, "the switch's ring is not the socket's"));
-        }
-        // copied straight from the user's iovecs into the ring, a step at
-        // a time (conn.rs, Pipe::write_msg)
-        let step = match tx.write_msg(msg, total - copied) {
-            Ok(w) => w,
-            Err(why) => {
-                drop(on_ring);
-                return err(conn_reset(&xs, why));
-            }
-        };
-        if let (Some(r), Wrote::Bytes(n)) = (on_ring.as_mut(), &step) {
-            r.sent(*n);
-        }
-        drop(on_ring);
-        match step {
-            Wrote::Bytes(n) => {
-                copied += n;
-                continue;
-            }
-            Wrote::Reset => {
-                xs.inner.lock().reset = true;
-                return if copied > 0 {
-                    copied as c_int
-                } else {
-                    err(e::ECONNRESET)
-                };
-            }
-            Wrote::Closed => return epipe(copied),
-            Wrote::Fault => {
-                return if copied > 0 {
-                    copied as c_int
-                } else {
-                    err(e::EFAULT)
+                if let Err(x) = carrier.wait_writable(&xs, &mut timeo) {
+                    return partial(copied, x);
                 }
             }
-            Wrote::Full => {}
-        }
-        if copied > 0 && nonblock {
-            break;
-        }
-        // the switch leaving the ring ends the wait as well
-        let off_ring = || sw.as_ref().map(|s| !s.tx_on_ring()).unwrap_or(false);
-        // prepare_wait publishes our event index and re-checks: the peer
-        // kicks once half the ring is free, not on its first byte read (as
-        // TCP wakes a writer once a third of its send buffer is free), so
-        // a writer ahead of its reader sleeps once per half ring, not once
-        // per write (~300 sleeps and kicks per 64 MiB with 64 KiB writes
-        // whatever the ring size: run bench-20261122-092840)
-        let want = tx.capacity() / 2;
-        if timeo != 0 && xs.sk.busy_wait_timed(|| tx.tx_free_at_least(want)) {
-            sys::counters::add(&sys::counters::SPIN_HITS, 1);
-            continue;
-        }
-        sys::counters::add(&sys::counters::SLEEPS, 1);
-        let r = xs.sk.wait_timed(&mut timeo, || {
-            let sleep = tx.tx_prepare_wait(want);
-            match sleep {
-                Ok(sleep) => !sleep || xs.inner.lock().reset || off_ring(),
-                Err(_) => true,
-            }
-        });
-        if let Err(x) = r {
-            return if copied > 0 { copied as c_int } else { err(x) };
+            Sent::Closed => return epipe(copied),
+            Sent::Reset => return partial(copied, e::ECONNRESET),
+            Sent::Fault => return partial(copied, e::EFAULT),
+            Sent::Failed(x) => return partial(copied, x),
         }
     }
     xs.inner.lock().bytes_out += copied as u64;
@@ -1697,16 +1426,15 @@ fn xs_recvmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg, flags: c_int) -
     if flags & bindings::MSG_ERRQUEUE as i32 != 0 {
         return err(e::EAGAIN);
     }
-    let (state, shut_rd, reset, rx, peer, seqpacket, sw) = {
+    let (state, shut_rd, reset, peer, seqpacket, mut stream) = {
         let i = xs.inner.lock();
         (
             i.state,
             i.shut_rd,
             i.reset,
-            i.rx.clone(),
             i.peer,
             i.seqpacket,
-            i.sw.clone(),
+            carrier_of(&i),
         )
     };
     if reset {
@@ -1718,20 +1446,13 @@ fn xs_recvmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg, flags: c_int) -
         _ => return err(e::ENOTCONN),
     }
     if seqpacket {
-        let Some(rx) = rx else {
+        let Some(rx) = xs.inner.lock().rx.clone() else {
             return err(e::ENOTCONN);
         };
         rx.set_owner(&xs.sk);
-        return crate::socket::seqpacket::recvmsg(&xs, msg, &rx, flags, peer);
+        return seqpacket::recvmsg(&xs, msg, &rx, flags, peer);
     }
-    if rx.is_none() && sw.is_none() {
-        return err(e::ENOTCONN);
-    }
-    // the event-channel interrupt wakes us when data arrives
-    if let Some(rx) = &rx {
-        rx.set_owner(&xs.sk);
-    }
-    let mut rx_cur = rx;
+    let carrier = stream.carrier();
     let peek = flags & bindings::MSG_PEEK as i32 != 0;
     let waitall = flags & bindings::MSG_WAITALL as i32 != 0 && !peek;
     let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;
@@ -1745,165 +1466,37 @@ fn xs_recvmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg, flags: c_int) -
     } else {
         xs.sk.rcvlowat().clamp(1, total.max(1))
     };
+    let partial = |copied: usize, errno: i32| -> c_int {
+        if copied > 0 {
+            copied as c_int
+        } else {
+            err(errno)
+        }
+    };
     let mut copied = 0usize;
     while copied < total {
         if xs.inner.lock().reset {
-            return if copied > 0 {
-                copied as c_int
-            } else {
-                err(e::ECONNRESET)
-            };
+            return partial(copied, e::ECONNRESET);
         }
-        // the ring first: read_msg holds the switch (if any) on this very
-        // ring for the step, one take of its lock (conn.rs); copied
-        // straight from the ring to the user's iovecs; a reset drops what
-        // was not read yet (TCP's RST does too)
-        let step = match rx_cur.as_ref() {
-            Some(rx) => match rx.read_msg(msg, total - copied, peek, sw.as_deref()) {
-                Ok(r) => r,
-                Err(why) => return err(conn_reset(&xs, why)),
-            },
-            None => Read::OffRing,
-        };
-        if let (Read::OffRing, Some(sw)) = (&step, &sw) {
-            // not this ring: TCP bytes come first, or the switch reads TCP
-            // or a newer ring (carrier.rs says which)
-            use crate::carrier::switch::Read;
-            match crate::carrier::switch::recv(&xs, sw, msg, total - copied, peek) {
-                Read::Ring => {
-                    let now = xs.inner.lock().rx.clone();
-                    // a ring the switch came back to: its interrupts wake us too
-                    if let Some(r) = &now {
-                        if !rx_cur.as_ref().map(|c| Arc::ptr_eq(c, r)).unwrap_or(false) {
-                            r.set_owner(&xs.sk);
-                        }
-                    }
-                    if now.is_none() {
-                        return if copied > 0 {
-                            copied as c_int
-                        } else {
-                            err(e::ENOTCONN)
-                        };
-                    }
-                    rx_cur = now;
-                    continue;
-                }
-                Read::Got(n) => {
-                    if peek {
-                        msg.set_name(&peer.bytes());
-                        return n as c_int;
-                    }
-                    copied += n;
-                    continue;
-                }
-                Read::Empty { eof } => {
-                    if eof || shut_rd || copied >= target {
-                        break;
-                    }
-                    crate::carrier::switch::counters::TCP_READ_WAITS
-                        .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-                    let r = xs.sk.wait(&mut timeo, || {
-                        let i = xs.inner.lock();
-                        let stop = i.shut_rd || i.reset;
-                        drop(i);
-                        stop || crate::carrier::switch::rx_ready(&xs, sw)
-                    });
-                    if let Err(x) = r {
-                        return if copied > 0 { copied as c_int } else { err(x) };
-                    }
-                    continue;
-                }
-                Read::Fault => {
-                    return if copied > 0 {
-                        copied as c_int
-                    } else {
-                        err(e::EFAULT)
-                    }
-                }
-                Read::Reset => {
-                    return if copied > 0 {
-                        copied as c_int
-                    } else {
-                        err(e::ECONNRESET)
-                    }
-                }
-            }
-        }
-        let end = match step {
-            Read::Reset => {
-                xs.inner.lock().reset = true;
-                return if copied > 0 {
-                    copied as c_int
-                } else {
-                    err(e::ECONNRESET)
-                };
-            }
-            // only with a switch, whose carrier has read or waited above
-            Read::OffRing => {
-                return if copied > 0 {
-                    copied as c_int
-                } else {
-                    err(e::ENOTCONN)
-                }
-            }
-            Read::Untracked => return err(conn_reset(&xs, "ring read after the switch")),
-            Read::Bytes(0, _) => {
-                // the user's buffer faulted before any byte moved
-                return if copied > 0 {
-                    copied as c_int
-                } else {
-                    err(e::EFAULT)
-                };
-            }
-            Read::Bytes(n, short) => {
+        match carrier.recv(&xs, msg, total - copied, peek) {
+            Received::Bytes { n, short } => {
                 copied += n;
                 if peek || short {
                     // MSG_PEEK: what is readable now, never consumed
                     break;
                 }
-                continue;
             }
-            Read::Empty(end) => end,
-        };
-        // ring empty
-        if end.fin || shut_rd || copied >= target {
-            break;
-        }
-        // (read_msg read it)
-        let Some(rx) = rx_cur.as_ref() else {
-            return if copied > 0 {
-                copied as c_int
-            } else {
-                err(e::ENOTCONN)
-            };
-        };
-        // the switch leaving the ring ends the wait as well
-        let off_ring = || {
-            sw.as_ref()
-                .map(|s| !crate::carrier::switch::ring_read_ok(s))
-                .unwrap_or(false)
-        };
-        // SO_BUSY_POLL: a reply due within the budget costs no event
-        // index, kick, interrupt or sleep
-        if timeo != 0 && xs.sk.busy_wait_timed(|| rx.rx_pending()) {
-            sys::counters::add(&sys::counters::SPIN_HITS, 1);
-            continue;
-        }
-        sys::counters::add(&sys::counters::SLEEPS, 1);
-        let r = xs.sk.wait_timed(&mut timeo, || {
-            let sleep = rx.rx.lock().prepare_wait();
-            match sleep {
-                Ok(sleep) => {
-                    let i = xs.inner.lock();
-                    let stop = !sleep || i.shut_rd || i.reset;
-                    drop(i);
-                    stop || off_ring()
+            Received::Empty { eof } => {
+                if eof || shut_rd || copied >= target {
+                    break;
                 }
-                Err(_) => true,
+                if let Err(x) = carrier.wait_readable(&xs, &mut timeo) {
+                    return partial(copied, x);
+                }
             }
-        });
-        if let Err(x) = r {
-            return if copied > 0 { copied as c_int } else { err(x) };
+            Received::Reset => return partial(copied, e::ECONNRESET),
+            Received::Fault => return partial(copied, e::EFAULT),
+            Received::Failed(x) => return partial(copied, x),
         }
     }
     msg.set_name(&peer.bytes());
@@ -1911,6 +1504,11 @@ fn xs_recvmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg, flags: c_int) -
         xs.inner.lock().bytes_in += copied as u64;
     }
     copied as c_int
+}
+
+/// The carrier of the connection, as the socket holds it now.
+fn carrier_of(i: &Inner) -> Stream {
+    Stream::new(i.tx.clone(), i.rx.clone(), i.sw.clone())
 }
 
 /// setsockopt() option names at level `family` (xensock.h).
