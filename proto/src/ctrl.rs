@@ -921,9 +921,102 @@ pub fn decode_data_prefix(buf: &[u8], channel: Channel) -> Result<(FrameHeader, 
     Ok((hdr, r.u64()?))
 }
 
+/// A listening socket as a `ConnectRequest` for its port sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenerView {
+    /// The listener's socket type.
+    pub sock_type: SockType,
+    /// Connections waiting to be accepted.
+    pub queued: usize,
+    /// How many may wait.
+    pub backlog: usize,
+}
+
+/// The acceptor's first answer to a `ConnectRequest` of `wanted` type for
+/// a port where `listener` listens (None: nobody): Ok to go on (map the
+/// requester's ring, grant ours), or the `ConnectReject` reason. A ring
+/// that cannot be granted is `NoResources`; one that cannot be mapped,
+/// `BadRequest`.
+pub fn admit(listener: Option<ListenerView>, wanted: SockType) -> Result<(), RejectReason> {
+    let l = listener.ok_or(RejectReason::NoListener)?;
+    if l.sock_type != wanted {
+        return Err(RejectReason::WrongType);
+    }
+    if l.queued >= l.backlog {
+        return Err(RejectReason::BacklogFull);
+    }
+    Ok(())
+}
+
+/// Bytes of the `TcpHello` frame that opens every TCP leg.
+pub const HELLO_LEN: usize = HEADER_LEN + 8;
+
+/// The `TcpHello` a leg opens with: (connection id, cookie), if `buf` is
+/// exactly one well-formed hello and nothing else.
+pub fn decode_hello(buf: &[u8]) -> Option<(u32, u64)> {
+    match decode(buf, Channel::Tcp) {
+        Ok((Message::TcpHello { conn_id, cookie }, HELLO_LEN)) if buf.len() == HELLO_LEN => {
+            Some((conn_id, cookie))
+        }
+        _ => None,
+    }
+}
+
+/// Whether a hello's cookie is the connection's own: compared without an
+/// early exit (one xor, one compare), so timing does not tell how many
+/// leading bits were right; and never the zero cookie, which no
+/// connection has.
+pub fn cookie_matches(want: u64, got: u64) -> bool {
+    core::hint::black_box(want ^ got) == 0 && want != 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connect_request_is_admitted_only_by_a_listener_of_its_type_with_room() {
+        let l = |sock_type, queued| ListenerView {
+            sock_type,
+            queued,
+            backlog: 2,
+        };
+        assert_eq!(admit(None, SockType::Stream), Err(RejectReason::NoListener));
+        assert_eq!(
+            admit(Some(l(SockType::SeqPacket, 0)), SockType::Stream),
+            Err(RejectReason::WrongType)
+        );
+        assert_eq!(
+            admit(Some(l(SockType::Stream, 2)), SockType::Stream),
+            Err(RejectReason::BacklogFull)
+        );
+        assert_eq!(
+            admit(Some(l(SockType::Stream, 1)), SockType::Stream),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_hello_is_one_exact_frame_and_its_cookie_must_match() {
+        let mut buf = [0u8; HELLO_LEN];
+        let m = Message::TcpHello {
+            conn_id: 7,
+            cookie: 0xfeed,
+        };
+        assert_eq!(m.encode(&mut buf), Ok(HELLO_LEN));
+        assert_eq!(decode_hello(&buf), Some((7, 0xfeed)));
+        assert_eq!(decode_hello(&buf[..HELLO_LEN - 1]), None);
+        let mut longer = [0u8; HELLO_LEN + 1];
+        longer[..HELLO_LEN].copy_from_slice(&buf);
+        assert_eq!(decode_hello(&longer), None);
+        let other = Message::Close { conn_id: 7 };
+        let mut b = [0u8; 64];
+        let n = other.encode(&mut b).unwrap();
+        assert_eq!(decode_hello(&b[..n]), None);
+        assert!(cookie_matches(0xfeed, 0xfeed));
+        assert!(!cookie_matches(0xfeed, 0xfeec));
+        assert!(!cookie_matches(0, 0));
+    }
 
     fn grant() -> RingGrant {
         RingGrant {

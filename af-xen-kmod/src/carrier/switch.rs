@@ -50,7 +50,8 @@ use crate::carrier::{Carrier, Readiness, Received, Sent};
 use crate::link::Link;
 use crate::proto::ctrl::{self, Channel, Message, RingGrant};
 use crate::proto::switch::{
-    ConsumedOutcome, Phase, RingFromOutcome, RxPath, RxState, TxPath, TxState,
+    ConsumedOutcome, Phase, RingFromOutcome, RxControl, RxControlOrder, RxControlQueue,
+    RxControlTaken, RxPath, RxState, TxPath, TxState,
 };
 use crate::socket::{State as SockState, XenSock};
 use crate::sys::net::{self, TcpSock};
@@ -68,10 +69,6 @@ const TXQ_BYTES: usize = 256 * 1024;
 const RXBUF_BYTES: usize = 256 * 1024;
 /// Our control frames waiting for the inbound leg.
 const CTLQ_BYTES: usize = 4096;
-/// Control frames for the receiving direction that may wait for it (a few
-/// per switch: `RawFrom`, `RingFrom`, `TxFreeze`, `Fin`); a peer that
-/// sends more before we take them is in breach.
-const RX_CTL_MAX: usize = 64;
 /// How often the work item looks again while legs connect or a bound runs.
 const TICK_MS: u32 = 100;
 /// An outbound leg still connecting after this long is connected again.
@@ -300,12 +297,9 @@ struct RxSide {
     /// back (`Switch::ctl`)
     leg: Option<crate::carrier::leg::HeldLeg>,
     buf: Option<Fifo>,
-    /// the bytes on the leg are the stream at `path.taken()`: the peer's
-    /// `RawFrom` for them was taken and no `RingFrom` ended the run since
-    run_open: bool,
-    /// we read past a run's end before its `RingFrom` was here: only a run
-    /// that goes on from exactly there may follow (`take_rx_ctl`)
-    join_at: Option<u64>,
+    /// the raw runs on the inbound leg, as the peer's control frames
+    /// open and end them (`take_rx_ctl`)
+    order: RxControlOrder,
     /// the inbound leg said EOF: nothing more comes on it
     data_eof: bool,
     /// what the leg's owner flag says now (`own_inbound`; None: not set)
@@ -350,60 +344,9 @@ pub(crate) struct Switch {
     /// the peer's control frames for our receiving direction, in order (a
     /// leaf lock)
     #[pin]
-    rx_ctl: Mutex<RxCtlQueue>,
+    rx_ctl: Mutex<RxControlQueue>,
     /// the peer closed its control stream (our outbound leg's way back)
     ctl_in_closed: AtomicBool,
-}
-
-/// A control frame for the receiving direction.
-#[derive(Clone, Copy)]
-enum RxCtl {
-    RawFrom(u64),
-    RingFrom(u32, u64),
-    TxFreeze(u32, u64),
-    Fin(u64),
-}
-
-/// A fixed FIFO of `RxCtl` (the kernel's alloc has no deque).
-struct RxCtlQueue {
-    q: [RxCtl; RX_CTL_MAX],
-    head: usize,
-    len: usize,
-}
-
-impl RxCtlQueue {
-    const fn new() -> Self {
-        RxCtlQueue {
-            q: [RxCtl::Fin(0); RX_CTL_MAX],
-            head: 0,
-            len: 0,
-        }
-    }
-    fn front(&self) -> Option<RxCtl> {
-        (self.len > 0).then(|| self.q[self.head % RX_CTL_MAX])
-    }
-    fn pop(&mut self) {
-        if self.len > 0 {
-            self.head = (self.head + 1) % RX_CTL_MAX;
-            self.len -= 1;
-        }
-    }
-    /// False: full.
-    fn push(&mut self, f: RxCtl) -> bool {
-        if self.len == RX_CTL_MAX {
-            return false;
-        }
-        self.q[(self.head + self.len) % RX_CTL_MAX] = f;
-        self.len += 1;
-        true
-    }
-    /// Where the run being read ends, if its `RingFrom` is here already.
-    fn run_end(&self) -> Option<u64> {
-        (0..self.len).find_map(|k| match self.q[(self.head + k) % RX_CTL_MAX] {
-            RxCtl::RingFrom(_, m) => Some(m),
-            _ => None,
-        })
-    }
 }
 
 impl Switch {
@@ -442,8 +385,7 @@ impl Switch {
                     path: RxPath::on_ring(),
                     leg: None,
                     buf: None,
-                    run_open: false,
-                    join_at: None,
+                    order: RxControlOrder::new(),
                     data_eof: false,
                     owner_pulls: None,
                     offered: None,
@@ -461,7 +403,7 @@ impl Switch {
                 to_ring: AtomicU32::new(0),
                 rx_cap,
                 ctl <- new_mutex!(None, "af_xen_sw_ctl"),
-                rx_ctl <- new_mutex!(RxCtlQueue::new(), "af_xen_sw_rx_ctl"),
+                rx_ctl <- new_mutex!(RxControlQueue::new(), "af_xen_sw_rx_ctl"),
                 ctl_in_closed: AtomicBool::new(false),
             }),
             GFP_KERNEL,
@@ -1947,23 +1889,25 @@ fn read_tx_leg(
             }
             Message::Reset { conn_id, .. } if conn_id == ids.conn_id => return Err("peer reset"),
             Message::RawFrom { conn_id, offset } if conn_id == ids.conn_id => {
-                Some(RxCtl::RawFrom(offset))
+                Some(RxControl::RawFrom { offset })
             }
             Message::RingFrom {
                 conn_id,
                 epoch,
                 offset,
-            } if conn_id == ids.conn_id => Some(RxCtl::RingFrom(epoch, offset)),
+            } if conn_id == ids.conn_id => Some(RxControl::RingFrom { epoch, offset }),
             Message::TxFreeze {
                 conn_id,
                 epoch,
                 offset,
-            } if conn_id == ids.conn_id => Some(RxCtl::TxFreeze(epoch, offset)),
-            Message::Fin { conn_id, offset } if conn_id == ids.conn_id => Some(RxCtl::Fin(offset)),
+            } if conn_id == ids.conn_id => Some(RxControl::TxFreeze { epoch, offset }),
+            Message::Fin { conn_id, offset } if conn_id == ids.conn_id => {
+                Some(RxControl::Fin { offset })
+            }
             _ => return Err("unexpected frame on the outbound leg"),
         };
         if let Some(f) = for_rx {
-            if !sw.rx_ctl.lock().push(f) {
+            if sw.rx_ctl.lock().push(f).is_err() {
                 return Err("control frames pile up unanswered");
             }
         }
@@ -2072,7 +2016,7 @@ fn pull(
 /// up to the end of stream, and up to a `RingFrom` already here (the bytes
 /// after it are not on this leg); 0 when no run is open.
 fn run_room(sw: &Switch, r: &RxSide) -> u64 {
-    if !r.run_open || r.path.reads_ring() {
+    if !r.order.run_open() || r.path.reads_ring() {
         return 0;
     }
     let taken = r.path.taken();
@@ -2189,43 +2133,19 @@ fn take_rx_ctl(
         let Some(f) = sw.rx_ctl.lock().front() else {
             return Ok(());
         };
-        let takeable = r.path.tcp_data_takeable();
-        let waits = match f {
-            RxCtl::RingFrom(_, m) => !takeable || r.path.taken() < m,
-            RxCtl::RawFrom(_) | RxCtl::Fin(_) => !takeable,
-            RxCtl::TxFreeze(..) => false,
-        };
-        if waits {
+        let was_ring = matches!(r.path.state(), RxState::Ring { .. });
+        // a TxFreeze: readable 0, we keep what we took, the sender resends
+        // the rest
+        let Some(taken) = r.order.take(&mut r.path, f, 0).map_err(|e| e.what())? else {
             return Ok(());
-        }
-        match f {
-            RxCtl::RawFrom(m) => match r.join_at.take() {
-                Some(end) if end == m => {}
-                Some(_) => return Err("a run after reading on past a run's end, not from there"),
-                None if r.run_open => return Err("RawFrom inside a run"),
-                None => {
-                    // the run starts where we stand
-                    r.path.on_data(m, 0).map_err(|_| "RawFrom out of order")?;
-                    r.run_open = true;
-                }
-            },
-            RxCtl::RingFrom(epoch, m) => {
-                if !r.run_open || r.join_at.is_some() {
-                    return Err("RingFrom without a run");
-                }
-                let outcome = r.path.on_ring_from(epoch, m).map_err(|_| "bad RingFrom")?;
-                if r.path.taken() > m {
-                    // we read past the run's end before its RingFrom was
-                    // here: the bytes after it are the next run's, which
-                    // (an offer we abandoned, whose Consumed left before
-                    // this RingFrom came) goes on from that very end
-                    if outcome == RingFromOutcome::Switch {
-                        return Err("read past a run's end");
-                    }
-                    r.join_at = Some(m);
-                } else {
-                    r.run_open = false;
-                }
+        };
+        match taken {
+            RxControlTaken::Run | RxControlTaken::Fin => {}
+            RxControlTaken::RingFrom {
+                epoch,
+                offset,
+                outcome,
+            } => {
                 if outcome == RingFromOutcome::Switch {
                     let Some(p) = r.offered.take() else {
                         return Err("RingFrom without a ring");
@@ -2246,19 +2166,17 @@ fn take_rx_ctl(
                         "connection {}: rx back on a ring (epoch {}) from {}\n",
                         ids.conn_id,
                         epoch,
-                        m
+                        offset
                     );
                 }
             }
-            RxCtl::TxFreeze(epoch, offset) => {
+            RxControlTaken::TxFreeze {
+                epoch,
+                offset,
+                consumed,
+            } => {
                 r.saw_freeze = true;
-                let was_ring = matches!(r.path.state(), RxState::Ring { .. });
-                // readable 0: we keep what we took, the sender resends the rest
-                if let Some(n) = r
-                    .path
-                    .on_tx_freeze(epoch, Some(offset), 0)
-                    .map_err(|_| "bad TxFreeze")?
-                {
+                if let Some(n) = consumed {
                     if !push_ctl(
                         sw,
                         &Message::Consumed {
@@ -2288,9 +2206,6 @@ fn take_rx_ctl(
                         n.offset
                     );
                 }
-            }
-            RxCtl::Fin(m) => {
-                r.path.on_fin(m).map_err(|_| "bad Fin")?;
             }
         }
         sw.rx_ctl.lock().pop();
@@ -2812,10 +2727,10 @@ pub(crate) fn tcp_show(conn: u32, sw: &Switch, seq: &mut crate::sys::Seq) {
             "{conn} rx {state} taken {} buffered {} run {} join {} eof_leg {} control_queued {} control_out {} owner_pulls {}",
             r.path.taken(),
             r.buf.as_ref().map(|b| b.len()).unwrap_or(0),
-            r.run_open as u8,
-            r.join_at.map(|j| j as i64).unwrap_or(-1),
+            r.order.run_open() as u8,
+            r.order.join_at().map(|j| j as i64).unwrap_or(-1),
             r.data_eof as u8,
-            sw.rx_ctl.lock().len,
+            sw.rx_ctl.lock().len(),
             sw.ctl.lock().as_ref().map(|q| q.len()).unwrap_or(0),
             r.owner_pulls.map(|p| p as i8).unwrap_or(-1)
         );

@@ -16,6 +16,7 @@ use socket2::SockRef;
 use xensock_proto::ctrl::{
     decode, decode_header, Channel, FrameHeader, Kind, Message, HEADER_LEN, MAX_CONTROL_FRAME,
 };
+use xensock_proto::switch::RxControl;
 
 /// A control frame read from a leg.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +27,20 @@ pub(crate) enum Frame {
     Fin { offset: u64 },
     RawFrom { offset: u64 },
     Reset,
+}
+
+impl Frame {
+    /// The frame as a receiving direction queues it; None for the sending
+    /// direction's answers (`Consumed`, `Reset`).
+    pub(crate) fn for_receiving(self) -> Option<RxControl> {
+        match self {
+            Frame::RawFrom { offset } => Some(RxControl::RawFrom { offset }),
+            Frame::RingFrom { epoch, offset } => Some(RxControl::RingFrom { epoch, offset }),
+            Frame::TxFreeze { epoch, offset } => Some(RxControl::TxFreeze { epoch, offset }),
+            Frame::Fin { offset } => Some(RxControl::Fin { offset }),
+            Frame::Consumed { .. } | Frame::Reset => None,
+        }
+    }
 }
 
 /// What reading control frames off a leg gave.

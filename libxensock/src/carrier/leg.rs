@@ -18,12 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use xensock_proto::ctrl::{decode, Channel, Message, TcpEndpoint};
+use xensock_proto::ctrl::{cookie_matches, decode_hello, TcpEndpoint, HELLO_LEN};
 
 use crate::sys::eventfd::EventFd;
-
-/// Bytes of a `TcpHello` frame.
-const HELLO_LEN: usize = 16;
 
 /// Where an authenticated leg goes.
 pub(crate) type Deliver = Arc<dyn Fn(TcpStream) + Send + Sync>;
@@ -280,7 +277,7 @@ fn serve(listener: TcpListener, shared: Arc<Shared>, config: LegListenerConfig) 
                             return None;
                         }
                         None => return Some(p),
-                        Some(r) if !cookie_eq(r.cookie, p.cookie) => {
+                        Some(r) if !cookie_matches(r.cookie, p.cookie) => {
                             shared.counters.bad_cookie.fetch_add(1, Ordering::Relaxed);
                             return None;
                         }
@@ -353,12 +350,9 @@ fn read_hello(mut p: Pending, shared: &Shared) -> Hello {
             }
         }
     }
-    let (conn_id, cookie) = match decode(&p.buf, Channel::Tcp) {
-        Ok((Message::TcpHello { conn_id, cookie }, HELLO_LEN)) => (conn_id, cookie),
-        _ => {
-            shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
-            return Hello::Done;
-        }
+    let Some((conn_id, cookie)) = decode_hello(&p.buf) else {
+        shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
+        return Hello::Done;
     };
     let deliver = {
         let registry = lock(&shared.registry);
@@ -371,7 +365,7 @@ fn read_hello(mut p: Pending, shared: &Shared) -> Hello {
                     deadline: p.deadline,
                 })
             }
-            Some(r) if !cookie_eq(r.cookie, cookie) => {
+            Some(r) if !cookie_matches(r.cookie, cookie) => {
                 shared.counters.bad_cookie.fetch_add(1, Ordering::Relaxed);
                 return Hello::Done;
             }
@@ -382,12 +376,6 @@ fn read_hello(mut p: Pending, shared: &Shared) -> Hello {
     // The registry lock is released: delivery may take the connection's.
     deliver(p.sock);
     Hello::Done
-}
-
-/// Compares cookies without an early exit, so timing does not tell an
-/// attacker how many leading bytes were right.
-fn cookie_eq(a: u64, b: u64) -> bool {
-    std::hint::black_box(a ^ b) == 0
 }
 
 #[cfg(test)]

@@ -22,7 +22,6 @@
 //! our receiving direction are queued (`Shared::rx_ctl`) and taken in
 //! order by whoever holds that direction next.
 
-use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, RawFd};
@@ -34,7 +33,8 @@ use xensock_proto::ctrl::{Message, ResetReason};
 use xensock_proto::mem::RawRing;
 use xensock_proto::ring::{Consumer, Producer, RingError, Sent};
 use xensock_proto::switch::{
-    ConsumedOutcome, RingFromOutcome, RxPath, RxState, SwitchError, TxPath, TxState,
+    ConsumedOutcome, RingFromOutcome, RxControl, RxControlError, RxControlOrder, RxControlQueue,
+    RxControlTaken, RxPath, RxState, SwitchError, TxPath, TxState,
 };
 
 use super::driver::{self, Attachment, Driven};
@@ -157,11 +157,6 @@ pub(crate) struct SwitchStatus {
 /// Wait for something on a leg while sleeping.
 const NO_LEG: i16 = 0;
 
-/// Control frames for the receiving direction that may wait for it: a few
-/// per switch, so a peer that sends more is in breach (see
-/// `Shared::read_control`).
-const MAX_QUEUED_CONTROL: usize = 64;
-
 struct Tx {
     path: TxPath,
     producer: Option<Producer<RawRing>>,
@@ -200,13 +195,9 @@ struct Rx {
     leg_closed: bool,
     /// As `Tx::leg_unanswered`.
     leg_unanswered: Option<Instant>,
-    /// The bytes on the leg are the stream at `path.taken()`: the sender's
-    /// `RawFrom` for them was taken and no `RingFrom` ended the run since.
-    run_open: bool,
-    /// The reader went past the end of a run before its `RingFrom` was
-    /// here: only a run that continues at exactly that end may follow
-    /// (see `Shared::pump_rx`).
-    join_at: Option<u64>,
+    /// The raw runs on the inbound leg, as the sender's control frames
+    /// open and end them (`Shared::pump_rx`).
+    order: RxControlOrder,
     /// We left ring `epoch` on our own (move, peer gone) and have not seen
     /// the sender's `TxFreeze` for it yet.
     awaiting_freeze: Option<u32>,
@@ -244,7 +235,7 @@ struct Shared {
     ctl_out: Mutex<CtlOut>,
     /// Control frames for our receiving direction, in the order they came
     /// (a leaf lock, as `ctl_out`).
-    rx_ctl: Mutex<VecDeque<Frame>>,
+    rx_ctl: Mutex<RxControlQueue>,
     /// The peer closed its control stream (our outbound leg's way back).
     ctl_in_closed: AtomicBool,
     /// Serialise readers and writers: one waiter per side.
@@ -383,8 +374,7 @@ impl Switch {
                 leg: None,
                 leg_closed: false,
                 leg_unanswered: None,
-                run_open: false,
-                join_at: None,
+                order: RxControlOrder::new(),
                 awaiting_freeze: None,
                 leg_drained: false,
                 delivered: seed.delivered,
@@ -393,7 +383,7 @@ impl Switch {
                 nb_waiting: AtomicBool::new(false),
             }),
             ctl_out: Mutex::new(CtlOut::default()),
-            rx_ctl: Mutex::new(VecDeque::new()),
+            rx_ctl: Mutex::new(RxControlQueue::new()),
             ctl_in_closed: AtomicBool::new(false),
             read_lock: Mutex::new(()),
             write_lock: Mutex::new(()),
@@ -1220,7 +1210,7 @@ impl Shared {
             } else if got > 0 {
                 // One read of the leg per call, as on a plain TCP socket.
                 break;
-            } else if rx.leg_drained && !nonblocking && rx.run_open && !rx.leg_closed {
+            } else if rx.leg_drained && !nonblocking && rx.order.run_open() && !rx.leg_closed {
                 // The last read emptied the leg: wait for it first rather
                 // than read only to be told so (a system call costs tens
                 // of microseconds in a PV guest under emulation).
@@ -1262,7 +1252,7 @@ impl Shared {
         let Some(leg) = rx.leg.clone() else {
             return Ok(RunStep::WaitControl);
         };
-        if rx.leg_closed || !rx.run_open {
+        if rx.leg_closed || !rx.order.run_open() {
             // Nothing to read until a control frame says what comes next
             // (a run's `RawFrom`, its `RingFrom`, the `Fin`); without a
             // control stream, nothing will.
@@ -1276,7 +1266,7 @@ impl Shared {
         if let Some(eof) = rx.path.eof_at() {
             limit = limit.min(eof.saturating_sub(taken));
         }
-        if let Some(end) = self.queued_run_end() {
+        if let Some(end) = lock(&self.rx_ctl).run_end() {
             limit = limit.min(end.saturating_sub(taken));
         }
         if limit == 0 {
@@ -1297,14 +1287,6 @@ impl Shared {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(RunStep::Again),
             Err(e) => Err(e),
         }
-    }
-
-    /// Where the run being read ends, if its `RingFrom` is here already.
-    fn queued_run_end(&self) -> Option<u64> {
-        lock(&self.rx_ctl).iter().find_map(|f| match f {
-            Frame::RingFrom { offset, .. } => Some(*offset),
-            _ => None,
-        })
     }
 
     fn wait_rx<'a>(&'a self, mut rx: MutexGuard<'a, Rx>, leg_events: i16) -> MutexGuard<'a, Rx> {
@@ -1348,38 +1330,30 @@ impl Shared {
     /// waits with them.
     fn pump_rx(&self, rx: &mut Rx) -> io::Result<()> {
         loop {
-            let Some(frame) = lock(&self.rx_ctl).front().copied() else {
+            let Some(frame) = lock(&self.rx_ctl).front() else {
                 break;
             };
-            let waits = match frame {
-                Frame::RingFrom { offset, .. } => {
-                    !rx.path.tcp_data_takeable() || rx.path.taken() < offset
+            // a TxFreeze: the frozen ring's bytes this side trusts (the
+            // sender froze it and this side stayed)
+            let readable = match (frame, rx.path.state(), rx.consumer.as_ref()) {
+                (RxControl::TxFreeze { .. }, RxState::Ring { .. }, Some(c)) => {
+                    c.readable().map_err(ring_error)?
                 }
-                Frame::RawFrom { .. } | Frame::Fin { .. } => !rx.path.tcp_data_takeable(),
-                _ => false,
+                _ => 0,
             };
-            if waits {
+            let Some(taken) = rx
+                .order
+                .take(&mut rx.path, frame, u64::from(readable))
+                .map_err(|e| match e {
+                    RxControlError::Switch(e) => switch_error(e),
+                    e => protocol_error(e),
+                })?
+            else {
                 return Ok(());
-            }
-            match frame {
-                Frame::RingFrom { epoch, offset } => {
-                    if !rx.run_open || rx.join_at.is_some() {
-                        return Err(protocol_error("RingFrom without a run"));
-                    }
-                    let outcome = rx.path.on_ring_from(epoch, offset).map_err(switch_error)?;
-                    if rx.path.taken() > offset {
-                        // We read past the run's end before its RingFrom
-                        // was here. The bytes after it are the next run's,
-                        // which (for an offer we abandoned, whose Consumed
-                        // went out before this RingFrom came) resumes at
-                        // that very end: its RawFrom must say so.
-                        if outcome == RingFromOutcome::Switch {
-                            return Err(protocol_error("read past a run's end"));
-                        }
-                        rx.join_at = Some(offset);
-                    } else {
-                        rx.run_open = false;
-                    }
+            };
+            match taken {
+                RxControlTaken::Run | RxControlTaken::Fin => {}
+                RxControlTaken::RingFrom { outcome, .. } => {
                     if outcome == RingFromOutcome::Switch {
                         let ring = rx
                             .offered
@@ -1390,47 +1364,19 @@ impl Shared {
                         self.counters.rx_to_ring.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                Frame::RawFrom { offset } => match rx.join_at.take() {
-                    Some(end) if end == offset => {}
-                    Some(end) => {
-                        return Err(protocol_error(format!(
-                            "run from {offset} after reading on past a run's end at {end}"
-                        )))
-                    }
-                    None if rx.run_open => return Err(protocol_error("RawFrom inside a run")),
-                    None => {
-                        // Checks the offset is where we stand.
-                        rx.path.on_data(offset, 0).map_err(switch_error)?;
-                        rx.run_open = true;
-                    }
-                },
-                Frame::TxFreeze { epoch, offset } => {
+                RxControlTaken::TxFreeze {
+                    epoch, consumed, ..
+                } => {
                     if rx.awaiting_freeze.is_some_and(|e| epoch >= e) {
                         rx.awaiting_freeze = None;
                     }
-                    let readable = match (rx.path.state(), rx.consumer.as_ref()) {
-                        (RxState::Ring { .. }, Some(c)) => c.readable().map_err(ring_error)?,
-                        _ => 0,
-                    };
-                    if let Some(c) = rx
-                        .path
-                        .on_tx_freeze(epoch, Some(offset), u64::from(readable))
-                        .map_err(switch_error)?
-                    {
+                    if let Some(c) = consumed {
                         self.queue_consumed(c.epoch, c.offset);
                     }
                     Self::settle_rx_rings(rx);
                 }
-                Frame::Fin { offset } => {
-                    rx.path.on_fin(offset).map_err(switch_error)?;
-                }
-                Frame::Consumed { .. } | Frame::Reset => {
-                    return Err(protocol_error(
-                        "a sending direction's frame queued for receiving",
-                    ));
-                }
             }
-            lock(&self.rx_ctl).pop_front();
+            lock(&self.rx_ctl).pop();
             self.notify_rx(rx);
         }
         Ok(())
@@ -1684,15 +1630,16 @@ impl Shared {
                 }
                 Incoming::Frame(Frame::Reset) => return Err(io::ErrorKind::ConnectionReset.into()),
                 Incoming::Frame(f) => {
-                    let mut q = lock(&self.rx_ctl);
+                    let frame = f.for_receiving().ok_or_else(|| {
+                        protocol_error("a sending direction's frame queued for receiving")
+                    })?;
                     // Each frame waits for the receiving direction only
                     // while a RingFrom before it waits for the bytes ahead
                     // of it, and a sender sends few before it needs an
                     // answer; a peer that floods is in breach.
-                    if q.len() >= MAX_QUEUED_CONTROL {
+                    if lock(&self.rx_ctl).push(frame).is_err() {
                         return Err(protocol_error("control frames pile up unanswered"));
                     }
-                    q.push_back(f);
                 }
                 Incoming::WouldBlock => break,
                 Incoming::Closed => {
