@@ -43,8 +43,14 @@ impl ListenerShared {
         }))
     }
 
-    pub(crate) fn is_full(&self) -> bool {
-        lock(&self.queue).len() >= self.backlog
+    /// The listener as a `ConnectRequest` sees it (user space listens on
+    /// streams only).
+    pub(crate) fn view(&self) -> xensock_proto::ctrl::ListenerView {
+        xensock_proto::ctrl::ListenerView {
+            sock_type: xensock_proto::ctrl::SockType::Stream,
+            queued: lock(&self.queue).len(),
+            backlog: self.backlog,
+        }
     }
 
     pub(crate) fn push(&self, c: Arc<Conn>) {

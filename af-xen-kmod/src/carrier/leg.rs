@@ -15,7 +15,7 @@ use kernel::prelude::*;
 use kernel::sync::{Arc, Mutex};
 
 /// Bytes of a `TcpHello` frame (header + cookie).
-pub(crate) const HELLO_LEN: usize = ctrl::HEADER_LEN + 8;
+pub(crate) use ctrl::HELLO_LEN;
 /// Unauthenticated legs held at once; more are closed at once.
 const MAX_PENDING: usize = 64;
 /// A leg whose hello has not arrived within this is closed (as
@@ -206,15 +206,13 @@ fn find_conn(conn_id: u32) -> Option<(Arc<XenSock>, u64)> {
 
 /// What a complete hello decides.
 fn check_hello(buf: &[u8]) -> core::result::Result<Arc<XenSock>, &'static AtomicI64> {
-    let (conn_id, cookie) = match ctrl::decode(buf, Channel::Tcp) {
-        Ok((Message::TcpHello { conn_id, cookie }, n)) if n == HELLO_LEN => (conn_id, cookie),
-        _ => return Err(&MALFORMED),
+    let Some((conn_id, cookie)) = ctrl::decode_hello(buf) else {
+        return Err(&MALFORMED);
     };
     let Some((xs, want)) = find_conn(conn_id) else {
         return Err(&UNKNOWN_CONN);
     };
-    // no early exit on the first differing byte: one xor, one compare
-    if (want ^ cookie) != 0 || want == 0 {
+    if !ctrl::cookie_matches(want, cookie) {
         return Err(&BAD_COOKIE);
     }
     Ok(xs)

@@ -815,21 +815,25 @@ pub(crate) fn accept_remote(
         let p = globals().ports.lock();
         p.map.get(&dst_port).cloned()
     };
+    let sock_type = |seqpacket| {
+        if seqpacket {
+            crate::proto::ctrl::SockType::SeqPacket
+        } else {
+            crate::proto::ctrl::SockType::Stream
+        }
+    };
+    let view = l.as_ref().and_then(|l| {
+        let li = l.inner.lock();
+        (li.state == State::Listening).then(|| crate::proto::ctrl::ListenerView {
+            sock_type: sock_type(li.seqpacket),
+            queued: li.accept_q.len(),
+            backlog: li.backlog as usize,
+        })
+    });
+    crate::proto::ctrl::admit(view, sock_type(seqpacket))?;
     let Some(l) = l else {
         return Err(R::NoListener);
     };
-    {
-        let li = l.inner.lock();
-        if li.state != State::Listening {
-            return Err(R::NoListener);
-        }
-        if li.seqpacket != seqpacket {
-            return Err(R::WrongType);
-        }
-        if li.accept_q.len() >= li.backlog as usize {
-            return Err(R::BacklogFull);
-        }
-    }
     let child = new_child(&l).ok_or(R::NoResources)?;
     let my_id = crate::link::next_conn_id();
     let cap = crate::carrier::ring::remote_rx_ring_capacity(&child.sk, !seqpacket);

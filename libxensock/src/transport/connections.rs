@@ -20,15 +20,14 @@ impl Inner {
                     s.counters.rejected.fetch_add(1, Ordering::Relaxed);
                     s.send_frame(st, peer, &Message::ConnectReject { conn_id, reason });
                 };
-                let Some(l) = st.listeners.get(&dst_port).cloned() else {
+                let l = st.listeners.get(&dst_port).cloned();
+                let view = l.as_ref().map(|l| l.view());
+                if let Err(reason) = ctrl::admit(view, sock_type) {
+                    return reject(self, st, reason);
+                }
+                let Some(l) = l else {
                     return reject(self, st, RejectReason::NoListener);
                 };
-                if sock_type != SockType::Stream {
-                    return reject(self, st, RejectReason::WrongType);
-                }
-                if l.is_full() {
-                    return reject(self, st, RejectReason::BacklogFull);
-                }
                 let req = Request {
                     their_id: conn_id,
                     src_port,
