@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use xensock_proto::ctrl::RingGrant;
 use xensock_proto::mem::RawRing;
-use xensock_proto::ring::{Consumer, Producer, RingError, Sent};
+use xensock_proto::ring::{Consumer, Producer, Received, RingError, Sent};
 use xensock_proto::switch::{RxPath, TxPath};
 use xensock_xenif::{DomId, EventChannel};
 
@@ -253,32 +253,24 @@ impl ConnIo {
         };
         // Flags first: FIN is set after the last `prod` store, so FIN and
         // then an empty ring is a true end of stream.
-        let end = match rx.c.peer_end() {
-            Ok(e) => e,
-            Err(e) => return Err(self.violated(e)),
-        };
-        match rx.c.read(buf) {
-            Ok(0) => {}
-            Ok(n) => {
-                let kick = rx.c.flush();
+        match rx.c.receive(buf) {
+            Ok(Received::Bytes { n, kick }) => {
                 let _ = self.rx_path.record_ring_taken(n as u64);
                 self.bytes_in += n as u64;
                 if kick {
                     self.kick();
                 }
-                return Ok(n);
+                Ok(n)
             }
-            Err(e) => return Err(self.violated(e)),
+            Ok(Received::Reset) => {
+                self.reset_local();
+                self.phase = ConnPhase::Reset { reported: true };
+                Err(errno(libc::ECONNRESET))
+            }
+            Ok(Received::Empty(end)) if end.fin || self.peer_closed => Ok(0),
+            Ok(Received::Empty(_)) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(self.violated(e)),
         }
-        if end.reset {
-            self.reset_local();
-            self.phase = ConnPhase::Reset { reported: true };
-            return Err(errno(libc::ECONNRESET));
-        }
-        if end.fin || self.peer_closed {
-            return Ok(0);
-        }
-        Err(io::ErrorKind::WouldBlock.into())
     }
 
     /// One non-blocking write attempt: `Err(WouldBlock)` when full.

@@ -178,6 +178,25 @@ pub enum Sent {
     ReaderClosed,
 }
 
+/// What one [`Consumer::receive`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Received {
+    /// `n` bytes read and consumed; `kick`: the producer asked to be
+    /// notified of the space (the caller kicks its event channel).
+    Bytes {
+        /// Bytes read.
+        n: usize,
+        /// Whether to kick the producer.
+        kick: bool,
+    },
+    /// Nothing readable; the producer's flags, read before the ring was
+    /// found empty (so `fin` here is a true end of stream).
+    Empty(PeerEnd),
+    /// The producer reset the connection: what was not read is dropped,
+    /// as TCP's RST drops it.
+    Reset,
+}
+
 /// The sending side of a ring.
 ///
 /// `write` publishes data as it goes; `flush` decides, once per burst,
@@ -590,6 +609,24 @@ impl<M: RingMemory> Consumer<M> {
         let n = self.copy_out(avail, dst);
         self.consume(n);
         Ok(n as usize)
+    }
+
+    /// One receive step of a stream, as both hosts take it: the
+    /// producer's flags first (a reset drops what is unread), then as much
+    /// as `dst` holds, consumed, and whether to kick. `dst` must not be
+    /// empty (an empty read says nothing about the ring).
+    pub fn receive(&mut self, dst: &mut [u8]) -> Result<Received, RingError> {
+        let end = self.peer_end()?;
+        if end.reset {
+            return Ok(Received::Reset);
+        }
+        match self.read(dst)? {
+            0 => Ok(Received::Empty(end)),
+            n => Ok(Received::Bytes {
+                n,
+                kick: self.flush(),
+            }),
+        }
     }
 
     /// Consumes `n` bytes without copying them, at most what is readable.

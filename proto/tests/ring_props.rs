@@ -10,7 +10,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use common::{pattern, pattern_bytes, Region};
 use proptest::prelude::*;
 use xensock_proto::layout::{MAX_RING_ORDER, MIN_RING_ORDER, PROD_FLAGS_KNOWN};
-use xensock_proto::ring::{has_unread, peer_line, Consumer, Field, Producer, RingError, Sent};
+use xensock_proto::ring::{
+    has_unread, peer_line, Consumer, Field, PeerEnd, Producer, Received, RingError, Sent,
+};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -343,6 +345,51 @@ fn a_send_step_reads_the_readers_flags_before_it_writes() {
     rx.reset();
     assert_eq!(tx.send(b"x"), Ok(Sent::ReaderReset));
     assert_eq!(tx.unconsumed(), Ok(0));
+}
+
+#[test]
+fn a_receive_step_reads_the_writers_flags_before_it_reads() {
+    let region = Region::new(11, 0);
+    let mut tx = Producer::new(region.ring);
+    let mut rx = Consumer::new(region.ring);
+    assert_eq!(
+        rx.receive(&mut [0; 8]),
+        Ok(Received::Empty(PeerEnd::default()))
+    );
+    tx.write(b"abc").unwrap();
+    let mut buf = [0u8; 2];
+    // a fresh ring's producer hears of the first space
+    assert_eq!(
+        rx.receive(&mut buf),
+        Ok(Received::Bytes { n: 2, kick: true })
+    );
+    assert_eq!(&buf, b"ab");
+    tx.finish();
+    assert_eq!(
+        rx.receive(&mut buf),
+        Ok(Received::Bytes { n: 1, kick: false })
+    );
+    match rx.receive(&mut buf) {
+        Ok(Received::Empty(end)) => assert!(end.fin, "FIN, then empty: the end"),
+        other => panic!("{other:?}"),
+    }
+    // a reset drops what is unread
+    let region = Region::new(11, 0);
+    let mut tx = Producer::new(region.ring);
+    let mut rx = Consumer::new(region.ring);
+    tx.write(b"lost").unwrap();
+    tx.reset();
+    assert_eq!(rx.receive(&mut [0; 8]), Ok(Received::Reset));
+    // a producer that waits for space is kicked once it is there
+    let region = Region::new(11, 0);
+    let mut tx = Producer::new(region.ring);
+    let mut rx = Consumer::new(region.ring);
+    tx.write(&[7; 2048]).unwrap();
+    assert!(tx.prepare_wait(1).unwrap());
+    assert_eq!(
+        rx.receive(&mut [0; 16]),
+        Ok(Received::Bytes { n: 16, kick: true })
+    );
 }
 
 #[test]

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use xensock_proto::ctrl::{Message, ResetReason};
 use xensock_proto::mem::RawRing;
-use xensock_proto::ring::{Consumer, Producer, RingError, Sent};
+use xensock_proto::ring::{Consumer, Producer, Received, RingError, Sent};
 use xensock_proto::switch::{
     ConsumedOutcome, RingFromOutcome, RxControl, RxControlError, RxControlOrder, RxControlQueue,
     RxControlTaken, RxPath, RxState, SwitchError, TxPath, TxState,
@@ -1157,24 +1157,31 @@ impl Shared {
                 if let RxState::Draining { .. } = r.path.state() {
                     limit = limit.min(r.path.ring_remaining() as usize);
                 }
-                let n = c
-                    .read(&mut buf[got..got + limit])
+                let step = c
+                    .receive(&mut buf[got..got + limit])
                     .map_err(|e| self.breach(ring_error(e)))?;
-                if n > 0 {
-                    got += n;
-                    if c.flush() {
-                        self.kick();
+                let end = match step {
+                    Received::Bytes { n, kick } => {
+                        got += n;
+                        if kick {
+                            self.kick();
+                        }
+                        r.path
+                            .record_ring_taken(n as u64)
+                            .map_err(|e| self.breach(switch_error(e)))?;
+                        if !r.path.reads_ring() {
+                            // Drained: the old ring is released, TCP follows.
+                            r.consumer = None;
+                            r.ring = None;
+                        }
+                        continue;
                     }
-                    r.path
-                        .record_ring_taken(n as u64)
-                        .map_err(|e| self.breach(switch_error(e)))?;
-                    if !r.path.reads_ring() {
-                        // Drained: the old ring is released, TCP follows.
-                        r.consumer = None;
-                        r.ring = None;
+                    Received::Reset if got > 0 => break,
+                    Received::Reset => {
+                        return Err(self.breach(io::ErrorKind::ConnectionReset.into()))
                     }
-                    continue;
-                }
+                    Received::Empty(end) => end,
+                };
                 if got > 0 {
                     break;
                 }
@@ -1184,12 +1191,8 @@ impl Shared {
                     return Err(self.breach(protocol_error("draining ring lost its bytes")));
                 }
                 if let RxState::Ring { .. } = r.path.state() {
-                    let end = c.peer_end().map_err(|e| self.breach(ring_error(e)))?;
-                    if end.reset {
-                        return Err(self.breach(io::ErrorKind::ConnectionReset.into()));
-                    }
-                    let readable = c.readable().map_err(|e| self.breach(ring_error(e)))?;
-                    if end.fin && readable == 0 {
+                    if end.fin {
+                        // FIN, then empty: the end of the stream
                         let taken = r.path.taken();
                         r.path
                             .on_fin(taken)
@@ -1197,13 +1200,7 @@ impl Shared {
                         continue;
                     }
                     // A frozen ring: its TxFreeze is on the way over TCP.
-                    if !end.frozen
-                        && readable == 0
-                        && !c.prepare_wait().map_err(|e| self.breach(ring_error(e)))?
-                    {
-                        continue;
-                    }
-                    if readable > 0 {
+                    if !end.frozen && !c.prepare_wait().map_err(|e| self.breach(ring_error(e)))? {
                         continue;
                     }
                 }
