@@ -517,7 +517,7 @@ fn main() -> Result<()> {
     }
 
     let busy_ratio = results[0].1 / unix_rtt;
-    println!("\ntargets (issue #2):");
+    println!("\ntargets:");
     let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
     println!(
         "  64 KiB throughput >= 3x AF_UNIX:        {:.2}x  {}",

@@ -26,8 +26,7 @@ check() {
 # builtin read timing out on a FIFO that nobody writes. Busybox's usleep
 # and sleep are a fork and an exec each, which under TCG cost a PV guest
 # milliseconds: dom0's polls below (several a second, for the whole run)
-# took about a third of a CPU from the domUs being measured
-# (bench-20261127-115835, docs/lab.md "Session 17").
+# took about a third of a CPU from the domUs being measured.
 lab_sleep() {
   [ -p /tmp/lab-never ] || mkfifo /tmp/lab-never 2>/dev/null
   read -r -t "$1" _lab_sleep <> /tmp/lab-never || :
@@ -102,7 +101,7 @@ domu_logs() { set_domu_logs "$1"; echo "$DOMU_LOGS"; }
 # of busybox; with cat, a subshell and usleep it was ~75 ms): every 0.2 s
 # for the first 2 s, every 0.5 s to 10 s, then every second, so that a
 # wait across a whole benchmark round does not take the CPU the round's
-# domUs are measured on (docs/lab.md "Session 17").
+# domUs are measured on.
 wait_domu() {
   _left=$(( $3 * 10 )) _waited=0
   set_domu_logs "$1"
@@ -142,8 +141,7 @@ forward_file() {
 }
 
 # xs_report NAME (dom0): xenstored's side of a domU whose XenStore stands
-# still. A dead xenstored hangs every guest request for good (it died in
-# runs userspace-20261122-053936 and -124118); a live one shows the
+# still. A dead xenstored hangs every guest request for good; a live one shows the
 # domain's quota use (outstanding requests, watches, transactions) and
 # whether it still answers dom0.
 xs_report() {

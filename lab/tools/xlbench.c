@@ -55,14 +55,14 @@
  * the label ends so already, so an unchecked number never goes out
  * unlabelled. Integrity is the checked rows' job (and the tests').
  * XLBENCH_SWITCH_NOTE=<note> (xen client): measure af_xen.ko's TCP
- * carrier (issue #7). Once connected (on the ring: /proc/net/af_xen must
+ * carrier. Once connected (on the ring: /proc/net/af_xen must
  * say ring-xen), print "switch-note <note> ring-ok" (dom0 then removes the
  * pair's link directories), wait up to XLBENCH_SWITCH_WAIT s (default 120)
  * until the connection's carrier is tcp with both directions switched
  * (to_tcp >= 2), then run the workload; the stream's metric is printed only
  * if the carrier is still tcp after it and the server found every byte
  * intact. Any failure there exits non-zero without a metric.
- * xlbench paired client (issue #7): the same carrier connection and a plain
+ * xlbench paired client: the same carrier connection and a plain
  * TCP one to <ip>:<tcp-port>, both open, their streams sent in turns of
  * one segment in A-B-B-A order (the first row by the round's parity), so
  * that the host's drift from one second to the next falls on both rows
@@ -1044,7 +1044,7 @@ struct paired_row {
 	int bad;
 };
 
-/* xlbench paired client: issue #7's kernel TCP carrier against plain TCP
+/* xlbench paired client: the kernel TCP carrier against plain TCP
  * with both connections open (see the top). The AF_XEN connection is made
  * and switched first (XLBENCH_SWITCH_NOTE), then the TCP one; their
  * streams go in turns of one segment (XLBENCH_SEGMENTS, default 4), in

@@ -4,7 +4,7 @@
  *
  * xenstored -T writes its request trace with one write(2) per byte, which
  * under TCG slows it enough to hide the race that kills it now and then
- * (an assertion in consider_message, docs/lab.md "Session 20"). This keeps
+ * (an assertion in consider_message). This keeps
  * what xenstored traces in memory instead, the last TRACE_RING bytes of
  * it: the -T trace file's writes, and its -V (verbose) lines, which it
  * prints with vfprintf to stderr (__vfprintf_chk), a message each way. They are written

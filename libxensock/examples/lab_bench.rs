@@ -21,7 +21,7 @@
 //! `@@METRIC <label>.stream_mib_s` and `<label>.rtt_us_{avg,p50,p99}`
 //! (label: `$XLBENCH_LABEL`, default `xensock-<mode>`).
 //!
-//! `user-tcpc` (issue #7): the user-space transport's TCP carrier against
+//! `user-tcpc`: the user-space transport's TCP carrier against
 //! plain TCP over the same path, `<rounds>` interleaved rounds in one
 //! process each side. Per round (the rows' order alternates, see
 //! `round_order`) the client runs the workload over a plain

@@ -431,8 +431,8 @@ fn client(server: u32) -> u32 {
     });
 
     // A server that accepts and closes at once: connect must succeed (the
-    // connection existed), then read EOF or ECONNRESET. af_xen in run
-    // kmod-rust-20261122-070226 answered such a connect with ECONNREFUSED.
+    // connection existed), then read EOF or ECONNRESET, never
+    // ECONNREFUSED.
     c.run("accept-close", || {
         let mut refused = 0;
         for i in 0..20 {

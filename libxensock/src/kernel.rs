@@ -267,11 +267,9 @@ impl KernelStream {
     }
 
     /// A non-consuming `MSG_PEEK | MSG_DONTWAIT` of up to 64 KiB. Not
-    /// `FIONREAD`: af_xen answers it since 2026-11-22, but a module from
-    /// before left `proto_ops.ioctl` NULL, which the kernel calls
-    /// unchecked, so any ioctl on its sockets oopses the guest (lab run
-    /// `kmod-rust-20261122-064825`: "BUG: kernel NULL pointer
-    /// dereference", RIP 0, from `sock_ioctl`, cmd 0x541b).
+    /// `FIONREAD`: early af_xen builds left `proto_ops.ioctl` NULL, which
+    /// the kernel calls unchecked (any ioctl on their sockets oopses the
+    /// guest); a peek works on every build.
     pub(crate) fn bytes_readable(&self) -> usize {
         let mut buf = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];
         self.sock

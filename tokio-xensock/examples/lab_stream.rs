@@ -535,8 +535,7 @@ async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -
                     // CPU under the lab's TCG: a writer catching up after a
                     // switch, whose every write is ready at once, held its
                     // worker for tokio's whole budget (128 writes, 4-9 s)
-                    // while the reader and timers waited (docs/lab.md "100
-                    // moves under one stream")
+                    // while the reader and timers waited
                     tokio::task::yield_now().await;
                 }
                 Ok(Err(e)) => {

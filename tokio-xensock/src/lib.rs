@@ -337,7 +337,7 @@ impl XenStream {
     /// tokio's TcpStream does): an operation that succeeds at once never
     /// returns `Pending` otherwise, and a task writing in a loop then held
     /// its worker forever, with the I/O driver and the timers of every
-    /// other task on it (run kmod-away-20261122-123925: on the TCP carrier
+    /// other task on it (on the TCP carrier
     /// the lab's tokio stream writer was never ahead of its rate, never
     /// slept, and its reader and status task stood still until the
     /// connection reset).

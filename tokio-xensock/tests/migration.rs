@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! A tokio program keeps running through migrations of either domain
-//! (issue #7): an echo server and a client streaming through it, with no
+//! an echo server and a client streaming through it, with no
 //! code for the moves; the switch to TCP and back is only a pause.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -363,11 +363,11 @@ fn work_pass() {
 /// sent us while we were away comes only with its next retransmission,
 /// backed off to tens of seconds by then: a leg connected just before the
 /// save was closed as "timed out" before its hello arrived, and its
-/// connection reset ("outbound leg closed while frozen" on the peer, run
-/// kmod-saverestore-20261122-114731). Pending legs, and legs accepted in
+/// connection reset ("outbound leg closed while frozen" on the peer).
+/// Pending legs, and legs accepted in
 /// the next peer-lost bound, wait that long for their hello (the clock no
 /// longer jumps, net::now_ms, but a hello from the peer's backoff still
-/// comes tens of seconds late: kmod-moves-20261122-120320).
+/// comes tens of seconds late).
 pub(crate) fn resumed() {
     hold_hellos_for_peer_lost();
 }
@@ -376,9 +376,8 @@ pub(crate) fn resumed() {
 /// connected just before its save is complete in our kernel, but its hello
 /// comes only after its restore, tens of seconds later: with the 5 s
 /// deadline we closed that leg as timed out and the restored peer reset
-/// the connection ("outbound leg failed while frozen", run
-/// kmod-saverestore-20261122-135849, tcp_timed_out 1 on the domain that
-/// stayed). Pending legs, and legs accepted in the next peer-lost bound,
+/// the connection ("outbound leg failed while frozen", `tcp_timed_out`
+/// on the domain that stayed). Pending legs, and legs accepted in the next peer-lost bound,
 /// wait that long for their hello, as after our own resume.
 pub(crate) fn hold_hellos_for_peer_lost() {
     let deadline_ms = net::now_ms() + net::peer_lost_ms().max(HELLO_TIMEOUT_MS);

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
-//! The migration switch of an inter-domain stream connection (issue #7,
-//! docs/migration.md, "Kernel switch"): every decision is proto's
+//! The migration switch of an inter-domain stream connection
+//! (docs/migration.md, "Kernel switch"): every decision is proto's
 //! `TxPath`/`RxPath`; this file moves the bytes and frames.
 //!
 //! Each connection carries a [`Switch`] from connect on. While both
@@ -75,8 +75,7 @@ const TICK_MS: u32 = 100;
 /// A SYN sent while the peer is paused (being saved, restored, or moved)
 /// is retransmitted with exponential backoff (1, 3, 7, 15, 31, 63 s after
 /// the first), so a peer back after a 36 s save + restore got our next
-/// SYN only at 63 s, after the 60 s bound had reset the connection (run
-/// kmod-moves-20261122-110212); a fresh attempt every few seconds reaches
+/// SYN only at 63 s, after the 60 s bound had reset the connection; a fresh attempt every few seconds reaches
 /// it within that much of its return.
 const LEG_CONNECT_RETRY_MS: u64 = 3000;
 /// While a leg holds bytes its peer has not acknowledged, the work item
@@ -97,7 +96,7 @@ const OFFER_AFTER_MS: u64 = 2000;
 /// retransmission) and answers with `RingFrom` behind the data it queued:
 /// 5 s abandoned offers the sender was taking, and each abandoned epoch
 /// sent it off the ring it had just moved to (four round trips before the
-/// ring held, run kmod-saverestore-20261122-114731).
+/// ring held).
 const OFFER_TIMEOUT_MS: u64 = 15000;
 
 /// Counters for /proc/net/af_xen_stats.
@@ -588,7 +587,7 @@ fn freeze_tx_locked(
             // yet): what it consumed since the look above is its, and the
             // copy is the rest, the last `got` bytes written. Requiring
             // got == n reset such connections ("ring read back short",
-            // run kmod-churn-20261126-212416, cycle 73 of 100)
+            // once in 100 moves)
             let got = prod
                 .read_back(&mut copy)
                 .map_err(|_| "ring index out of range")?;
@@ -872,7 +871,7 @@ fn writer_flushes(t: &TxSide) -> bool {
 /// work item: not while the writer covers the leg, i.e. it waits for room
 /// (and flushes when woken) or nothing is queued behind it. A drain that
 /// ran the work item every time competed with the writer it woke, on the
-/// same vCPU (docs/lab.md "The TCP carrier at TCP's speed"). Caller holds
+/// same vCPU. Caller holds
 /// `sw.tx`; called wherever the answer may have changed.
 fn own_outbound(xs: &XenSock, sw: &Switch, t: &mut TxSide) {
     let queued = t.q.as_ref().is_some_and(|q| !q.is_empty());
@@ -1021,7 +1020,7 @@ fn send(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, waits: bool) -> W
 /// bytes and nothing else: one `sock_sendmsg` from its iovecs, as TCP's
 /// own writer makes (with `Data` frames each write cost a second call for
 /// the frame's prefix, ~47 us of the ~55 us the carrier's writer spent
-/// over TCP's per 64 KiB, docs/lab.md "Session 18"). What the leg does
+/// over TCP's per 64 KiB). What the leg does
 /// not take stays the writer's, as on a TCP socket.
 fn send_locked(t: &mut TxSide, msg: &mut Msg, left: usize) -> Write {
     match t.path.state() {
@@ -2288,7 +2287,7 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
         // into its buffers (the leg's callbacks wake it, poll says readable
         // when the leg is); the work item pulled into the buffer and the
         // reader copied it out again, preempted by it 5-6 times per MiB
-        // (docs/lab.md "The TCP carrier"). Bytes the application does not
+        // Bytes the application does not
         // read wait in the leg, as in a TCP socket; the control frames
         // (which come on the other leg) are taken here.
         let res = if closed || !same_pipe(&xs.inner.lock().rx, &pipe) {
@@ -2334,7 +2333,7 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
         // off the ring, a broken outbound leg (never made again, leg_tx)
         // leaves a closed connection nothing to send: it held the socket
         // until peer_lost_ms when the peer closed first and let go of the
-        // leg before our Fin (bench-20261127-102341: three in four rounds)
+        // leg before our Fin (three in four rounds)
         // (our control frames too: the Fin or RingFrom that ends the stream
         // on TCP goes on the inbound leg, which release_legs closes)
         let done = (t.broken && !on_ring)
@@ -2378,7 +2377,7 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
 /// pipe's producer). A closed connection keeps its legs until then: the
 /// receiver may still abandon the ring it offered (an offer it thought
 /// unanswered, behind a TCP retransmission), and its `Consumed` then makes
-/// us resend the ring's bytes on TCP (twohost-20261122-130156: the sender
+/// us resend the ring's bytes on TCP (seen: the sender
 /// closed on a ring the receiver had abandoned, its legs went with the
 /// close, and the receiver reset without the stream's last 131072 bytes).
 fn ring_all_taken(xs: &XenSock, t: &TxSide) -> bool {
@@ -2434,7 +2433,7 @@ pub(crate) fn heard_from(xs: &XenSock) -> Option<[u8; 4]> {
 /// `Consumed`. A connection whose frames all went out before the save
 /// hears nothing on its own legs, and its `TxFreeze` (or the peer's
 /// `Consumed`) waited out the back-off while its sibling streamed
-/// (kmod-saverestore-20261126-233727: 7 s after the restore). Evidence of
+/// (7 s after the restore). Evidence of
 /// reception only: a kick into a path still down would double the back-off
 /// again.
 fn kick_if_heard(sw: &Switch, peer_heard: bool) {

@@ -613,8 +613,7 @@ void afx_unmap_page(void *cookie)
  * permissions that let the peer read it, and our nodes inherit them. A
  * write after dom0 removed it would create it again with the link root's
  * owner-only permissions, which the peer cannot read, and dom0's making
- * it again would not change our nodes' (run kmod-migrate-20261126-082850:
- * a directory listing taken before the removal, then readvertise; the
+ * it again would not change our nodes' (a directory listing taken before the removal, then readvertise; the
  * peer stayed at state 3). So every write checks, in its transaction, that
  * the directory is there; -ENOENT if not.
  */

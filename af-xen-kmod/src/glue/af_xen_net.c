@@ -113,7 +113,7 @@ static DECLARE_DELAYED_WORK(afx_tcp_live, afx_tcp_live_fn);
  * recvmsg, a writer waiting for room, epoll -- are woken straight from the
  * leg's callbacks and take the bytes or make room themselves; through the
  * work item alone each wake cost a context switch to the worker first
- * (5-6 per MiB on the reader, docs/lab.md "The TCP carrier").
+ * (5-6 per MiB on the reader).
  */
 /*
  * The low bits of sk_user_data: the owner's recvmsg pulls this leg (see
@@ -161,7 +161,7 @@ static void afx_tcp_state_change(struct sock *sk)
  * As sk_stream_write_space: only once a third of the send buffer is free,
  * and SOCK_NOSPACE cleared then. Left set, tcp_check_space called us on
  * every ACK, and each call ran the work item (1-1.4 involuntary context
- * switches per MiB on the writer, bench-20261126-085412); the next send
+ * switches per MiB on the writer); the next send
  * that finds the buffer full sets it again.
  */
 static void afx_tcp_write_space(struct sock *sk)
@@ -208,7 +208,7 @@ long afx_tcp_nospace_armed(void) { return atomic_long_read(&afx_nospace_armed); 
  * when the woken writer looked (a split of a queued skb grows
  * sk_wmem_queued without a send). The leg then drained with no callback
  * and the writer slept on with its frame's rest queued
- * (bench-20261127-142133: leg empty and writeable, SOCK_NOSPACE clear,
+ * (seen: leg empty and writeable, SOCK_NOSPACE clear,
  * 27376 bytes queued, writer asleep). The barrier orders the bit against
  * the second look, which catches space freed in between.
  */
@@ -249,8 +249,7 @@ void afx_tcp_flush(void)
  * A leg starts with a 1 MiB send buffer (not locked: TCP's autotuning
  * still grows it, never shrinks it). Its writer is woken once a third of
  * the buffer is free (afx_tcp_write_space); from tcp_wmem's 16 KiB start
- * the pipe ran dry between wakes (bench-20261126-085714: 0.65x TCP with
- * half the writer's CPU).
+ * the pipe ran dry between wakes (0.65x TCP with half the writer's CPU).
  */
 #define AFX_LEG_SNDBUF (1 << 20)
 

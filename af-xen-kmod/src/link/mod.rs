@@ -77,7 +77,7 @@ pub(crate) const LINGER_MAX_MS: u64 = 60_000;
 /// link goes down, or `LINGER_MAX_MS` passes. Without it an acceptor that
 /// closes at once ended the grant before the connector had mapped it, and
 /// the connector's connect failed with ECONNREFUSED instead of reading the
-/// data and EOF (lab runs kmod-rust-20261122-070226 .. -080833).
+/// data and EOF.
 pub(crate) struct Lent {
     _pipe: Arc<crate::carrier::ring::Pipe>,
     deadline_ms: u64,
@@ -393,8 +393,8 @@ impl Link {
         // Only into our own advertisement: when the pair's directories are
         // made again, the peer's half can be back before dom0 made ours, and
         // a write would create our directory's `state` with the link root's
-        // owner-only permissions, which the peer then cannot read (run
-        // kmod-migrate-20261122-100732: the peer never attached again).
+        // owner-only permissions, which the peer then cannot read (and
+        // never attached again).
         // `readvertise` writes the state with the rest.
         let ours = i
             .mine
@@ -488,8 +488,7 @@ impl Link {
         let Some(mine) = i.mine.as_ref() else { return };
         // ring-ref, not state: attaching to the peer's half writes our
         // state into the new, empty directory before we advertised again
-        // (run kmod-migrate-20261122-091200: state 4 without a ring-ref,
-        // and the peer never attached)
+        // (state 4 without a ring-ref, and the peer never attached)
         if xs::read_u32(&self.my_dir, node::RING_REF) == Some(mine._grant.gref) {
             return;
         }
@@ -521,7 +520,7 @@ impl Link {
         // Every readiness bit: we do not know what moved (data, space, a
         // FIN, a reset), and poll's wait entries filter wakeups by the
         // events they asked for (a POLLRDHUP-only poller missed FIN when
-        // this woke with POLLIN|POLLOUT only: run kmod-20261122-064018).
+        // this woke with POLLIN|POLLOUT only).
         let all = sys::poll::POLLIN
             | sys::poll::POLLOUT
             | sys::poll::POLLRDNORM
@@ -1242,9 +1241,8 @@ fn links_snapshot(keep: impl Fn(&Link) -> bool) -> Option<KVec<Arc<Link>>> {
 /// While stream connections wait on TCP for their link to come back:
 /// look at the links that are down as if a watch had fired (the TCP work
 /// item calls this at most every 500 ms). A watch event can be missed
-/// while a link directory is being made again (run
-/// kmod-migrate-20261122-093132: one side re-advertised, the other never
-/// attached to it), and a connection must not stay on TCP because of it.
+/// while a link directory is being made again (one side re-advertised,
+/// the other never attached to it), and a connection must not stay on TCP because of it.
 pub(crate) fn poll_down_links() {
     static LAST_MS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
     let now = crate::sys::net::now_ms();

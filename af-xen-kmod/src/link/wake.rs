@@ -45,7 +45,7 @@ pub(crate) struct PipeWake {
     /// peer's reads move `cons` on most interrupts of a busy connection,
     /// and each such move woke the owner a second time (besides the wake
     /// for the reply's data on its receive ring): 1.95 wakes per
-    /// interrupt in ping-pong (run bench-20261122-135200)
+    /// interrupt in ping-pong
     space_wanted: AtomicBool,
     /// `owner`'s sock (its address), read without the lock: the socket's
     /// calls set the owner once, then only compare

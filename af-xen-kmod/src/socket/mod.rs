@@ -177,8 +177,8 @@ impl XenSock {
     /// Wakes the socket's waiters, unless the application released it.
     /// `sk` is not a counted reference: a link's table, a pipe's ends or
     /// the TCP work item can hold this XenSock after close() freed its
-    /// `struct sock` (an oops in the work item's wake after a restore, run
-    /// kmod-moves-20261122-105012). `destroy` sets `released` under `inner`
+    /// `struct sock` (an oops in the work item's wake after a restore).
+    /// `destroy` sets `released` under `inner`
     /// before the sock goes, and this wakes under `inner`.
     pub(crate) fn wake_live(&self, mask: u32) {
         let i = self.inner.lock();
@@ -1011,8 +1011,8 @@ pub(crate) fn connect_failed(xs: &Arc<XenSock>, errno: i32) {
         i.connect_err = errno;
         // The error is pending before the state says "not connecting": a
         // poll in between must not see the socket unconnected without it
-        // (lab run kmod-20261122-074730 caught POLLOUT|POLLHUP, SO_ERROR 0
-        // while the failed connect's large ring was being released).
+        // (POLLOUT|POLLHUP with SO_ERROR 0 while the failed connect's
+        // large ring was being released).
         // sk_error_report only wakes: fine under the spinlock.
         xs.sk.set_err(errno);
         i.state = State::Bound;

@@ -14,7 +14,7 @@ pub(super) const UNPROVEN_OFFER_TIMEOUT: Duration = Duration::from_secs(15);
 /// a usable link or a kept offer (nothing a sweep could do), and is back
 /// at `CARRIER_SWEEP` after any event: every 20 ms it cost the process
 /// 20-40 ms of CPU per second in a lab guest with its links down, on the
-/// streaming application's vCPU (docs/lab.md).
+/// streaming application's vCPU.
 pub(super) const CARRIER_SWEEP_IDLE_MAX: Duration = Duration::from_millis(320);
 
 pub(super) fn manager_thread(inner: Arc<Inner>) {

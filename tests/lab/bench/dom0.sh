@@ -13,7 +13,7 @@ mklink "$D1" "$D2" && mklink "$D2" "$D1"
 # (BENCH_ONLY=user: the domUs unload the module at once, nothing links)
 [ "$BENCH_ONLY" = user ] ||
 check xs-link-connected wait_until 240 sh -c "test \"\$(xenstore-read /local/domain/$D1/data/xensock/link/$D2/state)\" = 4 && test \"\$(xenstore-read /local/domain/$D2/data/xensock/link/$D1/state)\" = 4"
-# issue #7's TCP carrier phase (domu2.sh): per round, the pair stops being
+# the TCP carrier phase (domu2.sh): per round, the pair stops being
 # co-resident when the client's connection is on the ring (the agent's
 # part: both link directories removed, as in tests/lab/kmod-migrate), and
 # is linked again once the round is over; domu2 starts the next round (and

@@ -90,7 +90,7 @@ check_wait afxen-libxensock-server $! /tmp/afxen-rust.log
 cat /tmp/afxen-rust.log
 fi # phase main
 
-# ---- issue #7: af_xen.ko's TCP carrier, the server ends (domu2.sh says how) ----
+# ---- af_xen.ko's TCP carrier, the server ends (domu2.sh says how) ----
 if phase tcp-carrier; then
 echo 30000 > /sys/module/af_xen/parameters/peer_lost_ms
 SOCKETS_BEFORE=$(af_sockets)
@@ -117,7 +117,7 @@ perf_report tcpc-server \
   "tcp-same-phase server" "$(perf_windows /tmp/tcp-same.log "xlbench tcp server $WIN")" \
   "afxen-tcp-carrier server" "$(perf_windows /tmp/afxen-tcpc.log "xlbench afxen-tcp-carrier server $WIN")"
 # dom0 links the pair again after the last round: the module stays until then
-# (run bench-20261122-131612 unloaded it first and the link never came back)
+# (unloaded first, the link never comes back)
 xlbench xsread "data/tcpc-linked-$BENCH_REPS" 120 > /dev/null || log "no links from dom0 after the TCP carrier phase"
 check afxen-tcp-carrier-sockets-freed af_sockets_back_to "$SOCKETS_BEFORE"
 fi # phase tcp-carrier
@@ -132,9 +132,8 @@ phase user || exit 0
 # dom0 clears the link directories once both modules are gone, then says go
 xlbench xsread data/bench-user-go 400 > /dev/null || log "no go from dom0 after 400 s"
 timeout -s KILL 200 lab_bench server user 7303 "$BENCH_MIB" "$BENCH_PINGS" > /tmp/user.log 2>&1 &
-# judged by its log, not its exit: in run bench-20261122-070841 the server
-# answered every ping and then never exited (the transport's teardown
-# stalled), which held the whole lab until it was killed
+# judged by its log, not its exit: a server that answered every ping and
+# then stalled in the transport's teardown must not hold the whole lab
 if wait_until 200 grep -q "echoed $BENCH_PINGS pings" /tmp/user.log; then result xensock-user-server PASS
 else tail -n 15 /tmp/user.log; result xensock-user-server FAIL "no complete run in its log"; xs_check user-server; fi
 cat /tmp/user.log
@@ -146,7 +145,7 @@ for p in $(pidof lab_bench); do
   kill -9 $p
 done
 
-# ---- issue #7: the user-space transport's TCP carrier against plain TCP, same phase ----
+# ---- the user-space transport's TCP carrier against plain TCP, same phase ----
 # lab_bench user-tcpc (libxensock/examples/lab_bench.rs): per round one
 # plain TCP connection, then one the client's suspend hook moves off its
 # ring onto the TCP carrier; one process and transport for all rounds.

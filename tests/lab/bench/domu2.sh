@@ -1,8 +1,7 @@
 # bench, domu2: the client side, one transport at a time, and AF_UNIX
 # inside this domain (while domu1's servers idle in accept). The
 # comparable transports run in BENCH_REPS interleaved rounds (host load
-# under TCG swings several-fold within a run: run bench-20261122-085822
-# had TCP at 3.2 MiB/s while others built); lab/tools/bench-ratios
+# under TCG swings several-fold within a run); lab/tools/bench-ratios
 # reports the median of the rounds.
 . /scenario/params.sh
 PEER=$(xlbench xsread data/peer 60)
@@ -96,7 +95,7 @@ if XLBENCH_LABEL=afxen-libxensock timeout 300 lab_bench client kernel "$PEER" 73
 else result afxen-libxensock-client FAIL "rc=$?"; fi
 fi # phase main
 
-# ---- issue #7: af_xen.ko's TCP carrier against plain TCP, same phase ----------
+# ---- af_xen.ko's TCP carrier against plain TCP, same phase ----------
 # Each round: plain TCP over netfront (row tcp-same-phase), then an AF_XEN
 # connection made on the ring; on its "switch-note tcpc-<round> ring-ok"
 # dom0 removes the pair's link directories, the client waits until the
@@ -178,7 +177,7 @@ if XLBENCH_LABEL=xensock-user timeout 300 lab_bench client user "$PEER" 7303 "$B
   result xensock-user-client PASS
 else result xensock-user-client FAIL "rc=$?"; xs_check user-client; fi
 
-# ---- issue #7: the user-space transport's TCP carrier against plain TCP, same phase ----
+# ---- the user-space transport's TCP carrier against plain TCP, same phase ----
 # BENCH_REPS rounds in one process (lab_bench user-tcpc): plain TCP over
 # netfront (row tcp-same-phase-user), then a connection made on the ring
 # that the transport's suspend hook moves to its TCP carrier (row

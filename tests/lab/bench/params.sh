@@ -12,12 +12,12 @@ IPERF_SECS=5
 # set the same way, and BENCH_PINGS (fewer round trips: more rounds in
 # the same time, for stream ratios).
 BENCH_ONLY=
-# lab_bench's mode for issue #7's user-space carrier rows: user-tcpc-paired
+# lab_bench's mode for the user-space carrier rows: user-tcpc-paired
 # (both connections open, their streams sent in turns: the ratio is paired
-# against the host's drift) or user-tcpc (one whole stream per row, as
-# before session 14; with per-stream CPU lines and LAB_PERF windows)
+# against the host's drift) or user-tcpc (one whole stream per row, with
+# per-stream CPU lines and LAB_PERF windows)
 BENCH_TCPC=user-tcpc-paired
-# xlbench's mode for issue #7's af_xen.ko carrier rows: paired (session 15's
+# xlbench's mode for the af_xen.ko carrier rows: paired (the
 # default: `xlbench paired`, the carrier connection and plain TCP open side
 # by side, their streams sent in turns of a quarter, A-B-B-A) or rows (one
 # whole stream per row, one client after the other, as before)
@@ -29,7 +29,7 @@ BENCH_KTCPC=paired
 BENCH_DOMCPU=
 # BENCH_USER_PEERS=static (host environment, via bench.env): the
 # user-space transport gets a static peer list (XENSOCK_PEERS), so it does
-# not watch all of /local/domain (docs/lab.md "Session 20")
+# not watch all of /local/domain
 [ -f /opt/xensock/bench.env ] && . /opt/xensock/bench.env
 # the client's limit for the user-space carrier phase (the server's is 100 s
 # more): a round is ~6 s plus ~1.5 s per 100 round trips per row
@@ -121,8 +121,7 @@ perf_report() {
 # af_xen's live sockets (/proc/net/af_xen_stats), and a check that they are
 # back to what they were before a phase: a closed connection keeps its
 # socket only while it still has something to send on its TCP leg, well
-# under the phase's peer_lost_ms (until session 16 a connection whose peer
-# closed first held an unsendable Fin until that bound)
+# under the phase's peer_lost_ms
 af_sockets() { awk '$1 == "sockets" { print $2 }' "${1:-/proc/net/af_xen_stats}"; } # [STATS_FILE]
 af_sockets_at_most() { [ "$(af_sockets)" -le "$1" ]; }
 af_sockets_back_to() {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * xstest_migrate: lab tests of af_xen.ko's TCP carrier (issue #7, kernel
+ * xstest_migrate: lab tests of af_xen.ko's TCP carrier (kernel
  * half), run by tests/lab/kmod-migrate. Every check prints
  *   @@RESULT c-<name> PASS|FAIL [detail]
  * and the exit status is the number of failures.
@@ -22,7 +22,7 @@
  *       module loaded without hostile_test: XENSOCK_TEST_OPEN_LEG is EPERM
  *   xstest_migrate move-server PORT
  *   xstest_migrate move-client PEER PORT
- *       the carrier switch (issue #7): one connection streams both ways at
+ *       the carrier switch: one connection streams both ways at
  *       once, without end, checked against the position-keyed pattern; the
  *       client drives the phases from its /proc/net/af_xen line and prints
  *       "m-phase ring-ok" (dom0 then removes the pair's link directories,
@@ -1006,8 +1006,8 @@ static int cmd_closefirst_server(uint32_t port)
  * the server's CF_BYTES up to its EOF, checked. The server closed first:
  * its legs are gone, so a send must fail with EPIPE (or ECONNRESET, as
  * TCP's after the peer's RST) within 10 s, and after our close the socket
- * must be gone within 10 s (it held on for peer_lost_ms, 90 s here, before
- * session 16). Then "m-phase cf-done" (dom0 links the pair again).
+ * must be gone within 10 s (not held on for peer_lost_ms, 90 s here).
+ * Then "m-phase cf-done" (dom0 links the pair again).
  */
 static int cmd_closefirst_client(uint32_t peer, uint32_t port)
 {

@@ -67,7 +67,7 @@ if wait_domu domu1 'm-phase dead-ring-ok|^@@EXIT' 900 && ! wait_domu domu1 '^@@E
   if wait_domu domu1 'm-phase dead-tcp-ok|^@@EXIT' 120 && ! wait_domu domu1 '^@@EXIT' 0; then
     # domu2's script has ended (its victim outlives it): destroyed before
     # its @@EXIT reached the console, the run waited for that line until
-    # the guest timeout (kmod-migrate-20261127-131707, on the lighter dom0)
+    # the guest timeout
     wait_domu domu2 '^@@EXIT' 60 || log "domu2's script never reported its end"
     check xl-destroy-domu2 xl destroy domu2
   else

@@ -1,4 +1,4 @@
-# Migration scenarios (issue #7 in the lab), shared by both domUs: see
+# Migration scenarios (migration in the lab), shared by both domUs: see
 # docs/lab.md "Migration scenarios". Sourced by domu1.sh / domu2.sh.
 # /opt/xensock/migration.params (written by scenario_build): MIG_STACK
 # (kmod | userspace) and MIG_MOVES (saverestore away migrate, in order).
@@ -39,7 +39,7 @@ is_xen_stream() { [ "$1" != tcp ]; }
 # domu1 makes ONE AF_XEN listener before the first move (`xsstream echo`);
 # after each move domu2 finds domu1's current domid by its address
 # (`xensock-discover resolve`, as a C program would) and connects to that
-# old listener: issue #7's "listeners survive their guest's move;
+# old listener: the "listeners survive their guest's move;
 # connections to a moved domain resolve through UUID or IP".
 ECHO_PORT=7600
 has_listener_check() { [ "$MIG_STACK" = kmod ]; }

@@ -59,7 +59,7 @@ for _m in $MIG_MOVES; do
     done
   done
 done
-DESCRIPTION="issue #7 in the lab ($MIG_STACK): checksummed bidirectional streams domu2 <-> domu1 ($(mig_streams)) through: $MIG_MOVES"
+DESCRIPTION="migration in the lab ($MIG_STACK): checksummed bidirectional streams domu2 <-> domu1 ($(mig_streams)) through: $MIG_MOVES"
 
 # Host side: af_xen.ko (kmod), the static C stream program, static
 # (crt-static glibc) builds of lab_stream (tokio-xensock), xensock-agent

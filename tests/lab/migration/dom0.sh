@@ -10,7 +10,7 @@
 #                xendomains does it); both are noted as moved first
 #   churn        MIG_CHURN cycles of away + back under the same streams, each
 #                cycle waiting until both domUs see their connections on TCP,
-#                then back on rings (issue #7's "zero bytes lost over 100
+#                then back on rings (the "zero bytes lost over 100
 #                moves", on real Xen)
 # The domUs and dom0 take turns through data/lab/<key> nodes in each domU's
 # home (see common.sh); dom0 writes into domu1's *current* home.
@@ -26,8 +26,7 @@ hook() { [ "$MIG_STACK" = userspace ] && [ "${MIG_HOOK:-1}" = 1 ]; }
 # moves after which domu1 has the same domid (nothing suspended)
 stays() { [ "$1" = away ] || [ "$1" = churn ]; }
 both_seen() { seen "$D1" "$1" && seen "$D2" "$1"; }
-# xenstored died under the userspace scenario (runs userspace-20261122-053936,
-# -124118; a guest's XenStore requests then hang for good): say so
+# if xenstored dies (a guest's XenStore requests then hang for good): say so
 xenstored_report() {
   if pidof xenstored >/dev/null; then log "xenstored runs"
   else log "xenstored is NOT running"; dmesg | grep -i -E "xenstored|segfault|trap" | tail -n 5; fi
@@ -156,7 +155,7 @@ for MOVE in $MIG_MOVES; do
       note "$D1" away-marked; note "$D2" away-marked
       # a key of its own: with "away-checked" for both this and the end of
       # the phase, dom0 stopped the streams after `back` while domu2 was
-      # still checking them (userspace-moves-20261122-123338)
+      # still checking them
       await away-while-checked 900
       metric away.away_s "$(since "$t0")" s
       t0=$(uptime_s)

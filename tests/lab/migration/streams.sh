@@ -187,7 +187,7 @@ carrier_is() {
   while :; do
     _c=$(carrier "$1" "$2")
     if [ "$_c" = '?nocol' ]; then
-      result "$4" FAIL "no carrier column/field in $(carrier_source) (issue #7 adds it)"
+      result "$4" FAIL "no carrier column/field in $(carrier_source)"
       [ "$MIG_STACK" = kmod ] && head -n 1 /proc/net/af_xen | sed "s/^/  [$4] /"
       return 1
     fi
@@ -213,7 +213,7 @@ carrier_is() {
 switches_at_least() {
   _s=$(switches "$1" "$2")
   case $_s in
-    '?nocol') result "$4" FAIL "no switch-count column/field in $(carrier_source) (issue #7 adds it)"; return 1 ;;
+    '?nocol') result "$4" FAIL "no switch-count column/field in $(carrier_source)"; return 1 ;;
     '?noconn') result "$4" FAIL "connection of $1 not in $(carrier_source)"; return 1 ;;
   esac
   if [ "$_s" -ge "$3" ] 2>/dev/null; then result "$4" PASS "$_s switches"

@@ -26,7 +26,7 @@ rm -f /tmp/domu2.save
 # its console on ours, not prefixed "dom0b| ". In a subshell: redirecting a
 # function call makes ash keep a copy of the old stdout (the scenario pipe)
 # that the forwarder's subshells inherit, and dom0-init then never sees the
-# pipe close (host b never reached @@DONE in run twohost-20261122-075233).
+# pipe close (host b never reaches @@DONE).
 ( forward domu2 ) < /dev/null > /dev/console 2>&1
 ID=$(xl domid domu2 2>/dev/null || echo none)
 log "domu2 is dom$ID on host b"

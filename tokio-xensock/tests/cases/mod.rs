@@ -277,7 +277,7 @@ pub fn concurrent_connects_on_a_current_thread_runtime<W: World>(w: W, port: u32
 /// cooperative budget, as tokio's own sockets do. Without it a writer that
 /// never met a full buffer never returned `Pending` and held its worker
 /// (on a multi-thread runtime with the I/O driver and the timers: the lab's
-/// tokio stream on the TCP carrier, run kmod-away-20261122-123925).
+/// tokio stream on the TCP carrier).
 /// Run on a current-thread runtime, where nothing else can take over.
 pub async fn writes_that_never_block_leave_room_for_other_tasks<W: World>(w: &W, port: u32) {
     const WRITES: usize = 1000;
