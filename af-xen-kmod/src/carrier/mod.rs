@@ -84,6 +84,9 @@ pub(crate) trait Carrier {
     fn send(&mut self, xs: &XenSock, msg: &mut Msg, left: usize, nonblock: bool) -> Sent;
     /// After `Sent::Full`: sleeps until a send step could move a byte,
     /// `timeo` running down. Err: EAGAIN (timed out) or a signal's errno.
+    /// Its first look asks to be woken when there is room, so a
+    /// non-blocking caller (`timeo` 0) calls it too before its EAGAIN: an
+    /// edge-triggered poller is woken by nothing else.
     fn wait_writable(&mut self, xs: &XenSock, timeo: &mut c_long) -> Result<(), i32>;
     /// Moves up to `left` readable bytes into `msg` (`peek`: MSG_PEEK).
     fn recv(&mut self, xs: &XenSock, msg: &mut Msg, left: usize, peek: bool) -> Received;

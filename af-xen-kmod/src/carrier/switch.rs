@@ -1377,6 +1377,8 @@ pub(crate) struct Switched {
     tx_wait: On,
     /// where the last receive step found nothing
     rx_wait: On,
+    /// the last send step was MSG_DONTWAIT (or on an O_NONBLOCK socket)
+    nonblock: bool,
 }
 
 impl Switched {
@@ -1387,6 +1389,7 @@ impl Switched {
             rx,
             tx_wait: On::Ring,
             rx_wait: On::Ring,
+            nonblock: false,
         }
     }
 
@@ -1417,6 +1420,7 @@ impl Switched {
 
 impl Carrier for Switched {
     fn send(&mut self, xs: &XenSock, msg: &mut Msg, left: usize, nonblock: bool) -> Sent {
+        self.nonblock = nonblock;
         loop {
             let Some(mut on_ring) = ring_writer(&self.sw) else {
                 match self.send_on_tcp(xs, msg, left, nonblock) {
@@ -1468,6 +1472,11 @@ impl Carrier for Switched {
     fn wait_writable(&mut self, xs: &XenSock, timeo: &mut c_long) -> core::result::Result<(), i32> {
         let sw = &self.sw;
         if self.tx_wait == On::Tcp {
+            // the legs' callbacks wake the socket when the outbound leg
+            // takes bytes again: nothing to ask for first
+            if self.nonblock {
+                return Err(e::EAGAIN);
+            }
             inc(&counters::TCP_WRITE_WAITS, 1);
             let r = xs.sk.wait(timeo, || tx_ready(sw) || xs.inner.lock().reset);
             if r.is_err() {

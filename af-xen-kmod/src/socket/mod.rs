@@ -1394,12 +1394,12 @@ fn xs_sendmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg) -> c_int {
         match carrier.send(&xs, msg, total - copied, nonblock) {
             Sent::Bytes(n) => copied += n,
             Sent::Full => {
-                if nonblock {
-                    if copied > 0 {
-                        break;
-                    }
-                    return err(e::EAGAIN);
+                if nonblock && copied > 0 {
+                    break;
                 }
+                // non-blocking too: the wait's first look asks the peer to
+                // kick once there is room (an edge-triggered poller is
+                // woken by nothing else), then says EAGAIN
                 if let Err(x) = carrier.wait_writable(&xs, &mut timeo) {
                     return partial(copied, x);
                 }
