@@ -728,6 +728,28 @@ static void xserver_more(int l)
 		send(a, buf, n, MSG_NOSIGNAL);
 		close(a);
 	}
+	/* 7b: a non-blocking, edge-triggered writer ahead of its reader: read
+	 * with a pause every 256 KiB, then tell the client the count */
+	a = accept_one(l, 120);
+	result("x-accept-et-writer", a >= 0, NULL);
+	if (a < 0)
+		return;
+	{
+		long long total = 0, mark = 0;
+		ssize_t r;
+		int n;
+
+		while ((r = recv(a, buf, sizeof(buf), 0)) > 0) {
+			total += r;
+			if (total - mark >= (256 << 10)) {
+				mark = total;
+				usleep(50000);
+			}
+		}
+		n = snprintf(buf, sizeof(buf), "%lld\n", total);
+		send(a, buf, n, MSG_NOSIGNAL);
+		close(a);
+	}
 	/* 8: SO_LINGER 0: the client's close resets the connection */
 	a = accept_one(l, 120);
 	result("x-accept-linger0", a >= 0, NULL);
@@ -1113,6 +1135,46 @@ static void test_xclient(uint32_t peer, uint64_t mib)
 		buf[n > 0 ? n : 0] = 0;
 		sscanf(buf, "%lld", &told);
 		result("x-sndtimeo-delivered", told == total, "server read %lld, sent %lld", told, total);
+		close(c);
+	}
+	/* 7b: a non-blocking writer on EPOLLOUT|EPOLLET writes until EAGAIN
+	 * and waits for the edge: only the peer's kick when it has read can
+	 * wake it, so the EAGAIN must have asked for one (as tokio waits) */
+	c = xsock();
+	r = connect(c, (struct sockaddr *)&x, sizeof(x));
+	result("x-connect-et-writer", r == 0, "errno=%s", r ? strerrorname_np(errno) : "0");
+	if (r == 0) {
+		static char blk[65536];
+		long long total = 0, want = 8 << 20, told = -1;
+		struct epoll_event ev = { .events = EPOLLOUT | EPOLLET, .data.fd = c }, out;
+		int ep = epoll_create1(0), fl = fcntl(c, F_GETFL), edges = 0, stalled = 0, n;
+		ssize_t w;
+
+		fcntl(c, F_SETFL, fl | O_NONBLOCK);
+		epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev);
+		while (total < want) {
+			w = send(c, blk, want - total < (long long)sizeof(blk) ? (size_t)(want - total) : sizeof(blk), MSG_NOSIGNAL);
+			if (w > 0) {
+				total += w;
+				continue;
+			}
+			if (w < 0 && errno != EAGAIN)
+				break;
+			if (epoll_wait(ep, &out, 1, 20000) != 1) {
+				stalled = 1;
+				break;
+			}
+			edges++;
+		}
+		result("x-et-writer-woken", !stalled && total == want, "%lld of %lld bytes, %d edges%s", total, want, edges,
+		       stalled ? ", then no EPOLLOUT for 20 s" : "");
+		fcntl(c, F_SETFL, fl);
+		shutdown(c, SHUT_WR);
+		n = read_all(c, buf, sizeof(buf) - 1);
+		buf[n > 0 ? n : 0] = 0;
+		sscanf(buf, "%lld", &told);
+		result("x-et-writer-delivered", told == total, "server read %lld, sent %lld", told, total);
+		close(ep);
 		close(c);
 	}
 	/* 8: SO_LINGER 0: close resets (the server's recv: ECONNRESET) */
