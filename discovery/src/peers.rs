@@ -63,6 +63,7 @@ impl PeerTable {
 
 /// A change in the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PeerEvent {
     /// A new co-resident peer.
     Arrived(Peer),
@@ -394,6 +395,7 @@ pub struct StaticPeer {
 
 /// A malformed static peer list.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// A line could not be parsed.
     #[error("line {line}: {msg}")]
@@ -501,6 +503,7 @@ impl StaticPeers {
 
 /// Where co-residency answers come from.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum Discovery {
     /// The dom0 agent's table in XenStore.
     Agent(CoResidency),

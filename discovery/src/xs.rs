@@ -72,6 +72,7 @@ pub const MAX_TRANSACTION_ATTEMPTS: usize = 64;
 
 /// XenStore errors.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum XsError {
     /// xenstored refused the request.
     #[error("xenstore {op} {path}: {errno}")]

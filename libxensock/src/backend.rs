@@ -31,6 +31,7 @@ pub const KERNEL_FAMILY_PARAM: &str = "/sys/module/af_xen/parameters/family";
 
 /// The kind of backend in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BackendKind {
     /// The AF_XEN kernel family (`af_xen.ko`).
     Kernel,

@@ -38,6 +38,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Where a connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConnPhase {
     /// ConnectRequest sent, waiting for the answer.
     Connecting,

@@ -11,6 +11,7 @@ use xensock_xenif::XenError;
 /// What went wrong inside the transport. Public APIs turn it into an
 /// `io::Error` carrying the errno a socket user expects ([`Error::errno`]).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A grant, mapping or event-channel operation failed.
     #[error("xen backend: {0}")]

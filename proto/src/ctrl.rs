@@ -148,6 +148,7 @@ impl Kind {
 
 /// Why a frame was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DecodeError {
     /// More bytes are needed; the frame is `needed` bytes long in all
     /// (header only, if the header itself is incomplete).
@@ -176,6 +177,7 @@ pub enum DecodeError {
 
 /// Why a frame could not be encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EncodeError {
     /// The output buffer is shorter than the frame.
     BufferTooSmall {

@@ -175,6 +175,7 @@ pub struct RingIdentity {
 
 /// Why a ring header or grant directory read from a peer was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LayoutError {
     /// The identity line does not match what the control message announced.
     IdentityMismatch,

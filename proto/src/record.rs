@@ -57,6 +57,7 @@ pub struct RecordHeader {
 
 /// Why a record cannot be sent, or why one read from the peer is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RecordError {
     /// Longer than the ring can hold (sender: `EMSGSIZE`; from the peer:
     /// protocol violation, reset).

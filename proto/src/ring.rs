@@ -80,6 +80,7 @@ pub trait RingMemory {
 
 /// A ring violation by the peer: the connection must be reset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RingError {
     /// The peer's index is inconsistent with ours.
     Corrupt {

@@ -59,6 +59,7 @@ pub type Epoch = u32;
 /// A breach of the switch-over protocol by the peer (or a host bug): the
 /// connection must be reset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SwitchError {
     /// An offset outside what the protocol allows at this point.
     BadOffset {
@@ -899,6 +900,7 @@ pub enum RxControlTaken {
 
 /// A control frame out of order: the connection must be reset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RxControlError {
     /// A `RawFrom` while a run is open.
     RawFromInsideRun,

@@ -179,7 +179,7 @@ proptest! {
                     prop_assert!(f & !RECORD_FLAG_EOR != 0);
                     break;
                 }
-                Err(RecordError::Ring(e)) => {
+                Err(e) => {
                     return Err(TestCaseError::fail(format!("ring error from honest indices: {e}")));
                 }
             }

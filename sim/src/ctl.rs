@@ -59,7 +59,8 @@ pub(crate) fn err_code(e: &XenError) -> ErrCode {
         XenError::NotFound(_) => ErrCode::NotFound,
         XenError::Exhausted(_) => ErrCode::Exhausted,
         XenError::Revoked => ErrCode::Revoked,
-        XenError::Os { .. } | XenError::Unavailable(_) => ErrCode::Other,
+        // (a failure the wire has no code for travels as Other)
+        _ => ErrCode::Other,
     }
 }
 

@@ -36,6 +36,7 @@ pub const ENV_XENSTORED_PATH: &str = "XENSTORED_PATH";
 
 /// Errors of host operations.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SimError {
     /// A file or socket operation failed.
     #[error("{context}: {source}")]

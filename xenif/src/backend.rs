@@ -65,6 +65,7 @@ pub enum PeerState {
 
 /// Errors of the grant and event-channel operations.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum XenError {
     /// A system call on a backend device or socket failed.
     #[error("{op}: {source}")]

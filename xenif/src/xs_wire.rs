@@ -179,6 +179,7 @@ impl Header {
 
 /// Errors building a wire message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum WireError {
     /// The payload exceeds [`PAYLOAD_MAX`].
     #[error("payload of {0} bytes exceeds the XenStore maximum of {PAYLOAD_MAX}")]

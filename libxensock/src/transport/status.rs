@@ -120,6 +120,7 @@ impl Status {
 
 /// A connection's carrier, as [`Transport::status`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Carrier {
     /// The transport's ring fast path (never switched).
     Ring,
