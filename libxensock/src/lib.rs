@@ -75,7 +75,6 @@ pub use conn::ConnPhase;
 pub use error::Error;
 pub use kernel::{decode_sockaddr, encode_sockaddr, SOCKADDR_XEN_LEN};
 pub use listener::{Incoming, XenListener};
-pub use rings::{LINK_MAPPER_ALIVE_OFFSET, LINK_OWNER_ALIVE_OFFSET};
 pub use stream::XenStream;
 pub use transport::{
     Carrier, Config, ConnStatus, LegCounters, LinkStatus, SocketOptions, Status, Transport,

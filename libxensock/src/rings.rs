@@ -18,10 +18,10 @@ use crate::sys::shared;
 /// Offset, in a link's control page, of the byte the *mapping* side sets to
 /// 1 once it has mapped the page and that its unmap notification clears
 /// (process death or unmap). In the page's unused area (zero otherwise).
-pub const LINK_MAPPER_ALIVE_OFFSET: usize = 1024;
+pub(crate) const LINK_MAPPER_ALIVE_OFFSET: usize = 1024;
 /// Offset of the byte the *owner* sets to 1 before publishing the page and
 /// that the owner's grant unmap notification clears.
-pub const LINK_OWNER_ALIVE_OFFSET: usize = 1025;
+pub(crate) const LINK_OWNER_ALIVE_OFFSET: usize = 1025;
 
 /// A ring this domain granted (it is the receiver).
 pub(crate) struct OwnedRing {
