@@ -41,6 +41,13 @@ impl SockAddrXen {
     }
 }
 
+/// `(domid, port)`, as `SocketAddr` takes `(ip, port)`.
+impl From<(u32, u32)> for SockAddrXen {
+    fn from((domid, port): (u32, u32)) -> SockAddrXen {
+        SockAddrXen::new(domid, port)
+    }
+}
+
 /// A string that is not `xen:<domid>:<port>`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid xensock address: {0}")]
@@ -139,6 +146,13 @@ impl<T: ToXenAddr + ?Sized> ToXenAddr for &T {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_domid_and_port_pair_is_an_address() {
+        let a: SockAddrXen = (7, 80).into();
+        assert_eq!(a, SockAddrXen::new(7, 80));
+        assert_eq!((7u32, 80u32).to_xen_addr().unwrap(), a);
+    }
 
     #[test]
     fn parse_and_display_round_trip() {

@@ -405,6 +405,19 @@ impl KernelListener {
     pub(crate) fn set_nonblocking(&self, nb: bool) -> io::Result<()> {
         self.sock.set_nonblocking(nb)
     }
+
+    /// A second descriptor of the same listening socket (`dup`).
+    pub(crate) fn try_clone(&self) -> io::Result<KernelListener> {
+        Ok(KernelListener {
+            sock: self.sock.try_clone()?,
+            family: self.family,
+        })
+    }
+
+    /// `SO_ERROR`, taken.
+    pub(crate) fn take_error(&self) -> io::Result<Option<io::Error>> {
+        self.sock.take_error()
+    }
 }
 
 impl AsRawFd for KernelListener {

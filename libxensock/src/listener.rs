@@ -134,7 +134,8 @@ impl Drop for UserListener {
 }
 
 enum ListenerImpl {
-    User(UserListener),
+    /// Shared by [`XenListener::try_clone`]: the last handle closes it.
+    User(Arc<UserListener>),
     Kernel(KernelListener),
     /// A listener of the guest's `xensock daemon` ([`crate::daemon`]).
     Relay(RelayListener),
@@ -162,11 +163,11 @@ impl std::fmt::Debug for XenListener {
 impl XenListener {
     pub(crate) fn new(transport: Transport, shared: Arc<ListenerShared>) -> XenListener {
         XenListener {
-            imp: ListenerImpl::User(UserListener {
+            imp: ListenerImpl::User(Arc::new(UserListener {
                 transport,
                 shared,
                 nonblocking: AtomicBool::new(false),
-            }),
+            })),
         }
     }
 
@@ -249,6 +250,34 @@ impl XenListener {
                 r.set_nonblocking(nonblocking);
                 Ok(())
             }
+        }
+    }
+
+    /// Another handle to the same listener, as `TcpListener::try_clone`:
+    /// either accepts the next connection, non-blocking mode is shared,
+    /// and the listener closes with the last handle. A listener of the
+    /// guest's `xensock daemon` cannot be cloned (`Unsupported`).
+    pub fn try_clone(&self) -> io::Result<XenListener> {
+        let imp = match &self.imp {
+            ListenerImpl::User(u) => ListenerImpl::User(u.clone()),
+            ListenerImpl::Kernel(k) => ListenerImpl::Kernel(k.try_clone()?),
+            ListenerImpl::Relay(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "a listener of the xensock daemon cannot be cloned",
+                ))
+            }
+        };
+        Ok(XenListener { imp })
+    }
+
+    /// The listener's pending error (`SO_ERROR`), taken, as
+    /// `TcpListener::take_error`; the user-space transport's listeners
+    /// have none.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        match &self.imp {
+            ListenerImpl::Kernel(k) => k.take_error(),
+            ListenerImpl::User(_) | ListenerImpl::Relay(_) => Ok(None),
         }
     }
 

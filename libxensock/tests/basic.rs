@@ -160,6 +160,11 @@ fn close_gives_eof_then_epipe() {
 }
 
 #[test]
+fn a_cloned_listener_accepts_and_the_last_handle_closes_it() {
+    cases::a_cloned_listener_accepts_and_the_last_handle_closes_it(sim(), 41);
+}
+
+#[test]
 fn connect_to_a_port_nobody_listens_on_is_refused() {
     cases::connect_to_a_port_nobody_listens_on_is_refused(sim(), 9);
 }

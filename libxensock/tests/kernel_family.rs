@@ -146,6 +146,12 @@ fn close_gives_eof_then_epipe() {
 
 #[test]
 #[ignore = "needs af_xen.ko (the lab: tests/lab/kmod-rust)"]
+fn a_cloned_listener_accepts_and_the_last_handle_closes_it() {
+    cases::a_cloned_listener_accepts_and_the_last_handle_closes_it(kernel(), 41);
+}
+
+#[test]
+#[ignore = "needs af_xen.ko (the lab: tests/lab/kmod-rust)"]
 fn connect_to_a_port_nobody_listens_on_is_refused() {
     cases::connect_to_a_port_nobody_listens_on_is_refused(kernel(), 9);
 }

@@ -231,6 +231,27 @@ pub fn close_gives_eof_then_epipe<W: World>(w: W, port: u32) {
 }
 
 /// `port` has no listener; `port + 1` had one that went away.
+/// A clone of a listener accepts as well as the original, after the
+/// original is gone; the listener closes with its last handle.
+pub fn a_cloned_listener_accepts_and_the_last_handle_closes_it<W: World>(w: W, port: u32) {
+    let l = w.bind(port).unwrap();
+    let clone = l.try_clone().unwrap();
+    assert!(l.take_error().unwrap().is_none());
+    drop(l);
+    let mut c = w.connect(port).unwrap();
+    let (mut s, _) = clone.accept_timeout(Duration::from_secs(20)).unwrap();
+    c.write_all(b"via the clone").unwrap();
+    let mut buf = [0u8; 13];
+    s.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"via the clone");
+    drop((c, s));
+    drop(clone);
+    // nobody listens any more
+    let e = w.connect(port).unwrap_err();
+    assert_eq!(errno(&e), libc::ECONNREFUSED, "{e}");
+    w.released().unwrap();
+}
+
 pub fn connect_to_a_port_nobody_listens_on_is_refused<W: World>(w: W, port: u32) {
     let e = w.connect(port).unwrap_err();
     assert_eq!(errno(&e), libc::ECONNREFUSED);
