@@ -105,6 +105,60 @@ enum Cmd {
         #[arg(long)]
         socket: Option<PathBuf>,
     },
+    /// Run an unmodified TCP program with libxensock_preload.so
+    /// (`LD_PRELOAD`): `xensock run -- PROG ARGS...`. The library is
+    /// `$XENSOCK_PRELOAD_LIB`, else the one next to this binary, else
+    /// `../lib/libxensock_preload.so` from it.
+    Run {
+        /// The program and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<std::ffi::OsString>,
+    },
+}
+
+/// The preload library `xensock run` puts in front of a program.
+fn preload_library() -> Result<PathBuf, Box<dyn std::error::Error>> {
+    const NAME: &str = "libxensock_preload.so";
+    if let Some(p) = std::env::var_os("XENSOCK_PRELOAD_LIB") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("XENSOCK_PRELOAD_LIB={}: no such file", p.display()).into())
+        };
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().ok_or("the xensock binary has no directory")?;
+    let candidates = [dir.join(NAME), dir.join("../lib").join(NAME)];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .ok_or_else(|| {
+            format!(
+                "{NAME} not found next to {} or in ../lib (set XENSOCK_PRELOAD_LIB)",
+                exe.display()
+            )
+            .into()
+        })
+}
+
+/// `xensock run`: the program, with the preload library first in
+/// `LD_PRELOAD`; replaces this process.
+fn run(command: Vec<std::ffi::OsString>) -> Result<(), Box<dyn std::error::Error>> {
+    use std::os::unix::process::CommandExt;
+    let lib = preload_library()?;
+    let mut preload = lib.into_os_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+        preload.push(" ");
+        preload.push(old);
+    }
+    let (prog, args) = command.split_first().ok_or("no program to run")?;
+    let e = std::process::Command::new(prog)
+        .args(args)
+        .env("LD_PRELOAD", preload)
+        .exec();
+    Err(format!("{}: {e}", prog.to_string_lossy()).into())
 }
 
 /// What `bench` can know is wrong before it runs for minutes.
@@ -196,6 +250,7 @@ fn main() {
             .map_err(|e| format!("connect {addr}: {e}").into())
             .and_then(pipe),
         Cmd::Listen { port } => listen(&port),
+        Cmd::Run { command } => run(command),
     };
     if let Err(e) = r {
         eprintln!("xensock: {e}");

@@ -1,0 +1,251 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+/*
+ * What a TCP program does with its sockets, run under libxensock_preload.so
+ * (preload/tests/run.sh): every case must behave as without the library.
+ * An echo server on 127.0.0.1 (its listen goes through the library), then
+ * clients: non-blocking connect registered in epoll before connect, fds
+ * >= 1024 with poll, dup2/dup3, fork, exec of a program that uses the
+ * inherited socket, and threads connecting at once. Prints "ok <case>" or
+ * "FAIL <case>: why" per case; exits 1 if any failed.
+ *
+ *   cases              run every case
+ *   cases --echo FD    (the exec case's child) one round trip on FD
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int failed;
+static struct sockaddr_in server;
+
+static void verdict(const char *name, int ok, const char *why)
+{
+	if (ok) {
+		printf("ok %s\n", name);
+	} else {
+		printf("FAIL %s: %s (errno %s)\n", name, why, strerrorname_np(errno) ?: "0");
+		failed = 1;
+	}
+	fflush(stdout);
+}
+
+/* one round trip: send msg, read it back */
+static int round_trip(int fd, const char *msg)
+{
+	char buf[256];
+	size_t n = strlen(msg), got = 0;
+
+	if (write(fd, msg, n) != (ssize_t)n)
+		return 0;
+	while (got < n) {
+		ssize_t r = read(fd, buf + got, n - got);
+		if (r <= 0)
+			return 0;
+		got += r;
+	}
+	return memcmp(buf, msg, n) == 0;
+}
+
+static void *echo_conn(void *arg)
+{
+	int fd = (int)(long)arg;
+	char buf[4096];
+	ssize_t r;
+
+	while ((r = read(fd, buf, sizeof(buf))) > 0)
+		if (write(fd, buf, r) != r)
+			break;
+	close(fd);
+	return NULL;
+}
+
+static void *echo_server(void *arg)
+{
+	int l = (int)(long)arg;
+
+	for (;;) {
+		int c = accept4(l, NULL, NULL, SOCK_CLOEXEC);
+		pthread_t t;
+
+		if (c < 0)
+			continue;
+		pthread_create(&t, NULL, echo_conn, (void *)(long)c);
+		pthread_detach(t);
+	}
+	return NULL;
+}
+
+static int connected(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&server, sizeof(server)) != 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static void nonblocking_connect_in_epoll_first(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0), ep = epoll_create1(0), err = -1, r;
+	struct epoll_event ev = { .events = EPOLLOUT | EPOLLIN | EPOLLET, .data.fd = fd }, out;
+	socklen_t len = sizeof(err);
+
+	epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+	r = connect(fd, (struct sockaddr *)&server, sizeof(server));
+	if (r != 0 && errno != EINPROGRESS) {
+		verdict("nonblocking-connect-epoll-first", 0, "connect");
+		return;
+	}
+	r = epoll_wait(ep, &out, 1, 5000);
+	getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+	verdict("nonblocking-connect-epoll-first", r == 1 && (out.events & EPOLLOUT) && err == 0, "no EPOLLOUT or SO_ERROR");
+	fcntl(fd, F_SETFL, 0);
+	verdict("nonblocking-connect-echo", round_trip(fd, "after the edge"), "echo");
+	close(fd);
+	close(ep);
+}
+
+static void high_fds(void)
+{
+	struct rlimit rl = { 4096, 4096 };
+	int fd, hi;
+	struct pollfd p;
+	fd_set set;
+	struct timeval tv = { 5, 0 };
+
+	setrlimit(RLIMIT_NOFILE, &rl);
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	hi = dup2(fd, 1500);
+	close(fd);
+	verdict("fd-1500-connect", hi == 1500 && connect(hi, (struct sockaddr *)&server, sizeof(server)) == 0, "connect");
+	write(hi, "x", 1);
+	p = (struct pollfd){ .fd = hi, .events = POLLIN };
+	verdict("fd-1500-poll", poll(&p, 1, 5000) == 1 && (p.revents & POLLIN), "poll");
+	{
+		char c;
+		verdict("fd-1500-read", read(hi, &c, 1) == 1 && c == 'x', "read");
+	}
+	close(hi);
+	/* select on a low one */
+	fd = connected();
+	write(fd, "y", 1);
+	FD_ZERO(&set);
+	FD_SET(fd, &set);
+	verdict("select", select(fd + 1, &set, NULL, NULL, &tv) == 1, "select");
+	close(fd);
+}
+
+static void dups(void)
+{
+	int fd = connected(), a, b;
+
+	a = dup(fd);
+	b = dup3(fd, 1200, O_CLOEXEC);
+	close(fd);
+	verdict("dup", a >= 0 && round_trip(a, "through dup"), "dup");
+	verdict("dup3-cloexec", b == 1200 && (fcntl(b, F_GETFD) & FD_CLOEXEC) && round_trip(b, "through dup3"), "dup3");
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	verdict("dup2-over-connected", dup2(fd, a) == a && connect(a, (struct sockaddr *)&server, sizeof(server)) == 0 &&
+		round_trip(a, "a new socket under the old number"), "dup2");
+	close(fd);
+	close(a);
+	close(b);
+}
+
+static void forks(char *self)
+{
+	int fd = connected(), st = 0;
+	pid_t pid = fork();
+	char buf[16], arg[16];
+
+	if (pid == 0)
+		_exit(round_trip(fd, "from the child") ? 0 : 1);
+	waitpid(pid, &st, 0);
+	verdict("fork-child-uses-socket", WIFEXITED(st) && WEXITSTATUS(st) == 0, "child");
+	verdict("fork-parent-still-uses-it", round_trip(fd, "parent after"), "parent");
+	close(fd);
+	/* exec: a socket without close-on-exec is the new program's */
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	connect(fd, (struct sockaddr *)&server, sizeof(server));
+	snprintf(arg, sizeof(arg), "%d", fd);
+	pid = fork();
+	if (pid == 0) {
+		execl(self, self, "--echo", arg, (char *)NULL);
+		_exit(2);
+	}
+	waitpid(pid, &st, 0);
+	verdict("exec-uses-inherited-socket", WIFEXITED(st) && WEXITSTATUS(st) == 0, "exec'd program");
+	close(fd);
+	(void)buf;
+}
+
+static void *thread_client(void *arg)
+{
+	long ok = 1;
+	int i;
+
+	(void)arg;
+	for (i = 0; i < 50 && ok; i++) {
+		int fd = connected();
+		ok = fd >= 0 && round_trip(fd, "thread");
+		if (fd >= 0)
+			close(fd);
+	}
+	return (void *)ok;
+}
+
+static void threads(void)
+{
+	pthread_t t[8];
+	long all = 1;
+	void *r;
+	int i;
+
+	for (i = 0; i < 8; i++)
+		pthread_create(&t[i], NULL, thread_client, NULL);
+	for (i = 0; i < 8; i++) {
+		pthread_join(t[i], &r);
+		all &= (long)r;
+	}
+	verdict("threads-8x50-connects", all, "a thread's connect or echo");
+}
+
+int main(int argc, char **argv)
+{
+	pthread_t srv;
+	socklen_t len = sizeof(server);
+	int l;
+
+	if (argc == 3 && !strcmp(argv[1], "--echo"))
+		return round_trip(atoi(argv[2]), "from the exec'd program") ? 0 : 1;
+	l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	server.sin_family = AF_INET;
+	server.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (bind(l, (struct sockaddr *)&server, sizeof(server)) || listen(l, 128) ||
+	    getsockname(l, (struct sockaddr *)&server, &len)) {
+		perror("listen");
+		return 1;
+	}
+	pthread_create(&srv, NULL, echo_server, (void *)(long)l);
+	nonblocking_connect_in_epoll_first();
+	high_fds();
+	dups();
+	forks(argv[0]);
+	threads();
+	return failed;
+}
