@@ -13,6 +13,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #define XENSOCK_FAMILY_DEFAULT 19
@@ -52,6 +53,22 @@ struct sockaddr_xen {
 #define XENSOCK_COPY_ROUTINE 0x7e61
 #define XENSOCK_COPY_ITER    0 /* copy_from_iter (the default) */
 #define XENSOCK_COPY_NOCACHE 1 /* copy_from_iter_nocache: non-temporal stores */
+
+/*
+ * XENSOCK_IOC_RESOLVE: which co-resident guest has an IP address, from the
+ * co-residency table dom0's agent keeps for this guest (unprivileged:
+ * any AF_XEN socket, ioctl(fd, XENSOCK_IOC_RESOLVE, &r)). Fill family
+ * (AF_INET or AF_INET6) and addr (an IPv4 address in its first 4 bytes);
+ * on success domid is the guest's. EHOSTUNREACH: no co-resident guest
+ * has it; EINVAL: another family.
+ */
+struct xensock_resolve {
+	uint16_t family;
+	uint16_t zero;          /* 0 */
+	uint32_t domid;         /* out */
+	uint8_t addr[16];
+};
+#define XENSOCK_IOC_RESOLVE _IOWR('X', 0x10, struct xensock_resolve)
 
 /* The AF_XEN family number, or -1 if the module is not loaded (errno set). */
 static inline int xensock_family(void)

@@ -10,6 +10,34 @@ use core::fmt;
 /// `data/xensock/link/<peer>`.
 pub const LINK_DIR: &str = "data/xensock/link";
 
+/// Below a guest's home: the co-residency table dom0's agent keeps
+/// (guest-readable, written by dom0 only), one directory per co-resident
+/// peer, `xensock/peers/<domid>`, holding [`peer_node`]s.
+pub const PEERS_DIR: &str = "xensock/peers";
+
+/// The values of a peer's entry in [`PEERS_DIR`].
+pub mod peer_node {
+    /// The peer's UUID.
+    pub const UUID: &str = "uuid";
+    /// The peer's IP addresses, space-separated.
+    pub const ADDRS: &str = "addrs";
+}
+
+/// Whether a peer's [`peer_node::ADDRS`] value lists `ip` (an
+/// IPv4-mapped IPv6 address matches its IPv4 address). Entries that are
+/// not addresses are skipped.
+pub fn addrs_list(addrs: &[u8], ip: core::net::IpAddr) -> bool {
+    let ip = match ip {
+        core::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, core::net::IpAddr::V4),
+        v4 => v4,
+    };
+    addrs
+        .split(|b| b.is_ascii_whitespace())
+        .filter_map(|w| core::str::from_utf8(w).ok())
+        .filter_map(|w| w.parse::<core::net::IpAddr>().ok())
+        .any(|a| a == ip)
+}
+
 /// The names of the values in a half's directory.
 pub mod node {
     /// The half's protocol version (`"1"`).
@@ -186,6 +214,19 @@ fn derived_generation(ring_ref: u32, event_channel: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peers_addresses_are_matched_by_value() {
+        let v4: core::net::IpAddr = "10.0.0.11".parse().unwrap();
+        let v6: core::net::IpAddr = "fd00::11".parse().unwrap();
+        let list = b"10.0.0.11  fd00::11\tjunk 300.1.1.1";
+        assert!(addrs_list(list, v4));
+        assert!(addrs_list(list, v6));
+        assert!(addrs_list(list, "::ffff:10.0.0.11".parse().unwrap()));
+        assert!(!addrs_list(list, "10.0.0.1".parse().unwrap()));
+        assert!(!addrs_list(b"", v4));
+        assert!(!addrs_list(b"10.0.0.110", v4));
+    }
 
     #[test]
     fn states_round_trip_and_only_offered_ones_attach() {

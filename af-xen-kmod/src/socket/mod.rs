@@ -2,6 +2,7 @@
 //! AF_XEN SOCK_STREAM sockets: the proto_ops callbacks. Safe Rust over the
 //! wrappers in `sys`.
 
+pub(crate) mod inet;
 pub(crate) mod seqpacket;
 
 use crate::carrier::ring::Pipe;
@@ -1252,6 +1253,12 @@ fn xs_poll(xs: Option<ArcBorrow<'_, XenSock>>) -> u32 {
 fn xs_ioctl(xs: Option<ArcBorrow<'_, XenSock>>, cmd: u32, arg: usize) -> c_int {
     const SIOCINQ: u32 = 0x541B;
     const SIOCOUTQ: u32 = 0x5411;
+    if cmd == inet::IOC_RESOLVE {
+        return match inet::resolve_ioctl(globals().own_domid(), arg) {
+            Ok(()) => 0,
+            Err(x) => err(x),
+        };
+    }
     if cmd != SIOCINQ && cmd != SIOCOUTQ {
         return -(bindings::ENOIOCTLCMD as c_int);
     }

@@ -1329,6 +1329,16 @@ pub(crate) mod xs {
         }
     }
 
+    /// `dir/node`'s value, handed to `f`; None if it is missing.
+    pub(crate) fn read_value<R>(
+        dir: &CString,
+        node: &core::ffi::CStr,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Option<R> {
+        let dir = core::ffi::CStr::from_bytes_with_nul(dir.as_bytes_with_nul()).ok()?;
+        super::with_xenstore_value(dir, node, f)
+    }
+
     /// `dir/node` if it holds a UUID; None if it is missing or not one.
     pub(crate) fn read_uuid(dir: &CString, node: &core::ffi::CStr) -> Option<Uuid> {
         let dashes = [8, 13, 18, 23];

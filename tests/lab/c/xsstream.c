@@ -565,6 +565,18 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc == 3 && !strcmp(argv[1], "echo"))
 		return echo_server((unsigned)strtoul(argv[2], NULL, 0));
+	if (argc == 3 && !strcmp(argv[1], "resolve")) {
+		/* which co-resident guest has an IPv4 address (XENSOCK_IOC_RESOLVE) */
+		struct xensock_resolve r = { .family = AF_INET };
+		int s = socket(xensock_family(), SOCK_STREAM, 0);
+
+		if (s < 0 || inet_pton(AF_INET, argv[2], r.addr) != 1 || ioctl(s, XENSOCK_IOC_RESOLVE, &r) != 0) {
+			printf("%s\n", strerrorname_np(errno) ?: "?");
+			return 1;
+		}
+		printf("%u\n", r.domid);
+		return 0;
+	}
 	if (argc == 5 && !strcmp(argv[1], "ping"))
 		return ping((uint32_t)strtoul(argv[2], NULL, 0), (unsigned)strtoul(argv[3], NULL, 0), argv[4]);
 	if (argc < 5)

@@ -56,6 +56,20 @@ listener_check() {
   else
     result "resolve-$1" FAIL "resolve $LAB_NET_DOMU1 gave '$_res' (exit $_rc), dom0 says dom$2"
   fi
+  # the same through af_xen.ko, as an unprivileged program (the preload
+  # library's question), and an address no guest has
+  _res=$(runas "$UT_UID" xsstream resolve "$LAB_NET_DOMU1" 2>&1); _rc=$?
+  if [ "$_rc" = 0 ] && [ "$_res" = "$2" ]; then
+    result "kresolve-$1" PASS "dom$_res"
+  else
+    result "kresolve-$1" FAIL "XENSOCK_IOC_RESOLVE $LAB_NET_DOMU1 gave '$_res' (exit $_rc), dom0 says dom$2"
+  fi
+  _res=$(runas "$UT_UID" xsstream resolve 10.0.0.99 2>&1); _rc=$?
+  if [ "$_rc" = 1 ] && [ "$_res" = EHOSTUNREACH ]; then
+    result "kresolve-unknown-$1" PASS
+  else
+    result "kresolve-unknown-$1" FAIL "XENSOCK_IOC_RESOLVE 10.0.0.99 gave '$_res' (exit $_rc)"
+  fi
   # the domid dom0 gave, so a resolve failure does not hide the listener's fate
   check "listener-survives-$1" xsstream ping "$2" "$ECHO_PORT" "after-$1-from-domu2"
 }

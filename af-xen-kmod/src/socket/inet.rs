@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: GPL-2.0
+//! What the socket core knows of TCP peers, for unmodified TCP programs
+//! (the preload library, `preload/`): which co-resident guest has an IP
+//! address. Unprivileged programs cannot read XenStore; the module reads
+//! the co-residency table dom0's agent keeps for this guest.
+
+use crate::proto::link::{addrs_list, peer_node, PEERS_DIR};
+use crate::sys::{errno as e, xs};
+use kernel::ffi::c_int;
+use kernel::fmt;
+use kernel::str::CString;
+
+/// `XENSOCK_IOC_RESOLVE` (xensock.h): `_IOWR('X', 0x10, struct
+/// xensock_resolve)`.
+pub(crate) const IOC_RESOLVE: u32 = 0xC018_5810;
+
+/// `struct xensock_resolve`: `u16 family` (AF_INET or AF_INET6), `u16`
+/// zero, `u32 domid` (out), `u8 addr[16]` (an IPv4 address in the first 4).
+const RESOLVE_LEN: usize = 24;
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
+
+/// The co-resident guest that has `ip`, from this guest's table.
+pub(crate) fn resolve(me: u32, ip: core::net::IpAddr) -> Option<u32> {
+    let table = CString::try_from_fmt(fmt!("/local/domain/{}/{}", me, PEERS_DIR)).ok()?;
+    let mut ids = [0u32; 64];
+    let n = xs::dir_ids(&table, &mut ids);
+    ids[..n].iter().copied().find(|&peer| {
+        // the whole path, read as a directory's own value (empty node)
+        CString::try_from_fmt(fmt!(
+            "/local/domain/{}/{}/{}/{}",
+            me,
+            PEERS_DIR,
+            peer,
+            peer_node::ADDRS
+        ))
+        .ok()
+        .and_then(|addrs| xs::read_value(&addrs, c"", |v| addrs_list(v, ip)))
+        .unwrap_or(false)
+    })
+}
+
+/// The resolve ioctl: reads the request at `arg`, writes the domid back.
+/// `EINVAL` for a request that is not an IPv4 or IPv6 address;
+/// `EHOSTUNREACH` when no co-resident guest has the address.
+pub(crate) fn resolve_ioctl(me: u32, arg: usize) -> core::result::Result<(), c_int> {
+    let (mut r, mut w) = kernel::uaccess::UserSlice::new(arg, RESOLVE_LEN).reader_writer();
+    let mut req = [0u8; RESOLVE_LEN];
+    r.read_slice(&mut req).map_err(|_| e::EFAULT)?;
+    let family = u16::from_ne_bytes([req[0], req[1]]);
+    if req[2..4] != [0, 0] {
+        return Err(e::EINVAL);
+    }
+    let ip = match family {
+        AF_INET => core::net::IpAddr::from([req[8], req[9], req[10], req[11]]),
+        AF_INET6 => {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&req[8..24]);
+            core::net::IpAddr::from(a)
+        }
+        _ => return Err(e::EINVAL),
+    };
+    let domid = resolve(me, ip).ok_or(e::EHOSTUNREACH)?;
+    req[4..8].copy_from_slice(&domid.to_ne_bytes());
+    w.write_slice(&req).map_err(|_| e::EFAULT)
+}
