@@ -8,7 +8,7 @@
 //! - `leg`: the TCP legs that carry a connection while its peer is on
 //!   another host, and their listener.
 //! - `switch`: [`switch::Switched`], the carrier of an inter-domain stream:
-//!   each step goes to its rings or to its TCP legs (`switch::OnTcp`),
+//!   each step goes to its rings or to its TCP legs,
 //!   whichever carries that direction now, and the switch moves between
 //!   them without losing, duplicating or reordering a byte.
 //!
