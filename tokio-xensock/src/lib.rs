@@ -56,7 +56,7 @@ use std::task::{ready, Context, Poll};
 use futures_core::Stream;
 pub use libxensock::{SockAddrXen, SocketOptions, ToXenAddr, Transport};
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
 pub use libxensock;
 
@@ -276,6 +276,50 @@ impl XenStream {
     /// [`libxensock::XenStream::shutdown`]).
     pub fn shutdown_std(&self, how: Shutdown) -> io::Result<()> {
         self.inner.get_ref().shutdown(how)
+    }
+
+    /// Waits until the stream may be read (bytes, its end or an error
+    /// wait), as `TcpStream::readable`: a [`XenStream::try_read`] after it
+    /// may still find nothing (`WouldBlock`), and the wait starts over.
+    pub async fn readable(&self) -> io::Result<()> {
+        self.inner.readable().await?.retain_ready();
+        Ok(())
+    }
+
+    /// Waits until a write may take bytes, as `TcpStream::writable`.
+    pub async fn writable(&self) -> io::Result<()> {
+        self.inner.writable().await?.retain_ready();
+        Ok(())
+    }
+
+    /// One read without waiting, as `TcpStream::try_read`: `WouldBlock`
+    /// when nothing is there (and [`XenStream::readable`] then waits for
+    /// more); `Ok(0)` at the end of the stream.
+    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner
+            .try_io(Interest::READABLE, |s| io::Read::read(&mut &*s, buf))
+    }
+
+    /// One write without waiting, as `TcpStream::try_write`: `WouldBlock`
+    /// when no byte fits now.
+    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        self.inner
+            .try_io(Interest::WRITABLE, |s| io::Write::write(&mut &*s, buf))
+    }
+
+    /// The stream's pending error, taken (`SO_ERROR` over the kernel
+    /// family), as `TcpStream::take_error`.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        self.inner.get_ref().take_error()
+    }
+
+    /// The blocking stream back, in non-blocking mode, as
+    /// `TcpStream::into_std`. Fails (`Other`) while a split half still
+    /// holds the stream.
+    pub fn into_std(self) -> io::Result<libxensock::XenStream> {
+        let fd = Arc::try_unwrap(self.inner)
+            .map_err(|_| io::Error::other("a split half still holds this stream"))?;
+        Ok(fd.into_inner())
     }
 
     /// Borrowed halves, usable concurrently.

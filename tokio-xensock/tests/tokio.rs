@@ -59,6 +59,11 @@ async fn echo() {
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn readiness_and_try_calls() {
+    cases::readiness_and_try_calls(&sim(), 43).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn refused() {
     cases::refused(&sim(), 9).await;
 }

@@ -61,6 +61,12 @@ async fn echo() {
 
 #[tokio::test(flavor = "current_thread")]
 #[ignore = "needs af_xen.ko (the lab: tests/lab/kmod-rust)"]
+async fn readiness_and_try_calls() {
+    cases::readiness_and_try_calls(&kernel(), 43).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs af_xen.ko (the lab: tests/lab/kmod-rust)"]
 async fn refused() {
     cases::refused(&kernel(), 9).await;
 }

@@ -60,6 +60,48 @@ pub async fn echo<W: World>(w: &W, port: u32) {
     server.await.unwrap();
 }
 
+/// The readiness calls of tokio's `TcpStream`: `readable`/`try_read`,
+/// `writable`/`try_write`, `take_error`, and `into_std` back to a
+/// blocking stream.
+pub async fn readiness_and_try_calls<W: World>(w: &W, port: u32) {
+    let l = w.bind(port).unwrap();
+    let c = w.connect(port).await.unwrap();
+    let (s, _) = l.accept().await.unwrap();
+    let mut buf = [0u8; 64];
+    // nothing sent yet
+    assert_eq!(
+        c.try_read(&mut buf).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock
+    );
+    s.writable().await.unwrap();
+    let mut sent = 0;
+    while sent < 5 {
+        match s.try_write(&b"ready"[sent..]) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => s.writable().await.unwrap(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let mut got = Vec::new();
+    while got.len() < 5 {
+        c.readable().await.unwrap();
+        match c.try_read(&mut buf) {
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(got, b"ready");
+    assert!(c.take_error().unwrap().is_none());
+    // back to a blocking stream, as TcpStream::into_std (non-blocking)
+    let mut std_c = c.into_std().unwrap();
+    std_c.set_nonblocking(false).unwrap();
+    drop(s);
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut std_c, &mut rest).unwrap();
+    assert!(rest.is_empty(), "EOF after the peer closed");
+}
+
 /// `port`: nobody listens there.
 pub async fn refused<W: World>(w: &W, port: u32) {
     let e = w.connect(port).await.unwrap_err();
