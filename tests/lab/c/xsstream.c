@@ -355,12 +355,14 @@ static int stream(int fd, const char *name, const struct opts *o, uint32_t txsee
 	uint64_t sent = 0, got = 0; /* got: bytes received, checked or held */
 	uint64_t checked = 0;       /* bytes verified against the pattern */
 	size_t held = 0;            /* in[0..held): the last bytes read, unverified */
+	ssize_t recv_sizes[8] = { 0 }; /* the last reads' sizes, for a mismatch's report */
+	unsigned nrecv = 0;
 	uint8_t marker[HOLD];
 	size_t marker_off = 0;      /* bytes of the end marker written */
 	int stopping = 0, tx_done = 0, rx_done = 0;
 	double t0 = now(), last_rx = t0, max_gap = 0, next_progress = t0 + 5, next_status = t0;
 	double suspended0 = boot_now() - t0, last_rx_boot = boot_now(), max_silence = 0;
-	char why[200] = "";
+	char why[512] = "";
 
 	/*
 	 * XSSTREAM_ET=1: edge-triggered epoll, as tokio and mio use it: read
@@ -438,10 +440,27 @@ static int stream(int fd, const char *name, const struct opts *o, uint32_t txsee
 			if (r > 0) {
 				size_t total = held + (size_t)r, check = total > HOLD ? total - HOLD : 0, i;
 
+				recv_sizes[nrecv++ % 8] = r;
 				for (i = 0; i < check; i++)
 					if (in[i] != pattern(checked + i, rxseed)) {
-						snprintf(why, sizeof(why), "mismatch at offset %llu: got 0x%02x, expected 0x%02x (bytes lost, duplicated or reordered)",
-							 (unsigned long long)(checked + i), in[i], pattern(checked + i, rxseed));
+						size_t j, zeros = 0, shift = 0;
+
+						/* what kind of wrong: a run of zeros (a read that
+						 * counted bytes it never copied), or the stream
+						 * resumed elsewhere (lost or repeated bytes) */
+						for (j = i; j < total && in[j] == 0; j++)
+							zeros++;
+						for (shift = 1; shift < 1 << 20; shift++)
+							if (in[i] == pattern(checked + i + shift, rxseed) &&
+							    (i + 1 >= total || in[i + 1] == pattern(checked + i + 1 + shift, rxseed)))
+								break;
+						snprintf(why, sizeof(why),
+							 "mismatch at offset %llu: got 0x%02x, expected 0x%02x (bytes lost, duplicated or reordered;"
+							 " %zu zero bytes from there, byte %zd of a %zd-byte read, last reads %zd %zd %zd %zd,"
+							 " matches the stream %zu bytes on)",
+							 (unsigned long long)(checked + i), in[i], pattern(checked + i, rxseed), zeros, (ssize_t)i - (ssize_t)held, r,
+							 recv_sizes[(nrecv + 7) % 8], recv_sizes[(nrecv + 6) % 8], recv_sizes[(nrecv + 5) % 8],
+							 recv_sizes[(nrecv + 4) % 8], shift);
 						goto out;
 					}
 				checked += check;
