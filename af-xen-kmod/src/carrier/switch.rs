@@ -2295,9 +2295,9 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
         // TCP the application's recvmsg pulls for itself, one copy straight
         // into its buffers (the leg's callbacks wake it, poll says readable
         // when the leg is); the work item pulled into the buffer and the
-        // reader copied it out again, preempted by it 5-6 times per MiB
-        // Bytes the application does not
-        // read wait in the leg, as in a TCP socket; the control frames
+        // reader copied it out again, preempted by it 5-6 times per MiB.
+        // Bytes the application does not read wait in the leg, as in a
+        // TCP socket; the control frames
         // (which come on the other leg) are taken here.
         let res = if closed || !same_pipe(&xs.inner.lock().rx, &pipe) {
             Ok(())
