@@ -39,6 +39,20 @@ impl SockAddrXen {
     pub fn is_concrete_domain(&self) -> bool {
         self.domid < DOMID_FIRST_RESERVED
     }
+
+    /// As a `socket2::SockAddr`: a `struct sockaddr_xen` of the AF_XEN
+    /// family number `family` (the loaded module's, which
+    /// [`crate::backend()`] reports), for programs that make their own
+    /// sockets with socket2.
+    pub fn to_sock_addr(&self, family: i32) -> io::Result<socket2::SockAddr> {
+        crate::kernel::to_sockaddr(family, *self)
+    }
+
+    /// The address in a `socket2::SockAddr` that holds a `struct
+    /// sockaddr_xen` of family `family`; `EINVAL` for any other.
+    pub fn from_sock_addr(addr: &socket2::SockAddr, family: i32) -> io::Result<SockAddrXen> {
+        crate::kernel::from_sockaddr(family, addr)
+    }
 }
 
 /// `(domid, port)`, as `SocketAddr` takes `(ip, port)`.
@@ -152,6 +166,18 @@ mod tests {
         let a: SockAddrXen = (7, 80).into();
         assert_eq!(a, SockAddrXen::new(7, 80));
         assert_eq!((7u32, 80u32).to_xen_addr().unwrap(), a);
+    }
+
+    #[test]
+    fn socket2_addresses_round_trip_and_other_families_are_refused() {
+        let a = SockAddrXen::new(7, 80);
+        let sa = a.to_sock_addr(19).unwrap();
+        assert_eq!(sa.family(), 19);
+        assert_eq!(SockAddrXen::from_sock_addr(&sa, 19).unwrap(), a);
+        let e = SockAddrXen::from_sock_addr(&sa, 20).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        let inet = socket2::SockAddr::from("10.0.0.1:80".parse::<std::net::SocketAddr>().unwrap());
+        assert!(SockAddrXen::from_sock_addr(&inet, 19).is_err());
     }
 
     #[test]

@@ -100,11 +100,11 @@ pub fn decode_sockaddr(family: i32, bytes: &[u8]) -> io::Result<SockAddrXen> {
     Ok(SockAddrXen::new(word(8), word(4)))
 }
 
-fn to_sockaddr(family: i32, addr: SockAddrXen) -> io::Result<SockAddr> {
+pub(crate) fn to_sockaddr(family: i32, addr: SockAddrXen) -> io::Result<SockAddr> {
     crate::sys::sockaddr::from_bytes(&encode_sockaddr(family, addr))
 }
 
-fn from_sockaddr(family: i32, sa: &SockAddr) -> io::Result<SockAddrXen> {
+pub(crate) fn from_sockaddr(family: i32, sa: &SockAddr) -> io::Result<SockAddrXen> {
     decode_sockaddr(family, crate::sys::sockaddr::bytes(sa))
 }
 
