@@ -123,6 +123,10 @@ fn readme_c_example_compiles() {
     for call in ["socket(", "bind(", "listen(", "accept(", "connect("] {
         assert!(code.contains(call), "the README example calls {call}");
     }
+    // examples/c/xen-echo.c is the same program (after its comment)
+    let file = std::fs::read_to_string(repo().join("examples/c/xen-echo.c")).unwrap();
+    let body = &file[file.find("#include").expect("the file has the program")..];
+    assert_eq!(body, code, "examples/c/xen-echo.c and the README differ");
     let d = scratch("readme");
     let src = d.join("xen-echo.c");
     std::fs::write(&src, code).unwrap();

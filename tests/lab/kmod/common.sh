@@ -18,6 +18,8 @@ check kmod-proc sh -c 'xstest hold 3 & sleep 1; cat /proc/net/af_xen; grep -q "^
 # le32 N: N as 4 little-endian bytes in hex (socat's generic socket addresses)
 le32() { printf '%02x%02x%02x%02x' $(($1 & 255)) $(($1 >> 8 & 255)) $(($1 >> 16 & 255)) $(($1 >> 24 & 255)); }
 SOCAT_PORT=7200
+# examples/c/xen-echo.c
+EXAMPLE_PORT=7210
 # stress sizes: MiB each way at once, concurrent connections
 STRESS_MIB=1024
 STRESS_CONNS=1000

@@ -8,11 +8,19 @@ for _m in seq-local server; do
   if xstest-seqpacket $_m; then result c-sp-$_m PASS; else result c-sp-$_m FAIL "rc=$?"; fi
 done
 dmesg | grep af_xen | tail -n 20
+# examples/c/xen-echo.c, the README's program: its server here, domu2's
+# client prints what came back
+xen-echo server "$EXAMPLE_PORT" > /tmp/xen-echo.log 2>&1 &
+XEN_ECHO=$!
 # Debian's socat, unmodified, with its generic socket addresses
 # (SOCKET-LISTEN:<family>:<protocol>:x<sockaddr after the family, hex>):
 # domu2 sends a file, we compare it with the same pattern made here
 xstest pattern-file /tmp/socat-want 8
 check socat-recv-file sh -c "timeout 300 socat -u SOCKET-LISTEN:19:0:x0000$(le32 $SOCAT_PORT)ffffffff00000000 OPEN:/tmp/socat-got,creat,trunc && cmp /tmp/socat-want /tmp/socat-got && md5sum /tmp/socat-want /tmp/socat-got"
+# domu2 ran the example before its socat, which has arrived: the server
+# goes (its socket would keep rmmod below from unloading the module)
+kill "$XEN_ECHO" 2>/dev/null
+cat /tmp/xen-echo.log
 # and back: we connect to domu2's socat listener (retried until it listens)
 PEER=$(xlbench xsread data/peer 60)
 check socat-send-file-back sh -c "n=0; while [ \$n -lt 120 ]; do socat -u OPEN:/tmp/socat-want SOCKET-CONNECT:19:0:x0000$(le32 $((SOCAT_PORT + 1)))$(le32 "$PEER")00000000 && exit 0; n=\$((n + 1)); sleep 1; done; exit 1"

@@ -9,6 +9,9 @@ run_c c-xclient xclient "$PEER" 64
 if xstest-seqpacket client "$PEER" 256; then result c-sp-client PASS; else result c-sp-client FAIL "rc=$?"; fi
 # dom0 made a link directory to itself for us, and runs no module
 run_c c-xpending xpending
+# the README's C example (examples/c/xen-echo.c) against domu1's server,
+# retried until it listens
+check example-c-echo sh -c "n=0; while [ \$n -lt 120 ]; do out=\$(xen-echo client $PEER $EXAMPLE_PORT 2>&1) && [ \"\$out\" = hello ] && exit 0; n=\$((n + 1)); sleep 1; done; echo \"\$out\"; exit 1"
 # socat (SOCKET-CONNECT to domu1's SOCKET-LISTEN) carries a file to domu1,
 # which checks it; retried until domu1's socat listens
 xstest pattern-file /tmp/socat-send 8
