@@ -45,14 +45,44 @@ impl SockAddrXen {
     /// [`crate::backend()`] reports), for programs that make their own
     /// sockets with socket2.
     pub fn to_sock_addr(&self, family: i32) -> io::Result<socket2::SockAddr> {
-        crate::kernel::to_sockaddr(family, *self)
+        crate::sys::sockaddr::from_bytes(&encode_sockaddr(family, *self))
     }
 
     /// The address in a `socket2::SockAddr` that holds a `struct
     /// sockaddr_xen` of family `family`; `EINVAL` for any other.
     pub fn from_sock_addr(addr: &socket2::SockAddr, family: i32) -> io::Result<SockAddrXen> {
-        crate::kernel::from_sockaddr(family, addr)
+        decode_sockaddr(family, crate::sys::sockaddr::bytes(addr))
     }
+}
+
+/// `sizeof(struct sockaddr_xen)`.
+pub const SOCKADDR_XEN_LEN: usize = 16;
+
+/// `struct sockaddr_xen` (`af-xen-kmod/include/xensock.h`), byte for byte
+/// in native endianness: `sa_family_t sxen_family; u16 sxen_flags;
+/// u32 sxen_port; u32 sxen_domid; u8 sxen_zero[4];`.
+pub fn encode_sockaddr(family: i32, addr: SockAddrXen) -> [u8; SOCKADDR_XEN_LEN] {
+    let mut b = [0u8; SOCKADDR_XEN_LEN];
+    // sa_family_t is an unsigned short; valid families fit (FAMILY_MAX).
+    b[0..2].copy_from_slice(&(family as u16).to_ne_bytes());
+    // sxen_flags (2..4) and sxen_zero (12..16) stay zero: the module
+    // refuses anything else with EINVAL.
+    b[4..8].copy_from_slice(&addr.port.to_ne_bytes());
+    b[8..12].copy_from_slice(&addr.domid.to_ne_bytes());
+    b
+}
+
+/// The inverse of [`encode_sockaddr`]: `EINVAL` for a short buffer or
+/// another family (what `getsockname` on a foreign socket would give).
+pub fn decode_sockaddr(family: i32, bytes: &[u8]) -> io::Result<SockAddrXen> {
+    if bytes.len() < SOCKADDR_XEN_LEN {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let word = |i: usize| u32::from_ne_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+    if i32::from(u16::from_ne_bytes([bytes[0], bytes[1]])) != family {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    Ok(SockAddrXen::new(word(8), word(4)))
 }
 
 /// `(domid, port)`, as `SocketAddr` takes `(ip, port)`.

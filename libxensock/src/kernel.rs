@@ -29,9 +29,6 @@ pub(crate) const FAMILY_PARAM_IN_SYSFS: &str = "module/af_xen/parameters/family"
 /// family number the module could have registered.
 const FAMILY_MAX: i32 = 255;
 
-/// `sizeof(struct sockaddr_xen)`.
-pub const SOCKADDR_XEN_LEN: usize = 16;
-
 /// Listener backlog when [`SocketOptions::backlog`] is not given (the
 /// user-space transport's default).
 const DEFAULT_BACKLOG: i32 = 128;
@@ -73,39 +70,12 @@ pub(crate) fn loaded_family() -> Option<i32> {
     }
 }
 
-/// `struct sockaddr_xen` (`af-xen-kmod/include/xensock.h`), byte for byte
-/// in native endianness: `sa_family_t sxen_family; u16 sxen_flags;
-/// u32 sxen_port; u32 sxen_domid; u8 sxen_zero[4];`.
-pub fn encode_sockaddr(family: i32, addr: SockAddrXen) -> [u8; SOCKADDR_XEN_LEN] {
-    let mut b = [0u8; SOCKADDR_XEN_LEN];
-    // sa_family_t is an unsigned short; valid families fit (FAMILY_MAX).
-    b[0..2].copy_from_slice(&(family as u16).to_ne_bytes());
-    // sxen_flags (2..4) and sxen_zero (12..16) stay zero: the module
-    // refuses anything else with EINVAL.
-    b[4..8].copy_from_slice(&addr.port.to_ne_bytes());
-    b[8..12].copy_from_slice(&addr.domid.to_ne_bytes());
-    b
+fn to_sockaddr(family: i32, addr: SockAddrXen) -> io::Result<SockAddr> {
+    addr.to_sock_addr(family)
 }
 
-/// The inverse of [`encode_sockaddr`]: `EINVAL` for a short buffer or
-/// another family (what `getsockname` on a foreign socket would give).
-pub fn decode_sockaddr(family: i32, bytes: &[u8]) -> io::Result<SockAddrXen> {
-    if bytes.len() < SOCKADDR_XEN_LEN {
-        return Err(errno(libc::EINVAL));
-    }
-    let word = |i: usize| u32::from_ne_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
-    if i32::from(u16::from_ne_bytes([bytes[0], bytes[1]])) != family {
-        return Err(errno(libc::EINVAL));
-    }
-    Ok(SockAddrXen::new(word(8), word(4)))
-}
-
-pub(crate) fn to_sockaddr(family: i32, addr: SockAddrXen) -> io::Result<SockAddr> {
-    crate::sys::sockaddr::from_bytes(&encode_sockaddr(family, addr))
-}
-
-pub(crate) fn from_sockaddr(family: i32, sa: &SockAddr) -> io::Result<SockAddrXen> {
-    decode_sockaddr(family, crate::sys::sockaddr::bytes(sa))
+fn from_sockaddr(family: i32, sa: &SockAddr) -> io::Result<SockAddrXen> {
+    SockAddrXen::from_sock_addr(sa, family)
 }
 
 fn new_socket(family: i32) -> io::Result<Socket> {
@@ -435,6 +405,7 @@ impl AsFd for KernelListener {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::addr::{decode_sockaddr, encode_sockaddr, SOCKADDR_XEN_LEN};
     use crate::addr::{DOMID_ANY, DOMID_SELF, PORT_ANY};
 
     #[test]

@@ -67,13 +67,13 @@ mod stream;
 mod sys;
 mod transport;
 
+pub use addr::{decode_sockaddr, encode_sockaddr, SOCKADDR_XEN_LEN};
 pub use addr::{
     AddrParseError, SockAddrXen, ToXenAddr, DOMID_ANY, DOMID_FIRST_RESERVED, DOMID_SELF, PORT_ANY,
 };
 pub use backend::{backend, backend_with_sysfs, BackendKind, BackendReport, KERNEL_FAMILY_PARAM};
 pub use conn::ConnPhase;
 pub use error::Error;
-pub use kernel::{decode_sockaddr, encode_sockaddr, SOCKADDR_XEN_LEN};
 pub use listener::{Incoming, XenListener};
 pub use stream::XenStream;
 pub use transport::{
