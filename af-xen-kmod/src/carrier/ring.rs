@@ -704,9 +704,9 @@ impl Pipe {
 /// loopback, and SOCK_SEQPACKET (whose records the socket core frames).
 pub(crate) struct Rings {
     /// the ring we write (the peer's receive ring)
-    tx: Option<Arc<Pipe>>,
+    pub(super) tx: Option<Arc<Pipe>>,
     /// the ring we read
-    rx: Option<Arc<Pipe>>,
+    pub(super) rx: Option<Arc<Pipe>>,
 }
 
 impl Rings {

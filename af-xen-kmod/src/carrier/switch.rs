@@ -1369,10 +1369,9 @@ enum On {
 /// freeze can look, and the ring is named by its epoch.
 pub(crate) struct Switched {
     sw: Arc<Switch>,
-    /// the ring this call writes, as the socket held it
-    tx: Option<Arc<Pipe>>,
-    /// the ring this call reads
-    rx: Option<Arc<Pipe>>,
+    /// the rings this call writes and reads, as the socket held them (a
+    /// step moves on to the ring the switch came back to)
+    rings: ring::Rings,
     /// where the last send step stopped for want of room
     tx_wait: On,
     /// where the last receive step found nothing
@@ -1385,8 +1384,7 @@ impl Switched {
     pub(crate) fn new(sw: Arc<Switch>, tx: Option<Arc<Pipe>>, rx: Option<Arc<Pipe>>) -> Switched {
         Switched {
             sw,
-            tx,
-            rx,
+            rings: ring::Rings::new(tx, rx),
             tx_wait: On::Ring,
             rx_wait: On::Ring,
             nonblock: false,
@@ -1435,6 +1433,7 @@ impl Carrier for Switched {
             let (reset, newer) = {
                 let i = xs.inner.lock();
                 let stale = self
+                    .rings
                     .tx
                     .as_ref()
                     .map_or(true, |t| on_ring.epoch() != t.epoch);
@@ -1444,9 +1443,9 @@ impl Carrier for Switched {
                 return Sent::Reset;
             }
             if let Some(now) = newer {
-                self.tx = now;
+                self.rings.tx = now;
             }
-            let Some(tx) = self.tx.clone() else {
+            let Some(tx) = self.rings.tx.clone() else {
                 return Sent::Failed(e::ENOTCONN);
             };
             // the event-channel interrupt wakes us when the peer frees space
@@ -1484,7 +1483,7 @@ impl Carrier for Switched {
             }
             return r;
         }
-        match &self.tx {
+        match &self.rings.tx {
             // the switch leaving the ring ends the wait as well
             Some(tx) => ring::wait_for_space(xs, tx, timeo, || !sw.tx_on_ring()),
             None => Ok(()),
@@ -1496,7 +1495,7 @@ impl Carrier for Switched {
             // the ring first: the read holds the switch on this very ring
             // for the step, copied straight from the ring to the user's
             // iovecs
-            let step = match &self.rx {
+            let step = match &self.rings.rx {
                 Some(rx) => {
                     rx.set_owner(&xs.sk);
                     let sw = &self.sw;
@@ -1521,7 +1520,7 @@ impl Carrier for Switched {
                     }
                     // a ring the switch came back to: its interrupts wake
                     // us too (`set_owner` above)
-                    self.rx = now;
+                    self.rings.rx = now;
                 }
                 Read::Got(n) => return Received::Bytes { n, short: false },
                 Read::Empty { eof } => {
@@ -1545,7 +1544,7 @@ impl Carrier for Switched {
                 stop || rx_ready(xs, sw)
             });
         }
-        match &self.rx {
+        match &self.rings.rx {
             // the switch leaving the ring ends the wait as well
             Some(rx) => ring::wait_for_data(xs, rx, timeo, || !ring_read_ok(sw)),
             None => Ok(()),
@@ -1553,9 +1552,9 @@ impl Carrier for Switched {
     }
 
     fn readiness(&mut self, xs: &XenSock, lowat: usize) -> Readiness {
-        let rings = ring::Rings::new(self.tx.clone(), self.rx.clone());
         let (mut r, ring_bytes) =
-            rings.readiness_with(xs, |_, n| Ok(n as usize >= lowat), |free| free > 0);
+            self.rings
+                .readiness_with(xs, |_, n| Ok(n as usize >= lowat), |free| free > 0);
         // a direction on TCP
         if self.sw.is_active() {
             let (readable, read_hup, writable, write_hup) = poll_bits(xs, &self.sw);
@@ -1572,7 +1571,7 @@ impl Carrier for Switched {
     fn readable_bytes(&self, xs: &XenSock) -> usize {
         // bytes taken off TCP come first
         let on_tcp = tcp_readable(xs, &self.sw);
-        let on_ring = ring::Rings::new(None, self.rx.clone()).readable_bytes(xs);
+        let on_ring = self.rings.readable_bytes(xs);
         on_tcp + on_ring
     }
 
@@ -1587,11 +1586,11 @@ impl Carrier for Switched {
                 net::schedule();
             }
         }
-        ring::Rings::new(self.tx.clone(), self.rx.clone()).shutdown(xs, read, write);
+        self.rings.shutdown(xs, read, write);
     }
 
     fn reset(&mut self, xs: &XenSock) {
-        ring::Rings::new(self.tx.clone(), self.rx.clone()).reset(xs);
+        self.rings.reset(xs);
     }
 
     fn release(&mut self, xs: &XenSock, abort: bool) -> Option<Arc<Pipe>> {
@@ -1599,9 +1598,9 @@ impl Carrier for Switched {
         // waking it
         disown(&self.sw);
         // its TCP legs go once what it sent is out
-        closing(&self.sw, self.tx.as_ref());
+        closing(&self.sw, self.rings.tx.as_ref());
         crate::carrier::leg::connection_ended();
-        ring::Rings::new(self.tx.take(), self.rx.take()).release(xs, abort)
+        self.rings.release(xs, abort)
     }
 }
 
