@@ -176,3 +176,40 @@ fn the_daemon_refuses_a_socket_path_that_is_a_file() {
     assert!(err.contains("exists and is not a socket"), "{err}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
 }
+
+/// `xensock run`: the program runs with the library first in LD_PRELOAD;
+/// a missing library or program is a clear error, not a silent run.
+#[test]
+fn run_preloads_the_library_and_names_what_is_missing() {
+    let run = |lib: &str, prog: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_xensock"))
+            .arg("run")
+            .arg("--")
+            .args(prog)
+            .env("XENSOCK_PRELOAD_LIB", lib)
+            .env("LD_PRELOAD", "")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+    // any existing file stands for the library here (the loader refuses an
+    // empty one and runs the program anyway): the program sees it in
+    // LD_PRELOAD, and its exit status is the command's
+    let lib = std::env::temp_dir().join("xensock-run-test-lib.so");
+    std::fs::write(&lib, b"").unwrap();
+    let lib = lib.to_str().unwrap();
+    let (ok, out) = run(
+        lib,
+        &["/bin/sh", "-c", "printf %s \"$LD_PRELOAD\" >&2; false"],
+    );
+    assert!(!ok && out.contains(lib), "{out}");
+    let (ok, out) = run("/nonexistent/libxensock_preload.so", &["true"]);
+    assert!(
+        !ok && out.contains("XENSOCK_PRELOAD_LIB=/nonexistent"),
+        "{out}"
+    );
+    let (ok, out) = run(lib, &["/nonexistent-program"]);
+    assert!(!ok && out.contains("/nonexistent-program"), "{out}");
+}
