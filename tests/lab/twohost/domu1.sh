@@ -16,6 +16,9 @@ xensock-discover advertise --keep --addr "$LAB_NET_DOMU1" > /tmp/advertise.log 2
 PEER=$(xlbench xsread data/peer 60)
 log "domu2 is dom$PEER"
 for sp in $XS_STREAMS; do start_stream client "${sp%%:*}" "${sp%%:*}" "${sp#*:}" "$PEER"; done
+# the same checked stream over plain kernel TCP (netfront both ends): what
+# the platform does to TCP bytes across domu2's moves, in the same run
+start_stream client tcp kp 7621 "$LAB_NET_DOMU2"
 check ping-dom0b wait_until 180 ping -c 1 -W 2 "$LAB_NET_DOM0B"
 check cross-host-tcp-client xlbench tcp client "$LAB_NET_DOM0B" 7100 4 100 120
 check ping-domu2 wait_until 60 ping -c 1 -W 2 "$LAB_NET_DOMU2"
@@ -65,6 +68,7 @@ if [ "$(lab_wait live 300 && xenstore-read data/lab/live)" = yes ]; then
 fi
 wait_until 1500 xenstore-read data/lab-stop || log "dom0 never said stop"
 for sp in $XS_STREAMS; do stop_stream "${sp%%:*}"; done
+stop_stream kp
 sleep 2
 # everything sent must come back (TCP retransmits what the move delayed)
 wait_until 180 sh -c '[ "$(wc -l < /tmp/echo.ts)" -ge "$(wc -l < /tmp/sent)" ]'
@@ -73,5 +77,7 @@ log "stream: $SENT lines sent, $GOT echoed; sha256 sent $(sha256sum < /tmp/sent 
 check stream-intact sh -c 'test "$(wc -l < /tmp/sent)" -gt 0 && cut -d" " -f2- /tmp/echo.ts | cmp - /tmp/sent'
 metric stream.lines "$SENT" lines
 metric stream.max_gap_s "$(awk 'NR > 1 && $1 - p > m {m = $1 - p} {p = $1} END {printf "%.2f", m}' /tmp/echo.ts)" s
+# TCP's own count of segments that failed their checksum (InCsumErrors)
+awk '/^Tcp:/ {if (!n++) {split($0, h); next} for (i = 2; i <= NF; i++) printf "%s=%s ", h[i], $i; print ""}' /proc/net/snmp | sed 's/^/  [tcp] /'
 # the module's account of its switches (pr_info: not on the console at loglevel 4)
 dmesg | grep -E "af_xen|BUG|WARNING|Oops" | tail -n 40

@@ -12,15 +12,17 @@ set_peer_lost
 xensock-discover advertise --keep --addr "$LAB_NET_DOMU2" > /tmp/advertise.log 2>&1 &
 start_stream server kx kx 7601
 start_stream server kt kt 7611
+start_stream server tcp kp 7621
 i=0
 while [ -z "$(xenstore-read data/lab-done 2>/dev/null)" ] && [ $i -lt 1500 ]; do
   i=$((i + 1)); echo "tick $i domid=$(own_domid)"; sleep 1
 done
 NOW=$(own_domid)
 log "domid $START at start, $NOW now"
-stop_stream kx; stop_stream kt
+stop_stream kx; stop_stream kt; stop_stream kp
 sed "s/^/  [af_xen] /" /proc/net/af_xen
 check domid-changed test "$NOW" != "$START"
 check ping-domu1-after-moves wait_until 30 ping -c 1 -W 2 "$LAB_NET_DOMU1"
+awk '/^Tcp:/ {if (!n++) {split($0, h); next} for (i = 2; i <= NF; i++) printf "%s=%s ", h[i], $i; print ""}' /proc/net/snmp | sed 's/^/  [tcp] /'
 # the module's account of its switches (pr_info: not on the console at loglevel 4)
 dmesg | grep -E "af_xen|BUG|WARNING|Oops" | tail -n 40
