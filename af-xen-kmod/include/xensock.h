@@ -70,6 +70,30 @@ struct xensock_resolve {
 };
 #define XENSOCK_IOC_RESOLVE _IOWR('X', 0x10, struct xensock_resolve)
 
+/*
+ * XENSOCK_IOC_GRAFT: a TCP program's connection rides AF_XEN (what the
+ * preload library does for it). On a connected AF_XEN stream socket x,
+ * ioctl(x, XENSOCK_IOC_GRAFT, &g) with g.fd an unconnected TCP socket of
+ * the calling process (never connected or listening) and g.addr the
+ * sockaddr_in or sockaddr_in6 it was to connect to: x's connection moves
+ * into g.fd, which from then on is that AF_XEN connection (same
+ * descriptor, same file: epoll registrations, dups and forked copies
+ * follow), answers getsockname/getpeername with AF_INET/AF_INET6 names and
+ * accepts the TCP and IP options programs set. x is left holding the
+ * unused TCP sock: close it. Errors, with nothing changed: ENOTCONN (x is
+ * not a connected stream), EINVAL (addr, or g.fd is x or listening),
+ * EPROTONOSUPPORT (g.fd is not a TCP stream socket), EAFNOSUPPORT (its
+ * family is not addr's), EISCONN/EALREADY (g.fd is connected/connecting),
+ * EBADF/ENOTSOCK (g.fd). /sys/module/af_xen/parameters/tcp_redirect says
+ * whether the module has it.
+ */
+struct xensock_graft {
+	int32_t fd;
+	uint32_t addrlen;       /* of addr: 16 (AF_INET) or 28 (AF_INET6) */
+	uint8_t addr[28];
+};
+#define XENSOCK_IOC_GRAFT _IOW('X', 0x11, struct xensock_graft)
+
 /* The AF_XEN family number, or -1 if the module is not loaded (errno set). */
 static inline int xensock_family(void)
 {

@@ -5,7 +5,7 @@
  * whose arguments are kernel structs Rust cannot build from
  * kernel::bindings (sockaddr_in, msghdr/kvec) and the struct sock callbacks
  * (sk_callback_lock, sk_data_ready), which are opaque to Rust. Every
- * function is wrapped by src/sys_net.rs.
+ * function is wrapped by src/sys/net.rs.
  */
 #include <linux/module.h>
 #include <linux/net.h>
@@ -16,6 +16,8 @@
 #include <linux/platform_device.h>
 #include <linux/random.h>
 #include <linux/tcp.h>
+#include <linux/in6.h>
+#include <linux/uaccess.h>
 #include <linux/workqueue.h>
 #include <net/sock.h>
 #include <net/tcp.h>
@@ -605,4 +607,139 @@ void afx_pm_unregister(void)
 	platform_device_unregister(afx_pm_dev);
 	platform_driver_unregister(&afx_pm_driver);
 	afx_pm_dev = NULL;
+}
+
+/*
+ * tcp_redirect: this module takes connections of unmodified TCP programs
+ * over (XENSOCK_IOC_GRAFT, afx_graft_tcp below); the preload library
+ * redirects only where it reads 1 here.
+ */
+static bool tcp_redirect = true;
+module_param(tcp_redirect, bool, 0444);
+MODULE_PARM_DESC(tcp_redirect, "Take TCP connections to co-resident guests over for the preload library (XENSOCK_IOC_GRAFT; read-only)");
+
+/*
+ * Moves the connected AF_XEN sock of `ours` into the program's own TCP
+ * socket `fd` (an unconnected AF_INET/AF_INET6 stream socket of the calling
+ * process whose family is `family`), and that socket's TCP sock into
+ * `ours`, whose descriptor the caller then closes (tcp_close on a sock
+ * that never connected). The ops change in place, as IPV6_ADDRFORM
+ * changes a socket's: the program's descriptor, file and wait queue stay,
+ * so an epoll registration made before connect, a dup and a forked
+ * child's copy all see the AF_XEN sock from now on. Each socket holds a
+ * reference on the module of its ops; swapping the ops swaps which socket
+ * holds which, so the counts stay right.
+ *
+ * The TCP sock is locked across the check and the swap: a call that holds
+ * it (another thread's connect or bind on the same descriptor) finishes
+ * first and the check sees what it did. 0 or -errno: EBADF/ENOTSOCK (fd),
+ * EPROTONOSUPPORT (not a TCP stream socket), EAFNOSUPPORT (not `family`),
+ * EISCONN (connected), EALREADY (connecting), EINVAL (listening, or `fd`
+ * is `ours`).
+ */
+int afx_graft_tcp(struct socket *ours, int fd, int family)
+{
+	struct socket *prog;
+	struct sock *tsk, *xsk = ours->sk;
+	const struct proto_ops *tops;
+	int err = 0;
+
+	prog = sockfd_lookup(fd, &err);
+	if (!prog)
+		return err;
+	if (prog == ours || !prog->sk || !xsk) {
+		err = -EINVAL;
+		goto out;
+	}
+	tsk = prog->sk;
+	if ((tsk->sk_family != AF_INET && tsk->sk_family != AF_INET6) ||
+	    prog->type != SOCK_STREAM || tsk->sk_protocol != IPPROTO_TCP) {
+		err = -EPROTONOSUPPORT;
+		goto out;
+	}
+	if (tsk->sk_family != family) {
+		err = -EAFNOSUPPORT;
+		goto out;
+	}
+	lock_sock(tsk);
+	if (prog->state == SS_CONNECTED || tsk->sk_state == TCP_ESTABLISHED ||
+	    tsk->sk_state == TCP_CLOSE_WAIT)
+		err = -EISCONN;
+	else if (prog->state == SS_CONNECTING || tsk->sk_state == TCP_SYN_SENT)
+		err = -EALREADY;
+	else if (prog->state != SS_UNCONNECTED || tsk->sk_state != TCP_CLOSE)
+		err = -EINVAL;
+	if (err) {
+		release_sock(tsk);
+		goto out;
+	}
+	tops = prog->ops;
+	prog->sk = NULL;
+	ours->sk = NULL;
+	sock_graft(xsk, prog);
+	sock_graft(tsk, ours);
+	WRITE_ONCE(prog->ops, ours->ops);
+	WRITE_ONCE(ours->ops, tops);
+	prog->state = SS_CONNECTED;
+	ours->state = SS_UNCONNECTED;
+	release_sock(tsk);
+out:
+	sockfd_put(prog);
+	return err;
+}
+
+/*
+ * getsockopt of a taken-over connection (an AF_XEN sock under a TCP
+ * program's socket) at the TCP and IP levels: the options programs read
+ * routinely, with the values of what carries the bytes now: no Nagle
+ * delay (every write goes to the ring at once), a ring-sized segment,
+ * TCP_INFO of an established connection with no TCP statistics (there is
+ * no TCP on this path). -ENOPROTOOPT for anything else.
+ */
+int afx_inet_getsockopt(int level, int optname, char __user *optval, int __user *optlen)
+{
+	struct tcp_info info;
+	const void *p;
+	int len, v = 0;
+	size_t size = sizeof(v);
+
+	if (get_user(len, optlen))
+		return -EFAULT;
+	if (len < 0)
+		return -EINVAL;
+	p = &v;
+	switch (level) {
+	case SOL_TCP:
+		switch (optname) {
+		case TCP_NODELAY:
+			v = 1;
+			break;
+		case TCP_MAXSEG:
+			v = 65483;
+			break;
+		case TCP_INFO:
+			memset(&info, 0, sizeof(info));
+			info.tcpi_state = TCP_ESTABLISHED;
+			p = &info;
+			size = sizeof(info);
+			break;
+		default:
+			return -ENOPROTOOPT;
+		}
+		break;
+	case SOL_IP:
+		if (optname != IP_TOS)
+			return -ENOPROTOOPT;
+		break;
+	case SOL_IPV6:
+		if (optname != IPV6_V6ONLY)
+			return -ENOPROTOOPT;
+		break;
+	default:
+		return -ENOPROTOOPT;
+	}
+	len = min_t(int, len, size);
+	if (put_user(len, optlen) || copy_to_user(optval, p, len))
+		return -EFAULT;
+	return 0;
 }

@@ -32,6 +32,8 @@ int afx_tcp_leg_waits(struct socket *s);
 int afx_tcp_kick_retransmit(struct socket *s);
 int afx_tcp_send_nb(struct socket *s, const void *buf, size_t len, int more);
 int afx_tcp_recv_msg(struct socket *s, struct msghdr *user, size_t len);
+int afx_graft_tcp(struct socket *ours, int fd, int family);
+int afx_inet_getsockopt(int level, int optname, char __user *optval, int __user *optlen);
 int afx_tcp_send_msg_nb(struct socket *s, struct msghdr *user, size_t len, int more);
 int afx_tcp_readable(struct socket *s);
 void afx_tcp_leg_info(struct socket *s, int *out);

@@ -64,3 +64,122 @@ pub(crate) fn resolve_ioctl(me: u32, arg: usize) -> core::result::Result<(), c_i
     req[4..8].copy_from_slice(&domid.to_ne_bytes());
     w.write_slice(&req).map_err(|_| e::EFAULT)
 }
+
+/// `XENSOCK_IOC_GRAFT` (xensock.h): `_IOW('X', 0x11, struct
+/// xensock_graft)`.
+pub(crate) const IOC_GRAFT: u32 = 0x4024_5811;
+
+/// `struct xensock_graft`: `s32 fd`, `u32 addrlen`, `u8 addr[28]` (the
+/// sockaddr_in or sockaddr_in6 the program passed to connect).
+const GRAFT_LEN: usize = 36;
+const SOCKADDR_IN_LEN: usize = 16;
+const SOCKADDR_IN6_LEN: usize = 28;
+
+/// What the preload library asks for: the program's socket and its peer.
+pub(crate) struct GraftRequest {
+    pub(crate) fd: i32,
+    pub(crate) peer: InetNames,
+}
+
+impl GraftRequest {
+    /// Reads the request at `arg`. `EINVAL`: a sockaddr that is not a
+    /// whole sockaddr_in or sockaddr_in6 with a port.
+    pub(crate) fn read(arg: usize) -> core::result::Result<GraftRequest, c_int> {
+        let mut req = [0u8; GRAFT_LEN];
+        kernel::uaccess::UserSlice::new(arg, GRAFT_LEN)
+            .reader()
+            .read_slice(&mut req)
+            .map_err(|_| e::EFAULT)?;
+        let fd = i32::from_ne_bytes([req[0], req[1], req[2], req[3]]);
+        let len = u32::from_ne_bytes([req[4], req[5], req[6], req[7]]) as usize;
+        let addr = &req[8..];
+        let family = u16::from_ne_bytes([addr[0], addr[1]]);
+        let need = match family {
+            AF_INET => SOCKADDR_IN_LEN,
+            AF_INET6 => SOCKADDR_IN6_LEN,
+            _ => return Err(e::EINVAL),
+        };
+        if len < need || len > SOCKADDR_IN6_LEN || addr[2..4] == [0, 0] {
+            return Err(e::EINVAL);
+        }
+        let mut peer = [0u8; SOCKADDR_IN6_LEN];
+        peer[..need].copy_from_slice(&addr[..need]);
+        Ok(GraftRequest {
+            fd,
+            peer: InetNames {
+                family,
+                local: [0; SOCKADDR_IN6_LEN],
+                peer,
+            },
+        })
+    }
+}
+
+/// The AF_INET or AF_INET6 names a taken-over connection answers
+/// getsockname and getpeername with: the peer the program connected to,
+/// and this guest's address (the TCP leg's) with the AF_XEN port.
+#[derive(Clone, Copy)]
+pub(crate) struct InetNames {
+    family: u16,
+    local: [u8; SOCKADDR_IN6_LEN],
+    peer: [u8; SOCKADDR_IN6_LEN],
+}
+
+impl InetNames {
+    /// These names with the local one made of `ip` (none: unspecified)
+    /// and `port` (an AF_XEN port; 0 if it does not fit a TCP port).
+    pub(crate) fn with_local(mut self, ip: Option<[u8; 4]>, port: u32) -> InetNames {
+        let port = u16::try_from(port).unwrap_or(0).to_be_bytes();
+        let mut l = [0u8; SOCKADDR_IN6_LEN];
+        l[..2].copy_from_slice(&self.family.to_ne_bytes());
+        l[2..4].copy_from_slice(&port);
+        if let Some(ip) = ip {
+            if self.family == AF_INET {
+                l[4..8].copy_from_slice(&ip);
+            } else {
+                // an IPv4-mapped IPv6 address, as a dual-stack socket shows
+                l[18..20].copy_from_slice(&[0xff, 0xff]);
+                l[20..24].copy_from_slice(&ip);
+            }
+        }
+        self.local = l;
+        self
+    }
+    pub(crate) fn family(&self) -> u16 {
+        self.family
+    }
+    fn len(&self) -> usize {
+        if self.family == AF_INET {
+            SOCKADDR_IN_LEN
+        } else {
+            SOCKADDR_IN6_LEN
+        }
+    }
+    pub(crate) fn local(&self) -> &[u8] {
+        &self.local[..self.len()]
+    }
+    pub(crate) fn peer(&self) -> &[u8] {
+        &self.peer[..self.len()]
+    }
+    /// The peer as `address:port` (IPv6 as `[address]:port`).
+    pub(crate) fn peer_display(&self) -> PeerDisplay<'_> {
+        PeerDisplay(self)
+    }
+}
+
+pub(crate) struct PeerDisplay<'a>(&'a InetNames);
+
+impl core::fmt::Display for PeerDisplay<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let p = &self.0.peer;
+        let port = u16::from_be_bytes([p[2], p[3]]);
+        if self.0.family == AF_INET {
+            let ip = core::net::Ipv4Addr::new(p[4], p[5], p[6], p[7]);
+            write!(f, "{}:{}", ip, port)
+        } else {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&p[8..24]);
+            write!(f, "[{}]:{}", core::net::Ipv6Addr::from(a), port)
+        }
+    }
+}

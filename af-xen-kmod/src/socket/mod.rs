@@ -126,6 +126,10 @@ pub(crate) struct Inner {
     /// ring yet (it maps it when our ConnectAccept reaches it), so a close
     /// lends the ring until the peer's Close or Reset (link.rs, `Lent`)
     pub(crate) lends_rx: bool,
+    /// a TCP program's connection this socket took over (the preload
+    /// library, `XENSOCK_IOC_GRAFT`): the names it answers getsockname
+    /// and getpeername with
+    pub(crate) inet: Option<inet::InetNames>,
 }
 
 #[pin_data(PinnedDrop)]
@@ -168,6 +172,7 @@ impl XenSock {
                     connect_deadline_ms: 0,
                     peer_ended: false,
                     lends_rx: false,
+                    inet: None,
                 }, "af_xen_sock"),
             }),
             GFP_KERNEL,
@@ -275,7 +280,7 @@ pub(crate) struct XenFamily;
 
 impl sys::family::Family for XenFamily {
     type Sock = XenSock;
-    type Name = [u8; SOCKADDR_XEN_LEN];
+    type Name = SockName;
 
     fn create(
         sock: &Socket,
@@ -293,10 +298,7 @@ impl sys::family::Family for XenFamily {
     fn listen(s: ArcBorrow<'_, XenSock>, backlog: i32) -> c_int {
         xs_listen(s, backlog)
     }
-    fn getname(
-        s: ArcBorrow<'_, XenSock>,
-        peer: bool,
-    ) -> core::result::Result<[u8; SOCKADDR_XEN_LEN], i32> {
+    fn getname(s: ArcBorrow<'_, XenSock>, peer: bool) -> core::result::Result<SockName, i32> {
         xs_getname(s, peer)
     }
     fn connect(sock: &Socket, s: ArcBorrow<'_, XenSock>, addr: &[u8], flags: i32) -> c_int {
@@ -308,8 +310,8 @@ impl sys::family::Family for XenFamily {
     fn poll(s: Option<ArcBorrow<'_, XenSock>>) -> u32 {
         xs_poll(s)
     }
-    fn ioctl(s: Option<ArcBorrow<'_, XenSock>>, cmd: u32, arg: usize) -> c_int {
-        xs_ioctl(s, cmd, arg)
+    fn ioctl(sock: &Socket, s: Option<ArcBorrow<'_, XenSock>>, cmd: u32, arg: usize) -> c_int {
+        xs_ioctl(sock, s, cmd, arg)
     }
     fn shutdown(s: ArcBorrow<'_, XenSock>, how: i32) -> c_int {
         xs_shutdown(s, how)
@@ -327,6 +329,14 @@ impl sys::family::Family for XenFamily {
         value: &sys::family::SockoptValue,
     ) -> c_int {
         xs_setsockopt(s, level, optname, value)
+    }
+    fn getsockopt(
+        s: ArcBorrow<'_, XenSock>,
+        level: i32,
+        optname: i32,
+        out: &sys::family::SockoptOut,
+    ) -> c_int {
+        xs_getsockopt(s, level, optname, out)
     }
 }
 
@@ -585,11 +595,34 @@ fn current_addrs(i: &Inner) -> (Addr, Addr) {
     (local, peer)
 }
 
-fn xs_getname(
-    xs: ArcBorrow<'_, XenSock>,
-    peer: bool,
-) -> core::result::Result<[u8; SOCKADDR_XEN_LEN], i32> {
+/// A socket's name as getsockname/getpeername return it: a sockaddr_xen,
+/// or the sockaddr_in/sockaddr_in6 of a TCP program's connection.
+pub(crate) struct SockName {
+    buf: [u8; 28],
+    len: usize,
+}
+
+impl SockName {
+    fn of(b: &[u8]) -> SockName {
+        let mut buf = [0u8; 28];
+        let len = b.len().min(buf.len());
+        buf[..len].copy_from_slice(&b[..len]);
+        SockName { buf, len }
+    }
+}
+
+impl AsRef<[u8]> for SockName {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+fn xs_getname(xs: ArcBorrow<'_, XenSock>, peer: bool) -> core::result::Result<SockName, i32> {
     let i = xs.inner.lock();
+    if let Some(n) = &i.inet {
+        // the program's own view of its connection, to its end
+        return Ok(SockName::of(if peer { n.peer() } else { n.local() }));
+    }
     let (local_now, peer_now) = current_addrs(&i);
     let a = if peer {
         if i.state != State::Connected {
@@ -606,7 +639,7 @@ fn xs_getname(
         }
     };
     drop(i);
-    Ok(a.bytes())
+    Ok(SockName::of(&a.bytes()))
 }
 
 // ---- connect / accept --------------------------------------------------------
@@ -1250,11 +1283,20 @@ fn xs_poll(xs: Option<ArcBorrow<'_, XenSock>>) -> u32 {
 /// carrier still queues count. Both as TCP: `EINVAL` on a listener, 0 on a
 /// socket with no connection. Every other command goes on to the generic
 /// socket ioctls (`-ENOIOCTLCMD`), as AF_UNIX does.
-fn xs_ioctl(xs: Option<ArcBorrow<'_, XenSock>>, cmd: u32, arg: usize) -> c_int {
+fn xs_ioctl(sock: &Socket, xs: Option<ArcBorrow<'_, XenSock>>, cmd: u32, arg: usize) -> c_int {
     const SIOCINQ: u32 = 0x541B;
     const SIOCOUTQ: u32 = 0x5411;
     if cmd == inet::IOC_RESOLVE {
         return match inet::resolve_ioctl(globals().own_domid(), arg) {
+            Ok(()) => 0,
+            Err(x) => err(x),
+        };
+    }
+    if cmd == inet::IOC_GRAFT {
+        let Some(xs) = xs else {
+            return err(e::EINVAL);
+        };
+        return match graft(sock, &xs, arg) {
             Ok(()) => 0,
             Err(x) => err(x),
         };
@@ -1286,6 +1328,28 @@ fn xs_ioctl(xs: Option<ArcBorrow<'_, XenSock>>, cmd: u32, arg: usize) -> c_int {
         Ok(()) => 0,
         Err(_) => err(e::EFAULT),
     }
+}
+
+/// `XENSOCK_IOC_GRAFT`: this connected stream moves into the calling
+/// program's unconnected TCP socket (the preload library connected it to
+/// the twin of the TCP port the program asked for); see `afx_graft_tcp`.
+/// ENOTCONN: this socket is not a connected stream; EISCONN: it already
+/// carries a TCP program's connection.
+fn graft(sock: &Socket, xs: &XenSock, arg: usize) -> core::result::Result<(), i32> {
+    let req = inet::GraftRequest::read(arg)?;
+    {
+        let mut i = xs.inner.lock();
+        if i.state != State::Connected || i.seqpacket {
+            return Err(e::ENOTCONN);
+        }
+        if i.inet.is_some() {
+            return Err(e::EISCONN);
+        }
+        // set before the swap: the program may ask the moment it has it
+        i.inet = Some(req.peer.with_local(sys::net::local_ipv4(), i.local.port));
+    }
+    sock.graft_into_tcp(req.fd, req.peer.family())
+        .inspect_err(|_| xs.inner.lock().inet = None)
 }
 
 fn xs_shutdown(xs: ArcBorrow<'_, XenSock>, how: c_int) -> c_int {
@@ -1539,7 +1603,7 @@ fn xs_setsockopt(
     value: &sys::family::SockoptValue,
 ) -> c_int {
     if level != sys::family() {
-        return err(e::ENOPROTOOPT);
+        return inet_setsockopt(&xs, level, value);
     }
     match optname {
         XENSOCK_TEST_CORRUPT => {
@@ -1599,6 +1663,40 @@ fn xs_setsockopt(
             Err(x) => err(x),
         },
         _ => err(e::ENOPROTOOPT),
+    }
+}
+
+const SOL_IP: c_int = 0;
+const SOL_TCP: c_int = 6;
+const SOL_IPV6: c_int = 41;
+
+/// The TCP and IP options a TCP program sets on its connection
+/// (TCP_NODELAY, TCP_KEEPIDLE/INTVL/CNT, IP_TOS, ...) once it rides
+/// AF_XEN: accepted, with nothing to do (a ring delays no write, and the
+/// switch watches the peer itself); a value too short or unreadable fails
+/// as TCP's would.
+fn inet_setsockopt(xs: &XenSock, level: c_int, value: &sys::family::SockoptValue) -> c_int {
+    if xs.inner.lock().inet.is_none() || !matches!(level, SOL_IP | SOL_TCP | SOL_IPV6) {
+        return err(e::ENOPROTOOPT);
+    }
+    match value.int() {
+        Ok(_) => 0,
+        Err(x) => err(x),
+    }
+}
+
+fn xs_getsockopt(
+    xs: ArcBorrow<'_, XenSock>,
+    level: c_int,
+    optname: c_int,
+    out: &sys::family::SockoptOut,
+) -> c_int {
+    if xs.inner.lock().inet.is_none() {
+        return err(e::EOPNOTSUPP);
+    }
+    match out.inet(level, optname) {
+        Ok(()) => 0,
+        Err(x) => err(x),
     }
 }
 
@@ -1691,10 +1789,10 @@ pub(crate) fn tcp_show(seq: &mut sys::Seq) {
 /// /proc/net/af_xen: one line per socket.
 pub(crate) fn proc_show(seq: &mut sys::Seq) {
     use core::fmt::Write;
-    seq.write(b"state       local            peer             rx_size rx_fill tx_size tx_fill bytes_in bytes_out carrier    to_tcp to_ring\n");
+    seq.write(b"state       local            peer             rx_size rx_fill tx_size tx_fill bytes_in bytes_out carrier    to_tcp to_ring inet\n");
     let p = globals().ports.lock();
     for (_, xs) in p.all.iter() {
-        let (st, local, peer, bound, tx, rx, bin, bout, reset, sw) = {
+        let (st, local, peer, bound, tx, rx, bin, bout, reset, sw, names) = {
             let i = xs.inner.lock();
             let (local, peer) = current_addrs(&i);
             (
@@ -1708,6 +1806,7 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
                 i.bytes_out,
                 i.reset,
                 i.sw.clone(),
+                i.inet,
             )
         };
         let mut l = Line::new();
@@ -1762,11 +1861,16 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
                 )
             })
             .unwrap_or((0, 0));
-        let _ = writeln!(
+        let _ = write!(
             l,
-            "{:>7} {:>7} {:>7} {:>7} {:>8} {:>9} {:<10} {:>6} {:>7}",
+            "{:>7} {:>7} {:>7} {:>7} {:>8} {:>9} {:<10} {:>6} {:>7} ",
             rxs, rxf, txs, txf, bin, bout, carrier, to_tcp, to_ring
         );
+        // a TCP program's connection: the peer it asked for
+        let _ = match &names {
+            Some(n) => writeln!(l, "{}", n.peer_display()),
+            None => writeln!(l, "-"),
+        };
         seq.write(l.bytes());
     }
 }

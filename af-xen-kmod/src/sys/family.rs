@@ -44,7 +44,7 @@ pub(crate) trait Family: 'static {
     /// The readiness mask (the floor has registered the poll table).
     fn poll(s: Option<ArcBorrow<'_, Self::Sock>>) -> u32;
     /// `arg` is the caller's user-space pointer.
-    fn ioctl(s: Option<ArcBorrow<'_, Self::Sock>>, cmd: u32, arg: usize) -> c_int;
+    fn ioctl(sock: &Socket, s: Option<ArcBorrow<'_, Self::Sock>>, cmd: u32, arg: usize) -> c_int;
     fn shutdown(s: ArcBorrow<'_, Self::Sock>, how: i32) -> c_int;
     fn sendmsg(s: ArcBorrow<'_, Self::Sock>, msg: &mut Msg) -> c_int;
     fn recvmsg(s: ArcBorrow<'_, Self::Sock>, msg: &mut Msg, flags: i32) -> c_int;
@@ -53,6 +53,13 @@ pub(crate) trait Family: 'static {
         level: i32,
         optname: i32,
         value: &SockoptValue,
+    ) -> c_int;
+    /// Levels other than SOL_SOCKET (the socket layer answers that one).
+    fn getsockopt(
+        s: ArcBorrow<'_, Self::Sock>,
+        level: i32,
+        optname: i32,
+        out: &SockoptOut,
     ) -> c_int;
 }
 
@@ -80,6 +87,29 @@ impl SockoptValue {
             Err(-r)
         } else {
             Ok(v)
+        }
+    }
+}
+
+/// Where a `getsockopt` answer goes: the caller's optval and optlen.
+pub(crate) struct SockoptOut {
+    optval: *mut kernel::ffi::c_char,
+    optlen: *mut c_int,
+}
+
+impl SockoptOut {
+    /// The TCP and IP options of a TCP program's socket that an AF_XEN
+    /// sock carries now (`afx_inet_getsockopt`): 0 or the positive errno.
+    pub(crate) fn inet(&self, level: i32, optname: i32) -> core::result::Result<(), i32> {
+        // SAFETY: optval/optlen are the getsockopt() callback's user
+        // pointers; the helper reads and writes them with get_user,
+        // put_user and copy_to_user, within the length optlen gives.
+        let r =
+            unsafe { super::net::afx_inet_getsockopt(level, optname, self.optval, self.optlen) };
+        if r < 0 {
+            Err(-r)
+        } else {
+            Ok(())
         }
     }
 }
@@ -280,7 +310,7 @@ impl<F: Family> Callbacks<F> {
         // SAFETY: live socket for the duration of the callback.
         let socket = unsafe { Socket::from_raw(sock) };
         let sk = socket.sk();
-        F::ioctl(state_of::<F>(&sk), cmd, arg as usize)
+        F::ioctl(&socket, state_of::<F>(&sk), cmd, arg as usize)
     }
 
     unsafe extern "C" fn shutdown(sock: *mut bindings::socket, how: c_int) -> c_int {
@@ -326,6 +356,21 @@ impl<F: Family> Callbacks<F> {
             &SockoptValue { optval, optlen }
         ))
     }
+
+    unsafe extern "C" fn getsockopt(
+        sock: *mut bindings::socket,
+        level: c_int,
+        optname: c_int,
+        optval: *mut kernel::ffi::c_char,
+        optlen: *mut c_int,
+    ) -> c_int {
+        with_state!(F, sock, |s, _socket| F::getsockopt(
+            s,
+            level,
+            optname,
+            &SockoptOut { optval, optlen }
+        ))
+    }
 }
 
 /// A sockaddr the socket layer copied into kernel memory, as bytes.
@@ -358,6 +403,7 @@ pub(crate) fn build_ops<F: Family>(module: &'static ThisModule, family: i32) -> 
     o.sendmsg = Some(Callbacks::<F>::sendmsg);
     o.recvmsg = Some(Callbacks::<F>::recvmsg);
     o.setsockopt = Some(Callbacks::<F>::setsockopt);
+    o.getsockopt = Some(Callbacks::<F>::getsockopt);
     // sock_do_ioctl calls ops->ioctl without a NULL check: leaving it unset
     // oopses the kernel on any ioctl.
     o.ioctl = Some(Callbacks::<F>::ioctl);

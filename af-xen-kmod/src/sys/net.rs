@@ -56,6 +56,13 @@ extern "C" {
     fn afx_tcp_nospace_armed() -> kernel::ffi::c_long;
     fn afx_tcp_set_owner(s: *mut bindings::socket, owner: *mut bindings::sock, flags: c_int);
     fn afx_tcp_writable(s: *mut bindings::socket) -> c_int;
+    fn afx_graft_tcp(ours: *mut bindings::socket, fd: c_int, family: c_int) -> c_int;
+    pub(super) fn afx_inet_getsockopt(
+        level: c_int,
+        optname: c_int,
+        optval: *mut kernel::ffi::c_char,
+        optlen: *mut c_int,
+    ) -> c_int;
     fn afx_pm_register() -> c_int;
     fn afx_pm_unregister();
 }
@@ -147,6 +154,19 @@ pub(crate) fn flush() {
 
 /// A kernel TCP socket (init_net), released on drop. Its `sk_data_ready`
 /// and `sk_state_change` schedule the TCP work item.
+impl super::Socket {
+    /// Moves this socket's connected AF_XEN sock into the calling
+    /// process's unconnected TCP socket `fd` of `family`, and that socket's
+    /// TCP sock into this one (see `afx_graft_tcp`). Err: the positive
+    /// errno, nothing changed.
+    pub(crate) fn graft_into_tcp(&self, fd: i32, family: u16) -> core::result::Result<(), i32> {
+        // SAFETY: self.0 is the live socket of the ioctl being served; the
+        // helper looks `fd` up in the caller's table and holds a reference
+        // on it while it swaps under the TCP sock's lock.
+        to_result(unsafe { afx_graft_tcp(self.0, fd, c_int::from(family)) }).map(|_| ())
+    }
+}
+
 pub(crate) struct TcpSock(*mut bindings::socket);
 
 // SAFETY: a kernel socket may be used from any thread; the socket layer

@@ -40,7 +40,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
 #include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
@@ -805,6 +808,15 @@ static void xserver_more(int l)
 		}
 		result("x-accept-close-server", ok == XACCEPT_CLOSE_N, "accepted, wrote and closed %d of %d", ok, XACCEPT_CLOSE_N);
 	}
+	/* 11: the client's connection that a TCP socket takes over: echo
+	 * until EOF */
+	a = accept_one(l, 120);
+	result("x-accept-graft", a >= 0, NULL);
+	if (a >= 0) {
+		echo_until_end(&a, 1, st, 120);
+		result("x-graft-echo-eof", st[0] == 0, "end=%s", st[0] > 0 ? strerrorname_np(st[0]) : st[0] ? "timeout" : "EOF");
+		close(a);
+	}
 	/* the client's connect with a bogus grant in its ring directory (before
 	 * step 9's): our map of its data pages failed (the glue logs "map of
 	 * ring page N ... failed"; with xenbus_map_ring_valloc, as before rings
@@ -895,6 +907,130 @@ static void test_xserver(uint64_t mib)
 	xserver_more(l);
 	close(l);
 	system("cat /proc/net/af_xen");
+}
+
+/* 11: what the preload library does for a TCP program: its TCP socket,
+ * watched by an epoll set before any connect, takes over an AF_XEN
+ * connection (XENSOCK_IOC_GRAFT) and is that connection from then on,
+ * under the AF_INET names the program asked for. The errors first: each
+ * leaves everything as it was. */
+#define GRAFT_IP "10.0.0.99"
+static void xgraft_client(uint32_t peer)
+{
+	struct sockaddr_xen x = xaddr(peer, XPORT);
+	struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons(XPORT) };
+	struct xensock_graft g = { .addrlen = sizeof(to) };
+	struct epoll_event ev = { .events = EPOLLIN }, out;
+	char buf[64];
+	int t, xs, ep, r, n;
+
+	inet_pton(AF_INET, GRAFT_IP, &to.sin_addr);
+	memcpy(g.addr, &to, sizeof(to));
+	t = socket(AF_INET, SOCK_STREAM, 0);
+	ep = epoll_create1(0);
+	ev.data.fd = t;
+	EXPECT_OK("x-graft-epoll-add", epoll_ctl(ep, EPOLL_CTL_ADD, t, &ev));
+	xs = xsock();
+	g.fd = t;
+	EXPECT_ERR("x-graft-unconnected", ioctl(xs, XENSOCK_IOC_GRAFT, &g), ENOTCONN);
+	r = connect(xs, (struct sockaddr *)&x, sizeof(x));
+	result("x-graft-connect", r == 0, "errno=%s", r ? strerrorname_np(errno) : "0");
+	if (r) {
+		close(xs);
+		close(t);
+		close(ep);
+		return;
+	}
+	g.fd = xs;
+	EXPECT_ERR("x-graft-self", ioctl(xs, XENSOCK_IOC_GRAFT, &g), EINVAL);
+	g.fd = ep;
+	EXPECT_ERR("x-graft-not-socket", ioctl(xs, XENSOCK_IOC_GRAFT, &g), ENOTSOCK);
+	g.fd = 1000000;
+	EXPECT_ERR("x-graft-bad-fd", ioctl(xs, XENSOCK_IOC_GRAFT, &g), EBADF);
+	{
+		int u = socket(AF_INET, SOCK_DGRAM, 0), six = socket(AF_INET6, SOCK_STREAM, 0);
+		int lt = socket(AF_INET, SOCK_STREAM, 0);
+
+		g.fd = u;
+		EXPECT_ERR("x-graft-udp", ioctl(xs, XENSOCK_IOC_GRAFT, &g), EPROTONOSUPPORT);
+		g.fd = six;
+		EXPECT_ERR("x-graft-other-family", ioctl(xs, XENSOCK_IOC_GRAFT, &g), EAFNOSUPPORT);
+		g.fd = lt;
+		listen(lt, 1);
+		EXPECT_ERR("x-graft-listening", ioctl(xs, XENSOCK_IOC_GRAFT, &g), EINVAL);
+		close(u);
+		close(six);
+		close(lt);
+	}
+	g.fd = t;
+	g.addrlen = 8;
+	EXPECT_ERR("x-graft-short-addr", ioctl(xs, XENSOCK_IOC_GRAFT, &g), EINVAL);
+	g.addrlen = sizeof(to);
+	EXPECT_OK("x-graft", ioctl(xs, XENSOCK_IOC_GRAFT, &g));
+	close(xs);
+	{
+		int t2 = socket(AF_INET, SOCK_STREAM, 0);
+
+		g.fd = t2;
+		EXPECT_ERR("x-graft-twice", ioctl(t, XENSOCK_IOC_GRAFT, &g), EISCONN);
+		close(t2);
+	}
+	{
+		struct sockaddr_in6 y;
+		struct sockaddr_in *y4 = (struct sockaddr_in *)&y;
+		socklen_t len = sizeof(y);
+		char ip[64] = "?";
+
+		r = getpeername(t, (struct sockaddr *)&y, &len);
+		inet_ntop(AF_INET, &y4->sin_addr, ip, sizeof(ip));
+		result("x-graft-getpeername", r == 0 && len == sizeof(to) && !memcmp(&y, &to, sizeof(to)), "r=%d len=%u family=%u %s:%u", r,
+		       len, y4->sin_family, ip, ntohs(y4->sin_port));
+		len = sizeof(y);
+		r = getsockname(t, (struct sockaddr *)&y, &len);
+		result("x-graft-getsockname", r == 0 && len == sizeof(to) && y4->sin_family == AF_INET && ntohs(y4->sin_port) >= 49152,
+		       "r=%d len=%u family=%u port=%u", r, len, y4->sin_family, ntohs(y4->sin_port));
+	}
+	{
+		int one = 1, idle = 30, type = 0;
+		struct tcp_info ti;
+		socklen_t len = sizeof(ti);
+
+		EXPECT_OK("x-graft-nodelay", setsockopt(t, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)));
+		EXPECT_OK("x-graft-keepalive", setsockopt(t, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one)));
+		EXPECT_OK("x-graft-keepidle", setsockopt(t, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle)));
+		EXPECT_ERR("x-graft-opt-short", setsockopt(t, IPPROTO_TCP, TCP_NODELAY, &one, 1), EINVAL);
+		memset(&ti, 0xff, sizeof(ti));
+		r = getsockopt(t, IPPROTO_TCP, TCP_INFO, &ti, &len);
+		result("x-graft-tcp-info", r == 0 && ti.tcpi_state == TCP_ESTABLISHED, "r=%d state=%u", r, ti.tcpi_state);
+		len = sizeof(type);
+		r = getsockopt(t, SOL_SOCKET, SO_TYPE, &type, &len);
+		result("x-graft-so-type", r == 0 && type == SOCK_STREAM, "r=%d type=%d", r, type);
+	}
+	result("x-graft-send", send(t, "graft", 5, 0) == 5, "errno=%s", strerrorname_np(errno) ?: "0");
+	n = epoll_wait(ep, &out, 1, 10000);
+	result("x-graft-epoll", n == 1 && out.data.fd == t && (out.events & EPOLLIN), "n=%d events=%#x", n, n == 1 ? out.events : 0);
+	n = recv(t, buf, sizeof(buf), 0);
+	result("x-graft-echo", n == 5 && !memcmp(buf, "graft", 5), "n=%d", n);
+	{
+		/* a dup and a forked child's copy are the same connection */
+		int d = dup(t), status = 0;
+		pid_t pid = fork();
+
+		if (pid == 0)
+			_exit(send(d, "child", 5, 0) == 5 ? 0 : 1);
+		waitpid(pid, &status, 0);
+		n = recv(t, buf, 5, MSG_WAITALL);
+		result("x-graft-fork-dup", WIFEXITED(status) && WEXITSTATUS(status) == 0 && n == 5 && !memcmp(buf, "child", 5), "n=%d status=%#x",
+		       n, status);
+		close(d);
+	}
+	n = system("grep -q ' " GRAFT_IP ":7000$' /proc/net/af_xen");
+	result("x-graft-proc", n == 0, "/proc/net/af_xen %s the program's peer " GRAFT_IP ":7000", n ? "lacks" : "shows");
+	EXPECT_OK("x-graft-shutdown", shutdown(t, SHUT_WR));
+	n = recv(t, buf, sizeof(buf), 0);
+	result("x-graft-eof", n == 0, "n=%d errno=%s", n, n < 0 ? strerrorname_np(errno) : "0");
+	close(t);
+	close(ep);
 }
 
 static void test_xclient(uint32_t peer, uint64_t mib)
@@ -1287,6 +1423,8 @@ static void test_xclient(uint32_t peer, uint64_t mib)
 		result("x-accept-close", good == XACCEPT_CLOSE_N, "%d of %d read the data then EOF, %d ECONNREFUSED, %d other%s", good,
 		       XACCEPT_CLOSE_N, refused, other, detail);
 	}
+	/* 11 */
+	xgraft_client(peer);
 	/* nobody listens there */
 	c = xsock();
 	x = xaddr(peer, 7999);
