@@ -90,6 +90,32 @@ afx_module() {
   cp "$afx/af-xen-kmod/af_xen.ko" "$1/af_xen.ko"
 }
 
+# lab_socat OUT: Debian's socat (a generic client nobody here wrote) in
+# OUT/bin, and the libraries it needs beyond the guests' glibc in OUT/lib:
+# unpacked from the .debs (cached), not installed
+lab_socat() {
+  local sr="$CACHE/socat-debs/root"
+  if [[ ! -x $sr/usr/bin/socat ]]; then
+    mkdir -p "$CACHE/socat-debs"
+    (cd "$CACHE/socat-debs" && apt-get download socat libwrap0 && for d in ./*.deb; do dpkg -x "$d" root; done)
+  fi
+  mkdir -p "$1/bin" "$1/lib"
+  cp "$sr/usr/bin/socat" "$1/bin/socat"
+  LD_LIBRARY_PATH="$sr/usr/lib/x86_64-linux-gnu" ldd "$sr/usr/bin/socat" \
+    | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | grep -v -e '/libc\.so' -e '/ld-linux' \
+    | xargs -r cp -L -t "$1/lib"
+}
+
+# lab_preload OUT: libxensock_preload.so in OUT/lib, built against the
+# host's glibc (the guests run the host's, copied with their binaries),
+# with the libgcc_s a Rust cdylib needs
+lab_preload() {
+  ( cd "$REPO_DIR" && cargo build --release -p xensock-preload ) || return 1
+  mkdir -p "$1/lib"
+  cp "${CARGO_TARGET_DIR:-$REPO_DIR/target}/release/libxensock_preload.so" "$1/lib/"
+  cp -L /lib/x86_64-linux-gnu/libgcc_s.so.1 "$1/lib/"
+}
+
 # Make variables for building the kernel and out-of-tree modules.
 kmake_vars() {
   printf '%s\n' LLVM=1 "RUSTC=$RUSTC" "HOSTRUSTC=$RUSTC" RUSTDOC=/usr/bin/rustdoc \

@@ -19,13 +19,14 @@ pub mod policy;
 mod sys;
 
 use std::io::Write;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use policy::{ConfigError, Policy};
+use sys::{Connect, XenSocket};
 
 /// Where `af_xen.ko` publishes its family number when it is loaded.
 const FAMILY_PARAM: &str = "/sys/module/af_xen/parameters/family";
@@ -34,6 +35,12 @@ const TCP_REDIRECT_PARAM: &str = "/sys/module/af_xen/parameters/tcp_redirect";
 /// The config file read when `XENSOCK_PRELOAD_CONFIG` names none.
 const DEFAULT_CONFIG: &str = "/etc/xensock/preload.conf";
 
+/// How long a redirected connect waits for the co-resident guest's
+/// answer before the connection goes to TCP instead: a live guest answers
+/// within a link round trip (microseconds; the link's setup, the first
+/// time, milliseconds); one that does not is saved, paused or dying.
+const CONNECT_WAIT: Duration = Duration::from_secs(2);
+
 /// What the kernel offers this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kernel {
@@ -41,18 +48,22 @@ enum Kernel {
     NoModule,
     /// `af_xen.ko` without the TCP take-over.
     NoRedirect,
-    /// `af_xen.ko` that can take over TCP sockets.
-    Redirect,
+    /// `af_xen.ko` that can take over TCP sockets: its family number.
+    Redirect(i32),
 }
 
 impl Kernel {
     fn probe() -> Kernel {
-        if !Path::new(FAMILY_PARAM).exists() {
-            Kernel::NoModule
-        } else if !Path::new(TCP_REDIRECT_PARAM).exists() {
-            Kernel::NoRedirect
-        } else {
-            Kernel::Redirect
+        let family = std::fs::read_to_string(FAMILY_PARAM)
+            .ok()
+            .and_then(|v| v.trim().parse::<i32>().ok());
+        let redirect = std::fs::read_to_string(TCP_REDIRECT_PARAM)
+            .map(|v| matches!(v.trim(), "Y" | "1"))
+            .unwrap_or(false);
+        match (family, redirect) {
+            (None, _) => Kernel::NoModule,
+            (Some(_), false) => Kernel::NoRedirect,
+            (Some(f), true) => Kernel::Redirect(f),
         }
     }
 
@@ -61,9 +72,66 @@ impl Kernel {
         match self {
             Kernel::NoModule => Some("af_xen.ko is not loaded"),
             Kernel::NoRedirect => Some("this af_xen.ko cannot take over TCP sockets"),
-            Kernel::Redirect => None,
+            Kernel::Redirect(_) => None,
         }
     }
+}
+
+/// Why a connection the policy allows stays on TCP after all.
+#[derive(Debug)]
+enum Fallback {
+    /// No co-resident guest has the address (the common case: a peer on
+    /// another host, or a guest that does not run xensock).
+    NotCoResident(IpAddr),
+    /// The guest does not listen on the AF_XEN twin of the port.
+    NotListening { domid: u32, port: u16 },
+    /// The guest did not answer within [`CONNECT_WAIT`].
+    NoAnswer { domid: u32 },
+    /// A step failed: which, and the error.
+    Step(&'static str, std::io::Error),
+}
+
+impl std::fmt::Display for Fallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fallback::NotCoResident(ip) => write!(f, "no co-resident guest has {ip}"),
+            Fallback::NotListening { domid, port } => {
+                write!(f, "dom{domid} does not listen on AF_XEN port {port}")
+            }
+            Fallback::NoAnswer { domid } => write!(
+                f,
+                "dom{domid} did not answer within {} ms",
+                CONNECT_WAIT.as_millis()
+            ),
+            Fallback::Step(step, e) => write!(f, "{step}: {e}"),
+        }
+    }
+}
+
+/// Connects the program's TCP socket `fd` to `peer` over AF_XEN: the
+/// guest that has the address, the AF_XEN port of the same number; then
+/// the module moves that connection into `fd`. Ok: the guest's domid.
+/// Nothing of the program's socket changes unless it succeeds.
+fn redirect(family: i32, fd: RawFd, peer: SocketAddr) -> Result<u32, Fallback> {
+    let x = XenSocket::open(family).map_err(|e| Fallback::Step("AF_XEN socket", e))?;
+    let domid = x.resolve(peer.ip()).map_err(|e| match e.raw_os_error() {
+        Some(libc::EHOSTUNREACH) => Fallback::NotCoResident(peer.ip()),
+        _ => Fallback::Step("resolve", e),
+    })?;
+    x.set_connect_timeout(CONNECT_WAIT)
+        .map_err(|e| Fallback::Step("SO_SNDTIMEO", e))?;
+    x.connect(family, domid, u32::from(peer.port()))
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ECONNREFUSED) => Fallback::NotListening {
+                domid,
+                port: peer.port(),
+            },
+            Some(libc::EINPROGRESS | libc::ETIMEDOUT) => Fallback::NoAnswer { domid },
+            _ => Fallback::Step("AF_XEN connect", e),
+        })?;
+    x.graft_into(fd, peer)
+        .map_err(|e| Fallback::Step("take-over", e))?;
+    Ok(domid)
 }
 
 /// Where decisions are logged.
@@ -147,18 +215,26 @@ impl State {
         }
     }
 
-    /// Logs what becomes of one connect or listen: the policy's refusal,
-    /// or why the kernel cannot take it (once per process).
-    fn decide(&self, what: std::fmt::Arguments<'_>, allowed: Result<(), policy::Refusal>) {
-        match (allowed, self.kernel.refusal()) {
-            (Err(r), _) => self.log.line(format_args!("{what}: stays on TCP: {r}")),
-            (Ok(()), Some(why)) => {
+    /// Whether one connect or listen may be taken over: the policy's
+    /// refusal, or why the kernel cannot take it (once per process), is
+    /// logged; Some(family) if it may.
+    fn allowed(
+        &self,
+        what: std::fmt::Arguments<'_>,
+        allowed: Result<(), policy::Refusal>,
+    ) -> Option<i32> {
+        match (allowed, self.kernel) {
+            (Err(r), _) => {
+                self.log.line(format_args!("{what}: stays on TCP: {r}"));
+                None
+            }
+            (Ok(()), Kernel::Redirect(family)) => Some(family),
+            (Ok(()), k) => {
+                let why = k.refusal().unwrap_or("");
                 self.tell_once(why);
                 self.log.line(format_args!("{what}: stays on TCP: {why}"));
+                None
             }
-            (Ok(()), None) => self.log.line(format_args!(
-                "{what}: stays on TCP: the take-over is not built into this library yet"
-            )),
         }
     }
 }
@@ -174,13 +250,30 @@ impl Preload {
 }
 
 impl sys::Hooks for Preload {
-    fn connect(&self, fd: RawFd, peer: SocketAddr) {
+    fn connect(&self, fd: RawFd, peer: SocketAddr) -> Connect {
         let s = self.state();
         let allowed = match &s.policy {
             Ok(p) => p.allows_connect(peer),
-            Err(_) => return,
+            Err(_) => return Connect::Tcp,
         };
-        s.decide(format_args!("connect fd {fd} to {peer}"), allowed);
+        let Some(family) = s.allowed(format_args!("connect fd {fd} to {peer}"), allowed) else {
+            return Connect::Tcp;
+        };
+        match redirect(family, fd, peer) {
+            Ok(domid) => {
+                s.log.line(format_args!(
+                    "connect fd {fd} to {peer}: AF_XEN to dom{domid} port {}",
+                    peer.port()
+                ));
+                Connect::Done
+            }
+            Err(why) => {
+                s.log.line(format_args!(
+                    "connect fd {fd} to {peer}: stays on TCP: {why}"
+                ));
+                Connect::Tcp
+            }
+        }
     }
 
     fn listen(&self, fd: RawFd, local: Option<SocketAddr>) {
@@ -190,7 +283,15 @@ impl sys::Hooks for Preload {
             Ok(p) => p.allows_listen(local.port()),
             Err(_) => return,
         };
-        s.decide(format_args!("listen fd {fd} on {local}"), allowed);
+        if s.allowed(format_args!("listen fd {fd} on {local}"), allowed)
+            .is_some()
+        {
+            // the dual listener (co-resident clients over AF_XEN on the
+            // same descriptor) is the module's to give, and it has none yet
+            s.log.line(format_args!(
+                "listen fd {fd} on {local}: TCP clients only: a listener that also takes AF_XEN clients is not built yet"
+            ));
+        }
     }
 }
 

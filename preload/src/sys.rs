@@ -8,18 +8,29 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::RawFd;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use libc::{c_int, c_void, sockaddr, socklen_t};
 
-/// What the layer above does at the calls this library sees. The call
-/// itself then goes to libc, unchanged.
+/// What becomes of a program's connect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Connect {
+    /// The program's call goes to libc (TCP), unchanged.
+    Tcp,
+    /// The socket is connected already (it took over an AF_XEN
+    /// connection): the program's call returns 0.
+    Done,
+}
+
+/// What the layer above does at the calls this library sees. Unless a
+/// hook says otherwise, the call itself then goes to libc, unchanged.
 pub trait Hooks: Sync {
     /// A TCP socket `fd` is about to connect to `peer`.
-    fn connect(&self, fd: RawFd, peer: SocketAddr);
+    fn connect(&self, fd: RawFd, peer: SocketAddr) -> Connect;
     /// A TCP socket `fd` is about to listen, bound to `local` if it is.
     fn listen(&self, fd: RawFd, local: Option<SocketAddr>);
 }
@@ -62,18 +73,27 @@ fn set_errno(e: c_int) {
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     if let Some(hooks) = HOOKS.get() {
         if let Some(peer) = read_inet(addr as *const c_void, len) {
-            if is_tcp(fd) {
-                hooks.connect(fd, peer);
+            if is_tcp(fd) && hooks.connect(fd, peer) == Connect::Done {
+                return 0;
             }
         }
     }
+    // SAFETY: the caller's arguments, unchanged (this function's contract).
+    unsafe { real_connect(fd, addr, len) }
+}
+
+/// libc's `connect`.
+///
+/// # Safety
+/// As libc's `connect`.
+unsafe fn real_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     match real(&REAL_CONNECT, c"connect") {
         0 => {
             set_errno(libc::ENOSYS);
             -1
         }
         // SAFETY: the address dlsym gave for "connect" is libc's connect,
-        // whose type this is; the caller's arguments go on unchanged.
+        // whose type this is; the arguments are the caller's (its contract).
         f => unsafe { std::mem::transmute::<usize, ConnectFn>(f)(fd, addr, len) },
     }
 }
@@ -93,6 +113,162 @@ pub extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         }
         // SAFETY: libc's listen, whose type this is; arguments unchanged.
         f => unsafe { std::mem::transmute::<usize, ListenFn>(f)(fd, backlog) },
+    }
+}
+
+/// `struct xensock_resolve` (af-xen-kmod/include/xensock.h).
+#[repr(C)]
+struct Resolve {
+    family: u16,
+    zero: u16,
+    domid: u32,
+    addr: [u8; 16],
+}
+
+/// `struct xensock_graft`.
+#[repr(C)]
+struct Graft {
+    fd: i32,
+    addrlen: u32,
+    addr: [u8; 28],
+}
+
+/// `struct sockaddr_xen`.
+#[repr(C)]
+struct SockaddrXen {
+    family: u16,
+    flags: u16,
+    port: u32,
+    domid: u32,
+    zero: u32,
+}
+
+/// `XENSOCK_IOC_RESOLVE`, `_IOWR('X', 0x10, struct xensock_resolve)`.
+const IOC_RESOLVE: libc::c_ulong = 0xC018_5810;
+/// `XENSOCK_IOC_GRAFT`, `_IOW('X', 0x11, struct xensock_graft)`.
+const IOC_GRAFT: libc::c_ulong = 0x4024_5811;
+
+fn check(r: c_int) -> io::Result<c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// An AF_XEN stream socket of this library's own: it asks the module
+/// which guest has an address, connects to that guest, and hands the
+/// connection to the program's TCP socket.
+pub struct XenSocket(OwnedFd);
+
+impl XenSocket {
+    /// A new AF_XEN stream socket (close-on-exec: a program's exec must
+    /// not inherit it), of the module's `family`.
+    pub fn open(family: c_int) -> io::Result<XenSocket> {
+        // SAFETY: socket() takes no pointers.
+        let fd = check(unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
+        // SAFETY: `fd` was just returned by socket(); nothing else owns it.
+        Ok(XenSocket(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// The co-resident guest that has `ip` (EHOSTUNREACH: none).
+    pub fn resolve(&self, ip: IpAddr) -> io::Result<u32> {
+        let mut r = Resolve {
+            family: 0,
+            zero: 0,
+            domid: 0,
+            addr: [0; 16],
+        };
+        match ip.to_canonical() {
+            IpAddr::V4(a) => {
+                r.family = libc::AF_INET as u16;
+                r.addr[..4].copy_from_slice(&a.octets());
+            }
+            IpAddr::V6(a) => {
+                r.family = libc::AF_INET6 as u16;
+                r.addr = a.octets();
+            }
+        }
+        // SAFETY: the request is a live `struct xensock_resolve`, which the
+        // module reads and writes back whole.
+        check(unsafe { libc::ioctl(self.0.as_raw_fd(), IOC_RESOLVE, &mut r as *mut Resolve) })?;
+        Ok(r.domid)
+    }
+
+    /// A blocking connect waits at most `d` (EINPROGRESS after that).
+    pub fn set_connect_timeout(&self, d: Duration) -> io::Result<()> {
+        let tv = libc::timeval {
+            tv_sec: d.as_secs() as libc::time_t,
+            tv_usec: d.subsec_micros() as libc::suseconds_t,
+        };
+        // SAFETY: `tv` is a live timeval of the size given.
+        check(unsafe {
+            libc::setsockopt(
+                self.0.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDTIMEO,
+                &tv as *const libc::timeval as *const c_void,
+                std::mem::size_of::<libc::timeval>() as socklen_t,
+            )
+        })
+        .map(|_| ())
+    }
+
+    /// Connects to AF_XEN port `port` of guest `domid` (libc's connect,
+    /// not this library's).
+    pub fn connect(&self, family: c_int, domid: u32, port: u32) -> io::Result<()> {
+        let a = SockaddrXen {
+            family: family as u16,
+            flags: 0,
+            port,
+            domid,
+            zero: 0,
+        };
+        // SAFETY: `a` is a live sockaddr_xen of the size given.
+        check(unsafe {
+            real_connect(
+                self.0.as_raw_fd(),
+                &a as *const SockaddrXen as *const sockaddr,
+                std::mem::size_of::<SockaddrXen>() as socklen_t,
+            )
+        })
+        .map(|_| ())
+    }
+
+    /// Moves this socket's connection into the program's TCP socket `fd`,
+    /// which then answers as connected to `peer` (XENSOCK_IOC_GRAFT). This
+    /// socket is left with the unused TCP sock, closed when it drops.
+    pub fn graft_into(&self, fd: RawFd, peer: SocketAddr) -> io::Result<()> {
+        let (addr, addrlen) = encode_inet(peer);
+        let g = Graft {
+            fd,
+            addrlen: addrlen as u32,
+            addr,
+        };
+        // SAFETY: `g` is a live `struct xensock_graft`, which the module
+        // only reads.
+        check(unsafe { libc::ioctl(self.0.as_raw_fd(), IOC_GRAFT, &g as *const Graft) }).map(|_| ())
+    }
+}
+
+/// The `struct sockaddr_in`/`sockaddr_in6` bytes of `a`, and their length.
+fn encode_inet(a: SocketAddr) -> ([u8; 28], usize) {
+    let mut b = [0u8; 28];
+    match a {
+        SocketAddr::V4(v4) => {
+            b[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+            b[2..4].copy_from_slice(&v4.port().to_be_bytes());
+            b[4..8].copy_from_slice(&v4.ip().octets());
+            (b, std::mem::size_of::<libc::sockaddr_in>())
+        }
+        SocketAddr::V6(v6) => {
+            b[..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+            b[2..4].copy_from_slice(&v6.port().to_be_bytes());
+            b[4..8].copy_from_slice(&v6.flowinfo().to_be_bytes());
+            b[8..24].copy_from_slice(&v6.ip().octets());
+            b[24..28].copy_from_slice(&v6.scope_id().to_ne_bytes());
+            (b, std::mem::size_of::<libc::sockaddr_in6>())
+        }
     }
 }
 
@@ -235,6 +411,15 @@ mod tests {
             Some(a)
         );
         assert_eq!(read_inet(p, 4), None, "too short for its family");
+        let (bytes, n) = encode_inet(a);
+        assert_eq!(
+            decode_inet(&bytes[..n]),
+            Some(a),
+            "encode is decode's inverse"
+        );
+        let a6: SocketAddr = "[fd00::7]:443".parse().unwrap();
+        let (bytes, n) = encode_inet(a6);
+        assert_eq!((decode_inet(&bytes[..n]), n), (Some(a6), 28));
         assert_eq!(read_inet(std::ptr::null(), 16), None);
         assert_eq!(
             read_inet(8 as *const c_void, 16),

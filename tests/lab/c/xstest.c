@@ -1006,6 +1006,7 @@ static void xgraft_client(uint32_t peer)
 		r = getsockopt(t, SOL_SOCKET, SO_TYPE, &type, &len);
 		result("x-graft-so-type", r == 0 && type == SOCK_STREAM, "r=%d type=%d", r, type);
 	}
+	errno = 0;
 	result("x-graft-send", send(t, "graft", 5, 0) == 5, "errno=%s", strerrorname_np(errno) ?: "0");
 	n = epoll_wait(ep, &out, 1, 10000);
 	result("x-graft-epoll", n == 1 && out.data.fd == t && (out.events & EPOLLIN), "n=%d events=%#x", n, n == 1 ? out.events : 0);

@@ -72,6 +72,28 @@ listener_check() {
   fi
   # the domid dom0 gave, so a resolve failure does not hide the listener's fate
   check "listener-survives-$1" xsstream ping "$2" "$ECHO_PORT" "after-$1-from-domu2"
+  preload_check "$1" "$2"
+}
+
+# preload_check MOVE DOMID: Debian's socat, an unmodified TCP program run
+# unprivileged under the preload library, connects to domu1's IP address
+# and the echo listener's port: the library finds domu1 (DOMID) through
+# the module, connects over AF_XEN and hands the connection to socat's TCP
+# socket; the echo must come back whole and the decision log say so
+preload_check() {
+  # (the unprivileged program appends to it)
+  : > /tmp/preload.log; chmod 0666 /tmp/preload.log
+  _want="preload-$1-$(date +%s)"
+  _got=$(echo "$_want" | runas "$UT_UID" env LD_PRELOAD=/opt/xensock/lib/libxensock_preload.so \
+    XENSOCK_PRELOAD_LOG=/tmp/preload.log socat -t 5 - "TCP:$LAB_NET_DOMU1:$ECHO_PORT" 2>&1)
+  _rc=$?
+  sed "s/^/  [preload] /" /tmp/preload.log 2>/dev/null
+  if [ "$_rc" = 0 ] && [ "$_got" = "$_want" ] &&
+     grep -q "AF_XEN to dom$2 port $ECHO_PORT" /tmp/preload.log 2>/dev/null; then
+    result "preload-$1" PASS "socat over AF_XEN to dom$2"
+  else
+    result "preload-$1" FAIL "socat exit $_rc, echo '$_got' (sent '$_want'); decision: $(tail -n 1 /tmp/preload.log 2>/dev/null)"
+  fi
 }
 
 # ---- setup and teardown --------------------------------------------------------

@@ -40,7 +40,7 @@ for _m in $MIG_MOVES; do
   [[ $_stays == 0 && $MIG_STACK == userspace && ${MIG_HOOK:-1} == 1 ]] && EXPECT+=(domu1:$_m-suspend-releases)
   [[ $_m == bothsave && $MIG_STACK == userspace && ${MIG_HOOK:-1} == 1 ]] && EXPECT+=(domu2:$_m-suspend-releases)
   # the one listener domu1 made before the first move (common.sh)
-  [[ $MIG_STACK == kmod ]] && EXPECT+=(domu2:resolve-$_m domu2:listener-survives-$_m)
+  [[ $MIG_STACK == kmod ]] && EXPECT+=(domu2:resolve-$_m domu2:listener-survives-$_m domu2:preload-$_m)
   [[ $MIG_STACK == kmod && $_stays == 0 ]] && EXPECT+=(domu1:$_m-proc-own-domid domu2:$_m-proc-own-domid)
   for _s in $(mig_streams); do
     for _g in domu1 domu2; do
@@ -88,6 +88,8 @@ scenario_build() {
   local src=${AFX_TREE:-$REPO_DIR} rsrc=${RUST_TREE:-$REPO_DIR}
   if [[ $MIG_STACK == kmod ]]; then
     afx_module "$out" || return 1
+    # TCP programs redirected by the preload library (common.sh, preload_check)
+    lab_socat "$out" && lab_preload "$out" || return 1
   fi
   gcc -O2 -Wall -static -I "$src/af-xen-kmod/include" -o "$out/bin/xsstream" "$REPO_DIR/tests/lab/c/xsstream.c"
   gcc -O2 -Wall -static -o "$out/bin/runas" "$REPO_DIR/tests/lab/c/runas.c"
