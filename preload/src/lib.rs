@@ -87,6 +87,9 @@ enum Fallback {
     NotListening { domid: u32, port: u16 },
     /// The guest did not answer within [`CONNECT_WAIT`].
     NoAnswer { domid: u32 },
+    /// Another AF_XEN listener has the port (a second listener on one TCP
+    /// port, as with SO_REUSEPORT: only the first serves AF_XEN clients).
+    PortTaken(u16),
     /// A step failed: which, and the error.
     Step(&'static str, std::io::Error),
 }
@@ -103,9 +106,32 @@ impl std::fmt::Display for Fallback {
                 "dom{domid} did not answer within {} ms",
                 CONNECT_WAIT.as_millis()
             ),
+            Fallback::PortTaken(port) => {
+                write!(f, "another listener has AF_XEN port {port}")
+            }
             Fallback::Step(step, e) => write!(f, "{step}: {e}"),
         }
     }
+}
+
+/// Makes the program's listening TCP socket `fd` (bound to `local`) a dual
+/// listener: an AF_XEN listener on the port of the same number, which the
+/// module moves into `fd` with the TCP listener inside it. Nothing of the
+/// program's socket changes unless it succeeds.
+fn dual_listener(
+    family: i32,
+    fd: RawFd,
+    local: SocketAddr,
+    backlog: libc::c_int,
+) -> Result<(), Fallback> {
+    let x = XenSocket::open(family).map_err(|e| Fallback::Step("AF_XEN socket", e))?;
+    x.listen_on(family, u32::from(local.port()), backlog)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EADDRINUSE) => Fallback::PortTaken(local.port()),
+            _ => Fallback::Step("AF_XEN listen", e),
+        })?;
+    x.graft_into(fd, local)
+        .map_err(|e| Fallback::Step("take-over", e))
 }
 
 /// Connects the program's TCP socket `fd` to `peer` over AF_XEN: the
@@ -276,21 +302,24 @@ impl sys::Hooks for Preload {
         }
     }
 
-    fn listen(&self, fd: RawFd, local: Option<SocketAddr>) {
+    fn listening(&self, fd: RawFd, local: Option<SocketAddr>, backlog: libc::c_int) {
         let s = self.state();
         let Some(local) = local else { return };
         let allowed = match &s.policy {
-            Ok(p) => p.allows_listen(local.port()),
+            Ok(p) => p.allows_listen(local),
             Err(_) => return,
         };
-        if s.allowed(format_args!("listen fd {fd} on {local}"), allowed)
-            .is_some()
-        {
-            // the dual listener (co-resident clients over AF_XEN on the
-            // same descriptor) is the module's to give, and it has none yet
-            s.log.line(format_args!(
-                "listen fd {fd} on {local}: TCP clients only: a listener that also takes AF_XEN clients is not built yet"
-            ));
+        let Some(family) = s.allowed(format_args!("listen fd {fd} on {local}"), allowed) else {
+            return;
+        };
+        match dual_listener(family, fd, local, backlog) {
+            Ok(()) => s.log.line(format_args!(
+                "listen fd {fd} on {local}: TCP clients and co-resident guests' over AF_XEN port {}",
+                local.port()
+            )),
+            Err(why) => s.log.line(format_args!(
+                "listen fd {fd} on {local}: TCP clients only: {why}"
+            )),
         }
     }
 }

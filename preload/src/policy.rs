@@ -178,9 +178,14 @@ impl Policy {
         Ok(())
     }
 
-    /// Whether a listener on `port` may also serve co-resident guests.
-    pub fn allows_listen(&self, port: u16) -> Result<(), Refusal> {
-        self.allows_port(port)
+    /// Whether a listener bound to `local` may also serve co-resident
+    /// guests (one bound to loopback never can; the unspecified address
+    /// listens on every address, so it may).
+    pub fn allows_listen(&self, local: SocketAddr) -> Result<(), Refusal> {
+        if local.ip().to_canonical().is_loopback() {
+            return Err(Refusal::NotAGuest);
+        }
+        self.allows_port(local.port())
     }
 
     fn allows_port(&self, port: u16) -> Result<(), Refusal> {
@@ -306,9 +311,16 @@ mod tests {
             Err(Refusal::NotAGuest)
         );
         assert_eq!(p.allows_connect(sa("[::1]:6379")), Err(Refusal::NotAGuest));
-        assert_eq!(p.allows_listen(6379), Ok(()));
+        assert_eq!(p.allows_listen(([0, 0, 0, 0], 6379).into()), Ok(()));
+        assert_eq!(
+            p.allows_listen(([127, 0, 0, 1], 6379).into()),
+            Err(Refusal::NotAGuest)
+        );
         let p = Policy::load(None, |k| (k == "exclude_ports").then(|| "22".into())).unwrap();
-        assert_eq!(p.allows_listen(22), Err(Refusal::PortExcluded));
+        assert_eq!(
+            p.allows_listen(([10, 0, 0, 11], 22).into()),
+            Err(Refusal::PortExcluded)
+        );
         let p = Policy::load(None, |k| (k == "addrs").then(|| "10.0.0.0/24".into())).unwrap();
         assert_eq!(
             p.allows_connect(sa("10.0.1.5:80")),

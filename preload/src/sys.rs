@@ -31,8 +31,9 @@ pub enum Connect {
 pub trait Hooks: Sync {
     /// A TCP socket `fd` is about to connect to `peer`.
     fn connect(&self, fd: RawFd, peer: SocketAddr) -> Connect;
-    /// A TCP socket `fd` is about to listen, bound to `local` if it is.
-    fn listen(&self, fd: RawFd, local: Option<SocketAddr>);
+    /// A TCP socket `fd` listens now (with `backlog`), bound to `local`
+    /// if it is.
+    fn listening(&self, fd: RawFd, local: Option<SocketAddr>, backlog: c_int);
 }
 
 static HOOKS: OnceLock<&'static dyn Hooks> = OnceLock::new();
@@ -98,22 +99,23 @@ unsafe fn real_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_in
     }
 }
 
-/// `listen(2)`, seen by the hooks first.
+/// `listen(2)`; the hooks see a socket that listens now.
 #[no_mangle]
 pub extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
-    if let Some(hooks) = HOOKS.get() {
-        if is_tcp(fd) {
-            hooks.listen(fd, local_addr(fd));
+    // SAFETY: the caller's arguments, unchanged (no pointers).
+    let r = unsafe { real_listen(fd, backlog) };
+    if r == 0 {
+        if let Some(hooks) = HOOKS.get() {
+            if is_tcp(fd) {
+                // the program's errno is its listen's (0), whatever the hook did
+                // SAFETY: __errno_location returns this thread's errno.
+                let saved = unsafe { *libc::__errno_location() };
+                hooks.listening(fd, local_addr(fd), backlog);
+                set_errno(saved);
+            }
         }
     }
-    match real(&REAL_LISTEN, c"listen") {
-        0 => {
-            set_errno(libc::ENOSYS);
-            -1
-        }
-        // SAFETY: libc's listen, whose type this is; arguments unchanged.
-        f => unsafe { std::mem::transmute::<usize, ListenFn>(f)(fd, backlog) },
-    }
+    r
 }
 
 /// `struct xensock_resolve` (af-xen-kmod/include/xensock.h).
@@ -235,9 +237,35 @@ impl XenSocket {
         .map(|_| ())
     }
 
+    /// Binds to AF_XEN port `port` (any domain's: this guest's) and
+    /// listens with `backlog`.
+    pub fn listen_on(&self, family: c_int, port: u32, backlog: c_int) -> io::Result<()> {
+        let a = SockaddrXen {
+            family: family as u16,
+            flags: 0,
+            port,
+            domid: u32::MAX,
+            zero: 0,
+        };
+        // SAFETY: `a` is a live sockaddr_xen of the size given.
+        check(unsafe {
+            libc::bind(
+                self.0.as_raw_fd(),
+                &a as *const SockaddrXen as *const sockaddr,
+                std::mem::size_of::<SockaddrXen>() as socklen_t,
+            )
+        })?;
+        // SAFETY: listen takes no pointers (libc's, not this library's hook:
+        // the socket is AF_XEN, which the hook would pass over anyway).
+        check(unsafe { real_listen(self.0.as_raw_fd(), backlog) }).map(|_| ())
+    }
+
     /// Moves this socket's connection into the program's TCP socket `fd`,
     /// which then answers as connected to `peer` (XENSOCK_IOC_GRAFT). This
-    /// socket is left with the unused TCP sock, closed when it drops.
+    /// socket is left with the unused TCP sock, closed when it drops. On a
+    /// listening socket, with `fd` a listening one and `peer` its own
+    /// address: `fd` becomes this AF_XEN listener holding its TCP listener
+    /// (the dual listener), and this socket is left with nothing.
     pub fn graft_into(&self, fd: RawFd, peer: SocketAddr) -> io::Result<()> {
         let (addr, addrlen) = encode_inet(peer);
         let g = Graft {
@@ -248,6 +276,21 @@ impl XenSocket {
         // SAFETY: `g` is a live `struct xensock_graft`, which the module
         // only reads.
         check(unsafe { libc::ioctl(self.0.as_raw_fd(), IOC_GRAFT, &g as *const Graft) }).map(|_| ())
+    }
+}
+
+/// libc's `listen`.
+///
+/// # Safety
+/// As libc's `listen` (no pointers).
+unsafe fn real_listen(fd: c_int, backlog: c_int) -> c_int {
+    match real(&REAL_LISTEN, c"listen") {
+        0 => {
+            set_errno(libc::ENOSYS);
+            -1
+        }
+        // SAFETY: libc's listen, whose type this is.
+        f => unsafe { std::mem::transmute::<usize, ListenFn>(f)(fd, backlog) },
     }
 }
 
@@ -272,31 +315,65 @@ fn encode_inet(a: SocketAddr) -> ([u8; 28], usize) {
     }
 }
 
-/// The AF_INET/AF_INET6 address at `addr` (`len` bytes), read with
-/// `process_vm_readv` on ourselves so that a bad pointer is a failed read
-/// here (and EFAULT from the real call), not a crash in this library.
+/// The AF_INET/AF_INET6 address at `addr` (`len` bytes), read so that a
+/// bad pointer is a failed read here (and EFAULT from the real call), not
+/// a crash in this library.
 fn read_inet(addr: *const c_void, len: socklen_t) -> Option<SocketAddr> {
     let mut buf = [0u8; std::mem::size_of::<libc::sockaddr_in6>()];
     let n = (len as usize).min(buf.len());
     if addr.is_null() || n < std::mem::size_of::<libc::sa_family_t>() {
         return None;
     }
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr() as *mut c_void,
-        iov_len: n,
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut c_void,
-        iov_len: n,
-    };
-    // SAFETY: `local` describes `buf`, ours for the call; `remote` is only
-    // read, by the kernel, which fails the call (EFAULT) instead of
-    // faulting if it is not readable.
-    let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    if got != n as isize {
+    if !read_own_memory(addr, &mut buf[..n]) {
         return None;
     }
     decode_inet(&buf[..n])
+}
+
+/// Kernels without CONFIG_CROSS_MEMORY_ATTACH have no process_vm_readv
+/// (ENOSYS): remembered, and the pipe is used from then on.
+static NO_VM_READV: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Copies `out.len()` bytes at `addr` of this process into `out`; false if
+/// they are not all readable. `process_vm_readv` on ourselves, or where
+/// the kernel lacks it, a write of them into a pipe and a read back: the
+/// kernel reports an unreadable source as EFAULT instead of faulting.
+fn read_own_memory(addr: *const c_void, out: &mut [u8]) -> bool {
+    let n = out.len();
+    if !NO_VM_READV.load(Ordering::Relaxed) {
+        let local = libc::iovec {
+            iov_base: out.as_mut_ptr() as *mut c_void,
+            iov_len: n,
+        };
+        let remote = libc::iovec {
+            iov_base: addr as *mut c_void,
+            iov_len: n,
+        };
+        // SAFETY: `local` describes `out`, ours for the call; `remote` is
+        // only read, by the kernel, which fails the call (EFAULT) instead
+        // of faulting if it is not readable.
+        let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        if got >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS) {
+            return got == n as isize;
+        }
+        NO_VM_READV.store(true, Ordering::Relaxed);
+    }
+    let mut fds = [0 as c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`, ours.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return false;
+    }
+    // SAFETY: both descriptors were just made by pipe2 and are ours alone.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: the kernel reads `n` bytes at `addr` (EFAULT if it cannot);
+    // a pipe takes far more than a sockaddr without blocking.
+    let put = unsafe { libc::write(w.as_raw_fd(), addr, n) };
+    if put != n as isize {
+        return false;
+    }
+    // SAFETY: `out` is ours and `n` bytes long.
+    let got = unsafe { libc::read(r.as_raw_fd(), out.as_mut_ptr() as *mut c_void, n) };
+    got == n as isize
 }
 
 /// An AF_INET/AF_INET6 `struct sockaddr` from its bytes.
@@ -426,5 +503,13 @@ mod tests {
             None,
             "unreadable: no crash"
         );
+        // the way kernels without process_vm_readv get
+        NO_VM_READV.store(true, Ordering::Relaxed);
+        assert_eq!(
+            read_inet(p, std::mem::size_of_val(&sin) as socklen_t),
+            Some(a)
+        );
+        assert_eq!(read_inet(8 as *const c_void, 16), None, "pipe: no crash");
+        NO_VM_READV.store(false, Ordering::Relaxed);
     }
 }

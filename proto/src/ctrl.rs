@@ -263,6 +263,15 @@ impl TcpEndpoint {
         addr: [0; 16],
         port: 0,
     };
+
+    /// The IPv4 address, if the endpoint has one (IPv4-mapped).
+    pub fn ipv4(&self) -> Option<[u8; 4]> {
+        let a = &self.addr;
+        if a[..10].iter().any(|b| *b != 0) || a[10..12] != [0xff, 0xff] {
+            return None;
+        }
+        Some([a[12], a[13], a[14], a[15]])
+    }
 }
 
 /// Socket type requested at connect.
@@ -975,6 +984,16 @@ pub fn cookie_matches(want: u64, got: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_endpoint_has_an_ipv4_address_only_when_ipv4_mapped() {
+        let mut e = TcpEndpoint::NONE;
+        assert_eq!(e.ipv4(), None, "all zero: no TCP fallback");
+        e.addr[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 0, 12]);
+        assert_eq!(e.ipv4(), Some([10, 0, 0, 12]));
+        e.addr[0] = 0xfd;
+        assert_eq!(e.ipv4(), None, "an IPv6 address");
+    }
 
     #[test]
     fn a_connect_request_is_admitted_only_by_a_listener_of_its_type_with_room() {

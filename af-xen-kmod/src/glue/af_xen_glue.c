@@ -154,6 +154,18 @@ struct sock *afx_sk_alloc(struct net *net, struct socket *sock, int kern, void *
 }
 
 void *afx_sk_priv(struct sock *sk) { return ((struct afx_sock *)sk)->priv; }
+/*
+ * Whether a sock is one of ours. A callback can be reached with another's:
+ * accept(2) asks the listener's ops for the name of the socket it just
+ * accepted (do_accept: ops->getname(newsock)), and a dual listener's
+ * accept may have made that socket a TCP connection (afx_listener_accept).
+ */
+int afx_sk_is_ours(struct sock *sk) { return sk->sk_prot == &afx_proto; }
+/* getname of a socket whose sock is not ours, by the ops it has now */
+int afx_foreign_getname(struct socket *sock, struct sockaddr *addr, int peer)
+{
+	return READ_ONCE(sock->ops)->getname(sock, addr, peer);
+}
 void afx_sk_set_priv(struct sock *sk, void *priv) { ((struct afx_sock *)sk)->priv = priv; }
 
 void afx_sk_release(struct socket *sock)

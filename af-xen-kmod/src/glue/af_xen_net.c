@@ -743,3 +743,162 @@ int afx_inet_getsockopt(int level, int optname, char __user *optval, int __user 
 		return -EFAULT;
 	return 0;
 }
+
+/*
+ * The dual listener: a TCP program's listening socket becomes an AF_XEN
+ * listener (co-resident clients, over AF_XEN) that holds the program's
+ * TCP listener inside it (everyone else), so one descriptor serves both.
+ *
+ * The held TCP listener's new connections wake the AF_XEN listener's
+ * waiters: its sk_data_ready chains to TCP's own and wakes the owner named
+ * in sk_user_data, which is set and cleared under sk_callback_lock (as a
+ * leg's owner) and marked SK_USER_DATA_NOCOPY, so the connections cloned
+ * from the listener do not inherit it. They do inherit the callback
+ * itself: afx_listener_accept gives them TCP's back before the program
+ * sees them.
+ */
+static void (*orig_listen_data_ready)(struct sock *sk);
+
+static void afx_listener_data_ready(struct sock *sk)
+{
+	struct sock *owner;
+
+	orig_listen_data_ready(sk);
+	read_lock_bh(&sk->sk_callback_lock);
+	owner = (struct sock *)((unsigned long)sk->sk_user_data & SK_USER_DATA_PTRMASK);
+	if (owner && sk->sk_state == TCP_LISTEN)
+		afx_wake(owner, EPOLLIN | EPOLLRDNORM);
+	read_unlock_bh(&sk->sk_callback_lock);
+}
+
+/*
+ * Moves the program's listening TCP socket `fd` (of `family`, of the
+ * calling process) into a kernel socket of our own (*held), and the sock
+ * and ops of `ours`, a listening AF_XEN socket, into the program's socket;
+ * `owner` (ours' sock) is woken by the TCP listener's new connections.
+ * `ours` is left without a sock (its close releases nothing). The module
+ * references move with the ops: *held keeps the one the program's socket
+ * held on TCP's module, the program's socket takes one on ours.
+ * 0 or -errno, nothing changed: EBADF/ENOTSOCK, EPROTONOSUPPORT (not a
+ * TCP stream socket), EAFNOSUPPORT (not `family`), EINVAL (not
+ * listening), EBUSY (its sk_user_data is taken), ENOMEM.
+ */
+int afx_graft_listener(struct socket *ours, int fd, int family, struct socket **held)
+{
+	struct socket *prog, *inner = NULL;
+	struct sock *tsk, *xsk = ours->sk;
+	int err = 0;
+
+	prog = sockfd_lookup(fd, &err);
+	if (!prog)
+		return err;
+	if (prog == ours || !prog->sk || !xsk) {
+		err = -EINVAL;
+		goto out;
+	}
+	tsk = prog->sk;
+	if ((tsk->sk_family != AF_INET && tsk->sk_family != AF_INET6) ||
+	    prog->type != SOCK_STREAM || tsk->sk_protocol != IPPROTO_TCP) {
+		err = -EPROTONOSUPPORT;
+		goto out;
+	}
+	if (tsk->sk_family != family) {
+		err = -EAFNOSUPPORT;
+		goto out;
+	}
+	err = sock_create_lite(tsk->sk_family, SOCK_STREAM, IPPROTO_TCP, &inner);
+	if (err)
+		goto out;
+	lock_sock(tsk);
+	/* (a listener whose sk_user_data someone else uses: BPF, a ULP) */
+	if (tsk->sk_state != TCP_LISTEN || tsk->sk_user_data) {
+		err = tsk->sk_state != TCP_LISTEN ? -EINVAL : -EBUSY;
+		release_sock(tsk);
+		sock_release(inner);
+		goto out;
+	}
+	prog->sk = NULL;
+	ours->sk = NULL;
+	inner->ops = prog->ops;
+	inner->state = prog->state;
+	sock_graft(tsk, inner);
+	__module_get(ours->ops->owner);
+	sock_graft(xsk, prog);
+	WRITE_ONCE(prog->ops, ours->ops);
+	write_lock_bh(&tsk->sk_callback_lock);
+	if (!orig_listen_data_ready)
+		orig_listen_data_ready = tsk->sk_data_ready;
+	tsk->sk_data_ready = afx_listener_data_ready;
+	tsk->sk_user_data = (void *)((unsigned long)xsk | SK_USER_DATA_NOCOPY);
+	write_unlock_bh(&tsk->sk_callback_lock);
+	release_sock(tsk);
+	*held = inner;
+out:
+	sockfd_put(prog);
+	return err;
+}
+
+/*
+ * A connection the held TCP listener has ready, made the socket
+ * `newsock` that accept(2) made for the AF_XEN listener: TCP's own ops and
+ * sock from now on, nothing of ours on its path. -EAGAIN: none ready.
+ * `newsock` came with a reference on our module (the listener's ops); it
+ * takes one on TCP's instead.
+ */
+int afx_listener_accept(struct socket *held, struct socket *newsock)
+{
+	struct socket *child;
+	struct sock *csk;
+	struct module *ours = newsock->ops->owner;
+	int err;
+
+	err = kernel_accept(held, &child, O_NONBLOCK);
+	if (err)
+		return err;
+	csk = child->sk;
+	lock_sock(csk);
+	write_lock_bh(&csk->sk_callback_lock);
+	if (csk->sk_data_ready == afx_listener_data_ready)
+		csk->sk_data_ready = orig_listen_data_ready;
+	write_unlock_bh(&csk->sk_callback_lock);
+	child->sk = NULL;
+	__module_get(child->ops->owner);
+	WRITE_ONCE(newsock->ops, child->ops);
+	sock_graft(csk, newsock);
+	newsock->state = SS_CONNECTED;
+	release_sock(csk);
+	/* the program's listening socket holds our module across this call */
+	module_put(ours);
+	sock_release(child);
+	return 0;
+}
+
+/* Whether the held TCP listener has a connection to accept (lockless, as inet_csk_listen_poll). */
+int afx_listener_ready(struct socket *held)
+{
+	return !reqsk_queue_empty(&inet_csk(held->sk)->icsk_accept_queue);
+}
+
+/* The held TCP listener's own name (getsockname), or -errno. */
+int afx_listener_getname(struct socket *held, struct sockaddr *addr)
+{
+	return held->ops->getname(held, addr, 0);
+}
+
+/* A TCP- or IP-level option set on the dual listener goes to its TCP listener. */
+int afx_listener_setsockopt(struct socket *held, int level, int optname, sockptr_t optval, unsigned int optlen)
+{
+	return held->ops->setsockopt(held, level, optname, optval, optlen);
+}
+
+/* The AF_XEN listener closes: the TCP listener's callbacks are TCP's again, then it goes. */
+void afx_listener_release(struct socket *held)
+{
+	struct sock *sk = held->sk;
+
+	write_lock_bh(&sk->sk_callback_lock);
+	sk->sk_user_data = NULL;
+	sk->sk_data_ready = orig_listen_data_ready;
+	write_unlock_bh(&sk->sk_callback_lock);
+	sock_release(held);
+}

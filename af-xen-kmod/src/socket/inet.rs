@@ -145,6 +145,28 @@ impl InetNames {
         self.local = l;
         self
     }
+    /// A dual listener's names: its TCP listener's own (`local`, a
+    /// sockaddr_in or sockaddr_in6).
+    pub(crate) fn listening(family: u16, local: &[u8]) -> InetNames {
+        let mut l = [0u8; SOCKADDR_IN6_LEN];
+        let n = local.len().min(l.len());
+        l[..n].copy_from_slice(&local[..n]);
+        InetNames {
+            family,
+            local: l,
+            peer: [0; SOCKADDR_IN6_LEN],
+        }
+    }
+    /// The names of a connection this dual listener accepted from a
+    /// co-resident client: the listener's local name, and the client's
+    /// guest address (none: unspecified) with its port.
+    pub(crate) fn accepted(&self, ip: Option<[u8; 4]>, port: u32) -> InetNames {
+        let mut n = *self;
+        let p = Self::listening(self.family, &[]).with_local(ip, port);
+        // with_local built the peer's name in the local slot
+        n.peer = p.local;
+        n
+    }
     pub(crate) fn family(&self) -> u16 {
         self.family
     }

@@ -130,6 +130,10 @@ pub(crate) struct Inner {
     /// library, `XENSOCK_IOC_GRAFT`): the names it answers getsockname
     /// and getpeername with
     pub(crate) inet: Option<inet::InetNames>,
+    /// a listener that took a TCP program's listener over (the dual
+    /// listener): that TCP listener, whose connections its accept hands
+    /// out too
+    pub(crate) tcp_listener: Option<Arc<sys::net::HeldListener>>,
 }
 
 #[pin_data(PinnedDrop)]
@@ -173,6 +177,7 @@ impl XenSock {
                     peer_ended: false,
                     lends_rx: false,
                     inet: None,
+                    tcp_listener: None,
                 }, "af_xen_sock"),
             }),
             GFP_KERNEL,
@@ -392,7 +397,7 @@ fn xs_create(
 
 /// Forgets a socket everywhere (port table, listing) and tears it down.
 fn destroy(xs: &Arc<XenSock>) {
-    let (children, mut stream, link, conn_id, peer_conn, was, reset, end_sent, lends_rx) = {
+    let (children, mut stream, link, conn_id, peer_conn, was, reset, end_sent, lends_rx, held) = {
         let mut i = xs.inner.lock();
         i.released = true;
         let was = i.state;
@@ -408,8 +413,12 @@ fn destroy(xs: &Arc<XenSock>) {
             i.reset,
             end_sent,
             i.lends_rx,
+            i.tcp_listener.take(),
         )
     };
+    // a dual listener's TCP listener closes with it (its pending
+    // connections are refused, as any listener's)
+    drop(held);
     // SO_LINGER with l_linger 0: abortive close, the peer sees
     // ECONNRESET (unread data is dropped), as TCP's RST.
     let abort = was == State::Connected && !reset && xs.sk.linger_abort();
@@ -1175,29 +1184,59 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
 }
 
 fn xs_accept(xs: ArcBorrow<'_, XenSock>, newsock: &Socket, flags: i32) -> c_int {
-    if xs.inner.lock().state != State::Listening {
-        return err(e::EINVAL);
-    }
+    let (held, names) = {
+        let i = xs.inner.lock();
+        if i.state != State::Listening {
+            return err(e::EINVAL);
+        }
+        (i.tcp_listener.clone(), i.inet)
+    };
     let nonblock = flags & (bindings::O_NONBLOCK as i32) != 0;
     let mut timeo: c_long = xs.sk.rcvtimeo(nonblock);
     let mut child: Option<Arc<XenSock>> = None;
-    let r = xs.sk.wait(&mut timeo, || {
-        let mut i = xs.inner.lock();
-        if i.state != State::Listening {
-            return true;
+    loop {
+        let r = xs.sk.wait(&mut timeo, || {
+            let mut i = xs.inner.lock();
+            if i.state != State::Listening {
+                return true;
+            }
+            if !i.accept_q.is_empty() {
+                child = Some(sys::vec_remove(&mut i.accept_q, 0));
+                return true;
+            }
+            drop(i);
+            held.as_ref().is_some_and(|h| h.ready())
+        });
+        if let Err(e) = r {
+            return err(e);
         }
-        if !i.accept_q.is_empty() {
-            child = Some(sys::vec_remove(&mut i.accept_q, 0));
-            return true;
+        if child.is_some() {
+            break;
         }
-        false
-    });
-    if let Err(e) = r {
-        return err(e);
+        let Some(h) = held.as_ref() else {
+            return err(e::EINVAL);
+        };
+        if xs.inner.lock().state != State::Listening {
+            return err(e::EINVAL);
+        }
+        // a TCP client of the dual listener: `newsock` becomes its
+        // connection, TCP's own; another accepter may have taken it first
+        match h.accept_into(newsock) {
+            Ok(()) => return 0,
+            Err(x) if x == e::EAGAIN && !nonblock => continue,
+            Err(x) => return err(x),
+        }
     }
     let Some(child) = child else {
         return err(e::EINVAL);
     };
+    if let Some(n) = names {
+        // a co-resident client of a TCP program: named as TCP would name
+        // it, by its guest's address (its TCP leg's) and its port
+        let mut ci = child.inner.lock();
+        let ip = ci.tcp.peer.ipv4();
+        ci.inet = Some(n.accepted(ip, ci.peer.port));
+    }
     newsock.graft(child.sk);
     newsock.set_connected(true);
     // The child's sk already carries its Arc in priv (see the connection code).
@@ -1209,7 +1248,7 @@ fn xs_accept(xs: ArcBorrow<'_, XenSock>, newsock: &Socket, flags: i32) -> c_int 
 
 fn xs_poll(xs: Option<ArcBorrow<'_, XenSock>>) -> u32 {
     let Some(xs) = xs else { return POLLERR };
-    let (state, qlen, shut_rd, shut_wr, reset, seqpacket, mut stream) = {
+    let (state, qlen, shut_rd, shut_wr, reset, seqpacket, mut stream, held) = {
         let i = xs.inner.lock();
         (
             i.state,
@@ -1219,12 +1258,13 @@ fn xs_poll(xs: Option<ArcBorrow<'_, XenSock>>) -> u32 {
             i.reset,
             i.seqpacket,
             carrier_of(&i),
+            i.tcp_listener.clone(),
         )
     };
     let mut mask = 0;
     match state {
         State::Listening => {
-            if qlen > 0 {
+            if qlen > 0 || held.is_some_and(|h| h.ready()) {
                 mask |= POLLIN | POLLRDNORM;
             }
         }
@@ -1337,6 +1377,9 @@ fn xs_ioctl(sock: &Socket, xs: Option<ArcBorrow<'_, XenSock>>, cmd: u32, arg: us
 /// carries a TCP program's connection.
 fn graft(sock: &Socket, xs: &XenSock, arg: usize) -> core::result::Result<(), i32> {
     let req = inet::GraftRequest::read(arg)?;
+    if xs.inner.lock().state == State::Listening {
+        return graft_listener(sock, xs, &req);
+    }
     {
         let mut i = xs.inner.lock();
         if i.state != State::Connected || i.seqpacket {
@@ -1350,6 +1393,33 @@ fn graft(sock: &Socket, xs: &XenSock, arg: usize) -> core::result::Result<(), i3
     }
     sock.graft_into_tcp(req.fd, req.peer.family())
         .inspect_err(|_| xs.inner.lock().inet = None)
+}
+
+/// `XENSOCK_IOC_GRAFT` on a listener: the dual listener. The calling
+/// program's listening TCP socket (`req.fd`) becomes this AF_XEN listener
+/// (bound to the twin of its port), which holds the TCP listener and hands
+/// out its connections too: co-resident clients over AF_XEN, everyone else
+/// over TCP, from one descriptor. EISCONN: this listener holds one already.
+fn graft_listener(
+    sock: &Socket,
+    xs: &XenSock,
+    req: &inet::GraftRequest,
+) -> core::result::Result<(), i32> {
+    if xs.inner.lock().tcp_listener.is_some() {
+        return Err(e::EISCONN);
+    }
+    let held = sock.graft_listener(req.fd, req.peer.family())?;
+    let names = match held.name() {
+        Ok((b, n)) => inet::InetNames::listening(req.peer.family(), &b[..n]),
+        Err(_) => inet::InetNames::listening(req.peer.family(), req.peer.peer()),
+    };
+    // (the allocation cannot fail the swap that was done: without room for
+    // the reference the TCP listener goes now, as at close)
+    let held = Arc::new(held, GFP_KERNEL).map_err(|_| e::ENOMEM)?;
+    let mut i = xs.inner.lock();
+    i.inet = Some(names);
+    i.tcp_listener = Some(held);
+    Ok(())
 }
 
 fn xs_shutdown(xs: ArcBorrow<'_, XenSock>, how: c_int) -> c_int {
@@ -1603,6 +1673,11 @@ fn xs_setsockopt(
     value: &sys::family::SockoptValue,
 ) -> c_int {
     if level != sys::family() {
+        let held = xs.inner.lock().tcp_listener.clone();
+        if let Some(held) = held {
+            // a dual listener's TCP and IP options are its TCP listener's
+            return value.set_on(&held, level, optname);
+        }
         return inet_setsockopt(&xs, level, value);
     }
     match optname {

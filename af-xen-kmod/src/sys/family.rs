@@ -76,6 +76,21 @@ pub(crate) struct SockoptValue {
 }
 
 impl SockoptValue {
+    /// Sets this option on a dual listener's TCP listener instead (the
+    /// socket layer's result).
+    pub(crate) fn set_on(
+        &self,
+        held: &super::net::HeldListener,
+        level: i32,
+        optname: i32,
+    ) -> c_int {
+        // SAFETY: held.0 is live while borrowed; optval/optlen are this
+        // setsockopt() call's, passed on as TCP's own setsockopt takes them.
+        unsafe {
+            super::net::afx_listener_setsockopt(held.0, level, optname, self.optval, self.optlen)
+        }
+    }
+
     /// An int value: Ok(v), or the positive errno (EINVAL short, EFAULT).
     pub(crate) fn int(&self) -> core::result::Result<i32, i32> {
         let mut v: c_int = 0;
@@ -149,8 +164,16 @@ impl Sk {
         // SAFETY: `p` came from `Arc::into_raw` of an `F::Sock` (`attach`).
         Some(unsafe { Arc::from_raw(p as *const F::Sock) })
     }
+    /// Whether this sock is of our proto (and so has the private field).
+    fn is_ours(&self) -> bool {
+        // SAFETY: live sock; the helper compares its sk_prot.
+        unsafe { super::afx_sk_is_ours(self.0) != 0 }
+    }
     /// The attached state, for as long as the callback runs.
     fn borrow<'a, F: Family>(&'a self) -> Option<ArcBorrow<'a, F::Sock>> {
+        if !self.is_ours() {
+            return None;
+        }
         // SAFETY: live sock of our proto.
         let p = unsafe { super::afx_sk_priv(self.0) };
         if p.is_null() {
@@ -245,6 +268,14 @@ impl<F: Family> Callbacks<F> {
         addr: *mut bindings::sockaddr,
         peer: c_int,
     ) -> c_int {
+        // SAFETY: live socket for the duration of the callback.
+        let socket = unsafe { Socket::from_raw(sock) };
+        if socket.sk().is_some_and(|sk| !sk.is_ours()) {
+            // accept(2) asks the listener's ops for the name of the socket
+            // it accepted, which a dual listener may have made TCP's
+            // SAFETY: the callback's own live socket and address buffer.
+            return unsafe { super::afx_foreign_getname(sock, addr, peer) };
+        }
         with_state!(F, sock, |s, _socket| match F::getname(s, peer != 0) {
             Ok(name) => {
                 let b = name.as_ref();

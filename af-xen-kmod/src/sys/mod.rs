@@ -44,6 +44,12 @@ extern "C" {
     ) -> *mut bindings::sock;
     fn afx_sk_priv(sk: *mut bindings::sock) -> *mut c_void;
     fn afx_sk_set_priv(sk: *mut bindings::sock, privp: *mut c_void);
+    fn afx_sk_is_ours(sk: *mut bindings::sock) -> c_int;
+    fn afx_foreign_getname(
+        sock: *mut bindings::socket,
+        addr: *mut bindings::sockaddr,
+        peer: c_int,
+    ) -> c_int;
     fn afx_sk_release(sock: *mut bindings::socket);
     fn afx_sk_graft(sk: *mut bindings::sock, sock: *mut bindings::socket);
     fn afx_rcvtimeo(sk: *mut bindings::sock, nonblock: c_int) -> c_long;

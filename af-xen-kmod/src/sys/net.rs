@@ -57,6 +57,23 @@ extern "C" {
     fn afx_tcp_set_owner(s: *mut bindings::socket, owner: *mut bindings::sock, flags: c_int);
     fn afx_tcp_writable(s: *mut bindings::socket) -> c_int;
     fn afx_graft_tcp(ours: *mut bindings::socket, fd: c_int, family: c_int) -> c_int;
+    fn afx_graft_listener(
+        ours: *mut bindings::socket,
+        fd: c_int,
+        family: c_int,
+        held: *mut *mut bindings::socket,
+    ) -> c_int;
+    fn afx_listener_accept(held: *mut bindings::socket, newsock: *mut bindings::socket) -> c_int;
+    fn afx_listener_ready(held: *mut bindings::socket) -> c_int;
+    fn afx_listener_getname(held: *mut bindings::socket, addr: *mut bindings::sockaddr) -> c_int;
+    pub(super) fn afx_listener_setsockopt(
+        held: *mut bindings::socket,
+        level: c_int,
+        optname: c_int,
+        optval: bindings::sockptr_t,
+        optlen: kernel::ffi::c_uint,
+    ) -> c_int;
+    fn afx_listener_release(held: *mut bindings::socket);
     pub(super) fn afx_inet_getsockopt(
         level: c_int,
         optname: c_int,
@@ -164,6 +181,78 @@ impl super::Socket {
         // helper looks `fd` up in the caller's table and holds a reference
         // on it while it swaps under the TCP sock's lock.
         to_result(unsafe { afx_graft_tcp(self.0, fd, c_int::from(family)) }).map(|_| ())
+    }
+}
+
+impl super::Socket {
+    /// Moves the calling process's listening TCP socket `fd` of `family`
+    /// into a socket of our own (returned), and this listening AF_XEN
+    /// socket's sock into `fd` (see `afx_graft_listener`): the dual
+    /// listener. Err: the positive errno, nothing changed.
+    pub(crate) fn graft_listener(
+        &self,
+        fd: i32,
+        family: u16,
+    ) -> core::result::Result<HeldListener, i32> {
+        let mut held: *mut bindings::socket = core::ptr::null_mut();
+        // SAFETY: self.0 is the live socket of the ioctl being served;
+        // the helper looks `fd` up in the caller's table and writes the
+        // held socket only on success.
+        to_result(unsafe { afx_graft_listener(self.0, fd, c_int::from(family), &mut held) })?;
+        Ok(HeldListener(held))
+    }
+}
+
+/// A TCP program's listener, held by its AF_XEN listener (the dual
+/// listener): released, with TCP's callbacks back, when this drops.
+pub(crate) struct HeldListener(pub(super) *mut bindings::socket);
+
+// SAFETY: a kernel socket may be used from any thread; the helpers lock
+// what they touch (kernel_accept, sk_callback_lock) or read locklessly.
+unsafe impl Send for HeldListener {}
+// SAFETY: as above.
+unsafe impl Sync for HeldListener {}
+
+impl HeldListener {
+    /// Makes `newsock` (the socket accept(2) made) the next TCP connection
+    /// this listener has; Err(EAGAIN): none.
+    pub(crate) fn accept_into(&self, newsock: &super::Socket) -> core::result::Result<(), i32> {
+        // SAFETY: self.0 is live while we hold it; newsock is the live
+        // socket of the accept being served, with no sock yet.
+        to_result(unsafe { afx_listener_accept(self.0, newsock.0) }).map(|_| ())
+    }
+
+    /// Whether a connection waits to be accepted.
+    pub(crate) fn ready(&self) -> bool {
+        // SAFETY: self.0 is live; the helper reads the accept queue locklessly.
+        unsafe { afx_listener_ready(self.0) != 0 }
+    }
+
+    /// The TCP listener's own name (a sockaddr_in or sockaddr_in6).
+    pub(crate) fn name(&self) -> core::result::Result<([u8; 28], usize), i32> {
+        // SAFETY: sockaddr_storage is plain data; all zeroes is valid.
+        let mut ss: bindings::__kernel_sockaddr_storage = unsafe { core::mem::zeroed() };
+        // SAFETY: self.0 is live; getname writes at most a
+        // sockaddr_storage into `ss`, ours.
+        let n = to_result(unsafe {
+            afx_listener_getname(
+                self.0,
+                (&mut ss as *mut bindings::__kernel_sockaddr_storage).cast(),
+            )
+        })? as usize;
+        let mut out = [0u8; 28];
+        let n = n.min(out.len());
+        // SAFETY: `ss` is initialised and at least `n` <= 28 bytes long.
+        let bytes = unsafe { core::slice::from_raw_parts(&ss as *const _ as *const u8, n) };
+        out[..n].copy_from_slice(bytes);
+        Ok((out, n))
+    }
+}
+
+impl Drop for HeldListener {
+    fn drop(&mut self) {
+        // SAFETY: self.0 is live and ours alone; released exactly once.
+        unsafe { afx_listener_release(self.0) }
     }
 }
 

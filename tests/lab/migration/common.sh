@@ -75,25 +75,42 @@ listener_check() {
   preload_check "$1" "$2"
 }
 
-# preload_check MOVE DOMID: Debian's socat, an unmodified TCP program run
-# unprivileged under the preload library, connects to domu1's IP address
-# and the echo listener's port: the library finds domu1 (DOMID) through
-# the module, connects over AF_XEN and hands the connection to socat's TCP
-# socket; the echo must come back whole and the decision log say so
-preload_check() {
-  # (the unprivileged program appends to it)
-  : > /tmp/preload.log; chmod 0666 /tmp/preload.log
-  _want="preload-$1-$(date +%s)"
-  _got=$(echo "$_want" | runas "$UT_UID" env LD_PRELOAD=/opt/xensock/lib/libxensock_preload.so \
-    XENSOCK_PRELOAD_LOG=/tmp/preload.log socat -t 5 - "TCP:$LAB_NET_DOMU1:$ECHO_PORT" 2>&1)
-  _rc=$?
-  sed "s/^/  [preload] /" /tmp/preload.log 2>/dev/null
-  if [ "$_rc" = 0 ] && [ "$_got" = "$_want" ] &&
-     grep -q "AF_XEN to dom$2 port $ECHO_PORT" /tmp/preload.log 2>/dev/null; then
-    result "preload-$1" PASS "socat over AF_XEN to dom$2"
+# The preload library with programs nobody here wrote: Debian's socat, run
+# unprivileged as a TCP program would be. domu1 serves TCP port DUAL_PORT
+# with socat under the library (start_dual_listener): its listening socket
+# becomes the dual listener, taking co-resident clients over AF_XEN and
+# everyone else over TCP. After each move, domu2 (preload_check MOVE DOMID)
+# connects socat under the library to domu1's address: at ECHO_PORT (the
+# AF_XEN echo listener) and at DUAL_PORT, both redirected to AF_XEN; and a
+# socat without the library to DUAL_PORT, over TCP. Each echo must come
+# back whole, and the library's decision log say which way it went.
+DUAL_PORT=7700
+PRELOAD_LIB=/opt/xensock/lib/libxensock_preload.so
+preloaded() { runas "$UT_UID" env LD_PRELOAD=$PRELOAD_LIB XENSOCK_PRELOAD_LOG=1 "$@"; }
+start_dual_listener() {
+  preloaded socat "TCP-LISTEN:$DUAL_PORT,fork,reuseaddr" EXEC:cat 2> /tmp/dual.err &
+  DUAL_PID=$!
+}
+# echo_via NAME PORT PRELOAD(1|0) WANT_LOG: one line through socat
+echo_via() {
+  _want="$1-$(date +%s)"
+  if [ "$3" = 1 ]; then
+    _got=$(echo "$_want" | preloaded socat -t 5 - "TCP:$LAB_NET_DOMU1:$2" 2> /tmp/preload.err)
   else
-    result "preload-$1" FAIL "socat exit $_rc, echo '$_got' (sent '$_want'); decision: $(tail -n 1 /tmp/preload.log 2>/dev/null)"
+    _got=$(echo "$_want" | runas "$UT_UID" socat -t 5 - "TCP:$LAB_NET_DOMU1:$2" 2> /tmp/preload.err)
   fi
+  _rc=$?
+  sed "s/^/  [$1] /" /tmp/preload.err
+  if [ "$_rc" = 0 ] && [ "$_got" = "$_want" ] && { [ -z "$4" ] || grep -q "$4" /tmp/preload.err; }; then
+    result "$1" PASS "${4:-over TCP, no library}"
+  else
+    result "$1" FAIL "socat exit $_rc, echo '$_got' (sent '$_want'); log: $(tail -n 1 /tmp/preload.err)"
+  fi
+}
+preload_check() {
+  echo_via "preload-$1" "$ECHO_PORT" 1 "AF_XEN to dom$2 port $ECHO_PORT"
+  echo_via "preload-dual-$1" "$DUAL_PORT" 1 "AF_XEN to dom$2 port $DUAL_PORT"
+  echo_via "preload-dual-tcp-$1" "$DUAL_PORT" 0 ""
 }
 
 # ---- setup and teardown --------------------------------------------------------
@@ -119,13 +136,18 @@ mig_setup() {
   xensock-discover advertise --keep --addr "$MY_IP" > /tmp/advertise.log 2>&1 &
   ADV=$!
   check advertise wait_until 30 xenstore-read data/xensock/addrs
-  [ "$LAB_ROLE" = domu1 ] && has_listener_check && start_echo_listener
+  [ "$LAB_ROLE" = domu1 ] && has_listener_check && start_echo_listener && start_dual_listener
 }
 mig_finish() {
   kill "$ADV" 2>/dev/null
   if [ -n "${ECHO_PID:-}" ]; then
     kill "$ECHO_PID" 2>/dev/null
     sed "s/^/  [echo] /" /tmp/echo.log
+  fi
+  if [ -n "${DUAL_PID:-}" ]; then
+    kill "$DUAL_PID" 2>/dev/null
+    sed "s/^/  [dual] /" /tmp/dual.err
+    check preload-dual-listener grep -q "on 0.0.0.0:$DUAL_PORT: TCP clients and co-resident" /tmp/dual.err
   fi
   if [ "$MIG_STACK" = kmod ]; then
     head -n 40 /proc/net/af_xen; cat /proc/net/af_xen_stats

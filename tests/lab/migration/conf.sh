@@ -25,7 +25,8 @@ mig_streams() { if [[ $MIG_STACK == kmod ]]; then echo "kx kt tcp"; else echo "u
 mig_prefix() { case $1 in kt|ut) echo tokio ;; *) echo c ;; esac; }
 EXPECT=(dom0:agent-running dom0:agent-tables dom0:agent-link-dirs
         domu1:advertise domu2:advertise dom0:exit domu1:exit domu2:exit)
-[[ $MIG_STACK == kmod ]] && EXPECT+=(domu1:kmod-insmod domu2:kmod-insmod domu1:kmod-dmesg-clean domu2:kmod-dmesg-clean)
+[[ $MIG_STACK == kmod ]] && EXPECT+=(domu1:kmod-insmod domu2:kmod-insmod domu1:kmod-dmesg-clean domu2:kmod-dmesg-clean
+  domu1:preload-dual-listener)
 for _m in $MIG_MOVES; do
   case $_m in
     saverestore) EXPECT+=(dom0:xl-save dom0:xl-restore) ;;
@@ -40,7 +41,8 @@ for _m in $MIG_MOVES; do
   [[ $_stays == 0 && $MIG_STACK == userspace && ${MIG_HOOK:-1} == 1 ]] && EXPECT+=(domu1:$_m-suspend-releases)
   [[ $_m == bothsave && $MIG_STACK == userspace && ${MIG_HOOK:-1} == 1 ]] && EXPECT+=(domu2:$_m-suspend-releases)
   # the one listener domu1 made before the first move (common.sh)
-  [[ $MIG_STACK == kmod ]] && EXPECT+=(domu2:resolve-$_m domu2:listener-survives-$_m domu2:preload-$_m)
+  [[ $MIG_STACK == kmod ]] && EXPECT+=(domu2:resolve-$_m domu2:listener-survives-$_m
+    domu2:preload-$_m domu2:preload-dual-$_m domu2:preload-dual-tcp-$_m)
   [[ $MIG_STACK == kmod && $_stays == 0 ]] && EXPECT+=(domu1:$_m-proc-own-domid domu2:$_m-proc-own-domid)
   for _s in $(mig_streams); do
     for _g in domu1 domu2; do
