@@ -619,6 +619,33 @@ module_param(tcp_redirect, bool, 0444);
 MODULE_PARM_DESC(tcp_redirect, "Take TCP connections to co-resident guests over for the preload library (XENSOCK_IOC_GRAFT; read-only)");
 
 /*
+ * The calling process's TCP stream socket `fd` of `family`, with a
+ * reference (sockfd_put), for a graft onto `ours`; NULL and *err:
+ * EBADF/ENOTSOCK, EINVAL (`ours` itself, or a socket without a sock),
+ * EPROTONOSUPPORT (not a TCP stream socket), EAFNOSUPPORT (not `family`).
+ */
+static struct socket *afx_program_tcp(struct socket *ours, int fd, int family, int *err)
+{
+	struct socket *prog = sockfd_lookup(fd, err);
+	struct sock *tsk;
+
+	if (!prog)
+		return NULL;
+	tsk = prog->sk;
+	if (prog == ours || !tsk || !ours->sk)
+		*err = -EINVAL;
+	else if ((tsk->sk_family != AF_INET && tsk->sk_family != AF_INET6) ||
+		 prog->type != SOCK_STREAM || tsk->sk_protocol != IPPROTO_TCP)
+		*err = -EPROTONOSUPPORT;
+	else if (tsk->sk_family != family)
+		*err = -EAFNOSUPPORT;
+	else
+		return prog;
+	sockfd_put(prog);
+	return NULL;
+}
+
+/*
  * Moves the connected AF_XEN sock of `ours` into the program's own TCP
  * socket `fd` (an unconnected AF_INET/AF_INET6 stream socket of the calling
  * process whose family is `family`), and that socket's TCP sock into
@@ -644,23 +671,10 @@ int afx_graft_tcp(struct socket *ours, int fd, int family)
 	const struct proto_ops *tops;
 	int err = 0;
 
-	prog = sockfd_lookup(fd, &err);
+	prog = afx_program_tcp(ours, fd, family, &err);
 	if (!prog)
 		return err;
-	if (prog == ours || !prog->sk || !xsk) {
-		err = -EINVAL;
-		goto out;
-	}
 	tsk = prog->sk;
-	if ((tsk->sk_family != AF_INET && tsk->sk_family != AF_INET6) ||
-	    prog->type != SOCK_STREAM || tsk->sk_protocol != IPPROTO_TCP) {
-		err = -EPROTONOSUPPORT;
-		goto out;
-	}
-	if (tsk->sk_family != family) {
-		err = -EAFNOSUPPORT;
-		goto out;
-	}
 	lock_sock(tsk);
 	if (prog->state == SS_CONNECTED || tsk->sk_state == TCP_ESTABLISHED ||
 	    tsk->sk_state == TCP_CLOSE_WAIT)
@@ -789,23 +803,10 @@ int afx_graft_listener(struct socket *ours, int fd, int family, struct socket **
 	struct sock *tsk, *xsk = ours->sk;
 	int err = 0;
 
-	prog = sockfd_lookup(fd, &err);
+	prog = afx_program_tcp(ours, fd, family, &err);
 	if (!prog)
 		return err;
-	if (prog == ours || !prog->sk || !xsk) {
-		err = -EINVAL;
-		goto out;
-	}
 	tsk = prog->sk;
-	if ((tsk->sk_family != AF_INET && tsk->sk_family != AF_INET6) ||
-	    prog->type != SOCK_STREAM || tsk->sk_protocol != IPPROTO_TCP) {
-		err = -EPROTONOSUPPORT;
-		goto out;
-	}
-	if (tsk->sk_family != family) {
-		err = -EAFNOSUPPORT;
-		goto out;
-	}
 	err = sock_create_lite(tsk->sk_family, SOCK_STREAM, IPPROTO_TCP, &inner);
 	if (err)
 		goto out;

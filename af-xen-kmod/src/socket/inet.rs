@@ -183,17 +183,18 @@ impl InetNames {
     pub(crate) fn peer(&self) -> &[u8] {
         &self.peer[..self.len()]
     }
-    /// The peer as `address:port` (IPv6 as `[address]:port`).
-    pub(crate) fn peer_display(&self) -> PeerDisplay<'_> {
-        PeerDisplay(self)
+    /// The peer (`peer`) or the local name as `address:port` (IPv6 as
+    /// `[address]:port`).
+    pub(crate) fn display(&self, peer: bool) -> NameDisplay<'_> {
+        NameDisplay(self, peer)
     }
 }
 
-pub(crate) struct PeerDisplay<'a>(&'a InetNames);
+pub(crate) struct NameDisplay<'a>(&'a InetNames, bool);
 
-impl core::fmt::Display for PeerDisplay<'_> {
+impl core::fmt::Display for NameDisplay<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let p = &self.0.peer;
+        let p = if self.1 { &self.0.peer } else { &self.0.local };
         let port = u16::from_be_bytes([p[2], p[3]]);
         if self.0.family == AF_INET {
             let ip = core::net::Ipv4Addr::new(p[4], p[5], p[6], p[7]);

@@ -1941,9 +1941,10 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
             "{:>7} {:>7} {:>7} {:>7} {:>8} {:>9} {:<10} {:>6} {:>7} ",
             rxs, rxf, txs, txf, bin, bout, carrier, to_tcp, to_ring
         );
-        // a TCP program's connection: the peer it asked for
+        // a TCP program's connection: the peer it asked for (its listener:
+        // the address it listens on)
         let _ = match &names {
-            Some(n) => writeln!(l, "{}", n.peer_display()),
+            Some(n) => writeln!(l, "{}", n.display(st != State::Listening)),
             None => writeln!(l, "-"),
         };
         seq.write(l.bytes());

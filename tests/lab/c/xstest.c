@@ -166,6 +166,112 @@ static int so_error(int fd)
 	return v;
 }
 
+/* The dual listener (what the preload library makes of a TCP program's
+ * listening socket), in one domain: a listening TCP socket takes an AF_XEN
+ * listener on the same port number over (XENSOCK_IOC_GRAFT) and accepts
+ * both an AF_XEN client (over AF_XEN) and a TCP client (a TCP socket of
+ * TCP's own, its peer's name from accept), from one descriptor watched by
+ * poll. Everything is closed before the scenario's rmmod, which needs the
+ * module references the swaps moved to balance. */
+#define DUAL_PORT 7301
+static void test_dual_local(void)
+{
+	struct sockaddr_in in = { .sin_family = AF_INET, .sin_port = htons(DUAL_PORT), .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_xen x = xaddr(XEN_DOMID_ANY, DUAL_PORT);
+	struct xensock_graft g = { .addrlen = sizeof(in) };
+	struct sockaddr_in y;
+	socklen_t len;
+	char buf[16];
+	int t, xl, c, a, one = 1, n;
+
+	t = socket(AF_INET, SOCK_STREAM, 0);
+	setsockopt(t, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(t, (struct sockaddr *)&in, sizeof(in)) || listen(t, 8)) {
+		result("dual-tcp-listen", 0, "errno=%s", strerrorname_np(errno));
+		close(t);
+		return;
+	}
+	xl = xsock();
+	EXPECT_OK("dual-xen-listen", bind(xl, (struct sockaddr *)&x, sizeof(x)) || listen(xl, 8));
+	memcpy(g.addr, &in, sizeof(in));
+	g.fd = t;
+	EXPECT_OK("dual-graft", ioctl(xl, XENSOCK_IOC_GRAFT, &g));
+	close(xl);
+	len = sizeof(y);
+	n = getsockname(t, (struct sockaddr *)&y, &len);
+	result("dual-getsockname", n == 0 && y.sin_family == AF_INET && ntohs(y.sin_port) == DUAL_PORT, "r=%d family=%u port=%u", n,
+	       y.sin_family, ntohs(y.sin_port));
+	EXPECT_OK("dual-listener-sockopt", setsockopt(t, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)));
+	/* an AF_XEN client */
+	c = xsock();
+	x = xaddr(XEN_DOMID_SELF, DUAL_PORT);
+	EXPECT_OK("dual-xen-connect", connect(c, (struct sockaddr *)&x, sizeof(x)));
+	{
+		struct pollfd p = { .fd = t, .events = POLLIN };
+
+		n = poll(&p, 1, 5000);
+		result("dual-poll-xen", n == 1 && (p.revents & POLLIN), "n=%d revents=%#x", n, p.revents);
+	}
+	a = accept(t, NULL, NULL);
+	{
+		int dom = 0;
+
+		len = sizeof(dom);
+		getsockopt(a, SOL_SOCKET, SO_DOMAIN, &dom, &len);
+		n = send(c, "xen", 3, 0) == 3 && recv(a, buf, 3, MSG_WAITALL) == 3 && !memcmp(buf, "xen", 3);
+		result("dual-accept-xen", a >= 0 && dom == fam && n, "fd=%d domain=%d echo=%d", a, dom, n);
+		len = sizeof(y);
+		n = getsockname(a, (struct sockaddr *)&y, &len);
+		result("dual-xen-child-names", n == 0 && y.sin_family == AF_INET && ntohs(y.sin_port) == DUAL_PORT, "r=%d family=%u port=%u", n,
+		       y.sin_family, ntohs(y.sin_port));
+	}
+	close(a);
+	close(c);
+	/* a TCP client: a TCP socket of TCP's own comes out of the same accept */
+	c = socket(AF_INET, SOCK_STREAM, 0);
+	EXPECT_OK("dual-tcp-connect", connect(c, (struct sockaddr *)&in, sizeof(in)));
+	{
+		struct pollfd p = { .fd = t, .events = POLLIN };
+
+		n = poll(&p, 1, 5000);
+		result("dual-poll-tcp", n == 1 && (p.revents & POLLIN), "n=%d revents=%#x", n, p.revents);
+	}
+	memset(&y, 0, sizeof(y));
+	len = sizeof(y);
+	a = accept4(t, (struct sockaddr *)&y, &len, SOCK_CLOEXEC);
+	{
+		int dom = 0, proto = 0;
+		socklen_t l2 = sizeof(dom);
+		struct sockaddr_in me;
+		socklen_t ml = sizeof(me);
+
+		getsockopt(a, SOL_SOCKET, SO_DOMAIN, &dom, &l2);
+		l2 = sizeof(proto);
+		getsockopt(a, SOL_SOCKET, SO_PROTOCOL, &proto, &l2);
+		getsockname(c, (struct sockaddr *)&me, &ml);
+		n = send(c, "tcp", 3, 0) == 3 && recv(a, buf, 3, MSG_WAITALL) == 3 && !memcmp(buf, "tcp", 3);
+		result("dual-accept-tcp", a >= 0 && dom == AF_INET && proto == IPPROTO_TCP && n, "fd=%d domain=%d protocol=%d echo=%d", a, dom,
+		       proto, n);
+		result("dual-accept-tcp-peer", len == sizeof(y) && y.sin_family == AF_INET && y.sin_port == me.sin_port,
+		       "len=%u family=%u port=%u (client's %u)", len, y.sin_family, ntohs(y.sin_port), ntohs(me.sin_port));
+	}
+	close(a);
+	close(c);
+	/* non-blocking, nothing waiting: EAGAIN, as a TCP listener's */
+	fcntl(t, F_SETFL, O_NONBLOCK);
+	EXPECT_ERR("dual-accept-nb-empty", accept(t, NULL, NULL), EAGAIN);
+	close(t);
+	/* both ports free again */
+	t = socket(AF_INET, SOCK_STREAM, 0);
+	setsockopt(t, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	EXPECT_OK("dual-tcp-port-free", bind(t, (struct sockaddr *)&in, sizeof(in)));
+	close(t);
+	xl = xsock();
+	x = xaddr(XEN_DOMID_ANY, DUAL_PORT);
+	EXPECT_OK("dual-xen-port-free", bind(xl, (struct sockaddr *)&x, sizeof(x)));
+	close(xl);
+}
+
 static void test_local(void)
 {
 	uint32_t me = own_domid();
@@ -300,6 +406,7 @@ static void test_local(void)
 	a = xaddr(XEN_DOMID_ANY, 5000);
 	EXPECT_OK("bind-after-close", bind(s, (struct sockaddr *)&a, sizeof(a)));
 	close(s);
+	test_dual_local();
 }
 
 
