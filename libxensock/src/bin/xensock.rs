@@ -953,6 +953,10 @@ struct KernelConn<'a> {
     carrier: &'a str,
     to_tcp: u64,
     to_ring: u64,
+    /// A TCP program's connection (the preload library): the AF_INET or
+    /// AF_INET6 peer it asked for; its dual listener: the address it
+    /// listens on.
+    inet: Option<&'a str>,
 }
 
 /// Parses `/proc/net/af_xen` (header, then one line per socket; the
@@ -965,7 +969,7 @@ fn parse_proc_af_xen(text: &str) -> Vec<KernelConn<'_>> {
     };
     let cols: Vec<&str> = header.split_whitespace().collect();
     let at = |name: &str| cols.iter().position(|c| *c == name);
-    let (carrier, to_tcp, to_ring) = (at("carrier"), at("to_tcp"), at("to_ring"));
+    let (carrier, to_tcp, to_ring, inet) = (at("carrier"), at("to_tcp"), at("to_ring"), at("inet"));
     lines
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
@@ -984,6 +988,7 @@ fn parse_proc_af_xen(text: &str) -> Vec<KernelConn<'_>> {
                 carrier: carrier.and_then(|i| f.get(i)).copied().unwrap_or("-"),
                 to_tcp: num(to_tcp),
                 to_ring: num(to_ring),
+                inet: inet.and_then(|i| f.get(i)).copied().filter(|v| *v != "-"),
             })
         })
         .collect()
@@ -996,11 +1001,24 @@ fn kernel_status() {
     };
     let conns = parse_proc_af_xen(&text);
     println!("kernel module (af_xen): {} sockets", conns.len());
-    for c in conns.iter().filter(|c| c.state == "ESTABLISHED") {
-        println!(
-            "  {} -> {}: carrier {}, switched to TCP {} times, back to a ring {} times",
-            c.local, c.peer, c.carrier, c.to_tcp, c.to_ring
-        );
+    for c in conns.iter() {
+        match (c.state, c.inet) {
+            ("ESTABLISHED", inet) => println!(
+                "  {} -> {}{}: carrier {}, switched to TCP {} times, back to a ring {} times",
+                c.local,
+                c.peer,
+                inet.map(|a| format!(" (a TCP program's connection to {a})"))
+                    .unwrap_or_default(),
+                c.carrier,
+                c.to_tcp,
+                c.to_ring
+            ),
+            ("LISTEN", Some(a)) => println!(
+                "  {}: a TCP program's listener on {a}, taking co-resident clients over AF_XEN",
+                c.local
+            ),
+            _ => {}
+        }
     }
     if let Ok(stats) = std::fs::read_to_string("/proc/net/af_xen_stats") {
         let switch: Vec<&str> = stats.lines().filter(|l| l.starts_with("switch_")).collect();
@@ -1083,11 +1101,25 @@ mod proc_tests {
                 peer: "1:49155",
                 carrier: "tcp",
                 to_tcp: 2,
-                to_ring: 1
+                to_ring: 1,
+                inet: None
             }
         );
         assert_eq!(c[1].state, "LISTEN");
         assert_eq!(c[1].to_tcp, 0);
+    }
+
+    #[test]
+    fn proc_af_xen_inet_column_names_a_tcp_programs_connection() {
+        let text = "state       local            peer             rx_size rx_fill tx_size tx_fill bytes_in bytes_out carrier    to_tcp to_ring inet\n\
+                    ESTABLISHED     2:49160          1:6379        131072       0  131072       0      100       200 ring-xen        0       0 10.0.0.11:6379\n\
+                    ESTABLISHED     2:7301           1:49155       131072       0  131072       0      100       200 tcp             2       1 -\n\
+                    LISTEN          2:6379           -:-                0       0       0       0        0         0 -               0       0 0.0.0.0:6379\n";
+        let c = parse_proc_af_xen(text);
+        assert_eq!(c.len(), 3);
+        assert_eq!(c[0].inet, Some("10.0.0.11:6379"));
+        assert_eq!(c[1].inet, None, "an AF_XEN program's connection");
+        assert_eq!((c[2].state, c[2].inet), ("LISTEN", Some("0.0.0.0:6379")));
     }
 
     #[test]

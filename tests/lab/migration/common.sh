@@ -26,9 +26,9 @@ move_index() { case $1 in saverestore) echo 0 ;; away) echo 1 ;; migrate) echo 2
 # kernel family, ut = tokio over the user-space transport, tcp = C xsstream
 # over TCP between the same two domUs (the baseline: it must pass whatever
 # xensock does)
-streams() { if [ "$MIG_STACK" = kmod ]; then echo "kx kt tcp"; else echo "ut tcp"; fi; }
+streams() { if [ "$MIG_STACK" = kmod ]; then echo "kx kt tcp pre"; else echo "ut tcp"; fi; }
 stream_port() {
-  _b=7500; case $1 in kt) _b=7510 ;; tcp) _b=7520 ;; ut) _b=7530 ;; esac
+  _b=7500; case $1 in kt) _b=7510 ;; tcp) _b=7520 ;; ut) _b=7530 ;; pre) _b=7540 ;; esac
   echo $((_b + $(move_index "$2")))
 }
 # the check name prefix the program prints (@@RESULT c-... / tokio-...)
@@ -313,7 +313,7 @@ run_phase() {
     PEER=$(lab_wait "$MOVE-go" 600) || PEER=none
     log "$MOVE: peer domu1 is dom$PEER"
     for s in $(streams); do
-      _peer=$PEER; [ "$s" = tcp ] && _peer=$LAB_NET_DOMU1
+      _peer=$PEER; { [ "$s" = tcp ] || [ "$s" = pre ]; } && _peer=$LAB_NET_DOMU1
       start_stream client "$s" "$s-$MOVE" "$(stream_port "$s" "$MOVE")" "$_peer"
     done
   fi

@@ -21,7 +21,7 @@ if [[ " $MIG_MOVES " == *" migrate "* ]] && [[ ${MIG_MIGRATE_IF_SHADOW:-0} == 1 
   MIG_MOVES=$(echo $MIG_MOVES)
 fi
 
-mig_streams() { if [[ $MIG_STACK == kmod ]]; then echo "kx kt tcp"; else echo "ut tcp"; fi; }
+mig_streams() { if [[ $MIG_STACK == kmod ]]; then echo "kx kt tcp pre"; else echo "ut tcp"; fi; }
 mig_prefix() { case $1 in kt|ut) echo tokio ;; *) echo c ;; esac; }
 EXPECT=(dom0:agent-running dom0:agent-tables dom0:agent-link-dirs
         domu1:advertise domu2:advertise dom0:exit domu1:exit domu2:exit)
@@ -94,6 +94,8 @@ scenario_build() {
     lab_socat "$out" && lab_preload "$out" || return 1
   fi
   gcc -O2 -Wall -static -I "$src/af-xen-kmod/include" -o "$out/bin/xsstream" "$REPO_DIR/tests/lab/c/xsstream.c"
+  # the same program dynamically linked, for the preload library (pre streams)
+  gcc -O2 -Wall -I "$src/af-xen-kmod/include" -o "$out/bin/xsstream-dyn" "$REPO_DIR/tests/lab/c/xsstream.c"
   gcc -O2 -Wall -static -o "$out/bin/runas" "$REPO_DIR/tests/lab/c/runas.c"
   # the agent and xensock-discover always from this tree (away/back,
   # advertise --keep); lab_stream from RUST_TREE if given

@@ -24,7 +24,9 @@ set_peer_lost() {
 
 # start_stream server|client KIND NAME PORT [PEER]: in the background.
 # KIND: kx (C xsstream over AF_XEN), kt|ut (tokio lab_stream), tcp (C
-# xsstream over TCP; PEER is an address). PEER: the server's domid.
+# xsstream over TCP; PEER is an address), pre (the same TCP program,
+# dynamically linked, under the preload library on both ends: over
+# AF_XEN). PEER: the server's domid.
 start_stream() {
   rm -f "/tmp/$3.stop" "/tmp/$3.status"
   _opt="--rate $RATE --stall $STALL --max $MAXS"
@@ -32,12 +34,16 @@ start_stream() {
   case $1-$2 in
     server-kx) xsstream server xen "$4" "$3" $_opt & ;;
     server-tcp) xsstream server tcp "$4" "$3" $_opt & ;;
+    server-pre) env LD_PRELOAD=/opt/xensock/lib/libxensock_preload.so XENSOCK_PRELOAD_LOG=1 \
+      xsstream-dyn server tcp "$4" "$3" $_opt & ;;
     server-kt) lab_stream server "$4" "$3" $_opt & ;;
     # the user-space transport as an unprivileged user: the root suspend
     # hook must reach it through the guest's transport claim
     server-ut) runas "$UT_UID" lab_stream server "$4" "$3" $_opt & ;;
     client-kx) xsstream client xen "$5" "$4" "$3" $_opt & ;;
     client-tcp) xsstream client tcp "$5" "$4" "$3" $_opt & ;;
+    client-pre) env LD_PRELOAD=/opt/xensock/lib/libxensock_preload.so XENSOCK_PRELOAD_LOG=1 \
+      xsstream-dyn client tcp "$5" "$4" "$3" $_opt & ;;
     client-kt) lab_stream client "$5" "$4" "$3" $_opt & ;;
     client-ut) runas "$UT_UID" lab_stream client "$5" "$4" "$3" $_opt & ;;
   esac
