@@ -26,7 +26,10 @@ move_index() { case $1 in saverestore) echo 0 ;; away) echo 1 ;; migrate) echo 2
 # kernel family, ut = tokio over the user-space transport, tcp = C xsstream
 # over TCP between the same two domUs (the baseline: it must pass whatever
 # xensock does)
-streams() { if [ "$MIG_STACK" = kmod ]; then echo "kx kt tcp pre"; else echo "ut tcp"; fi; }
+streams() {
+  if [ -n "${MIG_STREAMS:-}" ]; then echo "$MIG_STREAMS"
+  elif [ "$MIG_STACK" = kmod ]; then echo "kx kt tcp pre"; else echo "ut tcp"; fi
+}
 stream_port() {
   _b=7500; case $1 in kt) _b=7510 ;; tcp) _b=7520 ;; ut) _b=7530 ;; pre) _b=7540 ;; esac
   echo $((_b + $(move_index "$2")))
@@ -365,6 +368,8 @@ run_phase() {
         check "$MOVE-proc-own-domid" proc_own_domid
       fi ;;
   esac
+  # a scenario's own checks after the move (tests/lab/preload)
+  command -v phase_checked > /dev/null 2>&1 && phase_checked "$MOVE"
   lab_note "$MOVE-checked"
   lab_wait "$MOVE-stop" 600 >/dev/null
   for s in $(streams); do touch "/tmp/$s-$MOVE.stop"; done

@@ -21,7 +21,11 @@ if [[ " $MIG_MOVES " == *" migrate "* ]] && [[ ${MIG_MIGRATE_IF_SHADOW:-0} == 1 
   MIG_MOVES=$(echo $MIG_MOVES)
 fi
 
-mig_streams() { if [[ $MIG_STACK == kmod ]]; then echo "kx kt tcp pre"; else echo "ut tcp"; fi; }
+# MIG_STREAMS (the scenario's): which of them run, instead of all
+mig_streams() {
+  if [[ -n ${MIG_STREAMS:-} ]]; then echo "$MIG_STREAMS"
+  elif [[ $MIG_STACK == kmod ]]; then echo "kx kt tcp pre"; else echo "ut tcp"; fi
+}
 mig_prefix() { case $1 in kt|ut) echo tokio ;; *) echo c ;; esac; }
 EXPECT=(dom0:agent-running dom0:agent-tables dom0:agent-link-dirs
         domu1:advertise domu2:advertise dom0:exit domu1:exit domu2:exit)
@@ -74,6 +78,7 @@ scenario_build() {
   printf 'MIG_STACK=%s\nMIG_MOVES="%s"\nMIG_HOOK=%s\nMIG_CHURN=%s\n' "$MIG_STACK" "$MIG_MOVES" "${MIG_HOOK:-1}" "${MIG_CHURN:-100}" > "$out/migration.params"
   # a stream rate of the scenario's own (the guests' default: streams.sh)
   [[ -n ${MIG_RATE:-} ]] && echo "RATE=$MIG_RATE" >> "$out/migration.params"
+  [[ -n ${MIG_STREAMS:-} ]] && echo "MIG_STREAMS=\"$MIG_STREAMS\"" >> "$out/migration.params"
   [[ -n ${MIG_SAMPLE:-} ]] && echo "MIG_SAMPLE=$MIG_SAMPLE" >> "$out/migration.params"
   # MIG_XS_ET=1: the C streams (AF_XEN and the TCP baseline) on
   # edge-triggered epoll, as tokio's (xsstream's XSSTREAM_ET)

@@ -1,0 +1,200 @@
+# Real TCP programs under the preload library (sourced by domu1.sh and
+# domu2.sh after common.sh, which has `preloaded`): domu1 serves, domu2
+# connects to domu1's address; every co-resident connection must go over
+# AF_XEN, everything else over TCP, and the programs must not notice.
+REDIS_PORT=6379
+NGINX_PORT=8080
+IPERF_PORT=5201   # under the library: a dual listener
+PLAIN_PORT=5202   # iperf3 without the library: AF_XEN clients get TCP
+SELF_PORT=5203    # domu2's own iperf3 without the library: not co-resident
+READY_PORT=7650   # AF_XEN: domu1's servers are up
+DONE_PORT=7651    # AF_XEN: domu2's one-shot checks are done
+WWW=/tmp/www
+# the programs run unprivileged (runas UT_UID) and write their files here
+chmod 1777 /tmp
+
+# the file nginx serves, made the same way on both sides to compare
+make_file() { mkdir -p "$(dirname "$1")"; seq 1 300000 > "$1"; }
+
+# ---- domu1 -------------------------------------------------------------------
+apps_servers() {
+  make_file "$WWW/file"
+  mkdir -p /tmp/nginx/logs /tmp/nginx/tmp
+  chown -R "$UT_UID" /tmp/nginx "$WWW"
+  cat > /tmp/nginx/nginx.conf <<CONF
+worker_processes 2;
+daemon off;
+pid /tmp/nginx/nginx.pid;
+error_log /tmp/nginx/logs/error.log;
+events { worker_connections 64; }
+http {
+  include /opt/xensock/nginx/mime.types;
+  sendfile on;
+  log_format pid '\$pid \$remote_addr \$status \$body_bytes_sent';
+  access_log /tmp/nginx/logs/access.log pid;
+  client_body_temp_path /tmp/nginx/tmp/body;
+  proxy_temp_path /tmp/nginx/tmp/proxy;
+  fastcgi_temp_path /tmp/nginx/tmp/fastcgi;
+  uwsgi_temp_path /tmp/nginx/tmp/uwsgi;
+  scgi_temp_path /tmp/nginx/tmp/scgi;
+  server { listen $NGINX_PORT; root $WWW; }
+}
+CONF
+  preloaded redis-server --port $REDIS_PORT --bind 0.0.0.0 --protected-mode no --save "" \
+    --appendonly no --daemonize no --dir /tmp > /tmp/redis.log 2>&1 &
+  preloaded nginx -p /tmp/nginx -c /tmp/nginx/nginx.conf -e /tmp/nginx/logs/error.log > /tmp/nginx.out 2>&1 &
+  preloaded iperf3 -s -p $IPERF_PORT > /tmp/iperf3-s.log 2>&1 &
+  runas "$UT_UID" iperf3 -s -p $PLAIN_PORT > /tmp/iperf3-plain.log 2>&1 &
+  # every listener became a dual listener (the library's log, in each
+  # program's output) before domu2 is told to go
+  check app-servers wait_until 60 sh -c "grep -q 'on 0.0.0.0:$REDIS_PORT: TCP clients and co-resident' /tmp/redis.log &&
+    grep -q 'on 0.0.0.0:$NGINX_PORT: TCP clients and co-resident' /tmp/nginx.out &&
+    grep -q ':$IPERF_PORT: TCP clients and co-resident' /tmp/iperf3-s.log"
+  sed "s/^/  [af_xen] /" /proc/net/af_xen
+  # the servers are up: an AF_XEN listener says so to domu2 (which cannot
+  # read our XenStore home)
+  xsstream echo $READY_PORT > /dev/null 2>&1 &
+}
+# domu1 holds its phase (and so the move) until domu2's one-shot checks are done
+apps_wait_client() {
+  wait_until 900 sh -c "d=\$(xsstream resolve $LAB_NET_DOMU2) && xsstream ping \$d $DONE_PORT done > /dev/null 2>&1" ||
+    log "domu2 never said its one-shot checks were done"
+}
+apps_servers_finish() {
+  # nginx's two worker processes both accepted from the one listener
+  _pids=$(awk '{print $1}' /tmp/nginx/logs/access.log 2>/dev/null | sort -u | wc -l)
+  _reqs=$(wc -l < /tmp/nginx/logs/access.log 2>/dev/null)
+  if [ "${_pids:-0}" -ge 2 ]; then result app-nginx-prefork PASS "$_reqs requests served by $_pids workers"
+  else result app-nginx-prefork FAIL "$_reqs requests served by ${_pids:-0} worker(s)"; fi
+  for f in /tmp/redis.log /tmp/nginx.out /tmp/nginx/logs/error.log /tmp/iperf3-s.log; do
+    tail -n 20 "$f" 2>/dev/null | sed "s|^|  [$(basename "$f")] |"
+  done
+}
+
+# ---- domu2 -------------------------------------------------------------------
+# on_af_xen NAME LOG: the library's log says every connect went over AF_XEN
+on_af_xen() {
+  _x=$(grep -c "AF_XEN to dom" "$2"); _t=$(grep -c "stays on TCP" "$2")
+  if [ "$_x" -gt 0 ] && [ "$_t" = 0 ]; then result "$1" PASS "$_x connects over AF_XEN, none on TCP"
+  else result "$1" FAIL "$_x connects over AF_XEN, $_t on TCP: $(grep -m 1 'stays on TCP' "$2")"; fi
+}
+# proc_sample PORT OUT: /proc/net/af_xen rows of TCP programs' connections
+# to domu1:PORT, sampled every 0.2 s until the caller's program ends
+proc_sample() {
+  : > "$2"
+  while [ ! -e /tmp/sample.stop ]; do
+    grep " $LAB_NET_DOMU1:$1\$" /proc/net/af_xen >> "$2"; lab_sleep 0.2
+  done
+  rm -f /tmp/sample.stop
+}
+apps_once() {
+  check app-servers-seen wait_until 300 sh -c \
+    "d=\$(xsstream resolve $LAB_NET_DOMU1) && xsstream ping \$d $READY_PORT ready > /dev/null 2>&1"
+  # redis
+  preloaded redis-benchmark -h "$LAB_NET_DOMU1" -p $REDIS_PORT -n 4000 -c 4 -q -t set,get \
+    > /tmp/rb.out 2> /tmp/rb.err
+  tr '\r' '\n' < /tmp/rb.out | grep -E '^(SET|GET):' | tail -n 2 | sed 's/^/  [redis-benchmark] /'
+  check app-redis sh -c "tr '\r' '\n' < /tmp/rb.out | grep -qE '^SET: [0-9.]+ requests per second' &&
+    tr '\r' '\n' < /tmp/rb.out | grep -qE '^GET: [0-9.]+ requests per second'"
+  on_af_xen app-redis-on-af-xen /tmp/rb.err
+  # nginx (sendfile) + curl: one fetch, then 16 in parallel (both of
+  # nginx's workers accept from the one listener)
+  make_file /tmp/want
+  : > /tmp/curl.err; : > /tmp/curl.out; _ok=0; _n=17
+  # (each waited for by pid: a bare `wait` would wait for the advertiser too)
+  _pids=
+  for i in $(seq $_n); do
+    ( preloaded curl -s --max-time 60 -o "/tmp/got.$i" -w "fetch $i: %{http_code} %{size_download} bytes %{time_total} s\n" \
+        "http://$LAB_NET_DOMU1:$NGINX_PORT/file" >> /tmp/curl.out 2>> /tmp/curl.err ) &
+    if [ "$i" = 1 ]; then wait $!; else _pids="$_pids $!"; fi
+  done
+  for p in $_pids; do wait "$p"; done
+  for i in $(seq $_n); do cmp -s /tmp/want "/tmp/got.$i" && _ok=$((_ok + 1)); rm -f "/tmp/got.$i"; done
+  if [ $_ok = $_n ]; then result app-nginx PASS "$_n fetches of $(wc -c < /tmp/want) bytes, identical"
+  else
+    result app-nginx FAIL "$_ok of $_n fetches identical"
+    sed 's/^/  [curl] /' /tmp/curl.out; grep -v "AF_XEN to dom" /tmp/curl.err | sed 's/^/  [curl] /'
+  fi
+  on_af_xen app-nginx-on-af-xen /tmp/curl.err
+  # iperf3 both ways, its connections seen in /proc/net/af_xen meanwhile
+  : > /tmp/ip.err
+  proc_sample $IPERF_PORT /tmp/ip.proc &
+  _sampler=$!
+  for d in up down; do
+    _r=; [ $d = down ] && _r=-R
+    preloaded iperf3 -c "$LAB_NET_DOMU1" -p $IPERF_PORT -t 3 -f m $_r > "/tmp/ip-$d.out" 2>> /tmp/ip.err
+    _rc=$?
+    if [ $_rc = 0 ]; then result "app-iperf3-$d" PASS "$(awk '/receiver/ {print $7, $8}' "/tmp/ip-$d.out")"
+    else result "app-iperf3-$d" FAIL "iperf3 exit $_rc: $(grep -m 1 error "/tmp/ip-$d.out")"; fi
+  done
+  touch /tmp/sample.stop; wait "$_sampler"
+  grep -h -E 'sender|receiver' /tmp/ip-up.out /tmp/ip-down.out | sed 's/^/  [iperf3] /'
+  metric app.iperf3_up_mbit "$(awk '/receiver/ {print $7}' /tmp/ip-up.out)" Mbit/s
+  metric app.iperf3_down_mbit "$(awk '/receiver/ {print $7}' /tmp/ip-down.out)" Mbit/s
+  _rows=$(grep -c ESTABLISHED /tmp/ip.proc)
+  _x=$(grep -c "AF_XEN to dom" /tmp/ip.err); _t=$(grep -c "stays on TCP" /tmp/ip.err)
+  if [ "$_rows" -gt 0 ] && [ "$_x" -ge 4 ] && [ "$_t" = 0 ]; then
+    result app-iperf3-on-af-xen PASS "$_x connects over AF_XEN; /proc/net/af_xen showed them ($_rows samples)"
+  else
+    result app-iperf3-on-af-xen FAIL "$_x connects over AF_XEN, $_t on TCP, $_rows /proc/net/af_xen samples"
+  fi
+  # a server that does not run the library: its clients go over TCP
+  preloaded iperf3 -c "$LAB_NET_DOMU1" -p $PLAIN_PORT -t 2 > /tmp/ip-plain.out 2> /tmp/ip-plain.err
+  _rc=$?
+  if [ $_rc = 0 ] && grep -q "does not listen on AF_XEN port $PLAIN_PORT" /tmp/ip-plain.err; then
+    result app-not-preloaded-server-tcp PASS "over TCP: $(grep -m 1 'stays on TCP' /tmp/ip-plain.err | sed 's/.*stays on TCP: //')"
+  else
+    result app-not-preloaded-server-tcp FAIL "iperf3 exit $_rc; $(tail -n 1 /tmp/ip-plain.err)"
+  fi
+  # an address no co-resident guest has (this guest's own): TCP
+  runas "$UT_UID" iperf3 -s -1 -p $SELF_PORT > /dev/null 2>&1 &
+  lab_sleep 1
+  preloaded iperf3 -c "$LAB_NET_DOMU2" -p $SELF_PORT -t 2 > /tmp/ip-self.out 2> /tmp/ip-self.err
+  _rc=$?
+  if [ $_rc = 0 ] && grep -q "no co-resident guest has $LAB_NET_DOMU2" /tmp/ip-self.err; then
+    result app-not-co-resident-tcp PASS "over TCP: no co-resident guest has $LAB_NET_DOMU2"
+  else
+    result app-not-co-resident-tcp FAIL "iperf3 exit $_rc; $(tail -n 1 /tmp/ip-self.err)"
+  fi
+  # done: domu1 may start the move's phase (an AF_XEN listener says so)
+  xsstream echo $DONE_PORT > /dev/null 2>&1 &
+}
+
+# While domu1 is saved and restored: rounds of redis-benchmark INCR (4
+# connections each) and one long iperf3, all started before the move.
+RB_ROUND=20000
+apps_during_start() {
+  rm -f /tmp/apps.stop; echo 0 > /tmp/rb.rounds; : > /tmp/rb-move.err
+  preloaded redis-cli -h "$LAB_NET_DOMU1" -p $REDIS_PORT del counter:__rand_int__ > /dev/null 2>&1
+  (
+    n=0
+    while [ ! -e /tmp/apps.stop ]; do
+      preloaded redis-benchmark -h "$LAB_NET_DOMU1" -p $REDIS_PORT -n $RB_ROUND -c 4 -q -t incr \
+        > /tmp/rb-move.out 2>> /tmp/rb-move.err || { echo "round $((n + 1)) failed" >> /tmp/rb-move.err; break; }
+      n=$((n + 1)); echo $n > /tmp/rb.rounds
+    done
+  ) &
+  RB_LOOP=$!
+  preloaded iperf3 -c "$LAB_NET_DOMU1" -p $IPERF_PORT -t 60 -f m > /tmp/ip-move.out 2> /tmp/ip-move.err &
+  IP_MOVE=$!
+}
+apps_during_check() {
+  touch /tmp/apps.stop
+  wait "$RB_LOOP"
+  _rounds=$(cat /tmp/rb.rounds); _want=$((_rounds * RB_ROUND))
+  _got=$(preloaded redis-cli -h "$LAB_NET_DOMU1" -p $REDIS_PORT get counter:__rand_int__ 2> /dev/null)
+  if [ "$_rounds" -gt 0 ] && ! grep -qi -e error -e failed /tmp/rb-move.err; then
+    result app-redis-across-move PASS "$_rounds rounds of $RB_ROUND INCRs, $(grep -c 'AF_XEN to dom' /tmp/rb-move.err) connects over AF_XEN, $(grep -c 'stays on TCP' /tmp/rb-move.err) on TCP"
+  else
+    result app-redis-across-move FAIL "$_rounds rounds; $(grep -i -m 2 -e error -e failed /tmp/rb-move.err)"
+  fi
+  if [ "$_got" = "$_want" ]; then result app-redis-no-lost-request PASS "counter $_got = $_rounds x $RB_ROUND"
+  else result app-redis-no-lost-request FAIL "counter '$_got', $_want INCRs done"; fi
+  wait "$IP_MOVE"; _rc=$?
+  grep -E 'sender|receiver|error' /tmp/ip-move.out | sed 's/^/  [iperf3 across the move] /'
+  if [ $_rc = 0 ] && grep -q receiver /tmp/ip-move.out; then
+    result app-iperf3-across-move PASS "$(awk '/receiver/ {print $5, $6, "in", $3, "s"}' /tmp/ip-move.out)"
+  else
+    result app-iperf3-across-move FAIL "iperf3 exit $_rc: $(grep -m 1 error /tmp/ip-move.out) $(tail -n 1 /tmp/ip-move.err)"
+  fi
+}
