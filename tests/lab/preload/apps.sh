@@ -3,6 +3,7 @@
 # connects to domu1's address; every co-resident connection must go over
 # AF_XEN, everything else over TCP, and the programs must not notice.
 REDIS_PORT=6379
+PLAIN_REDIS_PORT=6380   # redis-server without the library: the TCP baseline
 NGINX_PORT=8080
 IPERF_PORT=5201   # under the library: a dual listener
 PLAIN_PORT=5202   # iperf3 without the library: AF_XEN clients get TCP
@@ -45,6 +46,8 @@ CONF
   preloaded nginx -p /tmp/nginx -c /tmp/nginx/nginx.conf -e /tmp/nginx/logs/error.log > /tmp/nginx.out 2>&1 &
   preloaded iperf3 -s -p $IPERF_PORT > /tmp/iperf3-s.log 2>&1 &
   runas "$UT_UID" iperf3 -s -p $PLAIN_PORT > /tmp/iperf3-plain.log 2>&1 &
+  runas "$UT_UID" redis-server --port $PLAIN_REDIS_PORT --bind 0.0.0.0 --protected-mode no --save "" \
+    --appendonly no --daemonize no --dir /tmp > /tmp/redis-plain.log 2>&1 &
   # every listener became a dual listener (the library's log, in each
   # program's output) before domu2 is told to go
   check app-servers wait_until 60 sh -c "grep -q 'on 0.0.0.0:$REDIS_PORT: TCP clients and co-resident' /tmp/redis.log &&
@@ -156,6 +159,7 @@ apps_once() {
   else
     result app-not-co-resident-tcp FAIL "iperf3 exit $_rc; $(tail -n 1 /tmp/ip-self.err)"
   fi
+  apps_bench
   # done: domu1 may start the move's phase (an AF_XEN listener says so)
   xsstream echo $DONE_PORT > /dev/null 2>&1 &
 }
@@ -175,7 +179,7 @@ apps_during_start() {
     done
   ) &
   RB_LOOP=$!
-  preloaded iperf3 -c "$LAB_NET_DOMU1" -p $IPERF_PORT -t 60 -f m > /tmp/ip-move.out 2> /tmp/ip-move.err &
+  preloaded iperf3 -c "$LAB_NET_DOMU1" -p $IPERF_PORT -t 120 -f m > /tmp/ip-move.out 2> /tmp/ip-move.err &
   IP_MOVE=$!
 }
 apps_during_check() {
@@ -190,6 +194,17 @@ apps_during_check() {
   fi
   if [ "$_got" = "$_want" ]; then result app-redis-no-lost-request PASS "counter $_got = $_rounds x $RB_ROUND"
   else result app-redis-no-lost-request FAIL "counter '$_got', $_want INCRs done"; fi
+  # the long iperf3's connections, if it still runs: back on a ring (a
+  # row for domu1:IPERF_PORT whose carrier is ring-xen and that went back
+  # to a ring at least once)
+  _ring=$(awk -v p=" $LAB_NET_DOMU1:$IPERF_PORT\$" '$1 == "ESTABLISHED" && $0 ~ p && $10 == "ring-xen" && $12 >= 1' /proc/net/af_xen | wc -l)
+  if kill -0 "$IP_MOVE" 2> /dev/null; then
+    if [ "$_ring" -gt 0 ]; then result app-iperf3-back-on-ring PASS "$_ring connection(s) back on a ring"
+    else result app-iperf3-back-on-ring FAIL "no connection to $LAB_NET_DOMU1:$IPERF_PORT back on a ring"
+      sed 's/^/  [af_xen] /' /proc/net/af_xen; fi
+  else
+    result app-iperf3-back-on-ring FAIL "iperf3 ended before the check (make its -t longer)"
+  fi
   wait "$IP_MOVE"; _rc=$?
   grep -E 'sender|receiver|error' /tmp/ip-move.out | sed 's/^/  [iperf3 across the move] /'
   if [ $_rc = 0 ] && grep -q receiver /tmp/ip-move.out; then
@@ -197,4 +212,38 @@ apps_during_check() {
   else
     result app-iperf3-across-move FAIL "iperf3 exit $_rc: $(grep -m 1 error /tmp/ip-move.out) $(tail -n 1 /tmp/ip-move.err)"
   fi
+}
+
+# ---- the benchmark: the same programs under the library (AF_XEN) and
+# without it (TCP over netfront), interleaved rounds in one run; medians
+# and their ratios as metrics (lab/tools/bench-ratios prints them too)
+# (PRELOAD_BENCH_ROUNDS in the host environment; scripts/test runs one)
+. /opt/xensock/preload.params
+BENCH_SECS=5
+BENCH_REQS=5000
+# rps KIND FILE: redis-benchmark -q's requests per second for SET or GET
+rps() { tr '\r' '\n' < "$2" | awk -v k="$1:" '$1 == k {print $2}' | tail -n 1; }
+median() { sort -n | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]; else print 0}'; }
+apps_bench() {
+  : > /tmp/bench.tsv
+  for r in $(seq "$BENCH_ROUNDS"); do
+    for way in afxen tcp; do
+      if [ $way = afxen ]; then run=preloaded; ip_port=$IPERF_PORT; rd_port=$REDIS_PORT
+      else run="runas $UT_UID"; ip_port=$PLAIN_PORT; rd_port=$PLAIN_REDIS_PORT; fi
+      $run iperf3 -c "$LAB_NET_DOMU1" -p $ip_port -t $BENCH_SECS -f m > /tmp/b-ip.out 2> /dev/null &&
+        printf 'iperf3_mbit\t%s\t%s\n' $way "$(awk '/receiver/ {print $7}' /tmp/b-ip.out)" >> /tmp/bench.tsv
+      $run redis-benchmark -h "$LAB_NET_DOMU1" -p $rd_port -n $BENCH_REQS -c 8 -q -t set,get > /tmp/b-rd.out 2> /dev/null &&
+        printf 'redis_set_rps\t%s\t%s\nredis_get_rps\t%s\t%s\n' $way "$(rps SET /tmp/b-rd.out)" $way "$(rps GET /tmp/b-rd.out)" >> /tmp/bench.tsv
+    done
+  done
+  sed 's/^/  [bench round] /' /tmp/bench.tsv
+  log "bench ($BENCH_ROUNDS rounds, medians): under the preload library (AF_XEN) / without it (TCP over netfront)"
+  for m in iperf3_mbit redis_set_rps redis_get_rps; do
+    _x=$(awk -v m=$m '$1 == m && $2 == "afxen" {print $3}' /tmp/bench.tsv | median)
+    _t=$(awk -v m=$m '$1 == m && $2 == "tcp" {print $3}' /tmp/bench.tsv | median)
+    _u=${m##*_}
+    metric "bench.${m%_*}_afxen" "$_x" "$_u"
+    metric "bench.${m%_*}_tcp" "$_t" "$_u"
+    metric "bench.${m%_*}_ratio" "$(awk -v x="$_x" -v t="$_t" 'BEGIN {if (t > 0) printf "%.2f", x / t; else print 0}')" x
+  done
 }
