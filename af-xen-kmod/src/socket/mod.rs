@@ -1408,14 +1408,15 @@ fn graft_listener(
     if xs.inner.lock().tcp_listener.is_some() {
         return Err(e::EISCONN);
     }
+    // its home first: once the swap is done nothing may fail (the
+    // program's socket is the AF_XEN listener from then on)
+    let slot = kernel::sync::UniqueArc::new_uninit(GFP_KERNEL).map_err(|_| e::ENOMEM)?;
     let held = sock.graft_listener(req.fd, req.peer.family())?;
     let names = match held.name() {
         Ok((b, n)) => inet::InetNames::listening(req.peer.family(), &b[..n]),
         Err(_) => inet::InetNames::listening(req.peer.family(), req.peer.peer()),
     };
-    // (the allocation cannot fail the swap that was done: without room for
-    // the reference the TCP listener goes now, as at close)
-    let held = Arc::new(held, GFP_KERNEL).map_err(|_| e::ENOMEM)?;
+    let held: Arc<sys::net::HeldListener> = slot.write(held).into();
     let mut i = xs.inner.lock();
     i.inet = Some(names);
     i.tcp_listener = Some(held);
