@@ -75,6 +75,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     if let Some(hooks) = HOOKS.get() {
         if let Some(peer) = read_inet(addr as *const c_void, len) {
             if is_tcp(fd) && hooks.connect(fd, peer) == Connect::Done {
+                // as TCP's: a non-blocking connect is in progress, and
+                // completes at once (POLLOUT, SO_ERROR 0; the module woke
+                // an edge-triggered EPOLLOUT registered before it)
+                if is_nonblocking(fd) {
+                    set_errno(libc::EINPROGRESS);
+                    return -1;
+                }
                 return 0;
             }
         }
@@ -415,6 +422,13 @@ fn int_option(fd: RawFd, level: c_int, name: c_int) -> Option<c_int> {
         )
     };
     (r == 0).then_some(v)
+}
+
+/// Whether `fd` is in non-blocking mode (O_NONBLOCK).
+fn is_nonblocking(fd: RawFd) -> bool {
+    // SAFETY: F_GETFL takes no pointer.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
 /// Whether `fd` is an AF_INET or AF_INET6 TCP socket.

@@ -8,8 +8,13 @@
  * inherited socket, and threads connecting at once. Prints "ok <case>" or
  * "FAIL <case>: why" per case; exits 1 if any failed.
  *
- *   cases              run every case
- *   cases --echo FD    (the exec case's child) one round trip on FD
+ *   cases                      run every case against its own echo server
+ *                              on 127.0.0.1
+ *   cases --serve PORT         only the echo server, on 0.0.0.0:PORT (the
+ *                              lab runs it in another guest)
+ *   cases --connect ADDR PORT  every client case against the echo server
+ *                              at ADDR:PORT
+ *   cases --echo FD            (the exec case's child) one round trip on FD
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -18,6 +23,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,23 +231,50 @@ static void threads(void)
 	verdict("threads-8x50-connects", all, "a thread's connect or echo");
 }
 
+static int listen_on(uint32_t addr, unsigned port)
+{
+	int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+	socklen_t len = sizeof(server);
+
+	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	server.sin_family = AF_INET;
+	server.sin_addr.s_addr = htonl(addr);
+	server.sin_port = htons(port);
+	if (bind(l, (struct sockaddr *)&server, sizeof(server)) || listen(l, 128) ||
+	    getsockname(l, (struct sockaddr *)&server, &len)) {
+		perror("listen");
+		return -1;
+	}
+	return l;
+}
+
 int main(int argc, char **argv)
 {
 	pthread_t srv;
-	socklen_t len = sizeof(server);
 	int l;
 
 	if (argc == 3 && !strcmp(argv[1], "--echo"))
 		return round_trip(atoi(argv[2]), "from the exec'd program") ? 0 : 1;
-	l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	server.sin_family = AF_INET;
-	server.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (bind(l, (struct sockaddr *)&server, sizeof(server)) || listen(l, 128) ||
-	    getsockname(l, (struct sockaddr *)&server, &len)) {
-		perror("listen");
-		return 1;
+	if (argc == 3 && !strcmp(argv[1], "--serve")) {
+		l = listen_on(INADDR_ANY, (unsigned)atoi(argv[2]));
+		if (l < 0)
+			return 1;
+		echo_server((void *)(long)l);
+		return 0;
 	}
-	pthread_create(&srv, NULL, echo_server, (void *)(long)l);
+	if (argc == 4 && !strcmp(argv[1], "--connect")) {
+		server.sin_family = AF_INET;
+		server.sin_port = htons((unsigned)atoi(argv[3]));
+		if (inet_pton(AF_INET, argv[2], &server.sin_addr) != 1) {
+			fprintf(stderr, "cases: bad address %s\n", argv[2]);
+			return 2;
+		}
+	} else {
+		l = listen_on(INADDR_LOOPBACK, 0);
+		if (l < 0)
+			return 1;
+		pthread_create(&srv, NULL, echo_server, (void *)(long)l);
+	}
 	nonblocking_connect_in_epoll_first();
 	high_fds();
 	dups();

@@ -697,6 +697,9 @@ int afx_graft_tcp(struct socket *ours, int fd, int family)
 	prog->state = SS_CONNECTED;
 	ours->state = SS_UNCONNECTED;
 	release_sock(tsk);
+	/* the connect completed: an edge-triggered EPOLLOUT registered before
+	 * it (a non-blocking connect's completion) gets its edge */
+	afx_wake(xsk, EPOLLOUT | EPOLLWRNORM);
 out:
 	sockfd_put(prog);
 	return err;

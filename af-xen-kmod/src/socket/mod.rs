@@ -654,11 +654,16 @@ fn xs_getname(xs: ArcBorrow<'_, XenSock>, peer: bool) -> core::result::Result<So
 // ---- connect / accept --------------------------------------------------------
 
 fn xs_connect(sock: &Socket, xs: ArcBorrow<'_, XenSock>, addr: &[u8], flags: c_int) -> c_int {
+    // a connected socket says so whatever the address (as TCP: a program
+    // whose connection was taken over asks again with its AF_INET one)
+    let st = xs.inner.lock().state;
+    if st == State::Connected {
+        return err(e::EISCONN);
+    }
     let a = match Addr::parse(addr) {
         Ok(a) => a,
         Err(e) => return err(e),
     };
-    let st = xs.inner.lock().state;
     match st {
         State::Connected => return err(e::EISCONN),
         State::Connecting => return err(e::EALREADY),

@@ -1037,6 +1037,13 @@ static void xgraft_client(uint32_t peer)
 	ep = epoll_create1(0);
 	ev.data.fd = t;
 	EXPECT_OK("x-graft-epoll-add", epoll_ctl(ep, EPOLL_CTL_ADD, t, &ev));
+	/* a non-blocking connect's waiter: edge-triggered EPOLLOUT, registered
+	 * before; its edge comes from the graft */
+	int epo = epoll_create1(0);
+	struct epoll_event evo = { .events = EPOLLOUT | EPOLLET, .data.fd = t };
+
+	epoll_ctl(epo, EPOLL_CTL_ADD, t, &evo);
+	epoll_wait(epo, &out, 1, 0); /* (an unconnected TCP socket may report something now) */
 	xs = xsock();
 	g.fd = t;
 	EXPECT_ERR("x-graft-unconnected", ioctl(xs, XENSOCK_IOC_GRAFT, &g), ENOTCONN);
@@ -1075,6 +1082,10 @@ static void xgraft_client(uint32_t peer)
 	g.addrlen = sizeof(to);
 	EXPECT_OK("x-graft", ioctl(xs, XENSOCK_IOC_GRAFT, &g));
 	close(xs);
+	n = epoll_wait(epo, &out, 1, 2000);
+	result("x-graft-et-epollout", n == 1 && (out.events & EPOLLOUT), "n=%d events=%#x", n, n == 1 ? out.events : 0);
+	close(epo);
+	EXPECT_ERR("x-graft-connect-again-eisconn", connect(t, (struct sockaddr *)&to, sizeof(to)), EISCONN);
 	{
 		int t2 = socket(AF_INET, SOCK_STREAM, 0);
 

@@ -10,6 +10,7 @@ PLAIN_PORT=5202   # iperf3 without the library: AF_XEN clients get TCP
 SELF_PORT=5203    # domu2's own iperf3 without the library: not co-resident
 READY_PORT=7650   # AF_XEN: domu1's servers are up
 DONE_PORT=7651    # AF_XEN: domu2's one-shot checks are done
+CASES_PORT=7800   # preload/tests/cases.c's echo server, under the library
 WWW=/tmp/www
 # the programs run unprivileged (runas UT_UID) and write their files here
 chmod 1777 /tmp
@@ -45,6 +46,7 @@ CONF
     --appendonly no --daemonize no --dir /tmp > /tmp/redis.log 2>&1 &
   preloaded nginx -p /tmp/nginx -c /tmp/nginx/nginx.conf -e /tmp/nginx/logs/error.log > /tmp/nginx.out 2>&1 &
   preloaded iperf3 -s -p $IPERF_PORT > /tmp/iperf3-s.log 2>&1 &
+  preloaded /opt/xensock/bin/cases --serve $CASES_PORT > /tmp/cases-s.log 2>&1 &
   runas "$UT_UID" iperf3 -s -p $PLAIN_PORT > /tmp/iperf3-plain.log 2>&1 &
   runas "$UT_UID" redis-server --port $PLAIN_REDIS_PORT --bind 0.0.0.0 --protected-mode no --save "" \
     --appendonly no --daemonize no --dir /tmp > /tmp/redis-plain.log 2>&1 &
@@ -52,7 +54,8 @@ CONF
   # program's output) before domu2 is told to go
   check app-servers wait_until 60 sh -c "grep -q 'on 0.0.0.0:$REDIS_PORT: TCP clients and co-resident' /tmp/redis.log &&
     grep -q 'on 0.0.0.0:$NGINX_PORT: TCP clients and co-resident' /tmp/nginx.out &&
-    grep -q ':$IPERF_PORT: TCP clients and co-resident' /tmp/iperf3-s.log"
+    grep -q ':$IPERF_PORT: TCP clients and co-resident' /tmp/iperf3-s.log &&
+    grep -q 'on 0.0.0.0:$CASES_PORT: TCP clients and co-resident' /tmp/cases-s.log"
   sed "s/^/  [af_xen] /" /proc/net/af_xen
   # the servers are up: an AF_XEN listener says so to domu2 (which cannot
   # read our XenStore home)
@@ -141,6 +144,18 @@ apps_once() {
   else
     result app-iperf3-on-af-xen FAIL "$_x connects over AF_XEN, $_t on TCP, $_rows /proc/net/af_xen samples"
   fi
+  # what TCP programs do with their sockets, on redirected ones: a
+  # non-blocking connect registered in epoll first (EINPROGRESS, then the
+  # EPOLLOUT edge), fds >= 1024 with poll, dup2/dup3, fork, exec of a
+  # program that uses the inherited socket, 8 threads x 50 connects
+  preloaded /opt/xensock/bin/cases --connect "$LAB_NET_DOMU1" $CASES_PORT > /tmp/cases.out 2> /tmp/cases.err
+  while read -r v name rest; do
+    case $v in
+      ok) result "app-case-$name" PASS ;;
+      FAIL) result "app-case-${name%:}" FAIL "$rest" ;;
+    esac
+  done < /tmp/cases.out
+  on_af_xen app-cases-on-af-xen /tmp/cases.err
   # a server that does not run the library: its clients go over TCP
   preloaded iperf3 -c "$LAB_NET_DOMU1" -p $PLAIN_PORT -t 2 > /tmp/ip-plain.out 2> /tmp/ip-plain.err
   _rc=$?
