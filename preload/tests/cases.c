@@ -5,7 +5,8 @@
  * An echo server on 127.0.0.1 (its listen goes through the library), then
  * clients: non-blocking connect registered in epoll before connect, fds
  * >= 1024 with poll, dup2/dup3, fork, exec of a program that uses the
- * inherited socket, and threads connecting at once. Prints "ok <case>" or
+ * inherited socket, a socket passed over SCM_RIGHTS, EPOLL_CTL_MOD,
+ * splice and sendfile, and threads connecting at once. Prints "ok <case>" or
  * "FAIL <case>: why" per case; exits 1 if any failed.
  *
  *   cases                      run every case against its own echo server
@@ -30,6 +31,7 @@
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/select.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -200,6 +202,95 @@ static void forks(char *self)
 	(void)buf;
 }
 
+/* a connected socket passed to a child over an AF_UNIX socket (SCM_RIGHTS) */
+static void scm_rights(void)
+{
+	int fd = connected(), sv[2], st = 0;
+	char c = 'x';
+	pid_t pid;
+
+	socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+	pid = fork();
+	if (pid == 0) {
+		char cbuf[CMSG_SPACE(sizeof(int))], b;
+		struct iovec iov = { .iov_base = &b, .iov_len = 1 };
+		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+		struct cmsghdr *cm;
+		int got = -1;
+
+		close(sv[0]);
+		if (recvmsg(sv[1], &m, 0) == 1 && (cm = CMSG_FIRSTHDR(&m)) && cm->cmsg_type == SCM_RIGHTS)
+			memcpy(&got, CMSG_DATA(cm), sizeof(int));
+		_exit(got >= 0 && round_trip(got, "passed over SCM_RIGHTS") ? 0 : 1);
+	}
+	{
+		char cbuf[CMSG_SPACE(sizeof(int))];
+		struct iovec iov = { .iov_base = &c, .iov_len = 1 };
+		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+		sendmsg(sv[0], &m, 0);
+	}
+	close(fd);
+	close(sv[0]);
+	close(sv[1]);
+	waitpid(pid, &st, 0);
+	verdict("scm-rights-passed-socket", WIFEXITED(st) && WEXITSTATUS(st) == 0, "the receiving process's round trip");
+}
+
+/* EPOLL_CTL_MOD: watched for input, then changed to output */
+static void epoll_mod(void)
+{
+	int fd = connected(), ep = epoll_create1(0), n;
+	struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd }, out;
+
+	epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+	n = epoll_wait(ep, &out, 1, 100);
+	ev.events = EPOLLOUT;
+	verdict("epoll-ctl-mod", n == 0 && epoll_ctl(ep, EPOLL_CTL_MOD, fd, &ev) == 0 && epoll_wait(ep, &out, 1, 5000) == 1 &&
+		(out.events & EPOLLOUT), "no EPOLLOUT after EPOLL_CTL_MOD");
+	close(fd);
+	close(ep);
+}
+
+/* splice: socket -> pipe -> socket, and sendfile from a file */
+static void splices(void)
+{
+	int fd = connected(), p[2], f;
+	char buf[64], name[] = "/tmp/cases-sendfile-XXXXXX";
+	ssize_t n = -1;
+
+	pipe(p);
+	if (write(fd, "spliced", 7) == 7) {
+		n = splice(fd, NULL, p[1], NULL, 7, SPLICE_F_MOVE);
+		if (n == 7)
+			n = splice(p[0], NULL, fd, NULL, 7, SPLICE_F_MOVE);
+		if (n == 7)
+			n = read(fd, buf, 7);
+	}
+	verdict("splice", n == 7 && !memcmp(buf, "spliced", 7), "socket -> pipe -> socket");
+	f = mkstemp(name);
+	unlink(name);
+	n = -1;
+	if (f >= 0 && write(f, "sendfile", 8) == 8) {
+		off_t off = 0;
+
+		n = sendfile(fd, f, &off, 8);
+		if (n == 8)
+			n = read(fd, buf, 8);
+	}
+	verdict("sendfile", n == 8 && !memcmp(buf, "sendfile", 8), "file -> socket");
+	if (f >= 0)
+		close(f);
+	close(p[0]);
+	close(p[1]);
+	close(fd);
+}
+
 static void *thread_client(void *arg)
 {
 	long ok = 1;
@@ -279,6 +370,9 @@ int main(int argc, char **argv)
 	high_fds();
 	dups();
 	forks(argv[0]);
+	scm_rights();
+	epoll_mod();
+	splices();
 	threads();
 	return failed;
 }
