@@ -51,6 +51,14 @@ struct sockaddr_xen {
  * benchmark knob (lab/run bench). See docs/design.md, "Ring copies".
  */
 #define XENSOCK_COPY_ROUTINE 0x7e61
+
+/*
+ * XENSOCK_REUSEPORT (int, before bind): SO_REUSEPORT for AF_XEN, which
+ * Linux keeps to inet sockets. Sockets of one user that all set it may
+ * bind one port; its connections go to the listening ones in turn, and
+ * when the port's first socket closes the next takes its place.
+ */
+#define XENSOCK_REUSEPORT 0x7e62
 #define XENSOCK_COPY_ITER    0 /* copy_from_iter (the default) */
 #define XENSOCK_COPY_NOCACHE 1 /* copy_from_iter_nocache: non-temporal stores */
 

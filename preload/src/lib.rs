@@ -87,8 +87,7 @@ enum Fallback {
     NotListening { domid: u32, port: u16 },
     /// The guest did not answer within [`CONNECT_WAIT`].
     NoAnswer { domid: u32 },
-    /// Another AF_XEN listener has the port (a second listener on one TCP
-    /// port, as with SO_REUSEPORT: only the first serves AF_XEN clients).
+    /// Another AF_XEN listener has the port (without SO_REUSEPORT on both).
     PortTaken(u16),
     /// A step failed: which, and the error.
     Step(&'static str, std::io::Error),
@@ -125,11 +124,16 @@ fn dual_listener(
     backlog: libc::c_int,
 ) -> Result<(), Fallback> {
     let x = XenSocket::open(family).map_err(|e| Fallback::Step("AF_XEN socket", e))?;
-    x.listen_on(family, u32::from(local.port()), backlog)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::EADDRINUSE) => Fallback::PortTaken(local.port()),
-            _ => Fallback::Step("AF_XEN listen", e),
-        })?;
+    x.listen_on(
+        family,
+        u32::from(local.port()),
+        backlog,
+        sys::reuses_port(fd),
+    )
+    .map_err(|e| match e.raw_os_error() {
+        Some(libc::EADDRINUSE) => Fallback::PortTaken(local.port()),
+        _ => Fallback::Step("AF_XEN listen", e),
+    })?;
     x.graft_into(fd, local)
         .map_err(|e| Fallback::Step("take-over", e))
 }

@@ -154,6 +154,8 @@ struct SockaddrXen {
 
 /// `XENSOCK_IOC_RESOLVE`, `_IOWR('X', 0x10, struct xensock_resolve)`.
 const IOC_RESOLVE: libc::c_ulong = 0xC018_5810;
+/// `XENSOCK_REUSEPORT` (level: the family): SO_REUSEPORT for AF_XEN.
+const XENSOCK_REUSEPORT: c_int = 0x7e62;
 /// `XENSOCK_IOC_GRAFT`, `_IOW('X', 0x11, struct xensock_graft)`.
 const IOC_GRAFT: libc::c_ulong = 0x4024_5811;
 
@@ -244,9 +246,30 @@ impl XenSocket {
         .map(|_| ())
     }
 
-    /// Binds to AF_XEN port `port` (any domain's: this guest's) and
-    /// listens with `backlog`.
-    pub fn listen_on(&self, family: c_int, port: u32, backlog: c_int) -> io::Result<()> {
+    /// Binds to AF_XEN port `port` (any domain's: this guest's), with
+    /// XENSOCK_REUSEPORT if `reuse_port` (it joins the AF_XEN listeners of
+    /// the program's other sockets on that port), and listens with
+    /// `backlog`.
+    pub fn listen_on(
+        &self,
+        family: c_int,
+        port: u32,
+        backlog: c_int,
+        reuse_port: bool,
+    ) -> io::Result<()> {
+        if reuse_port {
+            let one: c_int = 1;
+            // SAFETY: `one` is a live int of the size given.
+            check(unsafe {
+                libc::setsockopt(
+                    self.0.as_raw_fd(),
+                    family,
+                    XENSOCK_REUSEPORT,
+                    &one as *const c_int as *const c_void,
+                    std::mem::size_of::<c_int>() as socklen_t,
+                )
+            })?;
+        }
         let a = SockaddrXen {
             family: family as u16,
             flags: 0,
@@ -422,6 +445,11 @@ fn int_option(fd: RawFd, level: c_int, name: c_int) -> Option<c_int> {
         )
     };
     (r == 0).then_some(v)
+}
+
+/// Whether the program set SO_REUSEPORT on `fd`.
+pub fn reuses_port(fd: RawFd) -> bool {
+    int_option(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT) == Some(1)
 }
 
 /// Whether `fd` is in non-blocking mode (O_NONBLOCK).

@@ -197,6 +197,8 @@ int afx_sk_err_pending(struct sock *sk) { return READ_ONCE(sk->sk_err); }
 /* SO_LINGER set with l_linger == 0: close() aborts (reset, unsent data dropped) */
 int afx_linger_abort(struct sock *sk) { return sock_flag(sk, SOCK_LINGER) && !READ_ONCE(sk->sk_lingertime); }
 int afx_rcvlowat(struct sock *sk) { return READ_ONCE(sk->sk_rcvlowat); }
+/* the socket's owner (its inode's uid, sk_uid) */
+unsigned int afx_sk_uid(struct sock *sk) { return from_kuid_munged(&init_user_ns, sk->sk_uid); }
 /* an int option value from setsockopt */
 int afx_sockopt_int(sockptr_t optval, unsigned int optlen, int *out)
 {

@@ -134,6 +134,8 @@ pub(crate) struct Inner {
     /// listener): that TCP listener, whose connections its accept hands
     /// out too
     pub(crate) tcp_listener: Option<Arc<sys::net::HeldListener>>,
+    /// XENSOCK_REUSEPORT: may share its port (`Ports::may_share`)
+    pub(crate) reuse_port: bool,
 }
 
 #[pin_data(PinnedDrop)]
@@ -178,6 +180,7 @@ impl XenSock {
                     lends_rx: false,
                     inet: None,
                     tcp_listener: None,
+                    reuse_port: false,
                 }, "af_xen_sock"),
             }),
             GFP_KERNEL,
@@ -219,9 +222,93 @@ pub(crate) struct Globals {
 
 pub(crate) struct Ports {
     pub(crate) map: RBTree<u32, Arc<XenSock>>,
+    /// SO_REUSEPORT: the sockets bound to a port besides `map`'s, which
+    /// take its connections in turn (`listener`)
+    reuse: RBTree<u32, KVec<Arc<XenSock>>>,
+    /// the turn (`listener`)
+    turn: u32,
     next_ephemeral: u32,
     /// every live socket, for /proc/net/af_xen (id -> socket)
     pub(crate) all: RBTree<usize, Arc<XenSock>>,
+}
+
+impl Ports {
+    /// The listener a connection to `port` goes to: the port's socket, or
+    /// with SO_REUSEPORT the next listening one of its group in turn.
+    fn listener(&mut self, port: u32) -> Option<Arc<XenSock>> {
+        let head = self.map.get(&port)?.clone();
+        let Some(group) = self.reuse.get(&port) else {
+            return Some(head);
+        };
+        let n = group.len() + 1;
+        for k in 0..n {
+            let at = (self.turn as usize).wrapping_add(k) % n;
+            let cand = if at == 0 { &head } else { &group[at - 1] };
+            if cand.inner.lock().state == State::Listening {
+                let cand = cand.clone();
+                self.turn = (at as u32).wrapping_add(1);
+                return Some(cand);
+            }
+        }
+        Some(head)
+    }
+
+    /// Every socket bound to `port`: the port's and its SO_REUSEPORT group.
+    fn bound_to(&self, port: u32) -> KVec<Arc<XenSock>> {
+        let mut all = KVec::new();
+        let group = self.reuse.get(&port).into_iter().flatten();
+        for xs in Iterator::chain(self.map.get(&port).into_iter(), group) {
+            if all.push(xs.clone(), GFP_KERNEL).is_err() {
+                break;
+            }
+        }
+        all
+    }
+
+    /// Whether `xs` may join the sockets bound to `port` (XENSOCK_REUSEPORT
+    /// on all of them, all of one user, as TCP's SO_REUSEPORT rule).
+    fn may_share(&self, port: u32, xs: &XenSock) -> bool {
+        let wants = |o: &XenSock| o.inner.lock().reuse_port;
+        let uid = xs.sk.uid();
+        wants(xs)
+            && self
+                .bound_to(port)
+                .iter()
+                .all(|o| wants(o) && o.sk.uid() == uid)
+    }
+
+    /// `xs` leaves the sockets bound to `port`; one of its SO_REUSEPORT
+    /// group takes the port's place if it had it.
+    fn unbind(&mut self, port: u32, xs: &Arc<XenSock>) {
+        if let Some(group) = self.reuse.get_mut(&port) {
+            if let Some(at) = group.iter().position(|o| Arc::ptr_eq(o, xs)) {
+                drop(sys::vec_remove(group, at));
+                if group.is_empty() {
+                    self.reuse.remove(&port);
+                }
+                return;
+            }
+        }
+        let mine = self.map.get(&port).is_some_and(|o| Arc::ptr_eq(o, xs));
+        if !mine {
+            return;
+        }
+        let next = self.reuse.get_mut(&port).map(|g| sys::vec_remove(g, 0));
+        if self.reuse.get(&port).is_some_and(|g| g.is_empty()) {
+            self.reuse.remove(&port);
+        }
+        match next {
+            Some(n) => {
+                // (the old entry's node is reused: no allocation)
+                if let Some(slot) = self.map.get_mut(&port) {
+                    *slot = n;
+                }
+            }
+            None => {
+                self.map.remove(&port);
+            }
+        }
+    }
 }
 
 impl Globals {
@@ -239,6 +326,8 @@ impl Globals {
             own: core::sync::atomic::AtomicU32::new(own_domid),
             ports <- new_mutex!(Ports {
                 map: RBTree::new(),
+                reuse: RBTree::new(),
+                turn: 0,
                 next_ephemeral: EPHEMERAL_FIRST,
                 all: RBTree::new(),
             }, "af_xen_ports"),
@@ -477,14 +566,7 @@ fn destroy(xs: &Arc<XenSock>) {
             (i.local.port, i.bound)
         };
         if bound {
-            let mine = p
-                .map
-                .get(&port)
-                .map(|o| Arc::ptr_eq(o, xs))
-                .unwrap_or(false);
-            if mine {
-                p.map.remove(&port);
-            }
+            p.unbind(port, xs);
         }
         p.all.remove(&(&**xs as *const XenSock as usize));
     }
@@ -533,13 +615,33 @@ fn do_bind(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
         }
     } else {
         if p.map.get(&port).is_some() {
-            return Err(e::EADDRINUSE);
+            if !p.may_share(port, xs) {
+                return Err(e::EADDRINUSE);
+            }
+            // SO_REUSEPORT: one more socket on the port
+            if p.reuse.get(&port).is_none() {
+                p.reuse
+                    .try_create_and_insert(port, KVec::new(), GFP_KERNEL)
+                    .map_err(|_| e::ENOMEM)?;
+            }
+            if let Some(group) = p.reuse.get_mut(&port) {
+                group.push(xs.clone(), GFP_KERNEL).map_err(|_| e::ENOMEM)?;
+            }
+            drop(p);
+            return Ok(bound_at(xs, port));
         }
         port
     };
     p.map
         .try_create_and_insert(port, xs.clone(), GFP_KERNEL)
         .map_err(|_| e::ENOMEM)?;
+    drop(p);
+    bound_at(xs, port);
+    Ok(())
+}
+
+/// The socket's state once bound to `port`.
+fn bound_at(xs: &XenSock, port: u32) {
     let mut i = xs.inner.lock();
     i.local = Addr {
         port,
@@ -549,7 +651,6 @@ fn do_bind(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
     if i.state == State::Unbound {
         i.state = State::Bound;
     }
-    Ok(())
 }
 
 fn xs_bind(xs: ArcBorrow<'_, XenSock>, addr: &[u8]) -> c_int {
@@ -859,10 +960,7 @@ pub(crate) fn accept_remote(
 > {
     use crate::proto::ctrl::RejectReason as R;
     let me = globals().own_domid();
-    let l = {
-        let p = globals().ports.lock();
-        p.map.get(&dst_port).cloned()
-    };
+    let l = globals().ports.lock().listener(dst_port);
     let sock_type = |seqpacket| {
         if seqpacket {
             crate::proto::ctrl::SockType::SeqPacket
@@ -1012,8 +1110,10 @@ pub(crate) fn accepted_remote(child: &Arc<XenSock>) {
         let i = child.inner.lock();
         i.local.port
     };
-    let listener = globals().ports.lock().map.get(&l).cloned();
-    if let Some(l) = listener {
+    // (the one whose queue holds it, and with SO_REUSEPORT the others of
+    // its group: a wake that finds nothing is harmless)
+    let listeners = globals().ports.lock().bound_to(l);
+    for l in listeners.iter() {
         l.wake_live(POLLIN | POLLRDNORM);
     }
 }
@@ -1089,8 +1189,8 @@ pub(crate) fn answer_lost(child: &Arc<XenSock>) {
     // Not accepted yet: it never existed for the requester, so accept()
     // must not hand it out (it stayed ESTABLISHED, reset, in the queue).
     let port = child.inner.lock().local.port;
-    let listener = globals().ports.lock().map.get(&port).cloned();
-    let unqueued = listener.and_then(|l| {
+    let listeners = globals().ports.lock().bound_to(port);
+    let unqueued = listeners.iter().find_map(|l| {
         let mut li = l.inner.lock();
         let at = li.accept_q.iter().position(|c| Arc::ptr_eq(c, child))?;
         Some(sys::vec_remove(&mut li.accept_q, at))
@@ -1128,10 +1228,7 @@ pub(crate) fn link_lost(xs: &Arc<XenSock>) {
 /// both rings are made at once, so connect() completes immediately.
 fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
     let me = globals().own_domid();
-    let listener = {
-        let p = globals().ports.lock();
-        p.map.get(&port).cloned()
-    };
+    let listener = globals().ports.lock().listener(port);
     let Some(l) = listener else {
         return Err(e::ECONNREFUSED);
     };
@@ -1671,6 +1768,7 @@ const XENSOCK_TEST_OPEN_LEG: c_int = 0x7e58;
 const XENSOCK_TEST_SILENT_CLOSE: c_int = 0x7e60;
 /// benchmark knob: how this connection's ring writes copy (sys::CopyRoutine)
 const XENSOCK_COPY_ROUTINE: c_int = 0x7e61;
+const XENSOCK_REUSEPORT: c_int = 0x7e62;
 
 fn xs_setsockopt(
     xs: ArcBorrow<'_, XenSock>,
@@ -1726,6 +1824,18 @@ fn xs_setsockopt(
                 Err(x) => err(x),
             }
         }
+        XENSOCK_REUSEPORT => match value.int() {
+            Ok(v) => {
+                let mut i = xs.inner.lock();
+                if i.bound {
+                    // as SO_REUSEPORT: it counts at bind
+                    return err(e::EINVAL);
+                }
+                i.reuse_port = v != 0;
+                0
+            }
+            Err(x) => err(x),
+        },
         XENSOCK_COPY_ROUTINE => match value.int().map(sys::CopyRoutine::from_int) {
             Ok(Some(how)) => {
                 let (tx, rx) = {

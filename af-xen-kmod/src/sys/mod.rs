@@ -84,6 +84,7 @@ extern "C" {
     fn afx_sk_err_pending(sk: *mut bindings::sock) -> c_int;
     fn afx_linger_abort(sk: *mut bindings::sock) -> c_int;
     fn afx_rcvlowat(sk: *mut bindings::sock) -> c_int;
+    fn afx_sk_uid(sk: *mut bindings::sock) -> kernel::ffi::c_uint;
     fn afx_sockopt_int(optval: bindings::sockptr_t, optlen: c_uint, out: *mut c_int) -> c_int;
     fn afx_spin_lock_irqsave(l: *mut bindings::spinlock_t) -> core::ffi::c_ulong;
     fn afx_spin_unlock_irqrestore(l: *mut bindings::spinlock_t, flags: core::ffi::c_ulong);
@@ -471,6 +472,11 @@ impl Sk {
         // SAFETY: live sock; reads one field.
         let v = unsafe { afx_rcvlowat(self.0) };
         usize::try_from(v).unwrap_or(1).max(1)
+    }
+    /// The socket's owner (sk_uid).
+    pub(crate) fn uid(&self) -> u32 {
+        // SAFETY: live sock; reads one field.
+        unsafe { afx_sk_uid(self.0) }
     }
     /// SO_LINGER with a zero timeout: close() must reset the connection.
     pub(crate) fn linger_abort(&self) -> bool {

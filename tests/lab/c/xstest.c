@@ -272,6 +272,95 @@ static void test_dual_local(void)
 	close(xl);
 }
 
+/* SO_REUSEPORT: two dual listeners on one port, each of its own TCP socket
+ * with SO_REUSEPORT (as prefork servers with one listener per worker make
+ * them): AF_XEN clients go to them in turn; an AF_XEN socket without
+ * SO_REUSEPORT cannot join; when one closes, the other takes the port. */
+#define REUSE_PORT 7302
+static int reuse_dual(int *xl_out)
+{
+	struct sockaddr_in in = { .sin_family = AF_INET, .sin_port = htons(REUSE_PORT), .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_xen x = xaddr(XEN_DOMID_ANY, REUSE_PORT);
+	struct xensock_graft g = { .addrlen = sizeof(in) };
+	int t = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0), xl = xsock(), one = 1;
+
+	setsockopt(t, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+	/* SO_REUSEPORT is inet's alone: AF_XEN has its own */
+	setsockopt(xl, fam, XENSOCK_REUSEPORT, &one, sizeof(one));
+	if (bind(t, (struct sockaddr *)&in, sizeof(in)) || listen(t, 8) || bind(xl, (struct sockaddr *)&x, sizeof(x)) ||
+	    listen(xl, 8))
+		return -1;
+	memcpy(g.addr, &in, sizeof(in));
+	g.fd = t;
+	if (ioctl(xl, XENSOCK_IOC_GRAFT, &g))
+		return -1;
+	*xl_out = xl;
+	return t;
+}
+
+static int accept_all(int l, int *fds, int max)
+{
+	int n = 0, a;
+
+	while (n < max && (a = accept(l, NULL, NULL)) >= 0)
+		fds[n++] = a;
+	return n;
+}
+
+static void test_dual_reuseport(void)
+{
+	struct sockaddr_xen x = xaddr(XEN_DOMID_ANY, REUSE_PORT);
+	int xl1 = -1, xl2 = -1, t1, t2, c[4], a[8], n1, n2, i, s;
+
+	t1 = reuse_dual(&xl1);
+	t2 = reuse_dual(&xl2);
+	result("dual-reuseport-two", t1 >= 0 && t2 >= 0, "errno=%s", strerrorname_np(errno) ?: "0");
+	{
+		int xs2 = xsock(), one = 1;
+		struct sockaddr_xen b = xaddr(XEN_DOMID_ANY, REUSE_PORT + 1);
+
+		bind(xs2, (struct sockaddr *)&b, sizeof(b));
+		EXPECT_ERR("dual-reuseport-after-bind", setsockopt(xs2, fam, XENSOCK_REUSEPORT, &one, sizeof(one)), EINVAL);
+		close(xs2);
+	}
+	if (t1 < 0 || t2 < 0)
+		return;
+	close(xl1);
+	close(xl2);
+	s = xsock();
+	EXPECT_ERR("dual-reuseport-needs-the-option", bind(s, (struct sockaddr *)&x, sizeof(x)), EADDRINUSE);
+	close(s);
+	x = xaddr(XEN_DOMID_SELF, REUSE_PORT);
+	for (i = 0; i < 4; i++) {
+		c[i] = xsock();
+		connect(c[i], (struct sockaddr *)&x, sizeof(x));
+	}
+	n1 = accept_all(t1, a, 8);
+	n2 = accept_all(t2, a + n1, 8 - n1);
+	result("dual-reuseport-in-turn", n1 == 2 && n2 == 2, "first took %d, second %d of 4", n1, n2);
+	for (i = 0; i < n1 + n2; i++)
+		close(a[i]);
+	for (i = 0; i < 4; i++)
+		close(c[i]);
+	/* the first closes: the second takes every client */
+	close(t1);
+	for (i = 0; i < 2; i++) {
+		c[i] = xsock();
+		connect(c[i], (struct sockaddr *)&x, sizeof(x));
+	}
+	n2 = accept_all(t2, a, 8);
+	result("dual-reuseport-after-close", n2 == 2, "the second took %d of 2", n2);
+	for (i = 0; i < n2; i++)
+		close(a[i]);
+	for (i = 0; i < 2; i++)
+		close(c[i]);
+	close(t2);
+	s = xsock();
+	x = xaddr(XEN_DOMID_ANY, REUSE_PORT);
+	EXPECT_OK("dual-reuseport-port-free", bind(s, (struct sockaddr *)&x, sizeof(x)));
+	close(s);
+}
+
 static void test_local(void)
 {
 	uint32_t me = own_domid();
@@ -407,6 +496,7 @@ static void test_local(void)
 	EXPECT_OK("bind-after-close", bind(s, (struct sockaddr *)&a, sizeof(a)));
 	close(s);
 	test_dual_local();
+	test_dual_reuseport();
 }
 
 

@@ -5,6 +5,7 @@
 REDIS_PORT=6379
 PLAIN_REDIS_PORT=6380   # redis-server without the library: the TCP baseline
 NGINX_PORT=8080
+REUSE_PORT=8081   # nginx with "listen ... reuseport": one listener per worker
 IPERF_PORT=5201   # under the library: a dual listener
 PLAIN_PORT=5202   # iperf3 without the library: AF_XEN clients get TCP
 SELF_PORT=5203    # domu2's own iperf3 without the library: not co-resident
@@ -40,6 +41,7 @@ http {
   uwsgi_temp_path /tmp/nginx/tmp/uwsgi;
   scgi_temp_path /tmp/nginx/tmp/scgi;
   server { listen $NGINX_PORT; root $WWW; }
+  server { listen $REUSE_PORT reuseport; root $WWW; access_log /tmp/nginx/logs/reuseport.log pid; }
 }
 CONF
   preloaded redis-server --port $REDIS_PORT --bind 0.0.0.0 --protected-mode no --save "" \
@@ -54,6 +56,7 @@ CONF
   # program's output) before domu2 is told to go
   check app-servers wait_until 60 sh -c "grep -q 'on 0.0.0.0:$REDIS_PORT: TCP clients and co-resident' /tmp/redis.log &&
     grep -q 'on 0.0.0.0:$NGINX_PORT: TCP clients and co-resident' /tmp/nginx.out &&
+    [ \$(grep -c 'on 0.0.0.0:$REUSE_PORT: TCP clients and co-resident' /tmp/nginx.out) -ge 2 ] &&
     grep -q ':$IPERF_PORT: TCP clients and co-resident' /tmp/iperf3-s.log &&
     grep -q 'on 0.0.0.0:$CASES_PORT: TCP clients and co-resident' /tmp/cases-s.log"
   sed "s/^/  [af_xen] /" /proc/net/af_xen
@@ -67,6 +70,12 @@ apps_wait_client() {
     log "domu2 never said its one-shot checks were done"
 }
 apps_servers_finish() {
+  # with "reuseport" each worker has its own listener; co-resident clients
+  # went to both
+  _pids=$(awk '{print $1}' /tmp/nginx/logs/reuseport.log 2>/dev/null | sort -u | wc -l)
+  _reqs=$(wc -l < /tmp/nginx/logs/reuseport.log 2>/dev/null)
+  if [ "${_pids:-0}" -ge 2 ]; then result app-nginx-reuseport PASS "$_reqs requests served by $_pids workers' own listeners"
+  else result app-nginx-reuseport FAIL "$_reqs requests served by ${_pids:-0} worker(s)"; fi
   # nginx's two worker processes both accepted from the one listener
   _pids=$(awk '{print $1}' /tmp/nginx/logs/access.log 2>/dev/null | sort -u | wc -l)
   _reqs=$(wc -l < /tmp/nginx/logs/access.log 2>/dev/null)
@@ -122,6 +131,17 @@ apps_once() {
     sed 's/^/  [curl] /' /tmp/curl.out; grep -v "AF_XEN to dom" /tmp/curl.err | sed 's/^/  [curl] /'
   fi
   on_af_xen app-nginx-on-af-xen /tmp/curl.err
+  # the SO_REUSEPORT listeners: 8 fetches at once
+  : > /tmp/curl-r.err; _ok=0; _pids=
+  for i in $(seq 8); do
+    ( preloaded curl -s --max-time 60 -o "/tmp/gotr.$i" "http://$LAB_NET_DOMU1:$REUSE_PORT/file" 2>> /tmp/curl-r.err ) &
+    _pids="$_pids $!"
+  done
+  for p in $_pids; do wait "$p"; done
+  for i in $(seq 8); do cmp -s /tmp/want "/tmp/gotr.$i" && _ok=$((_ok + 1)); rm -f "/tmp/gotr.$i"; done
+  if [ $_ok = 8 ]; then result app-nginx-reuseport-fetch PASS "8 fetches identical"
+  else result app-nginx-reuseport-fetch FAIL "$_ok of 8 fetches identical"; fi
+  on_af_xen app-nginx-reuseport-on-af-xen /tmp/curl-r.err
   # iperf3 both ways, its connections seen in /proc/net/af_xen meanwhile
   : > /tmp/ip.err
   proc_sample $IPERF_PORT /tmp/ip.proc &
