@@ -107,7 +107,7 @@ proc_sample() {
 tcp_fallback() {
   preloaded iperf3 -c "$2" -p "$3" -t 2 > /tmp/ip-fb.out 2> /tmp/ip-fb.err
   _rc=$?
-  if [ $_rc = 0 ] && grep -q "stays on TCP: $4" /tmp/ip-fb.err; then
+  if [ $_rc = 0 ] && grep "stays on TCP" /tmp/ip-fb.err | grep -q "$4"; then
     result "$1" PASS "over TCP: $4"
   else
     result "$1" FAIL "iperf3 exit $_rc; $(tail -n 1 /tmp/ip-fb.err)"
