@@ -129,20 +129,7 @@ impl InetNames {
     /// These names with the local one made of `ip` (none: unspecified)
     /// and `port` (an AF_XEN port; 0 if it does not fit a TCP port).
     pub(crate) fn with_local(mut self, ip: Option<[u8; 4]>, port: u32) -> InetNames {
-        let port = u16::try_from(port).unwrap_or(0).to_be_bytes();
-        let mut l = [0u8; SOCKADDR_IN6_LEN];
-        l[..2].copy_from_slice(&self.family.to_ne_bytes());
-        l[2..4].copy_from_slice(&port);
-        if let Some(ip) = ip {
-            if self.family == AF_INET {
-                l[4..8].copy_from_slice(&ip);
-            } else {
-                // an IPv4-mapped IPv6 address, as a dual-stack socket shows
-                l[18..20].copy_from_slice(&[0xff, 0xff]);
-                l[20..24].copy_from_slice(&ip);
-            }
-        }
-        self.local = l;
+        self.local = sockaddr(self.family, ip, port);
         self
     }
     /// A dual listener's names: its TCP listener's own (`local`, a
@@ -161,11 +148,10 @@ impl InetNames {
     /// co-resident client: the listener's local name, and the client's
     /// guest address (none: unspecified) with its port.
     pub(crate) fn accepted(&self, ip: Option<[u8; 4]>, port: u32) -> InetNames {
-        let mut n = *self;
-        let p = Self::listening(self.family, &[]).with_local(ip, port);
-        // with_local built the peer's name in the local slot
-        n.peer = p.local;
-        n
+        InetNames {
+            peer: sockaddr(self.family, ip, port),
+            ..*self
+        }
     }
     pub(crate) fn family(&self) -> u16 {
         self.family
@@ -188,6 +174,24 @@ impl InetNames {
     pub(crate) fn display(&self, peer: bool) -> NameDisplay<'_> {
         NameDisplay(self, peer)
     }
+}
+
+/// A sockaddr_in (`family` AF_INET) or sockaddr_in6 of IPv4 address `ip`
+/// (none: unspecified; IPv4-mapped in an AF_INET6 one, as a dual-stack
+/// socket shows it) and `port` (0 if it does not fit a TCP port).
+fn sockaddr(family: u16, ip: Option<[u8; 4]>, port: u32) -> [u8; SOCKADDR_IN6_LEN] {
+    let mut a = [0u8; SOCKADDR_IN6_LEN];
+    a[..2].copy_from_slice(&family.to_ne_bytes());
+    a[2..4].copy_from_slice(&u16::try_from(port).unwrap_or(0).to_be_bytes());
+    if let Some(ip) = ip {
+        if family == AF_INET {
+            a[4..8].copy_from_slice(&ip);
+        } else {
+            a[18..20].copy_from_slice(&[0xff, 0xff]);
+            a[20..24].copy_from_slice(&ip);
+        }
+    }
+    a
 }
 
 pub(crate) struct NameDisplay<'a>(&'a InetNames, bool);

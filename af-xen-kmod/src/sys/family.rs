@@ -169,12 +169,13 @@ impl Sk {
         // SAFETY: live sock; the helper compares its sk_prot.
         unsafe { super::afx_sk_is_ours(self.0) != 0 }
     }
-    /// The attached state, for as long as the callback runs.
+    /// The attached state, for as long as the callback runs. Only a sock
+    /// of our proto: the one callback that can be reached with another's
+    /// (`getname`, from accept(2) after a dual listener handed out a TCP
+    /// connection) looks with `is_ours` first, so the data path pays no
+    /// check.
     fn borrow<'a, F: Family>(&'a self) -> Option<ArcBorrow<'a, F::Sock>> {
-        if !self.is_ours() {
-            return None;
-        }
-        // SAFETY: live sock of our proto.
+        // SAFETY: live sock of our proto (see above).
         let p = unsafe { super::afx_sk_priv(self.0) };
         if p.is_null() {
             return None;

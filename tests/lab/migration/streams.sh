@@ -64,6 +64,13 @@ stop_stream() {
   kill "$_dog" 2>/dev/null
 }
 
+# tcp_counters: this guest's TCP counters (/proc/net/snmp), InCsumErrors
+# among them: segments that failed TCP's checksum
+tcp_counters() {
+  awk '/^Tcp:/ {if (!n++) {split($0, h); next} for (i = 2; i <= NF; i++) printf "%s=%s ", h[i], $i; print ""}' \
+    /proc/net/snmp | sed 's/^/  [tcp] /'
+}
+
 # got NAME: bytes received so far
 got() { awk '{print $4; exit}' "/tmp/$1.status" 2>/dev/null || echo 0; }
 

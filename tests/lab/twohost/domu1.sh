@@ -78,6 +78,6 @@ check stream-intact sh -c 'test "$(wc -l < /tmp/sent)" -gt 0 && cut -d" " -f2- /
 metric stream.lines "$SENT" lines
 metric stream.max_gap_s "$(awk 'NR > 1 && $1 - p > m {m = $1 - p} {p = $1} END {printf "%.2f", m}' /tmp/echo.ts)" s
 # TCP's own count of segments that failed their checksum (InCsumErrors)
-awk '/^Tcp:/ {if (!n++) {split($0, h); next} for (i = 2; i <= NF; i++) printf "%s=%s ", h[i], $i; print ""}' /proc/net/snmp | sed 's/^/  [tcp] /'
+tcp_counters
 # the module's account of its switches (pr_info: not on the console at loglevel 4)
 dmesg | grep -E "af_xen|BUG|WARNING|Oops" | tail -n 40

@@ -23,6 +23,6 @@ stop_stream kx; stop_stream kt; stop_stream kp
 sed "s/^/  [af_xen] /" /proc/net/af_xen
 check domid-changed test "$NOW" != "$START"
 check ping-domu1-after-moves wait_until 30 ping -c 1 -W 2 "$LAB_NET_DOMU1"
-awk '/^Tcp:/ {if (!n++) {split($0, h); next} for (i = 2; i <= NF; i++) printf "%s=%s ", h[i], $i; print ""}' /proc/net/snmp | sed 's/^/  [tcp] /'
+tcp_counters
 # the module's account of its switches (pr_info: not on the console at loglevel 4)
 dmesg | grep -E "af_xen|BUG|WARNING|Oops" | tail -n 40
