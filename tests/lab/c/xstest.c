@@ -194,9 +194,30 @@ static void test_dual_local(void)
 	xl = xsock();
 	EXPECT_OK("dual-xen-listen", bind(xl, (struct sockaddr *)&x, sizeof(x)) || listen(xl, 8));
 	memcpy(g.addr, &in, sizeof(in));
+	{
+		/* a TCP socket that does not listen cannot back a listener */
+		int u = socket(AF_INET, SOCK_STREAM, 0);
+
+		g.fd = u;
+		EXPECT_ERR("dual-graft-not-listening", ioctl(xl, XENSOCK_IOC_GRAFT, &g), EINVAL);
+		close(u);
+	}
 	g.fd = t;
 	EXPECT_OK("dual-graft", ioctl(xl, XENSOCK_IOC_GRAFT, &g));
 	close(xl);
+	{
+		/* the dual listener holds one TCP listener already */
+		int t2 = socket(AF_INET, SOCK_STREAM, 0);
+		struct sockaddr_in in2 = in;
+
+		in2.sin_port = htons(DUAL_PORT + 10);
+		setsockopt(t2, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		bind(t2, (struct sockaddr *)&in2, sizeof(in2));
+		listen(t2, 1);
+		g.fd = t2;
+		EXPECT_ERR("dual-graft-twice", ioctl(t, XENSOCK_IOC_GRAFT, &g), EISCONN);
+		close(t2);
+	}
 	len = sizeof(y);
 	n = getsockname(t, (struct sockaddr *)&y, &len);
 	result("dual-getsockname", n == 0 && y.sin_family == AF_INET && ntohs(y.sin_port) == DUAL_PORT, "r=%d family=%u port=%u", n,
