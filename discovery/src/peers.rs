@@ -546,6 +546,21 @@ impl Discovery {
             }),
         })
     }
+
+    /// Is the domain with this UUID co-resident, and what is its domid
+    /// now? A static entry named by UUID alone answers with no domid.
+    pub fn lookup_uuid(&self, uuid: &str) -> Result<Option<Located>, XsError> {
+        Ok(match self {
+            Discovery::Agent(c) => c.lookup_uuid(uuid)?.map(|p| Located {
+                domid: Some(p.domid),
+                uuid: Some(p.uuid),
+            }),
+            Discovery::Static(s) => s.lookup_uuid(uuid).map(|p| Located {
+                domid: p.domid,
+                uuid: p.uuid.clone(),
+            }),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -622,6 +637,21 @@ mod tests {
             .lookup_uuid("6f1c0b8e-9d3a-4b2e-8f00-0123456789ab")
             .is_some());
         assert!(ok.lookup_ip("10.0.0.9".parse().unwrap()).is_none());
+        let both = Discovery::Static(
+            StaticPeers::parse(
+                "peer domid=7 uuid=6f1c0b8e-9d3a-4b2e-8f00-0123456789ab addrs=10.0.0.7\n",
+            )
+            .unwrap(),
+        );
+        let found = both
+            .lookup_uuid("6F1C0B8E-9D3A-4B2E-8F00-0123456789AB")
+            .unwrap()
+            .unwrap();
+        assert_eq!(found.domid, Some(7));
+        assert!(both
+            .lookup_uuid("00000000-0000-0000-0000-000000000001")
+            .unwrap()
+            .is_none());
     }
 
     #[test]
