@@ -37,7 +37,12 @@ common_root() {
   cp -a "$SCENARIO_DIR/." "$root/scenario/"
   # later issues drop our binaries/modules here (--guest-files DIR)
   if [[ -n ${GUEST_FILES:-} ]]; then cp -a "$GUEST_FILES/." "$root/opt/xensock/"; fi
-  if [[ -n ${SCENARIO_FILES:-} ]]; then cp -a "$SCENARIO_FILES/." "$root/opt/xensock/"; fi
+  if [[ -n ${SCENARIO_FILES:-} ]]; then
+    # rootfs/ of a scenario's build goes to the guest's / (programs that
+    # must sit where their package put them), the rest to /opt/xensock
+    (cd "$SCENARIO_FILES" && find . -mindepth 1 -maxdepth 1 ! -name rootfs -exec cp -a {} "$root/opt/xensock/" \;)
+    if [[ -d $SCENARIO_FILES/rootfs ]]; then cp -a "$SCENARIO_FILES/rootfs/." "$root/"; fi
+  fi
   echo "root:x:0:0:root:/root:/bin/sh" > "$root/etc/passwd"
   echo "root:x:0:" > "$root/etc/group"
   printf '127.0.0.1 localhost\n10.0.0.1 dom0\n10.0.0.2 dom0b\n10.0.0.11 domu1\n10.0.0.12 domu2\n' > "$root/etc/hosts"

@@ -26,6 +26,7 @@
 
 #include "opal/class/opal_bitmap.h"
 #include "opal/class/opal_free_list.h"
+#include "opal/class/opal_hash_table.h"
 #include "opal/datatype/opal_convertor.h"
 #include "opal/mca/btl/base/base.h"
 #include "opal/mca/btl/base/btl_base_error.h"
@@ -79,6 +80,9 @@ mca_btl_base_component_3_0_0_t mca_btl_xensock_component = {
 
 static mca_btl_xensock_module_t xensock_module;
 static opal_free_list_t eager_frags, max_frags;
+/* endpoints by process name: add_procs runs again for a peer the BTL
+ * added itself when it connected first (on_unknown_rank) */
+static opal_hash_table_t endpoints;
 static unsigned int recv_buffer_kib = 0;
 static unsigned int linger_ms = 5000;
 static int free_list_max = 1024;
@@ -144,6 +148,28 @@ static void on_note(void *ctx, const char *what)
     VERBOSE(5, "%s", what);
 }
 
+static int xensock_add_procs(mca_btl_base_module_t *btl, size_t nprocs, opal_proc_t **procs,
+                             struct mca_btl_base_endpoint_t **peers, opal_bitmap_t *reachable);
+
+/* Open MPI adds peers on other nodes when it first sends to them, so a
+ * rank that only receives has not added the sender yet: add it now, as
+ * btl/tcp does for a connection from an unknown process. */
+static int on_unknown_rank(void *ctx, uint64_t name)
+{
+    opal_process_name_t pname;
+    opal_proc_t *proc;
+    struct mca_btl_base_endpoint_t *ep = NULL;
+    (void) ctx;
+    memcpy(&pname, &name, sizeof(pname));
+    proc = opal_proc_for_name(pname);
+    if (NULL == proc) {
+        VERBOSE(5, "a connection from %s, which Open MPI does not know", OPAL_NAME_PRINT(pname));
+        return 0;
+    }
+    (void) xensock_add_procs(&xensock_module.super, 1, &proc, &ep, NULL);
+    return NULL != ep;
+}
+
 /* ---- module ---- */
 
 static int xensock_add_procs(mca_btl_base_module_t *btl, size_t nprocs, opal_proc_t **procs,
@@ -158,6 +184,15 @@ static int xensock_add_procs(mca_btl_base_module_t *btl, size_t nprocs, opal_pro
         struct mca_btl_base_endpoint_t *ep;
 
         if (procs[i] == me || NULL != peers[i]) {
+            continue;
+        }
+        if (OPAL_SUCCESS == opal_hash_table_get_value_uint64(&endpoints, name_of(procs[i]),
+                                                             (void **) &ep)) {
+            /* added before, when it connected first */
+            peers[i] = ep;
+            if (NULL != reachable) {
+                opal_bitmap_set_bit(reachable, (int) i);
+            }
             continue;
         }
         OPAL_MODEX_RECV(rc, &mca_btl_xensock_component.btl_version, &procs[i]->proc_name,
@@ -181,6 +216,7 @@ static int xensock_add_procs(mca_btl_base_module_t *btl, size_t nprocs, opal_pro
         }
         free(card);
         VERBOSE(10, "rank %s reachable over xensock", OPAL_NAME_PRINT(procs[i]->proc_name));
+        (void) opal_hash_table_set_value_uint64(&endpoints, name_of(procs[i]), ep);
         peers[i] = ep;
         if (NULL != reachable) {
             opal_bitmap_set_bit(reachable, (int) i);
@@ -196,6 +232,7 @@ static int xensock_del_procs(mca_btl_base_module_t *btl, size_t nprocs, opal_pro
     (void) procs;
     for (size_t i = 0; i < nprocs; i++) {
         if (NULL != peers[i]) {
+            (void) opal_hash_table_remove_value_uint64(&endpoints, name_of(peers[i]->proc));
             xsbtl_remove(xensock_module.engine, peers[i]->id);
             free(peers[i]);
             peers[i] = NULL;
@@ -221,6 +258,7 @@ static int xensock_finalize(mca_btl_base_module_t *btl)
     }
     OBJ_DESTRUCT(&eager_frags);
     OBJ_DESTRUCT(&max_frags);
+    OBJ_DESTRUCT(&endpoints);
     return OPAL_SUCCESS;
 }
 
@@ -450,7 +488,8 @@ static int xensock_open(void)
 {
     OBJ_CONSTRUCT(&eager_frags, opal_free_list_t);
     OBJ_CONSTRUCT(&max_frags, opal_free_list_t);
-    return OPAL_SUCCESS;
+    OBJ_CONSTRUCT(&endpoints, opal_hash_table_t);
+    return opal_hash_table_init(&endpoints, 64);
 }
 
 static int xensock_close(void)
@@ -465,6 +504,7 @@ static mca_btl_base_module_t **xensock_init(int *num_btls, bool progress_threads
         .completed = on_completed,
         .failed = on_failed,
         .note = on_note,
+        .unknown_rank = on_unknown_rank,
     };
     struct xsbtl_config cfg;
     mca_btl_base_module_t **btls;

@@ -30,6 +30,9 @@ struct xsbtl_callbacks {
     void (*failed)(void *ctx, void *endpoint, const char *why);
     /* A line for the verbose output. */
     void (*note)(void *ctx, const char *what);
+    /* A rank with no endpoint connected (Open MPI adds peers on other
+     * nodes at first send): add it with xsbtl_add and return 1, or 0. */
+    int (*unknown_rank)(void *ctx, uint64_t name);
 };
 
 struct xsbtl_engine *xsbtl_open(uint64_t name, const struct xsbtl_config *cfg,

@@ -61,6 +61,10 @@ pub trait Events {
     fn failed(&self, endpoint: usize, why: &Error);
     /// Something worth a verbose line that concerns no endpoint.
     fn note(&self, what: &str);
+    /// A rank this engine has no endpoint for connected (Open MPI adds
+    /// peers on other nodes lazily, at first send): the owner may add it
+    /// now ([`Engine::add_endpoint`]); false if it will not.
+    fn unknown_rank(&self, name: u64) -> bool;
 }
 
 /// What became of a send.
@@ -170,6 +174,8 @@ struct Stray {
     hello: [u8; HELLO_LEN],
     got: usize,
     name: Option<u64>,
+    /// Whether the owner was asked to add the rank ([`Events::unknown_rank`]).
+    asked: bool,
 }
 
 /// One rank's side of the BTL.
@@ -184,6 +190,9 @@ pub struct Engine {
     ticks: Cell<u32>,
     busy: Cell<bool>,
     backend: String,
+    /// Lifecycle lines (connecting, connected, attached) waiting for the
+    /// next progress call to hand them to [`Events::note`].
+    notes: RefCell<Vec<String>>,
 }
 
 fn would_block(e: &io::Error) -> bool {
@@ -229,7 +238,14 @@ impl Engine {
             ticks: Cell::new(0),
             busy: Cell::new(false),
             backend: report.kind.to_string(),
+            notes: RefCell::new(Vec::new()),
         })
+    }
+
+    fn trace(&self, line: impl FnOnce() -> String) {
+        if let Ok(mut n) = self.notes.try_borrow_mut() {
+            n.push(line());
+        }
     }
 
     /// This rank's card.
@@ -313,6 +329,15 @@ impl Engine {
                 (eps.len() - 1) as EndpointId
             }
         }
+    }
+
+    fn by_name(&self, name: u64) -> Option<Rc<Endpoint>> {
+        self.endpoints
+            .borrow()
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .cloned()
     }
 
     fn endpoint(&self, id: EndpointId) -> Result<Rc<Endpoint>, Error> {
@@ -432,6 +457,12 @@ impl Engine {
                 port: ep.card.port,
                 source,
             })?;
+        self.trace(|| {
+            format!(
+                "rank {:#x}: connecting to domain {domid} port {}",
+                ep.name, ep.card.port
+            )
+        });
         let hello = Hello { name: self.name }.encode();
         out.queue
             .push_front(Queued::new(vec![Part::Header(hello, HELLO_LEN)], None));
@@ -472,6 +503,12 @@ impl Engine {
                 Err(e) => self.fail(&ep, e, events),
             }
         }
+        if !self.notes.borrow().is_empty() {
+            let notes = std::mem::take(&mut *self.notes.borrow_mut());
+            for line in notes {
+                events.note(&line);
+            }
+        }
         self.busy.set(false);
         n
     }
@@ -494,6 +531,7 @@ impl Engine {
                         hello: [0; HELLO_LEN],
                         got: 0,
                         name: None,
+                        asked: false,
                     });
                 }
                 Err(e) if would_block(&e) => break,
@@ -549,13 +587,13 @@ impl Engine {
             }
         }
         let name = s.name.unwrap_or_default();
-        let ep = self
-            .endpoints
-            .borrow()
-            .iter()
-            .flatten()
-            .find(|e| e.name == name)
-            .cloned();
+        let mut ep = self.by_name(name);
+        if ep.is_none() && !s.asked {
+            s.asked = true;
+            if events.unknown_rank(name) {
+                ep = self.by_name(name);
+            }
+        }
         // A rank whose endpoint is not added yet: its hello waits.
         let Some(ep) = ep else { return true };
         let Ok(mut inc) = ep.inc.try_borrow_mut() else {
@@ -566,6 +604,7 @@ impl Engine {
             return false;
         }
         inc.stream = s.stream.take();
+        self.trace(|| format!("rank {name:#x}: its connection is attached"));
         inc.buf = vec![0; HEADER_LEN + self.config.max_payload];
         false
     }
@@ -589,6 +628,7 @@ impl Engine {
                             unreachable!("matched above")
                         };
                         out.state = OutState::Open(s);
+                        self.trace(|| format!("rank {:#x}: connected", ep.name));
                     }
                     Err(e) if would_block(&e) => return Ok(0),
                     Err(source) => {

@@ -40,6 +40,8 @@ pub struct XsbtlCallbacks {
     pub failed: extern "C" fn(*mut c_void, *mut c_void, *const c_char),
     /// A verbose line.
     pub note: extern "C" fn(*mut c_void, *const c_char),
+    /// A rank with no endpoint connected: add it (1) or not (0).
+    pub unknown_rank: extern "C" fn(*mut c_void, u64) -> c_int,
 }
 
 /// The handle C holds. Threads take turns on the engine (one reentrant
@@ -73,6 +75,9 @@ impl Events for XsbtlCallbacks {
     fn note(&self, what: &str) {
         let s = c_string(what);
         (self.note)(self.ctx, s.as_ptr())
+    }
+    fn unknown_rank(&self, name: u64) -> bool {
+        (self.unknown_rank)(self.ctx, name) != 0
     }
 }
 

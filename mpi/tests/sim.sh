@@ -65,7 +65,7 @@ grep -q 'btl:xensock: listening: domain 1 port .* over user-space transport' "$w
 grep -q '^xsmpi check ok' "$work/check.log" || fail "xsmpi check printed no result"
 pass "xsmpi check over self,xensock: $(grep '^xsmpi check ok' "$work/check.log")"
 
-prog=(NPopenmpi -i -u 1048576 -o "$work/np.out")
+prog=(NPopenmpi -i -n 20 -u 1048576 -o "$work/np.out")
 two >"$work/np.log" 2>&1 || { tail -20 "$work/np.log"; fail "NPopenmpi -i"; }
 grep -qi 'error\|fail' "$work/np.log" && { tail -20 "$work/np.log"; fail "NPopenmpi integrity errors"; }
 pass "NPopenmpi integrity check up to 1 MiB ($(grep -c . "$work/np.out") sizes)"

@@ -7,13 +7,14 @@
  *       other rank (both directions, Isend/Irecv and Sendrecv), a ring
  *       pass, an Allreduce and a Bcast; every byte is verified. Prints
  *       "xsmpi check ok" on rank 0, exits non-zero on the first bad byte.
- *   xsmpi pingpong [--min B] [--max B] [--iters N]
+ *   xsmpi pingpong [--min B] [--max B] [--step K] [--iters N]
  *       ranks 0 and 1: half round-trip latency (us) and bandwidth (MB/s)
- *       per size, one line each: "pingpong SIZE LAT_US MBPS"; the data
- *       is checked on every round.
- *   xsmpi soak --seconds S
+ *       per size (min, min*K, ... max), one line each: "pingpong SIZE
+ *       LAT_US MBPS"; the data is checked on every round.
+ *   xsmpi soak [--seconds S] [--until FILE]
  *       ranks 0 and 1 exchange checked messages of rotating sizes for S
- *       seconds (for migrations under way); prints rounds done.
+ *       seconds, or until rank 0 sees FILE (for guests moving meanwhile);
+ *       prints the rounds done.
  */
 #include <mpi.h>
 #include <stdint.h>
@@ -134,7 +135,7 @@ static int check(size_t max, int rounds)
     return 0;
 }
 
-static int pingpong(size_t min, size_t max, int iters)
+static int pingpong(size_t min, size_t max, size_t step, int iters)
 {
     unsigned char *out = malloc(max), *in = malloc(max);
     if (rank > 1) {
@@ -142,7 +143,7 @@ static int pingpong(size_t min, size_t max, int iters)
         free(in);
         return 0;
     }
-    for (size_t n = min; n <= max; n *= 2) {
+    for (size_t n = min; n <= max; n *= step) {
         int it = n >= 1 << 20 ? (iters / 10 > 5 ? iters / 10 : 5) : iters;
         int peer = 1 - rank;
         double t0;
@@ -184,7 +185,7 @@ static int pingpong(size_t min, size_t max, int iters)
     return 0;
 }
 
-static int soak(double seconds)
+static int soak(double seconds, const char *until)
 {
     size_t max = 4 << 20;
     unsigned char *out = malloc(max), *in = malloc(max);
@@ -204,7 +205,7 @@ static int soak(double seconds)
         done++;
         /* rank 0 decides when to stop, so both stop on the same round */
         if (0 == rank) {
-            go = MPI_Wtime() < end;
+            go = MPI_Wtime() < end && (NULL == until || 0 != access(until, F_OK));
             MPI_Send(&go, 1, MPI_INT, peer, 6, MPI_COMM_WORLD);
         } else {
             MPI_Recv(&go, 1, MPI_INT, peer, 6, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
@@ -232,10 +233,17 @@ int main(int argc, char **argv)
     } else if (0 == strcmp(argv[1], "check")) {
         rc = check(arg_size(argc, argv, "--max", 4 << 20), (int) arg_size(argc, argv, "--rounds", 2));
     } else if (0 == strcmp(argv[1], "pingpong")) {
+        size_t step = arg_size(argc, argv, "--step", 2);
         rc = pingpong(arg_size(argc, argv, "--min", 1), arg_size(argc, argv, "--max", 4 << 20),
-                      (int) arg_size(argc, argv, "--iters", 1000));
+                      step < 2 ? 2 : step, (int) arg_size(argc, argv, "--iters", 1000));
     } else if (0 == strcmp(argv[1], "soak")) {
-        rc = soak((double) arg_size(argc, argv, "--seconds", 10));
+        const char *until = NULL;
+        for (int i = 2; i + 1 < argc; i++) {
+            if (0 == strcmp(argv[i], "--until")) {
+                until = argv[i + 1];
+            }
+        }
+        rc = soak((double) arg_size(argc, argv, "--seconds", until ? 86400 : 10), until);
     } else if (0 == rank) {
         fprintf(stderr, "xsmpi: unknown command %s\n", argv[1]);
     }

@@ -1,0 +1,67 @@
+# Open MPI across the domUs (sourced by domu1.sh and domu2.sh after
+# common.sh): domu2 runs mpirun, which starts its daemon on domu1 through
+# the lab's exec service (xrsh: a shell on a socat listener), since the
+# guests have no ssh.
+. /opt/xensock/mpi.params
+EXEC_PORT=2222
+STOP=/tmp/mpi-soak.stop
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_plm_rsh_agent=/opt/xensock/bin/xrsh OMPI_MCA_plm_rsh_no_tree_spawn=1
+export OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0
+# one vCPU per domU: ranks sharing it yield instead of spinning
+export OMPI_MCA_mpi_yield_when_idle=1
+# the lab kernel has no CONFIG_CROSS_MEMORY_ATTACH (process_vm_readv says
+# ENOSYS), vader's single-copy path for large messages
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+
+mpi_exec_service() {
+  socat TCP-LISTEN:$EXEC_PORT,reuseaddr,fork EXEC:/bin/sh,stderr > /tmp/exec.log 2>&1 &
+  EXEC_PID=$!
+  check mpi-exec-service wait_until 20 sh -c "echo true | socat - TCP:127.0.0.1:$EXEC_PORT"
+}
+
+# mpirun across the domUs: N ranks per domU, rank 0 on domu2
+across() {
+  _per=$1; shift
+  timeout "${MPI_LIMIT:-600}" mpirun --host "domu2:$_per,domu1:$_per" --map-by node -np $((_per * 2)) "$@"
+}
+
+# ping-pong table of one configuration: "pingpong SIZE LAT_US MBPS" lines
+bench_one() {
+  _name=$1; shift
+  MPI_LIMIT=300 "$@" /opt/xensock/bin/xsmpi pingpong --min 1 --max 4194304 --step 4 --iters "$MPI_BENCH_ITERS" \
+    > "/tmp/pp-$_name.out" 2> "/tmp/pp-$_name.err"
+  _rc=$?
+  sed "s/^/  [$_name] /" "/tmp/pp-$_name.out"
+  [ $_rc -eq 0 ] && grep -q '^pingpong 4194304 ' "/tmp/pp-$_name.out" && return 0
+  log "$_name: exit $_rc"
+  tail -n 30 "/tmp/pp-$_name.err"
+  return 1
+}
+lat() { awk -v n="$2" '$1 == "pingpong" && $2 == n {print $3}' "/tmp/pp-$1.out"; }
+bw() { awk -v n="$2" '$1 == "pingpong" && $2 == n {print $4}' "/tmp/pp-$1.out"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print 0}'; }
+
+mpi_bench() {
+  check mpi-bench-tcp bench_one tcp across 1 --mca btl self,tcp
+  check mpi-bench-xensock bench_one xensock across 1 --mca btl self,xensock
+  check mpi-bench-vader bench_one vader timeout 600 mpirun --host domu2:2 -np 2 --mca btl self,vader
+  log "bench: ping-pong half round trip (us) and bandwidth (MB/s); domUs have 1 vCPU each"
+  for n in 1 64 1024 16384 262144 1048576 4194304; do
+    log "  $n B: tcp $(lat tcp $n) us $(bw tcp $n) MB/s | xensock $(lat xensock $n) us $(bw xensock $n) MB/s | vader (one domU) $(lat vader $n) us $(bw vader $n) MB/s"
+  done
+  metric bench.mpi_lat1_tcp "$(lat tcp 1)" us
+  metric bench.mpi_lat1_xensock "$(lat xensock 1)" us
+  metric bench.mpi_lat1_vader "$(lat vader 1)" us
+  metric bench.mpi_lat1_xensock_vs_tcp "$(ratio "$(lat xensock 1)" "$(lat tcp 1)")" x
+  metric bench.mpi_lat1_xensock_vs_vader "$(ratio "$(lat xensock 1)" "$(lat vader 1)")" x
+  metric bench.mpi_bw1m_tcp "$(bw tcp 1048576)" MB/s
+  metric bench.mpi_bw1m_xensock "$(bw xensock 1048576)" MB/s
+  metric bench.mpi_bw1m_xensock_vs_tcp "$(ratio "$(bw xensock 1048576)" "$(bw tcp 1048576)")" x
+}
+
+# the job's af_xen connections (one each way) are there, and every
+# connection is on a ring again (none left on a TCP leg)
+all_on_ring() {
+  awk 'NR > 1 && $1 == "ESTABLISHED" {n++; if ($10 != "ring-xen") bad = 1} END {exit (bad || n < 2)}' /proc/net/af_xen
+}
