@@ -23,7 +23,7 @@ use xensock_discovery::xs::XsClient;
 
 use crate::card::Card;
 use crate::sys::Borrowed;
-use crate::wire::{FrameHeader, FrameKind, Hello, HEADER_LEN, HELLO_LEN};
+use crate::wire::{next_frame, FrameHeader, FrameKind, Hello, HEADER_LEN, HELLO_LEN};
 use crate::Error;
 
 /// How the engine is sized.
@@ -705,22 +705,19 @@ impl Engine {
                 Err(e) => return Err(Error::PeerLost(format!("receive: {e}"))),
             };
             *end += k;
-            while *end - *start >= HEADER_LEN {
-                let mut hb = [0u8; HEADER_LEN];
-                hb.copy_from_slice(&buf[*start..*start + HEADER_LEN]);
-                let h = FrameHeader::decode(&hb, self.config.max_payload)?;
-                let body = *start + HEADER_LEN;
-                if *end - body < h.len as usize {
-                    break;
+            while let Some((h, size)) = next_frame(&buf[*start..*end], self.config.max_payload)? {
+                if *bye {
+                    return Err(Error::Protocol("a frame after the bye".into()));
                 }
+                let body = *start + HEADER_LEN;
                 match h.kind {
                     FrameKind::Data => {
-                        events.deliver(ep.cookie, h.tag, &buf[body..body + h.len as usize]);
+                        events.deliver(ep.cookie, h.tag, &buf[body..*start + size]);
                         delivered += 1;
                     }
                     FrameKind::Bye => *bye = true,
                 }
-                *start = body + h.len as usize;
+                *start += size;
             }
         }
         Ok(delivered)

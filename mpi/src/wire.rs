@@ -141,6 +141,18 @@ impl FrameHeader {
     }
 }
 
+/// The first frame in `bytes` (what has arrived and not been delivered):
+/// its header and its whole size (header and payload), `None` until all
+/// of it is there, or the error that ends the connection.
+pub fn next_frame(bytes: &[u8], limit: usize) -> Result<Option<(FrameHeader, usize)>, Error> {
+    let Some(head) = bytes.first_chunk::<HEADER_LEN>() else {
+        return Ok(None);
+    };
+    let h = FrameHeader::decode(head, limit)?;
+    let size = HEADER_LEN + h.len as usize;
+    Ok((bytes.len() >= size).then_some((h, size)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,7 +190,48 @@ mod tests {
         assert!(FrameHeader::decode(&b, 10).is_err());
     }
 
+    #[test]
+    fn frames_come_out_whole_and_garbage_is_refused() {
+        let mut stream = FrameHeader::data(7, 3).unwrap().encode().to_vec();
+        stream.extend_from_slice(b"abc");
+        stream.extend_from_slice(&FrameHeader::bye().encode());
+        assert_eq!(next_frame(&stream[..5], 64).unwrap(), None);
+        assert_eq!(next_frame(&stream[..10], 64).unwrap(), None);
+        let (h, size) = next_frame(&stream, 64).unwrap().unwrap();
+        assert_eq!((h.tag, h.len, size), (7, 3, 11));
+        let (bye, size) = next_frame(&stream[11..], 64).unwrap().unwrap();
+        assert_eq!((bye.kind, size), (FrameKind::Bye, HEADER_LEN));
+        // a header announcing more than this rank accepts ends the connection
+        assert!(next_frame(&[0xff; 16], 64).is_err());
+        assert!(next_frame(&[0, 0, 0, 0, 1, 9, 0, 0], 64).is_err());
+    }
+
     proptest! {
+        /// However a stream of frames is cut into reads, the frames that
+        /// come out are the ones that went in.
+        #[test]
+        fn frames_survive_any_cut(
+            frames in proptest::collection::vec((any::<u8>(), proptest::collection::vec(any::<u8>(), 0..40)), 0..8),
+            cuts in proptest::collection::vec(1usize..50, 0..20),
+        ) {
+            let mut stream = Vec::new();
+            for (tag, body) in &frames {
+                stream.extend_from_slice(&FrameHeader::data(*tag, body.len()).unwrap().encode());
+                stream.extend_from_slice(body);
+            }
+            let mut got = Vec::new();
+            let (mut start, mut end) = (0, 0);
+            let mut cuts = cuts.into_iter().chain(std::iter::repeat(7));
+            while start < stream.len() {
+                end = (end + cuts.next().unwrap_or(7)).min(stream.len());
+                while let Some((h, size)) = next_frame(&stream[start..end], 64).unwrap() {
+                    got.push((h.tag, stream[start + HEADER_LEN..start + size].to_vec()));
+                    start += size;
+                }
+            }
+            prop_assert_eq!(got, frames);
+        }
+
         #[test]
         fn any_header_bytes_decode_or_fail_cleanly(b in any::<[u8; HEADER_LEN]>(), limit in 0usize..1 << 20) {
             if let Ok(h) = FrameHeader::decode(&b, limit) {

@@ -12,5 +12,6 @@ check mpi-soak-started wait_until 900 test -f /tmp/mpi.started
 for m in $MIG_MOVES; do run_phase server "$m"; done
 # the ranks here belong to domu2's jobs: stay until it says they are done
 check mpi-job-done wait_until 1500 test -f /tmp/mpi.done
+[ "$MPI_STACK" = kmod ] && check mpi-sockets-released wait_until 30 btl_sockets_gone
 kill "$EXEC_PID" 2>/dev/null
 mig_finish

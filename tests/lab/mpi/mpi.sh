@@ -60,6 +60,37 @@ mpi_bench() {
   metric bench.mpi_bw1m_xensock_vs_tcp "$(ratio "$(bw xensock 1048576)" "$(bw tcp 1048576)")" x
 }
 
+# what the BTL says it runs over
+backend_line() {
+  if [ "$MPI_STACK" = kmod ]; then echo 'over kernel AF_XEN family'
+  else echo 'over user-space transport over /dev/xen'; fi
+}
+# Several ranks of one guest share the user-space transport through
+# `xensock daemon` (its socket at the default path makes every process
+# use it); the module needs none.
+daemons_start() {
+  [ "$MPI_STACK" = kmod ] && return 0
+  mkdir -p /run/xensock
+  xensock daemon < /dev/null > /tmp/daemon.log 2>&1 &
+  DAEMON=$!
+  xrsh domu1 "mkdir -p /run/xensock; xensock daemon < /dev/null > /tmp/daemon.log 2>&1 &"
+  wait_until 30 test -S /run/xensock/daemon.sock
+  wait_until 30 sh -c "xrsh domu1 test -S /run/xensock/daemon.sock"
+}
+daemons_stop() {
+  [ "$MPI_STACK" = kmod ] && return 0
+  kill "$DAEMON" 2>/dev/null
+  xrsh domu1 "pkill -f 'xensock daemon'; sleep 1; rm -f /run/xensock/daemon.sock"
+  sleep 1; rm -f /run/xensock/daemon.sock
+}
+# no BTL socket is left once the jobs are over: no listener on an
+# ephemeral port, no connection between two ephemeral ports (the BTL's;
+# the machinery's streams use fixed ports)
+btl_sockets_gone() {
+  awk 'NR > 1 { split($2, l, ":"); split($3, p, ":")
+        if (l[2] >= 49152 && ($1 == "LISTEN" || p[2] >= 49152)) { print; bad = 1 } }
+       END { exit bad }' /proc/net/af_xen
+}
 # the job's af_xen connections (one each way) are there, and every
 # connection is on a ring again (none left on a TCP leg)
 all_on_ring() {
