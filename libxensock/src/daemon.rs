@@ -174,6 +174,18 @@ impl RelayStream {
         crate::sys::readable_bytes(self.sock.as_fd()).unwrap_or(0)
     }
 
+    /// `send` with `MSG_NOSIGNAL`: once the daemon closed its end a plain
+    /// `write` would raise SIGPIPE, whose default action ends a program
+    /// that did not ignore it (a C program, an MPI rank).
+    pub(crate) fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        socket2::SockRef::from(&self.sock).send_with_flags(buf, libc::MSG_NOSIGNAL)
+    }
+
+    /// [`RelayStream::send`] of several buffers.
+    pub(crate) fn send_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        socket2::SockRef::from(&self.sock).send_vectored_with_flags(bufs, libc::MSG_NOSIGNAL)
+    }
+
     pub(crate) fn try_clone(&self) -> io::Result<RelayStream> {
         Ok(RelayStream {
             sock: self.sock.try_clone()?,
@@ -516,5 +528,38 @@ fn relay(x: XenStream, u: UnixStream) {
     let _ = x.shutdown(Shutdown::Both);
     if let Ok(d) = down {
         let _ = d.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static SIGPIPES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    extern "C" fn count_sigpipe(_: libc::c_int) {
+        SIGPIPES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Writing to a relayed connection whose daemon end is gone is an
+    /// EPIPE for the program, never a SIGPIPE (which would end an MPI rank
+    /// or any C program that did not ignore it).
+    #[test]
+    fn writing_after_the_daemon_closed_is_an_error_not_a_sigpipe() {
+        crate::sys::on_sigpipe(count_sigpipe).unwrap();
+        let (ours, daemons) = UnixStream::pair().unwrap();
+        drop(daemons);
+        let s = relay_stream(
+            OwnedFd::from(ours),
+            SockAddrXen::new(1, 1),
+            SockAddrXen::new(2, 2),
+        );
+        let e = s.send(b"abc").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPIPE));
+        let e = s
+            .send_vectored(&[io::IoSlice::new(b"a"), io::IoSlice::new(b"b")])
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPIPE));
+        assert_eq!(SIGPIPES.load(std::sync::atomic::Ordering::SeqCst), 0);
     }
 }

@@ -795,7 +795,7 @@ impl Write for &XenStream {
         match &self.imp {
             StreamImpl::User(u) => (&*u).write(buf),
             StreamImpl::Kernel(k) => k.write(buf),
-            StreamImpl::Relay(r) => (&r.sock).write(buf),
+            StreamImpl::Relay(r) => r.send(buf),
         }
     }
 
@@ -803,7 +803,7 @@ impl Write for &XenStream {
         match &self.imp {
             StreamImpl::User(u) => (&*u).write_vectored(bufs),
             StreamImpl::Kernel(k) => k.write_vectored(bufs),
-            StreamImpl::Relay(r) => (&r.sock).write_vectored(bufs),
+            StreamImpl::Relay(r) => r.send_vectored(bufs),
         }
     }
 

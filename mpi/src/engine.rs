@@ -85,9 +85,12 @@ pub type EndpointId = u32;
 const MAX_STRAYS: usize = 1024;
 /// Reads per endpoint and progress call (fairness between peers).
 const READS_PER_PROGRESS: usize = 4;
-/// The listener is polled every this many progress calls: accepting is
-/// rare (once per peer) and each poll costs a system call.
+/// The listener is polled every this many progress calls while a peer
+/// has not connected to us yet: accepting is rare (once per peer) and
+/// each poll costs a system call.
 const ACCEPT_EVERY: u32 = 16;
+/// ... and this often once every known peer has (for ranks added later).
+const ACCEPT_IDLE_EVERY: u32 = 1024;
 
 enum OutState {
     Idle,
@@ -480,7 +483,9 @@ impl Engine {
         let tick = self.ticks.get().wrapping_add(1);
         self.ticks.set(tick);
         let mut n = 0;
-        if tick % ACCEPT_EVERY == 0 || !self.strays.borrow().is_empty() {
+        let accept_now =
+            tick % ACCEPT_IDLE_EVERY == 0 || (tick % ACCEPT_EVERY == 0 && self.awaiting_peer());
+        if accept_now || !self.strays.borrow().is_empty() {
             self.accept(events);
         }
         let count = self.endpoints.borrow().len();
@@ -511,6 +516,16 @@ impl Engine {
         }
         self.busy.set(false);
         n
+    }
+
+    /// Whether some endpoint's peer has not connected to us yet.
+    fn awaiting_peer(&self) -> bool {
+        self.endpoints.borrow().iter().flatten().any(|e| {
+            !e.failed.get()
+                && e.inc
+                    .try_borrow()
+                    .is_ok_and(|i| i.stream.is_none() && !i.bye)
+        })
     }
 
     fn accept(&self, events: &dyn Events) {
@@ -687,6 +702,10 @@ impl Engine {
                 *end -= *start;
                 *start = 0;
             }
+            let room = buf.len() - *end;
+            if room == 0 {
+                break;
+            }
             let k = match (&*s).read(&mut buf[*end..]) {
                 Ok(0) if *bye && *start == *end => {
                     *stream = None;
@@ -705,6 +724,10 @@ impl Engine {
                 Err(e) => return Err(Error::PeerLost(format!("receive: {e}"))),
             };
             *end += k;
+            // A read that did not fill the room took all there was: the
+            // next would only say so, at the price of a system call on the
+            // latency path.
+            let drained = k < room;
             while let Some((h, size)) = next_frame(&buf[*start..*end], self.config.max_payload)? {
                 if *bye {
                     return Err(Error::Protocol("a frame after the bye".into()));
@@ -718,6 +741,9 @@ impl Engine {
                     FrameKind::Bye => *bye = true,
                 }
                 *start += size;
+            }
+            if drained {
+                break;
             }
         }
         Ok(delivered)
@@ -737,10 +763,12 @@ impl Engine {
         if let Ok(mut inc) = ep.inc.try_borrow_mut() {
             inc.stream = None;
         }
+        // The report first: Open MPI may abort the process at the first
+        // failed completion, and the reason must be out by then.
+        events.failed(ep.cookie, &why);
         for c in dropped {
             events.completed(c, false);
         }
-        events.failed(ep.cookie, &why);
     }
 
     /// Says goodbye to the endpoint's peer and forgets it: queued
