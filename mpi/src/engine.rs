@@ -42,7 +42,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Config {
         Config {
-            max_payload: 128 * 1024,
+            max_payload: 256 * 1024,
             recv_buffer: None,
             linger: Duration::from_secs(5),
         }
@@ -94,7 +94,8 @@ const ACCEPT_IDLE_EVERY: u32 = 1024;
 
 enum OutState {
     Idle,
-    Connecting(XenStream),
+    /// Connecting to this domid (the table's, at connect time).
+    Connecting(XenStream, u32),
     Open(XenStream),
     Closed,
 }
@@ -469,7 +470,7 @@ impl Engine {
         let hello = Hello { name: self.name }.encode();
         out.queue
             .push_front(Queued::new(vec![Part::Header(hello, HELLO_LEN)], None));
-        out.state = OutState::Connecting(stream);
+        out.state = OutState::Connecting(stream, domid);
         Ok(())
     }
 
@@ -634,27 +635,26 @@ impl Engine {
             if out.queue.is_empty() {
                 return Ok(0);
             }
-            if let OutState::Connecting(s) = &out.state {
-                match s.finish_connect() {
+            out.state = match std::mem::replace(&mut out.state, OutState::Closed) {
+                OutState::Connecting(s, domid) => match s.finish_connect() {
                     Ok(()) => {
-                        let OutState::Connecting(s) =
-                            std::mem::replace(&mut out.state, OutState::Idle)
-                        else {
-                            unreachable!("matched above")
-                        };
-                        out.state = OutState::Open(s);
                         self.trace(|| format!("rank {:#x}: connected", ep.name));
+                        OutState::Open(s)
                     }
-                    Err(e) if would_block(&e) => return Ok(0),
+                    Err(e) if would_block(&e) => {
+                        out.state = OutState::Connecting(s, domid);
+                        return Ok(0);
+                    }
                     Err(source) => {
                         return Err(Error::Connect {
-                            domid: ep.card.domid,
+                            domid,
                             port: ep.card.port,
                             source,
                         })
                     }
-                }
-            }
+                },
+                other => other,
+            };
             let Outgoing { state, queue } = &mut *out;
             let OutState::Open(s) = state else {
                 return Ok(0);

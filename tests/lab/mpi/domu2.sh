@@ -50,5 +50,6 @@ wait $SOAK; _rc=$?
 tail -n 5 /tmp/soak.log | sed 's/^/  [soak] /'
 check mpi-soak-across-moves sh -c "[ $_rc -eq 0 ] && grep -q '^xsmpi soak ok' /tmp/soak.log"
 [ "$MPI_STACK" = kmod ] && check mpi-sockets-released wait_until 30 btl_sockets_gone
+[ "${MPI_SWEEP:-0}" = 1 ] && mpi_sweep
 xrsh domu1 touch /tmp/mpi.done
 mig_finish

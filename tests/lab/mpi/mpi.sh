@@ -26,27 +26,38 @@ across() {
   timeout "${MPI_LIMIT:-600}" mpirun --host "domu2:$_per,domu1:$_per" --map-by node -np $((_per * 2)) "$@"
 }
 
-# ping-pong table of one configuration: "pingpong SIZE LAT_US MBPS" lines
+# ping-pong table of one configuration in one round: "pingpong SIZE
+# LAT_US MBPS" lines in /tmp/pp-NAME.ROUND.out
 bench_one() {
-  _name=$1; shift
+  _name=$1; _round=$2; shift 2
+  _out=/tmp/pp-$_name.$_round.out
   MPI_LIMIT=300 "$@" /opt/xensock/bin/xsmpi pingpong --min 1 --max 4194304 --step 4 --iters "$MPI_BENCH_ITERS" \
-    > "/tmp/pp-$_name.out" 2> "/tmp/pp-$_name.err"
+    > "$_out" 2> "/tmp/pp-$_name.err"
   _rc=$?
-  sed "s/^/  [$_name] /" "/tmp/pp-$_name.out"
-  [ $_rc -eq 0 ] && grep -q '^pingpong 4194304 ' "/tmp/pp-$_name.out" && return 0
+  sed "s/^/  [$_name round $_round] /" "$_out"
+  [ $_rc -eq 0 ] && grep -q '^pingpong 4194304 ' "$_out" && return 0
   log "$_name: exit $_rc"
   tail -n 30 "/tmp/pp-$_name.err"
   return 1
 }
-lat() { awk -v n="$2" '$1 == "pingpong" && $2 == n {print $3}' "/tmp/pp-$1.out"; }
-bw() { awk -v n="$2" '$1 == "pingpong" && $2 == n {print $4}' "/tmp/pp-$1.out"; }
+median() { sort -n | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]; else print 0}'; }
+# medians over the rounds
+lat() { cat /tmp/pp-"$1".*.out 2>/dev/null | awk -v n="$2" '$1 == "pingpong" && $2 == n {print $3}' | median; }
+bw() { cat /tmp/pp-"$1".*.out 2>/dev/null | awk -v n="$2" '$1 == "pingpong" && $2 == n {print $4}' | median; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print 0}'; }
 
+# MPI_BENCH_ROUNDS interleaved rounds of the three configurations
 mpi_bench() {
-  check mpi-bench-tcp bench_one tcp across 1 --mca btl self,tcp
-  check mpi-bench-xensock bench_one xensock across 1 --mca btl self,xensock
-  check mpi-bench-vader bench_one vader timeout 600 mpirun --host domu2:2 -np 2 --mca btl self,vader
-  log "bench: ping-pong half round trip (us) and bandwidth (MB/s); domUs have 1 vCPU each"
+  _ok_tcp=1; _ok_xs=1; _ok_vader=1
+  for r in $(seq "$MPI_BENCH_ROUNDS"); do
+    bench_one tcp "$r" across 1 --mca btl self,tcp || _ok_tcp=0
+    bench_one xensock "$r" across 1 --mca btl self,xensock || _ok_xs=0
+    bench_one vader "$r" timeout 600 mpirun --host domu2:2 -np 2 --mca btl self,vader || _ok_vader=0
+  done
+  check mpi-bench-tcp test $_ok_tcp = 1
+  check mpi-bench-xensock test $_ok_xs = 1
+  check mpi-bench-vader test $_ok_vader = 1
+  log "bench: ping-pong half round trip (us) and bandwidth (MB/s), medians of $MPI_BENCH_ROUNDS rounds; domUs have 1 vCPU each"
   for n in 1 64 1024 16384 262144 1048576 4194304; do
     log "  $n B: tcp $(lat tcp $n) us $(bw tcp $n) MB/s | xensock $(lat xensock $n) us $(bw xensock $n) MB/s | vader (one domU) $(lat vader $n) us $(bw vader $n) MB/s"
   done
@@ -58,6 +69,22 @@ mpi_bench() {
   metric bench.mpi_bw1m_tcp "$(bw tcp 1048576)" MB/s
   metric bench.mpi_bw1m_xensock "$(bw xensock 1048576)" MB/s
   metric bench.mpi_bw1m_xensock_vs_tcp "$(ratio "$(bw xensock 1048576)" "$(bw tcp 1048576)")" x
+}
+
+# MPI_SWEEP=1: the fragment sizes the BTL's defaults come from. Ping-pong
+# bandwidth at 256 KiB, 1 MiB and 4 MiB per max_send_size, and latency of
+# 16 and 64 KiB messages per eager limit.
+mpi_sweep() {
+  for m in 65536 131072 262144 524288; do
+    across 1 --mca btl self,xensock --mca btl_xensock_max_send_size $m \
+      /opt/xensock/bin/xsmpi pingpong --min 262144 --max 4194304 --step 4 --iters 40 > /tmp/sw.out 2>&1
+    log "sweep max_send_size $m: $(awk '$1 == "pingpong" {printf "%s B %s MB/s  ", $2, $4}' /tmp/sw.out)"
+  done
+  for e in 4096 16384 65536 131072; do
+    across 1 --mca btl self,xensock --mca btl_xensock_eager_limit $e --mca btl_xensock_rndv_eager_limit $e \
+      /opt/xensock/bin/xsmpi pingpong --min 4096 --max 65536 --step 4 --iters 100 > /tmp/sw.out 2>&1
+    log "sweep eager_limit $e: $(awk '$1 == "pingpong" {printf "%s B %s us  ", $2, $3}' /tmp/sw.out)"
+  done
 }
 
 # what the BTL says it runs over
