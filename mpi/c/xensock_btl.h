@@ -16,6 +16,7 @@ struct xsbtl_config {
     size_t max_payload;  /* largest fragment, header included */
     size_t recv_buffer;  /* receive ring per connection; 0: default */
     uint32_t linger_ms;  /* finalize waits this long for queued data */
+    int check_readable;  /* nonzero: FIONREAD before each read (kernel family) */
 };
 
 struct xsbtl_callbacks {

@@ -17,7 +17,9 @@ use std::net::Shutdown;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use libxensock::{SockAddrXen, SocketOptions, XenListener, XenStream, PORT_ANY};
+use std::os::fd::AsFd;
+
+use libxensock::{BackendKind, SockAddrXen, SocketOptions, XenListener, XenStream, PORT_ANY};
 use xensock_discovery::peers::Discovery;
 use xensock_discovery::xs::XsClient;
 
@@ -37,6 +39,10 @@ pub struct Config {
     pub recv_buffer: Option<usize>,
     /// How long finalize waits for queued fragments and byes to leave.
     pub linger: Duration,
+    /// Over the kernel family, ask `FIONREAD` before reading: one more
+    /// system call when data is there, but an empty poll then arms no
+    /// notification, so the peer's send needs no event-channel kick.
+    pub check_readable: bool,
 }
 
 impl Default for Config {
@@ -45,6 +51,7 @@ impl Default for Config {
             max_payload: 256 * 1024,
             recv_buffer: None,
             linger: Duration::from_secs(5),
+            check_readable: false,
         }
     }
 }
@@ -692,6 +699,13 @@ impl Engine {
         let Some(s) = stream.as_ref() else {
             return Ok(0);
         };
+        if self.config.check_readable
+            && s.backend_kind() == BackendKind::Kernel
+            && *start == *end
+            && matches!(crate::sys::readable(s.as_fd()), Ok(0))
+        {
+            return Ok(0);
+        }
         let mut delivered = 0;
         for _ in 0..READS_PER_PROGRESS {
             if *start > 0 && *start == *end {

@@ -24,6 +24,8 @@ pub struct XsbtlConfig {
     pub recv_buffer: usize,
     /// Finalize waits this long for queued fragments, in milliseconds.
     pub linger_ms: u32,
+    /// Nonzero: `FIONREAD` before each read on the kernel family.
+    pub check_readable: c_int,
 }
 
 /// Open MPI's side of [`Events`].
@@ -131,6 +133,7 @@ pub unsafe extern "C" fn xsbtl_open(
         max_payload: cfg.max_payload,
         recv_buffer: (cfg.recv_buffer > 0).then_some(cfg.recv_buffer),
         linger: Duration::from_millis(cfg.linger_ms.into()),
+        check_readable: cfg.check_readable != 0,
     };
     guarded(std::ptr::null_mut(), || match Engine::open(name, config) {
         Ok(engine) => Box::into_raw(Box::new(XsbtlEngine {

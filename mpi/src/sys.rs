@@ -3,6 +3,9 @@
 //! keeps alive until the send completes, and the engine handed between
 //! threads under one lock.
 
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
 use crate::Engine;
 
 /// Bytes owned by the caller of [`crate::Engine::send_in_place`], held
@@ -45,3 +48,17 @@ pub(crate) struct Confined(pub(crate) Engine);
 // counts and RefCell flags inside are never touched by two threads at
 // once, which is all that makes them !Send.
 unsafe impl Send for Confined {}
+
+/// Bytes readable on a kernel socket (`FIONREAD`), asked without reading:
+/// `af_xen.ko` answers from the ring's indices and, unlike a read that
+/// finds the ring empty, asks the peer for no notification.
+pub(crate) fn readable(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which points
+    // to `n`; `fd` is a live descriptor for the call.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut n) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(n).unwrap_or(0))
+}

@@ -52,6 +52,7 @@ mpi_bench() {
   for r in $(seq "$MPI_BENCH_ROUNDS"); do
     bench_one tcp "$r" across 1 --mca btl self,tcp || _ok_tcp=0
     bench_one xensock "$r" across 1 --mca btl self,xensock || _ok_xs=0
+    bench_one xensock-inq "$r" across 1 --mca btl self,xensock --mca btl_xensock_check_readable 1 || _ok_xs=0
     bench_one vader "$r" timeout 600 mpirun --host domu2:2 -np 2 --mca btl self,vader || _ok_vader=0
   done
   check mpi-bench-tcp test $_ok_tcp = 1
@@ -59,13 +60,16 @@ mpi_bench() {
   check mpi-bench-vader test $_ok_vader = 1
   log "bench: ping-pong half round trip (us) and bandwidth (MB/s), medians of $MPI_BENCH_ROUNDS rounds; domUs have 1 vCPU each"
   for n in 1 64 1024 16384 262144 1048576 4194304; do
-    log "  $n B: tcp $(lat tcp $n) us $(bw tcp $n) MB/s | xensock $(lat xensock $n) us $(bw xensock $n) MB/s | vader (one domU) $(lat vader $n) us $(bw vader $n) MB/s"
+    log "  $n B: tcp $(lat tcp $n) us $(bw tcp $n) MB/s | xensock $(lat xensock $n) us $(bw xensock $n) MB/s | xensock, FIONREAD first $(lat xensock-inq $n) us $(bw xensock-inq $n) MB/s | vader (one domU) $(lat vader $n) us $(bw vader $n) MB/s"
   done
   metric bench.mpi_lat1_tcp "$(lat tcp 1)" us
   metric bench.mpi_lat1_xensock "$(lat xensock 1)" us
   metric bench.mpi_lat1_vader "$(lat vader 1)" us
   metric bench.mpi_lat1_xensock_vs_tcp "$(ratio "$(lat xensock 1)" "$(lat tcp 1)")" x
   metric bench.mpi_lat1_xensock_vs_vader "$(ratio "$(lat xensock 1)" "$(lat vader 1)")" x
+  metric bench.mpi_lat1_xensock_inq "$(lat xensock-inq 1)" us
+  metric bench.mpi_lat1_xensock_inq_vs_vader "$(ratio "$(lat xensock-inq 1)" "$(lat vader 1)")" x
+  metric bench.mpi_bw1m_xensock_inq "$(bw xensock-inq 1048576)" MB/s
   metric bench.mpi_bw1m_tcp "$(bw tcp 1048576)" MB/s
   metric bench.mpi_bw1m_xensock "$(bw xensock 1048576)" MB/s
   metric bench.mpi_bw1m_xensock_vs_tcp "$(ratio "$(bw xensock 1048576)" "$(bw tcp 1048576)")" x
