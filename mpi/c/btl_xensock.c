@@ -461,29 +461,28 @@ static mca_btl_xensock_module_t xensock_module = {
 
 /* ---- component ---- */
 
+static void param(mca_base_component_t *c, const char *name, const char *what,
+                  mca_base_var_type_t type, mca_base_var_info_lvl_t level, void *storage)
+{
+    (void) mca_base_component_var_register(c, name, what, type, NULL, 0, 0, level,
+                                           MCA_BASE_VAR_SCOPE_READONLY, storage);
+}
+
 static int xensock_register(void)
 {
     mca_base_component_t *c = &mca_btl_xensock_component.btl_version;
 
     (void) mca_base_var_group_component_register(c, "xensock: ranks in co-resident Xen guests");
-    (void) mca_base_component_var_register(
-        c, "recv_buffer_kib", "Receive ring of each connection in KiB (0: the backend's default)",
-        MCA_BASE_VAR_TYPE_UNSIGNED_INT, NULL, 0, 0, OPAL_INFO_LVL_5, MCA_BASE_VAR_SCOPE_READONLY,
-        &recv_buffer_kib);
-    (void) mca_base_component_var_register(
-        c, "linger_ms", "At finalize, how long to wait for queued fragments to leave (ms)",
-        MCA_BASE_VAR_TYPE_UNSIGNED_INT, NULL, 0, 0, OPAL_INFO_LVL_9, MCA_BASE_VAR_SCOPE_READONLY,
-        &linger_ms);
-    (void) mca_base_component_var_register(
-        c, "check_readable",
-        "Over af_xen.ko, ask FIONREAD before each read: an empty poll then costs the peer no "
-        "event-channel kick, a message one more system call",
-        MCA_BASE_VAR_TYPE_BOOL, NULL, 0, 0, OPAL_INFO_LVL_9, MCA_BASE_VAR_SCOPE_READONLY,
-        &check_readable);
-    (void) mca_base_component_var_register(
-        c, "free_list_max", "Most send fragments of each size held at once",
-        MCA_BASE_VAR_TYPE_INT, NULL, 0, 0, OPAL_INFO_LVL_9, MCA_BASE_VAR_SCOPE_READONLY,
-        &free_list_max);
+    param(c, "recv_buffer_kib", "Receive ring of each connection in KiB (0: the backend's default)",
+          MCA_BASE_VAR_TYPE_UNSIGNED_INT, OPAL_INFO_LVL_5, &recv_buffer_kib);
+    param(c, "linger_ms", "At finalize, how long to wait for queued fragments to leave (ms)",
+          MCA_BASE_VAR_TYPE_UNSIGNED_INT, OPAL_INFO_LVL_9, &linger_ms);
+    param(c, "check_readable",
+          "Over af_xen.ko, ask FIONREAD before each read: an empty poll then costs the peer no "
+          "event-channel kick, a message one more system call",
+          MCA_BASE_VAR_TYPE_BOOL, OPAL_INFO_LVL_9, &check_readable);
+    param(c, "free_list_max", "Most send fragments of each size held at once",
+          MCA_BASE_VAR_TYPE_INT, OPAL_INFO_LVL_9, &free_list_max);
 
     /* Above tcp (100), below vader and sm: ranks in one guest share memory
      * directly, ranks on other hosts need tcp. */

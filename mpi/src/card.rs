@@ -34,11 +34,7 @@ impl fmt::Display for Card {
             "{PREFIX} domid={} port={} uuid={}",
             self.domid,
             self.port,
-            if self.uuid.is_empty() {
-                "-"
-            } else {
-                &self.uuid
-            }
+            self.uuid_or("-")
         )?;
         let addrs: Vec<String> = self.addrs.iter().map(|a| a.to_string()).collect();
         write!(
@@ -54,6 +50,15 @@ impl fmt::Display for Card {
 }
 
 impl Card {
+    /// The UUID, or `none` where XenStore could not say.
+    pub fn uuid_or<'a>(&'a self, none: &'a str) -> &'a str {
+        if self.uuid.is_empty() {
+            none
+        } else {
+            &self.uuid
+        }
+    }
+
     /// The modex bytes.
     pub fn encode(&self) -> Vec<u8> {
         self.to_string().into_bytes()

@@ -301,11 +301,7 @@ impl Engine {
         Err(format!(
             "domain {} ({}) is not co-resident",
             peer.domid,
-            if peer.uuid.is_empty() {
-                "no uuid"
-            } else {
-                &peer.uuid
-            }
+            peer.uuid_or("no uuid")
         ))
     }
 

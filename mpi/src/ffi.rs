@@ -179,11 +179,7 @@ pub unsafe extern "C" fn xsbtl_describe(e: *const XsbtlEngine, buf: *mut c_char,
         "domain {} port {} uuid {} over {}",
         c.domid,
         c.port,
-        if c.uuid.is_empty() {
-            "unknown"
-        } else {
-            &c.uuid
-        },
+        c.uuid_or("unknown"),
         engine.backend()
     );
     say(buf, len, &line);

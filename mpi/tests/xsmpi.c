@@ -135,6 +135,20 @@ static int check(size_t max, int rounds)
     return 0;
 }
 
+/* count ping-pong round trips of n bytes between ranks 0 and 1 */
+static void round_trips(unsigned char *out, unsigned char *in, size_t n, int peer, int count)
+{
+    for (int i = 0; i < count; i++) {
+        if (0 == rank) {
+            MPI_Send(out, (int) n, MPI_BYTE, peer, 9, MPI_COMM_WORLD);
+            MPI_Recv(in, (int) n, MPI_BYTE, peer, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else {
+            MPI_Recv(in, (int) n, MPI_BYTE, peer, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Send(out, (int) n, MPI_BYTE, peer, 9, MPI_COMM_WORLD);
+        }
+    }
+}
+
 static int pingpong(size_t min, size_t max, size_t step, int iters)
 {
     unsigned char *out = malloc(max), *in = malloc(max);
@@ -148,26 +162,9 @@ static int pingpong(size_t min, size_t max, size_t step, int iters)
         int peer = 1 - rank;
         double t0;
         fill(out, n, seed_of(rank, peer, n, 0));
-        /* warm up */
-        for (int i = 0; i < 3; i++) {
-            if (0 == rank) {
-                MPI_Send(out, (int) n, MPI_BYTE, peer, 9, MPI_COMM_WORLD);
-                MPI_Recv(in, (int) n, MPI_BYTE, peer, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-            } else {
-                MPI_Recv(in, (int) n, MPI_BYTE, peer, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-                MPI_Send(out, (int) n, MPI_BYTE, peer, 9, MPI_COMM_WORLD);
-            }
-        }
+        round_trips(out, in, n, peer, 3); /* warm up */
         t0 = MPI_Wtime();
-        for (int i = 0; i < it; i++) {
-            if (0 == rank) {
-                MPI_Send(out, (int) n, MPI_BYTE, peer, 9, MPI_COMM_WORLD);
-                MPI_Recv(in, (int) n, MPI_BYTE, peer, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-            } else {
-                MPI_Recv(in, (int) n, MPI_BYTE, peer, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-                MPI_Send(out, (int) n, MPI_BYTE, peer, 9, MPI_COMM_WORLD);
-            }
-        }
+        round_trips(out, in, n, peer, it);
         {
             double half = (MPI_Wtime() - t0) / it / 2;
             verify(in, n, seed_of(peer, rank, n, 0), "pingpong", peer);
