@@ -13,6 +13,12 @@ grep -E 'btl:xensock|Using .* btl' /tmp/check1.log | sed 's/^/  [check] /' | hea
 check mpi-xensock-selected test "$(grep -c 'Using xensock btl for send to' /tmp/check1.log)" -eq 2
 check mpi-backend grep -q "btl:xensock: listening: domain .* $(backend_line)" /tmp/check1.log
 check mpi-check-one-per-domu grep -q '^xsmpi check ok' /tmp/check1.log
+# without --mca btl: Open MPI's own choice (exclusivity puts xensock above
+# tcp) picks xensock for the other domU's rank
+across 1 --mca btl_base_verbose 10 /opt/xensock/bin/xsmpi check --max 65536 > /tmp/check0.log 2>&1
+check mpi-chosen-by-default sh -c "[ \$(grep -c 'Using xensock btl for send to' /tmp/check0.log) -eq 2 ] &&
+  ! grep -q 'Using tcp btl for send to' /tmp/check0.log && grep -q '^xsmpi check ok' /tmp/check0.log" ||
+  grep -E 'Using .* btl' /tmp/check0.log | head -n 6
 # two ranks per domU: vader inside each, xensock across
 daemons_start
 across 2 --mca btl self,vader,xensock --mca btl_base_verbose 10 /opt/xensock/bin/xsmpi check --max 262144 \
