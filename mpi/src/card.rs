@@ -5,7 +5,7 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::Error;
+use crate::error::Error;
 
 const PREFIX: &str = "xensock-btl/1";
 /// A card never needs more (a UUID, two numbers, a few addresses);

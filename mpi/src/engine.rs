@@ -24,9 +24,9 @@ use xensock_discovery::peers::Discovery;
 use xensock_discovery::xs::XsClient;
 
 use crate::card::Card;
+use crate::error::Error;
 use crate::sys::Borrowed;
 use crate::wire::{next_frame, FrameHeader, FrameKind, Hello, HEADER_LEN, HELLO_LEN};
-use crate::Error;
 
 /// How the engine is sized.
 #[derive(Debug, Clone)]

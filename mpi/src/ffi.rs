@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use parking_lot::ReentrantMutex;
 
+use crate::card::Card;
 use crate::engine::{Config, EndpointId, Engine, Events, Sent};
+use crate::error::Error;
 use crate::sys::Confined;
-use crate::{Card, Error};
 
 /// Sizes, from Open MPI's MCA parameters.
 #[repr(C)]
@@ -49,7 +50,7 @@ pub struct XsbtlCallbacks {
 /// The handle C holds. Threads take turns on the engine (one reentrant
 /// lock: a callback that calls back in stays on its thread).
 pub struct XsbtlEngine {
-    lock: ReentrantMutex<Confined>,
+    lock: ReentrantMutex<Confined<Engine>>,
     callbacks: XsbtlCallbacks,
 }
 

@@ -6,8 +6,6 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use crate::Engine;
-
 /// Bytes owned by the caller of [`crate::Engine::send_in_place`], held
 /// by address until they are written.
 pub(crate) struct Borrowed {
@@ -35,19 +33,20 @@ impl Borrowed {
     }
 }
 
-/// The engine as the C side holds it: `Engine` is single-threaded
+/// The engine as the C side holds it: the engine is single-threaded
 /// (`Rc`, `RefCell`), and under `MPI_THREAD_MULTIPLE` Open MPI calls the
 /// BTL from any thread. Every access goes through one reentrant lock
 /// (`ffi`), so threads take turns and only the thread holding the lock
 /// touches the engine; reentry from a callback stays on that thread.
-pub(crate) struct Confined(pub(crate) Engine);
+pub(crate) struct Confined<T>(pub(crate) T);
 
-// SAFETY: a Confined is reachable only through the ReentrantMutex in
-// `ffi::XsbtlEngine`; the mutex orders all accesses from different threads
-// (each thread's accesses happen-before the next holder's), so the Rc
-// counts and RefCell flags inside are never touched by two threads at
-// once, which is all that makes them !Send.
-unsafe impl Send for Confined {}
+// SAFETY: the one Confined is the engine inside the ReentrantMutex of
+// `ffi::XsbtlEngine` and is reachable only through it; the mutex orders
+// all accesses from different threads (each thread's accesses
+// happen-before the next holder's), so the Rc counts and RefCell flags
+// inside are never touched by two threads at once, which is all that
+// makes them !Send.
+unsafe impl<T> Send for Confined<T> {}
 
 /// Bytes readable on a kernel socket (`FIONREAD`), asked without reading:
 /// `af_xen.ko` answers from the ring's indices and, unlike a read that

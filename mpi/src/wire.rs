@@ -5,7 +5,7 @@
 //! [`FrameHeader`] and its payload (one Open MPI fragment, delivered to
 //! the active-message callback of its tag).
 
-use crate::Error;
+use crate::error::Error;
 
 /// Bytes of a hello.
 pub const HELLO_LEN: usize = 16;
