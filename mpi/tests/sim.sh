@@ -9,6 +9,7 @@
 #   - NetPIPE's integrity mode (NPopenmpi -i) and mpi4py's ringtest,
 #     programs nobody here wrote;
 #   - two ranks per domain (self,vader,xensock);
+#   - a stranger writing garbage to a rank's port: dropped, the job goes on;
 #   - a rank's guest destroyed mid-job: the other rank's BTL reports the
 #     lost peer through Open MPI's error callback and the job ends, never
 #     hangs.
@@ -98,6 +99,27 @@ PER=2 BTLS=self,vader,xensock two --mca btl_vader_exclusivity 512 --mca btl_base
 [ "$(grep -c 'Using vader btl for send to' "$work/four.log")" -eq 4 ] \
   || { grep 'Using' "$work/four.log"; fail "four ranks: want vader inside each domain"; }
 pass "two ranks per domain: vader inside, xensock across ($(grep '^xsmpi check ok' "$work/four.log"))"
+
+# A stranger connecting to a rank's BTL port and writing garbage is cut
+# off with a note, and the job goes on unharmed.
+prog=("$work/xsmpi" soak --seconds 4)
+LIMIT=120 two --mca btl_base_verbose 10 >"$work/garbage.log" 2>&1 &
+job=$!
+port=
+for _ in $(seq 100); do
+  port=$(sed -n 's/.*btl:xensock: listening: domain 1 port \([0-9]*\) .*/\1/p' "$work/garbage.log" | head -1)
+  [ -n "$port" ] && break
+  sleep 0.1
+done
+[ -n "$port" ] || fail "no listening line from rank 0"
+printf 'GARBAGE, NOT A HELLO: %064d' 0 | timeout 20 $(in_domain 2) target/debug/xensock connect "xen:1:$port" \
+  >/dev/null 2>&1 || true
+rc=0; wait "$job" || rc=$?
+[ "$rc" -eq 0 ] && grep -q '^xsmpi soak ok' "$work/garbage.log" \
+  || { tail -20 "$work/garbage.log"; fail "the job did not survive a garbage connection"; }
+grep -q 'btl:xensock: dropped a connection: protocol error from the peer: the connection does not start with a BTL hello' \
+  "$work/garbage.log" || { grep btl:xensock "$work/garbage.log" | tail; fail "the garbage connection was not refused"; }
+pass "a garbage connection to rank 0's port is dropped with a note and the job completes"
 
 # A rank's guest destroyed mid-job: a BTL must report the lost peer (through Open MPI's error callback, which aborts the job), well
 # within the time limit, never hang. (A killed process would do too, but
