@@ -9,25 +9,22 @@
 //!
 //! The transport plumbing is what any custom tonic transport needs:
 //! - server: `Server::serve_with_incoming` over a `Stream` of connections
-//!   that implement `AsyncRead + AsyncWrite + Connected` ([`XenConn`]);
+//!   that implement `AsyncRead + AsyncWrite + Connected` ([`XenStream`]
+//!   with tokio-xensock's `tonic` feature, which gives handlers a
+//!   [`XenConnectInfo`]);
 //! - client: `Endpoint::connect_with_connector` with a tower service that
 //!   dials a [`XenStream`] and wraps it in `hyper_util::rt::TokioIo`.
 //!
 //! `cargo run -p tokio-xensock --example tonic_grpc`
 
 use std::convert::Infallible;
-use std::io;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use futures_util::StreamExt;
 use hyper_util::rt::TokioIo;
-use libxensock::{SockAddrXen, Transport};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio_xensock::{XenListener, XenStream};
+use libxensock::Transport;
+use tokio_xensock::{XenConnectInfo, XenListener, XenStream};
 use tonic::codegen::{http, BoxFuture, Service};
 use tonic::server::NamedService;
-use tonic::transport::server::Connected;
 use tonic::transport::{Endpoint, Server};
 use tonic_prost::ProstCodec;
 use xensock_sim::{DomainConfig, SimHost};
@@ -46,60 +43,12 @@ pub struct HelloReply {
     /// The greeting.
     #[prost(string, tag = "1")]
     pub message: String,
-    /// The caller's domain id as the server saw it (from [`Connected`]).
+    /// The caller's domain id as the server saw it (from [`XenConnectInfo`]).
     #[prost(uint32, tag = "2")]
     pub caller_domid: u32,
 }
 
 const SAY_HELLO: &str = "/xensock.Greeter/SayHello";
-
-/// A server-side xensock connection as tonic wants it: the stream plus
-/// [`Connected`] (which the orphan rule keeps us from implementing on
-/// [`XenStream`] itself here).
-pub struct XenConn(XenStream);
-
-/// What a handler can learn about its caller: `request.extensions()`
-/// carries it, like `TcpConnectInfo` for TCP.
-#[derive(Clone, Debug)]
-pub struct XenConnectInfo {
-    /// The peer's address (domain id and port), if still known.
-    pub peer: Option<SockAddrXen>,
-}
-
-impl Connected for XenConn {
-    type ConnectInfo = XenConnectInfo;
-    fn connect_info(&self) -> XenConnectInfo {
-        XenConnectInfo {
-            peer: self.0.peer_addr().ok(),
-        }
-    }
-}
-
-impl AsyncRead for XenConn {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for XenConn {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
 
 /// The `Greeter` service, as `tonic-build` would generate its server.
 #[derive(Clone, Default)]
@@ -197,7 +146,7 @@ pub async fn run(
     let listener = XenListener::bind_on(&server_t, "xen:self:50051")?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        let incoming = listener.map(|r| r.map(XenConn));
+        let incoming = listener;
         Server::builder()
             .serve_with_incoming_shutdown(GreeterServer, incoming, async {
                 let _ = stop_rx.await;

@@ -61,6 +61,10 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 pub use libxensock;
 
 mod sys;
+#[cfg(feature = "tonic")]
+mod tonic;
+#[cfg(feature = "tonic")]
+pub use crate::tonic::XenConnectInfo;
 
 use sys::register;
 
