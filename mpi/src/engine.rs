@@ -609,11 +609,20 @@ impl Engine {
         let mut ep = self.by_name(name);
         if ep.is_none() && !s.asked {
             s.asked = true;
-            if events.unknown_rank(name) {
-                ep = self.by_name(name);
+            ep = if events.unknown_rank(name) {
+                self.by_name(name)
+            } else {
+                None
+            };
+            if ep.is_none() {
+                // Unread, its sender would fill the ring and wait for
+                // ever; closed, it fails that endpoint with a report.
+                events.note(&format!(
+                    "a connection from rank {name:#x}, which this BTL cannot reach; closed"
+                ));
+                return false;
             }
         }
-        // A rank whose endpoint is not added yet: its hello waits.
         let Some(ep) = ep else { return true };
         let Ok(mut inc) = ep.inc.try_borrow_mut() else {
             return true;
