@@ -834,10 +834,15 @@ impl Engine {
             }
             drop(out);
             if Instant::now() >= deadline {
-                events.note(&format!(
-                    "rank {:#x}: fragments still queued after {:?}; closing",
-                    ep.name, self.config.linger
-                ));
+                // Not delivered: said as a failure, never dropped quietly.
+                self.fail(
+                    ep,
+                    Error::PeerLost(format!(
+                        "fragments still queued after {:?} of linger",
+                        self.config.linger
+                    )),
+                    events,
+                );
                 return;
             }
             // The peer is in finalize too and reading; give it the CPU.
