@@ -128,16 +128,27 @@ struct Queued {
     sent: usize,
     total: usize,
     cookie: Option<usize>,
+    /// A fragment (not the hello or the bye).
+    fragment: bool,
 }
 
 impl Queued {
-    fn new(parts: Vec<Part>, cookie: Option<usize>) -> Queued {
+    fn fragment(parts: Vec<Part>, cookie: Option<usize>) -> Queued {
         let total = parts.iter().map(|p| p.bytes().len()).sum();
         Queued {
             parts,
             sent: 0,
             total,
             cookie,
+            fragment: true,
+        }
+    }
+
+    /// The hello or the bye.
+    fn control(bytes: [u8; HELLO_LEN], len: usize) -> Queued {
+        Queued {
+            fragment: false,
+            ..Queued::fragment(vec![Part::Header(bytes, len)], None)
         }
     }
 
@@ -447,7 +458,7 @@ impl Engine {
         }
         let borrowed = q.iter().any(|p| matches!(p, Part::Borrowed(_)));
         out.queue
-            .push_back(Queued::new(q, cookie.filter(|_| borrowed)));
+            .push_back(Queued::fragment(q, cookie.filter(|_| borrowed)));
         Ok(if borrowed { Sent::Queued } else { Sent::Done })
     }
 
@@ -471,8 +482,7 @@ impl Engine {
             )
         });
         let hello = Hello { name: self.name }.encode();
-        out.queue
-            .push_front(Queued::new(vec![Part::Header(hello, HELLO_LEN)], None));
+        out.queue.push_front(Queued::control(hello, HELLO_LEN));
         out.state = OutState::Connecting(stream, domid);
         Ok(())
     }
@@ -812,17 +822,27 @@ impl Engine {
             if matches!(out.state, OutState::Idle | OutState::Closed) {
                 return;
             }
-            out.queue
-                .push_back(Queued::new(vec![Part::Header(hdr, HEADER_LEN)], None));
+            out.queue.push_back(Queued::control(hdr, HEADER_LEN));
         }
         let deadline = Instant::now() + self.config.linger;
+        // Fragments the peer never got.
+        let data_left = || {
+            ep.out
+                .try_borrow()
+                .is_ok_and(|o| o.queue.iter().any(|q| q.fragment))
+        };
         loop {
             if let Err(e) = self.flush(ep, events) {
-                // Both ranks finalize at once: the peer may close its end
-                // before our bye arrives, and has all it wanted by then
-                // (Open MPI's finalize fences before it removes peers).
-                events.note(&format!("rank {:#x}: bye not sent: {e}", ep.name));
-                ep.failed.set(true);
+                if data_left() {
+                    self.fail(ep, e, events);
+                } else {
+                    // Both ranks finalize at once: the peer may close its
+                    // end before our bye arrives, and has all it wanted by
+                    // then (Open MPI's finalize fences before it removes
+                    // peers).
+                    events.note(&format!("rank {:#x}: bye not sent: {e}", ep.name));
+                    ep.failed.set(true);
+                }
                 return;
             }
             let Ok(out) = ep.out.try_borrow() else { return };
@@ -834,15 +854,13 @@ impl Engine {
             }
             drop(out);
             if Instant::now() >= deadline {
-                // Not delivered: said as a failure, never dropped quietly.
-                self.fail(
-                    ep,
-                    Error::PeerLost(format!(
-                        "fragments still queued after {:?} of linger",
-                        self.config.linger
-                    )),
-                    events,
-                );
+                let why = format!("still queued after {:?} of linger", self.config.linger);
+                if data_left() {
+                    // Not delivered: said as a failure, never dropped quietly.
+                    self.fail(ep, Error::PeerLost(format!("fragments {why}")), events);
+                } else {
+                    events.note(&format!("rank {:#x}: bye {why}", ep.name));
+                }
                 return;
             }
             // The peer is in finalize too and reading; give it the CPU.
