@@ -536,14 +536,8 @@ impl Discovery {
     /// Is `ip` co-resident, and which domid/UUID is it?
     pub fn lookup_ip(&self, ip: IpAddr) -> Result<Option<Located>, XsError> {
         Ok(match self {
-            Discovery::Agent(c) => c.lookup_ip(ip)?.map(|p| Located {
-                domid: Some(p.domid),
-                uuid: Some(p.uuid),
-            }),
-            Discovery::Static(s) => s.lookup_ip(ip).map(|p| Located {
-                domid: p.domid,
-                uuid: p.uuid.clone(),
-            }),
+            Discovery::Agent(c) => c.lookup_ip(ip)?.map(Located::from),
+            Discovery::Static(s) => s.lookup_ip(ip).map(Located::from),
         })
     }
 
@@ -551,15 +545,27 @@ impl Discovery {
     /// now? A static entry named by UUID alone answers with no domid.
     pub fn lookup_uuid(&self, uuid: &str) -> Result<Option<Located>, XsError> {
         Ok(match self {
-            Discovery::Agent(c) => c.lookup_uuid(uuid)?.map(|p| Located {
-                domid: Some(p.domid),
-                uuid: Some(p.uuid),
-            }),
-            Discovery::Static(s) => s.lookup_uuid(uuid).map(|p| Located {
-                domid: p.domid,
-                uuid: p.uuid.clone(),
-            }),
+            Discovery::Agent(c) => c.lookup_uuid(uuid)?.map(Located::from),
+            Discovery::Static(s) => s.lookup_uuid(uuid).map(Located::from),
         })
+    }
+}
+
+impl From<Peer> for Located {
+    fn from(p: Peer) -> Located {
+        Located {
+            domid: Some(p.domid),
+            uuid: Some(p.uuid),
+        }
+    }
+}
+
+impl From<&StaticPeer> for Located {
+    fn from(p: &StaticPeer) -> Located {
+        Located {
+            domid: p.domid,
+            uuid: p.uuid.clone(),
+        }
     }
 }
 
