@@ -19,6 +19,29 @@ chmod 1777 /tmp
 # the file nginx serves, made the same way on both sides to compare
 make_file() { mkdir -p "$(dirname "$1")"; seq 1 300000 > "$1"; }
 
+# afx_watch: while an AF_XEN connection of the long iperf3 (port
+# IPERF_PORT) is established, a snapshot of /proc/net/af_xen and
+# /proc/net/af_xen_tcp every 2 s, the last 8 kept in /tmp/afx-watch: what
+# each side's switch held when a stream stood still (afx_watch_show)
+afx_watch() {
+  mkdir -p /tmp/afx-watch; rm -f /tmp/afx-watch/* /tmp/afx-watch.stop
+  (
+    n=0
+    while [ ! -e /tmp/afx-watch.stop ]; do
+      if grep -q "^ESTABLISHED.*:$IPERF_PORT\b" /proc/net/af_xen 2> /dev/null; then
+        { echo "uptime $(cut -d' ' -f1 /proc/uptime)"; cat /proc/net/af_xen /proc/net/af_xen_tcp; } \
+          > "/tmp/afx-watch/$((n % 8))" 2>&1
+        n=$((n + 1))
+      fi
+      lab_sleep 2
+    done
+  ) &
+}
+afx_watch_show() {
+  touch /tmp/afx-watch.stop
+  for f in $(ls -tr /tmp/afx-watch/* 2> /dev/null); do sed 's/^/  [af_xen watch] /' "$f"; done
+}
+
 # ---- domu1 -------------------------------------------------------------------
 apps_servers() {
   make_file "$WWW/file"
@@ -48,6 +71,7 @@ CONF
     --appendonly no --daemonize no --dir /tmp > /tmp/redis.log 2>&1 &
   preloaded nginx -p /tmp/nginx -c /tmp/nginx/nginx.conf -e /tmp/nginx/logs/error.log > /tmp/nginx.out 2>&1 &
   preloaded iperf3 -s -p $IPERF_PORT > /tmp/iperf3-s.log 2>&1 &
+  afx_watch
   preloaded /opt/xensock/bin/cases --serve $CASES_PORT > /tmp/cases-s.log 2>&1 &
   runas "$UT_UID" iperf3 -s -p $PLAIN_PORT > /tmp/iperf3-plain.log 2>&1 &
   runas "$UT_UID" redis-server --port $PLAIN_REDIS_PORT --bind 0.0.0.0 --protected-mode no --save "" \
@@ -84,6 +108,15 @@ apps_servers_finish() {
   for f in /tmp/redis.log /tmp/nginx.out /tmp/nginx/logs/error.log /tmp/iperf3-s.log; do
     tail -n 20 "$f" 2>/dev/null | sed "s|^|  [$(basename "$f")] |"
   done
+  # a test that stood still (intervals with no byte): when it stopped, and
+  # what this side's connections held at its end
+  if [ "$(grep -c ' 0.00 Bytes ' /tmp/iperf3-s.log)" -ge 3 ]; then
+    grep -E 'sec +[0-9.]+ [KMG]?Bytes' /tmp/iperf3-s.log | awk '{print $3, $5, $6}' | tr '\n' ' ' |
+      sed 's/^/  [iperf3-s.log intervals] /'; echo
+    afx_watch_show
+  else
+    touch /tmp/afx-watch.stop
+  fi
 }
 
 # ---- domu2 -------------------------------------------------------------------
@@ -215,6 +248,7 @@ apps_during_start() {
   RB_LOOP=$!
   preloaded iperf3 -c "$LAB_NET_DOMU1" -p $IPERF_PORT -t 120 -f m > /tmp/ip-move.out 2> /tmp/ip-move.err &
   IP_MOVE=$!
+  afx_watch
 }
 apps_during_check() {
   touch /tmp/apps.stop
@@ -245,7 +279,11 @@ apps_during_check() {
     result app-iperf3-across-move PASS "$(awk '/receiver/ {print $5, $6, "in", $3, "s"}' /tmp/ip-move.out)"
   else
     result app-iperf3-across-move FAIL "iperf3 exit $_rc: $(grep -m 1 error /tmp/ip-move.out) $(tail -n 1 /tmp/ip-move.err)"
+    grep -E 'sec +[0-9.]+ [KMG]?Bytes' /tmp/ip-move.out | awk '{print $3, $5, $6}' | tr '\n' ' ' |
+      sed 's/^/  [iperf3 across the move intervals] /'; echo
+    afx_watch_show
   fi
+  touch /tmp/afx-watch.stop
 }
 
 # ---- the benchmark: the same programs under the library (AF_XEN) and
