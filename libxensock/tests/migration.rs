@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! Issue #7 on the user-space transport over the simulated host:
+//! Migration on the user-space transport over the simulated host:
 //! connections survive their domains' migrations (suspend hook, TCP
 //! carrier, back to a ring on the new link), byte for byte.
 //!
@@ -471,7 +471,7 @@ fn paced_writer(
     })
 }
 
-/// Issue #7: zero bytes lost over 100 moves (A and B in turn),
+/// Zero bytes lost over 100 moves (A and B in turn),
 /// bidirectional, with data in flight at every move, back to the ring
 /// after each (the next move waits for that: see docs/migration.md on a
 /// peer that moves again before the switch back).

@@ -370,7 +370,7 @@ fn return_to_rings(p: &Pair) {
     }
 }
 
-/// Issue #7's "zero bytes lost over 100 moves": a bidirectional stream
+/// Zero bytes lost over 100 moves: a bidirectional stream
 /// through 100 moves (A, B or both), each followed by a return to the ring.
 #[test]
 fn hundred_moves_lose_nothing() {
