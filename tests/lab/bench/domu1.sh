@@ -146,7 +146,7 @@ for p in $(pidof lab_bench); do
 done
 
 # ---- the user-space transport's TCP carrier against plain TCP, same phase ----
-# lab_bench user-tcpc (libxensock/examples/lab_bench.rs): per round one
+# lab_bench user-tcpc (lab/harness/src/bin/lab_bench.rs): per round one
 # plain TCP connection, then one the client's suspend hook moves off its
 # ring onto the TCP carrier; one process and transport for all rounds.
 # Judged by its log, as the server above.

@@ -104,17 +104,20 @@ scenario_build() {
   gcc -O2 -Wall -static -o "$out/bin/runas" "$REPO_DIR/tests/lab/c/runas.c"
   # the agent and xensock-discover always from this tree (away/back,
   # advertise --keep); lab_stream from RUST_TREE if given
-  local rtdir=$tdir
+  local rtdir=$tdir lsbuild=(-p xensock-lab-harness --bin lab_stream) lsout=lab_stream
   if [[ $rsrc != "$REPO_DIR" ]]; then
-    cp "$REPO_DIR/tokio-xensock/examples/lab_stream.rs" "$rsrc/tokio-xensock/examples/"
-    rtdir=$tdir-alt
+    # another tree need not have the harness crate: the program goes in as
+    # tokio-xensock's example there (same dependencies)
+    mkdir -p "$rsrc/tokio-xensock/examples"
+    cp "$REPO_DIR/lab/harness/src/bin/lab_stream.rs" "$rsrc/tokio-xensock/examples/"
+    rtdir=$tdir-alt lsbuild=(-p tokio-xensock --example lab_stream) lsout=examples/lab_stream
   fi
   ( cd "$REPO_DIR" &&
     RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$tdir \
       cargo build --release --target $t -p xensock-discovery --bins ) || return 1
   ( cd "$rsrc" &&
     RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$rtdir \
-      cargo build --release --target $t -p tokio-xensock --example lab_stream ) || return 1
+      cargo build --release --target $t "${lsbuild[@]}" ) || return 1
   for b in xensock-discover xensock-agent; do cp "$tdir/$t/release/$b" "$out/bin/"; done
   # the user-space transport's migration hook (xensock suspend|resume)
   if [[ $MIG_STACK == userspace ]]; then
@@ -123,7 +126,7 @@ scenario_build() {
         cargo build --release --target $t -p libxensock --bin xensock ) || return 1
     cp "$rtdir/$t/release/xensock" "$out/bin/"
   fi
-  cp "$rtdir/$t/release/examples/lab_stream" "$out/bin/"
+  cp "$rtdir/$t/release/$lsout" "$out/bin/"
   strip "$out"/bin/*
   file "$out"/bin/*
 }

@@ -214,7 +214,7 @@ pub async fn framed_codecs_and_incoming_stream<W: World>(w: &W, port: u32) {
     );
 }
 
-#[path = "../../examples/hyper_http1.rs"]
+#[path = "../../../examples/rust/hyper_http1.rs"]
 mod hyper_http1;
 
 /// The hyper HTTP/1 example's server and client (examples/hyper_http1.rs)

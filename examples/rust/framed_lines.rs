@@ -2,7 +2,7 @@
 //! `tokio_util::codec::Framed` over xensock: a line-based upper-casing
 //! service between two domains of a simulated host (in this process).
 //!
-//! `cargo run -p tokio-xensock --example framed_lines`
+//! `cargo run -p xensock-examples --bin framed_lines`
 
 use futures_util::{SinkExt, StreamExt};
 use libxensock::Transport;

@@ -28,7 +28,7 @@ use xensock_xenif::xs_wire::{Perm, PermAccess};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-#[path = "../shared/stream_check.rs"]
+#[path = "../../../../libxensock/shared/stream_check.rs"]
 mod stream_check;
 use stream_check::{pattern, read_stream, write_stream, Sum};
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! Issue #7's targets on the user-space transport over the simulated host,
+//! The migration targets on the user-space transport over the simulated host,
 //! as ratios and differences against the same run (never absolute
 //! targets in tests):
 //!
@@ -14,7 +14,7 @@
 //!   the connection runs on its TCP leg; 64 KiB writes and reads, against a
 //!   plain loopback `TcpStream` pair, wall clock and CPU per MiB.
 //!
-//! `cargo run --release -p libxensock --example migration_bench [-- MiB moves]`
+//! `cargo run --release -p xensock-benches --bin migration-bench [-- MiB moves]`
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -2,7 +2,7 @@
 //! A hyper HTTP/1 server and client talking over xensock between two
 //! domains of a simulated host (in this process).
 //!
-//! `cargo run -p tokio-xensock --example hyper_http1`
+//! `cargo run -p xensock-examples --bin hyper_http1`
 
 use std::convert::Infallible;
 

@@ -15,7 +15,7 @@
 //! - client: `Endpoint::connect_with_connector` with a tower service that
 //!   dials a [`XenStream`] and wraps it in `hyper_util::rt::TokioIo`.
 //!
-//! `cargo run -p tokio-xensock --example tonic_grpc`
+//! `cargo run -p xensock-examples --bin tonic_grpc`
 
 use std::convert::Infallible;
 use std::task::{Context, Poll};
