@@ -57,6 +57,56 @@ fn status_without_a_backend_says_so() {
     assert!(out.contains("kernel family: not loaded"), "{out}");
 }
 
+/// `status --json`: one object with what the text says; a process that
+/// runs a transport in the domain answers in `processes`.
+#[test]
+fn status_json_lists_backend_and_the_domain_s_transports() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let (ok, out) = xensock(&["status", "--json"]);
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    assert_eq!(v["backend"]["kind"], "none");
+    assert!(v["backend"]["reasons"][0]
+        .as_str()
+        .is_some_and(|r| r.contains("kernel family: not loaded")));
+    assert!(v["kernel"].is_null());
+
+    let host = xensock_sim::SimHost::start().unwrap();
+    let d = host
+        .create_domain(xensock_sim::DomainConfig::new("a"))
+        .unwrap();
+    let mut listener = Command::new(env!("CARGO_BIN_EXE_xensock"))
+        .args(["listen", "5"])
+        .envs(d.env())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(listener.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("listening on"), "{line}");
+    let out = Command::new(env!("CARGO_BIN_EXE_xensock"))
+        .args(["status", "--json"])
+        .envs(d.env())
+        .output()
+        .unwrap();
+    let _ = listener.kill();
+    let _ = listener.wait();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(
+        v["backend"]["kind"],
+        "user-space transport over the simulated host"
+    );
+    assert_eq!(v["domid"], u64::from(d.domid));
+    let procs = v["processes"].as_array().unwrap();
+    assert!(procs.iter().any(|p| p["pid"] == listener.id()), "{v:#}");
+}
+
 #[test]
 fn xensock_says_its_version() {
     let (ok, out) = xensock(&["--version"]);

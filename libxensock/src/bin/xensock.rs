@@ -73,7 +73,11 @@ enum Cmd {
     /// Backend, links and connections of the calling domain (this
     /// process's and, through their control sockets, every other
     /// process's user-space transport: carrier and switch counts).
-    Status,
+    Status {
+        /// One JSON object instead of text (for scripts and monitoring).
+        #[arg(long)]
+        json: bool,
+    },
     /// Migration hook, before this guest is suspended, saved or migrated:
     /// every process's user-space transport moves its connections off the
     /// rings (onto their TCP carrier). Run it from the guest's suspend path.
@@ -242,7 +246,7 @@ fn main() {
             placement,
         } => check_bench_args(scale, plot.as_deref())
             .and_then(|()| bench(scale, plot, reps.max(1), placement)),
-        Cmd::Status => status(),
+        Cmd::Status { json } => status(json),
         Cmd::Suspend => hook("suspend"),
         Cmd::Resume => hook("resume"),
         Cmd::Daemon { socket } => daemon(socket),
@@ -995,11 +999,32 @@ fn parse_proc_af_xen(text: &str) -> Vec<KernelConn<'_>> {
 }
 
 /// The kernel module's view, when it is loaded.
-fn kernel_status() {
-    let Ok(text) = std::fs::read_to_string("/proc/net/af_xen") else {
-        return;
-    };
-    let conns = parse_proc_af_xen(&text);
+/// What `/proc/net/af_xen` and `/proc/net/af_xen_stats` say, if the
+/// module is loaded: its connections and its switch counters.
+struct KernelStatus {
+    proc_text: String,
+    switch: Vec<(String, i64)>,
+}
+
+fn kernel_status() -> Option<KernelStatus> {
+    let proc_text = std::fs::read_to_string("/proc/net/af_xen").ok()?;
+    let switch = std::fs::read_to_string("/proc/net/af_xen_stats")
+        .map(|stats| {
+            stats
+                .lines()
+                .filter(|l| l.starts_with("switch_"))
+                .filter_map(|l| {
+                    let (k, v) = l.split_once(' ')?;
+                    Some((k.to_string(), v.trim().parse().ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(KernelStatus { proc_text, switch })
+}
+
+fn print_kernel_status(k: &KernelStatus) {
+    let conns = parse_proc_af_xen(&k.proc_text);
     println!("kernel module (af_xen): {} sockets", conns.len());
     for c in conns.iter() {
         match (c.state, c.inet) {
@@ -1020,12 +1045,45 @@ fn kernel_status() {
             _ => {}
         }
     }
-    if let Ok(stats) = std::fs::read_to_string("/proc/net/af_xen_stats") {
-        let switch: Vec<&str> = stats.lines().filter(|l| l.starts_with("switch_")).collect();
-        if !switch.is_empty() {
-            println!("  {}", switch.join(", "));
-        }
+    if !k.switch.is_empty() {
+        let line: Vec<String> = k.switch.iter().map(|(n, v)| format!("{n} {v}")).collect();
+        println!("  {}", line.join(", "));
     }
+}
+
+/// One link of this domain as XenStore shows it (written by whichever
+/// process of this domain runs the transport).
+struct LinkNode {
+    peer: String,
+    state: String,
+    ring_ref: String,
+    event_channel: String,
+    generation: String,
+}
+
+/// This domain's id and its links' XenStore nodes, if XenStore answers.
+fn xenstore_status() -> Option<(String, String, Vec<LinkNode>)> {
+    let xs = xensock_discovery::xs::XsClient::open().ok()?;
+    let me = xs.read_string("domid").ok()?.trim().to_string();
+    let dir = format!("/local/domain/{me}/{}", libxensock::LINK_DIR);
+    let peers = xs.directory(&dir).unwrap_or_default();
+    let links = peers
+        .into_iter()
+        .map(|p| {
+            let get = |n: &str| {
+                xs.read_string(&format!("{dir}/{p}/{n}"))
+                    .unwrap_or_else(|_| "-".into())
+            };
+            LinkNode {
+                state: get("state"),
+                ring_ref: get("ring-ref"),
+                event_channel: get("event-channel"),
+                generation: get("generation"),
+                peer: p,
+            }
+        })
+        .collect();
+    Some((me, dir, links))
 }
 
 fn hook(cmd: &str) -> Res<()> {
@@ -1039,40 +1097,38 @@ fn hook(cmd: &str) -> Res<()> {
     Ok(())
 }
 
-fn status() -> Res<()> {
-    print!("{}", libxensock::backend());
-    kernel_status();
+fn status(json: bool) -> Res<()> {
+    let backend = libxensock::backend();
+    let kernel = kernel_status();
     // No transport of our own: starting one would take this domain's link
     // nodes from the process that runs the transport.
-    if let Ok(xs) = xensock_discovery::xs::XsClient::open() {
-        if let Ok(me) = xs.read_string("domid") {
-            let me = me.trim();
-            println!("domain {me}");
-            // Links as XenStore shows them (written by whichever process
-            // of this domain runs the transport).
-            let dir = format!("/local/domain/{me}/{}", libxensock::LINK_DIR);
-            match xs.directory(&dir) {
-                Ok(peers) if !peers.is_empty() => {
-                    println!("links in XenStore ({dir}):");
-                    for p in peers {
-                        let get = |n: &str| {
-                            xs.read_string(&format!("{dir}/{p}/{n}"))
-                                .unwrap_or_else(|_| "-".into())
-                        };
-                        println!(
-                            "  peer {p}: state={} ring-ref={} event-channel={} generation={}",
-                            get("state"),
-                            get("ring-ref"),
-                            get("event-channel"),
-                            get("generation")
-                        );
-                    }
-                }
-                _ => println!("no links in XenStore"),
+    let domain = xenstore_status();
+    let answers = libxensock::control::broadcast("status");
+    if json {
+        println!(
+            "{}",
+            status_json(&backend, kernel.as_ref(), domain.as_ref(), &answers)
+        );
+        return Ok(());
+    }
+    print!("{backend}");
+    if let Some(k) = &kernel {
+        print_kernel_status(k);
+    }
+    if let Some((me, dir, links)) = &domain {
+        println!("domain {me}");
+        if links.is_empty() {
+            println!("no links in XenStore");
+        } else {
+            println!("links in XenStore ({dir}):");
+            for l in links {
+                println!(
+                    "  peer {}: state={} ring-ref={} event-channel={} generation={}",
+                    l.peer, l.state, l.ring_ref, l.event_channel, l.generation
+                );
             }
         }
     }
-    let answers = libxensock::control::broadcast("status");
     if answers.is_empty() {
         println!("no user-space transport runs here");
     }
@@ -1080,6 +1136,64 @@ fn status() -> Res<()> {
         print!("process {pid}: {answer}");
     }
     Ok(())
+}
+
+/// `xensock status --json`: the same facts as the text, as one object.
+fn status_json(
+    backend: &libxensock::BackendReport,
+    kernel: Option<&KernelStatus>,
+    domain: Option<&(String, String, Vec<LinkNode>)>,
+    answers: &[(u32, String)],
+) -> serde_json::Value {
+    use serde_json::json;
+    let kernel = kernel.map(|k| {
+        let conns: Vec<_> = parse_proc_af_xen(&k.proc_text)
+            .iter()
+            .map(|c| {
+                json!({
+                    "state": c.state, "local": c.local, "peer": c.peer,
+                    "carrier": c.carrier, "to_tcp": c.to_tcp, "to_ring": c.to_ring,
+                    "inet": c.inet,
+                })
+            })
+            .collect();
+        let switch: serde_json::Map<_, _> = k
+            .switch
+            .iter()
+            .map(|(n, v)| (n.clone(), json!(v)))
+            .collect();
+        json!({ "sockets": conns, "switch": switch })
+    });
+    let (domid, links) = match domain {
+        Some((me, _, links)) => (
+            me.parse::<u32>().ok(),
+            links
+                .iter()
+                .map(|l| {
+                    json!({
+                        "peer": l.peer, "state": l.state, "ring_ref": l.ring_ref,
+                        "event_channel": l.event_channel, "generation": l.generation,
+                    })
+                })
+                .collect(),
+        ),
+        None => (None, Vec::new()),
+    };
+    json!({
+        "backend": {
+            "kind": backend.kind.to_string(),
+            "family": backend.family,
+            "user_space": backend.user_space.to_string(),
+            "reasons": backend.reasons,
+        },
+        "kernel": kernel,
+        "domid": domid,
+        "links": links,
+        "processes": answers
+            .iter()
+            .map(|(pid, text)| json!({ "pid": pid, "status": text.trim_end() }))
+            .collect::<Vec<_>>(),
+    })
 }
 
 #[cfg(test)]
