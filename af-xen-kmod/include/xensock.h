@@ -7,6 +7,9 @@
  * the old AF_ECONET, removed in Linux 3.5), chosen at load time with the
  * module parameter `family` and published in
  * /sys/module/af_xen/parameters/family. Always ask xensock_family().
+ *
+ * This header builds as C89 and later (with the glibc headers it
+ * includes) and as C++.
  */
 #ifndef XENSOCK_H
 #define XENSOCK_H
@@ -32,35 +35,57 @@ struct sockaddr_xen {
 };
 
 /*
- * setsockopt() level for AF_XEN options: the family number itself (as
- * vsock uses AF_VSOCK), i.e. setsockopt(fd, xensock_family(), ...).
+ * Socket types: SOCK_STREAM (a byte stream, as TCP) and SOCK_SEQPACKET
+ * (records with boundaries, as AF_UNIX's); SOCK_NONBLOCK and SOCK_CLOEXEC
+ * as usual. Any other type: ESOCKTNOSUPPORT; a protocol other than 0:
+ * EPROTONOSUPPORT.
  *
- * XENSOCK_TEST_CORRUPT (int): lab test mode, refused with EPERM unless the
- * module was loaded with hostile_test=1. Makes this end behave as a hostile
- * peer: scribbles over the shared ring header of this one connection.
+ * Addresses: a struct sockaddr_xen of exactly sizeof(struct sockaddr_xen)
+ * bytes (else EINVAL), sxen_family the AF_XEN number (else EAFNOSUPPORT),
+ * sxen_flags and sxen_zero 0 (else EINVAL). bind: sxen_domid is
+ * XEN_DOMID_ANY, XEN_DOMID_SELF or this guest's domid (another:
+ * EADDRNOTAVAIL), sxen_port a port or XEN_PORT_ANY (ephemeral); a port in
+ * use: EADDRINUSE (see XENSOCK_REUSEPORT). connect: ECONNREFUSED (nothing
+ * listens on that port there), EHOSTUNREACH (no link to that domain: not
+ * co-resident, or it does not run af_xen), ETIMEDOUT, EINPROGRESS (a
+ * non-blocking connect; SO_ERROR tells its outcome), EALREADY, EISCONN.
+ *
+ * Data: read/write/send/recv and their msg forms, with MSG_DONTWAIT,
+ * MSG_PEEK, MSG_WAITALL and MSG_NOSIGNAL; partial writes as TCP's. EPIPE
+ * (and SIGPIPE unless MSG_NOSIGNAL) after shutdown(SHUT_WR) or once the
+ * peer stopped reading; ECONNRESET when the peer reset, died, or broke the
+ * ring protocol; ENOTCONN before connect; EAGAIN when non-blocking or on
+ * a timeout; EFAULT for a bad buffer. SOCK_SEQPACKET: a message larger
+ * than the ring: EMSGSIZE.
+ *
+ * Socket options (SOL_SOCKET): SO_RCVBUF before connect or listen (the
+ * receive ring is half of it, from 2 KiB to 4 MiB; accepted sockets take
+ * their listener's), SO_RCVTIMEO, SO_SNDTIMEO, SO_RCVLOWAT, SO_LINGER (a
+ * zero timeout resets the connection at close), SO_ERROR, SO_TYPE,
+ * SO_DOMAIN, SO_BUSY_POLL. ioctl: FIONREAD/SIOCINQ (bytes readable; for
+ * SOCK_SEQPACKET the next message's length), SIOCOUTQ (bytes not yet
+ * delivered), and the XENSOCK_IOC_* below.
+ *
+ * AF_XEN's own options use the family number as the level (as vsock uses
+ * AF_VSOCK): setsockopt(fd, xensock_family(), XENSOCK_..., ...). An
+ * unknown one: ENOPROTOOPT.
  */
-#define XENSOCK_TEST_CORRUPT 0x7e57
-#define XENSOCK_CORRUPT_PROD  1 /* producer index of the ring we write (the peer reads it) */
-#define XENSOCK_CORRUPT_CONS  2 /* consumer index of the ring we read (the peer's producer checks it) */
-#define XENSOCK_CORRUPT_FLAGS 3 /* undefined flag bits in the ring we write */
-#define XENSOCK_CORRUPT_DIRECTORY 4 /* before connect: our ring's grant directory names a bogus grant */
 
 /*
- * XENSOCK_COPY_ROUTINE (int, connected sockets): how this connection's
- * ring writes copy from user memory -- the same bytes either way; a
- * benchmark knob (lab/run bench). See docs/design.md, "Ring copies".
- */
-#define XENSOCK_COPY_ROUTINE 0x7e61
-
-/*
- * XENSOCK_REUSEPORT (int, before bind): SO_REUSEPORT for AF_XEN, which
- * Linux keeps to inet sockets. Sockets of one user that all set it may
- * bind one port; its connections go to the listening ones in turn, and
- * when the port's first socket closes the next takes its place.
+ * XENSOCK_REUSEPORT (int, before bind: EINVAL after): SO_REUSEPORT for
+ * AF_XEN, which Linux keeps to inet sockets. Sockets of one user that all
+ * set it may bind one port; its connections go to the listening ones in
+ * turn, and when the port's first socket closes the next takes its place.
  */
 #define XENSOCK_REUSEPORT 0x7e62
-#define XENSOCK_COPY_ITER    0 /* copy_from_iter (the default) */
-#define XENSOCK_COPY_NOCACHE 1 /* copy_from_iter_nocache: non-temporal stores */
+
+/*
+ * XENSOCK_IOC_LOCAL_DOMID: this guest's domid, on any AF_XEN socket (as
+ * vsock's IOCTL_VM_SOCKETS_GET_LOCAL_CID): uint32_t d;
+ * ioctl(fd, XENSOCK_IOC_LOCAL_DOMID, &d). It changes when the guest is
+ * restored or migrated. EFAULT: a bad pointer.
+ */
+#define XENSOCK_IOC_LOCAL_DOMID _IOR('X', 0x12, uint32_t)
 
 /*
  * XENSOCK_IOC_RESOLVE: which co-resident guest has an IP address, from the
@@ -102,8 +127,14 @@ struct xensock_graft {
 };
 #define XENSOCK_IOC_GRAFT _IOW('X', 0x11, struct xensock_graft)
 
+#ifdef __cplusplus
+#define XENSOCK_INLINE inline
+#else
+#define XENSOCK_INLINE __inline__
+#endif
+
 /* The AF_XEN family number, or -1 if the module is not loaded (errno set). */
-static inline int xensock_family(void)
+static XENSOCK_INLINE int xensock_family(void)
 {
 	FILE *f = fopen(XENSOCK_FAMILY_SYSFS, "r");
 	int fam = -1;

@@ -111,7 +111,7 @@
 #include <xenctrl.h>
 #include <xenstore.h>
 #if __has_include("xensock.h")
-#include "xensock.h"
+#include "xensock-lab.h"
 #define XLBENCH_AF_XEN 1
 #endif
 

@@ -134,3 +134,75 @@ fn readme_c_example_compiles() {
     compile(&src, &d.join("xen-echo"), &[]);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// The installed header: every public name in a C89 and a C++ translation
+/// unit (the strictest its users build with), and none of the lab's
+/// test and benchmark knobs (they are in the uninstalled xensock-lab.h).
+#[test]
+fn public_header_builds_as_c89_and_cxx_without_lab_knobs() {
+    let dir = scratch("dialects");
+    let src = r#"#include "xensock.h"
+int use_everything(void)
+{
+	struct sockaddr_xen a;
+	struct xensock_resolve r;
+	struct xensock_graft g;
+	unsigned long ioc[3];
+	a.sxen_domid = XEN_DOMID_ANY;
+	a.sxen_port = XEN_PORT_ANY;
+	r.domid = XEN_DOMID_SELF;
+	g.fd = XENSOCK_REUSEPORT;
+	ioc[0] = XENSOCK_IOC_RESOLVE;
+	ioc[1] = XENSOCK_IOC_GRAFT;
+	ioc[2] = XENSOCK_IOC_LOCAL_DOMID;
+	return xensock_family() + (int)a.sxen_port + (int)r.domid + g.fd + (int)ioc[2];
+}
+#ifdef XENSOCK_TEST_CORRUPT
+#error "a lab knob in the public header"
+#endif
+#ifdef XENSOCK_COPY_ROUTINE
+#error "a lab knob in the public header"
+#endif
+"#;
+    for (file, compiler, std) in [
+        ("h.c", cc(), "-std=c89"),
+        (
+            "h.cc",
+            std::env::var("CXX").unwrap_or_else(|_| "c++".into()),
+            "-std=c++11",
+        ),
+    ] {
+        let path = dir.join(file);
+        std::fs::write(&path, src).unwrap();
+        let o = Command::new(&compiler)
+            .args([
+                std,
+                "-pedantic-errors",
+                "-Wall",
+                "-Werror",
+                "-fsyntax-only",
+                "-I",
+            ])
+            .arg(include_dir())
+            .arg(&path)
+            .output()
+            .unwrap_or_else(|e| panic!("running {compiler}: {e}"));
+        assert!(
+            o.status.success(),
+            "{compiler} {std}:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // the value the module answers (socket/mod.rs IOC_LOCAL_DOMID)
+    let probe = dir.join("ioc.c");
+    std::fs::write(
+        &probe,
+        "#include <stdio.h>\n#include \"xensock.h\"\nint main(void){printf(\"%#lx\", (unsigned long)XENSOCK_IOC_LOCAL_DOMID);return 0;}\n",
+    )
+    .unwrap();
+    let exe = dir.join("ioc");
+    compile(&probe, &exe, &[]);
+    let out = Command::new(&exe).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "0x80045812");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

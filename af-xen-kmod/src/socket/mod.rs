@@ -1425,9 +1425,22 @@ fn xs_poll(xs: Option<ArcBorrow<'_, XenSock>>) -> u32 {
 /// carrier still queues count. Both as TCP: `EINVAL` on a listener, 0 on a
 /// socket with no connection. Every other command goes on to the generic
 /// socket ioctls (`-ENOIOCTLCMD`), as AF_UNIX does.
+/// `XENSOCK_IOC_LOCAL_DOMID` (xensock.h): `_IOR('X', 0x12, uint32_t)`,
+/// this guest's domid, on any AF_XEN socket (as vsock's
+/// `IOCTL_VM_SOCKETS_GET_LOCAL_CID`).
+const IOC_LOCAL_DOMID: u32 = 0x8004_5812;
+
 fn xs_ioctl(sock: &Socket, xs: Option<ArcBorrow<'_, XenSock>>, cmd: u32, arg: usize) -> c_int {
     const SIOCINQ: u32 = 0x541B;
     const SIOCOUTQ: u32 = 0x5411;
+    if cmd == IOC_LOCAL_DOMID {
+        let domid: u32 = globals().own_domid();
+        let mut w = kernel::uaccess::UserSlice::new(arg, core::mem::size_of::<u32>()).writer();
+        return match w.write(&domid) {
+            Ok(()) => 0,
+            Err(_) => err(e::EFAULT),
+        };
+    }
     if cmd == inet::IOC_RESOLVE {
         return match inet::resolve_ioctl(globals().own_domid(), arg) {
             Ok(()) => 0,

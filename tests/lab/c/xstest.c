@@ -53,7 +53,7 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
-#include "xensock.h"
+#include "xensock-lab.h"
 
 #include "xstest_common.h"
 
@@ -402,6 +402,15 @@ static void test_local(void)
 	len = sizeof(v);
 	r = getsockopt(s, SOL_SOCKET, SO_TYPE, &v, &len);
 	result("so-type", r == 0 && v == SOCK_STREAM, "v=%d", v);
+
+	/* this guest's domid, as vsock's local-CID ioctl, on any AF_XEN socket */
+	{
+		uint32_t d = 0;
+
+		r = ioctl(s, XENSOCK_IOC_LOCAL_DOMID, &d);
+		result("ioctl-local-domid", r == 0 && d == me, "r=%d domid=%u me=%u", r, d, me);
+		EXPECT_ERR("ioctl-local-domid-efault", ioctl(s, XENSOCK_IOC_LOCAL_DOMID, (void *)8), EFAULT);
+	}
 
 	/* getsockname of an unbound socket */
 	memset(&b, 0xAA, sizeof(b));
