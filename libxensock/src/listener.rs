@@ -174,8 +174,8 @@ impl XenListener {
     /// Binds with the backend [`crate::backend()`] picks: the kernel
     /// family if loaded, else the process-wide user-space transport
     /// ([`Transport::global`]). `EADDRINUSE` if the port is taken,
-    /// `EADDRNOTAVAIL` for another domain's id, `ENODEV` when no backend
-    /// is available.
+    /// `EADDRNOTAVAIL` for another domain's id; with no backend available,
+    /// an [`io::ErrorKind::Unsupported`] error that says why.
     pub fn bind(addr: impl ToXenAddr) -> io::Result<XenListener> {
         XenListener::bind_with(addr, SocketOptions::default())
     }

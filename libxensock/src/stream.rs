@@ -535,7 +535,8 @@ impl XenStream {
     /// family if loaded, else the process-wide user-space transport
     /// ([`Transport::global`]). `ECONNREFUSED` when nothing listens,
     /// `EHOSTUNREACH` when no link to the domain can be set up, `EINVAL`
-    /// for a bad address, `ENODEV` when no backend is available.
+    /// for a bad address; with no backend available, an
+    /// [`io::ErrorKind::Unsupported`] error that says why.
     pub fn connect(addr: impl ToXenAddr) -> io::Result<XenStream> {
         let addr = addr.to_xen_addr()?;
         match loaded_family() {

@@ -107,6 +107,28 @@ fn status_json_lists_backend_and_the_domain_s_transports() {
     assert!(procs.iter().any(|p| p["pid"] == listener.id()), "{v:#}");
 }
 
+/// A user's mistakes get errors that say what is wrong: a malformed
+/// address names itself and the form expected; no backend lists why each
+/// candidate is missing.
+#[test]
+fn connect_errors_say_what_is_wrong() {
+    let (ok, out) = xensock(&["connect", "xen:abc:5"]);
+    assert!(!ok);
+    assert!(
+        out.contains("\"xen:abc:5\" (expected xen:<domid>:<port>)"),
+        "{out}"
+    );
+    let (ok, out) = xensock(&["connect", "xen:1:5"]);
+    assert!(!ok);
+    for why in [
+        "no xensock backend here",
+        "kernel family: not loaded",
+        "XENSOCK_SIM not set",
+    ] {
+        assert!(out.contains(why), "{why} missing: {out}");
+    }
+}
+
 #[test]
 fn xensock_says_its_version() {
     let (ok, out) = xensock(&["--version"]);

@@ -333,6 +333,15 @@ fn random_u64() -> u64 {
     u64::from(random_u32()) << 32 | u64::from(random_u32())
 }
 
+/// No backend in this process's domain: the error says why, with the
+/// reasons [`crate::backend()`] found for each candidate.
+fn no_backend(report: &crate::backend::BackendReport) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("no xensock backend here: {}", report.reasons.join("; ")),
+    )
+}
+
 impl Transport {
     /// A transport for domain `domid` of the simulated host in `sim_dir`.
     pub fn sim(sim_dir: &Path, domid: DomId) -> io::Result<Transport> {
@@ -463,7 +472,8 @@ impl Transport {
     /// The user-space backend [`crate::backend()`] reports
     /// (`user_space`), for this process's domain: real `/dev/xen` devices,
     /// else the simulated host named by `XENSOCK_SIM`/`XENSOCK_SIM_DOMID`.
-    /// `ENODEV` when neither exists. Over `/dev/xen` it refuses to start,
+    /// When neither exists: an error of kind [`io::ErrorKind::Unsupported`]
+    /// whose message gives `backend()`'s reasons. Over `/dev/xen` it refuses to start,
     /// saying why, while `af_xen.ko` is loaded: both would own the
     /// domain's XenStore link nodes (`XenStream::connect` and
     /// `XenListener::bind` use the kernel family then).
@@ -502,7 +512,7 @@ impl Transport {
                 Transport::with_backend(xen, xs, domid, BackendKind::Sim, Config::default())
             }
             BackendKind::Kernel | BackendKind::Daemon | BackendKind::None => {
-                Err(errno(libc::ENODEV))
+                Err(no_backend(&report))
             }
         }
     }
