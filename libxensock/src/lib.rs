@@ -5,6 +5,9 @@
 //! co-resident Xen domains over grant-mapped shared-memory rings, in the
 //! shape of `std::net`.
 //!
+//! In a guest, [`XenListener::bind`] and [`XenStream::connect`] pick the
+//! backend the guest has (see Backends below):
+//!
 //! ```no_run
 //! use std::io::{Read, Write};
 //! use libxensock::{SockAddrXen, XenListener, XenStream};
@@ -20,6 +23,39 @@
 //! // In domain 2:
 //! let mut s = XenStream::connect(SockAddrXen::new(1, 5000))?;
 //! s.write_all(b"hello")?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! The same on two domains of a simulated host, in one process (it runs
+//! anywhere, as this example does under `cargo test`): one
+//! [`Transport`] per domain, whose `bind` and `connect` are those of
+//! `XenListener` and `XenStream`.
+//!
+//! ```
+//! use std::io::{Read, Write};
+//! use std::thread;
+//! use libxensock::{SockAddrXen, Transport};
+//! use xensock_sim::{DomainConfig, SimHost};
+//!
+//! let host = SimHost::start().map_err(std::io::Error::other)?;
+//! let one = host.create_domain(DomainConfig::new("one")).map_err(std::io::Error::other)?;
+//! let two = host.create_domain(DomainConfig::new("two")).map_err(std::io::Error::other)?;
+//! let (t1, t2) = (Transport::sim(host.dir(), one.domid)?, Transport::sim(host.dir(), two.domid)?);
+//!
+//! let listener = t1.bind("xen:self:5000")?;
+//! let server = thread::spawn(move || -> std::io::Result<()> {
+//!     let (mut s, peer) = listener.accept()?;
+//!     assert_eq!(peer.domid, u32::from(two.domid));
+//!     let mut buf = [0u8; 5];
+//!     s.read_exact(&mut buf)?;
+//!     s.write_all(&buf)
+//! });
+//! let mut s = t2.connect(SockAddrXen::new(one.domid.into(), 5000))?;
+//! s.write_all(b"hello")?;
+//! let mut back = [0u8; 5];
+//! s.read_exact(&mut back)?;
+//! assert_eq!(&back, b"hello");
+//! server.join().unwrap()?;
 //! # Ok::<(), std::io::Error>(())
 //! ```
 //!

@@ -26,6 +26,40 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The same on two domains of a simulated host, in one process (it runs
+//! anywhere, as this example does under `cargo test`), with one
+//! [`libxensock::Transport`] per domain:
+//!
+//! ```
+//! use libxensock::Transport;
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//! use tokio_xensock::{XenListener, XenStream};
+//! use xensock_sim::{DomainConfig, SimHost};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! let host = SimHost::start().map_err(std::io::Error::other)?;
+//! let one = host.create_domain(DomainConfig::new("one")).map_err(std::io::Error::other)?;
+//! let two = host.create_domain(DomainConfig::new("two")).map_err(std::io::Error::other)?;
+//! let (t1, t2) = (Transport::sim(host.dir(), one.domid)?, Transport::sim(host.dir(), two.domid)?);
+//!
+//! let listener = XenListener::bind_on(&t1, "xen:self:5000")?;
+//! let server = tokio::spawn(async move {
+//!     let (mut s, _peer) = listener.accept().await?;
+//!     let mut buf = [0u8; 5];
+//!     s.read_exact(&mut buf).await?;
+//!     s.write_all(&buf).await?;
+//!     Ok::<_, std::io::Error>(())
+//! });
+//! let mut s = XenStream::connect_on(&t2, (u32::from(one.domid), 5000)).await?;
+//! s.write_all(b"hello").await?;
+//! let mut back = [0u8; 5];
+//! s.read_exact(&mut back).await?;
+//! assert_eq!(&back, b"hello");
+//! server.await.unwrap()?;
+//! # Ok(()) }
+//! ```
+//!
 //! Over the kernel family (`af_xen.ko` loaded) each socket is an AF_XEN
 //! socket descriptor with ordinary socket readiness. Over the user-space
 //! transport, each socket's readiness is libxensock's eventfd, registered with
