@@ -17,11 +17,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-use crate::transport::{Inner, Transport};
 
 /// Environment variable naming the directory of control sockets.
 pub const ENV_RUN_DIR: &str = "XENSOCK_RUN_DIR";
@@ -46,7 +44,11 @@ pub(crate) struct ControlServer {
 }
 
 impl ControlServer {
-    pub(crate) fn start(inner: Weak<Inner>) -> io::Result<ControlServer> {
+    /// Serves `answer(command)` to each process that asks (`None`: the
+    /// transport is going, nothing is answered).
+    pub(crate) fn start(
+        answer: impl Fn(&str) -> Option<String> + Send + 'static,
+    ) -> io::Result<ControlServer> {
         let dir = run_dir();
         std::fs::create_dir_all(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
@@ -62,11 +64,8 @@ impl ControlServer {
                     if s2.load(Ordering::Acquire) {
                         return;
                     }
-                    let (Ok(conn), Some(inner)) = (conn, inner.upgrade()) else {
-                        continue;
-                    };
-                    if let Some(t) = Transport::global_of(&inner) {
-                        let _ = serve(conn, t);
+                    if let Ok(conn) = conn {
+                        let _ = serve(conn, &answer);
                     }
                 }
             })?;
@@ -97,28 +96,13 @@ impl Drop for ControlServer {
     }
 }
 
-fn serve(conn: UnixStream, t: Transport) -> io::Result<()> {
+fn serve(conn: UnixStream, answer: &impl Fn(&str) -> Option<String>) -> io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
-    let mut out = &conn;
-    match line.trim() {
-        "status" => write!(out, "{}", t.status().render()),
-        "suspend" => {
-            let moved = t.suspend();
-            writeln!(
-                out,
-                "suspended: {moved} connections left their rings; {} still hold shared pages",
-                t.shared_pages_held()
-            )
-        }
-        "resume" => writeln!(
-            out,
-            "resumed: domid {}{}",
-            t.domid(),
-            if t.resume() { " (new)" } else { "" }
-        ),
-        other => writeln!(out, "unknown command {other:?}"),
+    match answer(line.trim()) {
+        Some(text) => (&conn).write_all(text.as_bytes()),
+        None => Ok(()),
     }
 }
 

@@ -19,7 +19,7 @@ use socket2::{Domain, SockAddr, Socket, Type};
 
 use crate::addr::SockAddrXen;
 use crate::error::errno;
-use crate::transport::SocketOptions;
+use crate::options::SocketOptions;
 
 /// The family parameter, relative to the sysfs root.
 pub(crate) const FAMILY_PARAM_IN_SYSFS: &str = "module/af_xen/parameters/family";

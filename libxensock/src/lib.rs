@@ -98,6 +98,7 @@ pub mod daemon;
 mod error;
 mod kernel;
 mod listener;
+mod options;
 mod rings;
 mod stream;
 mod sys;
@@ -111,10 +112,11 @@ pub use backend::{backend, backend_with_sysfs, BackendKind, BackendReport, KERNE
 pub use conn::ConnPhase;
 pub use error::Error;
 pub use listener::{Incoming, XenListener};
+pub use options::SocketOptions;
 pub use stream::XenStream;
 pub use transport::{
-    Carrier, Config, ConnStatus, LegCounters, LinkStatus, SocketOptions, Status, Transport,
-    ENV_PEER_LOST_MS, EPHEMERAL_PORT_FIRST, LINK_DIR,
+    Carrier, Config, ConnStatus, LegCounters, LinkStatus, Status, Transport, ENV_PEER_LOST_MS,
+    EPHEMERAL_PORT_FIRST, LINK_DIR,
 };
 pub use xensock_xenif::DomId;
 

@@ -17,7 +17,8 @@ use crate::conn::{is_carried, lock, Conn, ConnPhase, WANT_READ, WANT_WRITE};
 use crate::daemon::RelayStream;
 use crate::error::errno;
 use crate::kernel::{loaded_family, KernelStream};
-use crate::transport::{SocketOptions, Transport};
+use crate::options::SocketOptions;
+use crate::transport::Transport;
 
 /// Closes the connection when the last clone goes.
 struct Guard {
@@ -500,6 +501,63 @@ impl std::fmt::Debug for XenStream {
             .field("local", &self.local_addr().ok())
             .field("peer", &self.peer_addr().ok())
             .finish()
+    }
+}
+
+/// The user-space transport's connects: from a given [`Transport`] (one
+/// per domain of a simulated host, or the process-wide one).
+impl Transport {
+    /// Connects to `addr` with the default timeout.
+    pub fn connect(&self, addr: impl ToXenAddr) -> io::Result<XenStream> {
+        self.connect_with(addr, None, SocketOptions::default())
+    }
+
+    /// Connects to `addr`, failing with `ETIMEDOUT` after `timeout`
+    /// (`EHOSTUNREACH` if the link to the domain does not come up).
+    pub fn connect_timeout(
+        &self,
+        addr: impl ToXenAddr,
+        timeout: Duration,
+    ) -> io::Result<XenStream> {
+        if timeout.is_zero() {
+            return Err(errno(libc::EINVAL));
+        }
+        self.connect_with(addr, Some(timeout), SocketOptions::default())
+    }
+
+    /// Connects with a receive-ring size (`SO_RCVBUF` equivalent) and a
+    /// timeout (`None`: the transport's default).
+    pub fn connect_with(
+        &self,
+        addr: impl ToXenAddr,
+        timeout: Option<Duration>,
+        opts: SocketOptions,
+    ) -> io::Result<XenStream> {
+        let conn = self.open_stream(addr, timeout, opts)?;
+        Ok(XenStream::new(self.clone(), conn))
+    }
+
+    /// Starts a connect and returns at once, as a non-blocking `connect`
+    /// returning `EINPROGRESS`: the stream is in non-blocking mode and
+    /// still connecting. Its descriptor becomes readable when the answer
+    /// comes; [`XenStream::finish_connect`] then reports the outcome
+    /// (`WouldBlock` while still in progress), and
+    /// [`XenStream::take_error`] the failure. Reads and writes return
+    /// `WouldBlock` until the connection is open. There is no timeout:
+    /// drop the stream to abandon the attempt.
+    ///
+    /// The only blocking part is bringing up the link to a domain this
+    /// transport has no link with yet (XenStore, up to
+    /// `Config::link_timeout`); an async caller runs
+    /// [`Transport::prepare_link`] on a thread that may block first when
+    /// [`Transport::link_ready`] is false.
+    pub fn connect_nonblocking(
+        &self,
+        addr: impl ToXenAddr,
+        opts: SocketOptions,
+    ) -> io::Result<XenStream> {
+        let conn = self.open_stream_nonblocking(addr, opts)?;
+        Ok(XenStream::new(self.clone(), conn))
     }
 }
 

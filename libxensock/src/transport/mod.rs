@@ -35,16 +35,17 @@ use crate::conn::{
     lock, Conn, ConnIo, ConnPhase, KickWait, LinkShared, RxSide, TxSide, NOT_WAITING,
 };
 use crate::error::{errno, Error};
-use crate::listener::{ListenerShared, XenListener};
+use crate::options::SocketOptions;
 use crate::rings::HeldRing;
 use crate::rings::{
     data_identity, get_byte, grant_ring, link_identity, map_ring, reinit_ring, set_byte,
     verify_fresh, MappedRing, OwnedRing, LINK_MAPPER_ALIVE_OFFSET, LINK_OWNER_ALIVE_OFFSET,
 };
-use crate::stream::XenStream;
 use crate::sys;
 use crate::sys::eventfd::EventFd;
+use accept::ListenerShared;
 
+pub(crate) mod accept;
 mod config;
 mod connections;
 mod discovery;
@@ -86,17 +87,6 @@ const KICK_TIMER_TOKEN: u64 = u64::MAX;
 
 /// First port handed out for `PORT_ANY`.
 pub const EPHEMERAL_PORT_FIRST: u32 = 49152;
-
-/// Per-socket options: the `SO_RCVBUF` and `listen(backlog)` equivalents.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SocketOptions {
-    /// Receive ring size in bytes (power of two, 2 KiB..4 MiB); `None` for
-    /// the transport's default. The peer's send ring is our receive ring,
-    /// so this is also the peer's `SO_SNDBUF`.
-    pub recv_buffer: Option<usize>,
-    /// Listener backlog; `None` for the transport's default.
-    pub backlog: Option<usize>,
-}
 
 struct LinkTx {
     ring: MappedRing,
@@ -534,7 +524,12 @@ impl Transport {
         if first {
             // Other processes (`xensock status`, `xensock suspend`) reach
             // this transport through its control socket.
-            match crate::control::ControlServer::start(Arc::downgrade(&t.owner.inner)) {
+            let inner = Arc::downgrade(&t.owner.inner);
+            let answer = move |cmd: &str| {
+                let t = Transport::global_of(&inner.upgrade()?)?;
+                Some(t.control_answer(cmd))
+            };
+            match crate::control::ControlServer::start(answer) {
                 Ok(c) => {
                     // The guest's suspend hook finds us through the claim,
                     // whichever user it runs as.
@@ -550,6 +545,27 @@ impl Transport {
             }
         }
         Ok(t)
+    }
+
+    /// The answer to a command on the control socket (`xensock status`,
+    /// `suspend`, `resume`).
+    fn control_answer(&self, cmd: &str) -> String {
+        match cmd {
+            "status" => self.status().render(),
+            "suspend" => {
+                let moved = self.suspend();
+                format!(
+                    "suspended: {moved} connections left their rings; {} still hold shared pages\n",
+                    self.shared_pages_held()
+                )
+            }
+            "resume" => format!(
+                "resumed: domid {}{}\n",
+                self.domid(),
+                if self.resume() { " (new)" } else { "" }
+            ),
+            other => format!("unknown command {other:?}\n"),
+        }
     }
 
     /// The process-wide transport, if `inner` is its (only it serves a
@@ -571,18 +587,13 @@ impl Transport {
         self.owner.inner.kind
     }
 
-    /// Listens on `addr` (its domid must be this domain, `self` or `any`).
-    pub fn bind(&self, addr: impl crate::ToXenAddr) -> io::Result<XenListener> {
-        self.bind_with(addr, SocketOptions::default())
-    }
-
-    /// [`Transport::bind`] with a backlog and receive-ring size for accepted
-    /// connections.
-    pub fn bind_with(
+    /// A listening port for `addr` (its domid must be this domain, `self`
+    /// or `any`): [`Transport::bind_with`]'s table entry.
+    pub(crate) fn listen(
         &self,
-        addr: impl crate::ToXenAddr,
+        addr: impl crate::addr::ToXenAddr,
         opts: SocketOptions,
-    ) -> io::Result<XenListener> {
+    ) -> io::Result<Arc<ListenerShared>> {
         let addr = addr.to_xen_addr()?;
         let inner = &self.owner.inner;
         if addr.domid != DOMID_SELF
@@ -608,35 +619,16 @@ impl Transport {
         )?;
         st.listeners.insert(port, shared.clone());
         drop(st);
-        Ok(XenListener::new(self.clone(), shared))
+        Ok(shared)
     }
 
-    /// Connects to `addr` with the default timeout.
-    pub fn connect(&self, addr: impl crate::ToXenAddr) -> io::Result<XenStream> {
-        let t = self.owner.inner.cfg.connect_timeout;
-        self.connect_with(addr, Some(t), SocketOptions::default())
-    }
-
-    /// Connects to `addr`, failing with `ETIMEDOUT` after `timeout`
-    /// (`EHOSTUNREACH` if the link to the domain does not come up).
-    pub fn connect_timeout(
+    /// Connects to `addr`: [`Transport::connect_with`]'s connection, open.
+    pub(crate) fn open_stream(
         &self,
-        addr: impl crate::ToXenAddr,
-        timeout: Duration,
-    ) -> io::Result<XenStream> {
-        if timeout.is_zero() {
-            return Err(errno(libc::EINVAL));
-        }
-        self.connect_with(addr, Some(timeout), SocketOptions::default())
-    }
-
-    /// Connects with a receive-ring size (`SO_RCVBUF` equivalent).
-    pub fn connect_with(
-        &self,
-        addr: impl crate::ToXenAddr,
+        addr: impl crate::addr::ToXenAddr,
         timeout: Option<Duration>,
         opts: SocketOptions,
-    ) -> io::Result<XenStream> {
+    ) -> io::Result<Arc<Conn>> {
         let addr = addr.to_xen_addr()?;
         let inner = &self.owner.inner;
         let peer = self.check_connect_addr(&addr)?;
@@ -700,35 +692,23 @@ impl Transport {
                 return Err(errno(libc::ETIMEDOUT));
             }
         }
-        Ok(XenStream::new(self.clone(), conn))
+        Ok(conn)
     }
 
-    /// Starts a connect and returns at once, as a non-blocking `connect`
-    /// returning `EINPROGRESS`: the stream is in non-blocking mode and
-    /// still connecting. Its descriptor becomes readable when the answer
-    /// comes; [`XenStream::finish_connect`] then reports the outcome
-    /// (`WouldBlock` while still in progress), and
-    /// [`XenStream::take_error`] the failure. Reads and writes return
-    /// `WouldBlock` until the connection is open. There is no timeout:
-    /// drop the stream to abandon the attempt.
-    ///
-    /// The only blocking part is bringing up the link to a domain this
-    /// transport has no link with yet (XenStore, up to
-    /// `Config::link_timeout`); an async caller runs
-    /// [`Transport::prepare_link`] on a thread that may block first when
-    /// [`Transport::link_ready`] is false.
-    pub fn connect_nonblocking(
+    /// Starts a connect: [`Transport::connect_nonblocking`]'s connection,
+    /// still connecting, non-blocking.
+    pub(crate) fn open_stream_nonblocking(
         &self,
-        addr: impl crate::ToXenAddr,
+        addr: impl crate::addr::ToXenAddr,
         opts: SocketOptions,
-    ) -> io::Result<XenStream> {
+    ) -> io::Result<Arc<Conn>> {
         let addr = addr.to_xen_addr()?;
         let peer = self.check_connect_addr(&addr)?;
         let inner = &self.owner.inner;
         let link_deadline = Instant::now() + inner.cfg.link_timeout;
         let conn = inner.start_connect(peer, addr.port, opts, link_deadline)?;
         conn.nonblocking.store(true, Ordering::Release);
-        Ok(XenStream::new(self.clone(), conn))
+        Ok(conn)
     }
 
     /// Whether the link to `domid` is up, so that
