@@ -19,6 +19,11 @@ fn xensock(args: &[&str]) -> (bool, String) {
 fn demo_streams_through_the_echo_server_and_releases_everything() {
     let (ok, out) = xensock(&["demo", "--mib", "4", "--quiet"]);
     assert!(ok, "{out}");
+    // the first line says what this is, not what is missing
+    assert!(
+        out.starts_with("xensock demo: two domains of a simulated Xen host"),
+        "{out}"
+    );
     assert!(out.contains("set up through XenStore"), "{out}");
     assert!(out.contains("4194304 bytes echoed"), "{out}");
     assert_eq!(out.matches("matches").count(), 2, "{out}");

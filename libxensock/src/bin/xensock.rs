@@ -376,8 +376,19 @@ fn bar(total: u64, quiet: bool, what: &str) -> Option<ProgressBar> {
 
 fn demo(mib: u64, write_size: usize, ring: usize, quiet: bool) -> Res<()> {
     let total = mib << 20;
-    println!("{}", libxensock::backend());
-    println!("Starting a simulated Xen host with two domains (the real-Xen path needs the lab; see docs/lab.md).");
+    println!(
+        "xensock demo: two domains of a simulated Xen host, in this process; \
+         every figure below is the simulation's (real Xen: lab/run bench, docs/lab.md)."
+    );
+    let report = libxensock::backend();
+    println!(
+        "(This machine's own backend, which programs here would use: {})",
+        report.kind
+    );
+    for r in &report.reasons {
+        println!("  {r}");
+    }
+    println!("Starting the simulated host:");
     let host = SimHost::start()?;
     let ds = host.create_domain(DomainConfig::new("echo-server"))?;
     let dc = host.create_domain(DomainConfig::new("client"))?;
@@ -446,7 +457,7 @@ fn demo(mib: u64, write_size: usize, ring: usize, quiet: bool) -> Res<()> {
         );
     }
     println!(
-        "  xensock:      {got} bytes echoed, checksum {recv:016x} matches, {:.0} MB/s each way",
+        "  xensock (simulated host): {got} bytes echoed, checksum {recv:016x} matches, {:.0} MB/s each way",
         mbps(got, xen_t)
     );
 
@@ -468,11 +479,11 @@ fn demo(mib: u64, write_size: usize, ring: usize, quiet: bool) -> Res<()> {
         return Err("TCP checksum mismatch".into());
     }
     println!(
-        "  TCP loopback: {tgot} bytes echoed, checksum {trecv:016x} matches, {:.0} MB/s each way",
+        "  TCP loopback:             {tgot} bytes echoed, checksum {trecv:016x} matches, {:.0} MB/s each way",
         mbps(tgot, tcp_t)
     );
     println!(
-        "  xensock / TCP loopback throughput: {:.2}x",
+        "  xensock / TCP loopback throughput: {:.2}x (simulated host: grants and event channels are emulated by a process here)",
         tcp_t.as_secs_f64() / xen_t.as_secs_f64()
     );
     drop((tc, ts));
