@@ -768,14 +768,12 @@ fn bench(scale: f64, plot: Option<PathBuf>, reps: usize, placement: Placement) -
         "every figure is the median of {reps} runs, interleaved by kind; xensock's min..max in brackets\n"
     );
     let sizes = [64usize, 1024, 16 * 1024, 64 * 1024, 1 << 20];
-    println!(
-        "stream throughput, MB/s (one writer, one reader, 1 MiB rings; placement {})",
-        match placement {
-            Placement::Spread => "spread: writer on CPU 0, reader on CPU 1",
-            Placement::Same => "same: writer and reader on CPU 0",
-            Placement::Any => "any: wherever the scheduler puts them",
-        }
-    );
+    let placed = match placement {
+        Placement::Spread => "spread: writer on CPU 0, reader on CPU 1",
+        Placement::Same => "same: writer and reader on CPU 0",
+        Placement::Any => "any: wherever the scheduler puts them",
+    };
+    println!("stream throughput, MB/s (one writer, one reader, 1 MiB rings; placement {placed})");
     println!(
         "{:>10} {:>10} {:>13} {:>10} {:>10} {:>9} {:>9}",
         "write", "xensock", "(min..max)", "AF_UNIX", "TCP lo", "x/unix", "x/tcp"
@@ -795,7 +793,7 @@ fn bench(scale: f64, plot: Option<PathBuf>, reps: usize, placement: Placement) -
             r[0].median / r[1].median,
             r[0].median / r[2].median
         );
-        rows.push((w, r.map(|s| s.median)));
+        rows.push((w, r));
     }
     let rounds = ((20_000f64 * scale) as u32).max(100);
     let lat = interleaved(reps, |k| pingpong(&mut env, k, rounds))?;
@@ -837,7 +835,11 @@ fn bench(scale: f64, plot: Option<PathBuf>, reps: usize, placement: Placement) -
     );
     println!("\ncolumns: {}", KINDS.map(|k| k.name()).join(", "));
     if let Some(p) = plot {
-        write_plot(&p, &rows)?;
+        let what = format!(
+            "simulated host, one writer and one reader ({placed}), 1 MiB rings; \
+             points: median of {reps} runs, bars: min..max"
+        );
+        write_plot(&p, &rows, &what)?;
         println!("wrote {}", p.display());
     }
     Ok(())
@@ -866,10 +868,12 @@ fn human(n: usize) -> String {
 }
 
 /// A PNG chart of the throughput table (plotters): MB/s per write size,
-/// log scale, one line per kind (blue xensock, green AF_UNIX, red TCP).
-/// Labels need a TrueType font (the usual DejaVu/Liberation paths are
-/// tried); without one the chart has no text.
-fn write_plot(path: &std::path::Path, rows: &[(usize, [f64; 3])]) -> Res<()> {
+/// log scale, one line per kind (blue xensock, green AF_UNIX, red TCP)
+/// through the medians, with each point's min..max as a bar; `what` (how
+/// it was measured) under the title. Labels need a TrueType font (the
+/// usual DejaVu/Liberation paths are tried); without one the chart has no
+/// text.
+fn write_plot(path: &std::path::Path, rows: &[(usize, [Stat; 3])], what: &str) -> Res<()> {
     use plotters::prelude::*;
     let text = match register_font() {
         Ok(()) => true,
@@ -880,16 +884,25 @@ fn write_plot(path: &std::path::Path, rows: &[(usize, [f64; 3])]) -> Res<()> {
     };
     let root = BitMapBackend::new(path, (900, 540)).into_drawing_area();
     root.fill(&WHITE)?;
-    let all = || rows.iter().flat_map(|(_, r)| r.iter().copied());
+    let all = || {
+        rows.iter()
+            .flat_map(|(_, r)| r.iter().flat_map(|s| [s.min, s.max]))
+    };
     let ymax = all().fold(1.0f64, f64::max) * 1.5;
     let ymin = (all().fold(f64::INFINITY, f64::min) / 1.5).clamp(0.1, ymax / 2.0);
-    let mut builder = ChartBuilder::on(&root);
-    if text {
-        builder.caption(
-            "stream throughput: xensock (sim) vs AF_UNIX vs TCP loopback",
+    let root = if text {
+        let (top, rest) = root.split_vertically(60);
+        top.draw(&Text::new(
+            "stream throughput: xensock (simulated host) vs AF_UNIX vs TCP loopback",
+            (20, 8),
             ("sans-serif", 22),
-        );
-    }
+        ))?;
+        top.draw(&Text::new(what.to_string(), (20, 38), ("sans-serif", 13)))?;
+        rest
+    } else {
+        root
+    };
+    let mut builder = ChartBuilder::on(&root);
     let mut chart = builder
         .margin(15)
         .x_label_area_size(if text { 45 } else { 0 })
@@ -918,8 +931,18 @@ fn write_plot(path: &std::path::Path, rows: &[(usize, [f64; 3])]) -> Res<()> {
         let points = || {
             rows.iter()
                 .enumerate()
-                .map(move |(i, (_, r))| (SegmentValue::CenterOf(i), r[k]))
+                .map(move |(i, (_, r))| (SegmentValue::CenterOf(i), r[k].median))
         };
+        chart.draw_series(rows.iter().enumerate().map(|(i, (_, r))| {
+            ErrorBar::new_vertical(
+                SegmentValue::CenterOf(i),
+                r[k].min,
+                r[k].median,
+                r[k].max,
+                colour.stroke_width(1),
+                8,
+            )
+        }))?;
         chart
             .draw_series(LineSeries::new(points(), colour.stroke_width(2)))?
             .label(KINDS[k].name())
