@@ -579,12 +579,26 @@ impl RxPath {
             }
             RxState::Ring { epoch: current, .. } if epoch < current => Ok(None),
             RxState::Ring { .. } => Err(SwitchError::BadEpoch(epoch)),
+            // The sender left an older ring. Our offer stands: the sender
+            // may take it (its RingFrom follows this on the stream), and the
+            // older ring was answered when this side left it. Abandoning
+            // the offer here answered a freeze that crossed our offer with
+            // a Consumed that froze the ring the sender had just taken,
+            // whose TxFreeze crossed our next offer: a chain of rings, one
+            // per round trip, for as long as offers outran freezes. A
+            // sender that moves away loses the link, which abandons the
+            // offer (`freeze_local`).
             RxState::Offered { epoch: offered } if epoch < offered => {
-                self.abandon(offered);
-                Ok(Some(ConsumedNotice {
-                    epoch: offered,
-                    offset: self.next_tcp,
-                }))
+                // ... except a ring we withdrew, which nobody answered
+                // (see the `Tcp` arm below)
+                if self.withdrawn == Some(epoch) {
+                    self.withdrawn = None;
+                    return Ok(Some(ConsumedNotice {
+                        epoch,
+                        offset: self.next_tcp,
+                    }));
+                }
+                Ok(None)
             }
             RxState::Offered { .. } => Err(SwitchError::BadEpoch(epoch)),
             // the sender took the ring we withdrew, then left it: without
@@ -1253,6 +1267,81 @@ mod tests {
         assert_eq!(rx.on_tx_freeze(f.epoch, Some(f.offset), 0).unwrap(), None);
     }
 
+    /// A freeze of an older ring that crosses our offer leaves the offer
+    /// standing: the sender takes it and no new ring is needed.
+    #[test]
+    fn an_offer_outstanding_when_an_older_freeze_arrives_is_taken() {
+        let mut tx = TxPath::on_ring();
+        let mut rx = RxPath::on_ring();
+        tx.record_sent(166).unwrap();
+        rx.record_ring_taken(4).unwrap();
+        // both leave ring 0 on their own (the link went): the receiver
+        // says what it consumed, the sender says it froze
+        let c = rx.freeze_local().unwrap();
+        let f = tx.freeze(162).unwrap();
+        match tx.on_consumed(c.epoch, c.offset).unwrap() {
+            ConsumedOutcome::Resend(r) => assert_eq!((r.from, r.len), (4, 162)),
+            other => panic!("{other:?}"),
+        }
+        rx.on_data(4, 162).unwrap();
+        // the new link: the receiver offers ring 1 and the sender takes it
+        // before the receiver has read the sender's freeze of ring 0
+        let epoch = rx.offer_ring().unwrap();
+        let from = tx.on_ring_offer(epoch).unwrap().unwrap();
+        assert_eq!(
+            rx.on_tx_freeze(f.epoch, Some(f.offset), 0).unwrap(),
+            None,
+            "the older freeze needs no answer and voids nothing"
+        );
+        assert_eq!(rx.state(), RxState::Offered { epoch });
+        assert_eq!(
+            rx.on_ring_from(epoch, from).unwrap(),
+            RingFromOutcome::Switch
+        );
+        assert_eq!(rx.state(), RxState::Ring { epoch, start: 166 });
+    }
+
+    /// A withdrawn ring the sender took is answered when it freezes, also
+    /// when a newer offer is out by then.
+    #[test]
+    fn a_withdrawn_ring_is_answered_while_a_newer_offer_is_out() {
+        let mut tx = TxPath::on_tcp();
+        let mut rx = RxPath::on_tcp();
+        let first = rx.offer_ring().unwrap();
+        let from = tx.on_ring_offer(first).unwrap().unwrap();
+        tx.record_sent(30).unwrap();
+        assert!(rx.withdraw_offer(first));
+        let second = rx.offer_ring().unwrap();
+        assert_eq!(
+            rx.on_ring_from(first, from).unwrap(),
+            RingFromOutcome::Ignore
+        );
+        let f = tx.freeze(30).unwrap();
+        let c = rx
+            .on_tx_freeze(f.epoch, Some(f.offset), 0)
+            .unwrap()
+            .expect("a Consumed for the withdrawn ring");
+        assert_eq!(
+            c,
+            ConsumedNotice {
+                epoch: first,
+                offset: 0
+            }
+        );
+        match tx.on_consumed(c.epoch, c.offset).unwrap() {
+            ConsumedOutcome::Resend(r) => assert_eq!((r.from, r.len), (0, 30)),
+            other => panic!("{other:?}"),
+        }
+        // the newer offer still stands, and the sender can take it
+        assert_eq!(rx.state(), RxState::Offered { epoch: second });
+        let from = tx.on_ring_offer(second).unwrap().unwrap();
+        rx.on_data(0, 30).unwrap();
+        assert_eq!(
+            rx.on_ring_from(second, from).unwrap(),
+            RingFromOutcome::Switch
+        );
+    }
+
     #[test]
     fn sender_moves_receiver_drains() {
         let mut tx = TxPath::on_ring();
@@ -1337,15 +1426,18 @@ mod tests {
             Phase::Ring
         );
 
-        // Offer lost in a move: the sender's TxFreeze voids it.
+        // Offer lost in a move: the sender's TxFreeze leaves it standing,
+        // the link's loss (the peer moved) abandons it.
         let mut tx = TxPath::on_tcp();
         let mut rx = RxPath::on_tcp();
         let e = rx.offer_ring().unwrap();
         let notice = tx.freeze(0).unwrap();
-        let c = rx
-            .on_tx_freeze(notice.epoch, Some(notice.offset), 0)
-            .unwrap()
-            .unwrap();
+        assert_eq!(
+            rx.on_tx_freeze(notice.epoch, Some(notice.offset), 0)
+                .unwrap(),
+            None
+        );
+        let c = rx.freeze_local().unwrap();
         assert_eq!(c.epoch, e);
         assert_eq!(
             tx.on_consumed(c.epoch, c.offset).unwrap(),

@@ -416,6 +416,11 @@ impl World {
         };
         sending.tx_freeze();
         receiving.rx_move();
+        // The peer that stayed loses the link too: an offer it has out can
+        // no longer be taken, and it abandons it (as both hosts do).
+        if matches!(sending.rx.state(), RxState::Offered { .. }) {
+            sending.rx_move();
+        }
         // The link dies with the move: queued offers are lost.
         self.ab.link.clear();
         self.ba.link.clear();
