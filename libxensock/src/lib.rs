@@ -100,6 +100,7 @@ mod kernel;
 mod listener;
 mod options;
 mod rings;
+mod seqpacket;
 mod stream;
 mod sys;
 mod transport;
@@ -113,6 +114,7 @@ pub use conn::ConnPhase;
 pub use error::Error;
 pub use listener::{Incoming, XenListener};
 pub use options::SocketOptions;
+pub use seqpacket::{XenSeqPacket, XenSeqPacketListener};
 pub use stream::XenStream;
 pub use transport::{
     Carrier, Config, ConnStatus, LegCounters, LinkStatus, Status, Transport, ENV_PEER_LOST_MS,

@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Ports: 7101 echo (one thread per connection), 7102 half-close ("got N"
-//! after EOF), 7103 accept-and-close at once, 7199 stop (the server reads
+//! after EOF), 7103 accept-and-close at once, 7104 SOCK_SEQPACKET echo
+//! (each message back as it came), 7199 stop (the server reads
 //! the stop connection to EOF, then exits). Each check prints one lab marker,
 //! `@@RESULT rust-<name> PASS|FAIL <detail>`; the exit status is the
 //! number of failures (capped at 100).
@@ -21,11 +22,15 @@ use std::os::fd::AsRawFd;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use libxensock::{BackendKind, SockAddrXen, SocketOptions, XenListener, XenStream};
+use libxensock::{
+    BackendKind, SockAddrXen, SocketOptions, XenListener, XenSeqPacket, XenSeqPacketListener,
+    XenStream,
+};
 
 const ECHO: u32 = 7101;
 const HALF_CLOSE: u32 = 7102;
 const ACCEPT_CLOSE: u32 = 7103;
+const SEQ_ECHO: u32 = 7104;
 const STOP: u32 = 7199;
 /// What the accept-and-close server writes before it closes.
 const ACCEPT_CLOSE_GREETING: &[u8] = b"accepted, closing";
@@ -68,6 +73,24 @@ fn server() -> Res<()> {
     let half = XenListener::bind(SockAddrXen::new(libxensock::DOMID_ANY, HALF_CLOSE))?;
     let quick = XenListener::bind(SockAddrXen::new(libxensock::DOMID_ANY, ACCEPT_CLOSE))?;
     let stop = XenListener::bind(SockAddrXen::new(libxensock::DOMID_ANY, STOP))?;
+    let seq = XenSeqPacketListener::bind(SockAddrXen::new(libxensock::DOMID_ANY, SEQ_ECHO))?;
+    thread::spawn(move || {
+        while let Ok((c, _)) = seq.accept() {
+            thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    match c.recv(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if c.send(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
     println!(
         "lab_kernel server: {:?} on {}, {}, {}, {}",
         echo.backend_kind(),
@@ -457,6 +480,47 @@ fn client(server: u32) -> u32 {
             format!("{refused} of 20 connects to an accept-and-close server: ECONNREFUSED"),
         )?;
         Ok("20 connects, each read the server's bytes then EOF".into())
+    });
+
+    // messages keep their boundaries both ways, a short buffer gets a
+    // message's head, peek leaves the message, shutdown ends the stream
+    c.run("seqpacket", || {
+        let s = XenSeqPacket::connect(SockAddrXen::new(server, SEQ_ECHO))?;
+        let sizes = [1usize, 100, 4000, 60_000, 7];
+        for &n in &sizes {
+            let msg: Vec<u8> = (0..n).map(|i| pat(i + n)).collect();
+            ensure(s.send(&msg)? == n, format!("send of {n}"))?;
+        }
+        let mut buf = vec![0u8; 1 << 17];
+        for &n in &sizes {
+            let p = s.peek(&mut buf)?;
+            let got = s.recv(&mut buf)?;
+            ensure(
+                p == n && got == n,
+                format!("message of {n}: peek {p}, recv {got}"),
+            )?;
+            ensure(
+                buf[..n].iter().enumerate().all(|(i, b)| *b == pat(i + n)),
+                format!("message of {n} differs"),
+            )?;
+        }
+        let msg = vec![7u8; 3000];
+        s.send(&msg)?;
+        let mut short = [0u8; 100];
+        let got = s.recv(&mut short)?;
+        ensure(got == 100, format!("short buffer: {got}"))?;
+        s.send(b"next")?;
+        let got = s.recv(&mut buf)?;
+        ensure(
+            &buf[..got] == b"next",
+            "the rest of the long message was not dropped",
+        )?;
+        s.shutdown(Shutdown::Write)?;
+        ensure(s.recv(&mut buf)? == 0, "no end after shutdown")?;
+        Ok(format!(
+            "{} messages of {sizes:?} bytes back whole, peeked, head of 3000 in 100",
+            sizes.len()
+        ))
     });
 
     // stop the server
