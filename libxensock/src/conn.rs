@@ -274,6 +274,36 @@ impl ConnIo {
         }
     }
 
+    /// One non-blocking peek: what [`ConnIo::try_read`] would return,
+    /// left in the ring for the next read.
+    pub(crate) fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.carried {
+            return Err(carried());
+        }
+        if let Some(r) = self.dead_state_error(false) {
+            return r;
+        }
+        if self.shut_rd || buf.is_empty() {
+            return Ok(0);
+        }
+        let Some(rx) = self.rx.as_mut() else {
+            return Ok(0);
+        };
+        // Flags first, as a read takes them (FIN, then empty, is the end)
+        let step = rx.c.peer_end().and_then(|end| Ok((end, rx.c.peek(buf)?)));
+        match step {
+            Ok((end, _)) if end.reset => {
+                self.reset_local();
+                self.phase = ConnPhase::Reset { reported: true };
+                Err(errno(libc::ECONNRESET))
+            }
+            Ok((_, n)) if n > 0 => Ok(n),
+            Ok((end, _)) if end.fin || self.peer_closed => Ok(0),
+            Ok(_) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(self.violated(e)),
+        }
+    }
+
     /// One non-blocking write attempt: `Err(WouldBlock)` when full.
     pub(crate) fn try_write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if self.carried {

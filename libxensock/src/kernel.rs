@@ -83,6 +83,11 @@ fn new_socket(family: i32) -> io::Result<Socket> {
     Socket::new(Domain::from(family), Type::STREAM, None)
 }
 
+/// `recv(fd, buf, MSG_PEEK)`: the next bytes, left in the socket.
+pub(crate) fn peek_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    nix::sys::socket::recv(fd, buf, nix::sys::socket::MsgFlags::MSG_PEEK).map_err(io::Error::from)
+}
+
 fn check_timeout(t: Option<Duration>) -> io::Result<()> {
     if t.is_some_and(|t| t.is_zero()) {
         Err(errno(libc::EINVAL))
@@ -249,6 +254,11 @@ impl KernelStream {
 
     pub(crate) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         io::Read::read(&mut &self.sock, buf)
+    }
+
+    /// `recv(MSG_PEEK)`.
+    pub(crate) fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        peek_fd(self.sock.as_raw_fd(), buf)
     }
 
     /// `send` with `MSG_NOSIGNAL`: a closed peer is `EPIPE`, never a

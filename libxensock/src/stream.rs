@@ -325,6 +325,23 @@ impl UserStream {
         }
     }
 
+    /// What a read would return now (waiting as a read waits), left for
+    /// the next read.
+    pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let t = lock(&self.timeouts).read;
+        let c = self.conn();
+        if let Some(e) = c.switch() {
+            if c.io().shut_rd {
+                return Ok(0);
+            }
+            return self.engine_op(&e, WANT_READ, t, |e, nb| e.peek(buf, nb));
+        }
+        match self.op(WANT_READ, 1, t, |io| io.try_peek(buf)) {
+            Err(e) if is_carried(&e) => self.peek(buf),
+            r => r,
+        }
+    }
+
     fn write_impl(&self, buf: &[u8]) -> io::Result<usize> {
         let t = lock(&self.timeouts).write;
         if let Some(e) = self.conn().switch() {
@@ -835,6 +852,19 @@ impl XenStream {
             StreamImpl::User(u) => u.debug_scribble_peer_ring(offset, value),
             StreamImpl::Kernel(_) => false,
             StreamImpl::Relay(_) => false,
+        }
+    }
+}
+
+impl XenStream {
+    /// Reads without consuming (`recv(MSG_PEEK)`): the bytes a read would
+    /// return now, waiting as a read waits (not in non-blocking mode:
+    /// `WouldBlock`), left for the next read; 0 at end of stream.
+    pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match &self.imp {
+            StreamImpl::User(u) => u.peek(buf),
+            StreamImpl::Kernel(k) => k.peek(buf),
+            StreamImpl::Relay(r) => crate::kernel::peek_fd(r.sock.as_raw_fd(), buf),
         }
     }
 }

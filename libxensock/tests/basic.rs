@@ -155,6 +155,11 @@ fn shutdown_read_makes_peer_writes_fail_with_epipe() {
 }
 
 #[test]
+fn peek_leaves_the_bytes_for_the_next_read() {
+    cases::peek_leaves_the_bytes_for_the_next_read(sim(), 7011);
+}
+
+#[test]
 fn close_gives_eof_then_epipe() {
     cases::close_gives_eof_then_epipe(sim(), 7006);
 }

@@ -134,6 +134,12 @@ fn half_close() {
 
 #[test]
 #[ignore = "needs af_xen.ko (the lab: tests/lab/kmod-rust)"]
+fn peek_leaves_the_bytes_for_the_next_read() {
+    cases::peek_leaves_the_bytes_for_the_next_read(kernel(), 7011);
+}
+
+#[test]
+#[ignore = "needs af_xen.ko (the lab: tests/lab/kmod-rust)"]
 fn shutdown_read_makes_peer_writes_fail_with_epipe() {
     cases::shutdown_read_makes_peer_writes_fail_with_epipe(kernel(), 7005);
 }

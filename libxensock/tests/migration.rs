@@ -254,6 +254,22 @@ fn exchange(c: &XenStream, s: &XenStream, seed: u64, len: usize) {
     drop(none);
 }
 
+/// `msg` from `c` to `s`: `s` peeks it (as much as has come), then reads
+/// the same bytes.
+fn peek_then_read(c: &XenStream, s: &XenStream, msg: &[u8]) {
+    (&*c).write_all(msg).unwrap();
+    let mut buf = vec![0u8; msg.len()];
+    assert!(
+        eventually(Duration::from_secs(5), || s.peek(&mut buf).unwrap()
+            == msg.len()),
+        "peek never saw the whole message"
+    );
+    assert_eq!(buf, msg);
+    let mut got = vec![0u8; msg.len()];
+    (&*s).read_exact(&mut got).unwrap();
+    assert_eq!(got, msg);
+}
+
 /// Like [`writer`], without the FIN.
 fn writer_open(s: XenStream, seed: u64, len: usize) -> thread::JoinHandle<u64> {
     thread::spawn(move || {
@@ -349,6 +365,8 @@ fn same_host_migration_moves_to_tcp_and_back() {
     // A's connection now names B's new domid.
     back_on_rings(&w, &w.a);
     back_on_rings(&w, &w.b);
+    // a switched connection back on a ring peeks there
+    peek_then_read(&c, &s, b"peek on the ring after the move");
     exchange(&c, &s, 5, 300_000);
     let st = w.a.status();
     assert_eq!(st.connections[0].peer.domid, u32::from(w.b.domid()));
@@ -647,6 +665,9 @@ fn a_reader_pausing_past_the_bound_on_tcp_keeps_its_connection() {
         "{:?}",
         w.a.status()
     );
+    // on the TCP carrier, peek looks into the leg
+    peek_then_read(&c, &s, b"peek over the TCP carrier");
+    peek_then_read(&s, &c, b"and back");
     // more than the switch's buffers and both sockets' hold: the writer
     // blocks on a full leg while nobody reads
     let total = 48 << 20;

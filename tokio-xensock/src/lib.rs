@@ -324,6 +324,25 @@ impl XenStream {
         Ok(())
     }
 
+    /// Receives into `buf` without consuming, as `TcpStream::peek`: waits
+    /// until bytes (or the end, 0) are there; the next read returns them.
+    pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            // tried first: the descriptor gets an edge only after a
+            // WouldBlock
+            match self.inner.get_ref().peek(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return r,
+            }
+            // readiness is cleared only by a WouldBlock: the bytes a peek
+            // saw are still there, and still readable
+            let mut ready = self.inner.readable().await?;
+            if let Ok(r) = ready.try_io(|s| s.get_ref().peek(buf)) {
+                return r;
+            }
+        }
+    }
+
     /// Waits until a write may take bytes, as `TcpStream::writable`.
     pub async fn writable(&self) -> io::Result<()> {
         self.inner.writable().await?.retain_ready();

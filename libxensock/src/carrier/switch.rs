@@ -455,7 +455,13 @@ impl Switch {
 
     /// [`Switch::read`] that returns `WouldBlock` instead of waiting.
     pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.shared.read(buf, true)
+        self.shared.read(buf, Take::Consume, true)
+    }
+
+    /// What [`Switch::read`] (`nonblocking`: [`Switch::try_read`]) would
+    /// return, left for the next read.
+    pub(crate) fn peek(&self, buf: &mut [u8], nonblocking: bool) -> io::Result<usize> {
+        self.shared.read(buf, Take::Peek, nonblocking)
     }
 
     /// A leg that reached the transport's listener before this switch
@@ -521,7 +527,7 @@ impl Switch {
     /// Reads stream bytes in order; 0 at end of stream. Blocks until at
     /// least one byte (or the end) is there.
     pub(crate) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.shared.read(buf, false)
+        self.shared.read(buf, Take::Consume, false)
     }
 
     /// `shutdown(SHUT_WR)`: end of stream after the bytes written so far,
@@ -1119,10 +1125,11 @@ impl Shared {
 
     // ---- receiving direction ----------------------------------------
 
-    fn read(&self, buf: &mut [u8], nonblocking: bool) -> io::Result<usize> {
+    fn read(&self, buf: &mut [u8], take: Take, nonblocking: bool) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
+        let peek = take == Take::Peek;
         let _one_reader = lock(&self.read_lock);
         let mut rx = lock(&self.rx);
         let mut got = 0;
@@ -1157,10 +1164,17 @@ impl Shared {
                 if let RxState::Draining { .. } = r.path.state() {
                     limit = limit.min(r.path.ring_remaining() as usize);
                 }
-                let step = c
-                    .receive(&mut buf[got..got + limit])
-                    .map_err(|e| self.breach(ring_error(e)))?;
+                let step = if peek {
+                    peek_ring(c, &mut buf[got..got + limit])
+                } else {
+                    c.receive(&mut buf[got..got + limit])
+                };
+                let step = step.map_err(|e| self.breach(ring_error(e)))?;
                 let end = match step {
+                    Received::Bytes { n, .. } if peek => {
+                        got += n;
+                        break;
+                    }
                     Received::Bytes { n, kick } => {
                         got += n;
                         if kick {
@@ -1214,7 +1228,11 @@ impl Shared {
                 rx.leg_drained = false;
                 leg_events = libc::POLLIN;
             } else {
-                match self.read_run(&mut rx, &mut buf[got..]) {
+                match self.read_run(&mut rx, &mut buf[got..], take) {
+                    Ok(RunStep::Read(n)) if peek => {
+                        got += n;
+                        break;
+                    }
                     Ok(RunStep::Read(n)) => {
                         got += n;
                         continue;
@@ -1233,7 +1251,9 @@ impl Shared {
             }
             rx = self.wait_rx(rx, leg_events);
         }
-        rx.delivered += got as u64;
+        if !peek {
+            rx.delivered += got as u64;
+        }
         Ok(got)
     }
 
@@ -1245,7 +1265,7 @@ impl Shared {
     /// stream), so a read before the end is known cannot go past it,
     /// except into a run that continues at that very end (see
     /// [`Shared::pump_rx`]).
-    fn read_run(&self, rx: &mut Rx, dst: &mut [u8]) -> io::Result<RunStep> {
+    fn read_run(&self, rx: &mut Rx, dst: &mut [u8], take: Take) -> io::Result<RunStep> {
         let Some(leg) = rx.leg.clone() else {
             return Ok(RunStep::WaitControl);
         };
@@ -1270,11 +1290,16 @@ impl Shared {
             return Ok(RunStep::WaitControl);
         }
         let want = limit as usize;
-        match (&*leg).read(&mut dst[..want]) {
+        let step = match take {
+            Take::Consume => (&*leg).read(&mut dst[..want]),
+            Take::Peek => leg.peek(&mut dst[..want]),
+        };
+        match step {
             Ok(0) => {
                 rx.leg_closed = true;
                 Ok(RunStep::Again)
             }
+            Ok(n) if take == Take::Peek => Ok(RunStep::Read(n)),
             Ok(n) => {
                 rx.path.on_data(taken, n as u64).map_err(switch_error)?;
                 rx.leg_drained = n < want;
@@ -1803,6 +1828,26 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
+    }
+}
+
+/// Whether a read consumes what it copies or leaves it (`MSG_PEEK`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Take {
+    Consume,
+    Peek,
+}
+
+/// A receive step that leaves the bytes in the ring: the producer's flags
+/// first, as [`Consumer::receive`] takes them.
+fn peek_ring(c: &Consumer<RawRing>, dst: &mut [u8]) -> Result<Received, RingError> {
+    let end = c.peer_end()?;
+    if end.reset {
+        return Ok(Received::Reset);
+    }
+    match c.peek(dst)? {
+        0 => Ok(Received::Empty(end)),
+        n => Ok(Received::Bytes { n, kick: false }),
     }
 }
 

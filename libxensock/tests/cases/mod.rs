@@ -206,6 +206,51 @@ pub fn half_close<W: World>(w: W, port: u32) {
     assert_eq!(resp, b"response");
 }
 
+/// `peek` returns what a read would, and the read then returns the same
+/// bytes; it waits as a read waits, says `WouldBlock` in non-blocking
+/// mode and 0 at the end of the stream.
+pub fn peek_leaves_the_bytes_for_the_next_read<W: World>(w: W, port: u32) {
+    let l = w.bind(port).unwrap();
+    let mut c = w.connect(port).unwrap();
+    let (s, _) = l.accept().unwrap();
+    s.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 64];
+    assert_eq!(
+        s.peek(&mut buf).unwrap_err().kind(),
+        io::ErrorKind::WouldBlock
+    );
+    s.set_nonblocking(false).unwrap();
+    // a blocking peek waits for the bytes
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        c.write_all(b"hello peek").unwrap();
+        c
+    });
+    let n = s.peek(&mut buf).unwrap();
+    assert!(n > 0 && buf[..n] == b"hello peek"[..n], "{n}");
+    let mut c = t.join().unwrap();
+    assert!(eventually(Duration::from_secs(5), || s
+        .peek(&mut buf)
+        .unwrap()
+        == 10));
+    assert_eq!(&buf[..10], b"hello peek");
+    // peeking twice changes nothing; the read gets the same bytes
+    assert_eq!(s.peek(&mut buf[..4]).unwrap(), 4);
+    let mut got = [0u8; 10];
+    (&s).read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"hello peek");
+    c.write_all(b"!").unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    assert!(eventually(Duration::from_secs(5), || s
+        .peek(&mut buf)
+        .unwrap()
+        == 1));
+    assert_eq!((&s).read(&mut buf).unwrap(), 1);
+    assert_eq!(s.peek(&mut buf).unwrap(), 0, "end of stream");
+    drop((c, s, l));
+    w.released().unwrap();
+}
+
 pub fn shutdown_read_makes_peer_writes_fail_with_epipe<W: World>(w: W, port: u32) {
     let l = w.bind(port).unwrap();
     let c = w.connect(port).unwrap();

@@ -92,6 +92,21 @@ pub async fn readiness_and_try_calls<W: World>(w: &W, port: u32) {
         }
     }
     assert_eq!(got, b"ready");
+    // peek waits for bytes and leaves them for the read
+    let peeker = async {
+        let mut p = [0u8; 64];
+        let n = c.peek(&mut p).await.unwrap();
+        p[..n].to_vec()
+    };
+    let (peeked, ()) = tokio::join!(peeker, async {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        s.writable().await.unwrap();
+        assert_eq!(s.try_write(b"p").unwrap(), 1);
+    });
+    assert_eq!(peeked, b"p");
+    c.readable().await.unwrap();
+    assert_eq!(c.try_read(&mut buf).unwrap(), 1);
+    assert_eq!(&buf[..1], b"p");
     assert!(c.take_error().unwrap().is_none());
     // back to a blocking stream, as TcpStream::into_std (non-blocking)
     let mut std_c = c.into_std().unwrap();
