@@ -118,7 +118,7 @@ pub use seqpacket::{XenSeqPacket, XenSeqPacketListener};
 pub use stream::XenStream;
 pub use transport::{
     Carrier, Config, ConnStatus, LegCounters, LinkStatus, Status, Transport, ENV_PEER_LOST_MS,
-    EPHEMERAL_PORT_FIRST, LINK_DIR,
+    EPHEMERAL_PORT_FIRST,
 };
 pub use xensock_xenif::DomId;
 

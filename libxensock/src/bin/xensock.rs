@@ -418,7 +418,7 @@ fn demo(mib: u64, write_size: usize, ring: usize, quiet: bool) -> Res<()> {
     let node = format!(
         "/local/domain/{}/{}/{}",
         dc.domid,
-        libxensock::LINK_DIR,
+        xensock_proto::link::LINK_DIR,
         ds.domid
     );
     let read = |p: &str| {
@@ -1099,7 +1099,7 @@ struct LinkNode {
 fn xenstore_status() -> Option<(String, String, Vec<LinkNode>)> {
     let xs = xensock_discovery::xs::XsClient::open().ok()?;
     let me = xs.read_string("domid").ok()?.trim().to_string();
-    let dir = format!("/local/domain/{me}/{}", libxensock::LINK_DIR);
+    let dir = format!("/local/domain/{me}/{}", xensock_proto::link::LINK_DIR);
     let peers = xs.directory(&dir).unwrap_or_default();
     let links = peers
         .into_iter()

@@ -62,7 +62,7 @@ pub use status::{Carrier, ConnStatus, LegCounters, LinkStatus, Status};
 
 /// XenStore directory, relative to a domain's home, under which a domain
 /// publishes one node per peer it has a link with: `data/xensock/link/<peer>`.
-pub const LINK_DIR: &str = xensock_proto::link::LINK_DIR;
+pub(crate) const LINK_DIR: &str = xensock_proto::link::LINK_DIR;
 
 /// Idle receive rings kept per ring order on a link, at most.
 const POOL_PER_ORDER: usize = 8;
