@@ -108,6 +108,8 @@ pub(crate) struct ConnIo {
     /// Our `Close` went out (on a ring-reuse link it is also sent as the
     /// answer to the peer's, so each side sends exactly one).
     pub close_sent: bool,
+    /// `SO_LINGER` 0: the close resets the connection instead of ending it.
+    pub abort_on_close: bool,
     pub bytes_in: u64,
     pub bytes_out: u64,
     /// Ring error waiting to be turned into a Reset frame by the caller.
@@ -153,6 +155,7 @@ impl ConnIo {
             peer_closed: false,
             close_received: false,
             close_sent: false,
+            abort_on_close: false,
             bytes_in: 0,
             bytes_out: 0,
             violation: None,

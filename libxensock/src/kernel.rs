@@ -229,6 +229,14 @@ impl KernelStream {
         self.sock.write_timeout()
     }
 
+    pub(crate) fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
+        self.sock.set_linger(linger)
+    }
+
+    pub(crate) fn linger(&self) -> io::Result<Option<Duration>> {
+        self.sock.linger()
+    }
+
     /// `SO_RCVBUF` as set (Linux reports twice the requested value, for
     /// its bookkeeping; the module sizes the ring from half of it, capped
     /// at what it can map).

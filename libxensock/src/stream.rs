@@ -32,10 +32,12 @@ impl Drop for Guard {
     }
 }
 
+/// The per-stream options every handle shares.
 #[derive(Default)]
 struct Timeouts {
     read: Option<Duration>,
     write: Option<Duration>,
+    linger: Option<Duration>,
 }
 
 /// A stream of the user-space transport: the connection's shared rings,
@@ -176,6 +178,20 @@ impl UserStream {
     /// The read timeout.
     pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
         Ok(lock(&self.timeouts).read)
+    }
+
+    /// `SO_LINGER`: `Some(0)` makes the close reset the connection; any
+    /// other value leaves the close as it is (what was written is
+    /// delivered; a connection on its TCP carrier lingers until the peer
+    /// acknowledged it).
+    pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
+        lock(&self.timeouts).linger = linger;
+        self.conn().io().abort_on_close = linger == Some(Duration::ZERO);
+        Ok(())
+    }
+
+    pub fn linger(&self) -> io::Result<Option<Duration>> {
+        Ok(lock(&self.timeouts).linger)
     }
 
     /// The write timeout.
@@ -578,6 +594,14 @@ impl Transport {
     }
 }
 
+/// An option the daemon's relay cannot carry.
+fn relay_unsupported(what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("{what} is not available through the guest's xensock daemon"),
+    )
+}
+
 /// Connects through the guest's `xensock daemon` if one answers
 /// ([`crate::daemon`]); `None` otherwise.
 fn via_daemon(addr: SockAddrXen, timeout: Option<Duration>) -> io::Result<Option<XenStream>> {
@@ -780,6 +804,28 @@ impl XenStream {
             StreamImpl::User(u) => u.set_write_timeout(t),
             StreamImpl::Kernel(k) => k.set_write_timeout(t),
             StreamImpl::Relay(r) => r.sock.set_write_timeout(t),
+        }
+    }
+
+    /// `SO_LINGER`, as on a TCP socket: `Some(0)` makes the close abortive
+    /// (the peer's next read or write gets `ECONNRESET`, and what it had
+    /// not read is dropped); `None` or another time, the usual close (what
+    /// was written is delivered). Not through the guest's daemon
+    /// (`Unsupported`): its relay cannot reset the connection.
+    pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
+        match &self.imp {
+            StreamImpl::User(u) => u.set_linger(linger),
+            StreamImpl::Kernel(k) => k.set_linger(linger),
+            StreamImpl::Relay(_) => Err(relay_unsupported("SO_LINGER")),
+        }
+    }
+
+    /// The `SO_LINGER` value set.
+    pub fn linger(&self) -> io::Result<Option<Duration>> {
+        match &self.imp {
+            StreamImpl::User(u) => u.linger(),
+            StreamImpl::Kernel(k) => k.linger(),
+            StreamImpl::Relay(_) => Ok(None),
         }
     }
 

@@ -160,6 +160,11 @@ fn peek_leaves_the_bytes_for_the_next_read() {
 }
 
 #[test]
+fn linger_zero_resets_the_peer() {
+    cases::linger_zero_resets_the_peer(sim(), 7012);
+}
+
+#[test]
 fn close_gives_eof_then_epipe() {
     cases::close_gives_eof_then_epipe(sim(), 7006);
 }

@@ -140,6 +140,12 @@ fn peek_leaves_the_bytes_for_the_next_read() {
 
 #[test]
 #[ignore = "needs af_xen.ko (the lab: tests/lab/kmod-rust)"]
+fn linger_zero_resets_the_peer() {
+    cases::linger_zero_resets_the_peer(kernel(), 7012);
+}
+
+#[test]
+#[ignore = "needs af_xen.ko (the lab: tests/lab/kmod-rust)"]
 fn shutdown_read_makes_peer_writes_fail_with_epipe() {
     cases::shutdown_read_makes_peer_writes_fail_with_epipe(kernel(), 7005);
 }

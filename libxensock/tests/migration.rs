@@ -388,6 +388,16 @@ fn same_host_migration_moves_to_tcp_and_back() {
             .iter()
             .all(|c| c.peer.domid == u32::from(w.a.domid()))
     }));
+    // an abortive close of a switched connection resets its peer
+    c2.set_linger(Some(Duration::ZERO)).unwrap();
+    drop(c2);
+    let mut buf = [0u8; 8];
+    let r = (&s2).read(&mut buf);
+    assert_eq!(
+        r.as_ref().map_err(|e| e.raw_os_error()).err(),
+        Some(Some(libc::ECONNRESET)),
+        "{r:?}"
+    );
 }
 
 /// A third guest on the host sends ring offers naming A's connection ids

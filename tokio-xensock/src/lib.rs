@@ -324,6 +324,17 @@ impl XenStream {
         Ok(())
     }
 
+    /// `SO_LINGER`, as `TcpStream::set_linger`: `Some(0)` makes the close
+    /// reset the connection (see [`libxensock::XenStream::set_linger`]).
+    pub fn set_linger(&self, linger: Option<std::time::Duration>) -> io::Result<()> {
+        self.inner.get_ref().set_linger(linger)
+    }
+
+    /// The `SO_LINGER` value set.
+    pub fn linger(&self) -> io::Result<Option<std::time::Duration>> {
+        self.inner.get_ref().linger()
+    }
+
     /// Receives into `buf` without consuming, as `TcpStream::peek`: waits
     /// until bytes (or the end, 0) are there; the next read returns them.
     pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {

@@ -478,6 +478,15 @@ impl Switch {
     /// switch then closes the legs. On a ring too: a switch to it queues
     /// its `RingFrom` for the inbound leg, and without it the receiver
     /// never looks at the ring.
+    /// An abortive close (`SO_LINGER` 0): the peer is reset now, on every
+    /// carrier we still have, and what it has not read is dropped.
+    pub(crate) fn abort(&self) {
+        self.shared.fail(libc::ECONNRESET, ResetReason::Abort);
+        if !self.shared.propagated.swap(true, Ordering::SeqCst) {
+            self.shared.propagate_failure();
+        }
+    }
+
     pub(crate) fn linger(&self, limit: Duration) {
         self.shared.graceful.store(true, Ordering::SeqCst);
         let end = Instant::now() + limit;

@@ -398,6 +398,10 @@ impl Inner {
                 self.unregister(&mut st, conn);
                 conn.io().phase = ConnPhase::Closed;
             }
+            if conn.io().abort_on_close {
+                switch.abort();
+                return;
+            }
             // End of stream after what was written, delivered on whichever
             // carrier is current before the legs close (a lingering close,
             // off the caller's thread).
@@ -423,6 +427,26 @@ impl Inner {
             let mut io = conn.io();
             let open = io.phase == ConnPhase::Open;
             let violation = io.violation.take().is_some();
+            if open && io.abort_on_close {
+                // RESET on both rings before the frame: the peer's next
+                // read or write fails, whatever it has not read is dropped
+                io.reset_local();
+                io.phase = ConnPhase::Closed;
+                io.close_sent = true;
+                let peer_id = io.peer_id;
+                drop(io);
+                self.counters.resets_sent.fetch_add(1, Ordering::Relaxed);
+                self.send_frame(
+                    st,
+                    conn.peer(),
+                    &Message::Reset {
+                        conn_id: peer_id,
+                        reason: ResetReason::Abort,
+                    },
+                );
+                self.unregister(st, conn);
+                return;
+            }
             if open {
                 // The Close frame that follows kicks the peer's link when
                 // it is asleep: no separate kick for the flags then.

@@ -251,6 +251,38 @@ pub fn peek_leaves_the_bytes_for_the_next_read<W: World>(w: W, port: u32) {
     w.released().unwrap();
 }
 
+/// `SO_LINGER` 0 makes the close abortive: the peer's read gets
+/// `ECONNRESET` (what it had not read is dropped) and its write too; any
+/// other linger leaves the usual close (the bytes, then end of stream).
+pub fn linger_zero_resets_the_peer<W: World>(w: W, port: u32) {
+    let l = w.bind(port).unwrap();
+    let mut c = w.connect(port).unwrap();
+    let (s, _) = l.accept().unwrap();
+    assert_eq!(c.linger().unwrap(), None);
+    c.set_linger(Some(Duration::ZERO)).unwrap();
+    assert_eq!(c.linger().unwrap(), Some(Duration::ZERO));
+    c.write_all(b"dropped").unwrap();
+    drop(c);
+    let mut buf = [0u8; 16];
+    let r = (&s).read(&mut buf);
+    assert_eq!(
+        r.as_ref().map_err(errno).err(),
+        Some(libc::ECONNRESET),
+        "read after the peer's abortive close: {r:?}"
+    );
+    // a linger with time: the usual close
+    let mut c = w.connect(port).unwrap();
+    let (s2, _) = l.accept().unwrap();
+    c.set_linger(Some(Duration::from_secs(1))).unwrap();
+    c.write_all(b"kept").unwrap();
+    drop(c);
+    let mut got = Vec::new();
+    (&s2).read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"kept");
+    drop((s, s2, l));
+    w.released().unwrap();
+}
+
 pub fn shutdown_read_makes_peer_writes_fail_with_epipe<W: World>(w: W, port: u32) {
     let l = w.bind(port).unwrap();
     let c = w.connect(port).unwrap();
