@@ -9,7 +9,7 @@ function median(a, m,   i, j, tmp) {
 
 # geo_stats(r, m): the geometric mean of the ratios r[1..m] in GEO and its
 # 95% interval (mean of the logs +- 1.96 standard errors) in GEO_LO..GEO_HI;
-# returns 0, setting nothing, for fewer than 3 ratios. Issue #7's 10% holds
+# returns 0, setting nothing, for fewer than 3 ratios. A 10% target holds
 # robustly only if GEO_LO is at least 0.90.
 function geo_stats(r, m,   i, s, ss, mean, se) {
   if (m < 3) return 0
