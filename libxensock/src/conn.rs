@@ -243,6 +243,16 @@ impl ConnIo {
 
     /// One non-blocking read attempt: `Err(WouldBlock)` when empty.
     pub(crate) fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.take(buf, false)
+    }
+
+    /// One non-blocking peek: what [`ConnIo::try_read`] would return,
+    /// left in the ring for the next read.
+    pub(crate) fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.take(buf, true)
+    }
+
+    fn take(&mut self, buf: &mut [u8], peek: bool) -> io::Result<usize> {
         if self.carried {
             return Err(carried());
         }
@@ -257,7 +267,13 @@ impl ConnIo {
         };
         // Flags first: FIN is set after the last `prod` store, so FIN and
         // then an empty ring is a true end of stream.
-        match rx.c.receive(buf) {
+        let step = if peek {
+            rx.c.receive_peek(buf)
+        } else {
+            rx.c.receive(buf)
+        };
+        match step {
+            Ok(Received::Bytes { n, .. }) if peek => Ok(n),
             Ok(Received::Bytes { n, kick }) => {
                 let _ = self.rx_path.record_ring_taken(n as u64);
                 self.bytes_in += n as u64;
@@ -273,36 +289,6 @@ impl ConnIo {
             }
             Ok(Received::Empty(end)) if end.fin || self.peer_closed => Ok(0),
             Ok(Received::Empty(_)) => Err(io::ErrorKind::WouldBlock.into()),
-            Err(e) => Err(self.violated(e)),
-        }
-    }
-
-    /// One non-blocking peek: what [`ConnIo::try_read`] would return,
-    /// left in the ring for the next read.
-    pub(crate) fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.carried {
-            return Err(carried());
-        }
-        if let Some(r) = self.dead_state_error(false) {
-            return r;
-        }
-        if self.shut_rd || buf.is_empty() {
-            return Ok(0);
-        }
-        let Some(rx) = self.rx.as_mut() else {
-            return Ok(0);
-        };
-        // Flags first, as a read takes them (FIN, then empty, is the end)
-        let step = rx.c.peer_end().and_then(|end| Ok((end, rx.c.peek(buf)?)));
-        match step {
-            Ok((end, _)) if end.reset => {
-                self.reset_local();
-                self.phase = ConnPhase::Reset { reported: true };
-                Err(errno(libc::ECONNRESET))
-            }
-            Ok((_, n)) if n > 0 => Ok(n),
-            Ok((end, _)) if end.fin || self.peer_closed => Ok(0),
-            Ok(_) => Err(io::ErrorKind::WouldBlock.into()),
             Err(e) => Err(self.violated(e)),
         }
     }

@@ -630,6 +630,19 @@ impl<M: RingMemory> Consumer<M> {
         }
     }
 
+    /// [`Consumer::receive`] without consuming (`MSG_PEEK`): the flags
+    /// first, then as much as `dst` holds, left in the ring (no kick).
+    pub fn receive_peek(&self, dst: &mut [u8]) -> Result<Received, RingError> {
+        let end = self.peer_end()?;
+        if end.reset {
+            return Ok(Received::Reset);
+        }
+        match self.peek(dst)? {
+            0 => Ok(Received::Empty(end)),
+            n => Ok(Received::Bytes { n, kick: false }),
+        }
+    }
+
     /// Consumes `n` bytes without copying them, at most what is readable.
     /// Returns how many were consumed.
     pub fn skip(&mut self, n: u32) -> Result<u32, RingError> {

@@ -1174,7 +1174,7 @@ impl Shared {
                     limit = limit.min(r.path.ring_remaining() as usize);
                 }
                 let step = if peek {
-                    peek_ring(c, &mut buf[got..got + limit])
+                    c.receive_peek(&mut buf[got..got + limit])
                 } else {
                     c.receive(&mut buf[got..got + limit])
                 };
@@ -1845,19 +1845,6 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 enum Take {
     Consume,
     Peek,
-}
-
-/// A receive step that leaves the bytes in the ring: the producer's flags
-/// first, as [`Consumer::receive`] takes them.
-fn peek_ring(c: &Consumer<RawRing>, dst: &mut [u8]) -> Result<Received, RingError> {
-    let end = c.peer_end()?;
-    if end.reset {
-        return Ok(Received::Reset);
-    }
-    match c.peek(dst)? {
-        0 => Ok(Received::Empty(end)),
-        n => Ok(Received::Bytes { n, kick: false }),
-    }
 }
 
 /// What one read of the inbound leg's run gave ([`Shared::read_run`]).

@@ -423,31 +423,18 @@ impl Inner {
     pub(super) fn close_ring_conn(&self, st: &mut State, conn: &Arc<Conn>) {
         let reuse = self.link_reuses_rings(st, conn.peer());
         let mut lazy = false;
-        let (send_close, send_reset, peer_id, kept) = {
+        let (send_close, reset, peer_id, kept) = {
             let mut io = conn.io();
             let open = io.phase == ConnPhase::Open;
             let violation = io.violation.take().is_some();
-            if open && io.abort_on_close {
-                // RESET on both rings before the frame: the peer's next
-                // read or write fails, whatever it has not read is dropped
+            // SO_LINGER 0: RESET on both rings before the frame, so the
+            // peer's next read or write fails and what it has not read is
+            // dropped
+            let abort = open && io.abort_on_close;
+            if abort {
                 io.reset_local();
-                io.phase = ConnPhase::Closed;
                 io.close_sent = true;
-                let peer_id = io.peer_id;
-                drop(io);
-                self.counters.resets_sent.fetch_add(1, Ordering::Relaxed);
-                self.send_frame(
-                    st,
-                    conn.peer(),
-                    &Message::Reset {
-                        conn_id: peer_id,
-                        reason: ResetReason::Abort,
-                    },
-                );
-                self.unregister(st, conn);
-                return;
-            }
-            if open {
+            } else if open {
                 // The Close frame that follows kicks the peer's link when
                 // it is asleep: no separate kick for the flags then.
                 let quiet = !violation && !io.close_sent && (reuse || !io.close_received);
@@ -459,7 +446,7 @@ impl Inner {
             }
             // A clean close on a reuse link keeps both rings (docs/protocol.md
             // 6.6); anything else releases them.
-            let kept = (open && reuse && !violation).then(|| {
+            let kept = (open && reuse && !violation && !abort).then(|| {
                 let peer_done = io.close_received;
                 (io.tx.take(), io.rx.take().map(|r| (r.owned, peer_done)))
             });
@@ -471,7 +458,14 @@ impl Inner {
             if send_close {
                 io.close_sent = true;
             }
-            (send_close, violation, io.peer_id, kept)
+            let reset = if violation {
+                Some(ResetReason::ProtocolError)
+            } else if abort {
+                Some(ResetReason::Abort)
+            } else {
+                None
+            };
+            (send_close, reset, io.peer_id, kept)
         };
         if let Some((tx, rx)) = kept {
             if let Some(tx) = tx {
@@ -481,14 +475,14 @@ impl Inner {
                 self.release_rx_ring(st, conn, ring, peer_done);
             }
         }
-        if send_reset {
+        if let Some(reason) = reset {
             self.counters.resets_sent.fetch_add(1, Ordering::Relaxed);
             self.send_frame(
                 st,
                 conn.peer(),
                 &Message::Reset {
                     conn_id: peer_id,
-                    reason: ResetReason::ProtocolError,
+                    reason,
                 },
             );
         } else if send_close && lazy {
