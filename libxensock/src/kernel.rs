@@ -96,6 +96,40 @@ fn check_timeout(t: Option<Duration>) -> io::Result<()> {
     }
 }
 
+/// `fd` as a socket of the loaded AF_XEN family, of `SOCK_STREAM` type,
+/// listening or not as `listening` says; else an `InvalidInput` error
+/// that says what it is instead.
+fn adopt_fd(fd: std::os::fd::OwnedFd, listening: bool) -> io::Result<(Socket, i32)> {
+    let family = loaded_family().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not an AF_XEN socket: af_xen.ko is not loaded",
+        )
+    })?;
+    let sock = Socket::from(fd);
+    let bad = |what: String| io::Error::new(io::ErrorKind::InvalidInput, what);
+    let domain = sock
+        .domain()
+        .map_err(|e| bad(format!("not a socket: {e}")))?;
+    if domain != Domain::from(family) {
+        return Err(bad(format!(
+            "not an AF_XEN socket: family {domain:?}, AF_XEN is {family}"
+        )));
+    }
+    if sock.r#type()? != Type::STREAM {
+        return Err(bad("not a SOCK_STREAM AF_XEN socket".into()));
+    }
+    let accepts = sock.is_listener()?;
+    if accepts != listening {
+        return Err(bad(if accepts {
+            "a listening AF_XEN socket, not a stream".into()
+        } else {
+            "an AF_XEN stream, not a listening socket".into()
+        }));
+    }
+    Ok((sock, family))
+}
+
 /// A connected AF_XEN stream socket.
 #[derive(Debug)]
 pub(crate) struct KernelStream {
@@ -104,6 +138,17 @@ pub(crate) struct KernelStream {
 }
 
 impl KernelStream {
+    /// A stream socket of the family made elsewhere (inherited, passed
+    /// over a Unix socket, made by C code).
+    pub(crate) fn from_fd(fd: std::os::fd::OwnedFd) -> io::Result<KernelStream> {
+        let (sock, family) = adopt_fd(fd, false)?;
+        Ok(KernelStream { sock, family })
+    }
+
+    pub(crate) fn into_fd(self) -> std::os::fd::OwnedFd {
+        self.sock.into()
+    }
+
     /// `socket` + (`SO_RCVBUF`) + `connect`. With a timeout: a
     /// non-blocking connect completed through `POLLOUT` and `SO_ERROR`;
     /// `SO_SNDTIMEO` is set as well for modules whose connect ignores
@@ -300,6 +345,16 @@ pub(crate) struct KernelListener {
 }
 
 impl KernelListener {
+    /// A listening socket of the family made elsewhere.
+    pub(crate) fn from_fd(fd: std::os::fd::OwnedFd) -> io::Result<KernelListener> {
+        let (sock, family) = adopt_fd(fd, true)?;
+        Ok(KernelListener { sock, family })
+    }
+
+    pub(crate) fn into_fd(self) -> std::os::fd::OwnedFd {
+        self.sock.into()
+    }
+
     /// `socket` + (`SO_RCVBUF`) + `bind` + `listen`.
     pub(crate) fn bind(
         family: i32,

@@ -235,6 +235,30 @@ impl XenListener {
     }
 }
 
+/// A listening AF_XEN socket of the kernel family made elsewhere:
+/// `InvalidInput` for a descriptor that is not one, saying what it is.
+impl TryFrom<std::os::fd::OwnedFd> for XenListener {
+    type Error = io::Error;
+
+    fn try_from(fd: std::os::fd::OwnedFd) -> io::Result<XenListener> {
+        Ok(XenListener {
+            imp: ListenerImpl::Kernel(KernelListener::from_fd(fd)?),
+        })
+    }
+}
+
+impl XenListener {
+    /// The socket descriptor, for the kernel family; a listener of the
+    /// user-space transport or the daemon has none that accepts, and comes
+    /// back as the error.
+    pub fn into_fd(self) -> Result<std::os::fd::OwnedFd, XenListener> {
+        match self.imp {
+            ListenerImpl::Kernel(k) => Ok(k.into_fd()),
+            imp => Err(XenListener { imp }),
+        }
+    }
+}
+
 impl AsRawFd for XenListener {
     fn as_raw_fd(&self) -> RawFd {
         self.as_fd().as_raw_fd()

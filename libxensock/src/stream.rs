@@ -5,7 +5,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -911,6 +911,31 @@ impl XenStream {
             StreamImpl::User(u) => u.peek(buf),
             StreamImpl::Kernel(k) => k.peek(buf),
             StreamImpl::Relay(r) => crate::kernel::peek_fd(r.sock.as_raw_fd(), buf),
+        }
+    }
+}
+
+/// An AF_XEN stream socket of the kernel family made elsewhere (inherited,
+/// received over a Unix socket, made by C code): `InvalidInput` for a
+/// descriptor that is not one, saying what it is.
+impl TryFrom<OwnedFd> for XenStream {
+    type Error = io::Error;
+
+    fn try_from(fd: OwnedFd) -> io::Result<XenStream> {
+        Ok(XenStream::from_kernel(KernelStream::from_fd(fd)?))
+    }
+}
+
+impl XenStream {
+    /// The socket descriptor, for the kernel family and the daemon's
+    /// relay (a Unix stream socket); a stream of this process's
+    /// user-space transport has none (its descriptor only signals
+    /// readiness) and comes back as the error.
+    pub fn into_fd(self) -> Result<OwnedFd, XenStream> {
+        match self.imp {
+            StreamImpl::Kernel(k) => Ok(k.into_fd()),
+            StreamImpl::Relay(r) => Ok(OwnedFd::from(r.sock)),
+            imp @ StreamImpl::User(_) => Err(XenStream { imp }),
         }
     }
 }

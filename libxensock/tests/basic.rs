@@ -92,6 +92,31 @@ fn second_connection_reuses_the_link() {
     assert_eq!(p.a.status().connections.len(), 2);
 }
 
+/// A stream of the user-space transport has no socket descriptor to hand
+/// out; a descriptor that is not an AF_XEN socket does not become one.
+#[test]
+fn fd_conversions_refuse_what_is_not_an_af_xen_socket() {
+    use std::io::{Read, Write};
+    use std::os::fd::OwnedFd;
+    let p = pair();
+    let l = p.b.bind("xen:self:7013").unwrap();
+    let c = p.a.connect((u32::from(p.db.domid), 7013)).unwrap();
+    let c = c.into_fd().expect_err("a user-space stream has no socket");
+    (&c).write_all(b"still works").unwrap();
+    let (s, _) = l.accept().unwrap();
+    let mut got = [0u8; 11];
+    (&s).read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"still works");
+    assert!(l.into_fd().is_err(), "a user-space listener has no socket");
+    let tcp = OwnedFd::from(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let e = XenListener::try_from(tcp).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    assert!(e.to_string().starts_with("not an AF_XEN socket"), "{e}");
+    let tcp = OwnedFd::from(std::net::UdpSocket::bind("127.0.0.1:0").unwrap());
+    let e = XenStream::try_from(tcp).unwrap_err();
+    assert!(e.to_string().starts_with("not an AF_XEN socket"), "{e}");
+}
+
 #[test]
 fn connect_to_an_unknown_domain_is_unreachable_at_once() {
     // With the agent's table, a domid it does not list fails at once, not

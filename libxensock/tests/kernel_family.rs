@@ -138,6 +138,32 @@ fn peek_leaves_the_bytes_for_the_next_read() {
     cases::peek_leaves_the_bytes_for_the_next_read(kernel(), 7011);
 }
 
+/// Descriptors in and out: a listener and a stream given up as sockets
+/// and taken back work on; a TCP socket, or a stream where a listener is
+/// wanted, is refused saying what it is.
+#[test]
+#[ignore = "needs af_xen.ko (the lab: tests/lab/kmod-rust)"]
+fn sockets_made_elsewhere_become_streams_and_listeners() {
+    use std::io::{Read, Write};
+    use std::os::fd::OwnedFd;
+    let w = kernel();
+    let l = w.bind(7013).unwrap();
+    let l = XenListener::try_from(l.into_fd().unwrap()).unwrap();
+    let c = XenStream::connect(w.addr(7013)).unwrap();
+    let c = XenStream::try_from(c.into_fd().unwrap()).unwrap();
+    let (s, _) = l.accept().unwrap();
+    (&c).write_all(b"adopted").unwrap();
+    let mut got = [0u8; 7];
+    (&s).read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"adopted");
+    let e = XenListener::try_from(s.into_fd().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("not a listening socket"), "{e}");
+    let tcp = OwnedFd::from(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let e = XenStream::try_from(tcp).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    assert!(e.to_string().starts_with("not an AF_XEN socket"), "{e}");
+}
+
 #[test]
 #[ignore = "needs af_xen.ko (the lab: tests/lab/kmod-rust)"]
 fn linger_zero_resets_the_peer() {
