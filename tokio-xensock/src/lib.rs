@@ -354,6 +354,15 @@ impl XenStream {
         }
     }
 
+    /// Waits for any of `interest`, as `TcpStream::ready`, and says which
+    /// came (a try call after it may still find `WouldBlock`).
+    pub async fn ready(&self, interest: tokio::io::Interest) -> io::Result<tokio::io::Ready> {
+        let mut guard = self.inner.ready(interest).await?;
+        let ready = guard.ready();
+        guard.retain_ready();
+        Ok(ready)
+    }
+
     /// Waits until a write may take bytes, as `TcpStream::writable`.
     pub async fn writable(&self) -> io::Result<()> {
         self.inner.writable().await?.retain_ready();

@@ -108,6 +108,8 @@ pub async fn readiness_and_try_calls<W: World>(w: &W, port: u32) {
     assert_eq!(c.try_read(&mut buf).unwrap(), 1);
     assert_eq!(&buf[..1], b"p");
     assert!(c.take_error().unwrap().is_none());
+    let r = s.ready(tokio::io::Interest::WRITABLE).await.unwrap();
+    assert!(r.is_writable(), "{r:?}");
     // back to a blocking stream, as TcpStream::into_std (non-blocking)
     let mut std_c = c.into_std().unwrap();
     std_c.set_nonblocking(false).unwrap();
