@@ -61,7 +61,7 @@ struct sockaddr_xen {
  * Socket options (SOL_SOCKET): SO_RCVBUF before connect or listen (the
  * receive ring is half of it, from 2 KiB to 4 MiB; accepted sockets take
  * their listener's), SO_RCVTIMEO, SO_SNDTIMEO, SO_RCVLOWAT, SO_LINGER (a
- * zero timeout resets the connection at close), SO_ERROR, SO_TYPE,
+ * zero timeout resets the connection at close), SO_ERROR, SO_TYPE, SO_ACCEPTCONN,
  * SO_DOMAIN, SO_BUSY_POLL. ioctl: FIONREAD/SIOCINQ (bytes readable; for
  * SOCK_SEQPACKET the next message's length), SIOCOUTQ (bytes not yet
  * delivered), and the XENSOCK_IOC_* below.

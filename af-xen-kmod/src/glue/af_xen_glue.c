@@ -199,6 +199,9 @@ int afx_linger_abort(struct sock *sk) { return sock_flag(sk, SOCK_LINGER) && !RE
 int afx_rcvlowat(struct sock *sk) { return READ_ONCE(sk->sk_rcvlowat); }
 /* the socket's owner (its inode's uid, sk_uid) */
 unsigned int afx_sk_uid(struct sock *sk) { return from_kuid_munged(&init_user_ns, sk->sk_uid); }
+/* SO_ACCEPTCONN reads sk_state == TCP_LISTEN, for every family (vsock and
+ * AF_UNIX set it too): a listening AF_XEN socket must say so. */
+void afx_set_listening(struct sock *sk, int on) { WRITE_ONCE(sk->sk_state, on ? TCP_LISTEN : TCP_CLOSE); }
 /* an int option value from setsockopt */
 int afx_sockopt_int(sockptr_t optval, unsigned int optlen, int *out)
 {

@@ -10,6 +10,7 @@ struct sock *afx_sk_alloc(struct net *net, struct socket *sock, int kern, void *
 void *afx_sk_priv(struct sock *sk);
 int afx_sk_is_ours(struct sock *sk);
 unsigned int afx_sk_uid(struct sock *sk);
+void afx_set_listening(struct sock *sk, int on);
 int afx_foreign_getname(struct socket *sock, struct sockaddr *addr, int peer);
 void afx_sk_set_priv(struct sock *sk, void *priv);
 void afx_sk_release(struct socket *sock);

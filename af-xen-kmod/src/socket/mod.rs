@@ -686,6 +686,8 @@ fn xs_listen(xs: ArcBorrow<'_, XenSock>, backlog: c_int) -> c_int {
     let mut i = xs.inner.lock();
     i.backlog = backlog.clamp(1, 4096) as u32;
     i.state = State::Listening;
+    drop(i);
+    xs.sk.set_listening(true);
     0
 }
 

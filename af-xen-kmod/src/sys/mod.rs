@@ -85,6 +85,7 @@ extern "C" {
     fn afx_linger_abort(sk: *mut bindings::sock) -> c_int;
     fn afx_rcvlowat(sk: *mut bindings::sock) -> c_int;
     fn afx_sk_uid(sk: *mut bindings::sock) -> kernel::ffi::c_uint;
+    fn afx_set_listening(sk: *mut bindings::sock, on: c_int);
     fn afx_sockopt_int(optval: bindings::sockptr_t, optlen: c_uint, out: *mut c_int) -> c_int;
     fn afx_spin_lock_irqsave(l: *mut bindings::spinlock_t) -> core::ffi::c_ulong;
     fn afx_spin_unlock_irqrestore(l: *mut bindings::spinlock_t, flags: core::ffi::c_ulong);
@@ -472,6 +473,11 @@ impl Sk {
         // SAFETY: live sock; reads one field.
         let v = unsafe { afx_rcvlowat(self.0) };
         usize::try_from(v).unwrap_or(1).max(1)
+    }
+    /// The socket listens (`SO_ACCEPTCONN` reports it) or no longer does.
+    pub(crate) fn set_listening(&self, on: bool) {
+        // SAFETY: live sock; writes one field.
+        unsafe { afx_set_listening(self.0, c_int::from(on)) }
     }
     /// The socket's owner (sk_uid).
     pub(crate) fn uid(&self) -> u32 {

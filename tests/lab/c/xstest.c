@@ -450,9 +450,16 @@ static void test_local(void)
 	result("bind-ephemeral-port", b.sxen_port >= 49152 && b.sxen_port != XEN_PORT_ANY, "port=%u", b.sxen_port);
 	close(s2);
 
-	/* listen() / accept() */
+	/* listen() / accept(); SO_ACCEPTCONN says which (as systemd's socket
+	 * activation asks) */
+	len = sizeof(v);
+	r = getsockopt(s, SOL_SOCKET, SO_ACCEPTCONN, &v, &len);
+	result("so-acceptconn-bound", r == 0 && v == 0, "r=%d v=%d", r, v);
 	EXPECT_OK("listen", listen(s, 16));
 	EXPECT_OK("listen-again", listen(s, 32));
+	len = sizeof(v);
+	r = getsockopt(s, SOL_SOCKET, SO_ACCEPTCONN, &v, &len);
+	result("so-acceptconn-listening", r == 0 && v == 1, "r=%d v=%d", r, v);
 	fcntl(s, F_SETFL, O_NONBLOCK);
 	EXPECT_ERR("accept-nonblock-empty", accept(s, NULL, NULL), EAGAIN);
 	EXPECT_ERR("accept4-nonblock-empty", accept4(s, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC), EAGAIN);
