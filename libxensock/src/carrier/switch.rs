@@ -471,13 +471,6 @@ impl Switch {
         self.shared.ctl.signal();
     }
 
-    /// After `shutdown_write`: waits, at most `limit`, until everything
-    /// written and the end of stream have left on the current carrier and
-    /// everything queued for either leg is written and acknowledged, so
-    /// closing the legs cannot discard it, then returns; dropping the
-    /// switch then closes the legs. On a ring too: a switch to it queues
-    /// its `RingFrom` for the inbound leg, and without it the receiver
-    /// never looks at the ring.
     /// An abortive close (`SO_LINGER` 0): the peer is reset now, on every
     /// carrier we still have, and what it has not read is dropped.
     pub(crate) fn abort(&self) {
@@ -487,6 +480,13 @@ impl Switch {
         }
     }
 
+    /// After `shutdown_write`: waits, at most `limit`, until everything
+    /// written and the end of stream have left on the current carrier and
+    /// everything queued for either leg is written and acknowledged, so
+    /// closing the legs cannot discard it, then returns; dropping the
+    /// switch then closes the legs. On a ring too: a switch to it queues
+    /// its `RingFrom` for the inbound leg, and without it the receiver
+    /// never looks at the ring.
     pub(crate) fn linger(&self, limit: Duration) {
         self.shared.graceful.store(true, Ordering::SeqCst);
         let end = Instant::now() + limit;
