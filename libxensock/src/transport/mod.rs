@@ -253,7 +253,7 @@ impl Drop for Owner {
 /// and the connections over them. Cheap to clone.
 ///
 /// Most programs use the process-wide transport implicitly
-/// ([`XenListener::bind`], [`XenStream::connect`], chosen by
+/// ([`XenListener::bind`](crate::XenListener::bind), [`XenStream::connect`](crate::XenStream::connect), chosen by
 /// [`crate::backend()`]). Tests and the demo run several simulated
 /// domains in one process, one `Transport` each ([`Transport::sim`]).
 ///
