@@ -209,7 +209,7 @@ struct Routes {
 /// xenstored is then an error instead of a wait for ever. The connection
 /// is not used again after that: on `/dev/xen/xenbus` a late answer to an
 /// abandoned request, with a WATCH written meanwhile, would stop the
-/// guest's whole xenbus (see [`Core::send`]).
+/// guest's whole xenbus (see `Core::send` in this module's source).
 pub const REPLY_BOUND_ENV: &str = "XENSOCK_XS_REPLY_MS";
 const REPLY_BOUND_DEFAULT: Duration = Duration::from_secs(30);
 
