@@ -74,6 +74,13 @@ pub struct BackendReport {
     pub reasons: Vec<String>,
 }
 
+impl BackendReport {
+    /// The reasons on one line, for an error message.
+    pub(crate) fn why(&self) -> String {
+        self.reasons.join("; ")
+    }
+}
+
 impl fmt::Display for BackendReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "backend: {}", self.kind)?;

@@ -30,7 +30,7 @@ fn family() -> io::Result<i32> {
             io::ErrorKind::Unsupported,
             format!(
                 "SOCK_SEQPACKET needs the kernel family (af_xen.ko): {}",
-                crate::backend::backend().reasons.join("; ")
+                crate::backend::backend().why()
             ),
         )
     })
@@ -77,8 +77,7 @@ impl XenSeqPacket {
     /// The next message, as [`XenSeqPacket::recv`] would return it, left
     /// for the next `recv`.
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        nix::sys::socket::recv(self.sock.as_raw_fd(), buf, MsgFlags::MSG_PEEK)
-            .map_err(io::Error::from)
+        crate::kernel::peek_fd(self.sock.as_raw_fd(), buf)
     }
 
     /// The peer's address.

@@ -34,7 +34,7 @@ impl Drop for Guard {
 
 /// The per-stream options every handle shares.
 #[derive(Default)]
-struct Timeouts {
+struct StreamOptions {
     read: Option<Duration>,
     write: Option<Duration>,
     linger: Option<Duration>,
@@ -44,14 +44,14 @@ struct Timeouts {
 /// with an eventfd for readiness.
 struct UserStream {
     guard: Arc<Guard>,
-    timeouts: Arc<Mutex<Timeouts>>,
+    options: Arc<Mutex<StreamOptions>>,
 }
 
 impl UserStream {
     fn new(transport: Transport, conn: Arc<Conn>) -> UserStream {
         UserStream {
             guard: Arc::new(Guard { transport, conn }),
-            timeouts: Arc::new(Mutex::new(Timeouts::default())),
+            options: Arc::new(Mutex::new(StreamOptions::default())),
         }
     }
 
@@ -140,11 +140,11 @@ impl UserStream {
         Ok(())
     }
 
-    /// Another handle on the same connection (shares timeouts and mode).
+    /// Another handle on the same connection (shares options and mode).
     pub fn try_clone(&self) -> io::Result<UserStream> {
         Ok(UserStream {
             guard: self.guard.clone(),
-            timeouts: self.timeouts.clone(),
+            options: self.options.clone(),
         })
     }
 
@@ -162,7 +162,7 @@ impl UserStream {
         if t.is_some_and(|t| t.is_zero()) {
             return Err(errno(libc::EINVAL));
         }
-        lock(&self.timeouts).read = t;
+        lock(&self.options).read = t;
         Ok(())
     }
 
@@ -171,13 +171,13 @@ impl UserStream {
         if t.is_some_and(|t| t.is_zero()) {
             return Err(errno(libc::EINVAL));
         }
-        lock(&self.timeouts).write = t;
+        lock(&self.options).write = t;
         Ok(())
     }
 
     /// The read timeout.
     pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
-        Ok(lock(&self.timeouts).read)
+        Ok(lock(&self.options).read)
     }
 
     /// `SO_LINGER`: `Some(0)` makes the close reset the connection; any
@@ -185,18 +185,18 @@ impl UserStream {
     /// delivered; a connection on its TCP carrier lingers until the peer
     /// acknowledged it).
     pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
-        lock(&self.timeouts).linger = linger;
+        lock(&self.options).linger = linger;
         self.conn().io().abort_on_close = linger == Some(Duration::ZERO);
         Ok(())
     }
 
     pub fn linger(&self) -> io::Result<Option<Duration>> {
-        Ok(lock(&self.timeouts).linger)
+        Ok(lock(&self.options).linger)
     }
 
     /// The write timeout.
     pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
-        Ok(lock(&self.timeouts).write)
+        Ok(lock(&self.options).write)
     }
 
     /// Size of our receive ring (`SO_RCVBUF`).
@@ -321,7 +321,7 @@ impl UserStream {
     }
 
     fn read_impl(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let t = lock(&self.timeouts).read;
+        let t = lock(&self.options).read;
         let c = self.conn();
         if let Some(e) = c.switch() {
             if c.io().shut_rd {
@@ -344,7 +344,7 @@ impl UserStream {
     /// What a read would return now (waiting as a read waits), left for
     /// the next read.
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let t = lock(&self.timeouts).read;
+        let t = lock(&self.options).read;
         let c = self.conn();
         if let Some(e) = c.switch() {
             if c.io().shut_rd {
@@ -359,7 +359,7 @@ impl UserStream {
     }
 
     fn write_impl(&self, buf: &[u8]) -> io::Result<usize> {
-        let t = lock(&self.timeouts).write;
+        let t = lock(&self.options).write;
         if let Some(e) = self.conn().switch() {
             return self.engine_op(&e, WANT_WRITE, t, |e, nb| {
                 if nb {
@@ -451,7 +451,7 @@ impl Write for &UserStream {
                 .map_or(&[][..], |b| &b[..]);
             return self.write_impl(first);
         }
-        let t = lock(&self.timeouts).write;
+        let t = lock(&self.options).write;
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         let cap = self.send_buffer_size().max(1) as u32;
         let want = (len.min(u32::MAX as usize) as u32).clamp(1, (cap / 4).max(1));
@@ -766,7 +766,7 @@ impl XenStream {
         }
     }
 
-    /// Another handle on the same connection (shares timeouts and mode;
+    /// Another handle on the same connection (shares options and mode;
     /// for the kernel family, a `dup` of the socket).
     pub fn try_clone(&self) -> io::Result<XenStream> {
         Ok(XenStream {

@@ -328,7 +328,7 @@ fn random_u64() -> u64 {
 fn no_backend(report: &crate::backend::BackendReport) -> io::Error {
     io::Error::new(
         io::ErrorKind::Unsupported,
-        format!("no xensock backend here: {}", report.reasons.join("; ")),
+        format!("no xensock backend here: {}", report.why()),
     )
 }
 
