@@ -84,11 +84,11 @@ struct AfXen {
 
 /// What the C glue reaches through the `sys` floor.
 static ENTRY_POINTS: sys::entry::EntryPoints = sys::entry::EntryPoints {
-    link_work: link::work,
-    link_reap: link::reap,
+    link_work: link::work::<socket::XenSock>,
+    link_reap: link::reap::<socket::XenSock>,
     leg_work: carrier::leg::work,
-    suspend: link::suspend_all,
-    resume: link::resumed,
+    suspend: link::suspend_all::<socket::XenSock>,
+    resume: link::resumed::<socket::XenSock>,
     proc_show: socket::proc_show,
     tcp_show: socket::tcp_show,
     stats_show: stats_show,
@@ -159,7 +159,7 @@ impl kernel::Module for AfXen {
         };
         // before the links: their handshakes advertise its endpoint
         let legs = carrier::leg::start().ok();
-        link::start();
+        link::start::<socket::XenSock>();
         // this guest's own save/restore moves its connections (carrier.rs)
         let pm = sys::net::PmHooks::register();
         if pm.is_none() {
@@ -182,7 +182,7 @@ impl Drop for AfXen {
         drop(self.pm.take());
         drop(self.proc_.take());
         drop(self.reg.take());
-        link::shutdown_all();
+        link::shutdown_all::<socket::XenSock>();
         drop(self.legs.take());
         sys::pending_grants_exit();
         sys::proto_unregister();

@@ -227,10 +227,7 @@ pub(crate) fn work() {
     work_pass();
     // a pass that blocks holds up every leg's frames and every wake of a
     // socket on TCP (an epoll reader waits for those): shown in the stats
-    crate::carrier::switch::note_work_ms(
-        &crate::carrier::switch::counters::TCP_WORK_MAX_MS,
-        net::now_ms() - t0,
-    );
+    crate::sys::counters::note_work_ms(&crate::sys::counters::TCP_WORK_MAX_MS, net::now_ms() - t0);
 }
 
 fn work_pass() {
@@ -343,7 +340,7 @@ fn work_pass() {
     }
     if !active.is_empty() {
         // connections on TCP wait for their link: do not rely on watches alone
-        crate::link::poll_down_links();
+        crate::link::poll_down_links::<XenSock>();
     }
     if !done.is_empty() {
         let mut g = s.lock();

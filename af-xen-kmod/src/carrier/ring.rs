@@ -5,11 +5,10 @@
 //! inter-domain one (not yet) in a page granted by the receiver.
 
 use crate::link::wake::PipeWake;
-use crate::link::Link;
 use crate::proto::layout::{RingGeometry, RingIdentity, DATA_RING_MAGIC};
 use crate::proto::mem::RawRing;
 use crate::proto::ring::{Consumer, PeerEnd, Producer, ReaderEnd, RingError};
-use crate::socket::XenSock;
+use crate::socket::{Link, XenSock};
 use crate::sys::poll::*;
 use crate::sys::{CopyRoutine, Grant, GrantedPages, MappedPages, Mapping, Msg, Region, Sk};
 use core::sync::atomic::{AtomicU32, Ordering};

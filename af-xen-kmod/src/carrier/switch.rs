@@ -47,13 +47,12 @@
 
 use crate::carrier::ring::{self, Pipe, Wrote};
 use crate::carrier::{Carrier, Readiness, Received, Sent};
-use crate::link::Link;
 use crate::proto::ctrl::{self, Channel, Message, RingGrant};
 use crate::proto::switch::{
     ConsumedOutcome, Phase, RingFromOutcome, RxControl, RxControlOrder, RxControlQueue,
     RxControlTaken, RxPath, RxState, TxPath, TxState,
 };
-use crate::socket::{State as SockState, XenSock};
+use crate::socket::{Link, State as SockState, XenSock};
 use crate::sys::net::{self, TcpSock};
 use crate::sys::{errno as e, poll::*, Msg};
 use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -121,9 +120,6 @@ pub(crate) mod counters {
     /// backed-off retransmissions of an outbound leg fired at once because
     /// the peer was heard from again (`kick_if_heard`)
     pub(crate) static LEG_KICKS: AtomicI64 = AtomicI64::new(0);
-    /// the longest pass of the TCP work item and of the link work item (ms)
-    pub(crate) static TCP_WORK_MAX_MS: AtomicI64 = AtomicI64::new(0);
-    pub(crate) static LINK_WORK_MAX_MS: AtomicI64 = AtomicI64::new(0);
     /// passes of the TCP work item, and sleeps of readers and writers on
     /// TCP (what competes with a streaming reader for its vCPU)
     pub(crate) static TCP_WORK_PASSES: AtomicI64 = AtomicI64::new(0);
@@ -137,14 +133,6 @@ pub(crate) mod counters {
     /// the application's sendmsg/recvmsg steps on TCP (`send`, `recv`)
     pub(crate) static SEND_STEPS: AtomicI64 = AtomicI64::new(0);
     pub(crate) static RECV_STEPS: AtomicI64 = AtomicI64::new(0);
-}
-
-/// Records a work item's pass of `ms` milliseconds in `max`.
-pub(crate) fn note_work_ms(max: &AtomicI64, ms: u64) {
-    let ms = i64::try_from(ms).unwrap_or(i64::MAX);
-    if ms > max.fetch_max(ms, Ordering::Relaxed) && ms >= 1000 {
-        pr_info!("a work item's pass took {} ms\n", ms);
-    }
 }
 
 fn inc(c: &AtomicI64, n: i64) {
@@ -759,7 +747,7 @@ fn adopt_proven(xs: &Arc<XenSock>, sw: &Switch) {
     let Some(link) = sw.rx.lock().adopt.take() else {
         return;
     };
-    if !link.adopt(xs) {
+    if !crate::socket::control::adopt(&link, xs) {
         return;
     }
     inc(&counters::PEERS_PROVED, 1);
@@ -2668,8 +2656,11 @@ pub(crate) fn stats(seq: &mut crate::sys::Seq) {
         ("switch_peers_proved", g(&PEERS_PROVED)),
         ("switch_peers_followed", g(&PEERS_FOLLOWED)),
         ("switch_leg_kicks", g(&LEG_KICKS)),
-        ("tcp_work_max_ms", g(&TCP_WORK_MAX_MS)),
-        ("link_work_max_ms", g(&LINK_WORK_MAX_MS)),
+        ("tcp_work_max_ms", g(&crate::sys::counters::TCP_WORK_MAX_MS)),
+        (
+            "link_work_max_ms",
+            g(&crate::sys::counters::LINK_WORK_MAX_MS),
+        ),
         ("tcp_work_passes", g(&TCP_WORK_PASSES)),
         ("tcp_read_waits", g(&TCP_READ_WAITS)),
         ("tcp_write_waits", g(&TCP_WRITE_WAITS)),

