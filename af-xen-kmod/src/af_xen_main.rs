@@ -62,6 +62,7 @@
 mod carrier;
 mod link;
 mod proto;
+mod sock;
 mod socket;
 mod sys;
 
@@ -84,11 +85,11 @@ struct AfXen {
 
 /// What the C glue reaches through the `sys` floor.
 static ENTRY_POINTS: sys::entry::EntryPoints = sys::entry::EntryPoints {
-    link_work: link::work::<socket::XenSock>,
-    link_reap: link::reap::<socket::XenSock>,
-    leg_work: carrier::leg::work,
-    suspend: link::suspend_all::<socket::XenSock>,
-    resume: link::resumed::<socket::XenSock>,
+    link_work: link::work::<carrier::XenSock>,
+    link_reap: link::reap::<carrier::XenSock>,
+    leg_work: carrier::switch::work,
+    suspend: link::suspend_all::<carrier::XenSock>,
+    resume: link::resumed::<carrier::XenSock>,
     proc_show: socket::proc_show,
     tcp_show: socket::tcp_show,
     stats_show: stats_show,
@@ -131,7 +132,8 @@ impl kernel::Module for AfXen {
         if proto::layout::RingGeometry::new(11).is_err() {
             return Err(EINVAL);
         }
-        let globals = KBox::pin_init(socket::Globals::new(own), GFP_KERNEL)?;
+        link::set_own_domid(own);
+        let globals = KBox::pin_init(socket::Globals::new(), GFP_KERNEL)?;
         let ops = KBox::pin(socket::build_ops(module, family), GFP_KERNEL)?;
         if let Err(e) = socket::publish(globals, ops).and_then(|()| sys::proto_register()) {
             socket::unpublish();
@@ -159,7 +161,7 @@ impl kernel::Module for AfXen {
         };
         // before the links: their handshakes advertise its endpoint
         let legs = carrier::leg::start().ok();
-        link::start::<socket::XenSock>();
+        link::start::<carrier::XenSock>();
         // this guest's own save/restore moves its connections (carrier.rs)
         let pm = sys::net::PmHooks::register();
         if pm.is_none() {
@@ -182,7 +184,7 @@ impl Drop for AfXen {
         drop(self.pm.take());
         drop(self.proc_.take());
         drop(self.reg.take());
-        link::shutdown_all::<socket::XenSock>();
+        link::shutdown_all::<carrier::XenSock>();
         drop(self.legs.take());
         sys::pending_grants_exit();
         sys::proto_unregister();

@@ -4,10 +4,11 @@
 //! connection in `ConnectRequest`/`ConnectAccept`, and legs authenticated
 //! by their first frame, `TcpHello{conn_id, cookie}`, the same wire as
 //! libxensock's `LegListener`. An authenticated leg goes to its
-//! connection's switch (carrier.rs), which this work item also services.
+//! connection's switch (`switch::work`, the TCP work item, which also
+//! services every active switch).
 
-use crate::proto::ctrl::{self, Channel, Message, TcpEndpoint};
-use crate::socket::{State as SockState, XenSock};
+use super::{SocketCore, XenSock};
+use crate::proto::ctrl::{self, Channel, TcpEndpoint};
 use crate::sys::net::{self, TcpSock};
 use core::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use kernel::new_mutex;
@@ -188,28 +189,12 @@ pub(crate) fn new_cookie() -> u64 {
     net::random_u64()
 }
 
-/// The connection with our id `conn_id`, and its cookie.
-fn find_conn(conn_id: u32) -> Option<(Arc<XenSock>, u64)> {
-    let p = crate::socket::globals().ports.lock();
-    for (_, xs) in p.all.iter() {
-        let i = xs.inner.lock();
-        if i.conn_id == conn_id
-            && i.link.is_some()
-            && i.state == SockState::Connected
-            && !i.released
-        {
-            return Some((xs.clone(), i.tcp.cookie));
-        }
-    }
-    None
-}
-
 /// What a complete hello decides.
 fn check_hello(buf: &[u8]) -> core::result::Result<Arc<XenSock>, &'static AtomicI64> {
     let Some((conn_id, cookie)) = ctrl::decode_hello(buf) else {
         return Err(&MALFORMED);
     };
-    let Some((xs, want)) = find_conn(conn_id) else {
+    let Some((xs, want)) = XenSock::find_connected(conn_id) else {
         return Err(&UNKNOWN_CONN);
     };
     if !ctrl::cookie_matches(want, cookie) {
@@ -218,21 +203,14 @@ fn check_hello(buf: &[u8]) -> core::result::Result<Arc<XenSock>, &'static Atomic
     Ok(xs)
 }
 
-/// The work item (socket callbacks, deadlines): accept, read hellos,
-/// authenticate and hand legs to their connections, then service every
-/// active switch.
-pub(crate) fn work() {
-    let t0 = net::now_ms();
-    crate::carrier::switch::counters::TCP_WORK_PASSES.fetch_add(1, Ordering::Relaxed);
-    work_pass();
-    // a pass that blocks holds up every leg's frames and every wake of a
-    // socket on TCP (an epoll reader waits for those): shown in the stats
-    crate::sys::counters::note_work_ms(&crate::sys::counters::TCP_WORK_MAX_MS, net::now_ms() - t0);
-}
-
-fn work_pass() {
-    let Some(s) = state() else { return };
+/// The TCP work item's first step: accepts legs and reads their hellos;
+/// the legs whose hello named a connection of ours with its cookie, each
+/// with its connection (`switch::work` hands them over).
+pub(crate) fn take_authenticated() -> KVec<(Arc<XenSock>, TcpSock)> {
     let mut authenticated: KVec<(Arc<XenSock>, TcpSock)> = KVec::new();
+    let Some(s) = state() else {
+        return authenticated;
+    };
     {
         let mut g = s.lock();
         // new connections
@@ -304,52 +282,28 @@ fn work_pass() {
             net::schedule_after_ms(wait as u32);
         }
     }
-    // outside the legs' lock: the switch takes its own locks
-    for (xs, sock) in authenticated.into_iter() {
-        // no TCP_USER_TIMEOUT on an established leg: carrier leg_unanswered
-        if crate::carrier::switch::attach_inbound(&xs, HeldLeg::new(sock)).is_err() {
-            // a second leg for one connection, or no switch: closed
-            inc(&DROPPED);
-        }
+    authenticated
+}
+
+/// A leg that authenticated but that its connection could not take (a
+/// second one, or no switch): closed, counted.
+pub(crate) fn refused() {
+    inc(&DROPPED);
+}
+
+/// Connections whose switch went inactive (`done`) are not serviced any
+/// more.
+pub(crate) fn retire(done: &[Arc<XenSock>]) {
+    if done.is_empty() {
+        return;
     }
-    let active = {
-        let g = s.lock();
-        let mut v = KVec::new();
-        for x in g.active.iter() {
-            if v.push(x.clone(), GFP_KERNEL).is_err() {
-                break;
-            }
-        }
-        v
-    };
-    // peers' addresses that answered on some leg since the last pass: every
-    // connection to them kicks its backed-off legs (carrier kick_if_heard)
-    let mut heard: KVec<[u8; 4]> = KVec::new();
-    for xs in active.iter() {
-        if let Some(ip) = crate::carrier::switch::heard_from(xs) {
-            if !heard.contains(&ip) {
-                let _ = heard.push(ip, GFP_KERNEL);
-            }
-        }
-    }
-    let mut done: KVec<Arc<XenSock>> = KVec::new();
-    for xs in active.iter() {
-        if !crate::carrier::switch::service(xs, &heard) {
-            let _ = done.push(xs.clone(), GFP_KERNEL);
-        }
-    }
-    if !active.is_empty() {
-        // connections on TCP wait for their link: do not rely on watches alone
-        crate::link::poll_down_links::<XenSock>();
-    }
-    if !done.is_empty() {
-        let mut g = s.lock();
-        let old = core::mem::replace(&mut g.active, KVec::new());
-        for x in old.into_iter() {
-            let finished = done.iter().any(|d| Arc::ptr_eq(d, &x));
-            if !finished {
-                let _ = g.active.push(x, GFP_KERNEL);
-            }
+    let Some(s) = state() else { return };
+    let mut g = s.lock();
+    let old = core::mem::replace(&mut g.active, KVec::new());
+    for x in old.into_iter() {
+        let finished = done.iter().any(|d| Arc::ptr_eq(d, &x));
+        if !finished {
+            let _ = g.active.push(x, GFP_KERNEL);
         }
     }
 }
@@ -435,44 +389,6 @@ fn is_hello_header(h: &[u8]) -> bool {
 /// A connection ended: the work item releases its legs.
 pub(crate) fn connection_ended() {
     net::schedule();
-}
-
-/// Test trigger (hostile_test=1, setsockopt XENSOCK_TEST_OPEN_LEG): open
-/// this connection's outbound leg (the switch connects it and sends
-/// `TcpHello{peer's conn id, cookie}`; the peer connects its own in turn);
-/// `wrong_cookie` instead sends, on a separate socket, a hello whose cookie
-/// differs in one bit (the peer must refuse and count it). Process context
-/// (that connect blocks).
-pub(crate) fn test_open_leg(
-    xs: &Arc<XenSock>,
-    wrong_cookie: bool,
-) -> core::result::Result<(), i32> {
-    use crate::sys::errno as e;
-    let (st, peer_conn, t) = {
-        let i = xs.inner.lock();
-        (i.state, i.peer_conn, i.tcp)
-    };
-    if st != SockState::Connected || xs.inner.lock().link.is_none() {
-        return Err(e::ENOTCONN);
-    }
-    let a = &t.peer.addr;
-    if t.peer.port == 0 || a[..10].iter().any(|b| *b != 0) || a[10] != 0xff || a[11] != 0xff {
-        return Err(e::ENETUNREACH);
-    }
-    if !wrong_cookie {
-        return crate::carrier::switch::open_leg(xs);
-    }
-    let sock = TcpSock::connect([a[12], a[13], a[14], a[15]], t.peer.port)?;
-    let mut b = [0u8; HELLO_LEN];
-    let n = Message::TcpHello {
-        conn_id: peer_conn,
-        cookie: t.cookie ^ 1,
-    }
-    .encode(&mut b)
-    .map_err(|_| e::EINVAL)?;
-    sock.send_all(&b[..n])?;
-    inc(&LEGS_OUT);
-    Ok(())
 }
 
 /// /proc/net/af_xen_stats lines of the TCP carrier.

@@ -21,9 +21,39 @@ pub(crate) mod leg;
 pub(crate) mod ring;
 pub(crate) mod switch;
 
-use crate::socket::XenSock;
+use crate::sock;
 use crate::sys::Msg;
 use kernel::ffi::c_long;
+use kernel::sync::Arc;
+
+/// The parts of a socket (`sock::Parts`) that the carriers and the link
+/// define.
+pub(crate) struct Carriers;
+
+impl sock::Parts for Carriers {
+    type Pipe = ring::Pipe;
+    type Switch = switch::Switch;
+    type Tcp = leg::ConnTcp;
+    type Link = Link;
+}
+
+/// The module's socket: `sock::XenSock` with this module's rings, switch,
+/// TCP endpoints and link.
+pub(crate) type XenSock = sock::XenSock<Carriers>;
+/// What a socket's lock guards.
+pub(crate) type Inner = sock::Inner<Carriers>;
+/// A link whose connections are the module's sockets.
+pub(crate) type Link = crate::link::Link<XenSock>;
+
+/// What a carrier asks of the socket core above it, which implements it
+/// on [`XenSock`] (`socket/mod.rs`).
+pub(crate) trait SocketCore {
+    /// Resets a connection whose peer broke the protocol; ECONNRESET.
+    fn conn_reset(&self, why: impl core::fmt::Display) -> i32;
+    /// The connected socket whose connection id is `conn_id`, and its TCP
+    /// legs' cookie.
+    fn find_connected(conn_id: u32) -> Option<(Arc<XenSock>, u64)>;
+}
 
 /// What one send step did.
 pub(crate) enum Sent {

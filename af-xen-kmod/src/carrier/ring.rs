@@ -4,11 +4,11 @@
 //! variant (both ends in this domain) keeps the ring in local memory, the
 //! inter-domain one (not yet) in a page granted by the receiver.
 
+use super::{Link, SocketCore, XenSock};
 use crate::link::wake::PipeWake;
 use crate::proto::layout::{RingGeometry, RingIdentity, DATA_RING_MAGIC};
 use crate::proto::mem::RawRing;
 use crate::proto::ring::{Consumer, PeerEnd, Producer, ReaderEnd, RingError};
-use crate::socket::{Link, XenSock};
 use crate::sys::poll::*;
 use crate::sys::{CopyRoutine, Grant, GrantedPages, MappedPages, Mapping, Msg, Region, Sk};
 use core::sync::atomic::{AtomicU32, Ordering};
@@ -784,7 +784,7 @@ pub(crate) fn sent(xs: &XenSock, step: core::result::Result<Wrote, RingError>) -
             Sent::Reset
         }
         Ok(Wrote::Fault) => Sent::Fault,
-        Err(why) => Sent::Failed(crate::socket::conn_reset(xs, why)),
+        Err(why) => Sent::Failed(xs.conn_reset(why)),
     }
 }
 
@@ -796,15 +796,13 @@ pub(crate) fn received(
 ) -> super::Received {
     use super::Received;
     match step {
-        Err(why) => Received::Failed(crate::socket::conn_reset(xs, why)),
+        Err(why) => Received::Failed(xs.conn_reset(why)),
         Ok(Read::Reset) => {
             xs.inner.lock().reset = true;
             Received::Reset
         }
         Ok(Read::OffRing) => Received::Failed(crate::sys::errno::ENOTCONN),
-        Ok(Read::Untracked) => {
-            Received::Failed(crate::socket::conn_reset(xs, "ring read after the switch"))
-        }
+        Ok(Read::Untracked) => Received::Failed(xs.conn_reset("ring read after the switch")),
         // the user's buffer faulted before any byte moved
         Ok(Read::Bytes(0, _)) => Received::Fault,
         Ok(Read::Bytes(n, short)) => Received::Bytes { n, short },

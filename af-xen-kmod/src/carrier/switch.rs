@@ -46,13 +46,14 @@
 //! resends, deadlines, ring offers; it wakes the socket after each pass.
 
 use crate::carrier::ring::{self, Pipe, Wrote};
+use crate::carrier::{leg, Link, SocketCore, XenSock};
 use crate::carrier::{Carrier, Readiness, Received, Sent};
 use crate::proto::ctrl::{self, Channel, Message, RingGrant};
 use crate::proto::switch::{
     ConsumedOutcome, Phase, RingFromOutcome, RxControl, RxControlOrder, RxControlQueue,
     RxControlTaken, RxPath, RxState, TxPath, TxState,
 };
-use crate::socket::{Link, State as SockState, XenSock};
+use crate::sock::State as SockState;
 use crate::sys::net::{self, TcpSock};
 use crate::sys::{errno as e, poll::*, Msg};
 use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -235,10 +236,10 @@ struct TxSide {
     path: TxPath,
     /// outbound leg (ours): our stream out, raw; the peer's control
     /// frames back
-    leg: Option<crate::carrier::leg::HeldLeg>,
+    leg: Option<leg::HeldLeg>,
     leg_up: bool,
     /// the leg's `TcpHello`, sent before anything in `q`
-    hello: [u8; crate::carrier::leg::HELLO_LEN],
+    hello: [u8; leg::HELLO_LEN],
     hello_left: usize,
     /// stream bytes for the leg (raw)
     q: Option<Fifo>,
@@ -282,7 +283,7 @@ struct RxSide {
     path: RxPath,
     /// inbound leg (the peer's): its stream in, raw; our control frames
     /// back (`Switch::ctl`)
-    leg: Option<crate::carrier::leg::HeldLeg>,
+    leg: Option<leg::HeldLeg>,
     buf: Option<Fifo>,
     /// the raw runs on the inbound leg, as the peer's control frames
     /// open and end them (`take_rx_ctl`)
@@ -346,7 +347,7 @@ impl Switch {
                     path: TxPath::on_ring(),
                     leg: None,
                     leg_up: false,
-                    hello: [0; crate::carrier::leg::HELLO_LEN],
+                    hello: [0; leg::HELLO_LEN],
                     hello_left: 0,
                     q: None,
                     resend: KVVec::new(),
@@ -475,7 +476,7 @@ fn sw_of(xs: &XenSock) -> Option<Arc<Switch>> {
 
 fn activate(xs: &Arc<XenSock>, sw: &Switch) {
     if !sw.active.swap(true, Ordering::AcqRel) {
-        crate::carrier::leg::register(xs);
+        leg::register(xs);
     }
 }
 
@@ -500,7 +501,7 @@ fn fail(xs: &XenSock, why: &str) {
         xs.inner.lock().conn_id,
         why
     );
-    let _ = crate::socket::conn_reset(xs, why);
+    let _ = xs.conn_reset(why);
     wake(
         xs,
         POLLIN | POLLOUT | POLLERR | POLLHUP | POLLRDNORM | POLLWRNORM,
@@ -523,7 +524,7 @@ pub(crate) fn peer_gone(xs: &Arc<XenSock>) -> bool {
         )
     };
     let Some(sw) = sw else { return false };
-    if !ok || crate::carrier::leg::legs_disabled() {
+    if !ok || leg::legs_disabled() {
         return false;
     }
     inc(&counters::TRIGGERS, 1);
@@ -531,7 +532,7 @@ pub(crate) fn peer_gone(xs: &Arc<XenSock>) -> bool {
         "connection {}: peer's link gone, switching to TCP\n",
         xs.inner.lock().conn_id
     );
-    crate::carrier::leg::hold_hellos_for_peer_lost();
+    leg::hold_hellos_for_peer_lost();
     activate(xs, &sw);
     start_bound(&sw);
     {
@@ -747,11 +748,47 @@ fn adopt_proven(xs: &Arc<XenSock>, sw: &Switch) {
     let Some(link) = sw.rx.lock().adopt.take() else {
         return;
     };
-    if !crate::socket::control::adopt(&link, xs) {
+    if !adopt(&link, xs) {
         return;
     }
     inc(&counters::PEERS_PROVED, 1);
     take_kept_offer(xs, sw, &link);
+}
+
+/// Makes `link` the connection's, its peer proved to be the link's
+/// domain (`adopt_proven`). Returns whether it did: not if
+/// the link went down since, or the connection ended or has a live
+/// link again.
+fn adopt(link: &Arc<Link>, xs: &Arc<XenSock>) -> bool {
+    let mut i = link.inner.lock();
+    if !link.is_up() {
+        return false;
+    }
+    let (conn_id, old) = {
+        let mut inner = xs.inner.lock();
+        let stale = inner
+            .link
+            .as_ref()
+            .map(|l| !Arc::ptr_eq(l, link) && !l.is_up())
+            .unwrap_or(false);
+        if inner.state != SockState::Connected || inner.released || !stale {
+            return false;
+        }
+        let was = inner.peer.domid;
+        inner.peer.domid = link.peer;
+        pr_info!(
+            "connection {}: peer dom{} is now dom{}\n",
+            inner.conn_id,
+            was,
+            link.peer
+        );
+        (inner.conn_id, inner.link.replace(link.clone()))
+    };
+    drop(old);
+    let _ = i
+        .conns
+        .try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL);
+    true
 }
 
 /// `link` became the connection's (its domain proved to be the peer, or
@@ -789,9 +826,9 @@ pub(crate) fn followed_peer(xs: &Arc<XenSock>, link: &Arc<Link>) {
 /// may have jumped by the time it was away, so the peer-lost bounds
 /// running start again from now.
 pub(crate) fn resumed() {
-    crate::carrier::leg::resumed();
+    leg::resumed();
     let now = net::now_ms();
-    for xs in crate::carrier::leg::active_snapshot().iter() {
+    for xs in leg::active_snapshot().iter() {
         if let Some(sw) = sw_of(xs) {
             if sw.deadline.load(Ordering::Acquire) != 0 {
                 sw.deadline
@@ -836,7 +873,7 @@ fn closing(sw: &Switch, tx: Option<&Arc<Pipe>>) {
 /// socket. Caller holds the switch lock of the leg's direction, which
 /// `disown` takes after `closed`: either this sees `closed` or `disown`
 /// clears what this set.
-fn own(xs: &XenSock, sw: &Switch, leg: &crate::carrier::leg::HeldLeg) {
+fn own(xs: &XenSock, sw: &Switch, leg: &leg::HeldLeg) {
     if !sw.closed.load(Ordering::Acquire) {
         leg.sock().set_owner(Some(&xs.sk), false, false);
     }
@@ -921,8 +958,8 @@ fn disown(sw: &Switch) {
 /// leg, or no switch).
 pub(crate) fn attach_inbound(
     xs: &Arc<XenSock>,
-    leg: crate::carrier::leg::HeldLeg,
-) -> core::result::Result<(), crate::carrier::leg::HeldLeg> {
+    leg: leg::HeldLeg,
+) -> core::result::Result<(), leg::HeldLeg> {
     let Some(sw) = sw_of(xs) else { return Err(leg) };
     {
         let mut r = sw.rx.lock();
@@ -1441,7 +1478,7 @@ impl Carrier for Switched {
             if on_ring.epoch() != tx.epoch {
                 // the switch replaces the ring and its epoch under one lock
                 drop(on_ring);
-                return Sent::Failed(crate::socket::conn_reset(
+                return Sent::Failed(SocketCore::conn_reset(
                     xs,
                     "the switch's ring is not the socket's",
                 ));
@@ -1587,7 +1624,7 @@ impl Carrier for Switched {
         disown(&self.sw);
         // its TCP legs go once what it sent is out
         closing(&self.sw, self.rings.tx.as_ref());
-        crate::carrier::leg::connection_ended();
+        leg::connection_ended();
         self.rings.release(xs, abort)
     }
 }
@@ -1601,7 +1638,7 @@ fn flush_tx(t: &mut TxSide) {
     }
     let Some(leg) = t.leg.as_ref() else { return };
     while t.hello_left > 0 {
-        let start = crate::carrier::leg::HELLO_LEN - t.hello_left;
+        let start = leg::HELLO_LEN - t.hello_left;
         match leg.sock().send_nb(&t.hello[start..], false) {
             Ok(n) if n > 0 => t.hello_left -= n.min(t.hello_left),
             Ok(_) => return,
@@ -1691,7 +1728,7 @@ fn take_offer(
     // peer's domain, and the pipe kicks through the link once it is
     let link = xs.inner.lock().link.clone();
     let Some(link) = link else { return Ok(()) };
-    let me = crate::socket::globals().own_domid();
+    let me = crate::link::own_domid();
     let pipe = match Pipe::new_mapped(&link, me, grant, ids.peer_conn, grant.epoch) {
         Ok(p) => p,
         Err(_) => {
@@ -1761,7 +1798,7 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids, peer_heard: bool) {
                 .encode(&mut t.hello)
                 .unwrap_or(0);
                 t.hello_left = n;
-                let leg = crate::carrier::leg::HeldLeg::new(s);
+                let leg = leg::HeldLeg::new(s);
                 if let Some(sw) = sw_of(xs) {
                     own(xs, &sw, &leg);
                 }
@@ -1789,7 +1826,7 @@ fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids, peer_heard: bool) {
                     // from here the carrier's own bound (leg_unanswered):
                     // TCP_USER_TIMEOUT also ends a live peer's zero window
                     leg.sock().set_user_timeout(0);
-                    crate::carrier::leg::leg_out();
+                    leg::leg_out();
                 }
                 Ok(false)
                     if now >= t.connect_started_ms + LEG_CONNECT_RETRY_MS
@@ -2457,11 +2494,7 @@ fn kick_if_heard(sw: &Switch, peer_heard: bool) {
 /// retransmission or probe within a round trip, so one look that finds it
 /// answered starts the count over.
 fn leg_unanswered(sw: &Switch, now: u64) -> (bool, Option<u64>) {
-    fn look(
-        leg: Option<&crate::carrier::leg::HeldLeg>,
-        since: &mut u64,
-        now: u64,
-    ) -> (bool, Option<u64>) {
+    fn look(leg: Option<&leg::HeldLeg>, since: &mut u64, now: u64) -> (bool, Option<u64>) {
         match leg.and_then(|l| l.sock().waits()) {
             Some(true) => {
                 if *since == 0 {
@@ -2591,7 +2624,7 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
         let Ok(epoch) = probe.offer_ring() else {
             return false;
         };
-        let me = crate::socket::globals().own_domid();
+        let me = crate::link::own_domid();
         let cap = sw.rx_cap;
         let Ok((pipe, grant)) = Pipe::new_granted(&link, me, ids.conn_id, cap, epoch) else {
             return true;
@@ -2633,6 +2666,89 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
         }
     }
     true
+}
+
+/// The TCP work item (the legs' socket callbacks, deadlines): legs that
+/// authenticated go to their connections' switches, then every active
+/// switch is serviced.
+pub(crate) fn work() {
+    let t0 = net::now_ms();
+    counters::TCP_WORK_PASSES.fetch_add(1, Ordering::Relaxed);
+    work_pass();
+    // a pass that blocks holds up every leg's frames and every wake of a
+    // socket on TCP (an epoll reader waits for those): shown in the stats
+    crate::sys::counters::note_work_ms(&crate::sys::counters::TCP_WORK_MAX_MS, net::now_ms() - t0);
+}
+
+fn work_pass() {
+    // outside the legs' lock: the switch takes its own locks
+    for (xs, sock) in leg::take_authenticated().into_iter() {
+        // no TCP_USER_TIMEOUT on an established leg: leg_unanswered
+        if attach_inbound(&xs, leg::HeldLeg::new(sock)).is_err() {
+            // a second leg for one connection, or no switch: closed
+            leg::refused();
+        }
+    }
+    let active = leg::active_snapshot();
+    // peers' addresses that answered on some leg since the last pass: every
+    // connection to them kicks its backed-off legs (kick_if_heard)
+    let mut heard: KVec<[u8; 4]> = KVec::new();
+    for xs in active.iter() {
+        if let Some(ip) = heard_from(xs) {
+            if !heard.contains(&ip) {
+                let _ = heard.push(ip, GFP_KERNEL);
+            }
+        }
+    }
+    let mut done: KVec<Arc<XenSock>> = KVec::new();
+    for xs in active.iter() {
+        if !service(xs, &heard) {
+            let _ = done.push(xs.clone(), GFP_KERNEL);
+        }
+    }
+    if !active.is_empty() {
+        // connections on TCP wait for their link: do not rely on watches alone
+        crate::link::poll_down_links::<XenSock>();
+    }
+    leg::retire(&done);
+}
+
+/// Test trigger (hostile_test=1, setsockopt XENSOCK_TEST_OPEN_LEG): open
+/// this connection's outbound leg (the switch connects it and sends
+/// `TcpHello{peer's conn id, cookie}`; the peer connects its own in turn);
+/// `wrong_cookie` instead sends, on a separate socket, a hello whose cookie
+/// differs in one bit (the peer must refuse and count it). Process context
+/// (that connect blocks).
+pub(crate) fn test_open_leg(
+    xs: &Arc<XenSock>,
+    wrong_cookie: bool,
+) -> core::result::Result<(), i32> {
+    use crate::sys::errno as e;
+    let (st, peer_conn, t) = {
+        let i = xs.inner.lock();
+        (i.state, i.peer_conn, i.tcp)
+    };
+    if st != SockState::Connected || xs.inner.lock().link.is_none() {
+        return Err(e::ENOTCONN);
+    }
+    let a = &t.peer.addr;
+    if t.peer.port == 0 || a[..10].iter().any(|b| *b != 0) || a[10] != 0xff || a[11] != 0xff {
+        return Err(e::ENETUNREACH);
+    }
+    if !wrong_cookie {
+        return open_leg(xs);
+    }
+    let sock = TcpSock::connect([a[12], a[13], a[14], a[15]], t.peer.port)?;
+    let mut b = [0u8; leg::HELLO_LEN];
+    let n = Message::TcpHello {
+        conn_id: peer_conn,
+        cookie: t.cookie ^ 1,
+    }
+    .encode(&mut b)
+    .map_err(|_| e::EINVAL)?;
+    sock.send_all(&b[..n])?;
+    leg::leg_out();
+    Ok(())
 }
 
 /// /proc/net/af_xen_stats lines of the switch: its moves, the offers from
@@ -2679,7 +2795,7 @@ pub(crate) fn stats(seq: &mut crate::sys::Seq) {
 /// that stands still shows who waits for what; bench's stall_watch).
 pub(crate) fn tcp_show(conn: u32, sw: &Switch, seq: &mut crate::sys::Seq) {
     use core::fmt::Write;
-    let leg = |l: Option<&crate::carrier::leg::HeldLeg>| l.map(|l| l.sock().info());
+    let leg = |l: Option<&leg::HeldLeg>| l.map(|l| l.sock().info());
     let mut l = crate::sys::Line::new();
     {
         let t = sw.tx.lock();

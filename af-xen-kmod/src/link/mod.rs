@@ -121,10 +121,6 @@ pub(crate) trait LinkConn: Sized + Send + Sync + 'static {
 
     /// The module's link table.
     fn links() -> &'static Mutex<LinkTable<Self>>;
-    /// Our domid as we last read it from XenStore.
-    fn own_domid() -> u32;
-    /// After a restore: the domid XenStore gives us now.
-    fn set_own_domid(domid: u32);
     /// A link came up: connections waiting on TCP may offer rings again.
     fn link_up();
     /// This guest was restored or its suspend was cancelled.
@@ -210,6 +206,18 @@ impl<C: LinkConn> LinkTable<C> {
             suspended: false,
         }
     }
+}
+
+/// Our domid as we last read it from XenStore (module init, and again
+/// after a restore, which may give us a new one).
+static OWN_DOMID: AtomicU32 = AtomicU32::new(0);
+
+pub(crate) fn own_domid() -> u32 {
+    OWN_DOMID.load(Ordering::Acquire)
+}
+
+pub(crate) fn set_own_domid(domid: u32) {
+    OWN_DOMID.store(domid, Ordering::Release);
 }
 
 static NEXT_CONN: AtomicU32 = AtomicU32::new(1);
@@ -753,7 +761,7 @@ impl<C: LinkConn> Link<C> {
 
 /// The link to `peer`, advertised now if dom0 made its directory for us.
 pub(crate) fn get_or_create<C: LinkConn>(peer: u32) -> core::result::Result<Arc<Link<C>>, i32> {
-    let me = C::own_domid();
+    let me = own_domid();
     let mut t = C::links().lock();
     if t.stopping || t.suspended {
         return Err(e::ENETUNREACH);
@@ -805,7 +813,7 @@ pub(crate) fn user_space_link(me: u32) -> Option<u32> {
 /// Module init: watch our link directory (dom0 creating a link) and domain
 /// deaths, then look once.
 pub(crate) fn start<C: LinkConn>() {
-    let me = C::own_domid();
+    let me = own_domid();
     if me == 0 {
         return;
     }
@@ -892,9 +900,9 @@ pub(crate) fn resumed<C: LinkConn>(restored: bool) {
 /// Work item, after a restore: our domid as XenStore says now, watches on
 /// our (new) link directory.
 fn start_over<C: LinkConn>() {
-    let old = C::own_domid();
+    let old = own_domid();
     let me = sys::xenstore_read_u32(c"domid", c"").unwrap_or(old);
-    C::set_own_domid(me);
+    set_own_domid(me);
     let mut t = C::links().lock();
     t.suspended = false;
     let w = core::mem::replace(&mut t.watches, KVec::new());
@@ -919,7 +927,7 @@ fn work_pass<C: LinkConn>() {
     if resumed {
         start_over::<C>();
     }
-    let me = C::own_domid();
+    let me = own_domid();
     if me == 0 {
         return;
     }
@@ -987,7 +995,7 @@ pub(crate) fn poll_down_links<C: LinkConn>() {
     {
         return;
     }
-    let me = C::own_domid();
+    let me = own_domid();
     let Some(links) = links_snapshot::<C>(|l| !l.is_up()) else {
         return;
     };

@@ -9,12 +9,13 @@
 
 use super::{
     accept_remote, accepted_remote, answer_lost, connect_accepted, connect_failed, globals,
-    is_seqpacket, link_lost, peer_ended, pending_request, request_sent, Link, State, XenSock,
+    is_seqpacket, link_lost, peer_ended, pending_request, request_sent,
 };
 use crate::carrier::ring::Pipe;
-use crate::carrier::{leg, switch};
+use crate::carrier::{leg, switch, Link, XenSock};
 use crate::link::{self, LinkConn, LinkTable};
 use crate::proto::ctrl::{Message, RejectReason, ResetReason, SockType};
+use crate::sock::State;
 use crate::sys::{self, errno as e, poll::*};
 use kernel::prelude::*;
 use kernel::sync::{Arc, Mutex};
@@ -26,14 +27,6 @@ impl LinkConn for XenSock {
 
     fn links() -> &'static Mutex<LinkTable<Self>> {
         &globals().links
-    }
-
-    fn own_domid() -> u32 {
-        globals().own_domid()
-    }
-
-    fn set_own_domid(domid: u32) {
-        globals().set_own_domid(domid);
     }
 
     fn link_up() {
@@ -180,42 +173,6 @@ fn moved_peer_candidate(link: &Link, conn_id: u32) -> Option<Arc<XenSock>> {
         }
     }
     None
-}
-
-/// Makes this link the connection's, its peer proved to be this link's
-/// domain (`carrier::adopt_proven`). Returns whether it did: not if
-/// the link went down since, or the connection ended or has a live
-/// link again.
-pub(crate) fn adopt(link: &Arc<Link>, xs: &Arc<XenSock>) -> bool {
-    let mut i = link.inner.lock();
-    if !link.is_up() {
-        return false;
-    }
-    let (conn_id, old) = {
-        let mut inner = xs.inner.lock();
-        let stale = inner
-            .link
-            .as_ref()
-            .map(|l| !Arc::ptr_eq(l, link) && !l.is_up())
-            .unwrap_or(false);
-        if inner.state != State::Connected || inner.released || !stale {
-            return false;
-        }
-        let was = inner.peer.domid;
-        inner.peer.domid = link.peer;
-        pr_info!(
-            "connection {}: peer dom{} is now dom{}\n",
-            inner.conn_id,
-            was,
-            link.peer
-        );
-        (inner.conn_id, inner.link.replace(link.clone()))
-    };
-    drop(old);
-    let _ = i
-        .conns
-        .try_create_and_insert(conn_id, xs.clone(), GFP_KERNEL);
-    true
 }
 
 fn send_requests(i: &mut LinkInner) {

@@ -5,6 +5,7 @@
 //! the co-residency table dom0's agent keeps for this guest.
 
 use crate::proto::link::{addrs_list, peer_node, PEERS_DIR};
+use crate::sock::{InetNames, AF_INET, AF_INET6, SOCKADDR_IN6_LEN, SOCKADDR_IN_LEN};
 use crate::sys::{errno as e, xs};
 use kernel::ffi::c_int;
 use kernel::fmt;
@@ -17,8 +18,6 @@ pub(crate) const IOC_RESOLVE: u32 = 0xC018_5810;
 /// `struct xensock_resolve`: `u16 family` (AF_INET or AF_INET6), `u16`
 /// zero, `u32 domid` (out), `u8 addr[16]` (an IPv4 address in the first 4).
 const RESOLVE_LEN: usize = 24;
-const AF_INET: u16 = 2;
-const AF_INET6: u16 = 10;
 
 /// The co-resident guest that has `ip`, from this guest's table.
 pub(crate) fn resolve(me: u32, ip: core::net::IpAddr) -> Option<u32> {
@@ -72,8 +71,6 @@ pub(crate) const IOC_GRAFT: u32 = 0x4024_5811;
 /// `struct xensock_graft`: `s32 fd`, `u32 addrlen`, `u8 addr[28]` (the
 /// sockaddr_in or sockaddr_in6 the program passed to connect).
 const GRAFT_LEN: usize = 36;
-const SOCKADDR_IN_LEN: usize = 16;
-const SOCKADDR_IN6_LEN: usize = 28;
 
 /// What the preload library asks for: the program's socket and its peer.
 pub(crate) struct GraftRequest {
@@ -106,107 +103,7 @@ impl GraftRequest {
         peer[..need].copy_from_slice(&addr[..need]);
         Ok(GraftRequest {
             fd,
-            peer: InetNames {
-                family,
-                local: [0; SOCKADDR_IN6_LEN],
-                peer,
-            },
+            peer: InetNames::connected_to(family, peer),
         })
-    }
-}
-
-/// The AF_INET or AF_INET6 names a taken-over connection answers
-/// getsockname and getpeername with: the peer the program connected to,
-/// and this guest's address (the TCP leg's) with the AF_XEN port.
-#[derive(Clone, Copy)]
-pub(crate) struct InetNames {
-    family: u16,
-    local: [u8; SOCKADDR_IN6_LEN],
-    peer: [u8; SOCKADDR_IN6_LEN],
-}
-
-impl InetNames {
-    /// These names with the local one made of `ip` (none: unspecified)
-    /// and `port` (an AF_XEN port; 0 if it does not fit a TCP port).
-    pub(crate) fn with_local(mut self, ip: Option<[u8; 4]>, port: u32) -> InetNames {
-        self.local = sockaddr(self.family, ip, port);
-        self
-    }
-    /// A dual listener's names: its TCP listener's own (`local`, a
-    /// sockaddr_in or sockaddr_in6).
-    pub(crate) fn listening(family: u16, local: &[u8]) -> InetNames {
-        let mut l = [0u8; SOCKADDR_IN6_LEN];
-        let n = local.len().min(l.len());
-        l[..n].copy_from_slice(&local[..n]);
-        InetNames {
-            family,
-            local: l,
-            peer: [0; SOCKADDR_IN6_LEN],
-        }
-    }
-    /// The names of a connection this dual listener accepted from a
-    /// co-resident client: the listener's local name, and the client's
-    /// guest address (none: unspecified) with its port.
-    pub(crate) fn accepted(&self, ip: Option<[u8; 4]>, port: u32) -> InetNames {
-        InetNames {
-            peer: sockaddr(self.family, ip, port),
-            ..*self
-        }
-    }
-    pub(crate) fn family(&self) -> u16 {
-        self.family
-    }
-    fn len(&self) -> usize {
-        if self.family == AF_INET {
-            SOCKADDR_IN_LEN
-        } else {
-            SOCKADDR_IN6_LEN
-        }
-    }
-    pub(crate) fn local(&self) -> &[u8] {
-        &self.local[..self.len()]
-    }
-    pub(crate) fn peer(&self) -> &[u8] {
-        &self.peer[..self.len()]
-    }
-    /// The peer (`peer`) or the local name as `address:port` (IPv6 as
-    /// `[address]:port`).
-    pub(crate) fn display(&self, peer: bool) -> NameDisplay<'_> {
-        NameDisplay(self, peer)
-    }
-}
-
-/// A sockaddr_in (`family` AF_INET) or sockaddr_in6 of IPv4 address `ip`
-/// (none: unspecified; IPv4-mapped in an AF_INET6 one, as a dual-stack
-/// socket shows it) and `port` (0 if it does not fit a TCP port).
-fn sockaddr(family: u16, ip: Option<[u8; 4]>, port: u32) -> [u8; SOCKADDR_IN6_LEN] {
-    let mut a = [0u8; SOCKADDR_IN6_LEN];
-    a[..2].copy_from_slice(&family.to_ne_bytes());
-    a[2..4].copy_from_slice(&u16::try_from(port).unwrap_or(0).to_be_bytes());
-    if let Some(ip) = ip {
-        if family == AF_INET {
-            a[4..8].copy_from_slice(&ip);
-        } else {
-            a[18..20].copy_from_slice(&[0xff, 0xff]);
-            a[20..24].copy_from_slice(&ip);
-        }
-    }
-    a
-}
-
-pub(crate) struct NameDisplay<'a>(&'a InetNames, bool);
-
-impl core::fmt::Display for NameDisplay<'_> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let p = if self.1 { &self.0.peer } else { &self.0.local };
-        let port = u16::from_be_bytes([p[2], p[3]]);
-        if self.0.family == AF_INET {
-            let ip = core::net::Ipv4Addr::new(p[4], p[5], p[6], p[7]);
-            write!(f, "{}:{}", ip, port)
-        } else {
-            let mut a = [0u8; 16];
-            a.copy_from_slice(&p[8..24]);
-            write!(f, "[{}]:{}", core::net::Ipv6Addr::from(a), port)
-        }
     }
 }

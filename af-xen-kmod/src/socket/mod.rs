@@ -7,217 +7,22 @@ pub(crate) mod inet;
 pub(crate) mod seqpacket;
 
 use crate::carrier::ring::Pipe;
-use crate::carrier::{Received, Sent, Stream};
+use crate::carrier::{Inner, Link, Received, Sent, SocketCore, Stream, XenSock};
 use crate::link::{self, LinkTable};
-use crate::sys::{self, errno as e, poll::*, Line, Msg, Sk, Socket};
+use crate::sock::{Addr, InetNames, State, DOMID_ANY, DOMID_SELF, PORT_ANY};
+use crate::sys::{self, errno as e, poll::*, Line, Msg, Socket};
 use kernel::bindings;
 use kernel::ffi::{c_int, c_long};
+use kernel::new_mutex;
 use kernel::prelude::*;
 use kernel::rbtree::RBTree;
-use kernel::sync::{Arc, ArcBorrow, Mutex, SpinLock};
-use kernel::{new_mutex, new_spinlock};
+use kernel::sync::{Arc, ArcBorrow, Mutex};
 
-/// `struct sockaddr_xen` (xensock.h), 16 bytes.
-pub(crate) const SOCKADDR_XEN_LEN: usize = 16;
-pub(crate) const PORT_ANY: u32 = u32::MAX;
-pub(crate) const DOMID_ANY: u32 = u32::MAX;
-pub(crate) const DOMID_SELF: u32 = 0x7FF0;
 const EPHEMERAL_FIRST: u32 = 49152;
 
-/// The link type of this module's sockets.
-pub(crate) type Link = link::Link<XenSock>;
-
-#[derive(Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Addr {
-    pub(crate) port: u32,
-    pub(crate) domid: u32,
-}
-
-impl Addr {
-    fn parse(addr: &[u8]) -> core::result::Result<Addr, i32> {
-        // like vsock, any length short of ours is EINVAL (not EAFNOSUPPORT)
-        let Some(b) = addr.get(..SOCKADDR_XEN_LEN) else {
-            return Err(e::EINVAL);
-        };
-        let fam = u16::from_ne_bytes([b[0], b[1]]);
-        if fam as i32 != sys::family() {
-            return Err(e::EAFNOSUPPORT);
-        }
-        let flags = u16::from_ne_bytes([b[2], b[3]]);
-        if flags != 0 || b[12..16] != [0, 0, 0, 0] {
-            return Err(e::EINVAL);
-        }
-        Ok(Addr {
-            port: u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
-            domid: u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
-        })
-    }
-    pub(crate) fn bytes(&self) -> [u8; SOCKADDR_XEN_LEN] {
-        let mut b = [0u8; SOCKADDR_XEN_LEN];
-        b[0..2].copy_from_slice(&(sys::family() as u16).to_ne_bytes());
-        b[4..8].copy_from_slice(&self.port.to_ne_bytes());
-        b[8..12].copy_from_slice(&self.domid.to_ne_bytes());
-        b
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum State {
-    Unbound,
-    Bound,
-    Listening,
-    Connecting,
-    Connected,
-    Closed,
-}
-
-impl State {
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            State::Unbound => "UNBOUND",
-            State::Bound => "BOUND",
-            State::Listening => "LISTEN",
-            State::Connecting => "CONNECTING",
-            State::Connected => "ESTABLISHED",
-            State::Closed => "CLOSED",
-        }
-    }
-}
-
-pub(crate) struct Inner {
-    pub(crate) state: State,
-    pub(crate) local: Addr,
-    pub(crate) peer: Addr,
-    pub(crate) bound: bool,
-    pub(crate) backlog: u32,
-    pub(crate) accept_q: KVec<Arc<XenSock>>,
-    pub(crate) shut_rd: bool,
-    pub(crate) shut_wr: bool,
-    pub(crate) released: bool,
-    /// the ring we write (owned by the peer) and the one we read
-    pub(crate) tx: Option<Arc<Pipe>>,
-    pub(crate) rx: Option<Arc<Pipe>>,
-    /// the peer broke the protocol or reset: ECONNRESET
-    pub(crate) reset: bool,
-    pub(crate) bytes_in: u64,
-    pub(crate) bytes_out: u64,
-    /// inter-domain: the link, our and the peer's connection ids
-    pub(crate) link: Option<Arc<Link>>,
-    pub(crate) conn_id: u32,
-    pub(crate) peer_conn: u32,
-    /// why a connect over a link failed (0: none)
-    pub(crate) connect_err: i32,
-    /// SOCK_SEQPACKET: messages travel as proto records (see seq_sendmsg)
-    pub(crate) seqpacket: bool,
-    /// a connect over a link whose ConnectRequest is not sent yet (the link
-    /// was not up, or its control ring was full): the work item sends it
-    pub(crate) request: Option<crate::proto::ctrl::RingGrant>,
-    /// test mode: the next connect names a bogus grant in its directory
-    pub(crate) test_bad_directory: bool,
-    /// inter-domain: cookie and peer endpoint of the TCP carrier (tcp.rs)
-    pub(crate) tcp: crate::carrier::leg::ConnTcp,
-    /// inter-domain stream: the carrier switch (carrier.rs)
-    pub(crate) sw: Option<Arc<crate::carrier::switch::Switch>>,
-    /// inter-domain: our one Close or Reset for this connection went out
-    /// (or there is nobody to tell)
-    pub(crate) end_sent: bool,
-    /// inter-domain: the peer's Close or Reset for this connection arrived
-    pub(crate) peer_ended: bool,
-    /// inter-domain, connecting: when the connect fails with ETIMEDOUT
-    /// (net::now_ms), whether anyone waits for it or not
-    pub(crate) connect_deadline_ms: u64,
-    /// inter-domain, accepted: the peer may not have mapped our receive
-    /// ring yet (it maps it when our ConnectAccept reaches it), so a close
-    /// lends the ring until the peer's Close or Reset (link.rs, `Lent`)
-    pub(crate) lends_rx: bool,
-    /// a TCP program's connection this socket took over (the preload
-    /// library, `XENSOCK_IOC_GRAFT`): the names it answers getsockname
-    /// and getpeername with
-    pub(crate) inet: Option<inet::InetNames>,
-    /// a listener that took a TCP program's listener over (the dual
-    /// listener): that TCP listener, whose connections its accept hands
-    /// out too
-    pub(crate) tcp_listener: Option<Arc<sys::net::HeldListener>>,
-    /// XENSOCK_REUSEPORT: may share its port (`Ports::may_share`)
-    pub(crate) reuse_port: bool,
-}
-
-#[pin_data(PinnedDrop)]
-pub(crate) struct XenSock {
-    pub(crate) sk: Sk,
-    #[pin]
-    pub(crate) inner: SpinLock<Inner>,
-}
-
-impl XenSock {
-    fn new(sk: Sk) -> Result<Arc<XenSock>> {
-        Arc::pin_init(
-            pin_init!(XenSock {
-                sk,
-                inner <- new_spinlock!(Inner {
-                    state: State::Unbound,
-                    local: Addr { port: PORT_ANY, domid: DOMID_ANY },
-                    peer: Addr::default(),
-                    bound: false,
-                    backlog: 0,
-                    accept_q: KVec::new(),
-                    shut_rd: false,
-                    shut_wr: false,
-                    released: false,
-                    tx: None,
-                    rx: None,
-                    reset: false,
-                    bytes_in: 0,
-                    bytes_out: 0,
-                    link: None,
-                    conn_id: 0,
-                    peer_conn: 0,
-                    connect_err: 0,
-                    seqpacket: false,
-                    request: None,
-                    test_bad_directory: false,
-                    tcp: crate::carrier::leg::ConnTcp::default(),
-                    sw: None,
-                    end_sent: false,
-                    connect_deadline_ms: 0,
-                    peer_ended: false,
-                    lends_rx: false,
-                    inet: None,
-                    tcp_listener: None,
-                    reuse_port: false,
-                }, "af_xen_sock"),
-            }),
-            GFP_KERNEL,
-        )
-        .inspect(|_| sys::counters::add(&sys::counters::SOCKS, 1))
-    }
-
-    /// Wakes the socket's waiters, unless the application released it.
-    /// `sk` is not a counted reference: a link's table, a pipe's ends or
-    /// the TCP work item can hold this XenSock after close() freed its
-    /// `struct sock` (an oops in the work item's wake after a restore).
-    /// `destroy` sets `released` under `inner`
-    /// before the sock goes, and this wakes under `inner`.
-    pub(crate) fn wake_live(&self, mask: u32) {
-        let i = self.inner.lock();
-        if !i.released {
-            self.sk.wake(mask);
-        }
-    }
-}
-
-#[pinned_drop]
-impl PinnedDrop for XenSock {
-    fn drop(self: Pin<&mut Self>) {
-        sys::counters::add(&sys::counters::SOCKS, -1);
-    }
-}
-
-/// Module-wide state: the port table and our domid.
+/// Module-wide state: the port table and the link table.
 #[pin_data]
 pub(crate) struct Globals {
-    /// our domid; a restore after `xl save` gives a new one (carrier.rs)
-    own: core::sync::atomic::AtomicU32,
     #[pin]
     pub(crate) ports: Mutex<Ports>,
     #[pin]
@@ -316,18 +121,8 @@ impl Ports {
 }
 
 impl Globals {
-    pub(crate) fn own_domid(&self) -> u32 {
-        self.own.load(core::sync::atomic::Ordering::Acquire)
-    }
-
-    /// After a restore: the domid XenStore gives us now.
-    pub(crate) fn set_own_domid(&self, domid: u32) {
-        self.own.store(domid, core::sync::atomic::Ordering::Release);
-    }
-
-    pub(crate) fn new(own_domid: u32) -> impl PinInit<Self, Error> {
+    pub(crate) fn new() -> impl PinInit<Self, Error> {
         try_pin_init!(Globals {
-            own: core::sync::atomic::AtomicU32::new(own_domid),
             ports <- new_mutex!(Ports {
                 map: RBTree::new(),
                 reuse: RBTree::new(),
@@ -594,7 +389,7 @@ fn xs_release(state: Option<Arc<XenSock>>) {
 // ---- bind / listen / getname -------------------------------------------------
 
 fn domid_ok(domid: u32) -> bool {
-    domid == DOMID_ANY || domid == DOMID_SELF || domid == globals().own_domid()
+    domid == DOMID_ANY || domid == DOMID_SELF || domid == link::own_domid()
 }
 
 /// Binds `xs` to `port` (PORT_ANY: ephemeral). Caller checked the state.
@@ -649,7 +444,7 @@ fn bound_at(xs: &XenSock, port: u32) {
     let mut i = xs.inner.lock();
     i.local = Addr {
         port,
-        domid: globals().own_domid(),
+        domid: link::own_domid(),
     };
     i.bound = true;
     if i.state == State::Unbound {
@@ -702,7 +497,7 @@ fn xs_listen(xs: ArcBorrow<'_, XenSock>, backlog: c_int) -> c_int {
 fn current_addrs(i: &Inner) -> (Addr, Addr) {
     let (mut local, mut peer) = (i.local, i.peer);
     if local.domid != DOMID_ANY {
-        let own = globals().own_domid();
+        let own = link::own_domid();
         if peer.domid == local.domid {
             peer.domid = own;
         }
@@ -787,7 +582,7 @@ fn xs_connect(sock: &Socket, xs: ArcBorrow<'_, XenSock>, addr: &[u8], flags: c_i
         return pending;
     }
     let nonblock = flags & bindings::O_NONBLOCK as c_int != 0;
-    if a.domid == DOMID_SELF || a.domid == globals().own_domid() {
+    if a.domid == DOMID_SELF || a.domid == link::own_domid() {
         let xs: Arc<XenSock> = xs.into();
         return match connect_local(&xs, a.port) {
             Ok(()) => {
@@ -836,7 +631,7 @@ pub(crate) const CONNECT_TIMEOUT_MS: u32 = 40_000;
 /// waits; SO_SNDTIMEO running out is EINPROGRESS and a signal EINTR (the
 /// connect stays in progress, as TCP's), our own bound ETIMEDOUT (aborted).
 fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::Result<(), i32> {
-    let me = globals().own_domid();
+    let me = link::own_domid();
     let link = link::get_or_create(a.domid)?;
     if !xs.inner.lock().bound {
         do_bind(xs, PORT_ANY)?;
@@ -958,7 +753,7 @@ pub(crate) fn accept_remote(
     crate::proto::ctrl::RejectReason,
 > {
     use crate::proto::ctrl::RejectReason as R;
-    let me = globals().own_domid();
+    let me = link::own_domid();
     let l = globals().ports.lock().listener(dst_port);
     let sock_type = |seqpacket| {
         if seqpacket {
@@ -1124,7 +919,7 @@ pub(crate) fn connect_accepted(
     acceptor_id: u32,
     rg: &crate::proto::ctrl::RingGrant,
 ) -> core::result::Result<(), ()> {
-    let me = globals().own_domid();
+    let me = link::own_domid();
     if xs.inner.lock().state != State::Connecting {
         return Err(());
     }
@@ -1226,7 +1021,7 @@ pub(crate) fn link_lost(xs: &Arc<XenSock>) {
 /// Loopback connection to a listener of this domain: the accepted child and
 /// both rings are made at once, so connect() completes immediately.
 fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
-    let me = globals().own_domid();
+    let me = link::own_domid();
     let listener = globals().ports.lock().listener(port);
     let Some(l) = listener else {
         return Err(e::ECONNREFUSED);
@@ -1433,7 +1228,7 @@ fn xs_ioctl(sock: &Socket, xs: Option<ArcBorrow<'_, XenSock>>, cmd: u32, arg: us
     const SIOCINQ: u32 = 0x541B;
     const SIOCOUTQ: u32 = 0x5411;
     if cmd == IOC_LOCAL_DOMID {
-        let domid: u32 = globals().own_domid();
+        let domid: u32 = link::own_domid();
         let mut w = kernel::uaccess::UserSlice::new(arg, core::mem::size_of::<u32>()).writer();
         return match w.write(&domid) {
             Ok(()) => 0,
@@ -1441,7 +1236,7 @@ fn xs_ioctl(sock: &Socket, xs: Option<ArcBorrow<'_, XenSock>>, cmd: u32, arg: us
         };
     }
     if cmd == inet::IOC_RESOLVE {
-        return match inet::resolve_ioctl(globals().own_domid(), arg) {
+        return match inet::resolve_ioctl(link::own_domid(), arg) {
             Ok(()) => 0,
             Err(x) => err(x),
         };
@@ -1527,8 +1322,8 @@ fn graft_listener(
     let slot = kernel::sync::UniqueArc::new_uninit(GFP_KERNEL).map_err(|_| e::ENOMEM)?;
     let held = sock.graft_listener(req.fd, req.peer.family())?;
     let names = match held.name() {
-        Ok((b, n)) => inet::InetNames::listening(req.peer.family(), &b[..n]),
-        Err(_) => inet::InetNames::listening(req.peer.family(), req.peer.peer()),
+        Ok((b, n)) => InetNames::listening(req.peer.family(), &b[..n]),
+        Err(_) => InetNames::listening(req.peer.family(), req.peer.peer()),
     };
     let held: Arc<sys::net::HeldListener> = slot.write(held).into();
     let mut i = xs.inner.lock();
@@ -1555,6 +1350,27 @@ fn xs_shutdown(xs: ArcBorrow<'_, XenSock>, how: c_int) -> c_int {
     stream.carrier().shutdown(&xs, read, write);
     xs.sk.wake(POLLIN | POLLOUT | POLLRDHUP);
     0
+}
+
+impl SocketCore for XenSock {
+    fn conn_reset(&self, why: impl core::fmt::Display) -> i32 {
+        conn_reset(self, why)
+    }
+
+    fn find_connected(conn_id: u32) -> Option<(Arc<XenSock>, u64)> {
+        let p = globals().ports.lock();
+        for (_, xs) in p.all.iter() {
+            let i = xs.inner.lock();
+            if i.conn_id == conn_id
+                && i.link.is_some()
+                && i.state == State::Connected
+                && !i.released
+            {
+                return Some((xs.clone(), i.tcp.cookie));
+            }
+        }
+        None
+    }
 }
 
 /// A proto ring (or record) violation: the connection is reset (never a panic).
@@ -1827,11 +1643,12 @@ fn xs_setsockopt(
                 return err(e::EPERM);
             }
             match value.int() {
-                Ok(m @ (1 | 2)) => match crate::carrier::leg::test_open_leg(&Arc::from(xs), m == 2)
-                {
-                    Ok(()) => 0,
-                    Err(x) => err(x),
-                },
+                Ok(m @ (1 | 2)) => {
+                    match crate::carrier::switch::test_open_leg(&Arc::from(xs), m == 2) {
+                        Ok(()) => 0,
+                        Err(x) => err(x),
+                    }
+                }
                 Ok(_) => err(e::EINVAL),
                 Err(x) => err(x),
             }

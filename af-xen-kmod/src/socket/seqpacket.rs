@@ -16,9 +16,11 @@
 //!   unknown flags), or end-of-stream in the middle of a record, resets the
 //!   connection.
 
+use super::conn_reset;
 use crate::carrier::ring::Pipe;
+use crate::carrier::XenSock;
 use crate::proto::record::{self, Next, RecordHeader, RECORD_FLAG_EOR, RECORD_HEADER_SIZE};
-use crate::socket::{conn_reset, Addr, XenSock};
+use crate::sock::Addr;
 use crate::sys::{self, errno as e, Msg};
 use kernel::bindings;
 use kernel::ffi::{c_int, c_long};
