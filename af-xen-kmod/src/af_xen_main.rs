@@ -3,15 +3,27 @@
 //!
 //! # Layers
 //!
-//! - `socket/`: the family as the socket layer sees it (`XenFamily`: the
-//!   proto_ops callbacks in safe Rust), socket state, the port table,
-//!   connect/accept, the data calls, socket options, /proc.
+//! From the top; each imports only what is below it.
+//!
+//! - `socket/`: the socket core. The family as the socket layer sees it
+//!   (`XenFamily`: the proto_ops callbacks in safe Rust), the port table,
+//!   bind/listen/connect/accept, the data calls, socket options, ioctls,
+//!   /proc; `socket/control.rs` says what the link's control frames and
+//!   events mean for sockets (`link::LinkConn`); `socket/seqpacket.rs` is
+//!   SOCK_SEQPACKET's record framing.
+//! - `carrier/`: how a connection's bytes travel, behind one interface
+//!   (`carrier::Carrier`): `ring.rs` (a `Pipe`, one direction over a
+//!   shared ring; `Rings`, the carrier of a connection that only uses its
+//!   two rings), `switch.rs` (`Switched`, the carrier of an inter-domain
+//!   stream, moving it between its rings and TCP legs; the TCP work
+//!   item), `leg.rs` (the TCP legs' listener and their hellos). What a
+//!   carrier asks of the socket core is the `carrier::SocketCore` trait.
 //! - `link/`: one link per peer domain (XenStore handshake, control ring,
 //!   event channel, control frames, the work item); `link/wake.rs` is the
-//!   event-channel interrupt.
-//! - `carrier/`: how a connection's bytes travel: `ring.rs` (a `Pipe`, one
-//!   direction over a shared ring), `leg.rs` (TCP legs and their
-//!   listener), `switch.rs` (moving a connection between its rings and TCP).
+//!   event-channel interrupt. It names no socket and no carrier.
+//! - `sock.rs`: one socket's state (`XenSock`), shared by the socket core
+//!   and the carriers; the parts the layers above define come in as the
+//!   types of `sock::Parts` (`carrier::Carriers` fills them in).
 //! - `proto`: the wire format, ring layout and decisions, proto's own
 //!   source (`xensock-proto`), shared with user space.
 //! - `sys/`: the floor. Every `unsafe` block, each with its `// SAFETY:`
@@ -55,8 +67,9 @@
 //! whose ring the peer moved and schedules the link work item when there
 //! is control work). Softirq: the TCP legs' socket callbacks, C only
 //! (`glue/af_xen_net.c`): they wake the leg's owning socket and schedule
-//! the legs' work item. Everything else runs in process context: the
-//! socket calls, the link work item and the reaper, the legs' work item,
+//! the TCP work item. Everything else runs in process context: the
+//! socket calls, the link work item and the reaper, the TCP work item
+//! (`carrier::switch::work`),
 //! the XenStore watch callbacks and the PM freeze/thaw/restore hooks.
 
 mod carrier;
@@ -162,7 +175,7 @@ impl kernel::Module for AfXen {
         // before the links: their handshakes advertise its endpoint
         let legs = carrier::leg::start().ok();
         link::start::<carrier::XenSock>();
-        // this guest's own save/restore moves its connections (carrier.rs)
+        // this guest's own save/restore moves its connections (carrier/switch.rs)
         let pm = sys::net::PmHooks::register();
         if pm.is_none() {
             pr_warn!("no save/restore hooks: connections will not survive this guest's save\n");

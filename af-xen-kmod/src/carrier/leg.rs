@@ -91,7 +91,8 @@ impl Drop for HeldLeg {
 struct Legs {
     listener: Option<TcpSock>,
     pending: KVec<Pending>,
-    /// connections whose switch is active (carrier.rs): serviced here
+    /// connections whose switch is active: the TCP work item
+    /// (`switch::work`) services them
     active: KVec<Arc<XenSock>>,
 }
 

@@ -105,7 +105,7 @@ pub(crate) enum Read {
     Reset,
     /// the connection's switch does not read this ring (it left it, or
     /// reads a newer one), or TCP bytes come first: nothing was read
-    /// (carrier.rs decides where to read)
+    /// (the switch decides where to read)
     OffRing,
     /// the switch refused to count bytes taken off the ring (a read after
     /// the switch): the connection must reset, the count is lost

@@ -10,7 +10,7 @@
 //! the unconsumed bytes back out of the ring it writes and queues
 //! `TxFreeze`; the receiver keeps what it took and queues `Consumed`. Both
 //! legs are then connected (ours outbound, the peer's arrives through the
-//! listener in tcp.rs); the `Consumed` from the peer makes the sender
+//! listener in leg.rs); the `Consumed` from the peer makes the sender
 //! resend from there, and the stream continues on TCP. When the link is up
 //! again each receiver offers a new ring (`RingOffer` on the link) and the
 //! sender moves at a byte boundary (`RingFrom` on TCP).
@@ -41,7 +41,7 @@
 //! from its iovecs to the outbound leg (`send_locked`), `recvmsg` reads
 //! from the inbound leg straight into its iovecs (`pull` into
 //! `Sink::User`), and the legs' callbacks wake its socket directly (`own`,
-//! `own_inbound`). The TCP work item (tcp.rs) services every active switch
+//! `own_inbound`). The TCP work item (`work`) services every active switch
 //! for the rest: leg connects, queue flushes, control frames both ways,
 //! resends, deadlines, ring offers; it wakes the socket after each pass.
 
@@ -954,7 +954,7 @@ fn disown(sw: &Switch) {
     }
 }
 
-/// An authenticated inbound leg for `xs` (tcp.rs). Err: refused (a second
+/// An authenticated inbound leg for `xs` (`work`). Err: refused (a second
 /// leg, or no switch).
 pub(crate) fn attach_inbound(
     xs: &Arc<XenSock>,

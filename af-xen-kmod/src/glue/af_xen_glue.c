@@ -87,7 +87,7 @@ int afx_take_inject_bad_dir(void) { return xchg(&inject_bad_dir, 0); }
  * up, a RingOffer naming each of our peers' connection ids 1..N, with grant
  * refs that name nothing: a guest posing as the moved peer of another
  * guest's connections. The receiver must keep such an offer until its
- * sender proves to be the peer (carrier.rs, on_candidate_offer).
+ * sender proves to be the peer (carrier/switch.rs, on_candidate_offer).
  */
 static int inject_ring_offers;
 static int set_inject_ring_offers(const char *val, const struct kernel_param *kp)
@@ -313,9 +313,9 @@ void afx_vfree(void *p) { vfree(p); }
 #include <linux/proc_fs.h>
 #include <linux/seq_file.h>
 #include <net/net_namespace.h>
-int afx_rs_proc_show(struct seq_file *m);	/* Rust (sock.rs) */
+int afx_rs_proc_show(struct seq_file *m);	/* Rust (socket/mod.rs) */
 int afx_rs_stats_show(struct seq_file *m);	/* Rust (sys.rs) */
-int afx_rs_tcp_show(struct seq_file *m);	/* Rust (sock.rs, carrier.rs) */
+int afx_rs_tcp_show(struct seq_file *m);	/* Rust (socket/mod.rs, carrier/switch.rs) */
 static int afx_proc_show(struct seq_file *m, void *v) { return afx_rs_proc_show(m); }
 static int afx_stats_show(struct seq_file *m, void *v) { return afx_rs_stats_show(m); }
 static int afx_tcp_show(struct seq_file *m, void *v) { return afx_rs_tcp_show(m); }
@@ -364,13 +364,13 @@ void afx_seq_write(struct seq_file *m, const void *p, size_t n) { seq_write(m, p
 /* the largest ring: 4 MiB of data pages (proto's MAX_RING_ORDER 22) */
 #define AFX_MAX_RING_PAGES 1024
 
-void afx_rs_work(void);	/* Rust (link.rs) */
+void afx_rs_work(void);	/* Rust (link/mod.rs) */
 static void afx_work_fn(struct work_struct *w) { afx_rs_work(); }
 static DECLARE_WORK(afx_work, afx_work_fn);
 void afx_schedule(void) { schedule_work(&afx_work); }
 void afx_cancel_work(void) { cancel_work_sync(&afx_work); }
 /*
- * Receive rings lent after close (link.rs, "lingering"): a delayed work ends
+ * Receive rings lent after close (link/mod.rs, "lingering"): a delayed work ends
  * those whose peer never said it is done with them (Rust: afx_rs_reap).
  */
 void afx_rs_reap(void);

@@ -476,7 +476,7 @@ impl<C: LinkConn> Link<C> {
             gref,
             port
         );
-        // connections that moved to TCP offer rings again (carrier.rs)
+        // connections that moved to TCP offer rings again
         C::link_up();
         Ok(())
     }
@@ -848,7 +848,7 @@ static RESUMED: AtomicBool = AtomicBool::new(false);
 
 /// This guest is about to be saved (`xl save`/`migrate`; the freeze hook,
 /// with grants, mappings and event channels still valid): every link goes
-/// down properly, its stream connections move to TCP (carrier.rs, the
+/// down properly, its stream connections move to TCP (their switches: the
 /// read-back copy is taken from the peer's pages while they are mapped),
 /// and our advertisements are retracted. Nothing of it is left to touch
 /// after the restore, when all of it would be stale.

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
-//! AF_XEN SOCK_STREAM sockets: the proto_ops callbacks. Safe Rust over the
-//! wrappers in `sys`.
+//! The socket core: AF_XEN sockets as the socket layer sees them (the
+//! proto_ops callbacks, in safe Rust over the wrappers in `sys`), the port
+//! table, bind/listen/connect/accept, the data calls over a
+//! `carrier::Carrier`, poll, ioctls, socket options and /proc.
 
 pub(crate) mod control;
 pub(crate) mod inet;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 //! SOCK_SEQPACKET data path: each message is one proto record (`record.rs`:
 //! 8-byte header + payload) in the same rings a stream uses. Connection
-//! setup, close and shutdown are the stream's (`sock.rs`); only sendmsg,
+//! setup, close and shutdown are the stream's (`socket/mod.rs`); only sendmsg,
 //! recvmsg and read readiness differ.
 //!
 //! * A message is published whole (payload staged, header written, one

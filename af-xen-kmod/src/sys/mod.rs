@@ -203,7 +203,7 @@ pub(crate) mod counters {
     pub(crate) static KICK_NS: AtomicI64 = AtomicI64::new(0);
     pub(crate) static IRQ_NS: AtomicI64 = AtomicI64::new(0);
     /// closed connections whose receive ring stays granted until the
-    /// peer's Close or Reset (link.rs, lingering)
+    /// peer's Close or Reset (`link::Lent`)
     pub(crate) static LINGERING: AtomicI64 = AtomicI64::new(0);
     /// lingering rings ended by the bound, without the peer's Close or Reset
     pub(crate) static LINGER_EXPIRED: AtomicI64 = AtomicI64::new(0);
@@ -641,7 +641,7 @@ pub(crate) fn default_ring_bytes() -> usize {
 }
 
 /// The `large_ring_kib` module parameter, in bytes: the default receive
-/// ring of a stream while grants are plentiful (conn.rs).
+/// ring of a stream while grants are plentiful (`ring::remote_rx_ring_capacity`).
 pub(crate) fn large_ring_bytes() -> usize {
     // SAFETY: reads a module parameter.
     (unsafe { afx_large_ring_kib() } as usize).saturating_mul(1024)
