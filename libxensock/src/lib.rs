@@ -99,6 +99,7 @@ mod error;
 mod kernel;
 mod listener;
 mod options;
+mod relay;
 mod rings;
 mod seqpacket;
 mod stream;

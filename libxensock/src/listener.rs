@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use crate::addr::{SockAddrXen, ToXenAddr};
 use crate::backend::BackendKind;
-use crate::daemon::RelayListener;
 use crate::kernel::{loaded_family, KernelListener};
 use crate::options::SocketOptions;
+use crate::relay::RelayListener;
 use crate::stream::XenStream;
 use crate::transport::accept::ListenerShared;
 use crate::transport::Transport;
@@ -123,8 +123,8 @@ impl XenListener {
                 imp: ListenerImpl::Kernel(KernelListener::bind(f, addr, opts)?),
             }),
             None => {
-                if let Some(path) = crate::daemon::present() {
-                    if let Some(r) = crate::daemon::listen_via(&path, addr, opts)? {
+                if let Some(path) = crate::relay::present() {
+                    if let Some(r) = crate::relay::listen_via(&path, addr, opts)? {
                         return Ok(XenListener {
                             imp: ListenerImpl::Relay(r),
                         });

@@ -14,10 +14,10 @@ use crate::addr::{SockAddrXen, ToXenAddr};
 use crate::backend::BackendKind;
 use crate::carrier::Switch;
 use crate::conn::{is_carried, lock, Conn, ConnPhase, WANT_READ, WANT_WRITE};
-use crate::daemon::RelayStream;
 use crate::error::errno;
 use crate::kernel::{loaded_family, KernelStream};
 use crate::options::SocketOptions;
+use crate::relay::RelayStream;
 use crate::transport::Transport;
 
 /// Closes the connection when the last clone goes.
@@ -605,10 +605,10 @@ fn relay_unsupported(what: &str) -> io::Error {
 /// Connects through the guest's `xensock daemon` if one answers
 /// ([`crate::daemon`]); `None` otherwise.
 fn via_daemon(addr: SockAddrXen, timeout: Option<Duration>) -> io::Result<Option<XenStream>> {
-    let Some(path) = crate::daemon::present() else {
+    let Some(path) = crate::relay::present() else {
         return Ok(None);
     };
-    Ok(crate::daemon::connect_via(&path, addr, timeout)?.map(XenStream::from_relay))
+    Ok(crate::relay::connect_via(&path, addr, timeout)?.map(XenStream::from_relay))
 }
 
 impl XenStream {

@@ -21,14 +21,14 @@ pub fn socket_path() -> PathBuf {
 }
 
 /// The largest request or answer packet.
-pub(super) const PACKET_MAX: usize = 512;
+pub(crate) const PACKET_MAX: usize = 512;
 
-pub(super) fn nix_err(e: nix::Error) -> io::Error {
+pub(crate) fn nix_err(e: nix::Error) -> io::Error {
     io::Error::from_raw_os_error(e as i32)
 }
 
 /// Sends one packet, with `fd` attached if given.
-pub(super) fn send_packet(sock: RawFd, text: &str, fd: Option<RawFd>) -> io::Result<()> {
+pub(crate) fn send_packet(sock: RawFd, text: &str, fd: Option<RawFd>) -> io::Result<()> {
     let iov = [IoSlice::new(text.as_bytes())];
     let fds;
     let cmsgs: &[ControlMessage] = match fd {
@@ -44,7 +44,7 @@ pub(super) fn send_packet(sock: RawFd, text: &str, fd: Option<RawFd>) -> io::Res
 
 /// Receives one packet and the descriptor attached to it, if any. An
 /// empty text is the other side's close.
-pub(super) fn recv_packet(
+pub(crate) fn recv_packet(
     sock: BorrowedFd<'_>,
     nonblocking: bool,
 ) -> io::Result<(String, Option<OwnedFd>)> {
@@ -55,7 +55,7 @@ pub(super) fn recv_packet(
 }
 
 /// A Unix `SOCK_SEQPACKET` socket, closed on exec.
-pub(super) fn seqpacket() -> io::Result<OwnedFd> {
+pub(crate) fn seqpacket() -> io::Result<OwnedFd> {
     socket(
         AddressFamily::Unix,
         SockType::SeqPacket,
@@ -65,7 +65,7 @@ pub(super) fn seqpacket() -> io::Result<OwnedFd> {
     .map_err(nix_err)
 }
 
-pub(super) fn protocol_error(what: &str) -> io::Error {
+pub(crate) fn protocol_error(what: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidData,
         format!("xensock daemon: {what}"),
@@ -73,7 +73,7 @@ pub(super) fn protocol_error(what: &str) -> io::Error {
 }
 
 /// An `err` answer as the error it names.
-pub(super) fn answer_error(text: &str) -> io::Error {
+pub(crate) fn answer_error(text: &str) -> io::Error {
     let mut parts = text.splitn(3, ' ');
     let _ = parts.next();
     match parts.next().and_then(|e| e.parse::<i32>().ok()) {
@@ -82,7 +82,7 @@ pub(super) fn answer_error(text: &str) -> io::Error {
     }
 }
 
-pub(super) fn numbers<const N: usize>(text: &str, skip: usize) -> Option<[u32; N]> {
+pub(crate) fn numbers<const N: usize>(text: &str, skip: usize) -> Option<[u32; N]> {
     let mut out = [0u32; N];
     let mut it = text.split(' ').skip(skip);
     for o in out.iter_mut() {
