@@ -80,8 +80,8 @@ impl LinkShared {
 
 pub(crate) struct RxSide {
     pub c: Consumer<RawRing>,
-    /// Keeps the granted pages alive as long as `c` uses them.
-    #[allow(dead_code)]
+    /// The granted pages `c` reads: kept as long as it uses them, and
+    /// handed on with it (to the ring pool, to the switch).
     pub owned: OwnedRing,
 }
 
