@@ -182,30 +182,17 @@ pub trait EventChannel: AsFd + AsRawFd + Send + Sync {
         if self.ack()? {
             return Ok(true);
         }
-        let mut pfd = libc::pollfd {
-            fd: self.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
         let ms = match timeout {
             None => -1,
             Some(t) => i32::try_from(t.as_millis()).unwrap_or(i32::MAX),
         };
-        loop {
-            // SAFETY: `pfd` is a valid pollfd for the duration of the call and
-            // the count is 1.
-            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(XenError::Os {
-                    op: "poll event channel",
-                    source: e,
-                });
-            }
-            return if rc == 0 { Ok(false) } else { self.ack() };
+        match crate::sys::poll_readable(self.as_fd(), ms) {
+            Ok(false) => Ok(false),
+            Ok(true) => self.ack(),
+            Err(source) => Err(XenError::Os {
+                op: "poll event channel",
+                source,
+            }),
         }
     }
     /// What is known about the other end.

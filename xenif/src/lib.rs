@@ -7,16 +7,19 @@
 //!   `xensock-sim`.
 //! - [`XenBackend`] and friends: the grant-table / event-channel interface
 //!   the user-space transport is written against.
-//! - [`dev::DevXen`]: its implementation over the real `/dev/xen` devices.
+//! - [`dev::DevXen`]: its implementation over the real `/dev/xen` devices
+//!   (in `sys/`, with every `unsafe` block of the crate).
 //!   The simulated host (`xensock-sim`) provides the other implementation.
 //!
 //! This crate has no test-only code and depends only on `libc` and
 //! `thiserror`, so `libxensock` can depend on it directly.
 
 mod backend;
-#[cfg(target_os = "linux")]
-pub mod dev;
+mod sys;
 pub mod xs_wire;
+
+#[cfg(target_os = "linux")]
+pub use sys::dev;
 
 pub use backend::{
     Access, DomId, EventChannel, GrantRef, GrantedRegion, MappedRegion, PeerState, Port,
