@@ -12,7 +12,7 @@ HOST_PKGS=(
   linux-source-6.12 rustc-web rust-web-src cargo-web
   clang lld llvm libclang-dev
   bc flex bison libelf-dev libssl-dev cpio zstd xz-utils kmod make gcc libc6-dev
-  python3 rsync perl
+  python3 rsync perl patch
 )
 BACKPORTS_PKGS=(qemu-system-x86)
 BINDGEN_VERSION=0.72.1
