@@ -22,8 +22,9 @@ use xensock_xenif::{
 };
 
 use crate::ctl::{self, Dec, Enc};
-use crate::fdpass::{self, SeqPacket};
 use crate::host::{domain_dir, ENV_SIM_DIR, ENV_SIM_DOMID, MAX_PAGES_PER_CALL};
+use crate::sys::fdpass::{self, SeqPacket};
+use crate::sys::Mapped;
 
 struct Reply {
     req_id: u32,
@@ -40,10 +41,9 @@ struct Answer {
     generation: u64,
 }
 
-#[derive(Clone, Copy)]
+/// A live grant's or mapping's pages, as the revocation path scrubs them.
 struct Region {
-    addr: usize,
-    len: usize,
+    mem: Arc<Mapped>,
     writable: bool,
 }
 
@@ -80,26 +80,8 @@ fn os(op: &'static str) -> impl FnOnce(std::io::Error) -> XenError {
 }
 
 /// Replaces a live shared region with private zero pages, in place.
-fn scrub(r: Region) {
-    let prot = if r.writable {
-        libc::PROT_READ | libc::PROT_WRITE
-    } else {
-        libc::PROT_READ
-    };
-    // SAFETY: the region is a mapping this handle created and still owns
-    // (it is removed from the registry, under the same lock, before it is
-    // unmapped); MAP_FIXED replaces it atomically, so concurrent readers
-    // see either the old page or a zero page, never a hole.
-    unsafe {
-        libc::mmap(
-            r.addr as *mut libc::c_void,
-            r.len,
-            prot,
-            libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-    }
+fn scrub(r: &Region) {
+    r.mem.scrub(r.writable);
 }
 
 impl ClientInner {
@@ -147,18 +129,16 @@ impl ClientInner {
         if self.epoch.load(Ordering::Acquire) == generation {
             regs.live.insert(k, r);
         } else {
-            scrub(r);
+            scrub(&r);
         }
         k
     }
 
-    /// Unregisters and unmaps a region.
-    fn unmap(&self, key: u64, addr: *mut u8, len: usize) {
+    /// Unregisters a region: the revocation path no longer touches it,
+    /// and it is unmapped when its owner lets go of it.
+    fn forget(&self, key: u64) {
         let mut regs = self.regions.lock().unwrap_or_else(|p| p.into_inner());
         regs.live.remove(&key);
-        // SAFETY: addr/len is a mapping this handle created; it is no
-        // longer registered, so the revocation path will not touch it.
-        unsafe { libc::munmap(addr.cast(), len) };
     }
 
     fn current(&self, epoch: u64) -> Result<(), XenError> {
@@ -225,7 +205,7 @@ impl SimXen {
                             let mut regs = r2.lock().unwrap_or_else(|p| p.into_inner());
                             e2.store(u64::from(generation), Ordering::Release);
                             for (_, r) in regs.live.drain() {
-                                scrub(r);
+                                scrub(&r);
                             }
                             match u16::try_from(new) {
                                 Ok(n) => d2.store(n, Ordering::Release),
@@ -313,22 +293,32 @@ impl SimXen {
     }
 }
 
+/// What a grant or mapping tells the host when it goes: after its pages
+/// are unmapped (it is declared after them), unless the host revoked it.
+struct HostRelease {
+    client: Arc<ClientInner>,
+    op: u8,
+    id: u64,
+    epoch: u64,
+}
+
+impl Drop for HostRelease {
+    fn drop(&mut self) {
+        if self.client.current(self.epoch).is_ok() {
+            let _ = self.client.call(self.op, Enc::new().u64(self.id));
+        }
+    }
+}
+
 /// Pages granted through the sim.
 pub struct SimGrant {
-    client: Arc<ClientInner>,
-    id: u64,
     key: u64,
-    epoch: u64,
-    ptr: *mut u8,
-    len: usize,
+    mem: Arc<Mapped>,
+    release: HostRelease,
     refs: Vec<GrantRef>,
     peer: DomId,
     peer_access: Access,
 }
-
-// SAFETY: the mapping is owned by this value and addressed by a raw
-// pointer only; access discipline over shared memory is the caller's.
-unsafe impl Send for SimGrant {}
 
 impl std::fmt::Debug for SimGrant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -341,10 +331,10 @@ impl std::fmt::Debug for SimGrant {
 
 impl SharedRegion for SimGrant {
     fn as_ptr(&self) -> *mut u8 {
-        self.ptr
+        self.mem.as_ptr()
     }
     fn len(&self) -> usize {
-        self.len
+        self.mem.len()
     }
     fn writable(&self) -> bool {
         true
@@ -362,41 +352,34 @@ impl GrantedRegion for SimGrant {
         self.peer_access
     }
     fn set_unmap_notify(&mut self, notify: UnmapNotify) -> Result<(), XenError> {
-        self.client.current(self.epoch)?;
-        self.client
-            .call(ctl::OP_GRANT_NOTIFY, SimXen::notify_args(self.id, notify))
+        let r = &self.release;
+        r.client.current(r.epoch)?;
+        r.client
+            .call(ctl::OP_GRANT_NOTIFY, SimXen::notify_args(r.id, notify))
             .map(drop)
     }
 }
 
 impl Drop for SimGrant {
     fn drop(&mut self) {
-        self.client.unmap(self.key, self.ptr, self.len);
-        if self.client.current(self.epoch).is_ok() {
-            let _ = self.client.call(ctl::OP_UNGRANT, Enc::new().u64(self.id));
-        }
+        // then the pages go (`mem`), then the host hears (`release`)
+        self.release.client.forget(self.key);
     }
 }
 
 /// A peer's pages mapped through the sim.
 pub struct SimMapping {
-    client: Arc<ClientInner>,
-    id: u64,
     key: u64,
-    epoch: u64,
-    ptr: *mut u8,
-    len: usize,
+    mem: Arc<Mapped>,
+    release: HostRelease,
     writable: bool,
     peer: DomId,
 }
 
-// SAFETY: as for SimGrant.
-unsafe impl Send for SimMapping {}
-
 impl std::fmt::Debug for SimMapping {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimMapping")
-            .field("len", &self.len)
+            .field("len", &self.mem.len())
             .field("peer", &self.peer)
             .field("writable", &self.writable)
             .finish()
@@ -405,10 +388,10 @@ impl std::fmt::Debug for SimMapping {
 
 impl SharedRegion for SimMapping {
     fn as_ptr(&self) -> *mut u8 {
-        self.ptr
+        self.mem.as_ptr()
     }
     fn len(&self) -> usize {
-        self.len
+        self.mem.len()
     }
     fn writable(&self) -> bool {
         self.writable
@@ -420,19 +403,18 @@ impl SharedRegion for SimMapping {
 
 impl MappedRegion for SimMapping {
     fn set_unmap_notify(&mut self, notify: UnmapNotify) -> Result<(), XenError> {
-        self.client.current(self.epoch)?;
-        self.client
-            .call(ctl::OP_MAP_NOTIFY, SimXen::notify_args(self.id, notify))
+        let r = &self.release;
+        r.client.current(r.epoch)?;
+        r.client
+            .call(ctl::OP_MAP_NOTIFY, SimXen::notify_args(r.id, notify))
             .map(drop)
     }
 }
 
 impl Drop for SimMapping {
     fn drop(&mut self) {
-        self.client.unmap(self.key, self.ptr, self.len);
-        if self.client.current(self.epoch).is_ok() {
-            let _ = self.client.call(ctl::OP_UNMAP, Enc::new().u64(self.id));
-        }
+        // then the pages go (`mem`), then the host hears (`release`)
+        self.release.client.forget(self.key);
     }
 }
 
@@ -510,44 +492,6 @@ fn take_fds<const N: usize>(fds: Vec<OwnedFd>) -> Result<[OwnedFd; N], XenError>
         .map_err(|_| XenError::Invalid("sim host sent the wrong number of descriptors".into()))
 }
 
-fn mmap_at(
-    addr: *mut u8,
-    len: usize,
-    writable: bool,
-    fd: BorrowedFd<'_>,
-    offset: usize,
-) -> Result<(), XenError> {
-    let prot = if writable {
-        libc::PROT_READ | libc::PROT_WRITE
-    } else {
-        libc::PROT_READ
-    };
-    let off = libc::off_t::try_from(offset).map_err(|_| XenError::Invalid("offset".into()))?;
-    // SAFETY: `addr..addr+len` lies inside a reservation this call's caller
-    // owns (or addr is null), so MAP_FIXED replaces nothing else.
-    let p = unsafe {
-        libc::mmap(
-            addr.cast(),
-            len,
-            prot,
-            if addr.is_null() {
-                libc::MAP_SHARED
-            } else {
-                libc::MAP_SHARED | libc::MAP_FIXED
-            },
-            fd.as_raw_fd(),
-            off,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(XenError::Os {
-            op: "mmap grant",
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(())
-}
-
 impl XenBackend for SimXen {
     type Grant = SimGrant;
     type Mapping = SimMapping;
@@ -574,41 +518,32 @@ impl XenBackend for SimXen {
         let refs = d.u32_list(MAX_PAGES_PER_CALL).map_err(bad)?;
         let [fd] = take_fds::<1>(fds)?;
         let len = pages * PAGE_SIZE;
-        // SAFETY: a fresh shared mapping chosen by the kernel.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
+        let mem = match Mapped::shared(fd.as_fd(), len, true) {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                let _ = self.inner.call(ctl::OP_UNGRANT, Enc::new().u64(id));
+                return Err(XenError::Os {
+                    op: "mmap grant",
+                    source: e,
+                });
+            }
         };
-        if p == libc::MAP_FAILED {
-            let e = std::io::Error::last_os_error();
-            let _ = self.inner.call(ctl::OP_UNGRANT, Enc::new().u64(id));
-            return Err(XenError::Os {
-                op: "mmap grant",
-                source: e,
-            });
-        }
-        let ptr = p.cast::<u8>();
         let key = self.inner.register(
             Region {
-                addr: ptr as usize,
-                len,
+                mem: mem.clone(),
                 writable: true,
             },
             epoch,
         );
         Ok(SimGrant {
-            client: self.inner.clone(),
-            id,
             key,
-            epoch,
-            ptr,
-            len,
+            mem,
+            release: HostRelease {
+                client: self.inner.clone(),
+                op: ctl::OP_UNGRANT,
+                id,
+                epoch,
+            },
             refs,
             peer,
             peer_access: access,
@@ -655,21 +590,12 @@ impl XenBackend for SimXen {
         }
         let len = refs.len() * PAGE_SIZE;
         // Reserve the whole range, then place each run of pages into it.
-        // SAFETY: an anonymous PROT_NONE reservation chosen by the kernel.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(undo(XenError::last_os("reserve mapping")));
-        }
-        let base = base.cast::<u8>();
+        let mem = Mapped::reserve(len).map_err(|source| {
+            undo(XenError::Os {
+                op: "reserve mapping",
+                source,
+            })
+        })?;
         let mut i = 0;
         while i < pages.len() {
             let (fd, first) = pages[i];
@@ -677,37 +603,38 @@ impl XenBackend for SimXen {
             while i + run < pages.len() && pages[i + run] == (fd, first + run) {
                 run += 1;
             }
-            // SAFETY: i + run <= pages.len(), so the target lies inside the
-            // reservation of len bytes.
-            let at = unsafe { base.add(i * PAGE_SIZE) };
-            if let Err(e) = mmap_at(
-                at,
+            if let Err(source) = mem.place(
+                i * PAGE_SIZE,
                 run * PAGE_SIZE,
                 writable,
                 fds[fd].as_fd(),
                 first * PAGE_SIZE,
             ) {
-                // SAFETY: unmapping our own reservation.
-                unsafe { libc::munmap(base.cast(), len) };
-                return Err(undo(e));
+                // the reservation goes with `mem`
+                return Err(undo(XenError::Os {
+                    op: "mmap grant",
+                    source,
+                }));
             }
             i += run;
         }
+        let mem = Arc::new(mem);
         let key = self.inner.register(
             Region {
-                addr: base as usize,
-                len,
+                mem: mem.clone(),
                 writable,
             },
             epoch,
         );
         Ok(SimMapping {
-            client: self.inner.clone(),
-            id,
             key,
-            epoch,
-            ptr: base,
-            len,
+            mem,
+            release: HostRelease {
+                client: self.inner.clone(),
+                op: ctl::OP_UNMAP,
+                id,
+                epoch,
+            },
             writable,
             peer,
         })

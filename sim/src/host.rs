@@ -15,9 +15,10 @@ use xensock_xenif::xs_wire::XsErrno;
 use xensock_xenif::{DomId, GrantRef, Port, XenError, PAGE_SIZE};
 
 use crate::ctl::{self, Dec, Enc};
-use crate::fdpass::{self, SeqPacket};
 use crate::listen::Listener;
 use crate::store::Quotas;
+use crate::sys;
+use crate::sys::fdpass::{self, SeqPacket};
 use crate::xenstored::{Xenstored, XenstoredStats};
 
 /// Largest number of pages in one grant or map request.
@@ -689,7 +690,7 @@ impl HostInner {
         let waiter = std::thread::Builder::new()
             .name(format!("init-{domid}"))
             .spawn(move || {
-                wait_exited_no_reap(pid);
+                sys::wait_exited_no_reap(pid);
                 let host = me.upgrade();
                 // The domain may have migrated since: find it by its process.
                 let target = host.as_ref().and_then(|h| {
@@ -781,10 +782,9 @@ impl HostInner {
         self.revoke(&mut st, domid, None);
         drop(st);
         if let Some(pid) = slot.init_pid {
-            // SAFETY: kill(2) has no memory-safety preconditions. The group
-            // leader is our unreaped child (the waiter clears init_pid
-            // before reaping), so the pid cannot have been reused.
-            unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
+            // the group leader is our unreaped child (the waiter clears
+            // init_pid before reaping)
+            sys::kill_process_group(pid);
         }
         drop(slot.listeners);
         let _ = std::fs::remove_dir_all(slot.info.dir());
@@ -1409,29 +1409,5 @@ fn serve_control(me: Weak<HostInner>, sock: SeqPacket, domid: DomId) {
     }
     if let Some(host) = me.upgrade() {
         host.conn_closed(id);
-    }
-}
-
-/// Waits until `pid` (our child) has exited, without reaping it.
-fn wait_exited_no_reap(pid: u32) {
-    loop {
-        // SAFETY: siginfo_t is plain old data; all-zero is valid.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: waitid writes into the live `info`; WNOWAIT leaves the
-        // child waitable so that its pid stays reserved.
-        let rc = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOWAIT,
-            )
-        };
-        if rc == 0 {
-            return;
-        }
-        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            return;
-        }
     }
 }

@@ -25,10 +25,10 @@
 
 mod client;
 mod ctl;
-mod fdpass;
 mod host;
 mod listen;
 mod store;
+mod sys;
 mod xenstored;
 
 pub use client::{SimChannel, SimGrant, SimMapping, SimXen};
@@ -37,4 +37,5 @@ pub use host::{
     ENV_SIM_DIR, ENV_SIM_DOMID, ENV_XENSTORED_PATH, FIRST_GRANT_REF, MAX_DOMID, MAX_PAGES_PER_CALL,
 };
 pub use store::Quotas;
+pub use sys::StopSignals;
 pub use xenstored::{XenstoredStats, MAX_BACKLOG};

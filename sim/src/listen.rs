@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crate::fdpass::{SeqListener, SeqPacket};
+use crate::sys::fdpass::{SeqListener, SeqPacket};
 
 pub(crate) struct Listener {
     path: PathBuf,

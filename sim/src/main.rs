@@ -114,20 +114,6 @@ enum Event {
     Line(String),
 }
 
-fn block_signals() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain old data and the sig* calls only touch the
-    // local set and this thread's mask (inherited by threads spawned later).
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
 fn print_domain(d: &SimDomain) {
     println!(
         "dom{:<4} {:<10} uuid={} label={}\n        XENSTORED_PATH={}",
@@ -146,7 +132,7 @@ fn up(
     agent: bool,
     init: Vec<String>,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let sigs = block_signals();
+    let sigs = xensock_sim::StopSignals::block();
     let host = SimHost::with_config(SimConfig {
         dir,
         ..SimConfig::default()
@@ -189,10 +175,7 @@ fn up(
     let (tx, rx) = mpsc::channel();
     let tx2 = tx.clone();
     std::thread::spawn(move || {
-        let mut sig = 0;
-        // SAFETY: `sigs` is the set blocked above; sigwait stores the signal
-        // number in the live `sig`.
-        unsafe { libc::sigwait(&sigs, &mut sig) };
+        sigs.wait();
         let _ = tx2.send(Event::Signal);
     });
     std::thread::spawn(move || {
