@@ -453,6 +453,9 @@ impl EventChannel for SimChannel {
     fn local_port(&self) -> Port {
         self.port
     }
+    fn wait_readable(&self, timeout_ms: i32) -> std::io::Result<bool> {
+        xensock_xenif::poll_readable(self.inbound.as_fd(), timeout_ms)
+    }
     fn remote_domid(&self) -> DomId {
         self.remote
     }

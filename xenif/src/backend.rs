@@ -176,6 +176,11 @@ pub trait EventChannel: AsFd + AsRawFd + Send + Sync {
     /// Consumes pending kicks and unmasks the port. Never blocks; returns
     /// whether a kick was pending.
     fn ack(&self) -> Result<bool, XenError>;
+    /// Waits up to `timeout_ms` milliseconds (negative: without a bound)
+    /// for the channel's descriptor to become readable (a kick pending),
+    /// without acking: whether it did. Each backend polls through its own
+    /// floor ([`crate::poll_readable`] for a real descriptor).
+    fn wait_readable(&self, timeout_ms: i32) -> io::Result<bool>;
     /// Blocks until a kick arrives or the timeout passes, then acks it.
     /// Returns whether a kick arrived.
     fn wait(&self, timeout: Option<Duration>) -> Result<bool, XenError> {
@@ -186,7 +191,7 @@ pub trait EventChannel: AsFd + AsRawFd + Send + Sync {
             None => -1,
             Some(t) => i32::try_from(t.as_millis()).unwrap_or(i32::MAX),
         };
-        match crate::sys::poll_readable(self.as_fd(), ms) {
+        match self.wait_readable(ms) {
             Ok(false) => Ok(false),
             Ok(true) => self.ack(),
             Err(source) => Err(XenError::Os {

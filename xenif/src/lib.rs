@@ -20,6 +20,7 @@ pub mod xs_wire;
 
 #[cfg(target_os = "linux")]
 pub use sys::dev;
+pub use sys::poll_readable;
 
 pub use backend::{
     Access, DomId, EventChannel, GrantRef, GrantedRegion, MappedRegion, PeerState, Port,

@@ -438,6 +438,9 @@ impl EventChannel for DevChannel {
     fn local_port(&self) -> Port {
         self.port
     }
+    fn wait_readable(&self, timeout_ms: i32) -> std::io::Result<bool> {
+        super::poll_readable(self.fd.as_fd(), timeout_ms)
+    }
     fn remote_domid(&self) -> DomId {
         self.remote
     }

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! The floor: every `unsafe` block of this crate, each with its
 //! `// SAFETY:` comment. `dev` is the real-Xen backend over `/dev/xen`
-//! (the devices' ioctls and mappings); this file has what the backend
-//! trait's shared code needs of the OS.
+//! (the devices' ioctls and mappings); this file has the wait on an event
+//! channel's descriptor that every backend's channel uses.
 
 #[cfg(target_os = "linux")]
 pub mod dev;
@@ -13,7 +13,7 @@ use std::os::fd::BorrowedFd;
 
 /// Waits up to `ms` milliseconds (negative: without a bound) for `fd` to
 /// become readable: whether it did. EINTR is retried.
-pub(crate) fn poll_readable(fd: BorrowedFd<'_>, ms: i32) -> io::Result<bool> {
+pub fn poll_readable(fd: BorrowedFd<'_>, ms: i32) -> io::Result<bool> {
     let mut pfd = libc::pollfd {
         fd: fd.as_raw_fd(),
         events: libc::POLLIN,
