@@ -320,23 +320,30 @@ impl UserStream {
         }
     }
 
-    fn read_impl(&self, buf: &mut [u8]) -> io::Result<usize> {
+    /// A read, or with `peek` what a read would return now (waiting as a
+    /// read waits), left for the next read.
+    fn read_impl(&self, buf: &mut [u8], peek: bool) -> io::Result<usize> {
         let t = lock(&self.options).read;
         let c = self.conn();
         if let Some(e) = c.switch() {
             if c.io().shut_rd {
                 return Ok(0);
             }
-            return self.engine_op(&e, WANT_READ, t, |e, nb| {
-                if nb {
-                    e.try_read(buf)
-                } else {
-                    e.read(buf)
-                }
+            return self.engine_op(&e, WANT_READ, t, |e, nb| match (peek, nb) {
+                (true, _) => e.peek(buf, nb),
+                (false, true) => e.try_read(buf),
+                (false, false) => e.read(buf),
             });
         }
-        match self.op(WANT_READ, 1, t, |io| io.try_read(buf)) {
-            Err(e) if is_carried(&e) => self.read_impl(buf),
+        let step = |io: &mut crate::conn::ConnIo| {
+            if peek {
+                io.try_peek(buf)
+            } else {
+                io.try_read(buf)
+            }
+        };
+        match self.op(WANT_READ, 1, t, step) {
+            Err(e) if is_carried(&e) => self.read_impl(buf, peek),
             r => r,
         }
     }
@@ -344,18 +351,7 @@ impl UserStream {
     /// What a read would return now (waiting as a read waits), left for
     /// the next read.
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let t = lock(&self.options).read;
-        let c = self.conn();
-        if let Some(e) = c.switch() {
-            if c.io().shut_rd {
-                return Ok(0);
-            }
-            return self.engine_op(&e, WANT_READ, t, |e, nb| e.peek(buf, nb));
-        }
-        match self.op(WANT_READ, 1, t, |io| io.try_peek(buf)) {
-            Err(e) if is_carried(&e) => self.peek(buf),
-            r => r,
-        }
+        self.read_impl(buf, true)
     }
 
     fn write_impl(&self, buf: &[u8]) -> io::Result<usize> {
@@ -434,7 +430,7 @@ impl UserStream {
 
 impl Read for &UserStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.read_impl(buf)
+        self.read_impl(buf, false)
     }
 }
 

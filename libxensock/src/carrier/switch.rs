@@ -475,9 +475,7 @@ impl Switch {
     /// carrier we still have, and what it has not read is dropped.
     pub(crate) fn abort(&self) {
         self.shared.fail(libc::ECONNRESET, ResetReason::Abort);
-        if !self.shared.propagated.swap(true, Ordering::SeqCst) {
-            self.shared.propagate_failure();
-        }
+        self.shared.propagate_failure_once();
     }
 
     /// After `shutdown_write`: waits, at most `limit`, until everything
@@ -1489,8 +1487,8 @@ impl Shared {
     /// (first failure: tell the peer, then only those two).
     fn wait_set(&self, fds: &mut Vec<libc::pollfd>) -> Option<Instant> {
         let failed = self.failed.load(Ordering::SeqCst) != 0;
-        if failed && !self.propagated.swap(true, Ordering::SeqCst) {
-            self.propagate_failure();
+        if failed {
+            self.propagate_failure_once();
         }
         fds.push(libc::pollfd {
             fd: self.ctl.as_raw_fd(),
@@ -1784,6 +1782,13 @@ impl Shared {
             sample_leg(r.leg.as_deref(), &mut r.leg_unanswered)
         };
         tu.max(ru)
+    }
+
+    /// [`Shared::propagate_failure`], the first time only.
+    fn propagate_failure_once(&self) {
+        if !self.propagated.swap(true, Ordering::SeqCst) {
+            self.propagate_failure();
+        }
     }
 
     /// Tells the peer, on every carrier we still have, that we are gone:
