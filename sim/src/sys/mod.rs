@@ -216,3 +216,35 @@ impl StopSignals {
         unsafe { libc::sigwait(&self.0, &mut sig) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn place_refuses_pages_outside_the_range_and_fills_inside_it() {
+        let mem = Mapped::reserve(2 * PAGE_SIZE).unwrap();
+        let file = fdpass::memfd(PAGE_SIZE).unwrap();
+        for (at, len) in [
+            (2 * PAGE_SIZE, PAGE_SIZE),
+            (PAGE_SIZE, 2 * PAGE_SIZE),
+            (1, PAGE_SIZE),
+            (0, 7),
+        ] {
+            let e = mem.place(at, len, true, file.as_fd(), 0).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "at {at} len {len}");
+        }
+        mem.place(PAGE_SIZE, PAGE_SIZE, true, file.as_fd(), 0)
+            .unwrap();
+        let other = Mapped::shared(file.as_fd(), PAGE_SIZE, true).unwrap();
+        // SAFETY: both point at one live page of the same memfd.
+        unsafe {
+            other.as_ptr().write_volatile(42);
+            assert_eq!(mem.as_ptr().add(PAGE_SIZE).read_volatile(), 42);
+        }
+        mem.scrub(true);
+        // SAFETY: the page is still mapped, now a private zero page.
+        assert_eq!(unsafe { mem.as_ptr().add(PAGE_SIZE).read_volatile() }, 0);
+    }
+}
