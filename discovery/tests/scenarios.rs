@@ -15,7 +15,7 @@ use xensock_xenif::DomId;
 
 const T: Duration = Duration::from_secs(10);
 
-/// The bound for a peer's watch to fire after a domain is
+/// The required bound for a peer's watch to fire after a domain is
 /// destroyed: 100 ms nominal. CI machines are shared and small (2 cores,
 /// parallel test threads), so the assertion allows `XENSOCK_TEST_SLACK`
 /// times that (default 3, i.e. 300 ms); the measured latency is printed.

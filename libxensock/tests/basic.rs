@@ -160,7 +160,7 @@ fn many_small_writes_and_partial_reads() {
 
 #[test]
 fn bidirectional_checksummed_transfer() {
-    // XENSOCK_TEST_BIG=1 moves the 1 GiB each way (use --release).
+    // XENSOCK_TEST_BIG=1 moves 1 GiB each way (use --release).
     let total: u64 = if std::env::var_os("XENSOCK_TEST_BIG").is_some() {
         1 << 30
     } else {

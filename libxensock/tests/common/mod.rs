@@ -37,7 +37,7 @@ pub fn pair_with(cfg: Config) -> Pair {
     Pair { a, b, da, db, host }
 }
 
-/// `XENSOCK_TEST_SLACK` (default 3): multiplier for the latency bounds.
+/// `XENSOCK_TEST_SLACK` (default 3): multiplier for the required latency bounds.
 pub fn slack() -> u32 {
     std::env::var("XENSOCK_TEST_SLACK")
         .ok()
