@@ -125,7 +125,8 @@ forward() {
   for _f in $(domu_logs "$1"); do forward_file "$1" "$_f" & done
 }
 # A forwarder that has passed a domU's @@EXIT line leaves
-# /tmp/forwarded-exit.NAME (dom0-init waits for it before the reboot).
+# /tmp/forwarded-exit.NAME (dom0-init waits for it before the reboot), and
+# past its @@KERNEL-CHECKED line (debug kernel) /tmp/forwarded-checked.NAME.
 # The first "@@XS-STUCK" line of a domU (xs_check: its XenStore does not
 # answer) makes it run xs_report for that domU, then and there: what
 # xenstored looks like while the guest waits on it.
@@ -137,6 +138,7 @@ forward_file() {
   tail -n +1 -F "$2" 2>/dev/null | awk -v name="$1" -v mark="/tmp/forwarded-exit.$1" '
     { gsub(/\r/, ""); print name "| " $0; fflush() }
     /^@@EXIT/ { printf "" > mark; close(mark) }
+    /^@@KERNEL-CHECKED/ { m = "/tmp/forwarded-checked." name; printf "" > m; close(m) }
     /@@XS-STUCK/ && !reported { reported = 1; system(". /lab/lib.sh; xs_report " name) }'
 }
 

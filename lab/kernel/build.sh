@@ -6,6 +6,9 @@
 # Rust modules need rust/*.rmeta, Module.symvers and scripts/target.json.
 #
 #   lab/kernel/build.sh OUTDIR      (normally called by lab/run)
+#
+# LAB_KERNEL (lib/common.sh, kernel_fragments) chooses the fragments:
+# xensock-lab.config, and for LAB_KERNEL=debug xensock-debug.config after it.
 set -euo pipefail
 { # parsed whole before it runs: editing this file mid-build is safe
 # Part of the cache key: bump when a change here changes the built kernel.
@@ -13,13 +16,16 @@ RECIPE_VERSION=1
 LAB_DIR=$(cd "$(dirname "$0")/.." && pwd)
 . "$LAB_DIR/lib/common.sh"
 OUT=${1:?usage: build.sh OUTDIR}
-FRAG=$LAB_DIR/kernel/xensock-lab.config
+mapfile -t FRAGS < <(kernel_fragments)
 mapfile -t KV < <(kmake_vars)
 JOBS=${LAB_JOBS:-$(nproc)}
 
 [[ -f $OUT/.complete ]] && { echo "kernel already built in $OUT"; exit 0; }
 [[ -r $KSRC_TARBALL ]] || { echo "missing $KSRC_TARBALL (apt-get install linux-source-6.12)" >&2; exit 1; }
 mkdir -p "$OUT"
+# the fragments in order, as one file: a later line wins over an earlier one
+FRAG=$OUT/fragment.config
+cat "${FRAGS[@]}" > "$FRAG"
 exec 8> "$OUT/.build-lock"
 flock -n 8 || { echo "another build of $OUT is running" >&2; exit 1; }
 K=$OUT/linux

@@ -71,7 +71,11 @@ host_qemu_cmd() {
   QEMU_MEM=$(( dom0_mem + ndomus * DOMU_MEM + spare + 512 ))
   local xencmd="console=com1 com1=115200,8n1 dom0_mem=${dom0_mem}M,max:${dom0_mem}M dom0_max_vcpus=2 bootscrub=0 console_timestamps=boot loglvl=${XEN_LOGLVL:-warning} guest_loglvl=${XEN_LOGLVL:-warning}"
   ((HOSTS > 1)) && uplink=" lab_uplink=1"
-  local dom0cmd="console=hvc0 earlyprintk=xen loglevel=${GUEST_LOGLEVEL:-4} rdinit=/init lab_name=$name lab_dom0_ip=$dom0_ip lab_domus=$domus lab_domu_mem=$DOMU_MEM lab_timeout=$GUEST_TIMEOUT$uplink${interactive:+ lab_shell=1}$(xs_trace_arg)"
+  # the debug kernel: warnings on the console, slab red zones and poison
+  # (lab/guest/dom0-init gives the domUs the same)
+  local kargs="loglevel=${GUEST_LOGLEVEL:-4}"
+  [[ $LAB_KERNEL != debug ]] || kargs="loglevel=${GUEST_LOGLEVEL:-5} slub_debug=FZPU kfence.sample_interval=10"
+  local dom0cmd="console=hvc0 earlyprintk=xen $kargs lab_kernel=$LAB_KERNEL rdinit=/init lab_name=$name lab_dom0_ip=$dom0_ip lab_domus=$domus lab_domu_mem=$DOMU_MEM lab_timeout=$GUEST_TIMEOUT$uplink${interactive:+ lab_shell=1}$(xs_trace_arg)"
   QEMU_CMD=(qemu-system-x86_64 -machine q35 -accel tcg -cpu qemu64,+svm,+npt
     -m "$QEMU_MEM" -smp 2 -nodefaults -display none -monitor none -serial stdio -no-reboot
     -pidfile "$RUN/qemu$sfx.pid"

@@ -11,6 +11,15 @@ RUSTC=/usr/bin/rustc
 RUST_LIB_SRC=/usr/lib/rustlib/src/rust/library
 BINDGEN=$CACHE/tools/bin/bindgen
 
+# The guests' kernel: the lab kernel, or the same with the kernel's bug
+# detectors (lab/kernel/xensock-debug.config; docs/lab.md "The debug kernel").
+LAB_KERNEL=${LAB_KERNEL:-lab}
+case $LAB_KERNEL in
+  lab|debug) ;;
+  *) echo "LAB_KERNEL=$LAB_KERNEL: the lab has the kernels 'lab' (default) and 'debug'" >&2; exit 2 ;;
+esac
+export LAB_KERNEL
+
 # ---- output -----------------------------------------------------------------
 _t0=$(date +%s.%N)
 if [[ -t 1 ]]; then C_B=$'\e[1m'; C_R=$'\e[31m'; C_G=$'\e[32m'; C_Y=$'\e[33m'; C_0=$'\e[0m'
@@ -64,10 +73,18 @@ toolchain_id() {
 # config fragment, our patches to the source (kernel/patches), and the
 # recipe version in kernel/build.sh (bumped by hand when the build steps
 # change meaning; comment edits do not rebuild).
+kernel_fragments() {
+  echo "$LAB_DIR/kernel/xensock-lab.config"
+  [[ $LAB_KERNEL != debug ]] || echo "$LAB_DIR/kernel/xensock-debug.config"
+}
 kernel_key() {
-  local patches=()
+  local patches=() frags
   [[ -d $LAB_DIR/kernel/patches ]] && patches=("$LAB_DIR/kernel/patches")
-  echo "kernel-$(inputs_hash "$(toolchain_id)" "$LAB_DIR/kernel/xensock-lab.config" \
+  mapfile -t frags < <(kernel_fragments)
+  # the lab kernel's key is the one it always had (its cache stays valid);
+  # another kernel's name is in its key and its directory's name
+  local name=kernel; [[ $LAB_KERNEL == lab ]] || name=kernel-$LAB_KERNEL
+  echo "$name-$(inputs_hash "$(toolchain_id)" "${frags[@]}" \
     "$(grep -m1 '^RECIPE_VERSION=' "$LAB_DIR/kernel/build.sh")" "${patches[@]}")"
 }
 kernel_dir() { echo "$CACHE/$(kernel_key)"; }
@@ -78,6 +95,7 @@ kernel_dir() { echo "$CACHE/$(kernel_key)"; }
 # of the module; a build directory per work tree (several branches build).
 afx_module() {
   local afx="$CACHE/af-xen-kmod-build-$(basename "$REPO_DIR")"
+  [[ $LAB_KERNEL == lab ]] || afx=$afx-$LAB_KERNEL
   if [[ -n ${AFX_TREE:-} ]]; then
     afx=$afx-alt
     local kdir kflags

@@ -24,6 +24,7 @@ common_root() {
   mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,dev,proc,sys,tmp,run,etc,lab/bin,lab/modules,scenario,opt/xensock,var/log}
   cp /bin/busybox "$root/bin/busybox"
   cp "$LAB_DIR/guest/lib.sh" "$root/lab/lib.sh"
+  cp "$LAB_DIR/guest/kernel-check.sh" "$root/lab/kernel-check.sh"
   cp "$XLBENCH" "$root/lab/bin/xlbench"
   copy_bin "$root" /usr/bin /usr/bin/xenstore-read /usr/bin/xenstore-write /usr/bin/xenstore-ls \
     /usr/bin/xenstore-list /usr/bin/xenstore-rm /usr/bin/xenstore-exists /usr/bin/xenstore-watch

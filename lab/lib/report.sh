@@ -66,11 +66,30 @@ parse_host_console() {
       if (done != "") { printf lbl "teardown -> @@DONE\t%s\t%s\n", p0, done >> ph; p0 = done }
       printf lbl "shutdown -> QEMU exit\t%s\t%s\n", p0, last >> ph
     }' "$log"
+  [[ ${LAB_KERNEL:-lab} != debug ]] || scan_console_reports "$log" "$label"
   local check=boot-and-teardown${label:+-$label}
   if grep -aq '@@DONE' "$log"; then
     printf 'host\t%s\tPASS\t%s\n' "$check" "qemu rc=$qrc" >> "$RUN/results.tsv"
   else
     printf 'host\t%s\tFAIL\t%s\n' "$check" "no @@DONE (qemu rc=$qrc)" >> "$RUN/results.tsv"
+  fi
+}
+
+# scan_console_reports LOG LABEL (debug kernel): a detector's report in any
+# guest's kernel messages on the console. Each guest checks its whole log at
+# the end (lab/guest/kernel-check.sh); this catches a guest that died or
+# hung before it could. Kernel lines are the ones with printk's timestamp.
+scan_console_reports() {
+  local log=$1 label=$2 re hits
+  re=$(sed -n "s/^KERNEL_REPORT_RE='\(.*\)'$/\1/p" "$LAB_DIR/guest/kernel-check.sh")
+  [[ -n $re ]] || die "no KERNEL_REPORT_RE in lab/guest/kernel-check.sh"
+  hits=$(grep -aE '^\[[^]]*\] ([A-Za-z0-9_-]+\| )?\[ *[0-9]+\.[0-9]+\] ' "$log" | grep -aE "$re" || true)
+  local check=kernel-reports-console${label:+-$label}
+  if [[ -z $hits ]]; then
+    printf 'host\t%s\tPASS\t%s\n' "$check" "no detector report on the console" >> "$RUN/results.tsv"
+  else
+    printf 'host\t%s\tFAIL\t%s\n' "$check" "$(wc -l <<< "$hits") report lines, first: $(head -n 1 <<< "$hits" | cut -c1-120)" >> "$RUN/results.tsv"
+    head -n 20 <<< "$hits" > "$RUN/kernel-reports${label:+-$label}.txt"
   fi
 }
 
