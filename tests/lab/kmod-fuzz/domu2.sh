@@ -1,0 +1,1 @@
+. /scenario/fuzz.sh
