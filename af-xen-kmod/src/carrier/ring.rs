@@ -713,13 +713,28 @@ impl Rings {
         Rings { tx, rx }
     }
 
+    /// SO_RCVLOWAT as a byte count the receive ring can reach: at most
+    /// its capacity (a mark above it would never be met), at least 1.
+    pub(crate) fn rx_lowat(&self, lowat: usize) -> u32 {
+        let cap = self.rx.as_ref().map_or(u32::MAX, |rx| rx.capacity());
+        (lowat.min(cap as usize) as u32).max(1)
+    }
+
     /// poll's look at both rings, `rx_ready(pipe, readable bytes)` and
     /// `tx_ready(free bytes)` saying what counts as readable and writable
     /// (bytes for a stream, whole records for SOCK_SEQPACKET). Also the
     /// bytes readable on the ring.
+    ///
+    /// `rx_want`: how many readable bytes make the socket readable (its
+    /// SO_RCVLOWAT; 1 for a record, whose readiness `rx_ready` decides).
+    /// The peer is asked for a kick when that many are there, not on the
+    /// next byte: with fewer bytes already in the ring, the next byte
+    /// would not kick at all, and a poller below the mark would sleep
+    /// through the byte that reaches it.
     pub(crate) fn readiness_with(
         &self,
         xs: &XenSock,
+        rx_want: u32,
         rx_ready: impl FnOnce(&Pipe, u32) -> core::result::Result<bool, ()>,
         tx_ready: impl FnOnce(u32) -> bool,
     ) -> (super::Readiness, usize) {
@@ -729,8 +744,8 @@ impl Rings {
             if rx.is_remote() {
                 // the event-channel interrupt wakes this socket's pollers
                 rx.set_owner(&xs.sk);
-                // ask for a kick on the next byte before looking
-                let _ = rx.rx.lock().prepare_wait();
+                // ask for a kick once `rx_want` bytes are there, before looking
+                let _ = rx.rx.lock().prepare_wait_for(rx_want);
             }
             match rx.rx_state() {
                 Ok((n, end)) => {
@@ -920,7 +935,8 @@ impl super::Carrier for Rings {
     }
 
     fn readiness(&mut self, xs: &XenSock, lowat: usize) -> super::Readiness {
-        self.readiness_with(xs, |_, n| Ok(n as usize >= lowat), |free| free > 0)
+        let want = self.rx_lowat(lowat);
+        self.readiness_with(xs, want, |_, n| Ok(n >= want), |free| free > 0)
             .0
     }
 

@@ -1577,9 +1577,10 @@ impl Carrier for Switched {
     }
 
     fn readiness(&mut self, xs: &XenSock, lowat: usize) -> Readiness {
+        let want = self.rings.rx_lowat(lowat);
         let (mut r, ring_bytes) =
             self.rings
-                .readiness_with(xs, |_, n| Ok(n as usize >= lowat), |free| free > 0);
+                .readiness_with(xs, want, |_, n| Ok(n >= want), |free| free > 0);
         // a direction on TCP
         if self.sw.is_active() {
             let (readable, read_hup, writable, write_hup) = poll_bits(xs, &self.sw);

@@ -588,6 +588,15 @@ struct afx_map {
 	void *addr;
 };
 
+/*
+ * Maps of a peer's grant that Xen refused (/proc/net/af_xen_stats
+ * map_failures). A peer that offers grants and goes away before they are
+ * mapped (clients that vanish mid-connect) makes every one fail: counted
+ * here, logged at most a few times a second, so a peer cannot flood the log.
+ */
+static atomic_long_t afx_map_failed = ATOMIC_LONG_INIT(0);
+long afx_map_failures(void) { return atomic_long_read(&afx_map_failed); }
+
 void *afx_map_page(unsigned int domid, unsigned int ref, void **cookie)
 {
 	struct afx_map *m = kzalloc(sizeof(*m), GFP_KERNEL);
@@ -602,7 +611,9 @@ void *afx_map_page(unsigned int domid, unsigned int ref, void **cookie)
 	m->addr = pfn_to_kaddr(page_to_pfn(m->page));
 	gnttab_set_map_op(&op, (unsigned long)m->addr, GNTMAP_host_map, ref, domid);
 	if (gnttab_map_refs(&op, NULL, &m->page, 1) || op.status != GNTST_okay) {
-		pr_warn("af_xen: map of grant %u from dom%u failed (status %d)\n", ref, domid, op.status);
+		atomic_long_inc(&afx_map_failed);
+		pr_warn_ratelimited("af_xen: map of grant %u from dom%u failed (status %d)\n",
+				    ref, domid, op.status);
 		gnttab_free_pages(1, &m->page);
 		kfree(m);
 		return NULL;
@@ -986,9 +997,11 @@ void *afx_map_pages(unsigned int domid, unsigned int n, const unsigned int *refs
 		if (ops[i].status == GNTST_okay) {
 			m->handles[i] = ops[i].handle;
 				} else {
-			if (ok)
-				pr_warn("af_xen: map of ring page %u (grant %u) from dom%u failed (status %d)\n",
-					i, refs[i], domid, ops[i].status);
+			if (ok) {
+				atomic_long_inc(&afx_map_failed);
+				pr_warn_ratelimited("af_xen: map of ring page %u (grant %u) from dom%u failed (status %d)\n",
+						    i, refs[i], domid, ops[i].status);
+			}
 			ok = false;
 		}
 	}

@@ -1183,6 +1183,7 @@ fn xs_poll(xs: Option<ArcBorrow<'_, XenSock>>) -> u32 {
                     rings
                         .readiness_with(
                             &xs,
+                            1,
                             |rx, _| seqpacket::rx_ready(rx).map_err(|_| ()),
                             seqpacket::tx_writable,
                         )

@@ -238,6 +238,7 @@ pub(crate) fn show_counters(seq: &mut Seq) {
         // kept until it unmaps (af_xen_glue.c, afx_end_one): now, and ever
         ("grants_pending", grants_pending()),
         ("grants_pended", grants_pended()),
+        ("map_failures", map_failures()),
         ("lingering", get(&LINGERING)),
         ("linger_expired", get(&LINGER_EXPIRED)),
         ("irqs", get(&IRQS)),
@@ -1061,6 +1062,7 @@ extern "C" {
     fn afx_end_grant(gref: c_uint, p: *mut c_void);
     fn afx_grants_pending() -> c_long;
     fn afx_grants_pended() -> c_long;
+    fn afx_map_failures() -> c_long;
     fn afx_pending_kick();
     fn afx_pending_exit();
     fn afx_map_page(domid: c_uint, gref: c_uint, cookie: *mut *mut c_void) -> *mut c_void;
@@ -1192,6 +1194,11 @@ pub(crate) fn grants_pending() -> i64 {
 pub(crate) fn grants_pended() -> i64 {
     // SAFETY: reads an atomic of the glue.
     unsafe { afx_grants_pended() as i64 }
+}
+/// Maps of a peer's grant that Xen refused, ever (af_xen_glue.c).
+pub(crate) fn map_failures() -> i64 {
+    // SAFETY: reads an atomic counter.
+    unsafe { afx_map_failures() as i64 }
 }
 
 /// The peer is done with a connection, or gone: try the pending grants now.

@@ -1051,6 +1051,26 @@ static void xserver_more(int l)
 		result("x-graft-echo-eof", st[0] == 0, "end=%s", st[0] > 0 ? strerrorname_np(st[0]) : st[0] ? "timeout" : "EOF");
 		close(a);
 	}
+	/* 12: SO_RCVLOWAT 128 across domains: the poller sleeps through the
+	 * first byte and is woken by the byte that reaches the mark (the
+	 * client sends 1, waits a second, sends 127), not by its timeout */
+	a = accept_one(l, 120);
+	result("x-accept-rcvlowat", a >= 0, NULL);
+	if (a >= 0) {
+		int lowat = 128, n = -1, r;
+		struct pollfd p = { .fd = a, .events = POLLIN };
+		double t0;
+
+		setsockopt(a, SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof(lowat));
+		send(a, "r", 1, MSG_NOSIGNAL);
+		t0 = now();
+		r = poll(&p, 1, 10000);
+		ioctl(a, FIONREAD, &n);
+		result("x-rcvlowat-poll-woken", r == 1 && (p.revents & POLLIN) && n >= 128 && now() - t0 < 6,
+		       "r=%d revents=%#x FIONREAD=%d after %.2fs (the mark is reached about 1 s in)", r, p.revents, n, now() - t0);
+		result("x-rcvlowat-read", read_all(a, buf, 128) == 128, NULL);
+		close(a);
+	}
 	/* the client's connect with a bogus grant in its ring directory (before
 	 * step 9's): our map of its data pages failed (the glue logs "map of
 	 * ring page N ... failed"; with xenbus_map_ring_valloc, as before rings
@@ -1060,7 +1080,11 @@ static void xserver_more(int l)
 		int logged = system("dmesg | grep -q -e 'mapping in shared page' -e 'af_xen: map of ring page'") == 0;
 		int node = system("xenstore-read error/af_xen/error >/dev/null 2>&1") == 0;
 
+		long long failures = afx_stat("map_failures");
+
 		result("x-baddir-map-failed", logged, "dmesg %s the map failure", logged ? "shows" : "lacks");
+		/* counted too: the log line is rate-limited, the count is not */
+		result("x-baddir-map-failure-counted", failures >= 1, "map_failures %lld", failures);
 		result("x-baddir-no-error-node", logged && !node, "error/af_xen/error %s", node ? "present" : "absent");
 	}
 }
@@ -1671,6 +1695,19 @@ static void test_xclient(uint32_t peer, uint64_t mib)
 	}
 	/* 11 */
 	xgraft_client(peer);
+	/* 12: the server polls with SO_RCVLOWAT 128 once it said "r" */
+	c = xsock();
+	if (connect(c, (struct sockaddr *)&x, sizeof(x)) == 0 && read_all(c, buf, 1) == 1) {
+		memset(buf, 'w', 128);
+		send(c, buf, 1, MSG_NOSIGNAL);
+		sleep(1);
+		result("x-rcvlowat-client", send(c, buf, 127, MSG_NOSIGNAL) == 127, NULL);
+		/* the server reads the 128 bytes and closes */
+		read_all(c, buf, sizeof(buf));
+	} else {
+		result("x-rcvlowat-client", 0, "connect or the server's \"r\": errno=%s", strerrorname_np(errno) ?: "0");
+	}
+	close(c);
 	/* nobody listens there */
 	c = xsock();
 	x = xaddr(peer, 7999);
