@@ -218,9 +218,10 @@ static void put_fd(struct tctx *t, int fd)
 	if (fd < 0)
 		return;
 	old = atomic_exchange(&fds[pick(&t->r, NFD)], fd);
-	/* the slot's old descriptor: closed now or kept (a leak until exit,
-	 * and a number another thread may still be using) */
-	if (old >= 0 && coin(&t->r, 2))
+	/* the slot's old descriptor goes (another thread may be in a call on
+	 * it, or about to make one on its number: the race is wanted; kept,
+	 * they would run the process out of descriptors) */
+	if (old >= 0)
 		close(old);
 }
 
