@@ -71,6 +71,15 @@ stall_watch() {
   done
 }
 
+# dmesg_clean [EXTRA_RE]: the kernel log has no BUG, Oops, WARNING, general
+# protection fault, refcount_t report or leak message (nor EXTRA_RE); the
+# debug kernel's "kmemleak: Kernel memory leak detector initialized" at
+# boot is none of these. Prints what it found.
+dmesg_clean() {
+  ! dmesg | grep -v 'kmemleak: Kernel memory leak detector' |
+    grep -E "BUG|Oops|WARNING|general protection|refcount_t|leak${1:+|$1}"
+}
+
 # wait_until TIMEOUT_S CMD...   retry CMD every 0.5 s until it succeeds.
 wait_until() {
   _t=$(( $1 * 2 )); shift
