@@ -325,6 +325,15 @@ impl<F: Family> Callbacks<F> {
         -e::EOPNOTSUPP
     }
 
+    /// No mapping of a socket (ENODEV, as `sock_no_mmap`).
+    unsafe extern "C" fn mmap(
+        _file: *mut bindings::file,
+        _sock: *mut bindings::socket,
+        _vma: *mut bindings::vm_area_struct,
+    ) -> c_int {
+        -e::ENODEV
+    }
+
     unsafe extern "C" fn poll(
         file: *mut bindings::file,
         sock: *mut bindings::socket,
@@ -436,9 +445,14 @@ pub(crate) fn build_ops<F: Family>(module: &'static ThisModule, family: i32) -> 
     o.recvmsg = Some(Callbacks::<F>::recvmsg);
     o.setsockopt = Some(Callbacks::<F>::setsockopt);
     o.getsockopt = Some(Callbacks::<F>::getsockopt);
-    // sock_do_ioctl calls ops->ioctl without a NULL check: leaving it unset
-    // oopses the kernel on any ioctl.
+    // sock_do_ioctl calls ops->ioctl and sock_mmap calls ops->mmap without
+    // a NULL check: leaving either unset oopses the kernel on any ioctl or
+    // mmap of the socket. Every entry the socket layer calls without a
+    // check is set here; the others (splice_read, gettstamp, peek_len,
+    // set_rcvlowat, read_sock, ...) fall back to the socket layer's
+    // defaults when unset.
     o.ioctl = Some(Callbacks::<F>::ioctl);
+    o.mmap = Some(Callbacks::<F>::mmap);
     super::Ops(o)
 }
 

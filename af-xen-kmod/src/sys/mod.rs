@@ -268,6 +268,7 @@ pub(crate) mod errno {
     pub(crate) const EAGAIN: i32 = 11;
     pub(crate) const ENOMEM: i32 = 12;
     pub(crate) const EFAULT: i32 = 14;
+    pub(crate) const ENODEV: i32 = 19;
     pub(crate) const EINVAL: i32 = 22;
     pub(crate) const EPIPE: i32 = 32;
     pub(crate) const EMSGSIZE: i32 = 90;
