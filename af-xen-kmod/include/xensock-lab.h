@@ -19,6 +19,7 @@
 #define XENSOCK_CORRUPT_CONS  2 /* consumer index of the ring we read (the peer's producer checks it) */
 #define XENSOCK_CORRUPT_FLAGS 3 /* undefined flag bits in the ring we write */
 #define XENSOCK_CORRUPT_DIRECTORY 4 /* before connect: our ring's grant directory names a bogus grant */
+#define XENSOCK_CORRUPT_FREEZE 5 /* the ring we write frozen, as by a peer about to be saved */
 
 /*
  * XENSOCK_COPY_ROUTINE (int, connected sockets): how this connection's

@@ -48,7 +48,9 @@ struct sockaddr_xen {
  * use: EADDRINUSE (see XENSOCK_REUSEPORT). connect: ECONNREFUSED (nothing
  * listens on that port there), EHOSTUNREACH (no link to that domain: not
  * co-resident, or it does not run af_xen), ETIMEDOUT, EINPROGRESS (a
- * non-blocking connect; SO_ERROR tells its outcome), EALREADY, EISCONN.
+ * non-blocking connect; SO_ERROR tells its outcome), EALREADY, EISCONN,
+ * ENETUNREACH (this guest is being saved or migrated, or af_xen is
+ * unloading: try again once it is back).
  *
  * Data: read/write/send/recv and their msg forms, with MSG_DONTWAIT,
  * MSG_PEEK, MSG_WAITALL and MSG_NOSIGNAL; partial writes as TCP's. EPIPE

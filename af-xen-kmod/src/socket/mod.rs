@@ -397,6 +397,12 @@ fn domid_ok(domid: u32) -> bool {
 /// Binds `xs` to `port` (PORT_ANY: ephemeral). Caller checked the state.
 fn do_bind(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
     let mut p = globals().ports.lock();
+    // Under the port table's lock: another thread's bind of this socket
+    // (or its connect or listen, which bind it) may have come first; a
+    // second port would stay in the table after the socket's close.
+    if xs.inner.lock().bound {
+        return Err(e::EINVAL);
+    }
     let port = if port == PORT_ANY {
         let mut tries = 0u32;
         loop {
@@ -428,17 +434,29 @@ fn do_bind(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
             if let Some(group) = p.reuse.get_mut(&port) {
                 group.push(xs.clone(), GFP_KERNEL).map_err(|_| e::ENOMEM)?;
             }
-            drop(p);
-            return Ok(bound_at(xs, port));
+            bound_at(xs, port);
+            return Ok(());
         }
         port
     };
     p.map
         .try_create_and_insert(port, xs.clone(), GFP_KERNEL)
         .map_err(|_| e::ENOMEM)?;
-    drop(p);
+    // still under the table's lock, so that no other bind sees it unbound
     bound_at(xs, port);
     Ok(())
+}
+
+/// The implicit bind of connect and listen (an ephemeral port), unless the
+/// socket is bound, by its owner or by another thread meanwhile.
+fn bind_if_unbound(xs: &Arc<XenSock>) -> core::result::Result<(), i32> {
+    if xs.inner.lock().bound {
+        return Ok(());
+    }
+    match do_bind(xs, PORT_ANY) {
+        Err(x) if x == e::EINVAL && xs.inner.lock().bound => Ok(()),
+        r => r,
+    }
 }
 
 /// The socket's state once bound to `port`.
@@ -477,7 +495,7 @@ fn xs_listen(xs: ArcBorrow<'_, XenSock>, backlog: c_int) -> c_int {
     let st = xs.inner.lock().state;
     match st {
         State::Unbound => {
-            if let Err(e) = do_bind(&xs, PORT_ANY) {
+            if let Err(e) = bind_if_unbound(&xs) {
                 return err(e);
             }
         }
@@ -485,6 +503,10 @@ fn xs_listen(xs: ArcBorrow<'_, XenSock>, backlog: c_int) -> c_int {
         _ => return err(e::EINVAL),
     }
     let mut i = xs.inner.lock();
+    // another thread's connect may have taken the socket meanwhile
+    if !matches!(i.state, State::Bound | State::Listening) {
+        return err(e::EINVAL);
+    }
     i.backlog = backlog.clamp(1, 4096) as u32;
     i.state = State::Listening;
     drop(i);
@@ -608,15 +630,15 @@ fn xs_connect(sock: &Socket, xs: ArcBorrow<'_, XenSock>, addr: &[u8], flags: c_i
 fn connect_abort(xs: &Arc<XenSock>, link: &Arc<Link>, conn_id: u32) {
     let gone = link.inner.lock().conns.remove(&conn_id);
     drop(gone);
-    let (rx, tx) = {
+    // dropped after the lock (ending grants and mappings sleeps)
+    let parts = {
         let mut i = xs.inner.lock();
         if i.state == State::Connecting || i.state == State::Connected {
             i.state = State::Bound;
         }
-        i.link = None;
-        (i.rx.take(), i.tx.take())
+        (i.link.take(), i.rx.take(), i.tx.take(), i.sw.take())
     };
-    drop((rx, tx));
+    drop(parts);
 }
 
 /// A connect over a link gives up after this long (link setup plus the
@@ -635,38 +657,52 @@ pub(crate) const CONNECT_TIMEOUT_MS: u32 = 40_000;
 fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::Result<(), i32> {
     let me = link::own_domid();
     let link = link::get_or_create(a.domid)?;
-    if !xs.inner.lock().bound {
-        do_bind(xs, PORT_ANY)?;
-    }
+    bind_if_unbound(xs)?;
     let conn_id = link::next_conn_id();
     let stream = !xs.inner.lock().seqpacket;
     let cap = crate::carrier::ring::remote_rx_ring_capacity(&xs.sk, stream);
     let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap, 0).map_err(|_| e::ENOMEM)?;
-    let sw = if xs.inner.lock().seqpacket {
-        None
+    // a stream that could not follow its peer's moves is refused here
+    // rather than left without its switch
+    let sw = if stream {
+        Some(crate::carrier::switch::Switch::new(cap).map_err(|_| e::ENOMEM)?)
     } else {
-        crate::carrier::switch::Switch::new(cap).ok()
+        None
     };
     if xs.inner.lock().test_bad_directory {
         rx.test_spoil_directory();
     }
-    {
+    // What an earlier connect of this socket left (its ring, switch, link)
+    // is dropped after the lock: ending a grant unmaps pages, which sleeps.
+    let earlier = {
         let mut i = xs.inner.lock();
+        // Another thread's connect of this socket may have started since
+        // xs_connect looked: only one goes on (this one's ring and switch
+        // are dropped after the lock, on return).
+        match i.state {
+            State::Connecting => return Err(e::EALREADY),
+            State::Connected => return Err(e::EISCONN),
+            State::Listening | State::Closed => return Err(e::EINVAL),
+            State::Unbound | State::Bound => {}
+        }
         i.state = State::Connecting;
         i.peer = a;
-        i.rx = Some(rx);
-        i.link = Some(link.clone());
         i.conn_id = conn_id;
         i.connect_err = 0;
         i.reset = false;
-        i.request = Some(rx_grant);
         i.tcp = crate::carrier::leg::ConnTcp {
             cookie: crate::carrier::leg::new_cookie(),
             peer: crate::proto::ctrl::TcpEndpoint::NONE,
         };
-        i.sw = sw;
         i.connect_deadline_ms = crate::sys::net::now_ms() + CONNECT_TIMEOUT_MS as u64;
-    }
+        (
+            i.rx.replace(rx),
+            i.link.replace(link.clone()),
+            i.request.replace(rx_grant),
+            core::mem::replace(&mut i.sw, sw),
+        )
+    };
+    drop(earlier);
     if link
         .inner
         .lock()
@@ -787,10 +823,15 @@ pub(crate) fn accept_remote(
         Ok(t) => t,
         Err(_) => return Err(discard_child(&child, R::BadRequest)),
     };
+    // a stream that could not follow its peer's moves is refused, not
+    // accepted without its switch
     let sw = if seqpacket {
         None
     } else {
-        crate::carrier::switch::Switch::new(cap).ok()
+        match crate::carrier::switch::Switch::new(cap) {
+            Ok(sw) => Some(sw),
+            Err(_) => return Err(discard_child(&child, R::NoResources)),
+        }
     };
     {
         let mut c = child.inner.lock();
@@ -1023,6 +1064,33 @@ pub(crate) fn link_lost(xs: &Arc<XenSock>) {
 /// Loopback connection to a listener of this domain: the accepted child and
 /// both rings are made at once, so connect() completes immediately.
 fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
+    // One connect of a socket at a time: another thread's, begun since
+    // xs_connect looked, would set this socket's rings over ours.
+    {
+        let mut i = xs.inner.lock();
+        match i.state {
+            State::Connecting => return Err(e::EALREADY),
+            State::Connected => return Err(e::EISCONN),
+            State::Listening | State::Closed => return Err(e::EINVAL),
+            State::Unbound | State::Bound => i.state = State::Connecting,
+        }
+    }
+    let r = connect_local_claimed(xs, port);
+    if r.is_err() {
+        let mut i = xs.inner.lock();
+        if i.state == State::Connecting {
+            i.state = if i.bound {
+                State::Bound
+            } else {
+                State::Unbound
+            };
+        }
+    }
+    r
+}
+
+/// connect_local, once this thread has claimed the socket (Connecting).
+fn connect_local_claimed(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> {
     let me = link::own_domid();
     let listener = globals().ports.lock().listener(port);
     let Some(l) = listener else {
@@ -1036,9 +1104,7 @@ fn connect_local(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(), i32> 
     if l.inner.lock().seqpacket != seqpacket {
         return Err(e::ECONNREFUSED);
     }
-    if !xs.inner.lock().bound {
-        do_bind(xs, PORT_ANY)?;
-    }
+    bind_if_unbound(xs)?;
     let child = new_child(&l).ok_or(e::ENOMEM)?;
     // to_child is read by the child (its SO_RCVBUF), to_me by us.
     let to_child = Pipe::new_local(crate::carrier::ring::rx_ring_capacity(&child.sk), me, port)
@@ -1775,6 +1841,17 @@ fn corrupt(xs: &XenSock, mode: i32) -> core::result::Result<(), i32> {
             let p = tx.tx.lock();
             let m = p.memory();
             let v = m.load(Field::ProdFlags, Ordering::Relaxed) | 0x8000_0000;
+            m.store(Field::ProdFlags, v, Ordering::Release);
+            drop(p);
+            tx.kick();
+        }
+        5 => {
+            // a peer that moves: the ring we write frozen, as before a
+            // save, and nothing after it
+            let p = tx.tx.lock();
+            let m = p.memory();
+            let v = m.load(Field::ProdFlags, Ordering::Relaxed)
+                | crate::proto::layout::PROD_FLAG_FROZEN;
             m.store(Field::ProdFlags, v, Ordering::Release);
             drop(p);
             tx.kick();

@@ -172,7 +172,7 @@ pub(crate) fn recvmsg(xs: &XenSock, msg: &mut Msg, rx: &Pipe, flags: c_int, peer
         // sleep until the whole record is there (kick at `need` bytes)
         let r = xs
             .sk
-            .wait(&mut timeo, || match rx.rx.lock().prepare_wait_for(need) {
+            .wait(&mut timeo, || match rx.rx_prepare_wait(need, false) {
                 Ok(sleep) => {
                     let i = xs.inner.lock();
                     !sleep || i.shut_rd || i.reset

@@ -138,6 +138,7 @@ static int errno_documented(int e)
 	case EDESTADDRREQ: case EMFILE: case ENFILE: case ENODEV: case ESPIPE:
 	case ESHUTDOWN: case ENOENT: case EBUSY:
 	case EDOM:      /* SO_RCVTIMEO/SO_SNDTIMEO: a timeval out of range */
+	case ENETUNREACH: /* connect while this guest is being saved */
 		return 1;
 	}
 	return 0;

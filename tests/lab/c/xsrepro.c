@@ -5,19 +5,44 @@
  * Each case is the shortest sequence of calls that hit the bug, and
  * checks what the module must do instead.
  *
- *   xsrepro            every case
- *   xsrepro CASE       one case
+ *   xsrepro                           the one-domain cases
+ *   xsrepro mmap | bind-race          one of them
+ *   xsrepro connect-race PEER         cross-domain cases (PEER: a domid)
+ *   xsrepro frozen-server PORT        with frozen-client in the peer
+ *   xsrepro frozen-client PEER PORT   (module loaded with hostile_test=1)
  *
  * Cases:
- *   mmap   mmap() of an AF_XEN socket called the family's NULL ->mmap
- *          (the kernel oopsed in the caller: "BUG: kernel NULL pointer
- *          dereference" at RIP 0 from mmap_region). Must fail with ENODEV,
- *          as every socket without mappings does, for stream and seqpacket
- *          sockets, unbound and listening.
+ *   mmap          mmap() of an AF_XEN socket called the family's NULL
+ *                 ->mmap (the kernel oopsed in the caller: "BUG: kernel
+ *                 NULL pointer dereference" at RIP 0 from mmap_region).
+ *                 Must fail with ENODEV, as every socket without mappings
+ *                 does, for stream and seqpacket sockets, unbound and
+ *                 listening.
+ *   connect-race  two threads connect() one socket at once: both passed
+ *                 the state check, and the second set its ring over the
+ *                 first's under the socket's spinlock, whose drop unmapped
+ *                 pages there ("BUG: sleeping function called from invalid
+ *                 context at mm/vmalloc.c", from connect_remote; the debug
+ *                 kernel reports it). Must: one connect goes on, the other
+ *                 fails EALREADY (or sees the first's outcome), and no ring
+ *                 or port is left behind.
+ *   bind-race     two threads bind() one socket at once to two ports: both
+ *                 could succeed, leaving the socket in the port table
+ *                 twice, the second port held after its close. Must: one
+ *                 bind, the other EINVAL; both ports free after the close.
+ *   frozen-*      a peer froze the ring of a SOCK_SEQPACKET connection (as
+ *                 before its save; here the frozen-client's test hook): a
+ *                 blocking recv() woke, found nothing, and waited again at
+ *                 once, a spin that held the CPU ("watchdog: BUG: soft
+ *                 lockup", for good once the peer had gone, and the guest
+ *                 could no longer be saved). Must: the reader sleeps until
+ *                 its SO_RCVTIMEO (EAGAIN) using little CPU.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,7 +50,7 @@
 #include <unistd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include "xensock.h"
+#include "xensock-lab.h"
 #include "xstest_common.h"
 
 static void case_mmap(void)
@@ -63,6 +88,185 @@ static void case_mmap(void)
 	}
 }
 
+/* --- connect-race, bind-race: two threads make one call on one socket */
+struct race {
+	int fd;
+	struct sockaddr_xen a;
+	int bind;          /* bind (else connect) */
+	pthread_barrier_t *go;
+	int rc, err;
+};
+
+static void *race_one(void *arg)
+{
+	struct race *r = arg;
+
+	pthread_barrier_wait(r->go);
+	r->rc = r->bind ? bind(r->fd, (struct sockaddr *)&r->a, sizeof(r->a))
+			: connect(r->fd, (struct sockaddr *)&r->a, sizeof(r->a));
+	r->err = errno;
+	return NULL;
+}
+
+/* runs the two calls; 1 if both went through (the bug), 0 else */
+static int race_pair(int fd, struct sockaddr_xen a1, struct sockaddr_xen a2, int bind_, int *errs)
+{
+	pthread_barrier_t go;
+	pthread_t t[2];
+	struct race r[2] = { { fd, a1, bind_, &go, 0, 0 }, { fd, a2, bind_, &go, 0, 0 } };
+	int i;
+
+	pthread_barrier_init(&go, NULL, 2);
+	for (i = 0; i < 2; i++)
+		pthread_create(&t[i], NULL, race_one, &r[i]);
+	for (i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	pthread_barrier_destroy(&go);
+	for (i = 0; i < 2; i++)
+		errs[i] = r[i].rc == 0 ? 0 : r[i].err;
+	return r[0].rc == 0 && r[1].rc == 0;
+}
+
+static long long stat_of(const char *name)
+{
+	FILE *f = fopen("/proc/net/af_xen_stats", "r");
+	char key[64];
+	long long v, r = -1;
+
+	if (!f)
+		return -1;
+	while (fscanf(f, "%63s %lld", key, &v) == 2)
+		if (!strcmp(key, name))
+			r = v;
+	fclose(f);
+	return r;
+}
+
+static void case_bind_race(void)
+{
+	int i, both = 0, odd = 0, stuck = 0;
+	char detail[96] = "";
+
+	for (i = 0; i < 200; i++) {
+		int s = socket(fam, SOCK_STREAM, 0), errs[2], t;
+		uint32_t p1 = 9100 + 2 * (i % 50), p2 = p1 + 1;
+		struct sockaddr_xen a1 = xaddr(XEN_DOMID_ANY, p1), a2 = xaddr(XEN_DOMID_ANY, p2);
+
+		both += race_pair(s, a1, a2, 1, errs);
+		if ((errs[0] && errs[0] != EINVAL) || (errs[1] && errs[1] != EINVAL)) {
+			if (!odd++)
+				snprintf(detail, sizeof(detail), " first odd: %s/%s", strerrorname_np(errs[0]) ?: "0",
+					 strerrorname_np(errs[1]) ?: "0");
+		}
+		close(s);
+		/* both ports are free again */
+		for (t = 0; t < 2; t++) {
+			int c = socket(fam, SOCK_STREAM, 0);
+			struct sockaddr_xen a = t ? a2 : a1;
+
+			if (bind(c, (struct sockaddr *)&a, sizeof(a)))
+				stuck++;
+			close(c);
+		}
+	}
+	result("repro-bind-race", both == 0 && odd == 0 && stuck == 0,
+	       "200 rounds: %d with both binds through, %d with another errno, %d ports held after close%s", both, odd,
+	       stuck, detail);
+}
+
+static void case_connect_race(uint32_t peer)
+{
+	int i, both = 0, odd = 0;
+	long long g0 = stat_of("grants"), s0 = stat_of("sockets");
+	char detail[96] = "";
+	/* nobody listens there: each connect that goes on is refused */
+	struct sockaddr_xen a = xaddr(peer, 9001);
+
+	for (i = 0; i < 200; i++) {
+		int s = socket(fam, SOCK_STREAM, 0), errs[2], j;
+
+		both += race_pair(s, a, a, 0, errs);
+		for (j = 0; j < 2; j++) {
+			if (errs[j] != ECONNREFUSED && errs[j] != EALREADY && !odd++)
+				snprintf(detail, sizeof(detail), " first odd: %s", strerrorname_np(errs[j]) ?: "0");
+		}
+		close(s);
+	}
+	usleep(500000);
+	result("repro-connect-race", both == 0 && odd == 0, "200 rounds: %d with both connects through, %d odd errnos%s", both,
+	       odd, detail);
+	/* what every round made is given back */
+	result("repro-connect-race-released", stat_of("grants") == g0 && stat_of("sockets") == s0,
+	       "grants %lld -> %lld, sockets %lld -> %lld", g0, stat_of("grants"), s0, stat_of("sockets"));
+}
+
+static double cpu_now(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static void case_frozen_server(uint32_t port)
+{
+	struct sockaddr_xen a = xaddr(XEN_DOMID_ANY, port);
+	struct timeval tv = { 3, 0 };
+	int l = socket(fam, SOCK_SEQPACKET, 0), c;
+	char buf[256];
+	double t0, c0;
+	ssize_t r;
+	int e;
+
+	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 1)) {
+		result("repro-frozen-listen", 0, "errno=%s", strerrorname_np(errno));
+		return;
+	}
+	c = accept(l, NULL, NULL);
+	if (c < 0) {
+		result("repro-frozen-accept", 0, "errno=%s", strerrorname_np(errno));
+		return;
+	}
+	/* the client's first record says it froze its ring after it */
+	r = recv(c, buf, sizeof(buf), 0);
+	result("repro-frozen-first-record", r == 6 && !memcmp(buf, "frozen", 6), "r=%zd", r);
+	setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	t0 = now();
+	c0 = cpu_now();
+	r = recv(c, buf, sizeof(buf), 0);
+	e = errno;
+	result("repro-frozen-recv-sleeps", r == -1 && e == EAGAIN && now() - t0 >= 2.5 && cpu_now() - c0 < 1.0,
+	       "r=%zd errno=%s after %.2fs, %.2fs of CPU (a spin takes all of it)", r, r < 0 ? strerrorname_np(e) : "0",
+	       now() - t0, cpu_now() - c0);
+	close(c);
+	close(l);
+}
+
+static void case_frozen_client(uint32_t peer, uint32_t port)
+{
+	struct sockaddr_xen a = xaddr(peer, port);
+	int c = -1, mode = XENSOCK_CORRUPT_FREEZE, i;
+
+	for (i = 0; i < 120; i++) {
+		c = socket(fam, SOCK_SEQPACKET, 0);
+		if (connect(c, (struct sockaddr *)&a, sizeof(a)) == 0)
+			break;
+		close(c);
+		c = -1;
+		sleep(1);
+	}
+	if (c < 0) {
+		result("repro-frozen-connect", 0, "errno=%s", strerrorname_np(errno));
+		return;
+	}
+	send(c, "frozen", 6, 0);
+	result("repro-frozen-freeze", setsockopt(c, fam, XENSOCK_TEST_CORRUPT, &mode, sizeof(mode)) == 0, "errno=%s",
+	       strerrorname_np(errno));
+	/* the server's recv waits 3 s: the connection stays up meanwhile */
+	sleep(6);
+	close(c);
+}
+
 int main(int argc, char **argv)
 {
 	const char *which = argc > 1 ? argv[1] : "all";
@@ -77,8 +281,24 @@ int main(int argc, char **argv)
 		case_mmap();
 		any = 1;
 	}
+	if (!strcmp(which, "all") || !strcmp(which, "bind-race")) {
+		case_bind_race();
+		any = 1;
+	}
+	if (!strcmp(which, "connect-race") && argc > 2) {
+		case_connect_race(strtoul(argv[2], NULL, 0));
+		any = 1;
+	}
+	if (!strcmp(which, "frozen-server") && argc > 2) {
+		case_frozen_server(strtoul(argv[2], NULL, 0));
+		any = 1;
+	}
+	if (!strcmp(which, "frozen-client") && argc > 3) {
+		case_frozen_client(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0));
+		any = 1;
+	}
 	if (!any) {
-		fprintf(stderr, "xsrepro: no case %s (cases: mmap)\n", which);
+		fprintf(stderr, "xsrepro: no case %s (see the comment at the top of xsrepro.c)\n", which);
 		return 2;
 	}
 	return failures ? 1 : 0;

@@ -8,6 +8,7 @@ if [ "$LEAK_CORE" = 1 ]; then
   if xstest-seqpacket seq-local; then result c-sp-seq-local PASS; else result c-sp-seq-local FAIL "rc=$?"; fi
   # the system-call fuzzer's findings, each as its minimal reproducer
   if xsrepro; then result c-repro PASS; else result c-repro FAIL "rc=$?"; fi
+  xsrepro frozen-server 7400 &
   run_c c-xserver xserver 16
 fi
 xsleak server $PORT > /tmp/server.log 2>&1 &

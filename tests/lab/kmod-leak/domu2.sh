@@ -4,7 +4,12 @@
 [ "$LEAK_CORE" = 1 ] && KMOD_ARGS=hostile_test=1
 . /scenario/leak.sh
 PEER=$(xlbench xsread data/peer 60)
-[ "$LEAK_CORE" = 1 ] && run_c c-xclient xclient "$PEER" 16
+if [ "$LEAK_CORE" = 1 ]; then
+  # the fuzzer's cross-domain reproducers (xsrepro.c)
+  xsrepro connect-race "$PEER"
+  xsrepro frozen-client "$PEER" 7400
+  run_c c-xclient xclient "$PEER" 16
+fi
 log "peer domu1 is dom$PEER; $LEAK_CYCLES cycles per pattern in $LEAK_PROCS processes: $LEAK_PATTERNS"
 # the first connection brings the link up; a few of each pattern warm
 # the kernel's caches before the baseline

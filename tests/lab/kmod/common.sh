@@ -13,7 +13,8 @@ run_c() {
 }
 run_c c-local local
 run_c c-loop loop
-# the system-call fuzzer's findings, each as its minimal reproducer
+# the system-call fuzzer's findings, each as its minimal reproducer (the
+# one-domain cases; the cross-domain ones in domu1.sh and domu2.sh)
 if xsrepro; then result c-repro PASS; else result c-repro FAIL "rc=$?"; fi
 # /proc/net/af_xen lists every socket (a held one shows up as UNBOUND)
 check kmod-proc sh -c 'xstest hold 3 & sleep 1; cat /proc/net/af_xen; grep -q "^UNBOUND" /proc/net/af_xen; r=$?; wait; exit $r'

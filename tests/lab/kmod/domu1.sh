@@ -1,6 +1,9 @@
 # kmod, domu1: cross-domain server, module lifecycle, peer-domain death.
 . /scenario/common.sh
 check kmod-hostile-test-off sh -c 'test "$(cat /sys/module/af_xen/parameters/hostile_test)" = N'
+# the fuzzer's frozen-ring reproducer: domu2 freezes a seqpacket
+# connection to us, our recv must sleep (xsrepro.c)
+xsrepro frozen-server 7400 &
 # the cross-domain server: domu2's xstest xclient connects to it
 run_c c-xserver xserver 64
 # ring sizes, 4 MiB rings, SOCK_SEQPACKET (tests/lab/c/xstest_seqpacket.c)

@@ -5,6 +5,9 @@ KMOD_ARGS=hostile_test=1
 . /scenario/common.sh
 PEER=$(xlbench xsread data/peer 60)
 log "peer domu1 is dom$PEER"
+# the fuzzer's cross-domain reproducers (xsrepro.c)
+xsrepro connect-race "$PEER"
+xsrepro frozen-client "$PEER" 7400
 run_c c-xclient xclient "$PEER" 64
 if xstest-seqpacket client "$PEER" 256; then result c-sp-client PASS; else result c-sp-client FAIL "rc=$?"; fi
 # dom0 made a link directory to itself for us, and runs no module
