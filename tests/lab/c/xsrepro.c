@@ -176,12 +176,29 @@ static void case_bind_race(void)
 
 static void case_connect_race(uint32_t peer)
 {
-	int i, both = 0, odd = 0;
-	long long g0 = stat_of("grants"), s0 = stat_of("sockets");
+	int i, both = 0, odd = 0, r = -1;
+	long long g0, s0;
 	char detail[96] = "";
 	/* nobody listens there: each connect that goes on is refused */
 	struct sockaddr_xen a = xaddr(peer, 9001);
+	double t0 = now();
 
+	/* the link to the peer comes up with the first connect (EHOSTUNREACH
+	 * until the peer's module is there): refused means it is up */
+	while (now() - t0 < 240) {
+		int s = socket(fam, SOCK_STREAM, 0);
+
+		r = connect(s, (struct sockaddr *)&a, sizeof(a));
+		close(s);
+		if (r && errno == ECONNREFUSED)
+			break;
+		sleep(1);
+	}
+	result("repro-connect-race-link", r && errno == ECONNREFUSED, "errno=%s after %.1fs", strerrorname_np(errno) ?: "0",
+	       now() - t0);
+	usleep(500000);
+	g0 = stat_of("grants");
+	s0 = stat_of("sockets");
 	for (i = 0; i < 200; i++) {
 		int s = socket(fam, SOCK_STREAM, 0), errs[2], j;
 
