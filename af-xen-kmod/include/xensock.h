@@ -120,7 +120,10 @@ struct xensock_resolve {
  * EPROTONOSUPPORT (g.fd is not a TCP stream socket), EAFNOSUPPORT (its
  * family is not addr's), EISCONN/EALREADY (g.fd is connected/connecting),
  * EBADF/ENOTSOCK (g.fd). /sys/module/af_xen/parameters/tcp_redirect says
- * whether the module has it.
+ * whether the module has it. Make it while no other thread is inside a
+ * call on g.fd or x (as the preload library does, within the program's
+ * connect): such a call may fail (EINVAL) or, on g.fd, act on the TCP
+ * sock that has just moved to x.
  */
 struct xensock_graft {
 	int32_t fd;

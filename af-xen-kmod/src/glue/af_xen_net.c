@@ -664,6 +664,24 @@ static struct socket *afx_program_tcp(struct socket *ours, int fd, int family, i
  * EISCONN (connected), EALREADY (connecting), EINVAL (listening, or `fd`
  * is `ours`).
  */
+/*
+ * sock_graft() for a socket that has a sock already: `parent`'s sock is
+ * `sk` from now on. Without the NULL in between that sock_graft() wants
+ * (it warns on a socket with a sock): another thread's call on the same
+ * socket (getsockopt at SOL_SOCKET reads sock->sk and uses it) must never
+ * find none.
+ */
+static void afx_regraft(struct sock *sk, struct socket *parent)
+{
+	write_lock_bh(&sk->sk_callback_lock);
+	rcu_assign_pointer(sk->sk_wq, &parent->wq);
+	WRITE_ONCE(parent->sk, sk);
+	sk_set_socket(sk, parent);
+	sk->sk_uid = SOCK_INODE(parent)->i_uid;
+	security_sock_graft(sk, parent);
+	write_unlock_bh(&sk->sk_callback_lock);
+}
+
 int afx_graft_tcp(struct socket *ours, int fd, int family)
 {
 	struct socket *prog;
@@ -688,10 +706,8 @@ int afx_graft_tcp(struct socket *ours, int fd, int family)
 		goto out;
 	}
 	tops = prog->ops;
-	prog->sk = NULL;
-	ours->sk = NULL;
-	sock_graft(xsk, prog);
-	sock_graft(tsk, ours);
+	afx_regraft(xsk, prog);
+	afx_regraft(tsk, ours);
 	WRITE_ONCE(prog->ops, ours->ops);
 	WRITE_ONCE(ours->ops, tops);
 	prog->state = SS_CONNECTED;
@@ -793,14 +809,16 @@ static void afx_listener_data_ready(struct sock *sk)
  * calling process) into a kernel socket of our own (*held), and the sock
  * and ops of `ours`, a listening AF_XEN socket, into the program's socket;
  * `owner` (ours' sock) is woken by the TCP listener's new connections.
- * `ours` is left without a sock (its close releases nothing). The module
+ * `ours` is left with `spare`, a new sock of ours (an unbound socket,
+ * which the caller closes), so that it never has none. The module
  * references move with the ops: *held keeps the one the program's socket
  * held on TCP's module, the program's socket takes one on ours.
  * 0 or -errno, nothing changed: EBADF/ENOTSOCK, EPROTONOSUPPORT (not a
  * TCP stream socket), EAFNOSUPPORT (not `family`), EINVAL (not
  * listening), EBUSY (its sk_user_data is taken), ENOMEM.
  */
-int afx_graft_listener(struct socket *ours, int fd, int family, struct socket **held)
+int afx_graft_listener(struct socket *ours, int fd, int family, struct socket **held,
+		       struct sock *spare)
 {
 	struct socket *prog, *inner = NULL;
 	struct sock *tsk, *xsk = ours->sk;
@@ -821,14 +839,14 @@ int afx_graft_listener(struct socket *ours, int fd, int family, struct socket **
 		sock_release(inner);
 		goto out;
 	}
-	prog->sk = NULL;
-	ours->sk = NULL;
 	inner->ops = prog->ops;
 	inner->state = prog->state;
 	sock_graft(tsk, inner);
 	__module_get(ours->ops->owner);
-	sock_graft(xsk, prog);
+	afx_regraft(xsk, prog);
 	WRITE_ONCE(prog->ops, ours->ops);
+	/* `ours` is left with a new unbound sock of ours, never with none */
+	afx_regraft(spare, ours);
 	write_lock_bh(&tsk->sk_callback_lock);
 	if (!orig_listen_data_ready)
 		orig_listen_data_ready = tsk->sk_data_ready;

@@ -33,7 +33,8 @@ int afx_tcp_kick_retransmit(struct socket *s);
 int afx_tcp_send_nb(struct socket *s, const void *buf, size_t len, int more);
 int afx_tcp_recv_msg(struct socket *s, struct msghdr *user, size_t len);
 int afx_graft_tcp(struct socket *ours, int fd, int family);
-int afx_graft_listener(struct socket *ours, int fd, int family, struct socket **held);
+int afx_graft_listener(struct socket *ours, int fd, int family, struct socket **held,
+		       struct sock *spare);
 int afx_listener_accept(struct socket *held, struct socket *newsock);
 int afx_listener_ready(struct socket *held);
 int afx_listener_getname(struct socket *held, struct sockaddr *addr);

@@ -1389,7 +1389,29 @@ fn graft_listener(
     // its home first: once the swap is done nothing may fail (the
     // program's socket is the AF_XEN listener from then on)
     let slot = kernel::sync::UniqueArc::new_uninit(GFP_KERNEL).map_err(|_| e::ENOMEM)?;
-    let held = sock.graft_listener(req.fd, req.peer.family())?;
+    // what this socket holds once its sock has gone to the program's: a
+    // new unbound one (another thread's call on it must find a sock)
+    let spare = new_child(xs).ok_or(e::ENOMEM)?;
+    {
+        let mut p = globals().ports.lock();
+        let key = &*spare as *const XenSock as usize;
+        if p.all
+            .try_create_and_insert(key, spare.clone(), GFP_KERNEL)
+            .is_err()
+        {
+            drop(p);
+            return Err(discard_child(&spare, e::ENOMEM));
+        }
+    }
+    let held = match sock.graft_listener(req.fd, req.peer.family(), &spare.sk) {
+        Ok(h) => h,
+        Err(x) => {
+            let key = &*spare as *const XenSock as usize;
+            let gone = globals().ports.lock().all.remove(&key);
+            drop(gone);
+            return Err(discard_child(&spare, x));
+        }
+    };
     let names = match held.name() {
         Ok((b, n)) => InetNames::listening(req.peer.family(), &b[..n]),
         Err(_) => InetNames::listening(req.peer.family(), req.peer.peer()),

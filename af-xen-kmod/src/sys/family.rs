@@ -169,13 +169,18 @@ impl Sk {
         // SAFETY: live sock; the helper compares its sk_prot.
         unsafe { super::afx_sk_is_ours(self.0) != 0 }
     }
-    /// The attached state, for as long as the callback runs. Only a sock
-    /// of our proto: the one callback that can be reached with another's
-    /// (`getname`, from accept(2) after a dual listener handed out a TCP
-    /// connection) looks with `is_ours` first, so the data path pays no
-    /// check.
+    /// The attached state, for as long as the callback runs; None for a
+    /// sock that is not of our proto. A callback meets one when the socket
+    /// changed hands while another thread's call on it began: accept(2)
+    /// asks for the name of a connection a dual listener handed to TCP,
+    /// and a call that read the socket's ops before `XENSOCK_IOC_GRAFT`
+    /// swapped them reads the sock after (the private field of another
+    /// proto's sock would be anything).
     fn borrow<'a, F: Family>(&'a self) -> Option<ArcBorrow<'a, F::Sock>> {
-        // SAFETY: live sock of our proto (see above).
+        if !self.is_ours() {
+            return None;
+        }
+        // SAFETY: live sock of our proto (checked above).
         let p = unsafe { super::afx_sk_priv(self.0) };
         if p.is_null() {
             return None;

@@ -62,6 +62,7 @@ extern "C" {
         fd: c_int,
         family: c_int,
         held: *mut *mut bindings::socket,
+        spare: *mut bindings::sock,
     ) -> c_int;
     fn afx_listener_accept(held: *mut bindings::socket, newsock: *mut bindings::socket) -> c_int;
     fn afx_listener_ready(held: *mut bindings::socket) -> c_int;
@@ -188,17 +189,23 @@ impl super::Socket {
     /// Moves the calling process's listening TCP socket `fd` of `family`
     /// into a socket of our own (returned), and this listening AF_XEN
     /// socket's sock into `fd` (see `afx_graft_listener`): the dual
-    /// listener. Err: the positive errno, nothing changed.
+    /// listener. This socket takes `spare`, a sock of ours with no socket
+    /// (`Sk::alloc_child`), in its place. Err: the positive errno, nothing
+    /// changed (`spare` still the caller's).
     pub(crate) fn graft_listener(
         &self,
         fd: i32,
         family: u16,
+        spare: &super::Sk,
     ) -> core::result::Result<HeldListener, i32> {
         let mut held: *mut bindings::socket = core::ptr::null_mut();
         // SAFETY: self.0 is the live socket of the ioctl being served;
         // the helper looks `fd` up in the caller's table and writes the
-        // held socket only on success.
-        to_result(unsafe { afx_graft_listener(self.0, fd, c_int::from(family), &mut held) })?;
+        // held socket only on success; `spare` is a live sock of ours that
+        // no socket holds, grafted to this one only on success.
+        to_result(unsafe {
+            afx_graft_listener(self.0, fd, c_int::from(family), &mut held, spare.0)
+        })?;
         Ok(HeldListener(held))
     }
 }
