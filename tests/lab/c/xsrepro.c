@@ -6,7 +6,7 @@
  * checks what the module must do instead.
  *
  *   xsrepro                           the one-domain cases
- *   xsrepro mmap | bind-race          one of them
+ *   xsrepro mmap | bind-race | graft-race   one of them
  *   xsrepro connect-race PEER         cross-domain cases (PEER: a domid)
  *   xsrepro frozen-server PORT        with frozen-client in the peer
  *   xsrepro frozen-client PEER PORT   (module loaded with hostile_test=1)
@@ -30,6 +30,13 @@
  *                 could succeed, leaving the socket in the port table
  *                 twice, the second port held after its close. Must: one
  *                 bind, the other EINVAL; both ports free after the close.
+ *   graft-race    XENSOCK_IOC_GRAFT while another thread reads an option
+ *                 of the two sockets: the graft set both sockets' sock to
+ *                 NULL for a moment (and left the dual listener's AF_XEN
+ *                 socket without one), and getsockopt(SOL_SOCKET) read it
+ *                 ("BUG: kernel NULL pointer dereference" at
+ *                 sk_getsockopt+0x38). Must: every getsockopt answers, the
+ *                 graft succeeds, each socket has the other's family after.
  *   frozen-*      a peer froze the ring of a SOCK_SEQPACKET connection (as
  *                 before its save; here the frozen-client's test hook): a
  *                 blocking recv() woke, found nothing, and waited again at
@@ -48,6 +55,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include "xensock-lab.h"
@@ -217,6 +226,111 @@ static void case_connect_race(uint32_t peer)
 	       "grants %lld -> %lld, sockets %lld -> %lld", g0, stat_of("grants"), s0, stat_of("sockets"));
 }
 
+/* --- graft-race */
+struct reader {
+	int fds[2];
+	volatile int stop;
+	long answered, failed;
+};
+
+static void *read_options(void *arg)
+{
+	struct reader *r = arg;
+
+	while (!r->stop) {
+		for (int i = 0; i < 2; i++) {
+			int v;
+			socklen_t l = sizeof(v);
+
+			if (getsockopt(r->fds[i], SOL_SOCKET, SO_DOMAIN, &v, &l) == 0)
+				r->answered++;
+			else
+				r->failed++;
+		}
+	}
+	return NULL;
+}
+
+static int domain_of(int fd)
+{
+	int v = -1;
+	socklen_t l = sizeof(v);
+
+	getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &l);
+	return v;
+}
+
+/* one round: x (AF_XEN) grafted into t (TCP) while a thread reads both */
+static int graft_round(int listening, uint32_t me, uint32_t port, int *grafted, int *swapped)
+{
+	struct sockaddr_xen a = xaddr(XEN_DOMID_ANY, port), c = xaddr(me, port);
+	struct sockaddr_in in = { .sin_family = AF_INET, .sin_port = htons(port), .sin_addr = { htonl(0x7f000001) } };
+	struct xensock_graft g = { .addrlen = sizeof(in) };
+	struct reader r = { { -1, -1 }, 0, 0, 0 };
+	int l = socket(fam, SOCK_STREAM, 0), x = -1, acc = -1, t = socket(AF_INET, SOCK_STREAM, 0);
+	pthread_t th;
+
+	if (l < 0 || t < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 4))
+		return -1;
+	if (listening) {
+		/* the dual listener: the AF_XEN listener into a listening TCP socket */
+		struct sockaddr_in any = { .sin_family = AF_INET, .sin_port = 0, .sin_addr = { htonl(0x7f000001) } };
+
+		if (bind(t, (struct sockaddr *)&any, sizeof(any)) || listen(t, 4))
+			return -1;
+		x = l;
+		l = -1;
+	} else {
+		x = socket(fam, SOCK_STREAM, 0);
+		if (connect(x, (struct sockaddr *)&c, sizeof(c)))
+			return -1;
+		acc = accept(l, NULL, NULL);
+	}
+	g.fd = t;
+	memcpy(g.addr, &in, sizeof(in));
+	r.fds[0] = x;
+	r.fds[1] = t;
+	pthread_create(&th, NULL, read_options, &r);
+	usleep(1000);
+	*grafted += ioctl(x, XENSOCK_IOC_GRAFT, &g) == 0;
+	usleep(1000);
+	r.stop = 1;
+	pthread_join(th, NULL);
+	/* the program's socket is the AF_XEN one now; x is not */
+	*swapped += domain_of(t) == fam && domain_of(x) != fam;
+	close(x);
+	close(t);
+	if (acc >= 0)
+		close(acc);
+	if (l >= 0)
+		close(l);
+	return r.failed > 0;
+}
+
+static void case_graft_race(void)
+{
+	uint32_t me = 0;
+	int s = socket(fam, SOCK_STREAM, 0), i, k, bad = 0, setup = 0;
+
+	ioctl(s, XENSOCK_IOC_LOCAL_DOMID, &me);
+	close(s);
+	for (k = 0; k < 2; k++) {
+		int grafted = 0, swapped = 0;
+
+		for (i = 0; i < 100; i++) {
+			int r = graft_round(k, me, 9300 + i % 20, &grafted, &swapped);
+
+			if (r < 0)
+				setup++;
+			else
+				bad += r;
+		}
+		result(k ? "repro-graft-race-listener" : "repro-graft-race", grafted == 100 && swapped == 100 && !bad && !setup,
+		       "100 rounds: %d grafted, %d swapped, %d with a failed getsockopt, %d set-ups failed", grafted, swapped,
+		       bad, setup);
+	}
+}
+
 static double cpu_now(void)
 {
 	struct timespec t;
@@ -300,6 +414,10 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(which, "all") || !strcmp(which, "bind-race")) {
 		case_bind_race();
+		any = 1;
+	}
+	if (!strcmp(which, "all") || !strcmp(which, "graft-race")) {
+		case_graft_race();
 		any = 1;
 	}
 	if (!strcmp(which, "connect-race") && argc > 2) {
