@@ -296,8 +296,9 @@ static int graft_round(int listening, uint32_t me, uint32_t port, int *grafted, 
 	usleep(1000);
 	r.stop = 1;
 	pthread_join(th, NULL);
-	/* the program's socket is the AF_XEN one now; x is not */
-	*swapped += domain_of(t) == fam && domain_of(x) != fam;
+	/* the program's socket is the AF_XEN one now; x holds TCP's sock
+	 * (a connection) or a new unbound one of ours (the dual listener) */
+	*swapped += domain_of(t) == fam && (listening ? domain_of(x) == fam : domain_of(x) == AF_INET);
 	close(x);
 	close(t);
 	if (acc >= 0)
