@@ -1051,14 +1051,25 @@ pub(crate) fn link_lost(xs: &Arc<XenSock>) {
         connect_failed(xs, e::ECONNRESET);
         return;
     }
-    {
+    let rings = {
         let mut i = xs.inner.lock();
         i.reset = true;
         // nobody to tell: the peer reset it, or the link (and with it the
         // peer's incarnation that knew this connection id) is gone
         i.end_sent = true;
+        // A reset connection never touches its rings again, so they go
+        // now rather than at its close: a mapping of the peer's ring must
+        // not outlive the link, or a save of this guest carries it over,
+        // which a PV guest does not survive (docs/lab.md, "Known limits").
+        // A call in progress holds the rings it uses until it returns.
+        (i.tx.take(), i.rx.take())
+    };
+    for p in [&rings.0, &rings.1].into_iter().flatten() {
+        p.detach(xs);
     }
     xs.wake_live(POLLIN | POLLOUT | POLLERR | POLLHUP);
+    // after the lock: ending grants and mappings sleeps
+    drop(rings);
 }
 
 /// Loopback connection to a listener of this domain: the accepted child and
