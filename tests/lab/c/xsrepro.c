@@ -136,21 +136,6 @@ static int race_pair(int fd, struct sockaddr_xen a1, struct sockaddr_xen a2, int
 	return r[0].rc == 0 && r[1].rc == 0;
 }
 
-static long long stat_of(const char *name)
-{
-	FILE *f = fopen("/proc/net/af_xen_stats", "r");
-	char key[64];
-	long long v, r = -1;
-
-	if (!f)
-		return -1;
-	while (fscanf(f, "%63s %lld", key, &v) == 2)
-		if (!strcmp(key, name))
-			r = v;
-	fclose(f);
-	return r;
-}
-
 static void case_bind_race(void)
 {
 	int i, both = 0, odd = 0, stuck = 0;
@@ -206,8 +191,8 @@ static void case_connect_race(uint32_t peer)
 	result("repro-connect-race-link", r && errno == ECONNREFUSED, "errno=%s after %.1fs", strerrorname_np(errno) ?: "0",
 	       now() - t0);
 	usleep(500000);
-	g0 = stat_of("grants");
-	s0 = stat_of("sockets");
+	g0 = afx_stat("grants");
+	s0 = afx_stat("sockets");
 	for (i = 0; i < 200; i++) {
 		int s = socket(fam, SOCK_STREAM, 0), errs[2], j;
 
@@ -222,8 +207,8 @@ static void case_connect_race(uint32_t peer)
 	result("repro-connect-race", both == 0 && odd == 0, "200 rounds: %d with both connects through, %d odd errnos%s", both,
 	       odd, detail);
 	/* what every round made is given back */
-	result("repro-connect-race-released", stat_of("grants") == g0 && stat_of("sockets") == s0,
-	       "grants %lld -> %lld, sockets %lld -> %lld", g0, stat_of("grants"), s0, stat_of("sockets"));
+	result("repro-connect-race-released", afx_stat("grants") == g0 && afx_stat("sockets") == s0,
+	       "grants %lld -> %lld, sockets %lld -> %lld", g0, afx_stat("grants"), s0, afx_stat("sockets"));
 }
 
 /* --- graft-race */

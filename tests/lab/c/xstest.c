@@ -73,22 +73,6 @@ static int xsock(void)
 }
 
 
-/* a counter of /proc/net/af_xen_stats, or -1 */
-static long long afx_stat(const char *name)
-{
-	FILE *f = fopen("/proc/net/af_xen_stats", "r");
-	char key[64];
-	long long v, r = -1;
-
-	if (!f)
-		return -1;
-	while (fscanf(f, "%63s %lld", key, &v) == 2)
-		if (!strcmp(key, name))
-			r = v;
-	fclose(f);
-	return r;
-}
-
 /* sockets /proc/net/af_xen lists (its lines after the header), or -1 */
 static int proc_sockets(void)
 {

@@ -43,6 +43,22 @@ static inline double now(void)
 	return t.tv_sec + t.tv_nsec / 1e9;
 }
 
+/* a counter of /proc/net/af_xen_stats, or -1 */
+static inline long long afx_stat(const char *name)
+{
+	FILE *f = fopen("/proc/net/af_xen_stats", "r");
+	char key[64];
+	long long v, r = -1;
+
+	if (!f)
+		return -1;
+	while (fscanf(f, "%63s %lld", key, &v) == 2)
+		if (!strcmp(key, name))
+			r = v;
+	fclose(f);
+	return r;
+}
+
 /* this guest's domid, 0 if XenStore cannot say */
 static inline uint32_t own_domid(void)
 {

@@ -92,30 +92,13 @@ static void check_pattern(const uint8_t *buf, size_t n, uint64_t at, uint32_t se
 			*bad_at = at + k;
 }
 
-/* /proc/net/af_xen_stats counter NAME, or -1 */
-static long stat_of(const char *name)
-{
-	FILE *f = fopen("/proc/net/af_xen_stats", "r");
-	char k[64];
-	long v;
-	long r = -1;
-
-	if (!f)
-		return -1;
-	while (fscanf(f, "%63s %ld", k, &v) == 2)
-		if (!strcmp(k, name))
-			r = v;
-	fclose(f);
-	return r;
-}
-
 /* waits up to `secs` for counter NAME to reach `want`; its last value */
 static long wait_stat(const char *name, long want, int secs)
 {
 	double end = now() + secs;
 	long v;
 
-	while ((v = stat_of(name)) != want && now() < end)
+	while ((v = afx_stat(name)) != want && now() < end)
 		usleep(100000);
 	return v;
 }
@@ -251,9 +234,9 @@ static int cmd_server(uint32_t port, uint64_t mib)
 	result("m-server-unknown-conn-refused", v == 1, "tcp_unknown_conn %ld (want 1)", v);
 	v = wait_stat("tcp_timed_out", 1, 20);
 	result("m-server-silent-timed-out", v == 1, "tcp_timed_out %ld (want 1)", v);
-	v = stat_of("tcp_legs_out");
+	v = afx_stat("tcp_legs_out");
 	result("m-server-leg-out", v == 1, "tcp_legs_out %ld (want 1)", v);
-	v = stat_of("tcp_legs_held");
+	v = afx_stat("tcp_legs_held");
 	result("m-server-legs-held", v == 2, "tcp_legs_held %ld (want 2: ours and the client's)", v);
 	print_stats();
 	/* the client closes after its checks: EOF, then the legs go with the connection */
@@ -339,9 +322,9 @@ static int cmd_client(uint32_t peer, uint32_t port, uint64_t mib, const char *le
 	stream("m-client-stream", c, mib << 20, 0x5eed0002, 0x5eed0001, client_midway);
 	long v = wait_stat("tcp_legs_in", 1, 20);
 	result("m-client-leg-authenticated", v == 1, "tcp_legs_in %ld (want 1: the server's)", v);
-	v = stat_of("tcp_legs_out");
+	v = afx_stat("tcp_legs_out");
 	result("m-client-legs-out", v == 2, "tcp_legs_out %ld (want 2)", v);
-	v = stat_of("tcp_bad_cookie");
+	v = afx_stat("tcp_bad_cookie");
 	result("m-client-no-refusal", v == 0, "tcp_bad_cookie %ld (want 0)", v);
 	print_stats();
 	/* give the server time for its counter checks before our close */
@@ -943,7 +926,7 @@ static long wait_stat_at_most(const char *name, long most, int secs)
 	double end = now() + secs;
 	long v;
 
-	while ((v = stat_of(name)) > most && now() < end)
+	while ((v = afx_stat(name)) > most && now() < end)
 		usleep(100000);
 	return v;
 }
@@ -974,7 +957,7 @@ static int wait_carrier(const char *want, int secs)
 static int cmd_closefirst_server(uint32_t port)
 {
 	struct sockaddr_xen a = { .sxen_family = fam, .sxen_port = port, .sxen_domid = XEN_DOMID_ANY };
-	long base = stat_of("sockets");
+	long base = afx_stat("sockets");
 	int l = socket(fam, SOCK_STREAM, 0), c;
 	uint64_t sent = 0;
 	char why[96] = "";
@@ -1011,7 +994,7 @@ static int cmd_closefirst_server(uint32_t port)
  */
 static int cmd_closefirst_client(uint32_t peer, uint32_t port)
 {
-	long base = stat_of("sockets");
+	long base = afx_stat("sockets");
 	int c = connect_retry(peer, port);
 	static uint8_t buf[65536];
 	uint64_t got = 0, bad_at = UINT64_MAX;
