@@ -42,7 +42,7 @@
  *                 blocking recv() woke, found nothing, and waited again at
  *                 once, a spin that held the CPU ("watchdog: BUG: soft
  *                 lockup", for good once the peer had gone, and the guest
- *                 could no longer be saved). Must: the reader sleeps until
+ *                 refused to be saved). Must: the reader sleeps until
  *                 its SO_RCVTIMEO (EAGAIN) using little CPU.
  */
 #define _GNU_SOURCE
