@@ -1163,6 +1163,10 @@ enum Read {
     Reset,
 }
 
+/// How long a reader waits for the switch and its socket to agree on the
+/// ring to read before it ends the connection (`Switched::recv`).
+const RING_DISAGREEMENT_MS: u32 = 2000;
+
 /// One step of `recvmsg` on TCP: bytes taken off TCP come before the ring.
 fn recv(xs: &XenSock, sw: &Switch, msg: &mut Msg, left: usize, peek: bool) -> Read {
     inc(&counters::RECV_STEPS, 1);
@@ -1516,6 +1520,7 @@ impl Carrier for Switched {
     }
 
     fn recv(&mut self, xs: &XenSock, msg: &mut Msg, left: usize, peek: bool) -> Received {
+        let mut disagreed_ms = 0u32;
         loop {
             // the ring first: the read holds the switch on this very ring
             // for the step, copied straight from the ring to the user's
@@ -1539,13 +1544,28 @@ impl Carrier for Switched {
             // or a newer ring
             match recv(xs, &self.sw, msg, left, peek) {
                 Read::Ring => {
-                    let now = xs.inner.lock().rx.clone();
-                    if now.is_none() {
+                    let Some(now) = xs.inner.lock().rx.clone() else {
                         return Received::Failed(e::ENOTCONN);
+                    };
+                    // The switch reads a ring and the socket holds no other
+                    // than the one just refused as not the switch's: the
+                    // two disagree. For a moment while a ring is being
+                    // adopted; left to itself after some moves it lasted
+                    // for good, a spin that held the CPU (soft lockup).
+                    // Wait a little for the adoption, then end the
+                    // connection: an error on both ends, no byte lost.
+                    if self.rings.rx.as_ref().is_some_and(|r| Arc::ptr_eq(r, &now)) {
+                        if disagreed_ms >= RING_DISAGREEMENT_MS {
+                            let _ =
+                                xs.conn_reset("the switch reads a ring the socket does not hold");
+                            return Received::Reset;
+                        }
+                        crate::sys::sleep_ms(1);
+                        disagreed_ms += 1;
                     }
                     // a ring the switch came back to: its interrupts wake
                     // us too (`set_owner` above)
-                    self.rings.rx = now;
+                    self.rings.rx = Some(now);
                 }
                 Read::Got(n) => return Received::Bytes { n, short: false },
                 Read::Empty { eof } => {

@@ -4,6 +4,7 @@
  * parameter and alias macros, static inlines, and fields of struct sock
  * (opaque in kernel::bindings). No socket logic lives here.
  */
+#include <linux/delay.h>
 #include <linux/module.h>
 #include <linux/moduleparam.h>
 #include <linux/net.h>
@@ -306,6 +307,7 @@ struct sock *afx_sk_alloc_child(struct sock *parent, void *priv)
 	return sk;
 }
 
+void afx_msleep(unsigned int ms) { msleep(ms); }
 void *afx_vzalloc(size_t size) { return vzalloc(size); }
 void afx_vfree(void *p) { vfree(p); }
 

@@ -76,6 +76,7 @@ int afx_evtchn_bind_interdomain(unsigned int remote, unsigned int rport, unsigne
 void afx_evtchn_close(unsigned int port);
 void *afx_grant_page(unsigned int domid, unsigned int *ref);
 long afx_map_failures(void);
+void afx_msleep(unsigned int ms);
 void *afx_map_page(unsigned int domid, unsigned int ref, void **cookie);
 void afx_notify(unsigned int port);
 void afx_schedule(void);

@@ -1064,6 +1064,7 @@ extern "C" {
     fn afx_grants_pending() -> c_long;
     fn afx_grants_pended() -> c_long;
     fn afx_map_failures() -> c_long;
+    fn afx_msleep(ms: c_uint);
     fn afx_pending_kick();
     fn afx_pending_exit();
     fn afx_map_page(domid: c_uint, gref: c_uint, cookie: *mut *mut c_void) -> *mut c_void;
@@ -1200,6 +1201,12 @@ pub(crate) fn grants_pended() -> i64 {
 pub(crate) fn map_failures() -> i64 {
     // SAFETY: reads an atomic counter.
     unsafe { afx_map_failures() as i64 }
+}
+
+/// Sleeps `ms` milliseconds (process context, no lock held).
+pub(crate) fn sleep_ms(ms: u32) {
+    // SAFETY: msleep may sleep; callers hold no spinlock.
+    unsafe { afx_msleep(ms) }
 }
 
 /// The peer is done with a connection, or gone: try the pending grants now.
