@@ -270,19 +270,27 @@ fn xs_create(
         }
     };
     xs.inner.lock().seqpacket = seqpacket;
-    {
-        let mut p = globals().ports.lock();
-        let key = &*xs as *const XenSock as usize;
-        if p.all
-            .try_create_and_insert(key, xs.clone(), GFP_KERNEL)
-            .is_err()
-        {
-            drop(p);
-            sock.release_sk();
-            return Err(e::ENOMEM);
-        }
+    if list_socket(&xs).is_err() {
+        sock.release_sk();
+        return Err(e::ENOMEM);
     }
     Ok(xs)
+}
+
+/// A socket's key in the listing of every socket (`Ports::all`).
+fn all_key(xs: &XenSock) -> usize {
+    xs as *const XenSock as usize
+}
+
+/// Lists a new socket among every socket (/proc, the TCP legs' lookup).
+fn list_socket(xs: &Arc<XenSock>) -> core::result::Result<(), ()> {
+    globals()
+        .ports
+        .lock()
+        .all
+        .try_create_and_insert(all_key(xs), xs.clone(), GFP_KERNEL)
+        .map(|_| ())
+        .map_err(|_| ())
 }
 
 /// Forgets a socket everywhere (port table, listing) and tears it down.
@@ -369,7 +377,7 @@ fn destroy(xs: &Arc<XenSock>) {
         if bound {
             p.unbind(port, xs);
         }
-        p.all.remove(&(&**xs as *const XenSock as usize));
+        p.all.remove(&all_key(xs));
     }
     // Children that were never accepted: close them too.
     for c in children.into_iter() {
@@ -905,16 +913,8 @@ enum ChildNotQueued {
 /// Lists a ready child (/proc, unload) and queues it for accept() on `l`.
 /// A child that cannot be queued is torn down, telling its peer nothing.
 fn queue_child(l: &XenSock, child: &Arc<XenSock>) -> core::result::Result<(), ChildNotQueued> {
-    {
-        let mut p = globals().ports.lock();
-        let key = &**child as *const XenSock as usize;
-        if p.all
-            .try_create_and_insert(key, child.clone(), GFP_KERNEL)
-            .is_err()
-        {
-            drop(p);
-            return Err(discard_child(child, ChildNotQueued::NoMemory));
-        }
+    if list_socket(child).is_err() {
+        return Err(discard_child(child, ChildNotQueued::NoMemory));
     }
     let queued = {
         let mut li = l.inner.lock();
@@ -1403,22 +1403,13 @@ fn graft_listener(
     // what this socket holds once its sock has gone to the program's: a
     // new unbound one (another thread's call on it must find a sock)
     let spare = new_child(xs).ok_or(e::ENOMEM)?;
-    {
-        let mut p = globals().ports.lock();
-        let key = &*spare as *const XenSock as usize;
-        if p.all
-            .try_create_and_insert(key, spare.clone(), GFP_KERNEL)
-            .is_err()
-        {
-            drop(p);
-            return Err(discard_child(&spare, e::ENOMEM));
-        }
+    if list_socket(&spare).is_err() {
+        return Err(discard_child(&spare, e::ENOMEM));
     }
     let held = match sock.graft_listener(req.fd, req.peer.family(), &spare.sk) {
         Ok(h) => h,
         Err(x) => {
-            let key = &*spare as *const XenSock as usize;
-            let gone = globals().ports.lock().all.remove(&key);
+            let gone = globals().ports.lock().all.remove(&all_key(&spare));
             drop(gone);
             return Err(discard_child(&spare, x));
         }
