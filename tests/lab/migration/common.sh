@@ -148,6 +148,12 @@ mig_finish() {
     sed "s/^/  [echo] /" /tmp/echo.log
   fi
   if [ -n "${DUAL_PID:-}" ]; then
+    # where the dual listener's processes wait (a listener that took no
+    # connection after a move shows it here)
+    for _p in $(grep -lx socat /proc/[0-9]*/comm 2>/dev/null | cut -d/ -f3); do
+      echo "  [dual] socat $_p: $(tr '\0' ' ' < /proc/$_p/cmdline) wchan $(cat /proc/$_p/wchan 2>/dev/null)"
+      sed "s/^/  [dual]   /" /proc/$_p/stack 2>/dev/null
+    done
     kill "$DUAL_PID" 2>/dev/null
     sed "s/^/  [dual] /" /tmp/dual.err
     check preload-dual-listener grep -q "on 0.0.0.0:$DUAL_PORT: TCP clients and co-resident" /tmp/dual.err
