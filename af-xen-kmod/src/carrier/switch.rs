@@ -1556,8 +1556,25 @@ impl Carrier for Switched {
                     // connection: an error on both ends, no byte lost.
                     if self.rings.rx.as_ref().is_some_and(|r| Arc::ptr_eq(r, &now)) {
                         if disagreed_ms >= RING_DISAGREEMENT_MS {
-                            let _ =
-                                xs.conn_reset("the switch reads a ring the socket does not hold");
+                            // what disagrees, for the log: the cause is
+                            // not known yet
+                            let (state, epoch, buffered, offered) = {
+                                let r = self.sw.rx.lock();
+                                let (state, epoch) = match r.path.state() {
+                                    RxState::Ring { epoch, .. } => ("ring", epoch as i64),
+                                    RxState::Draining { epoch, .. } => ("draining", epoch as i64),
+                                    RxState::Tcp => ("tcp", -1),
+                                    RxState::Offered { .. } => ("offered", -1),
+                                };
+                                let buffered = r.buf.as_ref().map(|b| b.len()).unwrap_or(0);
+                                let offered =
+                                    r.offered.as_ref().map(|p| p.epoch as i64).unwrap_or(-1);
+                                (state, epoch, buffered, offered)
+                            };
+                            let _ = xs.conn_reset(format_args!(
+                                "the switch reads a ring the socket does not hold (switch rx {} epoch {}, {} bytes buffered, offered epoch {}; socket's ring epoch {})",
+                                state, epoch, buffered, offered, now.epoch
+                            ));
                             return Received::Reset;
                         }
                         crate::sys::sleep_ms(1);

@@ -1,6 +1,6 @@
 # kmod-fuzz, dom0: xensock-agent keeps the domUs' tables and link
 # directories; while the domUs fuzz, dom0 moves them in turn, one move every
-# 40 s until 120 s before the fuzzers' end: domu1 saved and restored under a
+# 40 s until 100 s before the fuzzers' end: domu1 saved and restored under a
 # new domid (noted as moved first, so its peer hears "left"), domu2 away and
 # back (the agent says it left the host and came back), domu2 saved and
 # restored, domu1 away and back. With FUZZ_DEATH=1, domu2 is then destroyed
@@ -51,7 +51,7 @@ if [ "$FUZZ_MOVES" = 1 ]; then
   while [ $failed = 0 ]; do
     for m in "save_restore domu1" "away_back domu2" "save_restore domu2" "away_back domu1"; do
       lab_sleep 40
-      [ "$(left)" -gt 120 ] || break 2
+      [ "$(left)" -gt 100 ] || break 2
       if $m; then moves=$((moves + 1)); else failed=$((failed + 1)); break 2; fi
     done
   done
