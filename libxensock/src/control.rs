@@ -8,14 +8,15 @@
 //! A client writes one line (`status`, `suspend` or `resume`) and reads
 //! the answer until the server closes. Only the process-wide transport
 //! ([`crate::Transport::global`]) serves one; the socket is owner-only
-//! (the directory is made mode 0700). Its path is also written into the
+//! (the directory is made mode 0700, and one that is a symbolic link or
+//! another user's is refused, never followed or changed). Its path is also written into the
 //! domain's transport claim ([`crate::claim`]), where a root suspend hook
 //! finds it whichever user runs the transport.
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -36,6 +37,70 @@ pub fn run_dir() -> PathBuf {
     PathBuf::from(format!("/tmp/xensock-{}", crate::sys::uid()))
 }
 
+/// Checks that `dir` is this user's private directory (a directory, not
+/// a symbolic link, owned by this user), making it (mode 0700) if
+/// `create` and it does not exist, and taking group and other access
+/// away if it has them. The default lies in the world-writable `/tmp`,
+/// where another user may have put anything first: nothing is followed,
+/// and a path that is not ours is refused with the reason, never changed.
+fn private_dir(dir: &Path, create: bool) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+    let refuse = |kind: io::ErrorKind, why: String| {
+        Err(io::Error::new(
+            kind,
+            format!(
+                "run directory {}: {why}; refusing to use it (remove it, or set {ENV_RUN_DIR})",
+                dir.display()
+            ),
+        ))
+    };
+    if create {
+        // the parents are the user's own choice ($XENSOCK_RUN_DIR,
+        // $XDG_RUNTIME_DIR) or /tmp; the directory itself is made, not
+        // found, where it can be
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)?;
+        }
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return refuse(e.kind(), format!("cannot be made: {e}")),
+        }
+    }
+    // opened without following a link, then checked and changed through
+    // the descriptor: what is checked is what is changed
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir);
+    let f = match opened {
+        Ok(f) => f,
+        // (a link gives ENOTDIR with O_DIRECTORY, ELOOP without)
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
+            let link = std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink());
+            let why = if link {
+                "is a symbolic link"
+            } else {
+                "is not a directory"
+            };
+            return refuse(io::ErrorKind::InvalidInput, why.into());
+        }
+        Err(e) => return Err(e),
+    };
+    let m = f.metadata()?;
+    let me = crate::sys::uid();
+    if m.uid() != me {
+        return refuse(
+            io::ErrorKind::PermissionDenied,
+            format!("belongs to uid {}, not to this user (uid {me})", m.uid()),
+        );
+    }
+    if m.mode() & 0o077 != 0 {
+        f.set_permissions(std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
 /// Serves a transport's control socket until dropped.
 pub(crate) struct ControlServer {
     path: PathBuf,
@@ -50,8 +115,7 @@ impl ControlServer {
         answer: impl Fn(&str) -> Option<String> + Send + 'static,
     ) -> io::Result<ControlServer> {
         let dir = run_dir();
-        std::fs::create_dir_all(&dir)?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        private_dir(&dir, true)?;
         let path = dir.join(format!("{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)?;
@@ -130,7 +194,19 @@ fn is_control_socket_of(path: &std::path::Path, pid: u32) -> bool {
 /// processes that are gone are removed.
 pub fn broadcast(cmd: &str) -> Vec<(u32, String)> {
     let mut targets: Vec<(u32, PathBuf)> = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(run_dir()) {
+    // only a run directory that is ours: the sockets of processes that are
+    // gone are removed from it
+    let dir = run_dir();
+    let entries = match private_dir(&dir, false) {
+        Ok(()) => std::fs::read_dir(&dir).ok(),
+        Err(e) => {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!("{e}");
+            }
+            None
+        }
+    };
+    if let Some(entries) = entries {
         for e in entries.flatten() {
             let path = e.path();
             let Some(pid) = path
@@ -178,6 +254,77 @@ pub fn broadcast(cmd: &str) -> Vec<(u32, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
+    }
+
+    /// A symbolic link planted where the run directory should be is
+    /// refused: its target keeps its mode, and no socket is put in it.
+    #[test]
+    fn a_symlink_as_the_run_directory_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::create_dir(&victim).unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let planted = dir.path().join("xensock-0");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let e = private_dir(&planted, true).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert_eq!(mode(&victim), 0o755);
+        assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 0);
+        // broadcast does not read it either (nothing is removed from it)
+        let e = private_dir(&planted, false).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    /// A file where the directory should be is refused; a missing one is
+    /// made 0700; one of ours open to others is closed to them.
+    #[test]
+    fn the_run_directory_is_made_private_or_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let e = private_dir(&file, true).unwrap_err();
+        assert!(e.to_string().contains("not a directory"), "{e}");
+        let fresh = dir.path().join("a").join("run");
+        private_dir(&fresh, true).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        private_dir(&open, true).unwrap();
+        assert_eq!(mode(&open), 0o700);
+        let missing = dir.path().join("missing");
+        let e = private_dir(&missing, false).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(!missing.exists());
+    }
+
+    /// A directory of another user is refused (run as root: /tmp's owner
+    /// is root, so a directory owned by nobody stands for it).
+    #[test]
+    fn another_users_run_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = dir.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        if crate::sys::uid() == 0 {
+            std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+        } else {
+            // not root: a directory of root's stands for another user's
+            let root_owned = Path::new("/");
+            let e = private_dir(root_owned, false).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+            return;
+        }
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = private_dir(&theirs, true).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        assert!(e.to_string().contains("uid 65534"), "{e}");
+        assert_eq!(mode(&theirs), 0o777);
+    }
 
     /// The suspend hook reaches the guest's transport through its claim
     /// even when the transport's socket is not in the caller's run
