@@ -850,11 +850,12 @@ pub(crate) fn received(
 }
 
 /// A writer waits for half of `tx` to be free (or the reader's end, a
-/// reset, or `moved()`: the connection left this ring). The peer kicks
-/// once half the ring is free, not on its first byte read (as TCP wakes a
-/// writer once a third of its send buffer is free), so a writer ahead of
-/// its reader sleeps once per half ring, not once per write (~300 sleeps
-/// and kicks per 64 MiB with 64 KiB writes, whatever the ring size).
+/// reset, shutdown for writing, or `moved()`: the connection left this
+/// ring). The peer kicks once half the ring is free, not on its first
+/// byte read (as TCP wakes a writer once a third of its send buffer is
+/// free), so a writer ahead of its reader sleeps once per half ring, not
+/// once per write (~300 sleeps and kicks per 64 MiB with 64 KiB writes,
+/// whatever the ring size).
 pub(crate) fn wait_for_space(
     xs: &XenSock,
     tx: &Pipe,
@@ -870,7 +871,12 @@ pub(crate) fn wait_for_space(
     counters::add(&counters::SLEEPS, 1);
     // prepare_wait publishes our event index and re-checks
     xs.sk.wait_timed(timeo, || match tx.tx_prepare_wait(want) {
-        Ok(sleep) => !sleep || xs.inner.lock().reset || moved(),
+        Ok(sleep) => {
+            let i = xs.inner.lock();
+            let stop = !sleep || i.reset || i.shut_wr;
+            drop(i);
+            stop || moved()
+        }
         Err(_) => true,
     })
 }

@@ -1506,7 +1506,12 @@ impl Carrier for Switched {
                 return Err(e::EAGAIN);
             }
             inc(&counters::TCP_WRITE_WAITS, 1);
-            let r = xs.sk.wait(timeo, || tx_ready(sw) || xs.inner.lock().reset);
+            let r = xs.sk.wait(timeo, || {
+                let i = xs.inner.lock();
+                let stop = i.reset || i.shut_wr;
+                drop(i);
+                stop || tx_ready(sw)
+            });
             if r.is_err() {
                 writer_gone(xs, sw);
             }

@@ -1556,6 +1556,10 @@ fn xs_sendmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg) -> c_int {
         }
     };
     while copied < total {
+        // another thread's shutdown(SHUT_WR) ends a blocked write, as TCP's
+        if xs.inner.lock().shut_wr {
+            return epipe(copied);
+        }
         match carrier.send(&xs, msg, total - copied, nonblock) {
             Sent::Bytes(n) => copied += n,
             Sent::Full => {
@@ -1595,16 +1599,9 @@ fn xs_recvmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg, flags: c_int) -
     if flags & bindings::MSG_ERRQUEUE as i32 != 0 {
         return err(e::EAGAIN);
     }
-    let (state, shut_rd, reset, peer, seqpacket, mut stream) = {
+    let (state, reset, peer, seqpacket, mut stream) = {
         let i = xs.inner.lock();
-        (
-            i.state,
-            i.shut_rd,
-            i.reset,
-            i.peer,
-            i.seqpacket,
-            carrier_of(&i),
-        )
+        (i.state, i.reset, i.peer, i.seqpacket, carrier_of(&i))
     };
     if reset {
         return err(e::ECONNRESET);
@@ -1656,7 +1653,10 @@ fn xs_recvmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg, flags: c_int) -
                 }
             }
             Received::Empty { eof } => {
-                if eof || shut_rd || copied >= target {
+                // shut_rd as it is now: another thread's shutdown(SHUT_RD)
+                // ends the wait below, and must end this loop too (looked
+                // at once before it, the two spun: a soft lockup)
+                if eof || copied >= target || xs.inner.lock().shut_rd {
                     break;
                 }
                 if let Err(x) = carrier.wait_readable(&xs, &mut timeo) {

@@ -6,7 +6,7 @@
  * checks what the module must do instead.
  *
  *   xsrepro                           the one-domain cases
- *   xsrepro mmap | bind-race | graft-race   one of them
+ *   xsrepro mmap | bind-race | graft-race | shutdown-wait   one of them
  *   xsrepro connect-race PEER         cross-domain cases (PEER: a domid)
  *   xsrepro frozen-server PORT        with frozen-client in the peer
  *   xsrepro frozen-client PEER PORT   (module loaded with hostile_test=1)
@@ -44,9 +44,20 @@
  *                 lockup", for good once the peer had gone, and the guest
  *                 refused to be saved). Must: the reader sleeps until
  *                 its SO_RCVTIMEO (EAGAIN) using little CPU.
+ *   shutdown-wait a thread blocked in recv() on a stream while another
+ *                 shut the socket down for reading: the shutdown ended the
+ *                 wait, but the receive loop looked at shutdown once
+ *                 before it began, found the ring empty and waited again
+ *                 at once, a spin ("watchdog: BUG: soft lockup" in
+ *                 afx_wait from recvmsg). Must: the recv returns 0 at once.
+ *                 And a thread blocked in send() on a full ring while
+ *                 another shut it down for writing waited on until the
+ *                 peer read. Must: the send returns (what it wrote, or
+ *                 EPIPE), as TCP's does.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -384,6 +395,96 @@ static void case_frozen_client(uint32_t peer, uint32_t port)
 	close(c);
 }
 
+struct blocked {
+	int fd, write;
+	ssize_t r;
+	int err;
+	volatile int done;
+};
+
+static void *blocked_call(void *arg)
+{
+	struct blocked *b = arg;
+	static char buf[65536];
+
+	b->r = b->write ? send(b->fd, buf, sizeof(buf), MSG_NOSIGNAL) : recv(b->fd, buf, sizeof(buf), 0);
+	b->err = errno;
+	b->done = 1;
+	return NULL;
+}
+
+/* a loopback connection: *c the client's end, *s the server's */
+static int loop_pair(uint32_t port, int *c, int *s)
+{
+	struct sockaddr_xen a = xaddr(XEN_DOMID_ANY, port);
+	uint32_t me = 0;
+	int l = socket(fam, SOCK_STREAM, 0);
+
+	*c = socket(fam, SOCK_STREAM, 0);
+	if (l < 0 || *c < 0 || ioctl(l, XENSOCK_IOC_LOCAL_DOMID, &me) || bind(l, (struct sockaddr *)&a, sizeof(a)) ||
+	    listen(l, 1))
+		return -1;
+	a = xaddr(me, port);
+	if (connect(*c, (struct sockaddr *)&a, sizeof(a)))
+		return -1;
+	*s = accept(l, NULL, NULL);
+	close(l);
+	return *s < 0 ? -1 : 0;
+}
+
+/* shutdown(how) of `fd` 300 ms into a blocked call; how long it took to end */
+static double shut_blocked(int fd, int write, int how, struct blocked *b)
+{
+	pthread_t t;
+	double t0;
+
+	memset(b, 0, sizeof(*b));
+	b->fd = fd;
+	b->write = write;
+	pthread_create(&t, NULL, blocked_call, b);
+	usleep(300000);
+	t0 = now();
+	shutdown(fd, how);
+	while (!b->done && now() - t0 < 5)
+		usleep(10000);
+	if (!b->done) {
+		/* still blocked: a close would not end it either; leave it */
+		pthread_detach(t);
+		return -1;
+	}
+	pthread_join(t, NULL);
+	return now() - t0;
+}
+
+static void case_shutdown_wait(void)
+{
+	struct blocked b;
+	int c, s, fill = 0, flags;
+	char chunk[4096] = { 0 };
+	double took;
+
+	if (loop_pair(9400, &c, &s)) {
+		result("repro-shutdown-setup", 0, "errno=%s", strerrorname_np(errno));
+		return;
+	}
+	took = shut_blocked(s, 0, SHUT_RD, &b);
+	result("repro-shutdown-rd-ends-recv", took >= 0 && took < 2 && b.r == 0,
+	       "recv returned %zd (%s) %.2fs after shutdown(SHUT_RD) (-1.00: still blocked after 5 s)", b.r,
+	       b.r < 0 ? strerrorname_np(b.err) : "-", took);
+	/* fill c's ring (s reads nothing), then block in a send */
+	flags = fcntl(c, F_GETFL);
+	fcntl(c, F_SETFL, flags | O_NONBLOCK);
+	while (send(c, chunk, sizeof(chunk), MSG_NOSIGNAL) > 0 && fill < 1 << 20)
+		fill++;
+	fcntl(c, F_SETFL, flags);
+	took = shut_blocked(c, 1, SHUT_WR, &b);
+	result("repro-shutdown-wr-ends-send", took >= 0 && took < 2 && (b.r > 0 || (b.r < 0 && b.err == EPIPE)),
+	       "send returned %zd (%s) %.2fs after shutdown(SHUT_WR) (-1.00: still blocked after 5 s), ring full after %d KiB",
+	       b.r, b.r < 0 ? strerrorname_np(b.err) : "-", took, fill * 4);
+	close(c);
+	close(s);
+}
+
 int main(int argc, char **argv)
 {
 	const char *which = argc > 1 ? argv[1] : "all";
@@ -404,6 +505,10 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(which, "all") || !strcmp(which, "graft-race")) {
 		case_graft_race();
+		any = 1;
+	}
+	if (!strcmp(which, "all") || !strcmp(which, "shutdown-wait")) {
+		case_shutdown_wait();
 		any = 1;
 	}
 	if (!strcmp(which, "connect-race") && argc > 2) {
