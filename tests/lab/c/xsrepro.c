@@ -471,14 +471,22 @@ static void case_shutdown_wait(void)
 	result("repro-shutdown-rd-ends-recv", took >= 0 && took < 2 && b.r == 0,
 	       "recv returned %zd (%s) %.2fs after shutdown(SHUT_RD) (-1.00: still blocked after 5 s)", b.r,
 	       b.r < 0 ? strerrorname_np(b.err) : "-", took);
-	/* fill c's ring (s reads nothing), then block in a send */
+	close(c);
+	close(s);
+	/* a new pair (a reader shut down for reading makes its writer's
+	 * sends fail EPIPE): fill c's ring (s reads nothing), then block in a
+	 * send */
+	if (loop_pair(9401, &c, &s)) {
+		result("repro-shutdown-setup", 0, "errno=%s", strerrorname_np(errno));
+		return;
+	}
 	flags = fcntl(c, F_GETFL);
 	fcntl(c, F_SETFL, flags | O_NONBLOCK);
 	while (send(c, chunk, sizeof(chunk), MSG_NOSIGNAL) > 0 && fill < 1 << 20)
 		fill++;
 	fcntl(c, F_SETFL, flags);
 	took = shut_blocked(c, 1, SHUT_WR, &b);
-	result("repro-shutdown-wr-ends-send", took >= 0 && took < 2 && (b.r > 0 || (b.r < 0 && b.err == EPIPE)),
+	result("repro-shutdown-wr-ends-send", fill > 0 && took >= 0 && took < 2 && (b.r > 0 || (b.r < 0 && b.err == EPIPE)),
 	       "send returned %zd (%s) %.2fs after shutdown(SHUT_WR) (-1.00: still blocked after 5 s), ring full after %d KiB",
 	       b.r, b.r < 0 ? strerrorname_np(b.err) : "-", took, fill * 4);
 	close(c);
