@@ -17,7 +17,7 @@ sleep 1
 check agent-running kill -0 $AGENT
 linked() { [ "$(xenstore-read "/local/domain/$1/data/xensock/link/$2/state" 2>/dev/null)" = 4 ]; }
 pair_linked() { linked "$1" "$2" && linked "$2" "$1"; }
-check agent-link-dirs wait_until 600 pair_linked "$D1" "$D2"
+check agent-link-dirs wait_until 300 pair_linked "$D1" "$D2"
 [ "$FUZZ_MOVES" = 0 ] && [ "$FUZZ_DEATH" = 0 ] && return 0
 t0=$(cut -d' ' -f1 /proc/uptime | cut -d. -f1)
 left() { echo $((FUZZ_SECONDS - ($(cut -d' ' -f1 /proc/uptime | cut -d. -f1) - t0))); }

@@ -5,6 +5,11 @@
 . /opt/xensock/fuzz.env
 check kmod-insmod insmod /opt/xensock/af_xen.ko
 n=${LAB_ROLE#domu}
+# advertised (again after every move: --keep), the agent in dom0 lists
+# the peers and makes the link directories
+MY_IP=$LAB_NET_DOMU1; [ "$n" = 2 ] && MY_IP=$LAB_NET_DOMU2
+xensock-discover advertise --keep --addr "$MY_IP" > /tmp/advertise.log 2>&1 &
+check advertise wait_until 30 xenstore-read data/xensock/addrs
 # the peer's domid, kept current: dom0 writes data/peer anew when it
 # restored the peer under a new domid (the fuzzer reads the file every 5 s)
 xlbench xsread data/peer 120 > /tmp/peer
