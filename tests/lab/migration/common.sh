@@ -91,16 +91,21 @@ DUAL_PORT=7700
 PRELOAD_LIB=/opt/xensock/lib/libxensock_preload.so
 preloaded() { runas "$UT_UID" env LD_PRELOAD=$PRELOAD_LIB XENSOCK_PRELOAD_LOG=1 "$@"; }
 start_dual_listener() {
-  preloaded socat "TCP-LISTEN:$DUAL_PORT,fork,reuseaddr" EXEC:cat 2> /tmp/dual.err &
+  # -d -d: each connection accepted and each child forked, with its time
+  preloaded socat -d -d "TCP-LISTEN:$DUAL_PORT,fork,reuseaddr" EXEC:cat 2> /tmp/dual.err &
   DUAL_PID=$!
 }
-# echo_via NAME PORT PRELOAD(1|0) WANT_LOG: one line through socat
+# echo_via NAME PORT PRELOAD(1|0) WANT_LOG: one line through socat. The
+# client waits up to 30 s for the echo once it has sent its line (-t): the
+# dual listener forks and execs `cat` under the library for each
+# connection, slow on the debug kernel with the migration streams running
+# (a wait of 5 s ended with an empty echo and socat's exit 0)
 echo_via() {
   _want="$1-$(date +%s)"
   if [ "$3" = 1 ]; then
-    _got=$(echo "$_want" | preloaded socat -t 5 - "TCP:$LAB_NET_DOMU1:$2" 2> /tmp/preload.err)
+    _got=$(echo "$_want" | preloaded socat -t 30 - "TCP:$LAB_NET_DOMU1:$2" 2> /tmp/preload.err)
   else
-    _got=$(echo "$_want" | runas "$UT_UID" socat -t 5 - "TCP:$LAB_NET_DOMU1:$2" 2> /tmp/preload.err)
+    _got=$(echo "$_want" | runas "$UT_UID" socat -t 30 - "TCP:$LAB_NET_DOMU1:$2" 2> /tmp/preload.err)
   fi
   _rc=$?
   sed "s/^/  [$1] /" /tmp/preload.err
