@@ -32,7 +32,14 @@ kernel_check() {
         _kc_n=$((_kc_n + 1)); [ $_kc_n -lt 45 ] || break; lab_sleep 2
       done
       if [ $_kc_n -lt 45 ]; then result kernel-rmmod PASS "after $((_kc_n * 2)) s"
-      else result kernel-rmmod FAIL "$(echo "$_kc_out" | tr '\n' ' ') for 90 s, refcnt=$(cat /sys/module/af_xen/refcnt 2>/dev/null)"; fi
+      else
+        result kernel-rmmod FAIL "$(echo "$_kc_out" | tr '\n' ' ') for 90 s, refcnt=$(cat /sys/module/af_xen/refcnt 2>/dev/null)"
+        # what still holds it: the module's sockets and counters, and any
+        # process left
+        sed 's/^/  [af_xen] /' /proc/net/af_xen 2>/dev/null | head -n 40
+        grep -E '^(sockets|grants|grants_pending|lingering|maps|evtchns) ' /proc/net/af_xen_stats 2>/dev/null | sed 's/^/  [af_xen_stats] /'
+        ps 2>/dev/null | sed 's/^/  [ps] /'
+      fi
     fi
   fi
   kernel_check_kmemleak
