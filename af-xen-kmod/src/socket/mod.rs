@@ -1897,9 +1897,14 @@ pub(crate) fn tcp_show(seq: &mut sys::Seq) {
     {
         let p = globals().ports.lock();
         for (_, xs) in p.all.iter() {
-            let i = xs.inner.lock();
-            if let Some(sw) = i.sw.clone() {
-                if conns.push((i.conn_id, sw), GFP_KERNEL).is_err() {
+            // taken under the socket's spinlock, pushed after it: the push
+            // may allocate, which sleeps
+            let entry = {
+                let i = xs.inner.lock();
+                i.sw.clone().map(|sw| (i.conn_id, sw))
+            };
+            if let Some(entry) = entry {
+                if conns.push(entry, GFP_KERNEL).is_err() {
                     break;
                 }
             }

@@ -44,6 +44,12 @@
  *                 lockup", for good once the peer had gone, and the guest
  *                 refused to be saved). Must: the reader sleeps until
  *                 its SO_RCVTIMEO (EAGAIN) using little CPU.
+ *   proc-tcp      (after frozen-*, on PORT + 1) /proc/net/af_xen_tcp read
+ *                 while an inter-domain stream was up: its listing
+ *                 allocated under the socket's spinlock ("BUG: sleeping
+ *                 function called from invalid context" in tcp_show; the
+ *                 debug kernel reports it). Must: the read lists the
+ *                 connection, with no report.
  *   shutdown-wait a thread blocked in recv() on a stream while another
  *                 shut the socket down for reading: the shutdown ended the
  *                 wait, but the receive loop looked at shutdown once
@@ -368,6 +374,48 @@ static void case_frozen_server(uint32_t port)
 	       now() - t0, cpu_now() - c0);
 	close(c);
 	close(l);
+	/* proc-tcp: a stream from the peer, read to its end */
+	a = xaddr(XEN_DOMID_ANY, port + 1);
+	l = socket(fam, SOCK_STREAM, 0);
+	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 1) || (c = accept(l, NULL, NULL)) < 0) {
+		result("repro-proc-tcp-accept", 0, "errno=%s", strerrorname_np(errno));
+		return;
+	}
+	while (recv(c, buf, sizeof(buf), 0) > 0)
+		;
+	close(c);
+	close(l);
+}
+
+/* proc-tcp's client: lines of /proc/net/af_xen_tcp while its stream is up */
+static void proc_tcp_client(uint32_t peer, uint32_t port)
+{
+	struct sockaddr_xen a = xaddr(peer, port);
+	char line[512];
+	int c = -1, i, lines = 0;
+	FILE *f;
+
+	for (i = 0; i < 60; i++) {
+		c = socket(fam, SOCK_STREAM, 0);
+		if (connect(c, (struct sockaddr *)&a, sizeof(a)) == 0)
+			break;
+		close(c);
+		c = -1;
+		sleep(1);
+	}
+	if (c < 0) {
+		result("repro-proc-tcp", 0, "connect: errno=%s", strerrorname_np(errno));
+		return;
+	}
+	send(c, "listed", 6, 0);
+	f = fopen("/proc/net/af_xen_tcp", "r");
+	while (f && fgets(line, sizeof(line), f))
+		lines++;
+	if (f)
+		fclose(f);
+	/* the header, then two lines (tx and rx) per connection with a switch */
+	result("repro-proc-tcp", f && lines >= 3, "%d lines read", lines);
+	close(c);
 }
 
 static void case_frozen_client(uint32_t peer, uint32_t port)
@@ -393,6 +441,7 @@ static void case_frozen_client(uint32_t peer, uint32_t port)
 	/* the server's recv waits 3 s: the connection stays up meanwhile */
 	sleep(6);
 	close(c);
+	proc_tcp_client(peer, port + 1);
 }
 
 struct blocked {
