@@ -72,8 +72,9 @@ kernel_check_stop_processes() {
     for _kc_d in /proc/[0-9]*; do
       _kc_p=${_kc_d#/proc/}
       case $_kc_keep in *" $_kc_p "*) continue ;; esac
-      # kernel threads have no command line
-      [ -s "$_kc_d/cmdline" ] || continue
+      # kernel threads have an empty command line (procfs gives every
+      # cmdline a size of 0: its content is what tells)
+      [ -n "$(head -c 1 "$_kc_d/cmdline" 2>/dev/null | tr '\0' x)" ] || continue
       kill -s $_kc_sig "$_kc_p" 2>/dev/null
     done
     [ $_kc_sig = KILL ] || lab_sleep 5
