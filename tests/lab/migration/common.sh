@@ -91,15 +91,17 @@ DUAL_PORT=7700
 PRELOAD_LIB=/opt/xensock/lib/libxensock_preload.so
 preloaded() { runas "$UT_UID" env LD_PRELOAD=$PRELOAD_LIB XENSOCK_PRELOAD_LOG=1 "$@"; }
 start_dual_listener() {
-  # -d -d: each connection accepted and each child forked, with its time
-  preloaded socat -d -d "TCP-LISTEN:$DUAL_PORT,fork,reuseaddr" EXEC:cat 2> /tmp/dual.err &
+  # -d -d: each connection accepted and each child forked, with its time.
+  # -t 30: once the client's end is at EOF, each child waits up to 30 s for
+  # `cat`'s echo (socat's default, 0.5 s, was shorter than exec'ing cat
+  # under the library takes on the debug kernel with the migration streams
+  # running: the child closed before cat wrote, the client got no echo)
+  preloaded socat -d -d -t 30 "TCP-LISTEN:$DUAL_PORT,fork,reuseaddr" EXEC:cat 2> /tmp/dual.err &
   DUAL_PID=$!
 }
 # echo_via NAME PORT PRELOAD(1|0) WANT_LOG: one line through socat. The
-# client waits up to 30 s for the echo once it has sent its line (-t): the
-# dual listener forks and execs `cat` under the library for each
-# connection, slow on the debug kernel with the migration streams running
-# (a wait of 5 s ended with an empty echo and socat's exit 0)
+# client waits up to 30 s for the echo once it has sent its line (-t), as
+# the dual listener's children wait for theirs (start_dual_listener)
 echo_via() {
   _want="$1-$(date +%s)"
   if [ "$3" = 1 ]; then
