@@ -190,6 +190,20 @@ xs_check() {
   else log "$1: XenStore does not answer within 10 s"; echo "@@XS-STUCK $1"; fi
 }
 
+# start_agent: dom0 runs xensock-agent (the domUs' co-residency tables and
+# link directories; `xensock-agent away|back` later) as host "lab-a",
+# AGENT its pid, its log /tmp/agent.log; our XenStore client talks to
+# xenstored's socket. Checked as agent-running.
+start_agent() {
+  XENSTORED_PATH=/run/xenstored/socket
+  [ -S $XENSTORED_PATH ] || XENSTORED_PATH=/var/run/xenstored/socket
+  export XENSTORED_PATH
+  xensock-agent --host-name lab-a > /tmp/agent.log 2>&1 &
+  AGENT=$!
+  sleep 1
+  check agent-running kill -0 $AGENT
+}
+
 # mklink A B   stand in for the discovery agent: make domain A's link
 # directory for B, /local/domain/A/data/xensock/link/B, owned by A and
 # readable by B ("nA,rB"). A domU kernel cannot set XenStore permissions,

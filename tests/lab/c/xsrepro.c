@@ -387,22 +387,31 @@ static void case_frozen_server(uint32_t port)
 	close(l);
 }
 
+/* a connected socket of `type` to `a`, tried once a second for up to
+ * `tries` s (the peer's listener may not be up yet); -1 with errno */
+static int connect_retrying(int type, struct sockaddr_xen a, int tries)
+{
+	int c, i;
+
+	for (i = 0; i < tries; i++) {
+		c = socket(fam, type, 0);
+		if (connect(c, (struct sockaddr *)&a, sizeof(a)) == 0)
+			return c;
+		close(c);
+		sleep(1);
+	}
+	return -1;
+}
+
 /* proc-tcp's client: lines of /proc/net/af_xen_tcp while its stream is up */
 static void proc_tcp_client(uint32_t peer, uint32_t port)
 {
 	struct sockaddr_xen a = xaddr(peer, port);
 	char line[512];
-	int c = -1, i, lines = 0;
+	int c, lines = 0;
 	FILE *f;
 
-	for (i = 0; i < 60; i++) {
-		c = socket(fam, SOCK_STREAM, 0);
-		if (connect(c, (struct sockaddr *)&a, sizeof(a)) == 0)
-			break;
-		close(c);
-		c = -1;
-		sleep(1);
-	}
+	c = connect_retrying(SOCK_STREAM, a, 60);
 	if (c < 0) {
 		result("repro-proc-tcp", 0, "connect: errno=%s", strerrorname_np(errno));
 		return;
@@ -421,16 +430,9 @@ static void proc_tcp_client(uint32_t peer, uint32_t port)
 static void case_frozen_client(uint32_t peer, uint32_t port)
 {
 	struct sockaddr_xen a = xaddr(peer, port);
-	int c = -1, mode = XENSOCK_CORRUPT_FREEZE, i;
+	int c, mode = XENSOCK_CORRUPT_FREEZE;
 
-	for (i = 0; i < 120; i++) {
-		c = socket(fam, SOCK_SEQPACKET, 0);
-		if (connect(c, (struct sockaddr *)&a, sizeof(a)) == 0)
-			break;
-		close(c);
-		c = -1;
-		sleep(1);
-	}
+	c = connect_retrying(SOCK_SEQPACKET, a, 120);
 	if (c < 0) {
 		result("repro-frozen-connect", 0, "errno=%s", strerrorname_np(errno));
 		return;

@@ -8,13 +8,7 @@
 # peer mid-call, and domu1 fuzzes on against a domid that is gone.
 . /opt/xensock/fuzz.env
 D1=$(xl domid domu1); D2=$(xl domid domu2)
-XENSTORED_PATH=/run/xenstored/socket
-[ -S $XENSTORED_PATH ] || XENSTORED_PATH=/var/run/xenstored/socket
-export XENSTORED_PATH
-xensock-agent --host-name lab-a > /tmp/agent.log 2>&1 &
-AGENT=$!
-sleep 1
-check agent-running kill -0 $AGENT
+start_agent
 linked() { [ "$(xenstore-read "/local/domain/$1/data/xensock/link/$2/state" 2>/dev/null)" = 4 ]; }
 pair_linked() { linked "$1" "$2" && linked "$2" "$1"; }
 check agent-link-dirs wait_until 300 pair_linked "$D1" "$D2"

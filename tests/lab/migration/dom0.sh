@@ -74,14 +74,7 @@ acked() { [ "$(xenstore-read "/local/domain/$1/data/lab/churn-ack" 2>/dev/null)"
 churn_step() { { acked "$D1" "$1" && acked "$D2" "$1"; } || churn_failed; }
 churn_failed() { seen "$D1" churn-failed || seen "$D2" churn-failed; }
 
-# our XenStore client (agent, away/back) talks to xenstored's socket
-XENSTORED_PATH=/run/xenstored/socket
-[ -S $XENSTORED_PATH ] || XENSTORED_PATH=/var/run/xenstored/socket
-export XENSTORED_PATH
-xensock-agent --host-name lab-a > /tmp/agent.log 2>&1 &
-AGENT=$!
-sleep 1
-check agent-running kill -0 $AGENT
+start_agent
 check agent-tables wait_until 300 sh -c "xenstore-ls /local/domain/$D1/xensock/peers | grep -q '^$D2 ' && xenstore-ls /local/domain/$D2/xensock/peers | grep -q '^$D1 '"
 check agent-link-dirs wait_until 60 pair_linked "$D1" "$D2"
 xenstore-ls -p "/local/domain/$D1/data/xensock" | sed 's/^/  [d1] /'
