@@ -1555,14 +1555,15 @@ impl Carrier for Switched {
                     // The switch reads a ring and the socket holds no other
                     // than the one just refused as not the switch's: the
                     // two disagree. For a moment while a ring is being
-                    // adopted; left to itself after some moves it lasted
-                    // for good, a spin that held the CPU (soft lockup).
-                    // Wait a little for the adoption, then end the
-                    // connection: an error on both ends, no byte lost.
+                    // adopted; should it last, this loop would hold the CPU
+                    // for good (a soft lockup after moves was read so once;
+                    // docs/lab.md, Known limits). Wait a little for the
+                    // adoption, then end the connection: an error on both
+                    // ends, no byte lost.
                     if self.rings.rx.as_ref().is_some_and(|r| Arc::ptr_eq(r, &now)) {
                         if disagreed_ms >= RING_DISAGREEMENT_MS {
-                            // what disagrees, for the log: the cause is
-                            // not known yet
+                            // what disagrees, for the log: no case of it
+                            // is known
                             let (state, epoch, buffered, offered) = {
                                 let r = self.sw.rx.lock();
                                 let (state, epoch) = match r.path.state() {
