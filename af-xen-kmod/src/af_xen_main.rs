@@ -126,17 +126,16 @@ impl kernel::Module for AfXen {
             pr_err!("not running on Xen\n");
             return Err(ENODEV);
         }
-        // "domid" relative to our home (an empty node name would make xenbus
-        // join it into the absolute path "/domid").
-        let own = sys::xenstore_read_u32(c"domid", c"").unwrap_or(0);
+        let own = link::read_own_domid().unwrap_or(0);
         if own == 0 {
             pr_warn!("cannot read our domid from XenStore\n");
         }
         if let Some(peer) = link::user_space_link(own) {
             pr_err!(
-                "a user-space xensock transport (libxensock) holds this domain's link to dom{}: stop it before loading af_xen; if it died, remove /local/domain/{}/data/xensock/link/{} (xenstore-rm)\n",
+                "a user-space xensock transport (libxensock) holds this domain's link to dom{}: stop it before loading af_xen; if it died, remove /local/domain/{}/{}/{} (xenstore-rm)\n",
                 peer,
                 own,
+                proto::store::LINK_DIR,
                 peer
             );
             return Err(EBUSY);

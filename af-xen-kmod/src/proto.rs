@@ -22,5 +22,8 @@ pub(crate) mod record;
 #[path = "../../proto/src/ring.rs"]
 pub(crate) mod ring;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/store.rs"]
+pub(crate) mod store;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 #[path = "../../proto/src/switch.rs"]
 pub(crate) mod switch;

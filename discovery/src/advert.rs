@@ -73,7 +73,7 @@ impl Advertiser {
     /// Advertises and starts following migrations.
     pub fn start(xs: XsClient, advert: Advert) -> Result<Advertiser, XsError> {
         advertise(&xs, &advert)?;
-        let mut watch = xs.watch("domid")?;
+        let mut watch = xs.watch(layout::DOMID)?;
         // The first event is the registration itself.
         let _ = watch.recv_timeout(Duration::from_secs(5))?;
         let stop = Arc::new(AtomicBool::new(false));

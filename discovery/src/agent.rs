@@ -33,7 +33,7 @@ use std::time::Duration;
 use xensock_xenif::xs_wire::{Perm, PermAccess, XsErrno};
 use xensock_xenif::DomId;
 
-use crate::layout;
+use crate::layout::{self, peer_node};
 use crate::xs::{Transaction, XsClient, XsError};
 
 /// Agent settings.
@@ -479,11 +479,17 @@ impl Agent {
                 continue;
             }
             let entry = format!("{peers}/{domid}");
-            tx.write(&format!("{entry}/uuid"), uuid)?;
-            tx.write(&format!("{entry}/addrs"), &a.addrs)?;
-            tx.write(&format!("{entry}/version"), &a.version)?;
-            for node in ["", "/uuid", "/addrs", "/version"] {
-                tx.set_perms(&format!("{entry}{node}"), &perms)?;
+            let values = [
+                (peer_node::UUID, uuid.as_str()),
+                (peer_node::ADDRS, a.addrs.as_str()),
+                (peer_node::VERSION, a.version.as_str()),
+            ];
+            for (node, value) in values {
+                tx.write(&format!("{entry}/{node}"), value)?;
+            }
+            tx.set_perms(&entry, &perms)?;
+            for (node, _) in values {
+                tx.set_perms(&format!("{entry}/{node}"), &perms)?;
             }
         }
         for (uuid, dest) in &new.moved {

@@ -177,13 +177,13 @@ fn read_table(tx: &Transaction, base: &str) -> Result<PeerTable, XsError> {
         };
         let entry = format!("{peers_dir}/{id}");
         let (Some(uuid), Some(addrs)) = (
-            tx.try_read(&format!("{entry}/uuid"))?,
-            tx.try_read(&format!("{entry}/addrs"))?,
+            tx.try_read(&format!("{entry}/{}", layout::peer_node::UUID))?,
+            tx.try_read(&format!("{entry}/{}", layout::peer_node::ADDRS))?,
         ) else {
             continue;
         };
         let version = tx
-            .try_read(&format!("{entry}/version"))?
+            .try_read(&format!("{entry}/{}", layout::peer_node::VERSION))?
             .unwrap_or_default();
         t.peers.insert(
             domid,

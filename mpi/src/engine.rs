@@ -922,6 +922,6 @@ fn advance<'a>(slices: &'a [IoSlice<'a>], mut skip: usize) -> Vec<IoSlice<'a>> {
 /// This guest's UUID, from its `vm` node.
 fn own_uuid() -> Option<String> {
     let xs = XsClient::open().ok()?;
-    let domid = xs.read_string("domid").ok()?;
+    let domid = xs.read_string(xensock_discovery::layout::DOMID).ok()?;
     xensock_discovery::agent::domain_uuid(&xs, domid.trim()).ok()
 }

@@ -12,8 +12,9 @@
 //! * [`mem`]: [`ring::RingMemory`] over raw shared memory.
 //! * [`record`]: record framing for `SOCK_SEQPACKET` messages over the
 //!   byte ring (header, validation, whole-record publication).
-//! * [`link`]: the link handshake's XenStore layout, states and what a
-//!   half read back means.
+//! * [`store`]: every XenStore node xensock reads or writes.
+//! * [`link`]: the link handshake's node values, states and what a half
+//!   read back means.
 //! * [`ctrl`]: the versioned control-message codec for the link and the TCP
 //!   leg, strict on untrusted input.
 //! * [`switch`]: the ring <-> TCP carrier state machine, with byte offsets
@@ -64,4 +65,5 @@ pub mod link;
 pub mod mem;
 pub mod record;
 pub mod ring;
+pub mod store;
 pub mod switch;

@@ -6,24 +6,7 @@
 
 use core::fmt;
 
-/// Below a domain's home: one directory per peer it has a link with,
-/// `data/xensock/link/<peer>`.
-pub const LINK_DIR: &str = "data/xensock/link";
-
-/// Below a guest's home: the co-residency table dom0's agent keeps
-/// (guest-readable, written by dom0 only), one directory per co-resident
-/// peer, `xensock/peers/<domid>`, holding [`peer_node`]s.
-pub const PEERS_DIR: &str = "xensock/peers";
-
-/// The values of a peer's entry in [`PEERS_DIR`].
-pub mod peer_node {
-    /// The peer's UUID.
-    pub const UUID: &str = "uuid";
-    /// The peer's IP addresses, space-separated.
-    pub const ADDRS: &str = "addrs";
-}
-
-/// Whether a peer's [`peer_node::ADDRS`] value lists `ip` (an
+/// Whether a peer's [`super::store::peer_node::ADDRS`] value lists `ip` (an
 /// IPv4-mapped IPv6 address matches its IPv4 address). Entries that are
 /// not addresses are skipped.
 pub fn addrs_list(addrs: &[u8], ip: core::net::IpAddr) -> bool {
@@ -133,7 +116,13 @@ pub struct HalfPath {
 
 impl fmt::Display for HalfPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "/local/domain/{}/{}/{}", self.owner, LINK_DIR, self.peer)
+        write!(
+            f,
+            "/local/domain/{}/{}/{}",
+            self.owner,
+            super::store::LINK_DIR,
+            self.peer
+        )
     }
 }
 

@@ -486,7 +486,10 @@ impl SimHost {
             .uuid;
         self.inner
             .xs
-            .tool_write(&format!("/tool/xensock/away/{uuid}"), dest.as_bytes())
+            .tool_write(
+                &format!("{}/{uuid}", xensock_proto::store::TOOL_AWAY),
+                dest.as_bytes(),
+            )
             .map_err(SimError::Xenstore)
     }
 
@@ -497,7 +500,11 @@ impl SimHost {
             .domain(domid)
             .ok_or(SimError::NoSuchDomain(domid))?
             .uuid;
-        match self.inner.xs.tool_rm(&format!("/tool/xensock/away/{uuid}")) {
+        match self
+            .inner
+            .xs
+            .tool_rm(&format!("{}/{uuid}", xensock_proto::store::TOOL_AWAY))
+        {
             Err(XsErrno::NoEnt) | Ok(()) => Ok(()),
             Err(e) => Err(SimError::Xenstore(e)),
         }
@@ -661,9 +668,11 @@ impl HostInner {
             },
         );
         drop(st);
-        let _ = self
-            .xs
-            .tool_rm(&format!("/tool/xensock/moved/{}", info.uuid));
+        let _ = self.xs.tool_rm(&format!(
+            "{}/{}",
+            xensock_proto::store::TOOL_MOVED,
+            info.uuid
+        ));
         self.xs
             .introduce_domain(
                 u32::from(domid),
@@ -806,7 +815,10 @@ impl HostInner {
                     .map(|d| d.info.uuid.clone())
                     .ok_or(SimError::NoSuchDomain(domid))?;
                 self.xs
-                    .tool_write(&format!("/tool/xensock/moved/{uuid}"), dest.as_bytes())
+                    .tool_write(
+                        &format!("{}/{uuid}", xensock_proto::store::TOOL_MOVED),
+                        dest.as_bytes(),
+                    )
                     .map_err(SimError::Xenstore)?;
                 let mut st = self.lock();
                 let slot = st

@@ -640,8 +640,16 @@ impl Xenstored {
         fires.extend(s.tool_write(&format!("{home}/vm"), vm.as_bytes(), &ro)?);
         fires.extend(s.tool_write(&format!("{home}/data"), b"", &rw)?);
         if let Some(label) = label {
-            fires.extend(s.tool_write(&format!("{home}/xensock"), b"", &ro)?);
-            fires.extend(s.tool_write(&format!("{home}/xensock/label"), label.as_bytes(), &ro)?);
+            fires.extend(s.tool_write(
+                &format!("{home}/{}", xensock_proto::store::XENSOCK),
+                b"",
+                &ro,
+            )?);
+            fires.extend(s.tool_write(
+                &format!("{home}/{}", xensock_proto::store::LABEL),
+                label.as_bytes(),
+                &ro,
+            )?);
         }
         fires.extend(s.tool_write(&vm, b"", &ro)?);
         fires.extend(s.tool_write(&format!("{vm}/uuid"), uuid.as_bytes(), &ro)?);

@@ -17,9 +17,10 @@ pub(crate) mod wake;
 
 use crate::proto::ctrl::{self, Channel, Message};
 use crate::proto::layout::{RingGeometry, RingIdentity, LINK_RING_MAGIC, LINK_RING_ORDER};
-use crate::proto::link::{node, HalfPath, HalfValues, LinkState, LINK_DIR};
+use crate::proto::link::{node, HalfPath, HalfValues, LinkState};
 use crate::proto::mem::RawRing;
 use crate::proto::ring::{Consumer, Producer};
+use crate::proto::store::{peer_node, DOMID, GONE_DIR, LINK_DIR, PEERS_DIR};
 use crate::sys::{self, errno as e, xs, Evtchn, Grant, Mapping};
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use kernel::fmt;
@@ -220,6 +221,14 @@ pub(crate) fn set_own_domid(domid: u32) {
     OWN_DOMID.store(domid, Ordering::Release);
 }
 
+/// Our domid as XenStore says now (`domid` relative to our home: the
+/// path is the node, read with an empty node name).
+pub(crate) fn read_own_domid() -> Option<u32> {
+    let path = CString::try_from_fmt(fmt!("{}", DOMID)).ok()?;
+    let path = core::ffi::CStr::from_bytes_with_nul(path.as_bytes_with_nul()).ok()?;
+    sys::xenstore_read_u32(path, c"")
+}
+
 static NEXT_CONN: AtomicU32 = AtomicU32::new(1);
 
 /// A fresh connection id (never 0: 0 names the link itself).
@@ -241,7 +250,7 @@ fn root(me: u32) -> Result<CString> {
 /// released without a move marker, and removes it when the domid is used
 /// again).
 fn gone_dir(me: u32) -> Result<CString> {
-    CString::try_from_fmt(fmt!("/local/domain/{}/xensock/gone", me))
+    CString::try_from_fmt(fmt!("/local/domain/{}/{}", me, GONE_DIR))
 }
 
 /// Whether dom0 says `peer` is gone for good.
@@ -270,9 +279,15 @@ impl<C: LinkConn> Link<C> {
         let state_path = CString::try_from_fmt(fmt!("{}/{}", their_half, node::STATE))?;
         // dom0 writes a peer's table entry with (or before) the pair's link
         // directories, so it is there whenever a link is made
-        let table_entry =
-            CString::try_from_fmt(fmt!("/local/domain/{}/xensock/peers/{}", me, peer))?;
-        let peer_uuid = xs::read_uuid(&table_entry, c"uuid");
+        let peer_uuid_path = CString::try_from_fmt(fmt!(
+            "/local/domain/{}/{}/{}/{}",
+            me,
+            PEERS_DIR,
+            peer,
+            peer_node::UUID
+        ))?;
+        // the whole path, read as a node's own value (empty node name)
+        let peer_uuid = xs::read_uuid(&peer_uuid_path, c"");
         let g = link_geometry()?;
         let grant = Grant::new(peer)?;
         let ring = grant.ring(g).ok_or(EINVAL)?;
@@ -901,7 +916,7 @@ pub(crate) fn resumed<C: LinkConn>(restored: bool) {
 /// our (new) link directory.
 fn start_over<C: LinkConn>() {
     let old = own_domid();
-    let me = sys::xenstore_read_u32(c"domid", c"").unwrap_or(old);
+    let me = read_own_domid().unwrap_or(old);
     set_own_domid(me);
     let mut t = C::links().lock();
     t.suspended = false;

@@ -4,7 +4,8 @@
 //! address. Unprivileged programs cannot read XenStore; the module reads
 //! the co-residency table dom0's agent keeps for this guest.
 
-use crate::proto::link::{addrs_list, peer_node, PEERS_DIR};
+use crate::proto::link::addrs_list;
+use crate::proto::store::{peer_node, PEERS_DIR};
 use crate::sock::{InetNames, AF_INET, AF_INET6, SOCKADDR_IN6_LEN, SOCKADDR_IN_LEN};
 use crate::sys::{errno as e, xs};
 use kernel::ffi::c_int;

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use libxensock::{SockAddrXen, SocketOptions, Transport, XenStream};
+use xensock_proto::link::node as link_node;
 use xensock_sim::{DomainConfig, SimHost};
 
 #[derive(Parser)]
@@ -418,7 +419,7 @@ fn demo(mib: u64, write_size: usize, ring: usize, quiet: bool) -> Res<()> {
     let node = format!(
         "/local/domain/{}/{}/{}",
         dc.domid,
-        xensock_proto::link::LINK_DIR,
+        xensock_proto::store::LINK_DIR,
         ds.domid
     );
     let read = |p: &str| {
@@ -431,9 +432,9 @@ fn demo(mib: u64, write_size: usize, ring: usize, quiet: bool) -> Res<()> {
         dc.domid,
         ds.domid,
         setup,
-        read(&format!("{node}/ring-ref")),
-        read(&format!("{node}/event-channel")),
-        read(&format!("{node}/state")),
+        read(&format!("{node}/{}", link_node::RING_REF)),
+        read(&format!("{node}/{}", link_node::EVENT_CHANNEL)),
+        read(&format!("{node}/{}", link_node::STATE)),
     );
     println!(
         "  connected {} -> {}; rings: {} KiB each way; host now has {} grants, {} mappings, {} event-channel ports",
@@ -1098,8 +1099,12 @@ struct LinkNode {
 /// This domain's id and its links' XenStore nodes, if XenStore answers.
 fn xenstore_status() -> Option<(String, String, Vec<LinkNode>)> {
     let xs = xensock_discovery::xs::XsClient::open().ok()?;
-    let me = xs.read_string("domid").ok()?.trim().to_string();
-    let dir = format!("/local/domain/{me}/{}", xensock_proto::link::LINK_DIR);
+    let me = xs
+        .read_string(xensock_proto::store::DOMID)
+        .ok()?
+        .trim()
+        .to_string();
+    let dir = format!("/local/domain/{me}/{}", xensock_proto::store::LINK_DIR);
     let peers = xs.directory(&dir).unwrap_or_default();
     let links = peers
         .into_iter()
@@ -1109,10 +1114,10 @@ fn xenstore_status() -> Option<(String, String, Vec<LinkNode>)> {
                     .unwrap_or_else(|_| "-".into())
             };
             LinkNode {
-                state: get("state"),
-                ring_ref: get("ring-ref"),
-                event_channel: get("event-channel"),
-                generation: get("generation"),
+                state: get(link_node::STATE),
+                ring_ref: get(link_node::RING_REF),
+                event_channel: get(link_node::EVENT_CHANNEL),
+                generation: get(link_node::GENERATION),
                 peer: p,
             }
         })

@@ -44,7 +44,11 @@ impl Inner {
                 .collect()
         };
         for d in unknown {
-            if let Ok(Some(u)) = self.xs.try_read(&format!("{}/{d}/uuid", self.table_dir())) {
+            if let Ok(Some(u)) = self.xs.try_read(&format!(
+                "{}/{d}/{}",
+                self.table_dir(),
+                store::peer_node::UUID
+            )) {
                 let u = String::from_utf8_lossy(&u).trim().to_ascii_lowercase();
                 lock(&self.watches).uuids.insert(d, u);
             }
@@ -62,7 +66,7 @@ impl Inner {
         let mut wanted: HashSet<String> = candidates.iter().map(|&p| self.peer_node(p)).collect();
         wanted.insert(self.table_dir());
         wanted.insert(self.gone_dir());
-        wanted.insert("domid".to_string());
+        wanted.insert(store::DOMID.to_string());
         if broad {
             wanted.insert("/local/domain".to_string());
         }

@@ -69,7 +69,7 @@ pub(super) fn manager_thread(inner: Arc<Inner>) {
             }
         }
         let evs = std::mem::take(&mut *lock(&inner.sink.events));
-        if evs.iter().any(|p| p == "domid") {
+        if evs.iter().any(|p| p == store::DOMID) {
             inner.check_domid();
         }
         if evs.iter().any(|p| inner.is_table_event(p)) {

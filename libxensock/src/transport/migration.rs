@@ -507,7 +507,7 @@ impl Inner {
     /// and new links to the carriers' peers bring them back to rings.
     /// Returns whether it changed.
     pub(crate) fn check_domid(&self) -> bool {
-        let Ok(v) = self.xs.read_string("domid") else {
+        let Ok(v) = self.xs.read_string(store::DOMID) else {
             return false;
         };
         let Ok(new) = v.trim().parse::<DomId>() else {
@@ -537,8 +537,8 @@ impl Inner {
         // not missed.
         lock(&self.watches)
             .by_path
-            .retain(|path, _| path == "domid" || path == "/local/domain");
-        let _ = self.add_watch("domid");
+            .retain(|path, _| path == store::DOMID || path == "/local/domain");
+        let _ = self.add_watch(store::DOMID);
         let _ = self.add_watch(&self.table_dir());
         let _ = self.refresh_peers(&st);
         self.relink_carriers(&mut st);

@@ -22,6 +22,7 @@ use xensock_proto::layout::{RingGeometry, RingIdentity, LINK_RING_ORDER};
 use xensock_proto::link::{node, HalfPath, HalfValues, LinkState, PeerHalf};
 use xensock_proto::mem::RawRing;
 use xensock_proto::ring::{Consumer, Field, Producer, RingMemory};
+use xensock_proto::store;
 use xensock_xenif::xs_wire::{Perm, PermAccess, XsErrno};
 use xensock_xenif::{DomId, EventChannel, UnmapNotify, XenBackend};
 
@@ -62,7 +63,7 @@ pub use status::{Carrier, ConnStatus, LegCounters, LinkStatus, Status};
 
 /// XenStore directory, relative to a domain's home, under which a domain
 /// publishes one node per peer it has a link with: `data/xensock/link/<peer>`.
-pub(crate) const LINK_DIR: &str = xensock_proto::link::LINK_DIR;
+pub(crate) const LINK_DIR: &str = store::LINK_DIR;
 
 /// Idle receive rings kept per ring order on a link, at most.
 const POOL_PER_ORDER: usize = 8;
@@ -437,7 +438,7 @@ impl Transport {
         inner.add_watch(&inner.table_dir()).map_err(Error::from)?;
         // Our own `domid` (relative: it follows the domain): it fires after
         // a migration, the user-space transport's resume hook.
-        inner.add_watch("domid").map_err(Error::from)?;
+        inner.add_watch(store::DOMID).map_err(Error::from)?;
         {
             let st = inner.state();
             inner.refresh_peers(&st).map_err(Error::from)?;
@@ -484,7 +485,7 @@ impl Transport {
                 let xen = xensock_xenif::dev::DevXen::open().map_err(Error::from)?;
                 let xs = XsClient::open().map_err(Error::from)?;
                 let domid: DomId = xs
-                    .read_string("domid")
+                    .read_string(store::DOMID)
                     .map_err(Error::from)?
                     .trim()
                     .parse()
@@ -983,22 +984,12 @@ impl Inner {
 
     /// The agent's co-residency table for us.
     fn table_dir(&self) -> String {
-        format!(
-            "/local/domain/{}/{}/{}",
-            self.domid(),
-            xensock_discovery::layout::XENSOCK,
-            xensock_discovery::layout::PEERS
-        )
+        format!("/local/domain/{}/{}", self.domid(), store::PEERS_DIR)
     }
 
     /// Where dom0 notes peers destroyed for good: `xensock/gone/<domid>`.
     fn gone_dir(&self) -> String {
-        format!(
-            "/local/domain/{}/{}/{}",
-            self.domid(),
-            xensock_discovery::layout::XENSOCK,
-            xensock_discovery::layout::GONE
-        )
+        format!("/local/domain/{}/{}", self.domid(), store::GONE_DIR)
     }
 
     /// Whether `path` is the gone notes or one of them.
@@ -1019,7 +1010,7 @@ impl Inner {
     /// guest about to be saved or migrated does.
     fn peer_retracted(&self, peer: DomId) -> bool {
         matches!(
-            self.xs.try_read(&format!("{}/state", self.peer_node(peer))),
+            self.xs.try_read(&format!("{}/{}", self.peer_node(peer), node::STATE)),
             Ok(Some(v)) if std::str::from_utf8(&v).ok().map(str::trim) == Some(LinkState::Closed.as_str())
         )
     }
