@@ -16,6 +16,9 @@ pub(crate) mod link;
 #[path = "../../proto/src/mem.rs"]
 pub(crate) mod mem;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/offer.rs"]
+pub(crate) mod offer;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 #[path = "../../proto/src/record.rs"]
 pub(crate) mod record;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]

@@ -19,6 +19,8 @@
 //!   leg, strict on untrusted input.
 //! * [`switch`]: the ring <-> TCP carrier state machine, with byte offsets
 //!   as sequence numbers.
+//! * [`offer`]: the offer clock, when a direction on TCP offers a new ring
+//!   and when it gives an unanswered offer up.
 //!
 //! The crate is `no_std`, has no dependencies in its default build, does no
 //! I/O and never panics on input from a peer. `docs/protocol.md` in the
@@ -63,6 +65,7 @@ pub mod fuzzing;
 pub mod layout;
 pub mod link;
 pub mod mem;
+pub mod offer;
 pub mod record;
 pub mod ring;
 pub mod store;

@@ -49,6 +49,7 @@ use crate::carrier::ring::{self, Pipe, Wrote};
 use crate::carrier::{leg, Link, SocketCore, XenSock};
 use crate::carrier::{Carrier, Readiness, Received, Sent};
 use crate::proto::ctrl::{self, Channel, Message, RingGrant};
+use crate::proto::offer::{OfferClock, OfferStep};
 use crate::proto::switch::{
     ConsumedOutcome, Phase, RingFromOutcome, RxControl, RxControlOrder, RxControlQueue,
     RxControlTaken, RxPath, RxState, TxPath, TxState,
@@ -87,17 +88,6 @@ const LIVE_TICK_MS: u32 = 1000;
 /// one would wait out the rest of the retry period. A SYN's own first
 /// retransmission comes after 1 s: a younger connect is left alone.
 const LEG_CONNECT_HEARD_MS: u64 = 1000;
-/// A receiver that left its ring on its own offers a new one after the
-/// sender's `TxFreeze` for it, or after this long without it.
-const OFFER_AFTER_MS: u64 = 2000;
-/// An offer the sender has not taken after this long is made again. The
-/// sender takes it only once its own direction is on TCP (the peer's
-/// `Consumed` came, which after a restore can wait for a backed-off TCP
-/// retransmission) and answers with `RingFrom` behind the data it queued:
-/// 5 s abandoned offers the sender was taking, and each abandoned epoch
-/// sent it off the ring it had just moved to (four round trips before the
-/// ring held).
-const OFFER_TIMEOUT_MS: u64 = 15000;
 
 /// Counters for /proc/net/af_xen_stats.
 pub(crate) mod counters {
@@ -300,10 +290,8 @@ struct RxSide {
     /// a candidate proved to be the peer (the peer switched onto the ring
     /// granted to it, said so on its leg): the work item adopts its link
     adopt: Option<Arc<Link>>,
-    /// the sender's `TxFreeze` for the ring we left arrived
-    saw_freeze: bool,
-    left_ms: u64,
-    offered_ms: u64,
+    /// when to offer a ring, when to give an offer up (proto's rule)
+    clock: OfferClock,
     /// as `TxSide::unanswered_since`, for the inbound leg
     unanswered_since: u64,
 }
@@ -379,9 +367,7 @@ impl Switch {
                     offered: None,
                     offered_via: None,
                     adopt: None,
-                    saw_freeze: false,
-                    left_ms: 0,
-                    offered_ms: 0,
+                    clock: OfferClock::new(),
                     unanswered_since: 0,
                 }, "af_xen_sw_rx"),
                 active: AtomicBool::new(false),
@@ -683,8 +669,7 @@ fn freeze_rx_locked(
             return Err("control queue full");
         }
         if was_ring {
-            r.saw_freeze = false;
-            r.left_ms = net::now_ms();
+            r.clock.left_ring(net::now_ms());
             sw.to_tcp.fetch_add(1, Ordering::Relaxed);
             inc(&counters::TO_TCP, 1);
         }
@@ -2251,7 +2236,7 @@ fn take_rx_ctl(
                 offset,
                 consumed,
             } => {
-                r.saw_freeze = true;
+                r.clock.saw_freeze();
                 if let Some(n) = consumed {
                     if !push_ctl(
                         sw,
@@ -2579,10 +2564,9 @@ fn release_legs(sw: &Switch) {
 }
 
 /// Offers a new receive ring when the link to the peer is up and this
-/// direction is on TCP (sent after the switch lock is released). An offer
-/// the sender never answers is abandoned after `OFFER_TIMEOUT_MS` (its
-/// `Consumed` declares the epoch dead) and made again. Returns whether it
-/// waits for time to pass (the work item then ticks).
+/// direction is on TCP, and gives an unanswered offer up, as proto's offer
+/// clock says (`proto::offer`). Returns whether it waits for time to pass
+/// (the work item then ticks).
 fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
     let own = xs.inner.lock().link.clone().filter(|l| l.is_up());
     // without the peer's link: a domain that may be the peer, moved
@@ -2607,109 +2591,98 @@ fn maybe_offer(xs: &XenSock, sw: &Switch, ids: &Ids, now: u64) -> bool {
             None => return false,
         },
     };
-    {
-        let mut r = sw.rx.lock();
-        if let RxState::Offered { .. } = r.path.state() {
-            if now < r.offered_ms + OFFER_TIMEOUT_MS {
+    let mut r = sw.rx.lock();
+    let leg_up = r.leg.is_some();
+    match r.clock.step(&r.path, true, leg_up, now) {
+        OfferStep::Idle => false,
+        OfferStep::WaitUntil(_) => true,
+        OfferStep::Abandon => {
+            abandon_offer(sw, ids, r, "unanswered");
+            true
+        }
+        OfferStep::Offer => {
+            let mut probe = r.path.clone();
+            let Ok(epoch) = probe.offer_ring() else {
+                return false;
+            };
+            let me = crate::link::own_domid();
+            let Ok((pipe, grant)) = Pipe::new_granted(&link, me, ids.conn_id, sw.rx_cap, epoch)
+            else {
                 return true;
-            }
-            if let Some(n) = r.path.freeze_local() {
-                let _ = push_ctl(
-                    sw,
-                    &Message::Consumed {
-                        conn_id: ids.peer_conn,
-                        epoch: n.epoch,
-                        offset: n.offset,
-                    },
-                );
-                pr_info!(
-                    "connection {}: offer of ring {} unanswered, abandoned\n",
-                    ids.conn_id,
-                    n.epoch
-                );
-            }
-            let dead = r.offered.take();
-            let via = r.offered_via.take();
+            };
+            r.path = probe;
+            r.offered = Some(pipe);
+            r.offered_via = via;
+            r.clock.offered(now);
             drop(r);
-            drop(dead);
-            if let Some(l) = via {
-                // a candidate that never answered is not the peer: its
-                // offer goes (an earlier one would block the peer's)
-                let mut t = sw.tx.lock();
-                if t.candidate
-                    .as_ref()
-                    .is_some_and(|(c, _)| Arc::ptr_eq(c, &l))
-                {
+            match link.send(&Message::RingOffer {
+                conn_id: ids.peer_conn,
+                rx: grant,
+            }) {
+                Ok(()) => {
+                    inc(&counters::OFFERS_SENT, 1);
                     pr_info!(
-                        "connection {}: dom{} did not prove to be the peer; its offer is dropped\n",
+                        "connection {}: offered ring {} to the peer\n",
                         ids.conn_id,
-                        l.peer
+                        grant.epoch
                     );
-                    let dead = t.candidate.take();
-                    drop(t);
-                    drop(dead);
+                }
+                // not sent: abandoned as a move would (Consumed says so);
+                // a candidate stays one (the link failed, not the domain)
+                Err(_) => {
+                    let mut r = sw.rx.lock();
+                    r.offered_via = None;
+                    abandon_offer(sw, ids, r, "not sent");
                 }
             }
-            return true;
+            true
         }
     }
-    let grant = {
-        let mut r = sw.rx.lock();
-        if let RxState::Offered { .. } = r.path.state() {
-            return true;
-        }
-        if r.path.state() != RxState::Tcp || r.path.eof_at().is_some() || r.leg.is_none() {
-            return false;
-        }
-        if !r.saw_freeze && now < r.left_ms + OFFER_AFTER_MS {
-            return true;
-        }
-        let mut probe = r.path.clone();
-        let Ok(epoch) = probe.offer_ring() else {
-            return false;
-        };
-        let me = crate::link::own_domid();
-        let cap = sw.rx_cap;
-        let Ok((pipe, grant)) = Pipe::new_granted(&link, me, ids.conn_id, cap, epoch) else {
-            return true;
-        };
-        r.path = probe;
-        r.offered = Some(pipe);
-        r.offered_via = via;
-        r.offered_ms = now;
-        grant
-    };
-    match link.send(&Message::RingOffer {
-        conn_id: ids.peer_conn,
-        rx: grant,
-    }) {
-        Ok(()) => {
-            inc(&counters::OFFERS_SENT, 1);
-            pr_info!(
-                "connection {}: offered ring {} to the peer\n",
-                ids.conn_id,
-                grant.epoch
-            );
-        }
-        Err(_) => {
-            // not sent: abandon the epoch as a move would (Consumed says so)
-            let mut r = sw.rx.lock();
-            if let Some(n) = r.path.freeze_local() {
-                let _ = push_ctl(
-                    sw,
-                    &Message::Consumed {
-                        conn_id: ids.peer_conn,
-                        epoch: n.epoch,
-                        offset: n.offset,
-                    },
-                );
-            }
-            let dead = (r.offered.take(), r.offered_via.take());
-            drop(r);
-            drop(dead);
-        }
+}
+
+/// Gives the outstanding offer up: its `Consumed` declares the epoch dead,
+/// the ring goes, and a candidate it went to that never answered is not
+/// the peer (its offer, kept, would block the peer's).
+fn abandon_offer(sw: &Switch, ids: &Ids, mut r: RxGuard<'_>, why: &str) {
+    if !matches!(r.path.state(), RxState::Offered { .. }) {
+        return;
     }
-    true
+    if let Some(n) = r.path.freeze_local() {
+        let _ = push_ctl(
+            sw,
+            &Message::Consumed {
+                conn_id: ids.peer_conn,
+                epoch: n.epoch,
+                offset: n.offset,
+            },
+        );
+        pr_info!(
+            "connection {}: offer of ring {} {}, abandoned\n",
+            ids.conn_id,
+            n.epoch,
+            why
+        );
+    }
+    r.clock.settled();
+    let dead = r.offered.take();
+    let via = r.offered_via.take();
+    drop(r);
+    drop(dead);
+    let Some(l) = via else { return };
+    let mut t = sw.tx.lock();
+    if t.candidate
+        .as_ref()
+        .is_some_and(|(c, _)| Arc::ptr_eq(c, &l))
+    {
+        pr_info!(
+            "connection {}: dom{} did not prove to be the peer; its offer is dropped\n",
+            ids.conn_id,
+            l.peer
+        );
+        let dead = t.candidate.take();
+        drop(t);
+        drop(dead);
+    }
 }
 
 /// The TCP work item (the legs' socket callbacks, deadlines): legs that
