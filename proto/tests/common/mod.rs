@@ -43,6 +43,33 @@ impl Region {
         Region { ptr, layout, ring }
     }
 
+    /// What a guest restored from a live migration may see of this ring:
+    /// the header as it was, the data the peer wrote through its mapping
+    /// lost (here: zeros), since writes through a foreign mapping are not
+    /// logged as dirty.
+    pub fn torn_copy(&self) -> Region {
+        let geometry = self.ring.geometry();
+        // SAFETY: layout has non-zero size.
+        let ptr = NonNull::new(unsafe { alloc_zeroed(self.layout) }).unwrap();
+        // SAFETY: both regions are layout.size() bytes and do not overlap;
+        // the data area (data_offset, data_size) lies inside the region.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), ptr.as_ptr(), self.layout.size());
+            std::ptr::write_bytes(
+                ptr.as_ptr().add(geometry.data_offset()),
+                0,
+                geometry.data_size(),
+            );
+        }
+        // SAFETY: as in new(): a fresh allocation freed when the Region drops.
+        let ring = unsafe { RawRing::from_region(ptr, self.layout.size(), geometry) }.unwrap();
+        Region {
+            ptr,
+            layout: self.layout,
+            ring,
+        }
+    }
+
     /// The data area as raw bytes, for a test playing a hostile peer.
     pub fn data_ptr(&self) -> *mut u8 {
         // SAFETY: data_offset is inside the region.
