@@ -226,7 +226,7 @@ pub fn header_and_directory(u: &mut Unstructured<'_>) -> Result<()> {
 #[derive(Arbitrary, Debug)]
 enum PeerFrame {
     Consumed(u32, u64),
-    TxFreeze(u32, Option<u64>, u64),
+    TxFreeze(u32, Option<u64>),
     Data(u64, u64),
     RingFrom(u32, u64),
     Fin(u64),
@@ -259,8 +259,8 @@ pub fn switch_with_hostile_peer(u: &mut Unstructured<'_>) -> Result<()> {
                     assert_eq!(r.from + r.len, tx.sent());
                 }
             }
-            PeerFrame::TxFreeze(e, sent, readable) => {
-                let _ = rx.on_tx_freeze(e, sent, readable % (1 << 23));
+            PeerFrame::TxFreeze(e, sent) => {
+                let _ = rx.on_tx_freeze(e, sent);
             }
             PeerFrame::Data(o, len) => {
                 let _ = rx.on_data(o, len % (1 << 16));

@@ -29,7 +29,7 @@
 //! * Which offer supersedes which is the switch's: epochs only grow, and
 //!   a sender never takes an epoch at or below one declared dead.
 
-use super::switch::{RxPath, RxState};
+use super::switch::{Epoch, RxPath, RxState};
 
 /// A receiver that left its ring on its own offers a new one after the
 /// sender's `TxFreeze` for it, or after this long without it.
@@ -60,9 +60,9 @@ pub enum OfferStep {
 /// One receiving direction's offer timing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OfferClock {
-    /// When this side left its ring on its own, while the sender's
+    /// The ring this side left on its own and when, while the sender's
     /// `TxFreeze` for it has not come.
-    left_at: Option<u64>,
+    left: Option<(Epoch, u64)>,
     /// When the outstanding offer was made.
     offered_at: Option<u64>,
 }
@@ -71,21 +71,23 @@ impl OfferClock {
     /// A direction with no history (on a ring, or on TCP since connect).
     pub const fn new() -> Self {
         OfferClock {
-            left_at: None,
+            left: None,
             offered_at: None,
         }
     }
 
-    /// This side left its ring on its own at `now` (a local move:
-    /// [`RxPath::freeze_local`] from a ring).
-    pub fn left_ring(&mut self, now: u64) {
-        self.left_at = Some(now);
+    /// This side left ring `epoch` on its own at `now` (a local move or
+    /// its peer gone: [`RxPath::freeze_local`] from a ring).
+    pub fn left_ring(&mut self, epoch: Epoch, now: u64) {
+        self.left = Some((epoch, now));
     }
 
-    /// The sender's `TxFreeze` was taken: the ring this side left is
-    /// answered for.
-    pub fn saw_freeze(&mut self) {
-        self.left_at = None;
+    /// The sender's `TxFreeze` of ring `epoch` was taken: a ring this side
+    /// left, that one or an older one, is answered for.
+    pub fn saw_freeze(&mut self, epoch: Epoch) {
+        if self.left.is_some_and(|(left, _)| epoch >= left) {
+            self.left = None;
+        }
     }
 
     /// An offer went out at `now`.
@@ -127,8 +129,8 @@ impl OfferClock {
         if rx.state() != RxState::Tcp || rx.eof_at().is_some() || !leg_up {
             return OfferStep::Idle;
         }
-        if let Some(left) = self.left_at {
-            let due = left.saturating_add(OFFER_AFTER_MS);
+        if let Some((_, left_at)) = self.left {
+            let due = left_at.saturating_add(OFFER_AFTER_MS);
             if now < due {
                 return OfferStep::WaitUntil(due);
             }
@@ -156,7 +158,7 @@ mod tests {
         let mut rx = RxPath::on_ring();
         let mut c = OfferClock::new();
         rx.freeze_local().unwrap();
-        c.left_ring(1_000);
+        c.left_ring(0, 1_000);
         assert_eq!(
             c.step(&rx, true, true, 1_500),
             OfferStep::WaitUntil(1_000 + OFFER_AFTER_MS)
@@ -165,7 +167,7 @@ mod tests {
             c.step(&rx, true, true, 1_000 + OFFER_AFTER_MS),
             OfferStep::Offer
         );
-        c.saw_freeze();
+        c.saw_freeze(0);
         assert_eq!(c.step(&rx, true, true, 1_500), OfferStep::Offer);
     }
 

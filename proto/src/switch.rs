@@ -21,13 +21,13 @@
 //! The sender freezes its ring: it stops producing, copies the bytes the
 //! receiver has not consumed back out of the ring (the ring is the
 //! retransmission buffer; see [`crate::ring::Producer::read_back`]) and
-//! sends `TxFreeze{epoch, sent}` on TCP. The receiver decides how much of
-//! its ring it can trust:
-//!
-//! * if the *receiver* moved, its ring pages may hold a torn copy of
-//!   in-flight bytes, so it trusts nothing beyond what it had consumed;
-//! * if the *sender* froze or vanished and the receiver stayed, the ring's
-//!   final contents are exactly what the sender wrote, so it drains them.
+//! sends `TxFreeze{epoch, sent}` on TCP. The receiver trusts nothing in
+//! the ring beyond what it took, whichever side moved: a receiver restored
+//! from a move may hold a torn copy of its pages (writes through a foreign
+//! mapping are not logged as dirty during a live migration), and the
+//! sender's copy makes the ring's unread bytes come again anyway. So no
+//! host ever drains a frozen ring, and none has to keep one across its own
+//! suspend.
 //!
 //! It answers `Consumed{epoch, M}`: "I hold everything below M". The sender
 //! resends from M (or from where the ring began, if later: anything before
@@ -380,16 +380,6 @@ pub enum RxState {
         /// Stream offset of the ring's first byte.
         start: u64,
     },
-    /// Ring `epoch` is frozen; its bytes up to `ring_end` are trusted and
-    /// still to be taken; TCP continues from `ring_end`.
-    Draining {
-        /// The ring's epoch.
-        epoch: Epoch,
-        /// Stream offset of the ring's first byte.
-        start: u64,
-        /// Stream offset after the last trusted ring byte.
-        ring_end: u64,
-    },
     /// Reading `Data` frames on TCP.
     Tcp,
     /// A new ring `epoch` was offered; TCP is read until its `RingFrom`.
@@ -471,37 +461,14 @@ impl RxPath {
 
     /// Whether the ring is where the next bytes come from.
     pub fn reads_ring(&self) -> bool {
-        matches!(self.state, RxState::Ring { .. } | RxState::Draining { .. })
+        matches!(self.state, RxState::Ring { .. })
     }
 
-    /// Bytes the host may still take from a draining ring.
-    pub fn ring_remaining(&self) -> u64 {
-        match self.state {
-            RxState::Draining { ring_end, .. } => ring_end - self.taken,
-            _ => 0,
-        }
-    }
-
-    /// Records `n` bytes taken off the ring. A draining ring whose trusted
-    /// bytes are all taken gives way to TCP (the host releases it).
+    /// Records `n` bytes taken off the ring.
     pub fn record_ring_taken(&mut self, n: u64) -> Result<(), SwitchError> {
         match self.state {
             RxState::Ring { .. } => {
                 self.taken += n;
-                Ok(())
-            }
-            RxState::Draining { ring_end, .. } => {
-                if n > ring_end - self.taken {
-                    return Err(SwitchError::BadOffset {
-                        got: self.taken + n,
-                        min: self.taken,
-                        max: ring_end,
-                    });
-                }
-                self.taken += n;
-                if self.taken == ring_end {
-                    self.state = RxState::Tcp;
-                }
                 Ok(())
             }
             _ => Err(SwitchError::UnexpectedInState("ring read")),
@@ -527,8 +494,7 @@ impl RxPath {
                     offset: self.next_tcp,
                 })
             }
-            // A draining ring was final before we moved: still trusted.
-            RxState::Draining { .. } | RxState::Tcp => None,
+            RxState::Tcp => None,
         }
     }
 
@@ -538,43 +504,31 @@ impl RxPath {
     }
 
     /// The sender froze ring `epoch` after sending `sent` bytes (from its
-    /// `TxFreeze`; `None` when only the link reported the peer gone), and
-    /// this side stayed: the ring's `readable` bytes (validated, read after
-    /// the freeze) are final and trusted. Returns the `Consumed` to send.
+    /// `TxFreeze`; `None` when only the link reported the peer gone). This
+    /// side keeps what it took and nothing more of the ring (module docs:
+    /// its pages may be torn, and the sender sends the rest again).
+    /// Returns the `Consumed` to send.
     pub fn on_tx_freeze(
         &mut self,
         epoch: Epoch,
         sent: Option<u64>,
-        readable: u64,
     ) -> Result<Option<ConsumedNotice>, SwitchError> {
         match self.state {
-            RxState::Ring {
-                epoch: current,
-                start,
-            } if epoch == current => {
-                let ring_end = self.taken + readable;
+            RxState::Ring { epoch: current, .. } if epoch == current => {
                 if let Some(sent) = sent {
-                    if ring_end > sent {
+                    if self.taken > sent {
                         return Err(SwitchError::BadOffset {
-                            got: ring_end,
+                            got: sent,
                             min: self.taken,
-                            max: sent,
+                            max: u64::MAX,
                         });
                     }
                 }
-                self.next_tcp = ring_end;
-                self.state = if readable == 0 {
-                    RxState::Tcp
-                } else {
-                    RxState::Draining {
-                        epoch,
-                        start,
-                        ring_end,
-                    }
-                };
+                self.next_tcp = self.taken;
+                self.state = RxState::Tcp;
                 Ok(Some(ConsumedNotice {
                     epoch,
-                    offset: ring_end,
+                    offset: self.taken,
                 }))
             }
             RxState::Ring { epoch: current, .. } if epoch < current => Ok(None),
@@ -612,7 +566,7 @@ impl RxPath {
                     offset: self.next_tcp,
                 }))
             }
-            RxState::Draining { .. } | RxState::Tcp => Ok(None),
+            RxState::Tcp => Ok(None),
         }
     }
 
@@ -641,12 +595,12 @@ impl RxPath {
         Ok(())
     }
 
-    /// Whether TCP `Data` may be taken now: not while the ring (in use or
-    /// draining) holds the earlier bytes. The host leaves later frames in
+    /// Whether TCP `Data` may be taken now: not while the ring in use
+    /// holds the earlier bytes. The host leaves later frames in
     /// the TCP socket until then; control for this direction's sender
     /// travels on the reverse stream, so nothing it needs is stuck behind.
     pub fn tcp_data_takeable(&self) -> bool {
-        !matches!(self.state, RxState::Draining { .. } | RxState::Ring { .. })
+        !matches!(self.state, RxState::Ring { .. })
     }
 
     /// Records end of stream at `offset` (ring FIN flag seen with the ring
@@ -764,8 +718,7 @@ impl Connection {
     pub fn phase(&self) -> Phase {
         let tx_ring = matches!(self.tx.state(), TxState::Ring { .. });
         let rx_ring = matches!(self.rx.state(), RxState::Ring { .. });
-        let frozen = matches!(self.tx.state(), TxState::Frozen { .. })
-            || matches!(self.rx.state(), RxState::Draining { .. });
+        let frozen = matches!(self.tx.state(), TxState::Frozen { .. });
         let offered = matches!(self.rx.state(), RxState::Offered { .. });
         if frozen {
             Phase::Draining
@@ -973,8 +926,8 @@ impl core::fmt::Display for RxControlError {
 
 /// The order in which a receiving direction takes its control frames: as
 /// on one ordered stream, a `RingFrom` waits until every byte before it
-/// was read off the leg, a `RawFrom` or `Fin` until a draining ring gave
-/// its bytes, and what follows waits with them. It tracks the raw runs on
+/// was read off the leg, a `RawFrom` or `Fin` until the ring in use gave
+/// way, and what follows waits with them. It tracks the raw runs on
 /// the leg: one is open from its `RawFrom` to its `RingFrom`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RxControlOrder {
@@ -1014,15 +967,11 @@ impl RxControlOrder {
     }
 
     /// Takes `frame`, the oldest queued, into `path` if it can be taken
-    /// now; Ok(None): it waits (leave it queued). `readable`: for a
-    /// `TxFreeze`, the bytes of the frozen ring this side trusts (read
-    /// after the freeze; 0 keeps only what was taken, and the sender
-    /// resends the rest).
+    /// now; Ok(None): it waits (leave it queued).
     pub fn take(
         &mut self,
         path: &mut RxPath,
         frame: RxControl,
-        readable: u64,
     ) -> Result<Option<RxControlTaken>, RxControlError> {
         if Self::waits(path, &frame) {
             return Ok(None);
@@ -1068,7 +1017,7 @@ impl RxControlOrder {
             RxControl::TxFreeze { epoch, offset } => RxControlTaken::TxFreeze {
                 epoch,
                 offset,
-                consumed: path.on_tx_freeze(epoch, Some(offset), readable)?,
+                consumed: path.on_tx_freeze(epoch, Some(offset))?,
             },
             RxControl::Fin { offset } => {
                 path.on_fin(offset)?;
@@ -1123,17 +1072,17 @@ mod tests {
         let mut path = RxPath::on_tcp();
         let mut order = RxControlOrder::new();
         assert_eq!(
-            order.take(&mut path, RxControl::RawFrom { offset: 0 }, 0),
+            order.take(&mut path, RxControl::RawFrom { offset: 0 }),
             Ok(Some(RxControlTaken::Run))
         );
         assert!(order.run_open());
         let epoch = path.offer_ring().unwrap();
         let ring_from = RxControl::RingFrom { epoch, offset: 10 };
         // the bytes before it are not read yet: it waits
-        assert_eq!(order.take(&mut path, ring_from, 0), Ok(None));
+        assert_eq!(order.take(&mut path, ring_from), Ok(None));
         path.on_data(0, 10).unwrap();
         assert_eq!(
-            order.take(&mut path, ring_from, 0),
+            order.take(&mut path, ring_from),
             Ok(Some(RxControlTaken::RingFrom {
                 epoch,
                 offset: 10,
@@ -1144,7 +1093,7 @@ mod tests {
         assert!(path.reads_ring());
         // on the ring, a Fin waits for the ring's bytes
         assert_eq!(
-            order.take(&mut path, RxControl::Fin { offset: 12 }, 0),
+            order.take(&mut path, RxControl::Fin { offset: 12 }),
             Ok(None)
         );
     }
@@ -1160,23 +1109,22 @@ mod tests {
                     epoch: 1,
                     offset: 0
                 },
-                0
             ),
             Err(RxControlError::RingFromWithoutRun)
         );
         // a run must start where the reader stands
         assert!(matches!(
-            order.take(&mut path, RxControl::RawFrom { offset: 5 }, 0),
+            order.take(&mut path, RxControl::RawFrom { offset: 5 }),
             Err(RxControlError::Switch(SwitchError::BadOffset {
                 got: 5,
                 ..
             }))
         ));
         order
-            .take(&mut path, RxControl::RawFrom { offset: 0 }, 0)
+            .take(&mut path, RxControl::RawFrom { offset: 0 })
             .unwrap();
         assert_eq!(
-            order.take(&mut path, RxControl::RawFrom { offset: 0 }, 0),
+            order.take(&mut path, RxControl::RawFrom { offset: 0 }),
             Err(RxControlError::RawFromInsideRun)
         );
     }
@@ -1187,13 +1135,13 @@ mod tests {
         let mut path = RxPath::on_tcp();
         let mut order = RxControlOrder::new();
         order
-            .take(&mut path, RxControl::RawFrom { offset: 0 }, 0)
+            .take(&mut path, RxControl::RawFrom { offset: 0 })
             .unwrap();
         let epoch = path.offer_ring().unwrap();
         assert!(path.withdraw_offer(epoch));
         path.on_data(0, 20).unwrap();
         assert_eq!(
-            order.take(&mut path, RxControl::RingFrom { epoch, offset: 8 }, 0),
+            order.take(&mut path, RxControl::RingFrom { epoch, offset: 8 }),
             Ok(Some(RxControlTaken::RingFrom {
                 epoch,
                 offset: 8,
@@ -1208,12 +1156,12 @@ mod tests {
     fn after_reading_past_an_abandoned_run_the_next_run_joins_at_its_end() {
         let (mut path, mut order) = read_past_an_abandoned_run();
         assert_eq!(
-            order.take(&mut path, RxControl::RawFrom { offset: 9 }, 0),
+            order.take(&mut path, RxControl::RawFrom { offset: 9 }),
             Err(RxControlError::RunNotFromRunEnd { end: 8, offset: 9 })
         );
         let (mut path, mut order) = read_past_an_abandoned_run();
         assert_eq!(
-            order.take(&mut path, RxControl::RawFrom { offset: 8 }, 0),
+            order.take(&mut path, RxControl::RawFrom { offset: 8 }),
             Ok(Some(RxControlTaken::Run))
         );
         assert_eq!(order.join_at(), None);
@@ -1231,10 +1179,7 @@ mod tests {
         rx.record_ring_taken(100).unwrap();
         // both to TCP
         let f = tx.freeze(0).unwrap();
-        let c = rx
-            .on_tx_freeze(f.epoch, Some(f.offset), 0)
-            .unwrap()
-            .unwrap();
+        let c = rx.on_tx_freeze(f.epoch, Some(f.offset)).unwrap().unwrap();
         assert!(matches!(
             tx.on_consumed(c.epoch, c.offset).unwrap(),
             ConsumedOutcome::Resend(_)
@@ -1255,7 +1200,7 @@ mod tests {
         let f = tx.freeze(30).unwrap();
         assert_eq!(f.epoch, epoch);
         let c = rx
-            .on_tx_freeze(f.epoch, Some(f.offset), 0)
+            .on_tx_freeze(f.epoch, Some(f.offset))
             .unwrap()
             .expect("a Consumed for the withdrawn ring");
         assert_eq!(c, ConsumedNotice { epoch, offset: 150 });
@@ -1264,7 +1209,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // answered once
-        assert_eq!(rx.on_tx_freeze(f.epoch, Some(f.offset), 0).unwrap(), None);
+        assert_eq!(rx.on_tx_freeze(f.epoch, Some(f.offset)).unwrap(), None);
     }
 
     /// A freeze of an older ring that crosses our offer leaves the offer
@@ -1289,7 +1234,7 @@ mod tests {
         let epoch = rx.offer_ring().unwrap();
         let from = tx.on_ring_offer(epoch).unwrap().unwrap();
         assert_eq!(
-            rx.on_tx_freeze(f.epoch, Some(f.offset), 0).unwrap(),
+            rx.on_tx_freeze(f.epoch, Some(f.offset)).unwrap(),
             None,
             "the older freeze needs no answer and voids nothing"
         );
@@ -1318,7 +1263,7 @@ mod tests {
         );
         let f = tx.freeze(30).unwrap();
         let c = rx
-            .on_tx_freeze(f.epoch, Some(f.offset), 0)
+            .on_tx_freeze(f.epoch, Some(f.offset))
             .unwrap()
             .expect("a Consumed for the withdrawn ring");
         assert_eq!(
@@ -1343,7 +1288,7 @@ mod tests {
     }
 
     #[test]
-    fn sender_moves_receiver_drains() {
+    fn sender_moves_receiver_keeps_what_it_took() {
         let mut tx = TxPath::on_ring();
         let mut rx = RxPath::on_ring();
         tx.record_sent(100).unwrap();
@@ -1358,27 +1303,26 @@ mod tests {
             }
         );
         assert!(!tx.writable());
-        // Receiver stayed: all 60 ring bytes are trusted.
-        let c = rx.on_tx_freeze(0, Some(100), 60).unwrap().unwrap();
+        // Receiver stayed: it keeps the 40 it took, the sender resends 60.
+        let c = rx.on_tx_freeze(0, Some(100)).unwrap().unwrap();
         assert_eq!(
             c,
             ConsumedNotice {
                 epoch: 0,
-                offset: 100
+                offset: 40
             }
         );
-        assert_eq!(rx.ring_remaining(), 60);
+        assert_eq!(rx.state(), RxState::Tcp);
+        assert!(rx.record_ring_taken(1).is_err());
         let out = tx.on_consumed(c.epoch, c.offset).unwrap();
         assert_eq!(
             out,
             ConsumedOutcome::Resend(Resend {
-                from: 100,
-                skip: 60,
-                len: 0
+                from: 40,
+                skip: 0,
+                len: 60
             })
         );
-        rx.record_ring_taken(60).unwrap();
-        assert_eq!(rx.state(), RxState::Tcp);
     }
 
     #[test]
@@ -1433,8 +1377,7 @@ mod tests {
         let e = rx.offer_ring().unwrap();
         let notice = tx.freeze(0).unwrap();
         assert_eq!(
-            rx.on_tx_freeze(notice.epoch, Some(notice.offset), 0)
-                .unwrap(),
+            rx.on_tx_freeze(notice.epoch, Some(notice.offset)).unwrap(),
             None
         );
         let c = rx.freeze_local().unwrap();
@@ -1487,7 +1430,8 @@ mod tests {
         assert!(tx.on_consumed(0, 4).is_err());
         let mut rx = RxPath::on_ring();
         rx.record_ring_taken(3).unwrap();
-        assert!(rx.on_tx_freeze(0, Some(5), 10).is_err());
-        assert!(rx.on_tx_freeze(7, Some(5), 0).is_err());
+        // a sender that says it sent less than we took
+        assert!(rx.on_tx_freeze(0, Some(2)).is_err());
+        assert!(rx.on_tx_freeze(7, Some(5)).is_err());
     }
 }

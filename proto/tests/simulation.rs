@@ -13,10 +13,9 @@
 //! reproducible interleaving.
 //!
 //! The two hosts differ where the kernel module and the user-space
-//! transport are allowed to: how much of a frozen ring a receiver trusts
-//! (nothing beyond what it took, or what is readable), and whether an
-//! offer whose link died is abandoned (`Consumed`) or withdrawn. Each seed
-//! picks a kind for each domain, so mixed pairs run too.
+//! transport do: whether an offer whose link died is abandoned
+//! (`Consumed`) or withdrawn. Each seed picks a kind for each domain, so
+//! mixed pairs run too.
 //!
 //! Checked at every step: every byte a reader takes is the byte sent at
 //! that offset (a receiver that moves and reads on from its ring reads a
@@ -73,14 +72,12 @@ impl Rng {
     }
 }
 
-/// How a host decides where the two hosts may differ.
+/// How a host decides where the two hosts differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
-    /// A receiver trusts nothing of a frozen ring beyond what it took; an
-    /// offer whose link died is abandoned with `Consumed`.
+    /// An offer whose link died is abandoned with `Consumed`.
     Kernel,
-    /// A receiver that stayed trusts what its frozen ring holds; an offer
-    /// whose link died is withdrawn.
+    /// An offer whose link died is withdrawn.
     User,
 }
 
@@ -149,8 +146,6 @@ struct Direction {
     reader: Option<Consumer<RawRing>>,
     offered: Option<Rc<Region>>,
     clock: OfferClock,
-    /// bytes taken off a ring into the host's own memory, not yet read
-    private: VecDeque<u8>,
     // the wires
     fwd: Stream<Frame>,
     back: Stream<Frame>,
@@ -175,7 +170,6 @@ impl Direction {
             consumer: Some(region),
             offered: None,
             clock: OfferClock::new(),
-            private: VecDeque::new(),
             fwd: Stream::new(),
             back: Stream::new(),
             link: Stream::new(),
@@ -365,21 +359,8 @@ impl Direction {
         let was_ring = matches!(self.rx.state(), RxState::Ring { .. });
         if let Some(c) = self.rx.freeze_local() {
             self.consumed(now, lat, c.epoch, c.offset);
-        }
-        if was_ring {
-            self.clock.left_ring(now);
-        }
-        // A draining ring's trusted bytes are the receiver's to deliver,
-        // and no sender will send them again: the host takes them into its
-        // own memory before the guest suspends (the user-space suspend hook
-        // waits until no ring is held; the kernel never drains).
-        if let (RxState::Draining { .. }, Some(reader)) = (self.rx.state(), self.reader.as_mut()) {
-            let mut buf = vec![0u8; self.rx.ring_remaining() as usize];
-            if let Ok(n) = reader.read(&mut buf) {
-                buf.truncate(n);
-                if self.rx.record_ring_taken(n as u64).is_ok() {
-                    self.private.extend(buf);
-                }
+            if was_ring {
+                self.clock.left_ring(c.epoch, now);
             }
         }
         self.release_rx_ring();
@@ -397,34 +378,17 @@ impl Direction {
         }
     }
 
-    /// The receiver stayed and its peer is gone from the link.
-    fn rx_peer_gone(&mut self, kind: Kind, now: u64, lat: u64) -> Result<(), String> {
-        match (kind, self.rx.state()) {
-            (Kind::User, RxState::Ring { epoch, .. }) => {
-                let readable = self
-                    .reader
-                    .as_ref()
-                    .ok_or("ring without a reader")?
-                    .readable()
-                    .map_err(|e| format!("readable: {e:?}"))?;
-                if let Some(c) = self
-                    .rx
-                    .on_tx_freeze(epoch, None, u64::from(readable))
-                    .map_err(|e| e.to_string())?
-                {
-                    self.consumed(now, lat, c.epoch, c.offset);
-                }
+    /// The receiver stayed and its peer is gone from the link: it leaves
+    /// the ring as if it moved (both hosts).
+    fn rx_peer_gone(&mut self, now: u64, lat: u64) {
+        let was_ring = matches!(self.rx.state(), RxState::Ring { .. });
+        if was_ring {
+            if let Some(c) = self.rx.freeze_local() {
+                self.consumed(now, lat, c.epoch, c.offset);
+                self.clock.left_ring(c.epoch, now);
             }
-            (Kind::Kernel, RxState::Ring { .. }) => {
-                if let Some(c) = self.rx.freeze_local() {
-                    self.consumed(now, lat, c.epoch, c.offset);
-                }
-                self.clock.left_ring(now);
-            }
-            _ => {}
         }
         self.release_rx_ring();
-        Ok(())
     }
 
     /// The link an outstanding offer went over died.
@@ -487,24 +451,11 @@ impl Direction {
 
     /// The receiving application reads up to `budget` bytes; the host
     /// takes the frames that come in the way.
-    fn read(&mut self, kind: Kind, now: u64, lat: u64, mut budget: usize) -> Result<(), String> {
-        if !self.private.is_empty() {
-            let n = budget.min(self.private.len());
-            let bytes: Vec<u8> = self.private.drain(..n).collect();
-            self.check(&bytes)?;
-            budget -= n;
-            if budget == 0 || !self.private.is_empty() {
-                return Ok(());
-            }
-        }
+    fn read(&mut self, now: u64, lat: u64, mut budget: usize) -> Result<(), String> {
         loop {
             if self.rx.reads_ring() {
                 let c = self.reader.as_mut().ok_or("ring without a reader")?;
-                let mut limit = budget.min(c.capacity() as usize);
-                if let RxState::Draining { .. } = self.rx.state() {
-                    limit = limit.min(self.rx.ring_remaining() as usize);
-                }
-                let mut buf = vec![0u8; limit];
+                let mut buf = vec![0u8; budget.min(c.capacity() as usize)];
                 let n = c.read(&mut buf).map_err(|e| format!("read: {e:?}"))?;
                 let fin = {
                     let end = c.peer_end().map_err(|e| format!("peer_end: {e:?}"))?;
@@ -542,16 +493,10 @@ impl Direction {
                 }
                 Frame::TxFreeze { epoch, offset } => {
                     self.fwd.pop();
-                    let readable = match (kind, self.rx.state(), &self.reader) {
-                        (Kind::User, RxState::Ring { .. }, Some(c)) => {
-                            u64::from(c.readable().map_err(|e| format!("{e:?}"))?)
-                        }
-                        _ => 0,
-                    };
-                    self.clock.saw_freeze();
+                    self.clock.saw_freeze(epoch);
                     if let Some(c) = self
                         .rx
-                        .on_tx_freeze(epoch, Some(offset), readable)
+                        .on_tx_freeze(epoch, Some(offset))
                         .map_err(|e| e.to_string())?
                     {
                         self.consumed(now, lat, c.epoch, c.offset);
@@ -725,8 +670,7 @@ impl World {
             self.gone_at[d] = None;
             self.note(&format!("{} notices its peer gone", ["A", "B"][d]));
             self.dirs[d].freeze_tx(now, lat)?;
-            let kind = self.kinds[d];
-            self.dirs[1 - d].rx_peer_gone(kind, now, lat)?;
+            self.dirs[1 - d].rx_peer_gone(now, lat);
         }
         self.dirs[d].pump_tx(now, lat)?;
         let link_up = self.link_up;
@@ -736,9 +680,8 @@ impl World {
     }
 
     fn read(&mut self, dir: usize, budget: usize) -> Result<(), String> {
-        let kind = self.kinds[1 - dir];
         let (now, lat) = (self.now, self.lat_tcp);
-        self.dirs[dir].read(kind, now, lat, budget)
+        self.dirs[dir].read(now, lat, budget)
     }
 
     fn advance(&mut self, ms: u64) {

@@ -669,7 +669,7 @@ fn freeze_rx_locked(
             return Err("control queue full");
         }
         if was_ring {
-            r.clock.left_ring(net::now_ms());
+            r.clock.left_ring(n.epoch, net::now_ms());
             sw.to_tcp.fetch_add(1, Ordering::Relaxed);
             inc(&counters::TO_TCP, 1);
         }
@@ -1314,7 +1314,7 @@ fn ring_read_ok(sw: &Switch) -> bool {
 fn ring_reader(sw: &Switch, epoch: u32) -> Option<RingReader<'_>> {
     let g = sw.rx.lock();
     let this_ring = match g.path.state() {
-        RxState::Ring { epoch: e, .. } | RxState::Draining { epoch: e, .. } => e == epoch,
+        RxState::Ring { epoch: e, .. } => e == epoch,
         _ => false,
     };
     if this_ring && g.buf.as_ref().map(|b| b.is_empty()).unwrap_or(true) {
@@ -1331,7 +1331,7 @@ struct RingReader<'a>(
 
 impl ring::TakenCount for RingReader<'_> {
     /// Records `n` bytes taken off the ring; Err: the switch refuses the
-    /// count (more than a draining ring's trusted bytes).
+    /// count (the direction is no longer on the ring).
     fn taken(&mut self, n: usize) -> core::result::Result<(), ()> {
         self.0.path.record_ring_taken(n as u64).map_err(|_| ())
     }
@@ -1553,7 +1553,6 @@ impl Carrier for Switched {
                                 let r = self.sw.rx.lock();
                                 let (state, epoch) = match r.path.state() {
                                     RxState::Ring { epoch, .. } => ("ring", epoch as i64),
-                                    RxState::Draining { epoch, .. } => ("draining", epoch as i64),
                                     RxState::Tcp => ("tcp", -1),
                                     RxState::Offered { .. } => ("offered", -1),
                                 };
@@ -2195,9 +2194,8 @@ fn take_rx_ctl(
             return Ok(());
         };
         let was_ring = matches!(r.path.state(), RxState::Ring { .. });
-        // a TxFreeze: readable 0, we keep what we took, the sender resends
-        // the rest
-        let Some(taken) = r.order.take(&mut r.path, f, 0).map_err(|e| e.what())? else {
+        // a TxFreeze: we keep what we took, the sender resends the rest
+        let Some(taken) = r.order.take(&mut r.path, f).map_err(|e| e.what())? else {
             return Ok(());
         };
         match taken {
@@ -2236,7 +2234,7 @@ fn take_rx_ctl(
                 offset,
                 consumed,
             } => {
-                r.clock.saw_freeze();
+                r.clock.saw_freeze(epoch);
                 if let Some(n) = consumed {
                     if !push_ctl(
                         sw,
@@ -2849,7 +2847,6 @@ pub(crate) fn tcp_show(conn: u32, sw: &Switch, seq: &mut crate::sys::Seq) {
         let r = sw.rx.lock();
         let state = match r.path.state() {
             RxState::Ring { .. } => "ring",
-            RxState::Draining { .. } => "draining",
             RxState::Tcp => "tcp",
             RxState::Offered { .. } => "offered",
         };

@@ -31,9 +31,10 @@ use std::time::{Duration, Instant};
 
 use xensock_proto::ctrl::{Message, ResetReason};
 use xensock_proto::mem::RawRing;
+use xensock_proto::offer::{OfferClock, OfferStep};
 use xensock_proto::ring::{Consumer, Producer, Received, RingError, Sent};
 use xensock_proto::switch::{
-    ConsumedOutcome, RingFromOutcome, RxControl, RxControlError, RxControlOrder, RxControlQueue,
+    ConsumedOutcome, RingFromOutcome, RxControlError, RxControlOrder, RxControlQueue,
     RxControlTaken, RxPath, RxState, SwitchError, TxPath, TxState,
 };
 
@@ -43,15 +44,23 @@ use super::leg::{lock, LegListener};
 use super::ring::{NewRing, SharedRing};
 use crate::sys::eventfd::EventFd;
 
-/// Why the switch leaves the ring.
+/// Milliseconds on the monotonic clock since the first call: the time
+/// proto's offer clock is given.
+fn now_ms() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(Instant::now);
+    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Why the switch leaves the ring (for the log: either way the receiving
+/// direction keeps what it took and nothing more of its ring, proto's one
+/// trust rule, and the sender resends the rest).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Trigger {
-    /// This side is moving (suspend): its receive ring may be a torn copy,
-    /// so nothing in it beyond what was consumed is trusted.
+    /// This side is moving (suspend).
     LocalMove,
     /// The peer is gone from the ring (it moved or its link died) and this
-    /// side stayed: the receive ring's contents are final and are drained.
-    /// Only valid once the peer has really stopped writing into it.
+    /// side stayed.
     PeerGone,
 }
 
@@ -198,9 +207,8 @@ struct Rx {
     /// The raw runs on the inbound leg, as the sender's control frames
     /// open and end them (`Shared::pump_rx`).
     order: RxControlOrder,
-    /// We left ring `epoch` on our own (move, peer gone) and have not seen
-    /// the sender's `TxFreeze` for it yet.
-    awaiting_freeze: Option<u32>,
+    /// When to offer a ring, when to give an offer up (proto's rule).
+    clock: OfferClock,
     /// The reader's last read from the leg emptied it: a blocking reader
     /// polls before it reads again.
     leg_drained: bool,
@@ -375,7 +383,7 @@ impl Switch {
                 leg_closed: false,
                 leg_unanswered: None,
                 order: RxControlOrder::new(),
-                awaiting_freeze: None,
+                clock: OfferClock::new(),
                 leg_drained: false,
                 delivered: seed.delivered,
                 waiting: false,
@@ -1167,10 +1175,7 @@ impl Shared {
                 let Some(c) = r.consumer.as_mut() else {
                     return Err(self.breach(protocol_error("ring state without a ring")));
                 };
-                let mut limit = buf.len() - got;
-                if let RxState::Draining { .. } = r.path.state() {
-                    limit = limit.min(r.path.ring_remaining() as usize);
-                }
+                let limit = buf.len() - got;
                 let step = if peek {
                     c.receive_peek(&mut buf[got..got + limit])
                 } else {
@@ -1190,11 +1195,6 @@ impl Shared {
                         r.path
                             .record_ring_taken(n as u64)
                             .map_err(|e| self.breach(switch_error(e)))?;
-                        if !r.path.reads_ring() {
-                            // Drained: the old ring is released, TCP follows.
-                            r.consumer = None;
-                            r.ring = None;
-                        }
                         continue;
                     }
                     Received::Reset if got > 0 => break,
@@ -1205,11 +1205,6 @@ impl Shared {
                 };
                 if got > 0 {
                     break;
-                }
-                if let RxState::Draining { .. } = r.path.state() {
-                    // Its trusted bytes were readable when it froze; a ring
-                    // that shrank since is the peer's doing.
-                    return Err(self.breach(protocol_error("draining ring lost its bytes")));
                 }
                 if let RxState::Ring { .. } = r.path.state() {
                     if end.fin {
@@ -1362,21 +1357,10 @@ impl Shared {
             let Some(frame) = lock(&self.rx_ctl).front() else {
                 break;
             };
-            // a TxFreeze: the frozen ring's bytes this side trusts (the
-            // sender froze it and this side stayed)
-            let readable = match (frame, rx.path.state(), rx.consumer.as_ref()) {
-                (RxControl::TxFreeze { .. }, RxState::Ring { .. }, Some(c)) => {
-                    c.readable().map_err(ring_error)?
-                }
-                _ => 0,
-            };
-            let Some(taken) = rx
-                .order
-                .take(&mut rx.path, frame, u64::from(readable))
-                .map_err(|e| match e {
-                    RxControlError::Switch(e) => switch_error(e),
-                    e => protocol_error(e),
-                })?
+            let Some(taken) = rx.order.take(&mut rx.path, frame).map_err(|e| match e {
+                RxControlError::Switch(e) => switch_error(e),
+                e => protocol_error(e),
+            })?
             else {
                 return Ok(());
             };
@@ -1396,9 +1380,7 @@ impl Shared {
                 RxControlTaken::TxFreeze {
                     epoch, consumed, ..
                 } => {
-                    if rx.awaiting_freeze.is_some_and(|e| epoch >= e) {
-                        rx.awaiting_freeze = None;
-                    }
+                    rx.clock.saw_freeze(epoch);
                     if let Some(c) = consumed {
                         self.queue_consumed(c.epoch, c.offset);
                     }
@@ -1420,18 +1402,27 @@ impl Shared {
         let mut rx = lock(&self.rx);
         self.service_rx(&mut rx, ended)
             .map_err(|e| self.breach(e))?;
-        // Not before the sender's TxFreeze for the ring we left: arriving
-        // after the offer, it would void it (proto cannot tell it from a
-        // freeze after the offer) and cost a switch to the new ring and
-        // straight back.
-        if rx.path.state() != RxState::Tcp || rx.awaiting_freeze.is_some() {
-            return Ok(None);
+        let now = now_ms();
+        match rx.clock.step(&rx.path, true, true, now) {
+            OfferStep::Offer => {}
+            OfferStep::Abandon => {
+                // unanswered: its epoch is declared dead; the next sweep
+                // offers anew
+                if let Some(n) = rx.path.freeze_local() {
+                    self.queue_consumed(n.epoch, n.offset);
+                }
+                rx.offered = None;
+                rx.clock.settled();
+                return Ok(None);
+            }
+            OfferStep::Idle | OfferStep::WaitUntil(_) => return Ok(None),
         }
         let mut next = rx.path.clone();
         let epoch = next.offer_ring().map_err(switch_error)?;
         let ring = (self.alloc)(epoch)?;
         rx.path = next;
         rx.offered = Some(ring.local);
+        rx.clock.offered(now);
         Ok(Some((epoch, ring.for_peer)))
     }
 
@@ -1452,24 +1443,13 @@ impl Shared {
                 RxState::Ring { epoch, .. } => Some(epoch),
                 _ => None,
             };
-            let notice = match trigger {
-                Trigger::LocalMove => rx.path.freeze_local(),
-                Trigger::PeerGone => match (rx.path.state(), rx.consumer.as_ref()) {
-                    (RxState::Ring { epoch, .. }, Some(c)) => {
-                        let readable = c.readable().map_err(|e| self.breach(ring_error(e)))?;
-                        rx.path
-                            .on_tx_freeze(epoch, None, u64::from(readable))
-                            .map_err(|e| self.breach(switch_error(e)))?
-                    }
-                    _ => None,
-                },
-            };
-            if let Some(c) = notice {
+            tracing::debug!(?trigger, "receiving direction leaves its ring");
+            if let Some(c) = rx.path.freeze_local() {
                 self.queue_consumed(c.epoch, c.offset);
                 if left_ring == Some(c.epoch) {
                     // The sender froze (or will freeze, on our Consumed)
                     // this ring: its TxFreeze is on the way.
-                    rx.awaiting_freeze = Some(c.epoch);
+                    rx.clock.left_ring(c.epoch, now_ms());
                 }
             }
             Self::settle_rx_rings(&mut rx);

@@ -270,7 +270,6 @@ impl Inner {
                             },
                             rx: match s.rx {
                                 RxState::Ring { .. } => "ring",
-                                RxState::Draining { .. } => "draining",
                                 RxState::Tcp => "tcp",
                                 _ => "offered",
                             },
