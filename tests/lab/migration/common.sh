@@ -1,8 +1,15 @@
 # Migration scenarios (migration in the lab), shared by both domUs: see
 # docs/lab.md "Migration scenarios". Sourced by domu1.sh / domu2.sh.
 # /opt/xensock/migration.params (written by scenario_build): MIG_STACK
-# (kmod | userspace) and MIG_MOVES (saverestore away migrate, in order).
+# (kmod | userspace | mixed) and MIG_MOVES (saverestore away migrate, in
+# order).
 . /opt/xensock/migration.params
+# this guest's stack: mixed puts af_xen.ko in MIG_MIXED_KMOD (domu1 by
+# default) and the user-space transport in the other
+GUEST_STACK=$MIG_STACK
+if [ "$MIG_STACK" = mixed ]; then
+  if [ "$LAB_ROLE" = "${MIG_MIXED_KMOD:-domu1}" ]; then GUEST_STACK=kmod; else GUEST_STACK=userspace; fi
+fi
 [ "${MIG_XS_ET:-0}" = 1 ] && export XSSTREAM_ET=1
 [ "${MIG_TOKIO_THREADS:-0}" = 1 ] && export LAB_STREAM_THREADS=1
 [ "${MIG_PROBE:-0}" = 1 ] && export LAB_STREAM_PROBE=1
@@ -23,19 +30,21 @@ lab_wait() {
 
 move_index() { case $1 in saverestore) echo 0 ;; away) echo 1 ;; migrate) echo 2 ;; churn) echo 3 ;; bothsave) echo 4 ;; esac; }
 # streams of a stack: kx = C xsstream over AF_XEN, kt = tokio over the
-# kernel family, ut = tokio over the user-space transport, tcp = C xsstream
-# over TCP between the same two domUs (the baseline: it must pass whatever
-# xensock does)
+# kernel family, ut = tokio over the user-space transport, mt = tokio over
+# whichever each end has (mixed: the kernel family at one end, the
+# user-space transport at the other), tcp = C xsstream over TCP between
+# the same two domUs (the baseline: it must pass whatever xensock does)
 streams() {
   if [ -n "${MIG_STREAMS:-}" ]; then echo "$MIG_STREAMS"
-  elif [ "$MIG_STACK" = kmod ]; then echo "kx kt tcp pre"; else echo "ut tcp"; fi
+  elif [ "$MIG_STACK" = kmod ]; then echo "kx kt tcp pre"
+  elif [ "$MIG_STACK" = mixed ]; then echo "mt tcp"; else echo "ut tcp"; fi
 }
 stream_port() {
-  _b=7500; case $1 in kt) _b=7510 ;; tcp) _b=7520 ;; ut) _b=7530 ;; pre) _b=7540 ;; esac
+  _b=7500; case $1 in kt) _b=7510 ;; tcp) _b=7520 ;; ut) _b=7530 ;; pre) _b=7540 ;; mt) _b=7550 ;; esac
   echo $((_b + $(move_index "$2")))
 }
 # the check name prefix the program prints (@@RESULT c-... / tokio-...)
-stream_prefix() { case $1 in kt|ut) echo tokio ;; *) echo c ;; esac; }
+stream_prefix() { case $1 in kt|ut|mt) echo tokio ;; *) echo c ;; esac; }
 is_xen_stream() { [ "$1" != tcp ]; }
 
 # ---- one listener for the whole run (kernel stack) ------------------------------
@@ -129,14 +138,14 @@ preload_check() {
 UT_UID=1000
 mig_setup() {
   # the user-space transport's link and carrier events, on the console
-  [ "$MIG_STACK" = userspace ] && export RUST_LOG=libxensock=info
-  if [ "$MIG_STACK" = userspace ]; then
+  [ "$GUEST_STACK" = userspace ] && export RUST_LOG=libxensock=info
+  if [ "$GUEST_STACK" = userspace ]; then
     # what a udev rule giving a group the devices would do, and a /tmp
     # every user may write
     chmod 0666 /dev/xen/gntdev /dev/xen/gntalloc /dev/xen/evtchn /dev/xen/xenbus
     chmod 1777 /tmp
   fi
-  if [ "$MIG_STACK" = kmod ]; then
+  if [ "$GUEST_STACK" = kmod ]; then
     check kmod-insmod insmod /opt/xensock/af_xen.ko
     log "af_xen family $(cat /sys/module/af_xen/parameters/family 2>&1)"
     set_peer_lost
@@ -165,7 +174,7 @@ mig_finish() {
     sed "s/^/  [dual] /" /tmp/dual.err
     check preload-dual-listener grep -q "on 0.0.0.0:$DUAL_PORT: TCP clients and co-resident" /tmp/dual.err
   fi
-  if [ "$MIG_STACK" = kmod ]; then
+  if [ "$GUEST_STACK" = kmod ]; then
     head -n 40 /proc/net/af_xen; cat /proc/net/af_xen_stats
     check kmod-dmesg-clean dmesg_clean
     dmesg | grep -E "af_xen|BUG|WARNING|Oops" | tail -n 30
@@ -179,7 +188,7 @@ mig_finish() {
 # (every transport of the domain leaves its rings and releases every grant,
 # mapping and event channel), the resume path `xensock resume`. Here dom0
 # asks for both around xl save/restore and xl migrate (MIG_HOOK=0: not).
-uses_hook() { [ "$MIG_STACK" = userspace ] && [ "${MIG_HOOK:-1}" = 1 ]; }
+uses_hook() { [ "$GUEST_STACK" = userspace ] && [ "${MIG_HOOK:-1}" = 1 ]; }
 # no grant page mapped (gntdev) or granted (gntalloc) by any process, and no
 # user event channel bound (the evtchn driver names those "evtchn:<comm>")
 nothing_shared() {
@@ -218,7 +227,7 @@ pause_metrics() {
 # counters (what the switch did in this phase, not just its last 30 lines)
 KMSG_SEEN=0
 kmod_trace() {
-  [ "$MIG_STACK" = kmod ] || return 0
+  [ "$GUEST_STACK" = kmod ] || return 0
   dmesg | grep -E "af_xen|BUG|Oops|WARNING" > /tmp/kmsg.now
   _n=$(wc -l < /tmp/kmsg.now)
   tail -n +$((KMSG_SEEN + 1)) /tmp/kmsg.now | tail -n 150 | sed "s/^/  [dmesg $1] /"
@@ -246,7 +255,7 @@ churn_cycles() {
   # MIG_SAMPLE=1: every 0.5 s, each AF_XEN stream's /proc/net/af_xen row
   # and the TCP legs' /proc/net/tcp rows (queues, timer: 1 retransmit,
   # 4 zero-window probe), printed at the end (where a stream stands still)
-  if [ "${MIG_SAMPLE:-0}" = 1 ] && [ "$MIG_STACK" = kmod ]; then
+  if [ "${MIG_SAMPLE:-0}" = 1 ] && [ "$GUEST_STACK" = kmod ]; then
     ( _last=; _same=0
       while :; do
         echo "t $(uptime_s)"
@@ -370,13 +379,13 @@ run_phase() {
         carrier_is "$s-$MOVE" "$(stream_port "$s" "$MOVE")" '^ring(-xen)?(/ring)?$' "$s-$MOVE-carrier-ring"
         # each direction to TCP and back (the user-space status counts
         # tx_to_tcp, tx_to_ring and rx_to_ring: 3)
-        _want=4; [ "$MIG_STACK" = userspace ] && _want=3
+        _want=4; [ "$GUEST_STACK" = userspace ] && _want=3
         switches_at_least "$s-$MOVE" "$(stream_port "$s" "$MOVE")" "$_want" "$s-$MOVE-switches"
         flowing "$s-$MOVE" "$s-$MOVE-flows-on-ring" || true
       done
       [ "$_role" = client ] && listener_check "$MOVE" "$_now"
       kmod_trace "$MOVE-after"
-      if [ "$MIG_STACK" = kmod ]; then
+      if [ "$GUEST_STACK" = kmod ]; then
         sed "s/^/  [af_xen] /" /proc/net/af_xen
         check "$MOVE-proc-own-domid" proc_own_domid
       fi ;;

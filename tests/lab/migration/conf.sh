@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Host side of the migration scenarios, sourced by their scenario.conf after
-# it set MIG_STACK (kmod | userspace) and MIG_MOVES (any of: saverestore
+# it set MIG_STACK (kmod | userspace | mixed: af_xen.ko in MIG_MIXED_KMOD,
+# domu1 by default, the user-space transport in the other) and MIG_MOVES (any of: saverestore
 # away migrate churn bothsave; churn is MIG_CHURN away/back cycles, default
 # 100, under one set of streams; bothsave saves and restores both domUs,
 # with the user-space stack's hook in both; MIG_RATE sets the streams'
@@ -12,7 +13,12 @@ XS_TRACE=1
 BOOT_TIMEOUT=${BOOT_TIMEOUT_MIG:-2400}
 GUEST_TIMEOUT=2200
 DOMU_MEM=192
-[[ $MIG_STACK == userspace ]] && DOMU_MEM=256
+[[ $MIG_STACK != kmod ]] && DOMU_MEM=256
+# guest_stack GUEST: the stack GUEST runs
+guest_stack() {
+  if [[ $MIG_STACK != mixed ]]; then echo "$MIG_STACK"
+  elif [[ $1 == "${MIG_MIXED_KMOD:-domu1}" ]]; then echo kmod; else echo userspace; fi
+}
 # a live migration needs the shadow-paging hypervisor; the *-moves
 # scenarios include it only when it is there
 if [[ " $MIG_MOVES " == *" migrate "* ]] && [[ ${MIG_MIGRATE_IF_SHADOW:-0} == 1 ]] \
@@ -24,13 +30,16 @@ fi
 # MIG_STREAMS (the scenario's): which of them run, instead of all
 mig_streams() {
   if [[ -n ${MIG_STREAMS:-} ]]; then echo "$MIG_STREAMS"
-  elif [[ $MIG_STACK == kmod ]]; then echo "kx kt tcp pre"; else echo "ut tcp"; fi
+  elif [[ $MIG_STACK == kmod ]]; then echo "kx kt tcp pre"
+  elif [[ $MIG_STACK == mixed ]]; then echo "mt tcp"; else echo "ut tcp"; fi
 }
-mig_prefix() { case $1 in kt|ut) echo tokio ;; *) echo c ;; esac; }
+mig_prefix() { case $1 in kt|ut|mt) echo tokio ;; *) echo c ;; esac; }
 EXPECT=(dom0:agent-running dom0:agent-tables dom0:agent-link-dirs
         domu1:advertise domu2:advertise dom0:exit domu1:exit domu2:exit)
-[[ $MIG_STACK == kmod ]] && EXPECT+=(domu1:kmod-insmod domu2:kmod-insmod domu1:kmod-dmesg-clean domu2:kmod-dmesg-clean
-  domu1:preload-dual-listener)
+for _g in domu1 domu2; do
+  [[ $(guest_stack $_g) == kmod ]] && EXPECT+=($_g:kmod-insmod $_g:kmod-dmesg-clean)
+done
+[[ $MIG_STACK == kmod ]] && EXPECT+=(domu1:preload-dual-listener)
 for _m in $MIG_MOVES; do
   case $_m in
     saverestore) EXPECT+=(dom0:xl-save dom0:xl-restore) ;;
@@ -42,12 +51,14 @@ for _m in $MIG_MOVES; do
   esac
   _stays=0; [[ $_m == away || $_m == churn ]] && _stays=1
   [[ $_stays == 0 ]] && EXPECT+=(dom0:$_m-new-domid dom0:$_m-tables-again dom0:$_m-link-dirs-again)
-  [[ $_stays == 0 && $MIG_STACK == userspace && ${MIG_HOOK:-1} == 1 ]] && EXPECT+=(domu1:$_m-suspend-releases)
-  [[ $_m == bothsave && $MIG_STACK == userspace && ${MIG_HOOK:-1} == 1 ]] && EXPECT+=(domu2:$_m-suspend-releases)
+  [[ $_stays == 0 && $(guest_stack domu1) == userspace && ${MIG_HOOK:-1} == 1 ]] && EXPECT+=(domu1:$_m-suspend-releases)
+  [[ $_m == bothsave && $(guest_stack domu2) == userspace && ${MIG_HOOK:-1} == 1 ]] && EXPECT+=(domu2:$_m-suspend-releases)
   # the one listener domu1 made before the first move (common.sh)
   [[ $MIG_STACK == kmod ]] && EXPECT+=(domu2:resolve-$_m domu2:listener-survives-$_m
     domu2:preload-$_m domu2:preload-dual-$_m domu2:preload-dual-tcp-$_m)
-  [[ $MIG_STACK == kmod && $_stays == 0 ]] && EXPECT+=(domu1:$_m-proc-own-domid domu2:$_m-proc-own-domid)
+  for _g in domu1 domu2; do
+    [[ $(guest_stack $_g) == kmod && $_stays == 0 ]] && EXPECT+=($_g:$_m-proc-own-domid)
+  done
   for _s in $(mig_streams); do
     for _g in domu1 domu2; do
       EXPECT+=("$_g:$(mig_prefix "$_s")-$_s-$_m-connect" "$_g:$(mig_prefix "$_s")-$_s-$_m" "$_g:$_s-$_m-flows-before")
@@ -65,7 +76,7 @@ for _m in $MIG_MOVES; do
     done
   done
 done
-DESCRIPTION="migration in the lab ($MIG_STACK): checksummed bidirectional streams domu2 <-> domu1 ($(mig_streams)) through: $MIG_MOVES"
+DESCRIPTION="migration in the lab ($MIG_STACK$([[ $MIG_STACK == mixed ]] && echo ": domu1 $(guest_stack domu1), domu2 $(guest_stack domu2)")): checksummed bidirectional streams domu2 <-> domu1 ($(mig_streams)) through: $MIG_MOVES"
 
 # Host side: af_xen.ko (kmod), the static C stream program, static
 # (crt-static glibc) builds of lab_stream (tokio-xensock), xensock-agent
@@ -75,7 +86,7 @@ scenario_build() {
   local out=$1 t=x86_64-unknown-linux-gnu
   local tdir=${CARGO_TARGET_DIR:-$REPO_DIR/target}/lab-static
   mkdir -p "$out/bin"
-  printf 'MIG_STACK=%s\nMIG_MOVES="%s"\nMIG_HOOK=%s\nMIG_CHURN=%s\n' "$MIG_STACK" "$MIG_MOVES" "${MIG_HOOK:-1}" "${MIG_CHURN:-100}" > "$out/migration.params"
+  printf 'MIG_STACK=%s\nMIG_MOVES="%s"\nMIG_HOOK=%s\nMIG_CHURN=%s\nMIG_MIXED_KMOD=%s\n' "$MIG_STACK" "$MIG_MOVES" "${MIG_HOOK:-1}" "${MIG_CHURN:-100}" "${MIG_MIXED_KMOD:-domu1}" > "$out/migration.params"
   # a stream rate of the scenario's own (the guests' default: streams.sh)
   [[ -n ${MIG_RATE:-} ]] && echo "RATE=$MIG_RATE" >> "$out/migration.params"
   [[ -n ${MIG_STREAMS:-} ]] && echo "MIG_STREAMS=\"$MIG_STREAMS\"" >> "$out/migration.params"
@@ -97,6 +108,8 @@ scenario_build() {
     afx_module "$out" || return 1
     # TCP programs redirected by the preload library (common.sh, preload_check)
     lab_socat "$out" && lab_preload "$out" || return 1
+  elif [[ $MIG_STACK == mixed ]]; then
+    afx_module "$out" || return 1
   fi
   gcc -O2 -Wall -static -I "$src/af-xen-kmod/include" -o "$out/bin/xsstream" "$REPO_DIR/tests/lab/c/xsstream.c"
   # the same program dynamically linked, for the preload library (pre streams)
@@ -120,7 +133,7 @@ scenario_build() {
       cargo build --release --target $t "${lsbuild[@]}" ) || return 1
   for b in xensock-discover xensock-agent; do cp "$tdir/$t/release/$b" "$out/bin/"; done
   # the user-space transport's migration hook (xensock suspend|resume)
-  if [[ $MIG_STACK == userspace ]]; then
+  if [[ $MIG_STACK != kmod ]]; then
     ( cd "$rsrc" &&
       RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$rtdir \
         cargo build --release --target $t -p libxensock --bin xensock ) || return 1

@@ -22,7 +22,12 @@ log "stack $MIG_STACK, moves: $MIG_MOVES; domu1 dom$D1 ($UUID), domu2 dom$D2"
 since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}'; }
 note() { xenstore-write "/local/domain/$1/data/lab/$2" "${3:-1}"; }
 seen() { xenstore-read "/local/domain/$1/data/lab/$2" >/dev/null 2>&1; }
-hook() { [ "$MIG_STACK" = userspace ] && [ "${MIG_HOOK:-1}" = 1 ]; }
+# domu1's stack (mixed: af_xen.ko in MIG_MIXED_KMOD, user space in the other)
+D1_STACK=$MIG_STACK
+if [ "$MIG_STACK" = mixed ]; then
+  if [ "${MIG_MIXED_KMOD:-domu1}" = domu1 ]; then D1_STACK=kmod; else D1_STACK=userspace; fi
+fi
+hook() { [ "$D1_STACK" = userspace ] && [ "${MIG_HOOK:-1}" = 1 ]; }
 # moves after which domu1 has the same domid (nothing suspended)
 stays() { [ "$1" = away ] || [ "$1" = churn ]; }
 both_seen() { seen "$D1" "$1" && seen "$D2" "$1"; }

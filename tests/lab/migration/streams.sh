@@ -1,5 +1,6 @@
 # Stream helpers shared by the migration scenarios and twohost (sourced).
-# MIG_STACK (kmod | userspace) says where a connection's carrier is shown.
+# GUEST_STACK (kmod | userspace: this guest's, common.sh) says where a
+# connection's carrier is shown.
 # Stream processes: /tmp/NAME.pid, .status (rewritten each second by the
 # program: "sent S got G gap X t T [conn ...]"), .stop (ends it).
 RATE=${RATE:-512}         # KiB/s each way, per stream
@@ -46,10 +47,16 @@ start_stream() {
       xsstream-dyn client tcp "$5" "$4" "$3" $_opt & ;;
     client-kt) lab_stream client "$5" "$4" "$3" $_opt & ;;
     client-ut) runas "$UT_UID" lab_stream client "$5" "$4" "$3" $_opt & ;;
+    # mt (mixed stack): lab_stream on whichever this guest has, the kernel
+    # family or the user-space transport
+    server-mt) if [ "$GUEST_STACK" = kmod ]; then lab_stream server "$4" "$3" $_opt &
+               else runas "$UT_UID" lab_stream server "$4" "$3" $_opt & fi ;;
+    client-mt) if [ "$GUEST_STACK" = kmod ]; then lab_stream client "$5" "$4" "$3" $_opt &
+               else runas "$UT_UID" lab_stream client "$5" "$4" "$3" $_opt & fi ;;
   esac
   echo $! > "/tmp/$3.pid"
   # (once runas has dropped to it)
-  [ "$2" = ut ] && ( _p=$!; lab_sleep 2; log "$3: pid $_p runs as uid $(awk '/^Uid:/ {print $2}' /proc/$_p/status 2>/dev/null)" ) &
+  { [ "$2" = ut ] || { [ "$2" = mt ] && [ "$GUEST_STACK" = userspace ]; }; } && ( _p=$!; lab_sleep 2; log "$3: pid $_p runs as uid $(awk '/^Uid:/ {print $2}' /proc/$_p/status 2>/dev/null)" ) &
 }
 stream_alive() { kill -0 "$(cat "/tmp/$1.pid" 2>/dev/null)" 2>/dev/null; }
 # stop_stream NAME: end it (end marker, shutdown) and wait for its verdict;
@@ -106,7 +113,7 @@ stream_stacks() {
     _t=${_d##*/}
     echo "  [stacks $1] task $_t utime/stime ticks: $(echo "$_c0" | awk -v t="$_t" '$1 == t {print $2, $3}') -> $(awk '{print $14, $15}' "$_d/stat" 2>/dev/null) (2 s)"
   done
-  [ "$MIG_STACK" = kmod ] && sed "s/^/  [stacks $1] /" /proc/net/af_xen
+  [ "$GUEST_STACK" = kmod ] && sed "s/^/  [stacks $1] /" /proc/net/af_xen
   return 0
 }
 
@@ -163,7 +170,7 @@ us_switches() {
 # carrier NAME PORT: kmod "ring-xen" | "tcp" | "draining" | ...;
 # userspace "ring" or "<tx>/<rx>" (e.g. "tcp/tcp")
 carrier() {
-  if [ "$MIG_STACK" = kmod ]; then afx_col "$2" '^carrier$'; else us_carrier "$1"; fi
+  if [ "$GUEST_STACK" = kmod ]; then afx_col "$2" '^carrier$'; else us_carrier "$1"; fi
 }
 # kmod: the sum of the switch counters (columns to_tcp, to_ring, or any
 # whose header says switch)
@@ -175,10 +182,10 @@ afx_switches() {
     END { if (nc && !f) print "?noconn" }' /proc/net/af_xen 2>/dev/null
 }
 switches() { # NAME PORT
-  if [ "$MIG_STACK" = kmod ]; then afx_switches "$2"; else us_switches "$1"; fi
+  if [ "$GUEST_STACK" = kmod ]; then afx_switches "$2"; else us_switches "$1"; fi
 }
 carrier_source() {
-  if [ "$MIG_STACK" = kmod ]; then echo "/proc/net/af_xen"; else echo "the connection's Transport::status() line"; fi
+  if [ "$GUEST_STACK" = kmod ]; then echo "/proc/net/af_xen"; else echo "the connection's Transport::status() line"; fi
 }
 # carrier_wait NAME PORT REGEX TENTHS: quietly, until the carrier matches
 # REGEX (0), the stream ended or the connection is gone (1) or TENTHS tenths
@@ -201,21 +208,21 @@ carrier_is() {
     _c=$(carrier "$1" "$2")
     if [ "$_c" = '?nocol' ]; then
       result "$4" FAIL "no carrier column/field in $(carrier_source)"
-      [ "$MIG_STACK" = kmod ] && head -n 1 /proc/net/af_xen | sed "s/^/  [$4] /"
+      [ "$GUEST_STACK" = kmod ] && head -n 1 /proc/net/af_xen | sed "s/^/  [$4] /"
       return 1
     fi
     if echo "$_c" | grep -qiE "$3"; then result "$4" PASS "carrier $_c"; return 0; fi
     if ! stream_alive "$1"; then
       result "$4" FAIL "the stream ended (its own result says why); carrier was '$_c'"; return 1
     fi
-    if [ "$_c" = '?noconn' ] && [ "$MIG_STACK" = kmod ]; then
+    if [ "$_c" = '?noconn' ] && [ "$GUEST_STACK" = kmod ]; then
       result "$4" FAIL "no ESTABLISHED socket on port $2 in /proc/net/af_xen (reset?)"
       sed "s/^/  [$4] /" /proc/net/af_xen; return 1
     fi
     _t=$((_t + 1))
     if [ $_t -gt "$CARRIER_WAIT" ]; then
       result "$4" FAIL "carrier '$_c' after ${CARRIER_WAIT}s, wanted /$3/"
-      if [ "$MIG_STACK" = kmod ]; then sed "s/^/  [$4] /" /proc/net/af_xen
+      if [ "$GUEST_STACK" = kmod ]; then sed "s/^/  [$4] /" /proc/net/af_xen
       else sed "s/^/  [$4] /" "/tmp/$1.status"; fi
       return 1
     fi

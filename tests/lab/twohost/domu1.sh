@@ -4,7 +4,7 @@
 # with domu2 (C xsstream "kx", tokio lab_stream "kt", both directions
 # checked byte for byte) that must fall back to TCP while domu2 is on host
 # b and return to the ring when it is back.
-MIG_STACK=kmod
+MIG_STACK=kmod GUEST_STACK=kmod
 PEER_LOST_MS=180000   # a move between the hosts (save, copy, restore) takes 15-60 s here
 . /scenario/streams.sh
 lab_note() { xenstore-write "data/lab/$1" "${2:-1}"; }

@@ -1,7 +1,7 @@
 # twohost, domu2 (moves a -> b -> a): echoes domu1's stream; ticks with its
 # domid until host a's dom0 says the moves are done.
 # Also the server end of domu1's two AF_XEN streams (streams.sh).
-MIG_STACK=kmod
+MIG_STACK=kmod GUEST_STACK=kmod
 PEER_LOST_MS=180000   # a move between the hosts (save, copy, restore) takes 15-60 s here
 . /scenario/streams.sh
 START=$(own_domid)
