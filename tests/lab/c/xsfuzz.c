@@ -139,6 +139,7 @@ static int errno_documented(int e)
 	case ESHUTDOWN: case ENOENT: case EBUSY:
 	case EDOM:      /* SO_RCVTIMEO/SO_SNDTIMEO: a timeval out of range */
 	case ENETUNREACH: /* connect while this guest is being saved */
+	case ENODATA:   /* SO_PEERPIDFD: no peer process, as on TCP (the socket layer) */
 		return 1;
 	}
 	return 0;
