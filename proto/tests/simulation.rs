@@ -50,8 +50,12 @@ use xensock_proto::switch::{ConsumedOutcome, RingFromOutcome, RxPath, RxState, T
 /// not computed from the clock's, so a clock that waits too long fails.
 const QUIET_BOUND_MS: u64 = 2 * 15_000 + 2_000 + 60_000;
 
-/// Seeds that once failed (each a regression test).
-const REGRESSIONS: &[u64] = &[];
+/// Seeds that once failed (each a regression test): 143, a receiver that
+/// drained the ring its peer left (the agent's away) and was then saved
+/// and restored read zeros from its torn copy, before a receiver kept
+/// only what it took; 0, a direction whose offer could not be mapped
+/// stayed on TCP for good without the offer timeout.
+const REGRESSIONS: &[u64] = &[0, 143];
 
 /// splitmix64: small, seedable, the same everywhere.
 struct Rng(u64);
