@@ -1443,8 +1443,15 @@ impl Shared {
                 RxState::Ring { epoch, .. } => Some(epoch),
                 _ => None,
             };
-            tracing::debug!(?trigger, "receiving direction leaves its ring");
-            if let Some(c) = rx.path.freeze_local() {
+            // either way what was taken is kept and nothing more of the
+            // ring (proto's one trust rule); a peer gone leaves an offer
+            // out standing (the link it went over answers for it)
+            let notice = match trigger {
+                Trigger::LocalMove => rx.path.freeze_local(),
+                Trigger::PeerGone if left_ring.is_some() => rx.path.freeze_local(),
+                Trigger::PeerGone => None,
+            };
+            if let Some(c) = notice {
                 self.queue_consumed(c.epoch, c.offset);
                 if left_ring == Some(c.epoch) {
                     // The sender froze (or will freeze, on our Consumed)
