@@ -601,7 +601,7 @@ impl Switch {
 
     /// Whether the connection still holds a shared page: a ring of ours
     /// granted to the peer or one of the peer's mapped, in either
-    /// direction (in use, draining, offered). The suspend hook waits for
+    /// direction (in use or offered). The suspend hook waits for
     /// none: grant mappings do not survive a save (a PV guest restored with
     /// `gntdev` mappings of another domain's pages crashed in the lab).
     pub(crate) fn holds_rings(&self) -> bool {
@@ -620,12 +620,8 @@ impl Switch {
     }
 
     /// A snapshot for tests and status displays.
-    /// Whether either direction writes or reads a ring in full use now (a
-    /// move must take it off that ring, as it takes a connection off its
-    /// first one). Not a draining ring: its sender froze it already and it
-    /// is read to its end; a second freeze then broke the sending
-    /// direction's resend (lab userspace-churn, cycle 8: the peer's `tx`
-    /// stayed `frozen` and this side never received again).
+    /// Whether either direction writes or reads a ring now (a move must
+    /// take it off that ring, as it takes a connection off its first one).
     pub(crate) fn on_ring(&self) -> bool {
         let tx = matches!(lock(&self.shared.tx).path.state(), TxState::Ring { .. });
         tx || matches!(lock(&self.shared.rx).path.state(), RxState::Ring { .. })
@@ -1350,7 +1346,7 @@ impl Shared {
     /// Takes this direction's control frames (`rx_ctl`) in order, as far
     /// as they can be taken now: as on one ordered stream, a `RingFrom`
     /// waits until every byte before it was read off the leg, a `RawFrom`
-    /// or `Fin` until a draining ring gave its bytes, and what follows
+    /// or `Fin` until the ring in use gave way, and what follows
     /// waits with them.
     fn pump_rx(&self, rx: &mut Rx) -> io::Result<()> {
         loop {

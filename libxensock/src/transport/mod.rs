@@ -804,7 +804,7 @@ impl Transport {
         // with gntdev mappings of another domain's pages crashed in the
         // lab. The links go (control rings, event channels, kept and
         // pooled rings; the peers see them withdrawn), offers not taken
-        // are dropped, and rings the connections still drain are waited
+        // are dropped, and rings the connections still hold are waited
         // for. No link comes up again until `resume` or a new domid.
         for e in &switches {
             e.drop_pending_offer();

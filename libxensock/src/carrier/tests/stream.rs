@@ -23,7 +23,7 @@ enum Event {
     /// Both move at the same moment.
     MoveBoth,
     /// B moves and A learns it from the link at once (before B's
-    /// TxFreeze arrives): A drains its ring as final.
+    /// TxFreeze arrives): A leaves its ring, keeping what it took.
     MoveBNoticedByA,
     MoveANoticedByB,
     /// A notices B gone later (a no-op unless A still reads a ring B
@@ -341,7 +341,7 @@ fn half_close_travels_on_whichever_carrier_is_current() {
 }
 
 /// Brings every direction that is on TCP back onto a new ring (offers both
-/// ways), waiting as long as a direction is still frozen or draining.
+/// ways), waiting as long as a direction is still frozen.
 fn return_to_rings(p: &Pair) {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
