@@ -408,10 +408,6 @@ pub struct RxPath {
     next_tcp: u64,
     last_epoch: Epoch,
     eof: Option<u64>,
-    /// The offer last taken back ([`RxPath::withdraw_offer`]): its sender
-    /// may have switched onto that ring before the link died, and then
-    /// freezes it; that `TxFreeze` gets the `Consumed` it waits for.
-    withdrawn: Option<Epoch>,
 }
 
 /// The `Consumed` the host sends on TCP.
@@ -432,7 +428,6 @@ impl RxPath {
             next_tcp: 0,
             last_epoch: 0,
             eof: None,
-            withdrawn: None,
         }
     }
 
@@ -533,39 +528,29 @@ impl RxPath {
             }
             RxState::Ring { epoch: current, .. } if epoch < current => Ok(None),
             RxState::Ring { .. } => Err(SwitchError::BadEpoch(epoch)),
-            // The sender left an older ring. Our offer stands: the sender
-            // may take it (its RingFrom follows this on the stream), and the
-            // older ring was answered when this side left it. Abandoning
-            // the offer here answered a freeze that crossed our offer with
-            // a Consumed that froze the ring the sender had just taken,
-            // whose TxFreeze crossed our next offer: a chain of rings, one
-            // per round trip, for as long as offers outran freezes. A
-            // sender that moves away loses the link, which abandons the
-            // offer (`freeze_local`).
-            RxState::Offered { epoch: offered } if epoch < offered => {
-                // ... except a ring we withdrew, which nobody answered
-                // (see the `Tcp` arm below)
-                if self.withdrawn == Some(epoch) {
-                    self.withdrawn = None;
-                    return Ok(Some(ConsumedNotice {
-                        epoch,
-                        offset: self.next_tcp,
-                    }));
-                }
-                Ok(None)
-            }
+            // The sender left an older ring while this side is off every
+            // ring: it is answered with what TCP brought us, always. A ring
+            // this side left was answered then, and the sender ignores the
+            // repeat; but one it withdrew (its link died after the sender
+            // took it) or any of several was answered by nobody, and its
+            // sender stayed frozen for good (lab userspace-churn, cycle 49
+            // of 100; the protocol simulation, two withdrawn offers before
+            // the first one's freeze came). An offer out stands: the sender
+            // may take it (its RingFrom follows this on the stream).
+            // (Abandoning it here answered a freeze that crossed our offer
+            // with a Consumed that froze the ring the sender had just
+            // taken, whose TxFreeze crossed our next offer: a chain of
+            // rings, one per round trip, for as long as offers outran
+            // freezes.)
+            RxState::Offered { epoch: offered } if epoch < offered => Ok(Some(ConsumedNotice {
+                epoch,
+                offset: self.next_tcp,
+            })),
             RxState::Offered { .. } => Err(SwitchError::BadEpoch(epoch)),
-            // the sender took the ring we withdrew, then left it: without
-            // this Consumed it stayed frozen for good (lab
-            // userspace-churn, cycle 49 of 100); it resends from what TCP
-            // brought us
-            RxState::Tcp if self.withdrawn == Some(epoch) => {
-                self.withdrawn = None;
-                Ok(Some(ConsumedNotice {
-                    epoch,
-                    offset: self.next_tcp,
-                }))
-            }
+            RxState::Tcp if epoch <= self.last_epoch => Ok(Some(ConsumedNotice {
+                epoch,
+                offset: self.next_tcp,
+            })),
             RxState::Tcp => Ok(None),
         }
     }
@@ -652,7 +637,6 @@ impl RxPath {
         match self.state {
             RxState::Offered { epoch: offered } if offered == epoch => {
                 self.state = RxState::Tcp;
-                self.withdrawn = Some(epoch);
                 true
             }
             _ => false,
@@ -1208,8 +1192,43 @@ mod tests {
             ConsumedOutcome::Resend(r) => assert_eq!((r.from, r.len), (150, 30)),
             other => panic!("{other:?}"),
         }
-        // answered once
-        assert_eq!(rx.on_tx_freeze(f.epoch, Some(f.offset)).unwrap(), None);
+        // a repeat is answered too, and the sender ignores it
+        let again = rx.on_tx_freeze(f.epoch, Some(f.offset)).unwrap().unwrap();
+        assert_eq!(
+            tx.on_consumed(again.epoch, again.offset).unwrap(),
+            ConsumedOutcome::Ignore
+        );
+    }
+
+    /// Two offers withdrawn before the sender's freeze of the first one
+    /// came: both freezes are answered (the simulation's seed 105367).
+    #[test]
+    fn every_withdrawn_ring_the_sender_froze_is_answered() {
+        let mut tx = TxPath::on_tcp();
+        let mut rx = RxPath::on_tcp();
+        let first = rx.offer_ring().unwrap();
+        let from = tx.on_ring_offer(first).unwrap().unwrap();
+        tx.record_sent(10).unwrap();
+        assert!(rx.withdraw_offer(first));
+        let second = rx.offer_ring().unwrap();
+        assert!(rx.withdraw_offer(second));
+        let third = rx.offer_ring().unwrap();
+        let f = tx.freeze(10).unwrap();
+        assert_eq!(f.epoch, first);
+        let c = rx.on_tx_freeze(f.epoch, Some(f.offset)).unwrap().unwrap();
+        assert_eq!(
+            c,
+            ConsumedNotice {
+                epoch: first,
+                offset: from
+            }
+        );
+        match tx.on_consumed(c.epoch, c.offset).unwrap() {
+            ConsumedOutcome::Resend(r) => assert_eq!((r.from, r.len), (0, 10)),
+            other => panic!("{other:?}"),
+        }
+        // the offer out stands
+        assert_eq!(rx.state(), RxState::Offered { epoch: third });
     }
 
     /// A freeze of an older ring that crosses our offer leaves the offer
@@ -1233,10 +1252,12 @@ mod tests {
         // before the receiver has read the sender's freeze of ring 0
         let epoch = rx.offer_ring().unwrap();
         let from = tx.on_ring_offer(epoch).unwrap().unwrap();
+        // the older freeze is answered (the sender ignores it) and voids
+        // nothing
+        let again = rx.on_tx_freeze(f.epoch, Some(f.offset)).unwrap().unwrap();
         assert_eq!(
-            rx.on_tx_freeze(f.epoch, Some(f.offset)).unwrap(),
-            None,
-            "the older freeze needs no answer and voids nothing"
+            tx.on_consumed(again.epoch, again.offset).unwrap(),
+            ConsumedOutcome::Ignore
         );
         assert_eq!(rx.state(), RxState::Offered { epoch });
         assert_eq!(
@@ -1376,9 +1397,13 @@ mod tests {
         let mut rx = RxPath::on_tcp();
         let e = rx.offer_ring().unwrap();
         let notice = tx.freeze(0).unwrap();
+        let again = rx
+            .on_tx_freeze(notice.epoch, Some(notice.offset))
+            .unwrap()
+            .unwrap();
         assert_eq!(
-            rx.on_tx_freeze(notice.epoch, Some(notice.offset)).unwrap(),
-            None
+            tx.on_consumed(again.epoch, again.offset).unwrap(),
+            ConsumedOutcome::Ignore
         );
         let c = rx.freeze_local().unwrap();
         assert_eq!(c.epoch, e);
