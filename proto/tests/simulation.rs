@@ -4,9 +4,12 @@
 //! Two domains, A and B, hold one stream connection (a direction each
 //! way). Each direction runs proto's machines as a host does: the sender's
 //! `TxPath` over a real proto ring in test memory, the receiver's `RxPath`
-//! and its `OfferClock`. Around them a simulated world: a clock in
-//! milliseconds, a TCP leg per direction (ordered, delayed), the link
-//! (delayed, and losing what is in flight when it goes down), and moves
+//! and its `OfferClock`, its control frames taken in `RxControlOrder`'s
+//! order. Around them a simulated world: a clock in milliseconds, the TCP
+//! legs as the hosts use them (protocol version 2: each direction's bytes
+//! raw on one leg, its control frames on the way back of the other, two
+//! connections with delays of their own), the link (delayed, and losing
+//! what is in flight when it goes down), and moves
 //! (save + restore of either domain, the agent sending a domain away and
 //! back, both at once), offers the sender cannot map, and shutdowns. A
 //! seeded scheduler picks what happens next, so every run is one
@@ -20,15 +23,17 @@
 //! Checked at every step: every byte a reader takes is the byte sent at
 //! that offset (a receiver that moves and reads on from its ring reads a
 //! torn copy, the bytes its peer wrote through its mapping zeroed, as a
-//! guest restored from a live migration may, so trusting them shows). Checked at
-//! the end, after the world has been quiet for a bounded time: every byte
+//! guest restored from a live migration may, so trusting them shows), and
+//! every control frame is in order (proto's `RxControlError` fails the
+//! run). Checked at the end, after the world has been quiet for a bounded time: every byte
 //! sent was delivered, both directions are back on a ring (unless shut
 //! down), nothing is left in flight and no offer is outstanding.
 //!
 //! `XENSOCK_SIM_SEEDS=N` runs N seeds (default 300; CI runs more in a
 //! release build, `scripts/test`), from `XENSOCK_SIM_FIRST` (0);
-//! `XENSOCK_SIM_SEED=S` replays one, `XENSOCK_SIM_TRACE=1` with every step. A failing seed prints how to replay
-//! it; fixed seeds that once failed are in `REGRESSIONS`.
+//! `XENSOCK_SIM_SEED=S` replays one, `XENSOCK_SIM_TRACE=1` with every
+//! step. A failing seed prints how to replay it; fixed seeds that once
+//! failed are in `REGRESSIONS`.
 
 mod common;
 
@@ -37,11 +42,13 @@ use std::fmt::Write as _;
 use std::rc::Rc;
 
 use common::{pattern, pattern_bytes, Region};
-use xensock_proto::ctrl::MAX_DATA_PAYLOAD;
 use xensock_proto::mem::RawRing;
 use xensock_proto::offer::{OfferClock, OfferStep};
 use xensock_proto::ring::{Consumer, Producer};
-use xensock_proto::switch::{ConsumedOutcome, RingFromOutcome, RxPath, RxState, TxPath, TxState};
+use xensock_proto::switch::{
+    ConsumedOutcome, RingFromOutcome, RxControl, RxControlOrder, RxControlQueue, RxControlTaken,
+    RxPath, RxState, TxPath, TxState,
+};
 
 /// How long after the last move (and the link's return) everything must
 /// have settled and both directions be back on a ring: the offer clock's
@@ -87,17 +94,7 @@ enum Kind {
     User,
 }
 
-/// A frame on a TCP leg.
-#[derive(Clone, Debug)]
-enum Frame {
-    Data { offset: u64, bytes: Vec<u8> },
-    TxFreeze { epoch: u32, offset: u64 },
-    RingFrom { epoch: u32, offset: u64 },
-    Fin { offset: u64 },
-    Consumed { epoch: u32, offset: u64 },
-}
-
-/// An ordered, delayed stream: an item can be taken once its time came and
+/// A delayed, ordered stream: an item can be taken once its time came and
 /// everything before it was taken.
 struct Stream<T> {
     items: VecDeque<(u64, T)>,
@@ -119,14 +116,51 @@ impl<T> Stream<T> {
             .filter(|(at, _)| *at <= now)
             .map(|(_, v)| v)
     }
-    fn pop(&mut self) {
-        self.items.pop_front();
+    fn pop(&mut self) -> Option<T> {
+        self.items.pop_front().map(|(_, v)| v)
     }
     fn next_at(&self) -> Option<u64> {
         self.items.front().map(|(at, _)| *at)
     }
     fn is_empty(&self) -> bool {
         self.items.is_empty()
+    }
+}
+
+/// The sender's leg, raw (protocol version 2, `docs/protocol.md` 5.4):
+/// the stream's bytes only, which offsets they are the control frames say.
+struct RawLeg {
+    chunks: Stream<Vec<u8>>,
+    /// bytes of the front chunk already read
+    pos: usize,
+}
+
+impl RawLeg {
+    fn new() -> Self {
+        RawLeg {
+            chunks: Stream::new(),
+            pos: 0,
+        }
+    }
+    /// Up to `max` bytes that have arrived by `now`.
+    fn read(&mut self, now: u64, max: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(chunk) = self.chunks.front(now) else {
+                break;
+            };
+            let n = (chunk.len() - self.pos).min(max - out.len());
+            out.extend_from_slice(&chunk[self.pos..self.pos + n]);
+            self.pos += n;
+            if self.pos == chunk.len() {
+                self.chunks.pop();
+                self.pos = 0;
+            }
+        }
+        out
+    }
+    fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
     }
 }
 
@@ -152,15 +186,28 @@ struct Direction {
     reader: Option<Consumer<RawRing>>,
     offered: Option<Rc<Region>>,
     clock: OfferClock,
+    /// the sender's control frames as they came, taken in proto's order
+    rx_ctl: RxControlQueue,
+    ctl_order: RxControlOrder,
     // the wires
-    fwd: Stream<Frame>,
-    back: Stream<Frame>,
+    /// S -> R: the stream's bytes, raw
+    raw: RawLeg,
+    /// S -> R: control (RawFrom, RingFrom, TxFreeze, Fin), on the way back
+    /// of R's leg
+    ctl: Stream<RxControl>,
+    /// R -> S: `Consumed{epoch, offset}`
+    back: Stream<(u32, u64)>,
+    /// R -> S on the link: ring offers
     link: Stream<(u32, Rc<Region>)>,
+    /// the legs are two TCP connections: each adds its own delay to the
+    /// common one (ms)
+    raw_extra: u64,
+    ctl_extra: u64,
     delivered: u64,
 }
 
 impl Direction {
-    fn new(name: &'static str, order: u32) -> Self {
+    fn new(name: &'static str, order: u32, raw_extra: u64, ctl_extra: u64) -> Self {
         let region = Rc::new(Region::new(order, 0));
         Direction {
             name,
@@ -176,9 +223,14 @@ impl Direction {
             consumer: Some(region),
             offered: None,
             clock: OfferClock::new(),
-            fwd: Stream::new(),
+            rx_ctl: RxControlQueue::new(),
+            ctl_order: RxControlOrder::new(),
+            raw: RawLeg::new(),
+            ctl: Stream::new(),
             back: Stream::new(),
             link: Stream::new(),
+            raw_extra,
+            ctl_extra,
             delivered: 0,
         }
     }
@@ -205,14 +257,8 @@ impl Direction {
                 self.tx.record_sent(n as u64).map_err(|e| e.to_string())?;
             }
             TxState::Tcp => {
-                for (k, chunk) in data.chunks(MAX_DATA_PAYLOAD).enumerate() {
-                    self.fwd.push(
-                        now + lat,
-                        Frame::Data {
-                            offset: from + (k * MAX_DATA_PAYLOAD) as u64,
-                            bytes: chunk.to_vec(),
-                        },
-                    );
+                if !data.is_empty() {
+                    self.raw.chunks.push(now + lat + self.raw_extra, data);
                 }
                 self.tx.record_sent(len as u64).map_err(|e| e.to_string())?;
             }
@@ -232,9 +278,9 @@ impl Direction {
                     p.finish();
                 }
             }
-            TxState::Tcp => self.fwd.push(
-                now + lat,
-                Frame::Fin {
+            TxState::Tcp => self.ctl.push(
+                now + lat + self.ctl_extra,
+                RxControl::Fin {
                     offset: self.tx.sent(),
                 },
             ),
@@ -262,9 +308,9 @@ impl Direction {
         let notice = self.tx.freeze(unconsumed).map_err(|e| e.to_string())?;
         self.producer = None;
         self.mapped = None;
-        self.fwd.push(
-            now + lat,
-            Frame::TxFreeze {
+        self.ctl.push(
+            now + lat + self.ctl_extra,
+            RxControl::TxFreeze {
                 epoch: notice.epoch,
                 offset: notice.offset,
             },
@@ -293,21 +339,23 @@ impl Direction {
             return Ok(());
         }
         if let Some(m) = self.tx.on_ring_offer(epoch).map_err(|e| e.to_string())? {
-            self.fwd
-                .push(now + lat, Frame::RingFrom { epoch, offset: m });
+            // ends the run at m: nothing after it goes on the leg
+            self.ctl.push(
+                now + lat + self.ctl_extra,
+                RxControl::RingFrom { epoch, offset: m },
+            );
             self.producer = Some(Producer::new(ring.ring));
             self.mapped = Some(ring);
         }
         Ok(())
     }
 
-    /// The sender takes what reached it: `Consumed` on TCP, offers on the
-    /// link.
+    /// The sender takes what reached it: `Consumed` on its leg's way back,
+    /// offers on the link.
     fn pump_tx(&mut self, now: u64, lat: u64) -> Result<(), String> {
-        while let Some(f) = self.back.front(now).cloned() {
-            self.back.pop();
-            let Frame::Consumed { epoch, offset } = f else {
-                return Err(format!("{f:?} on the back stream"));
+        while self.back.front(now).is_some() {
+            let Some((epoch, offset)) = self.back.pop() else {
+                break;
             };
             let mut outcome = self
                 .tx
@@ -325,19 +373,20 @@ impl Direction {
                 let bytes = copy
                     .get(r.skip as usize..(r.skip + r.len) as usize)
                     .ok_or("resend beyond the copy")?;
-                for (k, chunk) in bytes.chunks(MAX_DATA_PAYLOAD).enumerate() {
-                    self.fwd.push(
-                        now + lat,
-                        Frame::Data {
-                            offset: r.from + (k * MAX_DATA_PAYLOAD) as u64,
-                            bytes: chunk.to_vec(),
-                        },
-                    );
+                // a new run: where its raw bytes start, then the bytes
+                self.ctl.push(
+                    now + lat + self.ctl_extra,
+                    RxControl::RawFrom { offset: r.from },
+                );
+                if !bytes.is_empty() {
+                    self.raw
+                        .chunks
+                        .push(now + lat + self.raw_extra, bytes.to_vec());
                 }
                 if self.tx.is_finished() {
-                    self.fwd.push(
-                        now + lat,
-                        Frame::Fin {
+                    self.ctl.push(
+                        now + lat + self.ctl_extra,
+                        RxControl::Fin {
                             offset: self.tx.sent(),
                         },
                     );
@@ -347,8 +396,10 @@ impl Direction {
                 self.take_offer(now, lat, epoch, ring)?;
             }
         }
-        while let Some((epoch, ring)) = self.link.front(now).cloned() {
-            self.link.pop();
+        while self.link.front(now).is_some() {
+            let Some((epoch, ring)) = self.link.pop() else {
+                break;
+            };
             self.take_offer(now, lat, epoch, ring)?;
         }
         Ok(())
@@ -357,7 +408,7 @@ impl Direction {
     // ---- receiver ----
 
     fn consumed(&mut self, now: u64, lat: u64, epoch: u32, offset: u64) {
-        self.back.push(now + lat, Frame::Consumed { epoch, offset });
+        self.back.push(now + lat, (epoch, offset));
     }
 
     /// The receiver moves: its ring pages are not to be trusted.
@@ -455,10 +506,60 @@ impl Direction {
         Ok(())
     }
 
+    /// The control frames that came, taken in proto's order as far as
+    /// they can be now (a host's `pump_rx` / `take_rx_ctl`).
+    fn take_control(&mut self, now: u64, lat: u64) -> Result<(), String> {
+        while let Some(&f) = self.ctl.front(now) {
+            self.ctl.pop();
+            self.rx_ctl
+                .push(f)
+                .map_err(|e| format!("control queue: {e}"))?;
+        }
+        while let Some(frame) = self.rx_ctl.front() {
+            let Some(taken) = self
+                .ctl_order
+                .take(&mut self.rx, frame)
+                .map_err(|e| format!("{}: control {frame:?}: {e}", self.name))?
+            else {
+                return Ok(());
+            };
+            match taken {
+                RxControlTaken::Run | RxControlTaken::Fin => {}
+                RxControlTaken::RingFrom { outcome, .. } => {
+                    if outcome == RingFromOutcome::Switch {
+                        let ring = self.offered.take().ok_or("RingFrom without an offer")?;
+                        self.reader = Some(Consumer::new(ring.ring));
+                        self.consumer = Some(ring);
+                        self.clock.settled();
+                    }
+                }
+                RxControlTaken::TxFreeze {
+                    epoch, consumed, ..
+                } => {
+                    self.clock.saw_freeze(epoch);
+                    if let Some(c) = consumed {
+                        self.consumed(now, lat, c.epoch, c.offset);
+                    }
+                    self.release_rx_ring();
+                    if matches!(self.rx.state(), RxState::Tcp) {
+                        self.offered = None;
+                        self.clock.settled();
+                    }
+                }
+            }
+            self.rx_ctl.pop();
+        }
+        Ok(())
+    }
+
     /// The receiving application reads up to `budget` bytes; the host
-    /// takes the frames that come in the way.
+    /// takes the control frames that came on the way.
     fn read(&mut self, now: u64, lat: u64, mut budget: usize) -> Result<(), String> {
         loop {
+            self.take_control(now, lat)?;
+            if budget == 0 {
+                return Ok(());
+            }
             if self.rx.reads_ring() {
                 let c = self.reader.as_mut().ok_or("ring without a reader")?;
                 let mut buf = vec![0u8; budget.min(c.capacity() as usize)];
@@ -478,78 +579,55 @@ impl Direction {
                     self.rx.on_fin(self.rx.taken()).map_err(|e| e.to_string())?;
                 }
                 self.release_rx_ring();
-                if budget == 0 {
+                if n == 0 {
                     return Ok(());
                 }
+                continue;
             }
-            let Some(f) = self.fwd.front(now).cloned() else {
+            // the raw leg, while a run is open (a host's `read_run`): never
+            // past the end of stream or a queued RingFrom's offset
+            if !self.ctl_order.run_open() || !self.rx.tcp_data_takeable() {
                 return Ok(());
-            };
-            match f {
-                Frame::Data { offset, bytes } => {
-                    if !self.rx.tcp_data_takeable() || bytes.len() > budget {
-                        return Ok(());
-                    }
-                    self.fwd.pop();
-                    self.rx
-                        .on_data(offset, bytes.len() as u64)
-                        .map_err(|e| e.to_string())?;
-                    self.check(&bytes)?;
-                    budget -= bytes.len();
-                }
-                Frame::TxFreeze { epoch, offset } => {
-                    self.fwd.pop();
-                    self.clock.saw_freeze(epoch);
-                    if let Some(c) = self
-                        .rx
-                        .on_tx_freeze(epoch, Some(offset))
-                        .map_err(|e| e.to_string())?
-                    {
-                        self.consumed(now, lat, c.epoch, c.offset);
-                    }
-                    self.release_rx_ring();
-                    if matches!(self.rx.state(), RxState::Tcp) {
-                        self.offered = None;
-                        self.clock.settled();
-                    }
-                }
-                Frame::RingFrom { epoch, offset } => {
-                    if !self.rx.tcp_data_takeable() || self.rx.taken() < offset {
-                        return Ok(());
-                    }
-                    self.fwd.pop();
-                    let outcome = self
-                        .rx
-                        .on_ring_from(epoch, offset)
-                        .map_err(|e| e.to_string())?;
-                    if outcome == RingFromOutcome::Switch {
-                        let ring = self.offered.take().ok_or("RingFrom without an offer")?;
-                        self.reader = Some(Consumer::new(ring.ring));
-                        self.consumer = Some(ring);
-                        self.clock.settled();
-                    }
-                }
-                Frame::Fin { offset } => {
-                    if !self.rx.tcp_data_takeable() {
-                        return Ok(());
-                    }
-                    self.fwd.pop();
-                    self.rx.on_fin(offset).map_err(|e| e.to_string())?;
-                }
-                Frame::Consumed { .. } => return Err("Consumed on the forward stream".into()),
             }
+            let taken = self.rx.taken();
+            let mut limit = budget as u64;
+            if let Some(eof) = self.rx.eof_at() {
+                limit = limit.min(eof.saturating_sub(taken));
+            }
+            if let Some(end) = self.rx_ctl.run_end() {
+                limit = limit.min(end.saturating_sub(taken));
+            }
+            if limit == 0 {
+                return Ok(());
+            }
+            let bytes = self.raw.read(now, limit as usize);
+            if bytes.is_empty() {
+                return Ok(());
+            }
+            self.rx
+                .on_data(taken, bytes.len() as u64)
+                .map_err(|e| e.to_string())?;
+            self.check(&bytes)?;
+            budget -= bytes.len();
         }
     }
 
     fn next_at(&self) -> Option<u64> {
-        [self.fwd.next_at(), self.back.next_at(), self.link.next_at()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.raw.chunks.next_at(),
+            self.ctl.next_at(),
+            self.back.next_at(),
+            self.link.next_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn settled(&self) -> bool {
-        self.fwd.is_empty()
+        self.raw.is_empty()
+            && self.ctl.is_empty()
+            && self.rx_ctl.is_empty()
             && self.back.is_empty()
             && self.link.is_empty()
             && self.delivered == self.tx.sent()
@@ -558,14 +636,17 @@ impl Direction {
 
     fn state(&self) -> String {
         format!(
-            "{}: tx {:?} sent {}, rx {:?} taken {} delivered {}, in flight {}/{}/{}",
+            "{}: tx {:?} sent {}, rx {:?} taken {} delivered {}, run open {}, in flight raw {} ctl {}+{} back {} link {}",
             self.name,
             self.tx.state(),
             self.tx.sent(),
             self.rx.state(),
             self.rx.taken(),
             self.delivered,
-            self.fwd.items.len(),
+            self.ctl_order.run_open(),
+            self.raw.chunks.items.len(),
+            self.ctl.items.len(),
+            self.rx_ctl.len(),
             self.back.items.len(),
             self.link.items.len()
         )
@@ -606,7 +687,16 @@ impl World {
             rng,
             now: 0,
             kinds,
-            dirs: [Direction::new("A->B", order), Direction::new("B->A", order)],
+            dirs: {
+                // from a second generator, so that a seed's schedule stays
+                // what it was before the legs had delays of their own
+                let mut legs = Rng(seed ^ 0x5853_4c45_4753);
+                let mut extra = || legs.below(300);
+                [
+                    Direction::new("A->B", order, extra(), extra()),
+                    Direction::new("B->A", order, extra(), extra()),
+                ]
+            },
             link_up: true,
             link_back_at: None,
             gone_at: [None, None],
