@@ -150,6 +150,12 @@ pub struct PeerHalf {
     /// Its generation: written, or derived from its ring-ref and port for
     /// a host that writes none (a restart changes those).
     pub generation: u32,
+    /// Whether the half wrote its generation. A derived one does not name
+    /// an instance of the half: the kernel module keeps its control page
+    /// (and so its ring-ref and port) when it takes its half back and
+    /// offers it again, so a derived generation seen dead can come back
+    /// alive.
+    pub generation_written: bool,
     /// Its control page's grant reference.
     pub ring_ref: u32,
     /// Its port, for us to bind.
@@ -171,6 +177,7 @@ impl HalfValues {
             generation: self
                 .generation
                 .unwrap_or_else(|| derived_generation(ring_ref, event_channel)),
+            generation_written: self.generation.is_some(),
             ring_ref,
             event_channel,
             peer_generation: self.peer_generation.unwrap_or(0),
@@ -243,6 +250,7 @@ mod tests {
             full.offered(),
             Some(PeerHalf {
                 generation: 77,
+                generation_written: true,
                 ring_ref: 8,
                 event_channel: 9,
                 peer_generation: 0,
@@ -281,6 +289,8 @@ mod tests {
         };
         let g = kernel.offered().unwrap().generation;
         assert_eq!(g & 1, 1);
+        // ... which names no instance of the half
+        assert!(!kernel.offered().unwrap().generation_written);
         let restarted = HalfValues {
             ring_ref: Some(10),
             ..kernel

@@ -204,7 +204,10 @@ impl Inner {
             }
             return;
         };
-        if st.dead_gens.get(&peer) == Some(&info.generation) {
+        // a half seen dead is not attached again; only a generation the
+        // peer wrote names one (`PeerHalf::generation_written`: the module
+        // offers its same half again after a link went down)
+        if info.generation_written && st.dead_gens.get(&peer) == Some(&info.generation) {
             return;
         }
         match st.links.get(&peer).map(|l| (l.gen, l.peer_gen)) {
