@@ -1331,7 +1331,7 @@ struct RingReader<'a>(
 
 impl ring::TakenCount for RingReader<'_> {
     /// Records `n` bytes taken off the ring; Err: the switch refuses the
-    /// count (the direction is no longer on the ring).
+    /// count (the direction has left the ring).
     fn taken(&mut self, n: usize) -> core::result::Result<(), ()> {
         self.0.path.record_ring_taken(n as u64).map_err(|_| ())
     }
