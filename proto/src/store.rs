@@ -86,21 +86,14 @@ mod tests {
 
     #[test]
     fn the_relative_spellings_agree() {
-        let joined = |a: &str, b: &str| {
-            let mut s = [0u8; 64];
-            let n = a.len() + 1 + b.len();
-            s[..a.len()].copy_from_slice(a.as_bytes());
-            s[a.len()] = b'/';
-            s[a.len() + 1..n].copy_from_slice(b.as_bytes());
-            (s, n)
-        };
-        let (s, n) = joined(XENSOCK, PEERS);
-        assert_eq!(&s[..n], PEERS_DIR.as_bytes());
-        let (s, n) = joined(XENSOCK, GONE);
-        assert_eq!(&s[..n], GONE_DIR.as_bytes());
-        let (s, n) = joined(ADVERT, "link");
-        assert_eq!(&s[..n], LINK_DIR.as_bytes());
-        assert!(ADVERT_ADDRS.starts_with(ADVERT) && ADVERT_VERSION.starts_with(ADVERT));
-        assert!(LABEL.starts_with(XENSOCK));
+        fn below<'a>(dir: &'a str, parent: &str) -> Option<&'a str> {
+            dir.strip_prefix(parent)?.strip_prefix('/')
+        }
+        assert_eq!(below(PEERS_DIR, XENSOCK), Some(PEERS));
+        assert_eq!(below(GONE_DIR, XENSOCK), Some(GONE));
+        assert_eq!(below(LINK_DIR, ADVERT), Some("link"));
+        assert_eq!(below(ADVERT_ADDRS, ADVERT), Some("addrs"));
+        assert_eq!(below(ADVERT_VERSION, ADVERT), Some("version"));
+        assert_eq!(below(LABEL, XENSOCK), Some("label"));
     }
 }
