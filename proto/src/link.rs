@@ -6,6 +6,8 @@
 
 use core::fmt;
 
+use super::ring::{Producer, RingMemory};
+
 /// Whether a peer's [`super::store::peer_node::ADDRS`] value lists `ip` (an
 /// IPv4-mapped IPv6 address matches its IPv4 address). Entries that are
 /// not addresses are skipped.
@@ -200,6 +202,18 @@ impl HalfValues {
                 )
             })
     }
+}
+
+/// Our producer on a peer's control ring, once we attached to its half.
+///
+/// A half outlives the other side's links: the kernel module keeps its
+/// control page (and the consumer position in it) while the other guest's
+/// processes come and go, each with its own link. A producer that started
+/// at 0 over a consumer standing at N would find the ring overrun at its
+/// first frame; it goes on from where the consumer stands instead (a fresh
+/// ring's consumer stands at 0).
+pub fn control_producer<M: RingMemory>(ring: M) -> Producer<M> {
+    Producer::resume_at_consumer(ring)
 }
 
 /// The generation of a half that writes none, from its ring-ref and port.

@@ -1167,7 +1167,10 @@ impl HostInner {
                     let r = st.ports.get(&(remote, rport)).ok_or_else(|| {
                         XenError::NotFound(format!("domain {remote} has no port {rport}"))
                     })?;
-                    if r.state != PortState::Unbound {
+                    // Xen's evtchn_close leaves the other end of an
+                    // interdomain channel unbound for the closer's domain:
+                    // it may bind that port again.
+                    if !matches!(r.state, PortState::Unbound | PortState::Closed) {
                         return Err(XenError::Invalid(format!(
                             "port {rport} of domain {remote} is not unbound"
                         )));

@@ -205,6 +205,18 @@ fn event_channels_connect_notify_and_close() {
     // Closing one end is visible at the other.
     drop(cb);
     assert_eq!(ca.peer_state().unwrap(), PeerState::Closed);
+    // As in Xen, the end left behind is unbound again for the same remote
+    // domain (a guest's next process binds the port a kernel driver
+    // allocated once), and for no other.
+    assert!(matches!(
+        xc.bind_interdomain(a.domid, ca.local_port()),
+        Err(XenError::PermissionDenied(_))
+    ));
+    let cb = xb.bind_interdomain(a.domid, ca.local_port()).unwrap();
+    assert_eq!(ca.peer_state().unwrap(), PeerState::Connected);
+    cb.notify().unwrap();
+    assert!(ca.wait(Some(T)).unwrap());
+    drop(cb);
     drop(ca);
     assert_clean(&host);
 }

@@ -456,9 +456,7 @@ impl<C: LinkConn> Link<C> {
                 epoch: 0,
             })
             .map_err(|_| EINVAL)?;
-        // Continue where the peer's consumer stands (a previous incarnation
-        // of ours may have written into this ring before).
-        let tx = Producer::resume_at_consumer(ring);
+        let tx = crate::proto::link::control_producer(ring);
         let chan = Evtchn::bind_interdomain(self.peer, port, &self.wake)?;
         self.kick_port.store(chan.port, Ordering::Release);
         chan.notify();

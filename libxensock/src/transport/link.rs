@@ -132,7 +132,7 @@ impl Inner {
             clear_byte: Some(LINK_MAPPER_ALIVE_OFFSET),
             send_event: Some(chan.local_port()),
         })?;
-        let p = Producer::new(ring.ring);
+        let p = xensock_proto::link::control_producer(ring.ring);
         link.tx = Some(LinkTx { ring, p, chan });
         link.peer_gen = Some(info.generation);
         link.reuse = self.cfg.ring_reuse && info.ring_reuse;

@@ -50,6 +50,8 @@ pub(crate) mod accept;
 mod config;
 mod connections;
 mod discovery;
+#[cfg(test)]
+mod kept_half_tests;
 mod link;
 mod manager;
 mod migration;
