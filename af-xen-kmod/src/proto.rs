@@ -13,6 +13,9 @@ pub(crate) mod layout;
 #[path = "../../proto/src/link.rs"]
 pub(crate) mod link;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/link_half.rs"]
+pub(crate) mod link_half;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 #[path = "../../proto/src/mem.rs"]
 pub(crate) mod mem;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]

@@ -64,6 +64,7 @@ pub mod ctrl;
 pub mod fuzzing;
 pub mod layout;
 pub mod link;
+pub mod link_half;
 pub mod mem;
 pub mod offer;
 pub mod record;

@@ -18,6 +18,7 @@ pub(crate) mod wake;
 use crate::proto::ctrl::{self, Channel, Message};
 use crate::proto::layout::{RingGeometry, RingIdentity, LINK_RING_MAGIC, LINK_RING_ORDER};
 use crate::proto::link::{node, HalfPath, HalfValues, LinkState};
+use crate::proto::link_half::{follow, HalfId, HalfStep, Ours, Theirs};
 use crate::proto::mem::RawRing;
 use crate::proto::ring::{Consumer, Producer};
 use crate::proto::store::{peer_node, DOMID, GONE_DIR, LINK_DIR, PEERS_DIR};
@@ -54,11 +55,11 @@ impl Drop for Half {
 }
 
 /// The peer's half, once mapped and bound.
-struct PeerHalf {
+struct Attached {
     tx: Producer<RawRing>,
     chan: Evtchn<LinkWake>,
-    gref: u32,
-    port: u32,
+    /// The instance of the peer's half this is.
+    half: HalfId,
     /// last: the ring above points into it
     _map: Mapping,
 }
@@ -155,7 +156,7 @@ pub(crate) trait LinkConn: Sized + Send + Sync + 'static {
 
 pub(crate) struct LinkInner<C: LinkConn> {
     mine: Option<Half>,
-    peer: Option<PeerHalf>,
+    peer: Option<Attached>,
     /// frames for the peer, in order, that did not fit its ring yet
     backlog: KVec<Frame>,
     watch: Option<xs::Watch>,
@@ -441,7 +442,8 @@ impl<C: LinkConn> Link<C> {
     }
 
     /// Maps the peer's control ring and binds its port.
-    fn attach(&self, i: &mut LinkInner<C>, gref: u32, port: u32) -> Result {
+    fn attach(&self, i: &mut LinkInner<C>, half: HalfId) -> Result {
+        let (gref, port) = (half.ring_ref, half.event_channel);
         self.vanished.store(false, Ordering::Release);
         let g = link_geometry()?;
         let map = Mapping::map(self.peer, gref)?;
@@ -460,11 +462,10 @@ impl<C: LinkConn> Link<C> {
         let chan = Evtchn::bind_interdomain(self.peer, port, &self.wake)?;
         self.kick_port.store(chan.port, Ordering::Release);
         chan.notify();
-        i.peer = Some(PeerHalf {
+        i.peer = Some(Attached {
             tx,
             chan,
-            gref,
-            port,
+            half,
             _map: map,
         });
         self.up.store(true, Ordering::Release);
@@ -628,42 +629,60 @@ impl<C: LinkConn> Link<C> {
         }
     }
 
+    /// The peer's half changed: proto's link-half step ([`follow`]),
+    /// done here. The module always holds its own half while the link
+    /// exists, and writes no generation.
     fn follow_peer(self: &Arc<Self>, i: &mut LinkInner<C>) {
-        let st = xs::read_u32(&self.peer_dir, node::STATE);
-        let gref = xs::read_u32(&self.peer_dir, node::RING_REF);
-        let port = xs::read_u32(&self.peer_dir, node::EVENT_CHANNEL);
-        let advertised = st
-            .and_then(LinkState::from_value)
-            .is_some_and(LinkState::is_offered);
-        if let Some(ph) = &i.peer {
-            if !advertised && st.is_none() {
-                // vanished, not retracted: a destroyed domain, or a pair
+        let values = HalfValues {
+            ring_ref: xs::read_u32(&self.peer_dir, node::RING_REF),
+            event_channel: xs::read_u32(&self.peer_dir, node::EVENT_CHANNEL),
+            state: xs::read_u32(&self.peer_dir, node::STATE),
+            generation: xs::read_u32(&self.peer_dir, node::GENERATION),
+            peer_generation: xs::read_u32(&self.peer_dir, node::PEER_GENERATION),
+            ring_reuse: None,
+        };
+        let theirs = match (values.state, values.offered()) {
+            (None, _) => Theirs::Removed,
+            (Some(_), Some(h)) => Theirs::Offered(h),
+            (Some(_), None) => Theirs::Withdrawn,
+        };
+        let ours = i
+            .peer
+            .as_ref()
+            .map_or(Ours::Offered { generation: None }, |a| {
+                Ours::Attached(a.half)
+            });
+        match follow(ours, theirs, None) {
+            HalfStep::Ignore => return,
+            HalfStep::Detach { removed: true } => {
+                // vanished, not withdrawn: a destroyed domain, or a pair
                 // dom0 ended; the first unless dom0 says it is gone
                 self.vanished.store(true, Ordering::Release);
                 self.detach(i, "peer state removed");
                 if dead_marked(self.me, self.peer) {
                     self.end_dead_peer(i);
                 }
-            } else if !advertised {
-                self.detach(i, "peer state changed or removed");
-            } else if gref != Some(ph.gref) || port != Some(ph.port) {
-                self.detach(i, "peer re-advertised (restarted)");
+                return;
             }
+            HalfStep::Detach { removed: false } => {
+                self.detach(i, "peer withdrew its half");
+                return;
+            }
+            HalfStep::Restart => self.detach(i, "peer re-advertised (restarted)"),
+            HalfStep::Attach | HalfStep::Answer { .. } => {}
         }
-        if i.peer.is_none() && advertised {
-            if let (Some(r), Some(p)) = (gref, port) {
-                if let Err(x) = self.attach(i, r, p) {
-                    pr_warn!(
-                        "link to dom{}: cannot attach to ring-ref {} port {}: {:?}\n",
-                        self.peer,
-                        r,
-                        p,
-                        x
-                    );
-                } else {
-                    C::adopt_moved(self, i);
-                }
-            }
+        let Theirs::Offered(h) = theirs else { return };
+        let half = HalfId::from(&h);
+        if let Err(x) = self.attach(i, half) {
+            pr_warn!(
+                "link to dom{}: cannot attach to ring-ref {} port {}: {:?}\n",
+                self.peer,
+                half.ring_ref,
+                half.event_channel,
+                x
+            );
+        } else {
+            C::adopt_moved(self, i);
         }
     }
 

@@ -84,7 +84,7 @@ impl Inner {
             Link {
                 peer,
                 gen,
-                peer_gen: None,
+                peer_half: None,
                 rx,
                 c,
                 rx_chan,
@@ -134,7 +134,7 @@ impl Inner {
         })?;
         let p = xensock_proto::link::control_producer(ring.ring);
         link.tx = Some(LinkTx { ring, p, chan });
-        link.peer_gen = Some(info.generation);
+        link.peer_half = Some(HalfId::from(info));
         link.reuse = self.cfg.ring_reuse && info.ring_reuse;
         tracing::info!(peer, gen = link.gen, peer_gen = info.generation, "link up");
         let _ = self.xs.write(
@@ -149,7 +149,8 @@ impl Inner {
         Ok(())
     }
 
-    pub(super) fn read_peer_node(&self, peer: DomId) -> Result<Option<PeerHalf>, XsError> {
+    /// The peer's half for us, as [`follow`] takes it.
+    pub(super) fn read_peer_node(&self, peer: DomId) -> Result<Theirs, XsError> {
         let half = self.peer_node(peer);
         let num = |name: &str| -> Result<Option<u32>, XsError> {
             Ok(self
@@ -157,15 +158,16 @@ impl Inner {
                 .try_read(&format!("{half}/{name}"))?
                 .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok()))
         };
-        let read = || -> Result<Option<PeerHalf>, XsError> {
-            // Absent or incomplete (the usual case when it is gone): the
-            // rest need not be read.
-            let (Some(ring_ref), Some(event_channel), Some(state)) = (
-                num(node::RING_REF)?,
-                num(node::EVENT_CHANNEL)?,
-                num(node::STATE)?,
-            ) else {
-                return Ok(None);
+        let read = || -> Result<Theirs, XsError> {
+            let Some(state) = num(node::STATE)? else {
+                return Ok(Theirs::Removed);
+            };
+            // Withdrawn or incomplete (the usual case when it is going):
+            // the rest need not be read.
+            let (Some(ring_ref), Some(event_channel)) =
+                (num(node::RING_REF)?, num(node::EVENT_CHANNEL)?)
+            else {
+                return Ok(Theirs::Withdrawn);
             };
             let values = HalfValues {
                 ring_ref: Some(ring_ref),
@@ -175,67 +177,62 @@ impl Inner {
                 peer_generation: num(node::PEER_GENERATION)?,
                 ring_reuse: num(node::FEATURE_RING_REUSE)?,
             };
-            Ok(values.offered())
+            Ok(values.offered().map_or(Theirs::Withdrawn, Theirs::Offered))
         };
         match read() {
             Ok(v) => Ok(v),
-            Err(e) if e.is(XsErrno::Acces) || e.is(XsErrno::NoEnt) => Ok(None),
+            Err(e) if e.is(XsErrno::Acces) || e.is(XsErrno::NoEnt) => Ok(Theirs::Removed),
             Err(e) => Err(e),
         }
     }
 
-    /// A peer's link node for us changed (or appeared, or went away).
+    /// A peer's link node for us changed (or appeared, or went away): the
+    /// step is proto's ([`follow`]); this does it.
     pub(super) fn on_peer_node(&self, st: &mut State, peer: DomId) {
         if self.suspended.load(Ordering::Acquire) && !st.links.contains_key(&peer) {
             // Answered after the resume (which offers a link itself).
             return;
         }
-        let info = match self.read_peer_node(peer) {
-            Ok(i) => i,
-            Err(_) => return,
+        let Ok(theirs) = self.read_peer_node(peer) else {
+            return;
         };
-        let Some(info) = info else {
-            // Node gone: the peer tore its link down or its domain died.
-            if st.links.get(&peer).is_some_and(|l| l.peer_gen.is_some()) {
-                self.link_down(st, peer, true);
-            } else if self.peer_retracted(peer) {
+        let ours = match st.links.get(&peer) {
+            None => Ours::Nothing,
+            Some(l) => l.peer_half.map_or(
+                Ours::Offered {
+                    generation: Some(l.gen),
+                },
+                Ours::Attached,
+            ),
+        };
+        let Theirs::Offered(info) = theirs else {
+            match follow(ours, theirs, None) {
+                // the peer tore its half down or its domain died
+                HalfStep::Detach { .. } => self.link_down(st, peer, true),
                 // retracted after we saw the link die: saved or migrating
-                st.vanished.remove(&peer);
+                _ if self.peer_retracted(peer) => {
+                    st.vanished.remove(&peer);
+                }
+                _ => {}
             }
             return;
         };
-        // a half seen dead is not attached again; only a generation the
-        // peer wrote names one (`PeerHalf::generation_written`: the module
-        // offers its same half again after a link went down)
-        if info.generation_written && st.dead_gens.get(&peer) == Some(&info.generation) {
-            return;
-        }
-        match st.links.get(&peer).map(|l| (l.gen, l.peer_gen)) {
-            Some((_, Some(g))) if g == info.generation => return,
-            Some((_, Some(_))) => {
-                // The peer restarted: everything on the old link is dead.
+        match follow(ours, theirs, st.dead_gens.get(&peer).copied()) {
+            HalfStep::Ignore | HalfStep::Detach { .. } => return,
+            HalfStep::Restart => {
+                // Everything on the old link is dead; the new half is an
+                // offer to answer.
                 self.link_down(st, peer, true);
-            }
-            Some((mine, None)) => {
-                if info.peer_generation != 0 && info.peer_generation != mine {
-                    // An answer to an older offer of ours; it will see the
-                    // current one and answer again.
+                if self.create_link(st, peer, Some(info.generation)).is_err() {
                     return;
                 }
-                if self.attach_link(st, peer, &info).is_err() {
-                    self.link_down(st, peer, false);
-                } else {
-                    self.offer_carriers(st, peer);
-                }
-                return;
             }
-            None => {}
-        }
-        if st.links.contains_key(&peer) {
-            return;
-        }
-        if self.create_link(st, peer, Some(info.generation)).is_err() {
-            return;
+            HalfStep::Answer { answering } => {
+                if self.create_link(st, peer, Some(answering)).is_err() {
+                    return;
+                }
+            }
+            HalfStep::Attach => {}
         }
         if self.attach_link(st, peer, &info).is_err() {
             self.link_down(st, peer, false);
@@ -254,8 +251,8 @@ impl Inner {
             self.counters.links_lost.fetch_add(1, Ordering::Relaxed);
         }
         tracing::info!(peer, lost, gen = link.gen, "link down");
-        if let Some(g) = link.peer_gen {
-            st.dead_gens.insert(peer, g);
+        if let Some(h) = link.peer_half {
+            st.dead_gens.insert(peer, h.generation);
         }
         epoll_del(&self.epoll, link.rx_chan.as_raw_fd());
         // Ring offers that went over this link can no longer be taken.

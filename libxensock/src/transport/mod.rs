@@ -20,6 +20,7 @@ use xensock_proto::ctrl::{
 };
 use xensock_proto::layout::{RingGeometry, RingIdentity, LINK_RING_ORDER};
 use xensock_proto::link::{node, HalfPath, HalfValues, LinkState, PeerHalf};
+use xensock_proto::link_half::{follow, HalfId, HalfStep, Ours, Theirs};
 use xensock_proto::mem::RawRing;
 use xensock_proto::ring::{Consumer, Field, Producer, RingMemory};
 use xensock_proto::store;
@@ -100,7 +101,7 @@ struct LinkTx {
 struct Link {
     peer: DomId,
     gen: u32,
-    peer_gen: Option<u32>,
+    peer_half: Option<HalfId>,
     rx: OwnedRing,
     c: Consumer<RawRing>,
     rx_chan: Box<dyn EventChannel>,

@@ -241,7 +241,7 @@ impl Inner {
             .map(|l| LinkStatus {
                 peer: l.peer,
                 generation: l.gen,
-                peer_generation: l.peer_gen,
+                peer_generation: l.peer_half.map(|h| h.generation),
                 up: l.tx.is_some(),
                 connections: l.conns.len(),
                 pending_frames: l.pending.len(),
