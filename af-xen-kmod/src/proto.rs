@@ -10,6 +10,9 @@ pub(crate) mod ctrl;
 #[path = "../../proto/src/layout.rs"]
 pub(crate) mod layout;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/leg.rs"]
+pub(crate) mod leg;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 #[path = "../../proto/src/link.rs"]
 pub(crate) mod link;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]

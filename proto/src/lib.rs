@@ -63,6 +63,7 @@ pub mod ctrl;
 #[cfg(feature = "arbitrary")]
 pub mod fuzzing;
 pub mod layout;
+pub mod leg;
 pub mod link;
 pub mod link_half;
 pub mod mem;

@@ -9,6 +9,7 @@
 
 use super::{SocketCore, XenSock};
 use crate::proto::ctrl::{self, Channel, TcpEndpoint};
+use crate::proto::leg::{admit, Admission, Refusal, HELLO_TIMEOUT_MS};
 use crate::sys::net::{self, TcpSock};
 use core::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use kernel::new_mutex;
@@ -19,9 +20,9 @@ use kernel::sync::{Arc, Mutex};
 pub(crate) use ctrl::HELLO_LEN;
 /// Unauthenticated legs held at once; more are closed at once.
 const MAX_PENDING: usize = 64;
-/// A leg whose hello has not arrived within this is closed (as
-/// libxensock's `hello_timeout`).
-const HELLO_TIMEOUT_MS: u64 = 5000;
+/// How often a parked leg (complete hello, connection not known yet) is
+/// decided again before its deadline.
+const PARKED_RECHECK_MS: u64 = 50;
 
 /// What travels with each stream connection for its TCP carrier.
 #[derive(Clone, Copy)]
@@ -190,18 +191,30 @@ pub(crate) fn new_cookie() -> u64 {
     net::random_u64()
 }
 
-/// What a complete hello decides.
-fn check_hello(buf: &[u8]) -> core::result::Result<Arc<XenSock>, &'static AtomicI64> {
-    let Some((conn_id, cookie)) = ctrl::decode_hello(buf) else {
-        return Err(&MALFORMED);
-    };
-    let Some((xs, want)) = XenSock::find_connected(conn_id) else {
-        return Err(&UNKNOWN_CONN);
-    };
-    if !ctrl::cookie_matches(want, cookie) {
-        return Err(&BAD_COOKIE);
+/// proto's admission step for a complete hello: the connection it names
+/// when accepted, `None` to park it, or the counter of its refusal.
+fn check_hello(
+    hello: &[u8],
+    deadline_ms: u64,
+) -> Option<core::result::Result<Arc<XenSock>, &'static AtomicI64>> {
+    let mut found = None;
+    let verdict = admit(
+        hello,
+        |id| {
+            let (xs, cookie) = XenSock::find_connected(id)?;
+            found = Some(xs);
+            Some(cookie)
+        },
+        net::now_ms(),
+        deadline_ms,
+    );
+    match verdict {
+        Admission::Accept { .. } => found.map(Ok),
+        Admission::Park { .. } => None,
+        Admission::Refuse(Refusal::Malformed) => Some(Err(&MALFORMED)),
+        Admission::Refuse(Refusal::BadCookie) => Some(Err(&BAD_COOKIE)),
+        Admission::Refuse(Refusal::UnknownConn) => Some(Err(&UNKNOWN_CONN)),
     }
-    Ok(xs)
 }
 
 /// The TCP work item's first step: accepts legs and reads their hellos;
@@ -242,27 +255,41 @@ pub(crate) fn take_authenticated() -> KVec<(Arc<XenSock>, TcpSock)> {
         let old = core::mem::replace(&mut g.pending, KVec::new());
         let mut next: Option<u64> = None;
         for mut p in old.into_iter() {
-            let verdict = match p.sock.recv(&mut p.hello[p.got..]) {
-                Ok(0) => Some(Err(&MALFORMED)),
-                Ok(n) => {
-                    p.got += n;
-                    // a header that is not a TcpHello is refused at once
-                    if p.got >= ctrl::HEADER_LEN && !is_hello_header(&p.hello[..ctrl::HEADER_LEN]) {
-                        Some(Err(&MALFORMED))
-                    } else if p.got == HELLO_LEN {
-                        Some(check_hello(&p.hello))
-                    } else {
-                        None
+            let verdict = if p.got == HELLO_LEN {
+                // complete and parked: decide again
+                check_hello(&p.hello, p.deadline_ms)
+            } else {
+                match p.sock.recv(&mut p.hello[p.got..]) {
+                    Ok(0) => Some(Err(&MALFORMED)),
+                    Ok(n) => {
+                        p.got += n;
+                        // a header that is not a TcpHello is refused at once
+                        if p.got >= ctrl::HEADER_LEN
+                            && !is_hello_header(&p.hello[..ctrl::HEADER_LEN])
+                        {
+                            Some(Err(&MALFORMED))
+                        } else if p.got == HELLO_LEN {
+                            check_hello(&p.hello, p.deadline_ms)
+                        } else {
+                            None
+                        }
                     }
+                    Err(x) if x == crate::sys::errno::EAGAIN => None,
+                    Err(_) => Some(Err(&MALFORMED)),
                 }
-                Err(x) if x == crate::sys::errno::EAGAIN => None,
-                Err(_) => Some(Err(&MALFORMED)),
             };
             let now = net::now_ms();
             match verdict {
                 None if now >= p.deadline_ms => inc(&TIMED_OUT),
                 None => {
-                    next = Some(next.map_or(p.deadline_ms, |d: u64| d.min(p.deadline_ms)));
+                    // a parked leg is looked at again soon: its connection
+                    // may become known without a pass of its own
+                    let due = if p.got == HELLO_LEN {
+                        p.deadline_ms.min(now + PARKED_RECHECK_MS)
+                    } else {
+                        p.deadline_ms
+                    };
+                    next = Some(next.map_or(due, |d: u64| d.min(due)));
                     if g.pending.push(p, GFP_KERNEL).is_err() {
                         inc(&DROPPED);
                     }
@@ -277,7 +304,7 @@ pub(crate) fn take_authenticated() -> KVec<(Arc<XenSock>, TcpSock)> {
                 Some(Err(c)) => inc(c),
             }
         }
-        // come back at the earliest hello deadline
+        // come back at the earliest hello deadline (or parked leg's check)
         if let Some(d) = next {
             let wait = d.saturating_sub(net::now_ms()).clamp(10, HELLO_TIMEOUT_MS);
             net::schedule_after_ms(wait as u32);

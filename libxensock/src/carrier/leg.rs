@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use xensock_proto::ctrl::{cookie_matches, decode_hello, TcpEndpoint, HELLO_LEN};
+use xensock_proto::ctrl::{TcpEndpoint, HELLO_LEN};
+use xensock_proto::leg::{admit, Admission, Refusal, HELLO_TIMEOUT_MS};
 
 use crate::sys::eventfd::EventFd;
 
@@ -74,7 +75,7 @@ pub(crate) struct LegListenerConfig {
 impl Default for LegListenerConfig {
     fn default() -> Self {
         LegListenerConfig {
-            hello_timeout: Duration::from_secs(5),
+            hello_timeout: Duration::from_millis(HELLO_TIMEOUT_MS),
             max_pending: 256,
         }
     }
@@ -193,14 +194,49 @@ struct Pending {
     deadline: Instant,
 }
 
-/// A leg whose hello named a connection not registered (yet): the peer
-/// may start its leg before our side of the handshake registered the
-/// connection, so it waits until its deadline before it is refused.
+/// A leg whose complete hello named a connection not registered (yet):
+/// parked until its deadline ([`admit`]).
 struct Parked {
-    conn_id: u32,
-    cookie: u64,
+    hello: [u8; HELLO_LEN],
     sock: TcpStream,
     deadline: Instant,
+}
+
+impl Shared {
+    /// proto's admission step for a complete hello, done: the leg handed
+    /// over, closed and counted, or given back to park.
+    fn admit(&self, p: Parked) -> Option<Parked> {
+        // the deadline on proto's clock: now is 0, the deadline what is left
+        let left_ms = p
+            .deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis();
+        let registry = lock(&self.registry);
+        let verdict = admit(
+            &p.hello,
+            |id| registry.get(&id).map(|r| r.cookie),
+            0,
+            u64::try_from(left_ms).unwrap_or(u64::MAX),
+        );
+        let counter = match verdict {
+            Admission::Accept { conn_id } => {
+                let deliver = registry.get(&conn_id).map(|r| r.deliver.clone());
+                // Delivery may take the connection's lock: not under ours.
+                drop(registry);
+                if let Some(deliver) = deliver {
+                    self.counters.accepted.fetch_add(1, Ordering::Relaxed);
+                    deliver(p.sock);
+                }
+                return None;
+            }
+            Admission::Park { .. } => return Some(p),
+            Admission::Refuse(Refusal::Malformed) => &self.counters.malformed,
+            Admission::Refuse(Refusal::BadCookie) => &self.counters.bad_cookie,
+            Admission::Refuse(Refusal::UnknownConn) => &self.counters.unknown_conn,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        None
+    }
 }
 
 /// The listener thread. Legs are handed over only after a complete,
@@ -266,29 +302,7 @@ fn serve(listener: TcpListener, shared: Arc<Shared>, config: LegListenerConfig) 
             }
         }
         pending = keep;
-        parked = parked
-            .into_iter()
-            .filter_map(|p| {
-                let deliver = {
-                    let registry = lock(&shared.registry);
-                    match registry.get(&p.conn_id) {
-                        None if Instant::now() >= p.deadline => {
-                            shared.counters.unknown_conn.fetch_add(1, Ordering::Relaxed);
-                            return None;
-                        }
-                        None => return Some(p),
-                        Some(r) if !cookie_matches(r.cookie, p.cookie) => {
-                            shared.counters.bad_cookie.fetch_add(1, Ordering::Relaxed);
-                            return None;
-                        }
-                        Some(r) => r.deliver.clone(),
-                    }
-                };
-                shared.counters.accepted.fetch_add(1, Ordering::Relaxed);
-                deliver(p.sock);
-                None
-            })
-            .collect();
+        parked = parked.into_iter().filter_map(|p| shared.admit(p)).collect();
         // New connections.
         if fds[1].revents != 0 {
             loop {
@@ -350,32 +364,14 @@ fn read_hello(mut p: Pending, shared: &Shared) -> Hello {
             }
         }
     }
-    let Some((conn_id, cookie)) = decode_hello(&p.buf) else {
-        shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
-        return Hello::Done;
-    };
-    let deliver = {
-        let registry = lock(&shared.registry);
-        match registry.get(&conn_id) {
-            None => {
-                return Hello::Unknown(Parked {
-                    conn_id,
-                    cookie,
-                    sock: p.sock,
-                    deadline: p.deadline,
-                })
-            }
-            Some(r) if !cookie_matches(r.cookie, cookie) => {
-                shared.counters.bad_cookie.fetch_add(1, Ordering::Relaxed);
-                return Hello::Done;
-            }
-            Some(r) => r.deliver.clone(),
-        }
-    };
-    shared.counters.accepted.fetch_add(1, Ordering::Relaxed);
-    // The registry lock is released: delivery may take the connection's.
-    deliver(p.sock);
-    Hello::Done
+    match shared.admit(Parked {
+        hello: p.buf,
+        sock: p.sock,
+        deadline: p.deadline,
+    }) {
+        Some(parked) => Hello::Unknown(parked),
+        None => Hello::Done,
+    }
 }
 
 #[cfg(test)]
