@@ -530,18 +530,15 @@ impl RxPath {
             RxState::Ring { .. } => Err(SwitchError::BadEpoch(epoch)),
             // The sender left an older ring while this side is off every
             // ring: it is answered with what TCP brought us, always. A ring
-            // this side left was answered then, and the sender ignores the
-            // repeat; but one it withdrew (its link died after the sender
-            // took it) or any of several was answered by nobody, and its
-            // sender stayed frozen for good (lab userspace-churn, cycle 49
-            // of 100; the protocol simulation, two withdrawn offers before
-            // the first one's freeze came). An offer out stands: the sender
-            // may take it (its RingFrom follows this on the stream).
-            // (Abandoning it here answered a freeze that crossed our offer
-            // with a Consumed that froze the ring the sender had just
-            // taken, whose TxFreeze crossed our next offer: a chain of
-            // rings, one per round trip, for as long as offers outran
-            // freezes.)
+            // this side left or abandoned was answered then and the sender
+            // ignores the repeat; but a sender frozen on a ring nobody
+            // answers stays frozen for good, and answering costs nothing.
+            // An offer out stands: the sender may take it (its RingFrom
+            // follows this on the stream). Abandoning it here would answer
+            // a freeze that crossed our offer with a Consumed that freezes
+            // the ring the sender just took, whose TxFreeze crosses our
+            // next offer: a chain of rings, one per round trip, for as long
+            // as offers outrun freezes.
             RxState::Offered { epoch: offered } if epoch < offered => Ok(Some(ConsumedNotice {
                 epoch,
                 offset: self.next_tcp,
@@ -623,23 +620,6 @@ impl RxPath {
                 Ok(epoch)
             }
             _ => Err(SwitchError::UnexpectedInState("ring offer")),
-        }
-    }
-
-    /// Takes back the offer of ring `epoch` when it can no longer be
-    /// accepted (the link it went over died): back to `Tcp`, so that a new
-    /// ring can be offered. A `RingFrom` for it is ignored from then on
-    /// (its epoch is past); bytes its sender may have put in that ring are
-    /// covered by the sender's freeze of it, which [`RxPath::on_tx_freeze`]
-    /// answers with `Consumed` at what we consumed. Returns whether that
-    /// offer was pending.
-    pub fn withdraw_offer(&mut self, epoch: Epoch) -> bool {
-        match self.state {
-            RxState::Offered { epoch: offered } if offered == epoch => {
-                self.state = RxState::Tcp;
-                true
-            }
-            _ => false,
         }
     }
 
@@ -1016,6 +996,13 @@ impl RxControlOrder {
 mod tests {
     use super::*;
 
+    /// What both hosts do with an offer whose link died: abandon it (back
+    /// to TCP, with the `Consumed` that says so).
+    fn abandon(rx: &mut RxPath, epoch: Epoch) -> ConsumedNotice {
+        assert_eq!(rx.state(), RxState::Offered { epoch });
+        rx.freeze_local().expect("an offer out is answered")
+    }
+
     #[test]
     fn the_control_queue_keeps_arrival_order_and_refuses_a_flood() {
         let mut q = RxControlQueue::new();
@@ -1122,7 +1109,7 @@ mod tests {
             .take(&mut path, RxControl::RawFrom { offset: 0 })
             .unwrap();
         let epoch = path.offer_ring().unwrap();
-        assert!(path.withdraw_offer(epoch));
+        abandon(&mut path, epoch);
         path.on_data(0, 20).unwrap();
         assert_eq!(
             order.take(&mut path, RxControl::RingFrom { epoch, offset: 8 }),
@@ -1152,11 +1139,12 @@ mod tests {
         assert!(order.run_open());
     }
 
-    /// The receiver withdraws its offer (the link died) after the sender
+    /// The receiver abandons its offer (the link died) after the sender
     /// took it and wrote into it; the sender then freezes that ring. The
-    /// receiver must answer, or the sender stays frozen for good.
+    /// receiver must answer the freeze too (its own `Consumed` may come
+    /// later), or the sender stays frozen for good.
     #[test]
-    fn a_withdrawn_offer_the_sender_took_is_answered_when_it_freezes() {
+    fn an_abandoned_offer_the_sender_took_is_answered_when_it_freezes() {
         let mut tx = TxPath::on_ring();
         let mut rx = RxPath::on_ring();
         tx.record_sent(100).unwrap();
@@ -1175,8 +1163,9 @@ mod tests {
         let from = tx.on_ring_offer(epoch).unwrap().unwrap();
         assert_eq!(from, 150);
         tx.record_sent(30).unwrap();
-        // the link dies: the receiver withdraws, the sender freezes
-        assert!(rx.withdraw_offer(epoch));
+        // the link dies: the receiver abandons, the sender freezes
+        let own = abandon(&mut rx, epoch);
+        assert_eq!(own, ConsumedNotice { epoch, offset: 150 });
         assert_eq!(
             rx.on_ring_from(epoch, from).unwrap(),
             RingFromOutcome::Ignore
@@ -1186,32 +1175,35 @@ mod tests {
         let c = rx
             .on_tx_freeze(f.epoch, Some(f.offset))
             .unwrap()
-            .expect("a Consumed for the withdrawn ring");
+            .expect("a Consumed for the abandoned ring");
         assert_eq!(c, ConsumedNotice { epoch, offset: 150 });
         match tx.on_consumed(c.epoch, c.offset).unwrap() {
             ConsumedOutcome::Resend(r) => assert_eq!((r.from, r.len), (150, 30)),
             other => panic!("{other:?}"),
         }
-        // a repeat is answered too, and the sender ignores it
+        // a repeat is answered too, and the sender ignores it, as it
+        // ignores the receiver's own Consumed coming after
         let again = rx.on_tx_freeze(f.epoch, Some(f.offset)).unwrap().unwrap();
-        assert_eq!(
-            tx.on_consumed(again.epoch, again.offset).unwrap(),
-            ConsumedOutcome::Ignore
-        );
+        for late in [again, own] {
+            assert_eq!(
+                tx.on_consumed(late.epoch, late.offset).unwrap(),
+                ConsumedOutcome::Ignore
+            );
+        }
     }
 
-    /// Two offers withdrawn before the sender's freeze of the first one
-    /// came: both freezes are answered (the simulation's seed 105367).
+    /// Two offers abandoned before the sender's freeze of the first one
+    /// came: its freeze is answered (the simulation's seed 105367).
     #[test]
-    fn every_withdrawn_ring_the_sender_froze_is_answered() {
+    fn every_abandoned_ring_the_sender_froze_is_answered() {
         let mut tx = TxPath::on_tcp();
         let mut rx = RxPath::on_tcp();
         let first = rx.offer_ring().unwrap();
         let from = tx.on_ring_offer(first).unwrap().unwrap();
         tx.record_sent(10).unwrap();
-        assert!(rx.withdraw_offer(first));
+        let own_first = abandon(&mut rx, first);
         let second = rx.offer_ring().unwrap();
-        assert!(rx.withdraw_offer(second));
+        let own_second = abandon(&mut rx, second);
         let third = rx.offer_ring().unwrap();
         let f = tx.freeze(10).unwrap();
         assert_eq!(f.epoch, first);
@@ -1226,6 +1218,13 @@ mod tests {
         match tx.on_consumed(c.epoch, c.offset).unwrap() {
             ConsumedOutcome::Resend(r) => assert_eq!((r.from, r.len), (0, 10)),
             other => panic!("{other:?}"),
+        }
+        // the receiver's own Consumed coming after change nothing
+        for late in [own_first, own_second] {
+            assert_eq!(
+                tx.on_consumed(late.epoch, late.offset).unwrap(),
+                ConsumedOutcome::Ignore
+            );
         }
         // the offer out stands
         assert_eq!(rx.state(), RxState::Offered { epoch: third });
@@ -1267,16 +1266,16 @@ mod tests {
         assert_eq!(rx.state(), RxState::Ring { epoch, start: 166 });
     }
 
-    /// A withdrawn ring the sender took is answered when it freezes, also
+    /// An abandoned ring the sender took is answered when it freezes, also
     /// when a newer offer is out by then.
     #[test]
-    fn a_withdrawn_ring_is_answered_while_a_newer_offer_is_out() {
+    fn an_abandoned_ring_is_answered_while_a_newer_offer_is_out() {
         let mut tx = TxPath::on_tcp();
         let mut rx = RxPath::on_tcp();
         let first = rx.offer_ring().unwrap();
         let from = tx.on_ring_offer(first).unwrap().unwrap();
         tx.record_sent(30).unwrap();
-        assert!(rx.withdraw_offer(first));
+        abandon(&mut rx, first);
         let second = rx.offer_ring().unwrap();
         assert_eq!(
             rx.on_ring_from(first, from).unwrap(),
@@ -1286,7 +1285,7 @@ mod tests {
         let c = rx
             .on_tx_freeze(f.epoch, Some(f.offset))
             .unwrap()
-            .expect("a Consumed for the withdrawn ring");
+            .expect("a Consumed for the abandoned ring");
         assert_eq!(
             c,
             ConsumedNotice {

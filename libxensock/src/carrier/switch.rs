@@ -564,18 +564,6 @@ impl Switch {
         self.shared.offer_ring()
     }
 
-    /// Takes back our offer of ring `epoch` (it went over a link that
-    /// died before it could be accepted). Returns whether it was pending.
-    pub(crate) fn withdraw_offer(&self, epoch: u32) -> bool {
-        let mut rx = lock(&self.shared.rx);
-        if rx.path.withdraw_offer(epoch) {
-            rx.offered = None;
-            true
-        } else {
-            false
-        }
-    }
-
     /// Gives up our offer of ring `epoch` if it is still pending: this
     /// side goes on on TCP and says so with `Consumed` for the epoch (a
     /// sender that switched onto the ring after all resends from there).

@@ -255,13 +255,19 @@ impl Inner {
             st.dead_gens.insert(peer, h.generation);
         }
         epoll_del(&self.epoll, link.rx_chan.as_raw_fd());
-        // Ring offers that went over this link can no longer be taken.
+        // Ring offers that went over this link can no longer be taken:
+        // abandoned, as the module does (proto's one rule).
         for c in st.conns.values() {
             let mut offered = lock(&c.offered_to);
             if let (Some((to, epoch, _)), Some(e)) = (*offered, c.switch()) {
-                if to == peer && e.withdraw_offer(epoch) {
+                if to == peer && e.abandon_offer(epoch) {
                     *offered = None;
-                    tracing::info!(conn = c.id, peer, epoch, "ring offer withdrawn");
+                    tracing::info!(
+                        conn = c.id,
+                        peer,
+                        epoch,
+                        "ring offer abandoned with its link"
+                    );
                 }
             }
         }
