@@ -92,6 +92,7 @@ mod backend;
 // connection to it at its first move.
 mod carrier;
 pub mod claim;
+mod clock;
 mod conn;
 pub mod control;
 pub mod daemon;

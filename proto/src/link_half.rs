@@ -29,6 +29,28 @@ impl From<&PeerHalf> for HalfId {
     }
 }
 
+/// How long a half we could not attach to is left alone: a peer whose
+/// half names a page or port we cannot map or bind (broken, hostile, or
+/// gone mid-read) would otherwise be retried at every event, and making
+/// our half anew makes events of its own.
+pub const ATTACH_RETRY_MS: u64 = 1000;
+
+/// The last half we could not attach to, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailedAttach {
+    /// The instance of the peer's half.
+    pub half: HalfId,
+    /// When the attach failed (host clock, ms).
+    pub at_ms: u64,
+}
+
+impl FailedAttach {
+    /// Whether `half` is still left alone at `now_ms`.
+    pub fn holds(&self, half: &PeerHalf, now_ms: u64) -> bool {
+        self.half == HalfId::from(half) && now_ms < self.at_ms.saturating_add(ATTACH_RETRY_MS)
+    }
+}
+
 /// What we hold of the link with the peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ours {
@@ -84,13 +106,20 @@ pub enum HalfStep {
     },
 }
 
-/// Decides the step for one reading of the peer's half.
-///
-/// `held_dead` is a generation the peer wrote and that we saw die (its
-/// process killed: a dead process cannot withdraw its node); only a
-/// written generation names one instance, so a derived one is never held
-/// (the kernel module offers its same half again after a link went down).
-pub fn follow(ours: Ours, theirs: Theirs, held_dead: Option<u32>) -> HalfStep {
+/// What we hold against the peer's halves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    /// A generation the peer wrote and that we saw die (its process
+    /// killed: a dead process cannot withdraw its node). Only a written
+    /// generation names one instance, so a derived one is never held (the
+    /// kernel module offers its same half again after a link went down).
+    pub dead: Option<u32>,
+    /// The last half we could not attach to.
+    pub failed: Option<FailedAttach>,
+}
+
+/// Decides the step for one reading of the peer's half at `now_ms`.
+pub fn follow(ours: Ours, theirs: Theirs, held: Held, now_ms: u64) -> HalfStep {
     let half = match theirs {
         Theirs::Offered(h) => h,
         Theirs::Removed | Theirs::Withdrawn => {
@@ -102,7 +131,10 @@ pub fn follow(ours: Ours, theirs: Theirs, held_dead: Option<u32>) -> HalfStep {
             };
         }
     };
-    if half.generation_written && held_dead == Some(half.generation) {
+    if half.generation_written && held.dead == Some(half.generation) {
+        return HalfStep::Ignore;
+    }
+    if held.failed.is_some_and(|f| f.holds(&half, now_ms)) {
         return HalfStep::Ignore;
     }
     match ours {
@@ -137,17 +169,24 @@ mod tests {
         }
     }
 
+    fn dead(generation: u32) -> Held {
+        Held {
+            dead: Some(generation),
+            failed: None,
+        }
+    }
+
     #[test]
     fn an_offer_is_answered_when_we_hold_nothing() {
         let h = half(41, true, 0);
         assert_eq!(
-            follow(Ours::Nothing, Theirs::Offered(h), None),
+            follow(Ours::Nothing, Theirs::Offered(h), Held::default(), 0),
             HalfStep::Answer { answering: 41 }
         );
         // a derived generation is answered the same way
         let k = half(0x5853_0001, false, 0);
         assert_eq!(
-            follow(Ours::Nothing, Theirs::Offered(k), None),
+            follow(Ours::Nothing, Theirs::Offered(k), Held::default(), 0),
             HalfStep::Answer {
                 answering: 0x5853_0001
             }
@@ -161,20 +200,30 @@ mod tests {
         };
         for answered in [0, 7] {
             assert_eq!(
-                follow(ours, Theirs::Offered(half(41, true, answered)), None),
+                follow(
+                    ours,
+                    Theirs::Offered(half(41, true, answered)),
+                    Held::default(),
+                    0
+                ),
                 HalfStep::Attach,
                 "peer-generation {answered}"
             );
         }
         // an answer to an older offer of ours waits for the next one
         assert_eq!(
-            follow(ours, Theirs::Offered(half(41, true, 6)), None),
+            follow(ours, Theirs::Offered(half(41, true, 6)), Held::default(), 0),
             HalfStep::Ignore
         );
         // a host that writes no generation attaches to whatever answers it
         let kernel = Ours::Offered { generation: None };
         assert_eq!(
-            follow(kernel, Theirs::Offered(half(41, true, 6)), None),
+            follow(
+                kernel,
+                Theirs::Offered(half(41, true, 6)),
+                Held::default(),
+                0
+            ),
             HalfStep::Attach
         );
     }
@@ -183,16 +232,19 @@ mod tests {
     fn the_same_instance_is_left_alone_and_another_restarts() {
         let h = half(41, true, 7);
         let ours = Ours::Attached(HalfId::from(&h));
-        assert_eq!(follow(ours, Theirs::Offered(h), None), HalfStep::Ignore);
         assert_eq!(
-            follow(ours, Theirs::Offered(half(42, true, 7)), None),
+            follow(ours, Theirs::Offered(h), Held::default(), 0),
+            HalfStep::Ignore
+        );
+        assert_eq!(
+            follow(ours, Theirs::Offered(half(42, true, 7)), Held::default(), 0),
             HalfStep::Restart
         );
         // same generation, another page: another instance (a derived
         // generation can collide)
         let moved = PeerHalf { ring_ref: 99, ..h };
         assert_eq!(
-            follow(ours, Theirs::Offered(moved), None),
+            follow(ours, Theirs::Offered(moved), Held::default(), 0),
             HalfStep::Restart
         );
     }
@@ -201,11 +253,11 @@ mod tests {
     fn a_half_going_away_detaches_only_an_attached_link() {
         let ours = Ours::Attached(HalfId::from(&half(41, true, 0)));
         assert_eq!(
-            follow(ours, Theirs::Removed, None),
+            follow(ours, Theirs::Removed, Held::default(), 0),
             HalfStep::Detach { removed: true }
         );
         assert_eq!(
-            follow(ours, Theirs::Withdrawn, None),
+            follow(ours, Theirs::Withdrawn, Held::default(), 0),
             HalfStep::Detach { removed: false }
         );
         for ours in [
@@ -215,14 +267,14 @@ mod tests {
             },
         ] {
             for theirs in [Theirs::Removed, Theirs::Withdrawn] {
-                assert_eq!(follow(ours, theirs, None), HalfStep::Ignore);
+                assert_eq!(follow(ours, theirs, Held::default(), 0), HalfStep::Ignore);
             }
         }
     }
 
     #[test]
     fn only_a_written_generation_is_held_dead() {
-        let dead = half(41, true, 0);
+        let killed = half(41, true, 0);
         for ours in [
             Ours::Nothing,
             Ours::Offered {
@@ -230,15 +282,48 @@ mod tests {
             },
         ] {
             assert_eq!(
-                follow(ours, Theirs::Offered(dead), Some(41)),
+                follow(ours, Theirs::Offered(killed), dead(41), 0),
                 HalfStep::Ignore
             );
         }
         // the module's same half, offered again after its link went down
         let kernel = half(41, false, 0);
         assert_eq!(
-            follow(Ours::Nothing, Theirs::Offered(kernel), Some(41)),
+            follow(Ours::Nothing, Theirs::Offered(kernel), dead(41), 0),
             HalfStep::Answer { answering: 41 }
         );
+    }
+
+    #[test]
+    fn a_half_we_could_not_attach_to_is_left_alone_for_a_while() {
+        let h = half(41, false, 0);
+        let held = Held {
+            dead: None,
+            failed: Some(FailedAttach {
+                half: HalfId::from(&h),
+                at_ms: 100,
+            }),
+        };
+        for ours in [
+            Ours::Nothing,
+            Ours::Offered {
+                generation: Some(7),
+            },
+        ] {
+            assert_eq!(
+                follow(ours, Theirs::Offered(h), held, 100 + ATTACH_RETRY_MS - 1),
+                HalfStep::Ignore
+            );
+            assert_ne!(
+                follow(ours, Theirs::Offered(h), held, 100 + ATTACH_RETRY_MS),
+                HalfStep::Ignore
+            );
+            // another instance is not held
+            let restarted = PeerHalf { ring_ref: 10, ..h };
+            assert_ne!(
+                follow(ours, Theirs::Offered(restarted), held, 100),
+                HalfStep::Ignore
+            );
+        }
     }
 }

@@ -18,7 +18,7 @@ pub(crate) mod wake;
 use crate::proto::ctrl::{self, Channel, Message};
 use crate::proto::layout::{RingGeometry, RingIdentity, LINK_RING_MAGIC, LINK_RING_ORDER};
 use crate::proto::link::{node, HalfPath, HalfValues, LinkState};
-use crate::proto::link_half::{follow, HalfId, HalfStep, Ours, Theirs};
+use crate::proto::link_half::{follow, FailedAttach, HalfId, HalfStep, Held, Ours, Theirs};
 use crate::proto::mem::RawRing;
 use crate::proto::ring::{Consumer, Producer};
 use crate::proto::store::{peer_node, DOMID, GONE_DIR, LINK_DIR, PEERS_DIR};
@@ -166,6 +166,9 @@ pub(crate) struct LinkInner<C: LinkConn> {
     wake: Arc<LinkWake>,
     /// our connection id -> receive ring lent to the peer after close
     pub(crate) lent: RBTree<u32, Lent<C::Ring>>,
+    /// the last half of the peer we could not attach to, left alone for a
+    /// while (proto's `ATTACH_RETRY_MS`)
+    failed: Option<FailedAttach>,
 }
 
 #[pin_data]
@@ -335,6 +338,7 @@ impl<C: LinkConn> Link<C> {
                     conns: RBTree::new(),
                     wake: lw,
                     lent: RBTree::new(),
+                    failed: None,
                 }, "af_xen_link"),
             }),
             GFP_KERNEL,
@@ -652,7 +656,12 @@ impl<C: LinkConn> Link<C> {
             .map_or(Ours::Offered { generation: None }, |a| {
                 Ours::Attached(a.half)
             });
-        match follow(ours, theirs, None) {
+        let now = sys::net::now_ms();
+        let held = Held {
+            dead: None,
+            failed: i.failed,
+        };
+        match follow(ours, theirs, held, now) {
             HalfStep::Ignore => return,
             HalfStep::Detach { removed: true } => {
                 // vanished, not withdrawn: a destroyed domain, or a pair
@@ -674,6 +683,7 @@ impl<C: LinkConn> Link<C> {
         let Theirs::Offered(h) = theirs else { return };
         let half = HalfId::from(&h);
         if let Err(x) = self.attach(i, half) {
+            i.failed = Some(FailedAttach { half, at_ms: now });
             pr_warn!(
                 "link to dom{}: cannot attach to ring-ref {} port {}: {:?}\n",
                 self.peer,
@@ -682,6 +692,7 @@ impl<C: LinkConn> Link<C> {
                 x
             );
         } else {
+            i.failed = None;
             C::adopt_moved(self, i);
         }
     }

@@ -42,15 +42,8 @@ use super::driver::{self, Attachment, Driven};
 use super::frames::{protocol_error, send_raw, Frame, Inbox, Incoming, Outbox};
 use super::leg::{lock, LegListener};
 use super::ring::{NewRing, SharedRing};
+use crate::clock::now_ms;
 use crate::sys::eventfd::EventFd;
-
-/// Milliseconds on the monotonic clock since the first call: the time
-/// proto's offer clock is given.
-fn now_ms() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let start = *START.get_or_init(Instant::now);
-    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
 
 /// Why the switch leaves the ring (for the log: either way the receiving
 /// direction keeps what it took and nothing more of its ring, proto's one

@@ -3,6 +3,8 @@
 //! module does: its control ring's consumer stands wherever our earlier
 //! processes left it, and each new link of ours must go on from there.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use xensock_discovery::xs::XsClient;
@@ -124,4 +126,68 @@ fn a_process_after_another_reaches_a_peer_that_kept_its_half() {
         assert_eq!(st.links_lost, 0, "process {process}: {st:?}");
         drop(a);
     }
+}
+
+/// A peer whose half names a page we cannot map (broken or hostile): the
+/// connect fails at once, with a clear log line, and its half is left
+/// alone for a while. Retried at every event, each attempt's own half
+/// made events of its own and the transport made and ended some 500
+/// links a second.
+#[test]
+fn a_half_that_cannot_be_attached_is_not_retried_at_once() {
+    let host = SimHost::start().unwrap();
+    let da = host.create_domain(DomainConfig::new("a")).unwrap();
+    let db = host.create_domain(DomainConfig::new("b")).unwrap();
+    let xs = XsClient::open_path(db.xenstored_path()).unwrap();
+    let half = HalfPath {
+        owner: db.domid.into(),
+        peer: da.domid.into(),
+    }
+    .to_string();
+    xs.mkdir(&half).unwrap();
+    xs.set_perms(
+        &half,
+        &[
+            Perm::new(PermAccess::None, u32::from(db.domid)),
+            Perm::new(PermAccess::Read, u32::from(da.domid)),
+        ],
+    )
+    .unwrap();
+    // a grant reference and port that name nothing
+    for (name, value) in [
+        (node::VERSION, LINK_VERSION),
+        (node::RING_REF, "77"),
+        (node::EVENT_CHANNEL, "5"),
+        (node::STATE, LinkState::Initialised.as_str()),
+    ] {
+        xs.write(&format!("{half}/{name}"), value).unwrap();
+    }
+    // every change to our own half, seen from dom0
+    let ours = HalfPath {
+        owner: da.domid.into(),
+        peer: db.domid.into(),
+    }
+    .to_string();
+    let dom0 = XsClient::open_path(host.dom0().xenstored_path()).unwrap();
+    let mut watch = dom0.watch(&ours).unwrap();
+    let changes = Arc::new(AtomicUsize::new(0));
+    let counted = changes.clone();
+    std::thread::spawn(move || {
+        while watch.recv().is_ok() {
+            counted.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    let a = Transport::sim_with(host.dir(), da.domid, config()).unwrap();
+    let t0 = std::time::Instant::now();
+    let e = a.connect((u32::from(db.domid), 7)).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EHOSTUNREACH));
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let n = changes.load(Ordering::Relaxed);
+    assert!(n < 20, "our half changed {n} times in 0.5 s");
+    assert!(a.status().links.is_empty());
 }

@@ -205,8 +205,13 @@ impl Inner {
                 Ours::Attached,
             ),
         };
+        let now = crate::clock::now_ms();
+        let held = Held {
+            dead: st.dead_gens.get(&peer).copied(),
+            failed: st.failed_attach.get(&peer).copied(),
+        };
         let Theirs::Offered(info) = theirs else {
-            match follow(ours, theirs, None) {
+            match follow(ours, theirs, held, now) {
                 // the peer tore its half down or its domain died
                 HalfStep::Detach { .. } => self.link_down(st, peer, true),
                 // retracted after we saw the link die: saved or migrating
@@ -217,7 +222,7 @@ impl Inner {
             }
             return;
         };
-        match follow(ours, theirs, st.dead_gens.get(&peer).copied()) {
+        match follow(ours, theirs, held, now) {
             HalfStep::Ignore | HalfStep::Detach { .. } => return,
             HalfStep::Restart => {
                 // Everything on the old link is dead; the new half is an
@@ -234,10 +239,27 @@ impl Inner {
             }
             HalfStep::Attach => {}
         }
-        if self.attach_link(st, peer, &info).is_err() {
-            self.link_down(st, peer, false);
-        } else {
-            self.offer_carriers(st, peer);
+        match self.attach_link(st, peer, &info) {
+            Ok(()) => {
+                st.failed_attach.remove(&peer);
+                self.offer_carriers(st, peer);
+            }
+            Err(e) => {
+                tracing::warn!(
+                    peer,
+                    ring_ref = info.ring_ref,
+                    event_channel = info.event_channel,
+                    "cannot attach to the peer's half of the link: {e}"
+                );
+                st.failed_attach.insert(
+                    peer,
+                    FailedAttach {
+                        half: HalfId::from(&info),
+                        at_ms: now,
+                    },
+                );
+                self.link_down(st, peer, false);
+            }
         }
     }
 

@@ -20,7 +20,7 @@ use xensock_proto::ctrl::{
 };
 use xensock_proto::layout::{RingGeometry, RingIdentity, LINK_RING_ORDER};
 use xensock_proto::link::{node, HalfPath, HalfValues, LinkState, PeerHalf};
-use xensock_proto::link_half::{follow, HalfId, HalfStep, Ours, Theirs};
+use xensock_proto::link_half::{follow, FailedAttach, HalfId, HalfStep, Held, Ours, Theirs};
 use xensock_proto::mem::RawRing;
 use xensock_proto::ring::{Consumer, Field, Producer, RingMemory};
 use xensock_proto::store;
@@ -168,6 +168,9 @@ pub(crate) struct State {
     conns: HashMap<u32, Arc<Conn>>,
     used_ports: HashSet<u32>,
     dead_gens: HashMap<DomId, u32>,
+    /// The last half of each peer we could not attach to (left alone for
+    /// a while: `link_half::ATTACH_RETRY_MS`).
+    failed_attach: HashMap<DomId, FailedAttach>,
     /// Peers whose link was lost without their half being retracted first
     /// (state Closed, as a guest being saved or migrated does): dead if
     /// dom0 notes them gone (`xensock/gone/<domid>`), else moving.
@@ -417,6 +420,7 @@ impl Transport {
                 conns: HashMap::new(),
                 used_ports: HashSet::new(),
                 dead_gens: HashMap::new(),
+                failed_attach: HashMap::new(),
                 vanished: HashSet::new(),
                 next_port: EPHEMERAL_PORT_FIRST,
             }),
