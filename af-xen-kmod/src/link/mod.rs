@@ -735,6 +735,9 @@ impl<C: LinkConn> Link<C> {
         let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
         for _ in 0..DRAIN_BATCH {
             let Some(len) = self.next_frame(i, &mut buf) else {
+                if Self::frames_after_arming(i) {
+                    continue;
+                }
                 self.after_drain(i);
                 return;
             };
@@ -750,6 +753,21 @@ impl<C: LinkConn> Link<C> {
         // more frames than one batch: let other work run, then continue
         self.after_drain(i);
         sys::schedule_work();
+    }
+
+    /// Publishes our event index before the link sleeps: the peer's
+    /// producer kicks only when it writes past it (the ring's rule, which
+    /// the user-space transport follows). Left at 0, only a link's first
+    /// frame from position 0 would kick, and a later process of the peer,
+    /// going on at our consumer's position, would never wake us.
+    /// Returns whether whole frames came in meanwhile.
+    fn frames_after_arming(i: &mut LinkInner<C>) -> bool {
+        i.mine.as_mut().is_some_and(|m| {
+            matches!(m.rx.prepare_wait(), Ok(false))
+                && m.rx
+                    .readable()
+                    .is_ok_and(|n| n as usize >= ctrl::HEADER_LEN)
+        })
     }
 
     /// The peer may wait for room in our control ring (its event index).
