@@ -39,6 +39,16 @@ SRV2=$!
 tail -f /tmp/server2.log &
 check server-restart wait_until 120 grep -q 'conn 7\.[0-9]* done' /tmp/server2.log
 kill $SRV2 2>/dev/null; wait $SRV2 2>/dev/null
+# domu2's next process writes 8 MiB and exits with its connection open:
+# every byte it wrote arrives here, in order, then EOF (as over TCP)
+lab_echo sink 11 8 > /tmp/sink.log 2>&1 &
+watchdog $! 240; rc=$?
+grep -v '^  ' /tmp/sink.log
+if [ $rc = 0 ]; then
+  result exit-delivers-what-was-written PASS "$(grep '^sink:' /tmp/sink.log)"
+else
+  result exit-delivers-what-was-written FAIL "$(grep '^sink:' /tmp/sink.log || echo "rc=$rc")"
+fi
 xensock-discover peers
 # every process exited: this domain's XenStore still answers (the xenbus
 # deadlock left it hung in xs_talkv)

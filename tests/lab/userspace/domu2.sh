@@ -99,6 +99,23 @@ while :; do
 done
 if [ $rc = 0 ]; then result reconnect-after-death PASS "attempt $i"; else result reconnect-after-death FAIL "rc=$rc"; fi
 links
+# a process that exits right after its last write, its connection open
+# (domu1's exit-delivers-what-was-written reads it); domu1's sink may not
+# be listening yet: retry refusals (rc 2)
+i=0
+while :; do
+  lab_echo send $PEER 11 8 > /tmp/send.log 2>&1 &
+  watchdog $! 120; rc=$?
+  i=$((i + 1))
+  [ $rc = 2 ] && [ $i -lt 30 ] || break
+  sleep 2
+done
+grep -v '^  ' /tmp/send.log
+if [ $rc = 0 ] && grep -q '^written' /tmp/send.log; then
+  result exit-after-writing PASS "attempt $i"
+else
+  result exit-after-writing FAIL "rc=$rc"
+fi
 # peer death on TCP: stream through domu1's victim server (port 10, made
 # when domu1's script ends; refusals are retried); once it flows, dom0 has
 # the agent say domu1 left (the connection goes to TCP), then destroys

@@ -8,6 +8,10 @@
 //! lab_echo dclient <domid> <port> <MiB>       the same through XenStream::connect (kernel family,
 //!                                             the guest's xensock daemon, or this process's transport)
 //! lab_echo hold <domid> <port> <secs>         stream until the peer dies; report EOF/reset
+//! lab_echo send <domid> <port> <MiB>          write MiB of the checked stream, then exit with
+//!                                             the connection open (no shutdown, no close)
+//! lab_echo sink <port> <MiB>                  take one connection, read to EOF, check it is
+//!                                             exactly what `send` writes
 //! lab_echo xs <path> [--watch]                XsClient read/write/perms/rm (+ watch) under <path>
 //! ```
 //!
@@ -61,8 +65,10 @@ fn main() {
         Some("server") => server(&a),
         Some("client" | "dclient") => client(&a),
         Some("hold") => hold(&a),
+        Some("send") => send(&a),
+        Some("sink") => sink(&a),
         Some("xs") => xs(&a),
-        _ => Err("usage: lab_echo server PORT... | client|dclient DOMID PORT MIB | hold DOMID PORT SECS | xs PATH [--watch]".into()),
+        _ => Err("usage: lab_echo server PORT... | client|dclient DOMID PORT MIB | hold DOMID PORT SECS | send DOMID PORT MIB | sink PORT MIB | xs PATH [--watch]".into()),
     };
     match r {
         Ok(code) => std::process::exit(code),
@@ -207,6 +213,58 @@ fn client(a: &[String]) -> Res<i32> {
     } else {
         println!("checksum MISMATCH");
         Ok(1)
+    }
+}
+
+/// The checked stream's writes (as `client` makes them).
+const STREAM_WRITE: usize = 65536;
+
+/// Writes the checked stream and leaves: `process::exit` runs no
+/// destructor, so the stream is neither shut down nor closed, as when a
+/// program returns from `main` with a connection open or is ended by a
+/// signal after its last write.
+fn send(a: &[String]) -> Res<i32> {
+    let domid: u32 = arg(a, 2, "domid")?;
+    let port: u32 = arg(a, 3, "port")?;
+    let total = arg::<u64>(a, 4, "MiB")? << 20;
+    let mut s = transport()?.connect(SockAddrXen::new(domid, port))?;
+    let sum = write_stream(&mut s, &pattern(STREAM_WRITE + 8192), total, STREAM_WRITE)?;
+    println!("written {total} bytes checksum {sum:016x}; exiting with the connection open");
+    io::stdout().flush()?;
+    std::process::exit(0)
+}
+
+/// Takes one connection and reads it to EOF: every byte `send` wrote, in
+/// order, then EOF (not a reset).
+fn sink(a: &[String]) -> Res<i32> {
+    let port: u32 = arg(a, 2, "port")?;
+    let total = arg::<u64>(a, 3, "MiB")? << 20;
+    let want = write_stream(
+        &mut io::sink(),
+        &pattern(STREAM_WRITE + 8192),
+        total,
+        STREAM_WRITE,
+    )?;
+    let t = transport()?;
+    let l = t.bind(SockAddrXen::new(libxensock::DOMID_SELF, port))?;
+    println!("listening on {}", l.local_addr()?);
+    let (mut s, peer) = l.accept()?;
+    println!("accepted from {peer}");
+    match read_stream(&mut s, |_| {}) {
+        Ok((sum, got)) if got == total && sum == want => {
+            println!("sink: {got} bytes, checksum {sum:016x} as sent, then EOF");
+            Ok(0)
+        }
+        Ok((sum, got)) => {
+            println!(
+                "sink: {got} of {total} bytes, checksum {sum:016x} (want {want:016x}), then EOF"
+            );
+            Ok(1)
+        }
+        Err(e) => {
+            println!("sink: the stream ended with an error: {e} ({:?})", e.kind());
+            Ok(1)
+        }
     }
 }
 
