@@ -132,11 +132,9 @@ impl kernel::Module for AfXen {
         }
         if let Some(peer) = link::user_space_link(own) {
             pr_err!(
-                "a user-space xensock transport (libxensock) holds this domain's link to dom{}: stop it before loading af_xen; if it died, remove /local/domain/{}/{}/{} (xenstore-rm)\n",
+                "a user-space xensock transport (libxensock) holds this domain's link to dom{}: stop it before loading af_xen; if it died, remove {} (xenstore-rm)\n",
                 peer,
-                own,
-                proto::store::LINK_DIR,
-                peer
+                proto::link::HalfPath { owner: own, peer }
             );
             return Err(EBUSY);
         }

@@ -115,7 +115,7 @@ pub fn link_dir(owner: DomId, peer: DomId) -> String {
 
 /// Whether a watch event can change any table.
 fn relevant(path: &str) -> bool {
-    if path.starts_with('@') || path == "/local/domain" {
+    if path.starts_with('@') || path == layout::DOMAINS {
         return true;
     }
     if path
@@ -124,7 +124,10 @@ fn relevant(path: &str) -> bool {
     {
         return true;
     }
-    let Some(rest) = path.strip_prefix("/local/domain/") else {
+    let Some(rest) = path
+        .strip_prefix(layout::DOMAINS)
+        .and_then(|r| r.strip_prefix('/'))
+    else {
         return false;
     };
     let (_, sub) = rest.split_once('/').unwrap_or((rest, ""));
@@ -162,7 +165,7 @@ impl Agent {
     }
 
     fn scan_in(tx: &Transaction) -> Result<Scan, XsError> {
-        let ids = match tx.directory("/local/domain") {
+        let ids = match tx.directory(layout::DOMAINS) {
             Ok(v) => v,
             Err(e) if e.is(XsErrno::NoEnt) => Vec::new(),
             Err(e) => return Err(e),
@@ -517,7 +520,7 @@ impl Agent {
         let mut w = self.xs.watch_paths(&[
             "@introduceDomain",
             "@releaseDomain",
-            "/local/domain",
+            layout::DOMAINS,
             layout::TOOL_AWAY,
         ])?;
         self.sync()?;

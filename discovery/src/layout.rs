@@ -6,13 +6,17 @@
 use xensock_xenif::DomId;
 
 pub use xensock_proto::store::{
-    peer_node, ADVERT, ADVERT_ADDRS, ADVERT_VERSION, DOMID, GONE, LABEL, LINK_DIR, MOVED, PEERS,
-    PROTOCOL_VERSION, TOOL_AWAY, TOOL_MOVED, XENSOCK,
+    peer_node, ADVERT, ADVERT_ADDRS, ADVERT_VERSION, DOMAINS, DOMID, GONE, LABEL, LINK_DIR, MOVED,
+    PEERS, PROTOCOL_VERSION, TOOL_AWAY, TOOL_MOVED, XENSOCK,
 };
 
 /// `/local/domain/<domid>`.
 pub fn home(domid: DomId) -> String {
-    format!("/local/domain/{domid}")
+    xensock_proto::store::InHome {
+        domid: u32::from(domid),
+        rel: "",
+    }
+    .to_string()
 }
 
 /// Whether `s` looks like a UUID (8-4-4-4-12 hex digits).

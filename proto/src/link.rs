@@ -120,9 +120,11 @@ impl fmt::Display for HalfPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "/local/domain/{}/{}/{}",
-            self.owner,
-            super::store::LINK_DIR,
+            "{}/{}",
+            super::store::InHome {
+                domid: self.owner,
+                rel: super::store::LINK_DIR
+            },
             self.peer
         )
     }

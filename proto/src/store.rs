@@ -21,6 +21,31 @@
 //!   away/<uuid>                   dom0's drill: treat as moved
 //! ```
 
+use core::fmt;
+
+/// Where every domain's home is (Xen's node).
+pub const DOMAINS: &str = "/local/domain";
+
+/// The absolute path of `rel` in `domid`'s home,
+/// `/local/domain/<domid>/<rel>` (the home itself when `rel` is empty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InHome<'a> {
+    /// The domain whose home it is.
+    pub domid: u32,
+    /// The path below it, without a leading `/`.
+    pub rel: &'a str,
+}
+
+impl fmt::Display for InHome<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.rel.is_empty() {
+            write!(f, "{DOMAINS}/{}", self.domid)
+        } else {
+            write!(f, "{DOMAINS}/{}/{}", self.domid, self.rel)
+        }
+    }
+}
+
 /// A guest's own domid, relative to its home (Xen's node, written by the
 /// toolstack; it changes when the guest is restored or migrated).
 pub const DOMID: &str = "domid";
@@ -83,6 +108,15 @@ pub const TOOL_AWAY: &str = "/tool/xensock/away";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_home_path_is_absolute() {
+        extern crate std;
+        use std::string::ToString;
+        let at = |domid, rel| InHome { domid, rel }.to_string();
+        assert_eq!(at(3, ""), "/local/domain/3");
+        assert_eq!(at(3, PEERS_DIR), "/local/domain/3/xensock/peers");
+    }
 
     #[test]
     fn the_relative_spellings_agree() {

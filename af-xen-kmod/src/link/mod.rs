@@ -21,7 +21,7 @@ use crate::proto::link::{node, HalfPath, HalfValues, LinkState};
 use crate::proto::link_half::{follow, FailedAttach, HalfId, HalfStep, Held, Ours, Theirs};
 use crate::proto::mem::RawRing;
 use crate::proto::ring::{Consumer, Producer};
-use crate::proto::store::{peer_node, DOMID, GONE_DIR, LINK_DIR, PEERS_DIR};
+use crate::proto::store::{peer_node, InHome, DOMID, GONE_DIR, LINK_DIR, PEERS_DIR};
 use crate::sys::{self, errno as e, xs, Evtchn, Grant, Mapping};
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use kernel::fmt;
@@ -246,7 +246,13 @@ pub(crate) fn next_conn_id() -> u32 {
 }
 
 fn root(me: u32) -> Result<CString> {
-    CString::try_from_fmt(fmt!("/local/domain/{}/{}", me, LINK_DIR))
+    CString::try_from_fmt(fmt!(
+        "{}",
+        InHome {
+            domid: me,
+            rel: LINK_DIR
+        }
+    ))
 }
 
 /// `/local/domain/<me>/xensock/gone`: dom0's word that a domain is gone
@@ -254,7 +260,13 @@ fn root(me: u32) -> Result<CString> {
 /// released without a move marker, and removes it when the domid is used
 /// again).
 fn gone_dir(me: u32) -> Result<CString> {
-    CString::try_from_fmt(fmt!("/local/domain/{}/{}", me, GONE_DIR))
+    CString::try_from_fmt(fmt!(
+        "{}",
+        InHome {
+            domid: me,
+            rel: GONE_DIR
+        }
+    ))
 }
 
 /// Whether dom0 says `peer` is gone for good.
@@ -284,9 +296,11 @@ impl<C: LinkConn> Link<C> {
         // dom0 writes a peer's table entry with (or before) the pair's link
         // directories, so it is there whenever a link is made
         let peer_uuid_path = CString::try_from_fmt(fmt!(
-            "/local/domain/{}/{}/{}/{}",
-            me,
-            PEERS_DIR,
+            "{}/{}/{}",
+            InHome {
+                domid: me,
+                rel: PEERS_DIR
+            },
             peer,
             peer_node::UUID
         ))?;

@@ -5,7 +5,7 @@
 //! the co-residency table dom0's agent keeps for this guest.
 
 use crate::proto::link::addrs_list;
-use crate::proto::store::{peer_node, PEERS_DIR};
+use crate::proto::store::{peer_node, InHome, PEERS_DIR};
 use crate::sock::{InetNames, AF_INET, AF_INET6, SOCKADDR_IN6_LEN, SOCKADDR_IN_LEN};
 use crate::sys::{errno as e, xs};
 use kernel::ffi::c_int;
@@ -22,21 +22,19 @@ const RESOLVE_LEN: usize = 24;
 
 /// The co-resident guest that has `ip`, from this guest's table.
 pub(crate) fn resolve(me: u32, ip: core::net::IpAddr) -> Option<u32> {
-    let table = CString::try_from_fmt(fmt!("/local/domain/{}/{}", me, PEERS_DIR)).ok()?;
+    let table_home = InHome {
+        domid: me,
+        rel: PEERS_DIR,
+    };
+    let table = CString::try_from_fmt(fmt!("{}", table_home)).ok()?;
     let mut ids = [0u32; 64];
     let n = xs::dir_ids(&table, &mut ids);
     ids[..n].iter().copied().find(|&peer| {
         // the whole path, read as a directory's own value (empty node)
-        CString::try_from_fmt(fmt!(
-            "/local/domain/{}/{}/{}/{}",
-            me,
-            PEERS_DIR,
-            peer,
-            peer_node::ADDRS
-        ))
-        .ok()
-        .and_then(|addrs| xs::read_value(&addrs, c"", |v| addrs_list(v, ip)))
-        .unwrap_or(false)
+        CString::try_from_fmt(fmt!("{}/{}/{}", table_home, peer, peer_node::ADDRS))
+            .ok()
+            .and_then(|addrs| xs::read_value(&addrs, c"", |v| addrs_list(v, ip)))
+            .unwrap_or(false)
     })
 }
 

@@ -416,12 +416,11 @@ fn demo(mib: u64, write_size: usize, ring: usize, quiet: bool) -> Res<()> {
     let t0 = Instant::now();
     let c = tc.connect_with(SockAddrXen::new(ds.domid.into(), 7), None, opts)?;
     let setup = t0.elapsed();
-    let node = format!(
-        "/local/domain/{}/{}/{}",
-        dc.domid,
-        xensock_proto::store::LINK_DIR,
-        ds.domid
-    );
+    let node = xensock_proto::link::HalfPath {
+        owner: dc.domid.into(),
+        peer: ds.domid.into(),
+    }
+    .to_string();
     let read = |p: &str| {
         host.xenstore_read(p)
             .map(|v| String::from_utf8_lossy(&v).into_owned())
@@ -1104,7 +1103,11 @@ fn xenstore_status() -> Option<(String, String, Vec<LinkNode>)> {
         .ok()?
         .trim()
         .to_string();
-    let dir = format!("/local/domain/{me}/{}", xensock_proto::store::LINK_DIR);
+    let dir = xensock_proto::store::InHome {
+        domid: me.parse().ok()?,
+        rel: xensock_proto::store::LINK_DIR,
+    }
+    .to_string();
     let peers = xs.directory(&dir).unwrap_or_default();
     let links = peers
         .into_iter()

@@ -68,7 +68,7 @@ impl Inner {
         wanted.insert(self.gone_dir());
         wanted.insert(store::DOMID.to_string());
         if broad {
-            wanted.insert("/local/domain".to_string());
+            wanted.insert(store::DOMAINS.to_string());
         }
         {
             let mut w = lock(&self.watches);
@@ -91,12 +91,8 @@ impl Inner {
         let Some(uuid) = lock(&self.watches).uuids.get(&peer).cloned() else {
             return false;
         };
-        let note = format!(
-            "/local/domain/{}/{}/{}/{uuid}",
-            self.domid(),
-            xensock_discovery::layout::XENSOCK,
-            xensock_discovery::layout::MOVED
-        );
+        let moved = format!("{}/{}", store::XENSOCK, store::MOVED);
+        let note = format!("{}/{uuid}", home(self.domid(), &moved));
         matches!(self.xs.try_read(&note), Ok(Some(_)))
     }
 
@@ -215,7 +211,7 @@ impl Inner {
 
     /// `Some(peer)` if `path` is (inside) a peer's link node for us.
     pub(super) fn is_link_event(&self, path: &str) -> Option<DomId> {
-        let rest = path.strip_prefix("/local/domain/")?;
+        let rest = path.strip_prefix(store::DOMAINS)?.strip_prefix('/')?;
         let (peer, rest) = rest.split_once('/')?;
         let rest = rest.strip_prefix(LINK_DIR)?.strip_prefix('/')?;
         let me = self.domid().to_string();

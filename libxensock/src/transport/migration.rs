@@ -537,7 +537,7 @@ impl Inner {
         // not missed.
         lock(&self.watches)
             .by_path
-            .retain(|path, _| path == store::DOMID || path == "/local/domain");
+            .retain(|path, _| path == store::DOMID || path == store::DOMAINS);
         let _ = self.add_watch(store::DOMID);
         let _ = self.add_watch(&self.table_dir());
         let _ = self.refresh_peers(&st);

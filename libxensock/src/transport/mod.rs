@@ -970,7 +970,7 @@ impl Inner {
     }
 
     fn link_dir_abs(&self) -> String {
-        format!("/local/domain/{}/{LINK_DIR}", self.domid())
+        home(self.domid(), LINK_DIR)
     }
 
     fn my_node(&self, peer: DomId) -> String {
@@ -991,12 +991,12 @@ impl Inner {
 
     /// The agent's co-residency table for us.
     fn table_dir(&self) -> String {
-        format!("/local/domain/{}/{}", self.domid(), store::PEERS_DIR)
+        home(self.domid(), store::PEERS_DIR)
     }
 
     /// Where dom0 notes peers destroyed for good: `xensock/gone/<domid>`.
     fn gone_dir(&self) -> String {
-        format!("/local/domain/{}/{}", self.domid(), store::GONE_DIR)
+        home(self.domid(), store::GONE_DIR)
     }
 
     /// Whether `path` is the gone notes or one of them.
@@ -1064,4 +1064,13 @@ struct Request {
     dst_port: u32,
     cookie: u64,
     tcp: TcpEndpoint,
+}
+
+/// The absolute path of `rel` in `domid`'s home.
+fn home(domid: DomId, rel: &str) -> String {
+    store::InHome {
+        domid: u32::from(domid),
+        rel,
+    }
+    .to_string()
 }
