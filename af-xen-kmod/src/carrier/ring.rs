@@ -664,12 +664,12 @@ impl Pipe {
         self.tx.lock().prepare_wait(want)
     }
 
-    /// Busy-poll condition of a reader: data, or a flag, or a broken ring
-    /// (which the next read reports). A freeze counts only for a reader
-    /// that follows moves (see [`Pipe::rx_prepare_wait`]).
-    pub(crate) fn rx_pending(&self, follows_moves: bool) -> bool {
+    /// Busy-poll condition of a reader: data, the end of the stream, a
+    /// reset, or a broken ring (which the next read reports). Not a freeze
+    /// (see [`Pipe::rx_prepare_wait`]).
+    pub(crate) fn rx_pending(&self) -> bool {
         match self.rx_state() {
-            Ok((n, end)) => n > 0 || end.fin || end.reset || (end.frozen && follows_moves),
+            Ok((n, end)) => n > 0 || end.fin || end.reset,
             Err(_) => true,
         }
     }
@@ -677,21 +677,21 @@ impl Pipe {
     /// A reader of this ring waits until `want` bytes are readable: asks
     /// the peer for a kick then, and re-checks. Ok(true): sleep.
     ///
-    /// A ring the peer froze (it moves; docs/migration.md) wakes a reader
-    /// that follows moves, whose carrier then takes the connection to TCP.
-    /// One that cannot follow (loopback, SOCK_SEQPACKET) sleeps on: the
-    /// link's loss resets its connection and wakes it. Woken instead, it
-    /// would find nothing to read and wait again, a spin that held a
-    /// guest's CPU for good once the frozen ring's peer had gone.
-    pub(crate) fn rx_prepare_wait(
-        &self,
-        want: u32,
-        follows_moves: bool,
-    ) -> core::result::Result<bool, RingError> {
+    /// A reader sleeps on a ring the peer froze (it moves;
+    /// docs/migration.md) with nothing more to read: nothing happens on
+    /// that ring any more. One that follows moves is woken when its switch
+    /// leaves the ring (the sender's `TxFreeze` comes over TCP, and the
+    /// TCP work item wakes the socket), one that cannot (loopback,
+    /// SOCK_SEQPACKET) when the link's loss resets its connection. Woken
+    /// by the flag, it would find nothing to read and wait again: a spin
+    /// that, on a one-vCPU guest without preemption, kept the work item
+    /// that takes the `TxFreeze` from running (the user-space transport
+    /// sets the flag when it freezes a ring), and held the CPU for good
+    /// once the frozen ring's peer had gone.
+    pub(crate) fn rx_prepare_wait(&self, want: u32) -> core::result::Result<bool, RingError> {
         let mut c = self.rx.lock();
-        let sleep = c.prepare_wait_for(want)?;
-        if sleep || follows_moves {
-            return Ok(sleep);
+        if c.prepare_wait_for(want)? {
+            return Ok(true);
         }
         let end = c.peer_end()?;
         Ok(end.frozen && !end.fin && !end.reset && c.readable()? < want.clamp(1, c.capacity()))
@@ -882,33 +882,29 @@ pub(crate) fn wait_for_space(
 }
 
 /// A reader waits for a byte of `rx` (or its end, a reset, shutdown for
-/// reading, or `moved()`: the connection left this ring). `follows_moves`:
-/// the carrier takes the connection elsewhere when the peer freezes the
-/// ring (see [`Pipe::rx_prepare_wait`]).
+/// reading, or `moved()`: the connection left this ring).
 pub(crate) fn wait_for_data(
     xs: &XenSock,
     rx: &Pipe,
     timeo: &mut c_long,
-    follows_moves: bool,
     moved: impl Fn() -> bool,
 ) -> core::result::Result<(), i32> {
     // SO_BUSY_POLL: a reply due within the budget costs no event index,
     // kick, interrupt or sleep
-    if *timeo != 0 && xs.sk.busy_wait_timed(|| rx.rx_pending(follows_moves)) {
+    if *timeo != 0 && xs.sk.busy_wait_timed(|| rx.rx_pending() || moved()) {
         counters::add(&counters::SPIN_HITS, 1);
         return Ok(());
     }
     counters::add(&counters::SLEEPS, 1);
-    xs.sk
-        .wait_timed(timeo, || match rx.rx_prepare_wait(1, follows_moves) {
-            Ok(sleep) => {
-                let i = xs.inner.lock();
-                let stop = !sleep || i.shut_rd || i.reset;
-                drop(i);
-                stop || moved()
-            }
-            Err(_) => true,
-        })
+    xs.sk.wait_timed(timeo, || match rx.rx_prepare_wait(1) {
+        Ok(sleep) => {
+            let i = xs.inner.lock();
+            let stop = !sleep || i.shut_rd || i.reset;
+            drop(i);
+            stop || moved()
+        }
+        Err(_) => true,
+    })
 }
 
 impl Rings {
@@ -962,7 +958,7 @@ impl super::Carrier for Rings {
 
     fn wait_readable(&mut self, xs: &XenSock, timeo: &mut c_long) -> core::result::Result<(), i32> {
         match &self.rx {
-            Some(rx) => wait_for_data(xs, rx, timeo, false, || false),
+            Some(rx) => wait_for_data(xs, rx, timeo, || false),
             None => Err(crate::sys::errno::ENOTCONN),
         }
     }

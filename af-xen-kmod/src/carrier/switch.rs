@@ -1598,7 +1598,7 @@ impl Carrier for Switched {
         }
         match &self.rings.rx {
             // the switch leaving the ring ends the wait as well
-            Some(rx) => ring::wait_for_data(xs, rx, timeo, true, || !ring_read_ok(sw)),
+            Some(rx) => ring::wait_for_data(xs, rx, timeo, || !ring_read_ok(sw)),
             None => Ok(()),
         }
     }

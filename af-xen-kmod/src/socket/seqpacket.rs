@@ -170,15 +170,13 @@ pub(crate) fn recvmsg(xs: &XenSock, msg: &mut Msg, rx: &Pipe, flags: c_int, peer
             return 0;
         }
         // sleep until the whole record is there (kick at `need` bytes)
-        let r = xs
-            .sk
-            .wait(&mut timeo, || match rx.rx_prepare_wait(need, false) {
-                Ok(sleep) => {
-                    let i = xs.inner.lock();
-                    !sleep || i.shut_rd || i.reset
-                }
-                Err(_) => true,
-            });
+        let r = xs.sk.wait(&mut timeo, || match rx.rx_prepare_wait(need) {
+            Ok(sleep) => {
+                let i = xs.inner.lock();
+                !sleep || i.shut_rd || i.reset
+            }
+            Err(_) => true,
+        });
         if let Err(x) = r {
             return err(x);
         }

@@ -42,8 +42,15 @@
  *                 blocking recv() woke, found nothing, and waited again at
  *                 once, a spin that held the CPU ("watchdog: BUG: soft
  *                 lockup", for good once the peer had gone, and the guest
- *                 refused to be saved). Must: the reader sleeps until
- *                 its SO_RCVTIMEO (EAGAIN) using little CPU.
+ *                 refused to be saved). The same on a stream (PORT + 2),
+ *                 whose switch leaves the ring only when the sender's
+ *                 TxFreeze comes over TCP: the user-space transport sets
+ *                 the flag when it freezes, and on a one-vCPU guest the
+ *                 spinning reader kept the work item that takes the
+ *                 TxFreeze from running ("rcu_sched kthread starved", the
+ *                 stream stood still, the peer's suspend hook gave up).
+ *                 Must: the reader sleeps until its SO_RCVTIMEO (EAGAIN)
+ *                 using little CPU.
  *   proc-tcp      (after frozen-*, on PORT + 1) /proc/net/af_xen_tcp read
  *                 while an inter-domain stream was up: its listing
  *                 allocated under the socket's spinlock ("BUG: sleeping
@@ -342,38 +349,55 @@ static double cpu_now(void)
 	return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-static void case_frozen_server(uint32_t port)
+/* frozen-*: one connection of `type` on `port`, its first record or
+ * bytes "frozen", then nothing on a ring the client froze */
+static void frozen_server_one(uint32_t port, int type, const char *what)
 {
 	struct sockaddr_xen a = xaddr(XEN_DOMID_ANY, port);
 	struct timeval tv = { 3, 0 };
-	int l = socket(fam, SOCK_SEQPACKET, 0), c;
-	char buf[256];
+	int l = socket(fam, type, 0), c;
+	char buf[256], name[64];
 	double t0, c0;
 	ssize_t r;
 	int e;
 
+	snprintf(name, sizeof(name), "repro-frozen-%s-listen", what);
 	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 1)) {
-		result("repro-frozen-listen", 0, "errno=%s", strerrorname_np(errno));
+		result(name, 0, "errno=%s", strerrorname_np(errno));
 		return;
 	}
 	c = accept(l, NULL, NULL);
 	if (c < 0) {
-		result("repro-frozen-accept", 0, "errno=%s", strerrorname_np(errno));
+		snprintf(name, sizeof(name), "repro-frozen-%s-accept", what);
+		result(name, 0, "errno=%s", strerrorname_np(errno));
+		close(l);
 		return;
 	}
-	/* the client's first record says it froze its ring after it */
-	r = recv(c, buf, sizeof(buf), 0);
-	result("repro-frozen-first-record", r == 6 && !memcmp(buf, "frozen", 6), "r=%zd", r);
+	/* the client's first bytes say it froze its ring after them */
+	r = recv(c, buf, 6, MSG_WAITALL);
+	snprintf(name, sizeof(name), "repro-frozen-%s-first-bytes", what);
+	result(name, r == 6 && !memcmp(buf, "frozen", 6), "r=%zd", r);
 	setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	t0 = now();
 	c0 = cpu_now();
 	r = recv(c, buf, sizeof(buf), 0);
 	e = errno;
-	result("repro-frozen-recv-sleeps", r == -1 && e == EAGAIN && now() - t0 >= 2.5 && cpu_now() - c0 < 1.0,
+	snprintf(name, sizeof(name), "repro-frozen-%s-recv-sleeps", what);
+	result(name, r == -1 && e == EAGAIN && now() - t0 >= 2.5 && cpu_now() - c0 < 1.0,
 	       "r=%zd errno=%s after %.2fs, %.2fs of CPU (a spin takes all of it)", r, r < 0 ? strerrorname_np(e) : "0",
 	       now() - t0, cpu_now() - c0);
 	close(c);
 	close(l);
+}
+
+static void case_frozen_server(uint32_t port)
+{
+	struct sockaddr_xen a;
+	char buf[256];
+	int l, c;
+
+	frozen_server_one(port, SOCK_SEQPACKET, "seqpacket");
+	frozen_server_one(port + 2, SOCK_STREAM, "stream");
 	/* proc-tcp: a stream from the peer, read to its end */
 	a = xaddr(XEN_DOMID_ANY, port + 1);
 	l = socket(fam, SOCK_STREAM, 0);
@@ -427,22 +451,31 @@ static void proc_tcp_client(uint32_t peer, uint32_t port)
 	close(c);
 }
 
-static void case_frozen_client(uint32_t peer, uint32_t port)
+static void frozen_client_one(uint32_t peer, uint32_t port, int type, const char *what)
 {
 	struct sockaddr_xen a = xaddr(peer, port);
 	int c, mode = XENSOCK_CORRUPT_FREEZE;
+	char name[64];
 
-	c = connect_retrying(SOCK_SEQPACKET, a, 120);
+	c = connect_retrying(type, a, 120);
 	if (c < 0) {
-		result("repro-frozen-connect", 0, "errno=%s", strerrorname_np(errno));
+		snprintf(name, sizeof(name), "repro-frozen-%s-connect", what);
+		result(name, 0, "errno=%s", strerrorname_np(errno));
 		return;
 	}
 	send(c, "frozen", 6, 0);
-	result("repro-frozen-freeze", setsockopt(c, fam, XENSOCK_TEST_CORRUPT, &mode, sizeof(mode)) == 0, "errno=%s",
+	snprintf(name, sizeof(name), "repro-frozen-%s-freeze", what);
+	result(name, setsockopt(c, fam, XENSOCK_TEST_CORRUPT, &mode, sizeof(mode)) == 0, "errno=%s",
 	       strerrorname_np(errno));
 	/* the server's recv waits 3 s: the connection stays up meanwhile */
 	sleep(6);
 	close(c);
+}
+
+static void case_frozen_client(uint32_t peer, uint32_t port)
+{
+	frozen_client_one(peer, port, SOCK_SEQPACKET, "seqpacket");
+	frozen_client_one(peer, port + 2, SOCK_STREAM, "stream");
 	proc_tcp_client(peer, port + 1);
 }
 
