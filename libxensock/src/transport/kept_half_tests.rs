@@ -35,30 +35,8 @@ impl KeptHalf {
         let ring = grant_ring(&xen, me, peer, geometry, 0, true).unwrap();
         let chan = xen.0.alloc_unbound(peer).unwrap();
         let port = xensock_xenif::EventChannel::local_port(&chan);
-        let xs = XsClient::open_path(host.domain(me).unwrap().xenstored_path()).unwrap();
-        let half = HalfPath {
-            owner: me.into(),
-            peer: peer.into(),
-        }
-        .to_string();
-        xs.mkdir(&half).unwrap();
-        xs.set_perms(
-            &half,
-            &[
-                Perm::new(PermAccess::None, u32::from(me)),
-                Perm::new(PermAccess::Read, u32::from(peer)),
-            ],
-        )
-        .unwrap();
         // what the module writes: no generation, no peer-generation
-        for (name, value) in [
-            (node::VERSION, LINK_VERSION.to_string()),
-            (node::RING_REF, ring.grant.header_ref.to_string()),
-            (node::EVENT_CHANNEL, port.to_string()),
-            (node::STATE, LinkState::Initialised.as_str().to_string()),
-        ] {
-            xs.write(&format!("{half}/{name}"), value).unwrap();
-        }
+        write_half(host, me, peer, ring.grant.header_ref, port);
         let rx = Consumer::new(ring.ring);
         KeptHalf {
             _ring: ring,
@@ -90,6 +68,34 @@ impl KeptHalf {
             std::thread::sleep(Duration::from_millis(5));
         }
         false
+    }
+}
+
+/// Writes `owner`'s half of its link with `peer` as the module does (no
+/// generation, no peer-generation), in a directory only `peer` may read.
+fn write_half(host: &SimHost, owner: DomId, peer: DomId, ring_ref: u32, port: u32) {
+    let xs = XsClient::open_path(host.domain(owner).unwrap().xenstored_path()).unwrap();
+    let half = HalfPath {
+        owner: owner.into(),
+        peer: peer.into(),
+    }
+    .to_string();
+    xs.mkdir(&half).unwrap();
+    xs.set_perms(
+        &half,
+        &[
+            Perm::new(PermAccess::None, u32::from(owner)),
+            Perm::new(PermAccess::Read, u32::from(peer)),
+        ],
+    )
+    .unwrap();
+    for (name, value) in [
+        (node::VERSION, LINK_VERSION.to_string()),
+        (node::RING_REF, ring_ref.to_string()),
+        (node::EVENT_CHANNEL, port.to_string()),
+        (node::STATE, LinkState::Initialised.as_str().to_string()),
+    ] {
+        xs.write(&format!("{half}/{name}"), value).unwrap();
     }
 }
 
@@ -138,30 +144,8 @@ fn a_half_that_cannot_be_attached_is_not_retried_at_once() {
     let host = SimHost::start().unwrap();
     let da = host.create_domain(DomainConfig::new("a")).unwrap();
     let db = host.create_domain(DomainConfig::new("b")).unwrap();
-    let xs = XsClient::open_path(db.xenstored_path()).unwrap();
-    let half = HalfPath {
-        owner: db.domid.into(),
-        peer: da.domid.into(),
-    }
-    .to_string();
-    xs.mkdir(&half).unwrap();
-    xs.set_perms(
-        &half,
-        &[
-            Perm::new(PermAccess::None, u32::from(db.domid)),
-            Perm::new(PermAccess::Read, u32::from(da.domid)),
-        ],
-    )
-    .unwrap();
     // a grant reference and port that name nothing
-    for (name, value) in [
-        (node::VERSION, LINK_VERSION),
-        (node::RING_REF, "77"),
-        (node::EVENT_CHANNEL, "5"),
-        (node::STATE, LinkState::Initialised.as_str()),
-    ] {
-        xs.write(&format!("{half}/{name}"), value).unwrap();
-    }
+    write_half(&host, db.domid, da.domid, 77, 5);
     // every change to our own half, seen from dom0
     let ours = HalfPath {
         owner: da.domid.into(),
