@@ -305,9 +305,18 @@ fn child_writer() {
     ) else {
         return;
     };
-    let mut s = XenStream::connect(addr.as_str()).unwrap();
     let mut data = vec![0u8; n.parse().unwrap()];
     pattern::Pattern::new(7).fill(&mut data);
+    if std::env::var_os("XENSOCK_TEST_OWN_TRANSPORT").is_some() {
+        // a transport of its own, and `exit`: no destructor runs
+        let t = Transport::from_env().unwrap();
+        let mut s = t.connect(addr.as_str()).unwrap();
+        s.write_all(&data).unwrap();
+        println!("written");
+        io::stdout().flush().unwrap();
+        std::process::exit(0);
+    }
+    let mut s = XenStream::connect(addr.as_str()).unwrap();
     s.write_all(&data).unwrap();
     println!("written");
     io::stdout().flush().unwrap();
@@ -315,10 +324,22 @@ fn child_writer() {
 }
 
 /// A process that exits with a stream open ends it as TCP does: what it
-/// wrote is delivered, then end of stream (it used to be reset, losing
-/// what the peer had not read yet).
+/// wrote is delivered, then end of stream, not a reset that loses what
+/// the peer has not read yet. Through the process-wide transport
+/// (`XenStream::connect`) ...
 #[test]
 fn what_an_exiting_process_wrote_is_delivered() {
+    an_exiting_writer_delivers(false);
+}
+
+/// ... and through a transport of its own that the process never drops
+/// (it calls `exit`).
+#[test]
+fn what_a_process_wrote_is_delivered_when_it_exits_without_dropping_its_transport() {
+    an_exiting_writer_delivers(true);
+}
+
+fn an_exiting_writer_delivers(own_transport: bool) {
     let host = SimHost::start().unwrap();
     let da = host.create_domain(DomainConfig::new("a")).unwrap();
     let db = host.create_domain(DomainConfig::new("b")).unwrap();
@@ -330,6 +351,7 @@ fn what_an_exiting_process_wrote_is_delivered() {
         .envs(db.env())
         .env("XENSOCK_TEST_CONNECT", format!("xen:{}:6", da.domid))
         .env("XENSOCK_TEST_BYTES", n.to_string())
+        .envs(own_transport.then_some(("XENSOCK_TEST_OWN_TRANSPORT", "1")))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
