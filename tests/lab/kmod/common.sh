@@ -16,8 +16,12 @@ run_c c-loop loop
 # the system-call fuzzer's findings, each as its minimal reproducer (the
 # one-domain cases; the cross-domain ones in domu1.sh and domu2.sh)
 if xsrepro; then result c-repro PASS; else result c-repro FAIL "rc=$?"; fi
-# /proc/net/af_xen lists every socket (a held one shows up as UNBOUND)
-check kmod-proc sh -c 'xstest hold 3 & sleep 1; cat /proc/net/af_xen; grep -q "^UNBOUND" /proc/net/af_xen; r=$?; wait; exit $r'
+# /proc/net/af_xen lists every socket (a held one shows up as UNBOUND);
+# looked for for up to 20 s: a loaded debug guest can take seconds to start
+# the holder
+check kmod-proc sh -c 'xstest hold 30 & h=$!; i=0
+  until grep -q "^UNBOUND" /proc/net/af_xen || [ $i -ge 200 ]; do sleep 0.1; i=$((i + 1)); done
+  cat /proc/net/af_xen; grep -q "^UNBOUND" /proc/net/af_xen; r=$?; kill $h; wait; exit $r'
 # le32 N: N as 4 little-endian bytes in hex (socat's generic socket addresses)
 le32() { printf '%02x%02x%02x%02x' $(($1 & 255)) $(($1 >> 8 & 255)) $(($1 >> 16 & 255)) $(($1 >> 24 & 255)); }
 SOCAT_PORT=7200
