@@ -137,8 +137,7 @@ fn a_process_after_another_reaches_a_peer_that_kept_its_half() {
 /// A peer whose half names a page we cannot map (broken or hostile): the
 /// connect fails at once, with a clear log line, and its half is left
 /// alone for a while. Retried at every event, each attempt's own half
-/// made events of its own and the transport made and ended some 500
-/// links a second.
+/// would make the next event: some 500 links made and ended a second.
 #[test]
 fn a_half_that_cannot_be_attached_is_not_retried_at_once() {
     let host = SimHost::start().unwrap();
