@@ -277,7 +277,7 @@ impl Inner {
             st.dead_gens.insert(peer, h.generation);
         }
         epoll_del(&self.epoll, link.rx_chan.as_raw_fd());
-        // Ring offers that went over this link can no longer be taken:
+        // Ring offers that went over this link cannot be taken now:
         // abandoned, as the module does (proto's one rule).
         for c in st.conns.values() {
             let mut offered = lock(&c.offered_to);
