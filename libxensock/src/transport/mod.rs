@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,7 @@ pub(crate) mod accept;
 mod config;
 mod connections;
 mod discovery;
+mod exit;
 #[cfg(test)]
 mod kept_half_tests;
 mod link;
@@ -287,45 +288,6 @@ static GLOBAL: OnceLock<Transport> = OnceLock::new();
 /// bytes to be acknowledged ([`Inner::end_at_exit`]).
 const EXIT_LINGER: Duration = Duration::from_secs(2);
 
-/// Every transport of the process, for the exit hook: a process may end
-/// with `exit` (or return from `main` holding a transport in a static)
-/// without dropping its transports.
-static LIVE: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
-
-/// Registers the exit hook once, the first time a transport starts.
-static EXIT_HOOK: std::sync::Once = std::sync::Once::new();
-
-/// Lists `inner` for the exit hook (registered with the first transport).
-fn end_at_process_exit(inner: &Arc<Inner>) {
-    let mut live = lock(&LIVE);
-    live.retain(|w| w.strong_count() > 0);
-    live.push(Arc::downgrade(inner));
-    drop(live);
-    EXIT_HOOK.call_once(|| {
-        if !sys::at_exit(at_process_exit) {
-            tracing::warn!("no exit hook: connections reset when the process exits");
-        }
-    });
-}
-
-/// `atexit` hook: the orderly part of dropping each transport still alive
-/// (connections ended, links down, XenStore nodes withdrawn, the
-/// process-wide transport's control socket removed).
-extern "C" fn at_process_exit() {
-    if let Some(t) = GLOBAL.get() {
-        if let Ok(mut c) = t.owner.control.try_lock() {
-            c.take();
-        }
-    }
-    let live: Vec<Arc<Inner>> = match LIVE.try_lock() {
-        Ok(v) => v.iter().filter_map(Weak::upgrade).collect(),
-        Err(_) => return,
-    };
-    for inner in live {
-        inner.end_at_exit();
-    }
-}
-
 /// The lock file of a transport's claim ([`crate::claim`]): the guest's
 /// over `/dev/xen`; next to the domain's XenStore socket otherwise (one
 /// per simulated domain).
@@ -479,7 +441,7 @@ impl Transport {
         }
         // Not dropped when the process exits: its connections end then as
         // dropping it would end them.
-        end_at_process_exit(&inner);
+        exit::end_at_process_exit(&inner);
         let mut threads = Vec::new();
         let i3 = inner.clone();
         threads.push(
