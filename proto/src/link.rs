@@ -6,7 +6,8 @@
 
 use core::fmt;
 
-use super::ring::{Producer, RingMemory};
+use super::ctrl::{decode_header, Channel, HEADER_LEN, MAX_CONTROL_FRAME};
+use super::ring::{Consumer, Producer, RingError, RingMemory};
 
 /// Whether a peer's [`super::store::peer_node::ADDRS`] value lists `ip` (an
 /// IPv4-mapped IPv6 address matches its IPv4 address). Entries that are
@@ -218,6 +219,51 @@ pub fn control_producer<M: RingMemory>(ring: M) -> Producer<M> {
     Producer::resume_at_consumer(ring)
 }
 
+/// What taking the next frame off a link's control ring gave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControlFrame {
+    /// Less than a whole frame is readable: wait for the peer's kick.
+    Incomplete,
+    /// A whole frame of this many bytes, copied out and consumed. Its body
+    /// may still not decode ([`super::ctrl::decode`]): that frame alone is
+    /// dropped, the stream's framing is intact.
+    Whole(usize),
+    /// A header that does not decode, or names a frame longer than any
+    /// control frame: the framing is lost. This many bytes (all that were
+    /// readable) were dropped; a producer publishes whole frames, so the
+    /// next frame starts where the producer stands. The link stays up: a
+    /// peer that writes garbage loses only its own frames.
+    Garbage(u32),
+}
+
+/// Takes the next control frame off our receive ring into `buf`.
+///
+/// An `Err` is a ring whose producer index is corrupt (more readable than
+/// the ring holds): nothing can be read from it again, and the host takes
+/// the link down, as when the peer goes (its connections on TCP legs go
+/// on there, the others end).
+pub fn take_control_frame<M: RingMemory>(
+    rx: &mut Consumer<M>,
+    buf: &mut [u8; MAX_CONTROL_FRAME],
+) -> Result<ControlFrame, RingError> {
+    let readable = rx.readable()?;
+    if (readable as usize) < HEADER_LEN {
+        return Ok(ControlFrame::Incomplete);
+    }
+    // copied once into `buf`, validated there
+    rx.peek(&mut buf[..HEADER_LEN])?;
+    let len = match decode_header(&buf[..HEADER_LEN], Channel::Link) {
+        Ok(h) if h.frame_len() <= MAX_CONTROL_FRAME => h.frame_len(),
+        _ => return Ok(ControlFrame::Garbage(rx.skip(readable)?)),
+    };
+    if (readable as usize) < len {
+        return Ok(ControlFrame::Incomplete);
+    }
+    rx.peek(&mut buf[..len])?;
+    rx.skip(len as u32)?;
+    Ok(ControlFrame::Whole(len))
+}
+
 /// The generation of a half that writes none, from its ring-ref and port.
 fn derived_generation(ring_ref: u32, event_channel: u32) -> u32 {
     (ring_ref.rotate_left(16) ^ event_channel ^ 0x5853_0000) | 1
@@ -226,6 +272,93 @@ fn derived_generation(ring_ref: u32, event_channel: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ctrl::{decode, Message};
+    use crate::layout::{RingGeometry, RingIdentity, LINK_RING_MAGIC};
+    use crate::mem::RawRing;
+    use core::ptr::NonNull;
+
+    #[repr(C, align(4096))]
+    struct Pages([u8; 2 * 4096]);
+
+    /// A link's control ring (order 11) in `mem`.
+    fn control_ring(mem: &mut Pages) -> RawRing {
+        let g = RingGeometry::new(11).unwrap();
+        let base = NonNull::new(mem.0.as_mut_ptr()).unwrap();
+        // SAFETY: mem outlives the ring in each test and is used only through it.
+        let r = unsafe { RawRing::from_region(base, mem.0.len(), g) }.unwrap();
+        r.header().init(&RingIdentity {
+            magic: LINK_RING_MAGIC,
+            order: 11,
+            owner_domid: 1,
+            peer_domid: 2,
+            conn_id: 0,
+            epoch: 0,
+        });
+        r
+    }
+
+    fn frame(m: &Message<'_>) -> ([u8; MAX_CONTROL_FRAME], usize) {
+        let mut b = [0u8; MAX_CONTROL_FRAME];
+        let n = m.encode(&mut b).unwrap();
+        (b, n)
+    }
+
+    #[test]
+    fn control_frames_come_whole_and_garbage_costs_only_what_was_readable() {
+        let mut mem = Pages([0; 2 * 4096]);
+        let ring = control_ring(&mut mem);
+        let mut tx = control_producer(ring);
+        let mut rx = Consumer::new(ring);
+        let mut buf = [0u8; MAX_CONTROL_FRAME];
+        let close = Message::Close { conn_id: 9 };
+        let (bytes, n) = frame(&close);
+
+        assert_eq!(
+            take_control_frame(&mut rx, &mut buf),
+            Ok(ControlFrame::Incomplete)
+        );
+        // a frame published in two parts is taken once whole
+        tx.write(&bytes[..n - 1]).unwrap();
+        tx.flush();
+        assert_eq!(
+            take_control_frame(&mut rx, &mut buf),
+            Ok(ControlFrame::Incomplete)
+        );
+        tx.write(&bytes[n - 1..n]).unwrap();
+        tx.flush();
+        assert_eq!(
+            take_control_frame(&mut rx, &mut buf),
+            Ok(ControlFrame::Whole(n))
+        );
+        assert_eq!(decode(&buf[..n], Channel::Link).unwrap().0, close);
+
+        // garbage, then a good frame once the producer has moved on
+        tx.write(&[0xee; 11]).unwrap();
+        tx.flush();
+        assert_eq!(
+            take_control_frame(&mut rx, &mut buf),
+            Ok(ControlFrame::Garbage(11))
+        );
+        assert_eq!(
+            take_control_frame(&mut rx, &mut buf),
+            Ok(ControlFrame::Incomplete)
+        );
+        tx.write(&bytes[..n]).unwrap();
+        tx.flush();
+        assert_eq!(
+            take_control_frame(&mut rx, &mut buf),
+            Ok(ControlFrame::Whole(n))
+        );
+
+        // a producer index past what the ring holds: an error, nothing read
+        use core::sync::atomic::Ordering::Relaxed;
+        let cons = ring.header().consumer.cons.load(Relaxed);
+        ring.header()
+            .producer
+            .prod
+            .store(cons.wrapping_add(1 << 20), Relaxed);
+        assert!(take_control_frame(&mut rx, &mut buf).is_err());
+    }
 
     #[test]
     fn a_peers_addresses_are_matched_by_value() {

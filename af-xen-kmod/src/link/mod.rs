@@ -18,7 +18,7 @@ pub(crate) mod wake;
 
 use crate::proto::ctrl::{self, Channel, Message};
 use crate::proto::layout::{RingGeometry, RingIdentity, LINK_RING_MAGIC, LINK_RING_ORDER};
-use crate::proto::link::{node, HalfPath, HalfValues, LinkState};
+use crate::proto::link::{node, ControlFrame, HalfPath, HalfValues, LinkState};
 use crate::proto::link_half::{follow, FailedAttach, HalfId, HalfStep, Held, Ours, Theirs};
 use crate::proto::mem::RawRing;
 use crate::proto::ring::{Consumer, Producer};
@@ -551,10 +551,13 @@ impl<C: LinkConn> Link<C> {
             let frame = buf;
             match ctrl::decode(&frame[..len], Channel::Link) {
                 Ok((m, _)) => C::on_frame(self, i, &m),
-                Err(_) => pr_warn!(
-                    "link to dom{}: undecodable control frame dropped\n",
-                    self.peer
-                ),
+                Err(_) => {
+                    sys::counters::add(&sys::counters::LINK_FRAMES_BAD, 1);
+                    pr_warn!(
+                        "link to dom{}: undecodable control frame dropped\n",
+                        self.peer
+                    )
+                }
             }
         }
         // more frames than one batch: let other work run, then continue
@@ -587,43 +590,35 @@ impl<C: LinkConn> Link<C> {
     }
 
     /// Takes the next whole control frame out of our receive ring into
-    /// `buf`; its length, or None when there is none (or garbage, dropped).
+    /// `buf` (proto's framing rule): its length, or None when there is
+    /// none. Garbage costs what was readable; a corrupt ring takes the
+    /// link down.
     fn next_frame(
         &self,
         i: &mut LinkInner<C>,
         buf: &mut [u8; ctrl::MAX_CONTROL_FRAME],
     ) -> Option<usize> {
         let mine = i.mine.as_mut()?;
-        let n = match mine.rx.readable() {
-            Ok(n) => n as usize,
-            Err(_) => {
-                pr_warn!("link to dom{}: corrupt control ring\n", self.peer);
-                return None;
+        match crate::proto::link::take_control_frame(&mut mine.rx, buf) {
+            Ok(ControlFrame::Whole(len)) => Some(len),
+            Ok(ControlFrame::Incomplete) => None,
+            Ok(ControlFrame::Garbage(n)) => {
+                sys::counters::add(&sys::counters::LINK_FRAMES_BAD, 1);
+                pr_warn!(
+                    "link to dom{}: bad control frame, dropping {} bytes\n",
+                    self.peer,
+                    n
+                );
+                None
             }
-        };
-        if n < ctrl::HEADER_LEN {
-            return None;
+            Err(_) => {
+                sys::counters::add(&sys::counters::LINK_FRAMES_BAD, 1);
+                if i.peer.is_some() {
+                    self.detach(i, "corrupt control ring");
+                }
+                None
+            }
         }
-        let _ = mine.rx.peek(&mut buf[..ctrl::HEADER_LEN]);
-        let len = match ctrl::decode_header(&buf[..ctrl::HEADER_LEN], Channel::Link) {
-            Ok(h) => h.frame_len(),
-            Err(_) => usize::MAX,
-        };
-        if len > buf.len() {
-            pr_warn!(
-                "link to dom{}: bad control frame, dropping {} bytes\n",
-                self.peer,
-                n
-            );
-            let _ = mine.rx.skip(n as u32);
-            return None;
-        }
-        if n < len {
-            return None;
-        }
-        let _ = mine.rx.peek(&mut buf[..len]);
-        let _ = mine.rx.skip(len as u32);
-        Some(len)
     }
 }
 

@@ -165,6 +165,9 @@ pub(crate) mod counters {
     pub(crate) static SOCKS: AtomicI64 = AtomicI64::new(0);
     /// connections reset because the peer broke the ring protocol
     pub(crate) static PROTO_RESETS: AtomicI64 = AtomicI64::new(0);
+    /// control frames a link's peer broke (dropped: undecodable, garbage
+    /// where a frame should start, or a corrupt control ring)
+    pub(crate) static LINK_FRAMES_BAD: AtomicI64 = AtomicI64::new(0);
     /// links brought down (peer gone, restarted or unload)
     pub(crate) static LINKS_DOWN: AtomicI64 = AtomicI64::new(0);
     /// links whose peer domain dom0 said was gone for good while its
@@ -233,6 +236,7 @@ pub(crate) fn show_counters(seq: &mut Seq) {
         ("sockets", get(&SOCKS)),
         ("proto_resets", get(&PROTO_RESETS)),
         ("links_down", get(&LINKS_DOWN)),
+        ("link_frames_bad", get(&LINK_FRAMES_BAD)),
         ("peers_dead", get(&PEERS_DEAD)),
         // grant entries whose peer still mapped them when we ended them,
         // kept until it unmaps (af_xen_glue.c, afx_end_one): now, and ever

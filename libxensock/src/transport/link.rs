@@ -509,36 +509,22 @@ impl Inner {
                 return;
             }
             loop {
-                // Drain whole frames.
+                // Drain whole frames (proto's framing rule: garbage costs
+                // what was readable, a corrupt ring takes the link down).
                 loop {
-                    let mut hdr = [0u8; ctrl::MAX_CONTROL_FRAME];
-                    let got = match link.c.peek(&mut hdr) {
-                        Ok(n) => n,
+                    let mut buf = [0u8; ctrl::MAX_CONTROL_FRAME];
+                    match take_control_frame(&mut link.c, &mut buf) {
+                        Ok(ControlFrame::Whole(len)) => frames.push((buf, len)),
+                        Ok(ControlFrame::Incomplete) => break,
+                        Ok(ControlFrame::Garbage(n)) => {
+                            self.counters.ring_errors.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(peer, n, "bad control frame: bytes dropped");
+                        }
                         Err(_) => {
                             broken = true;
                             break;
                         }
-                    };
-                    if got < ctrl::HEADER_LEN {
-                        break;
                     }
-                    let h = match ctrl::decode_header(&hdr[..got], Channel::Link) {
-                        Ok(h) => h,
-                        Err(_) => {
-                            broken = true;
-                            break;
-                        }
-                    };
-                    let total = h.frame_len();
-                    if total > ctrl::MAX_CONTROL_FRAME {
-                        broken = true;
-                        break;
-                    }
-                    if got < total {
-                        break;
-                    }
-                    let _ = link.c.skip(total as u32);
-                    frames.push((hdr, total));
                 }
                 if broken {
                     break;
@@ -573,10 +559,10 @@ impl Inner {
         for (buf, len) in frames {
             match ctrl::decode(&buf[..len], Channel::Link) {
                 Ok((msg, _)) => self.on_frame(st, peer, msg),
-                Err(_) => {
+                Err(e) => {
+                    // that frame alone: the framing is intact
                     self.counters.ring_errors.fetch_add(1, Ordering::Relaxed);
-                    self.link_down(st, peer, true);
-                    return;
+                    tracing::warn!(peer, "undecodable control frame dropped: {e}");
                 }
             }
         }

@@ -19,7 +19,9 @@ use xensock_proto::ctrl::{
     self, Channel, Message, RejectReason, ResetReason, SockType, TcpEndpoint,
 };
 use xensock_proto::layout::{RingGeometry, RingIdentity, LINK_RING_ORDER};
-use xensock_proto::link::{node, HalfPath, HalfValues, LinkState, PeerHalf};
+use xensock_proto::link::{
+    node, take_control_frame, ControlFrame, HalfPath, HalfValues, LinkState, PeerHalf,
+};
 use xensock_proto::link_half::{follow, FailedAttach, HalfId, HalfStep, Held, Ours, Theirs};
 use xensock_proto::mem::RawRing;
 use xensock_proto::ring::{Consumer, Field, Producer, RingMemory};
