@@ -493,8 +493,8 @@ pub(crate) struct Conn {
     pub offered_grant: Mutex<Option<RingGrant>>,
     /// The domain the next offer's ring is granted to.
     pub offer_target: AtomicU16,
-    /// Where our last ring offer went, its epoch, and when.
-    pub offered_to: Mutex<Option<(DomId, u32, Instant)>>,
+    /// Where our last ring offer went, and its epoch.
+    pub offered_to: Mutex<Option<(DomId, u32)>>,
     /// An offer from a domain the connection is not on (yet): taken once
     /// that domain proved to be the peer (see `Inner::on_ring_offer`).
     pub pending_offer: Mutex<Option<(DomId, RingGrant)>>,

@@ -281,7 +281,7 @@ impl Inner {
         // abandoned, as the module does (proto's one rule).
         for c in st.conns.values() {
             let mut offered = lock(&c.offered_to);
-            if let (Some((to, epoch, _)), Some(e)) = (*offered, c.switch()) {
+            if let (Some((to, epoch)), Some(e)) = (*offered, c.switch()) {
                 if to == peer && e.abandon_offer(epoch) {
                     *offered = None;
                     tracing::info!(

@@ -6,11 +6,6 @@ use super::*;
 
 /// How often the manager retries ring offers for connections on TCP.
 pub(super) const CARRIER_SWEEP: Duration = Duration::from_millis(20);
-/// How long a domain that offered a ring for a connection whose peer it is
-/// not (yet) has to take ours, proving it is the peer: proto's offer
-/// timeout, which gives up every unanswered offer.
-pub(super) const UNPROVEN_OFFER_TIMEOUT: Duration =
-    Duration::from_millis(xensock_proto::offer::OFFER_TIMEOUT_MS);
 /// The sweep's interval doubles up to this while no carrier connection has
 /// a usable link or a kept offer (nothing a sweep could do), and is back
 /// at `CARRIER_SWEEP` after any event: every 20 ms it cost the process

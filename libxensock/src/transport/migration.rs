@@ -225,7 +225,7 @@ impl Inner {
                 let Some(grant) = lock(&conn.offered_grant).take() else {
                     return;
                 };
-                *lock(&conn.offered_to) = Some((to, epoch, Instant::now()));
+                *lock(&conn.offered_to) = Some((to, epoch));
                 let peer_id = conn.io().peer_id;
                 tracing::info!(conn = conn.id, to, epoch, "ring offered");
                 self.send_frame(
@@ -318,7 +318,7 @@ impl Inner {
         let Some((from, grant)) = *lock(&conn.pending_offer) else {
             return;
         };
-        let Some((to, epoch, _)) = *lock(&conn.offered_to) else {
+        let Some((to, epoch)) = *lock(&conn.offered_to) else {
             return;
         };
         if from != to {
@@ -387,28 +387,36 @@ impl Inner {
 
     /// Our ring offered to a domain that is not the connection's peer
     /// (whose own offer named the connection: the peer, moved, or a guest
-    /// posing as it) and not taken within [`UNPROVEN_OFFER_TIMEOUT`]: that
-    /// domain is not the peer. The offer is abandoned (`Consumed` for its
-    /// epoch tells the sender, should it have switched after all), its
-    /// kept offer dropped, and the next candidate gets our ring; until
-    /// then, one silent guest posing as the peer kept the connection on
-    /// TCP for good.
+    /// posing as it), and the switch gave the offer up (proto's offer
+    /// clock: not taken within its timeout) without that domain reading
+    /// it: that domain is not the peer. Its kept offer is dropped and the
+    /// next candidate gets our ring; without this, one silent guest posing
+    /// as the peer kept the connection on TCP for good. The module drops
+    /// its candidate at the same step.
     pub(super) fn drop_unproven(&self, conn: &Arc<Conn>, switch: &Switch) {
         let mut offered = lock(&conn.offered_to);
-        let Some((to, epoch, at)) = *offered else {
+        let Some((to, epoch)) = *offered else {
             return;
         };
-        if to == conn.peer() || at.elapsed() < UNPROVEN_OFFER_TIMEOUT {
+        if to == conn.peer() {
             return;
         }
-        if switch.abandon_offer(epoch) {
-            tracing::info!(
-                conn = conn.id,
-                to,
-                epoch,
-                "unanswered ring offer to a domain not the peer's: abandoned"
-            );
+        match switch.status().rx {
+            // still waiting, or proved (`check_rehome` moves the connection)
+            xensock_proto::switch::RxState::Offered { epoch: e }
+            | xensock_proto::switch::RxState::Ring { epoch: e, .. }
+                if e == epoch =>
+            {
+                return
+            }
+            _ => {}
         }
+        tracing::info!(
+            conn = conn.id,
+            to,
+            epoch,
+            "ring offer to a domain not the peer's was not taken: its offer is dropped"
+        );
         *offered = None;
         drop(offered);
         let mut kept = lock(&conn.pending_offer);
