@@ -7,6 +7,9 @@
 #[path = "../../proto/src/ctrl.rs"]
 pub(crate) mod ctrl;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/dial.rs"]
+pub(crate) mod dial;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 #[path = "../../proto/src/layout.rs"]
 pub(crate) mod layout;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]

@@ -60,6 +60,7 @@
 extern crate std;
 
 pub mod ctrl;
+pub mod dial;
 #[cfg(feature = "arbitrary")]
 pub mod fuzzing;
 pub mod layout;

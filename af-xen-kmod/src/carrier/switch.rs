@@ -49,6 +49,7 @@ use crate::carrier::ring::{self, Pipe, Wrote};
 use crate::carrier::{leg, Link, SocketCore, XenSock};
 use crate::carrier::{Carrier, Readiness, Received, Sent};
 use crate::proto::ctrl::{self, Channel, Message, RingGrant};
+use crate::proto::dial::{Dial, DialStep};
 use crate::proto::offer::{OfferClock, OfferStep};
 use crate::proto::switch::{
     ConsumedOutcome, Phase, RingFromOutcome, RxControl, RxControlOrder, RxControlQueue,
@@ -72,22 +73,10 @@ const RXBUF_BYTES: usize = 256 * 1024;
 const CTLQ_BYTES: usize = 4096;
 /// How often the work item looks again while legs connect or a bound runs.
 const TICK_MS: u32 = 100;
-/// An outbound leg still connecting after this long is connected again.
-/// A SYN sent while the peer is paused (being saved, restored, or moved)
-/// is retransmitted with exponential backoff (1, 3, 7, 15, 31, 63 s after
-/// the first), so a peer back after a 36 s save + restore got our next
-/// SYN only at 63 s, after the 60 s bound had reset the connection; a fresh attempt every few seconds reaches
-/// it within that much of its return.
-const LEG_CONNECT_RETRY_MS: u64 = 3000;
 /// While a leg holds bytes its peer has not acknowledged, the work item
 /// looks at it this often (the bound for a peer that died with the legs
 /// up, `leg_unanswered`).
 const LIVE_TICK_MS: u32 = 1000;
-/// ... and after this long once the peer's address answers on another leg
-/// (`heard_from`): its SYN was lost while the peer was away, and the next
-/// one would wait out the rest of the retry period. A SYN's own first
-/// retransmission comes after 1 s: a younger connect is left alone.
-const LEG_CONNECT_HEARD_MS: u64 = 1000;
 
 /// Counters for /proc/net/af_xen_stats.
 pub(crate) mod counters {
@@ -252,9 +241,8 @@ struct TxSide {
     /// the outbound leg broke or the peer closed it: writes get EPIPE
     broken: bool,
     want_leg: bool,
-    next_connect_ms: u64,
-    /// when the current outbound connect attempt started
-    connect_started_ms: u64,
+    /// when to connect the outbound leg, and connect it again (proto's)
+    dial: Dial,
     /// the ring this direction was on when the application closed (the
     /// socket lets go of it): read back if the receiver abandons it
     closed_ring: Option<Arc<Pipe>>,
@@ -349,8 +337,7 @@ impl Switch {
                     ib_got: 0,
                     broken: false,
                     want_leg: false,
-                    next_connect_ms: 0,
-                    connect_started_ms: 0,
+                    dial: Dial::new(),
                     closed_ring: None,
                     writer_waits: false,
                     owner_writes: false,
@@ -961,15 +948,9 @@ pub(crate) fn attach_inbound(
         if tx_activate(&mut t).is_err() {
             return Ok(());
         }
+        // (the pass that follows hears the peer on this leg: an attempt
+        // of ours waiting for a backed-off SYN starts over, `leg_tx`)
         t.want_leg = true;
-        // the peer reaches us now, so we reach it: an attempt of ours that
-        // waits for a backed-off SYN retransmit starts over at once
-        let now = net::now_ms();
-        if t.leg.is_some() && !t.leg_up && now >= t.connect_started_ms + 1000 {
-            t.leg = None;
-            t.next_connect_ms = now;
-            inc(&counters::LEG_RETRIES, 1);
-        }
     }
     activate(xs, &sw);
     net::schedule();
@@ -1802,81 +1783,76 @@ fn take_offer(
     }
 }
 
-/// Connects the outbound leg when it is wanted, and follows its connect.
+/// Connects the outbound leg when it is wanted, and follows its connect,
+/// as proto's dial says.
 fn leg_tx(xs: &XenSock, t: &mut TxSide, ids: &Ids, peer_heard: bool) {
     let now = net::now_ms();
-    if t.leg.is_none() && t.want_leg && !t.broken && now >= t.next_connect_ms {
-        let peer = xs.inner.lock().tcp;
-        let a = &peer.peer.addr;
-        if peer.peer.port == 0 || a[..10].iter().any(|b| *b != 0) || a[10] != 0xff || a[11] != 0xff
-        {
-            t.broken = true;
-            return;
-        }
-        match TcpSock::connect_start(
-            [a[12], a[13], a[14], a[15]],
-            peer.peer.port,
-            net::peer_lost_ms() as u32,
-        ) {
-            Ok(s) => {
-                let n = Message::TcpHello {
-                    conn_id: ids.peer_conn,
-                    cookie: peer.cookie,
-                }
-                .encode(&mut t.hello)
-                .unwrap_or(0);
-                t.hello_left = n;
-                let leg = leg::HeldLeg::new(s);
-                if let Some(sw) = sw_of(xs) {
-                    own(xs, &sw, &leg);
-                }
-                t.owner_writes = false;
-                t.leg = Some(leg);
-                t.leg_up = false;
-                t.connect_started_ms = now;
-                inc(&counters::LEG_CONNECTS, 1);
+    if let Some(leg) = t.leg.as_ref().filter(|_| !t.leg_up) {
+        match leg.sock().state() {
+            Ok(true) => {
+                t.leg_up = true;
+                t.dial.connected();
+                // from here the carrier's own bound (leg_unanswered):
+                // TCP_USER_TIMEOUT also ends a live peer's zero window
+                leg.sock().set_user_timeout(0);
+                leg::leg_out();
             }
-            Err(x) => {
-                pr_info!(
-                    "connection {}: leg to the peer: error {}, retrying\n",
-                    ids.conn_id,
-                    x
-                );
-                t.next_connect_ms = now + 250;
+            Ok(false) => {}
+            Err(_) => {
+                // refused or unreachable: try again until the bound
+                t.leg = None;
+                t.dial.failed(now);
             }
         }
     }
-    if let Some(leg) = t.leg.as_ref() {
-        if !t.leg_up {
-            match leg.sock().state() {
-                Ok(true) => {
-                    t.leg_up = true;
-                    // from here the carrier's own bound (leg_unanswered):
-                    // TCP_USER_TIMEOUT also ends a live peer's zero window
-                    leg.sock().set_user_timeout(0);
-                    leg::leg_out();
-                }
-                Ok(false)
-                    if now >= t.connect_started_ms + LEG_CONNECT_RETRY_MS
-                        || (peer_heard && now >= t.connect_started_ms + LEG_CONNECT_HEARD_MS) =>
-                {
-                    // its SYNs back off: start over (see LEG_CONNECT_RETRY_MS)
-                    pr_info!(
-                        "connection {}: leg to the peer not up after {} ms, connecting again\n",
-                        ids.conn_id,
-                        now - t.connect_started_ms
-                    );
-                    t.leg = None;
-                    t.next_connect_ms = now;
-                    inc(&counters::LEG_RETRIES, 1);
-                }
-                Ok(false) => {}
-                Err(_) => {
-                    // refused or unreachable: try again until the bound
-                    t.leg = None;
-                    t.next_connect_ms = now + 250;
-                }
+    match t.dial.step(t.want_leg && !t.broken, peer_heard, now) {
+        DialStep::Idle | DialStep::WaitUntil(_) => return,
+        DialStep::Connect => {}
+        DialStep::ConnectAgain => {
+            pr_info!(
+                "connection {}: leg to the peer not up yet, connecting again\n",
+                ids.conn_id
+            );
+            t.leg = None;
+            inc(&counters::LEG_RETRIES, 1);
+        }
+    }
+    let peer = xs.inner.lock().tcp;
+    let a = &peer.peer.addr;
+    if peer.peer.port == 0 || a[..10].iter().any(|b| *b != 0) || a[10] != 0xff || a[11] != 0xff {
+        t.broken = true;
+        return;
+    }
+    match TcpSock::connect_start(
+        [a[12], a[13], a[14], a[15]],
+        peer.peer.port,
+        net::peer_lost_ms() as u32,
+    ) {
+        Ok(s) => {
+            let n = Message::TcpHello {
+                conn_id: ids.peer_conn,
+                cookie: peer.cookie,
             }
+            .encode(&mut t.hello)
+            .unwrap_or(0);
+            t.hello_left = n;
+            let leg = leg::HeldLeg::new(s);
+            if let Some(sw) = sw_of(xs) {
+                own(xs, &sw, &leg);
+            }
+            t.owner_writes = false;
+            t.leg = Some(leg);
+            t.leg_up = false;
+            t.dial.connecting(now);
+            inc(&counters::LEG_CONNECTS, 1);
+        }
+        Err(x) => {
+            pr_info!(
+                "connection {}: leg to the peer: error {}, retrying\n",
+                ids.conn_id,
+                x
+            );
+            t.dial.failed(now);
         }
     }
 }

@@ -26,10 +26,11 @@ use std::io::{self, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use xensock_proto::ctrl::{Message, ResetReason};
+use xensock_proto::dial::{Dial, DialStep};
 use xensock_proto::mem::RawRing;
 use xensock_proto::offer::{OfferClock, OfferStep};
 use xensock_proto::ring::{Consumer, Producer, Received, RingError, Sent};
@@ -73,8 +74,6 @@ pub(crate) struct SwitchConfig {
     /// for an answer its peer does not give (an outstanding retransmission
     /// or window probe) before the connection fails the same way.
     pub peer_lost_after: Duration,
-    /// One connection attempt's timeout.
-    pub connect_timeout: Duration,
 }
 
 impl SwitchConfig {
@@ -86,7 +85,6 @@ impl SwitchConfig {
             cookie,
             peer_tcp: peer,
             peer_lost_after: Duration::from_secs(10),
-            connect_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -174,8 +172,10 @@ struct Tx {
     leg_unanswered: Option<Instant>,
     /// The leg was asked for: keep retrying until it is up.
     leg_wanted: bool,
-    connecting: bool,
-    retry_at: Option<Instant>,
+    /// The outbound leg's connect while it is pending (non-blocking).
+    dialing: Option<socket2::Socket>,
+    /// When to connect the outbound leg, and connect it again (proto's).
+    dial: Dial,
     /// Our stream's bytes (and the leg's hello) not yet taken by the leg.
     out: Outbox,
     /// Control frames from the peer (both directions').
@@ -228,8 +228,6 @@ struct CtlOut {
 }
 
 struct Shared {
-    /// Ourselves, for helper threads that must not keep us alive.
-    me: Weak<Shared>,
     cfg: SwitchConfig,
     tx: Mutex<Tx>,
     rx: Mutex<Rx>,
@@ -250,7 +248,6 @@ struct Shared {
     kick_peer: Kick,
     alloc: RingAlloc,
     inbound: Mutex<Vec<TcpStream>>,
-    connected: Mutex<Option<io::Result<TcpStream>>>,
     /// Since when the connection has needed its legs and not had both.
     stall_since: Mutex<Option<Instant>>,
     /// When the legs were last looked at for an unanswered peer
@@ -347,8 +344,7 @@ impl Switch {
             None => (None, None),
         };
         let (tx_wake, rx_wake, ctl) = (EventFd::new()?, EventFd::new()?, EventFd::new()?);
-        let shared = Arc::new_cyclic(|me| Shared {
-            me: me.clone(),
+        let shared = Arc::new(Shared {
             tx: Mutex::new(Tx {
                 path: seed.tx_path,
                 producer,
@@ -359,8 +355,8 @@ impl Switch {
                 leg_closed: false,
                 leg_unanswered: None,
                 leg_wanted: false,
-                connecting: false,
-                retry_at: None,
+                dialing: None,
+                dial: Dial::new(),
                 out: Outbox::default(),
                 inbox: Inbox::default(),
                 waiting: false,
@@ -395,7 +391,6 @@ impl Switch {
             kick_peer,
             alloc,
             inbound: Mutex::new(Vec::new()),
-            connected: Mutex::new(None),
             stall_since: Mutex::new(if needs_legs {
                 Some(Instant::now())
             } else {
@@ -730,6 +725,34 @@ fn unacked(sock: &TcpStream) -> i32 {
 fn set_leg_options(sock: &TcpStream) -> io::Result<()> {
     sock.set_nonblocking(true)?;
     sock.set_nodelay(true)
+}
+
+/// Starts a non-blocking connect of an outbound leg to `addr`.
+fn connect_start(addr: SocketAddr) -> io::Result<socket2::Socket> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM.cloexec(),
+        Some(socket2::Protocol::TCP),
+    )?;
+    sock.set_nonblocking(true)?;
+    match sock.connect(&addr.into()) {
+        Ok(()) => Ok(sock),
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(sock),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a connect [`connect_start`] began has completed; its error if
+/// it failed.
+fn connect_done(sock: &socket2::Socket) -> io::Result<bool> {
+    if let Some(e) = sock.take_error()? {
+        return Err(e);
+    }
+    match sock.peer_addr() {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Whether `sock` waits for an answer from its peer: None when it holds no
@@ -1085,33 +1108,72 @@ impl Shared {
             .map_err(|e| self.breach(e))
     }
 
-    /// Starts connecting our leg if it is not up or on its way.
+    /// Wants our leg up: connects it when proto's dial says.
     fn ensure_tx_leg(&self, tx: &mut Tx) {
         tx.leg_wanted = true;
-        if tx.leg.is_some() || tx.connecting {
-            return;
+        self.dial_tx_leg(tx, false);
+    }
+
+    /// Follows the outbound leg's pending connect, and connects it (again)
+    /// as proto's dial says; `peer_heard`: the peer reaches us on the
+    /// other leg, so a connect of ours waiting for a backed-off SYN is made
+    /// again.
+    fn dial_tx_leg(&self, tx: &mut Tx, peer_heard: bool) {
+        let now = now_ms();
+        if let Some(sock) = tx.dialing.as_ref() {
+            match connect_done(sock) {
+                Ok(false) => {}
+                Ok(true) => {
+                    let sock = TcpStream::from(tx.dialing.take().expect("pending connect"));
+                    if let Err(e) = set_leg_options(&sock) {
+                        tracing::info!(conn = self.cfg.local_id, "outbound leg: {e}; retrying");
+                        tx.dial.failed(now);
+                        return;
+                    }
+                    tx.dial.connected();
+                    tx.out.push_front(&Message::TcpHello {
+                        conn_id: self.cfg.peer_id,
+                        cookie: self.cfg.cookie,
+                    });
+                    tx.leg = Some(sock);
+                    tracing::info!(conn = self.cfg.local_id, "outbound leg up");
+                    self.flush_tx(tx);
+                    self.notify_tx(tx);
+                    return;
+                }
+                Err(e) => {
+                    tracing::info!(conn = self.cfg.local_id, "outbound leg: {e}; retrying");
+                    tx.dialing = None;
+                    tx.dial.failed(now);
+                }
+            }
         }
-        if tx.retry_at.is_some_and(|t| Instant::now() < t) {
-            return;
+        match tx
+            .dial
+            .step(tx.leg_wanted && tx.leg.is_none(), peer_heard, now)
+        {
+            DialStep::Idle | DialStep::WaitUntil(_) => return,
+            DialStep::Connect => {}
+            DialStep::ConnectAgain => {
+                tracing::info!(
+                    conn = self.cfg.local_id,
+                    "outbound leg not up yet: connecting again"
+                );
+                tx.dialing = None;
+            }
         }
         let Some(addr) = self.cfg.peer_tcp else {
             return;
         };
-        tx.connecting = true;
-        let timeout = self.cfg.connect_timeout;
-        let me = self.me.clone();
-        let spawned = std::thread::Builder::new()
-            .name("xensock-leg-connect".into())
-            .spawn(move || {
-                let r = TcpStream::connect_timeout(&addr, timeout);
-                if let Some(s) = me.upgrade() {
-                    *lock(&s.connected) = Some(r);
-                    s.ctl.signal();
-                }
-            });
-        if spawned.is_err() {
-            tx.connecting = false;
-            tx.retry_at = Some(Instant::now() + Duration::from_millis(50));
+        match connect_start(addr) {
+            Ok(sock) => {
+                tx.dialing = Some(sock);
+                tx.dial.connecting(now);
+            }
+            Err(e) => {
+                tracing::info!(conn = self.cfg.local_id, "outbound leg: {e}; retrying");
+                tx.dial.failed(now);
+            }
         }
     }
 
@@ -1491,8 +1553,22 @@ impl Shared {
                     });
                 }
             }
-            if tx.leg.is_none() {
-                wake_at = earliest(wake_at, tx.retry_at);
+            if let Some(sock) = &tx.dialing {
+                // writable once the connect completed or failed
+                fds.push(libc::pollfd {
+                    fd: sock.as_raw_fd(),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                });
+            }
+            let now = now_ms();
+            if let DialStep::WaitUntil(t) =
+                tx.dial.step(tx.leg_wanted && tx.leg.is_none(), false, now)
+            {
+                wake_at = earliest(
+                    wake_at,
+                    Some(Instant::now() + Duration::from_millis(t.saturating_sub(now))),
+                );
             }
         }
         let ctl_pending = !lock(&self.ctl_out).out.is_empty();
@@ -1584,26 +1660,10 @@ impl Shared {
             // frames have a way to us.
             self.ensure_tx_leg(&mut lock(&self.tx));
         }
-        let connected = lock(&self.connected).take();
-        if let Some(result) = connected {
-            let mut tx = lock(&self.tx);
-            tx.connecting = false;
-            match result.and_then(|s| set_leg_options(&s).map(|()| s)) {
-                Ok(sock) => {
-                    tx.out.push_front(&Message::TcpHello {
-                        conn_id: self.cfg.peer_id,
-                        cookie: self.cfg.cookie,
-                    });
-                    tx.leg = Some(sock);
-                    tracing::info!(conn = self.cfg.local_id, "outbound leg up");
-                    self.flush_tx(&mut tx);
-                    self.notify_tx(&tx);
-                }
-                Err(e) => {
-                    tracing::info!(conn = self.cfg.local_id, "outbound leg: {e}; retrying");
-                    tx.retry_at = Some(Instant::now() + Duration::from_millis(100));
-                }
-            }
+        let heard = lock(&self.rx).leg.is_some();
+        let mut tx = lock(&self.tx);
+        if tx.leg.is_none() && tx.leg_wanted {
+            self.dial_tx_leg(&mut tx, heard);
         }
     }
 
@@ -1662,7 +1722,8 @@ impl Shared {
     fn service_tx(&self, tx: &mut Tx) -> io::Result<bool> {
         if tx.leg.is_none() {
             if tx.leg_wanted {
-                self.ensure_tx_leg(tx);
+                let heard = lock(&self.rx).leg.is_some();
+                self.dial_tx_leg(tx, heard);
             }
             return Ok(false);
         }
