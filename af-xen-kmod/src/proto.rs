@@ -4,6 +4,9 @@
 //! and the pure decisions both hosts share. Nothing here is re-implemented by the module.
 
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/control_stream.rs"]
+pub(crate) mod control_stream;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 #[path = "../../proto/src/ctrl.rs"]
 pub(crate) mod ctrl;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]

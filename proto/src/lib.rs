@@ -59,6 +59,7 @@
 #[cfg(feature = "arbitrary")]
 extern crate std;
 
+pub mod control_stream;
 pub mod ctrl;
 pub mod dial;
 #[cfg(feature = "arbitrary")]

@@ -48,12 +48,13 @@
 use crate::carrier::ring::{self, Pipe, Wrote};
 use crate::carrier::{leg, Link, SocketCore, XenSock};
 use crate::carrier::{Carrier, Readiness, Received, Sent};
-use crate::proto::ctrl::{self, Channel, Message, RingGrant};
+use crate::proto::control_stream::{self, LegControl};
+use crate::proto::ctrl::{self, Message, RingGrant};
 use crate::proto::dial::{Dial, DialStep};
 use crate::proto::offer::{OfferClock, OfferStep};
 use crate::proto::switch::{
-    ConsumedOutcome, Phase, RingFromOutcome, RxControl, RxControlOrder, RxControlQueue,
-    RxControlTaken, RxPath, RxState, TxPath, TxState,
+    ConsumedOutcome, Phase, RingFromOutcome, RxControlOrder, RxControlQueue, RxControlTaken,
+    RxPath, RxState, TxPath, TxState,
 };
 use crate::sock::State as SockState;
 use crate::sys::net::{self, TcpSock};
@@ -1876,10 +1877,8 @@ fn read_tx_leg(
         let need = if t.ib_got < ctrl::HEADER_LEN {
             ctrl::HEADER_LEN
         } else {
-            match ctrl::decode_header(&t.ib[..ctrl::HEADER_LEN], Channel::Tcp) {
-                Ok(h) if h.frame_len() <= t.ib.len() => h.frame_len(),
-                _ => return Err("malformed frame on the outbound leg"),
-            }
+            control_stream::frame_len(&t.ib[..ctrl::HEADER_LEN], ids.conn_id)
+                .map_err(|_| "breach of the control stream")?
         };
         if t.ib_got < need {
             let got = t.ib_got;
@@ -1912,35 +1911,15 @@ fn read_tx_leg(
         }
         let frame = t.ib;
         t.ib_got = 0;
-        let (m, _) = ctrl::decode(&frame[..need], Channel::Tcp)
-            .map_err(|_| "malformed frame on the outbound leg")?;
-        let for_rx = match m {
-            Message::Consumed {
-                conn_id,
-                epoch,
-                offset,
-            } if conn_id == ids.conn_id => {
+        let for_rx = match control_stream::decode_frame(&frame[..need], ids.conn_id)
+            .map_err(|_| "breach of the control stream")?
+        {
+            LegControl::Consumed { epoch, offset } => {
                 on_consumed(xs, sw, t, ids, epoch, offset)?;
                 None
             }
-            Message::Reset { conn_id, .. } if conn_id == ids.conn_id => return Err("peer reset"),
-            Message::RawFrom { conn_id, offset } if conn_id == ids.conn_id => {
-                Some(RxControl::RawFrom { offset })
-            }
-            Message::RingFrom {
-                conn_id,
-                epoch,
-                offset,
-            } if conn_id == ids.conn_id => Some(RxControl::RingFrom { epoch, offset }),
-            Message::TxFreeze {
-                conn_id,
-                epoch,
-                offset,
-            } if conn_id == ids.conn_id => Some(RxControl::TxFreeze { epoch, offset }),
-            Message::Fin { conn_id, offset } if conn_id == ids.conn_id => {
-                Some(RxControl::Fin { offset })
-            }
-            _ => return Err("unexpected frame on the outbound leg"),
+            LegControl::Reset => return Err("peer reset"),
+            LegControl::Receiving(f) => Some(f),
         };
         if let Some(f) = for_rx {
             if sw.rx_ctl.lock().push(f).is_err() {

@@ -13,40 +13,13 @@ use std::net::TcpStream;
 
 use socket2::SockRef;
 
-use xensock_proto::ctrl::{
-    decode, decode_header, Channel, FrameHeader, Kind, Message, HEADER_LEN, MAX_CONTROL_FRAME,
-};
-use xensock_proto::switch::RxControl;
-
-/// A control frame read from a leg.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Frame {
-    RingFrom { epoch: u32, offset: u64 },
-    TxFreeze { epoch: u32, offset: u64 },
-    Consumed { epoch: u32, offset: u64 },
-    Fin { offset: u64 },
-    RawFrom { offset: u64 },
-    Reset,
-}
-
-impl Frame {
-    /// The frame as a receiving direction queues it; None for the sending
-    /// direction's answers (`Consumed`, `Reset`).
-    pub(crate) fn for_receiving(self) -> Option<RxControl> {
-        match self {
-            Frame::RawFrom { offset } => Some(RxControl::RawFrom { offset }),
-            Frame::RingFrom { epoch, offset } => Some(RxControl::RingFrom { epoch, offset }),
-            Frame::TxFreeze { epoch, offset } => Some(RxControl::TxFreeze { epoch, offset }),
-            Frame::Fin { offset } => Some(RxControl::Fin { offset }),
-            Frame::Consumed { .. } | Frame::Reset => None,
-        }
-    }
-}
+use xensock_proto::control_stream::{self, LegControl};
+use xensock_proto::ctrl::{Message, HEADER_LEN};
 
 /// What reading control frames off a leg gave.
 #[derive(Debug)]
 pub(crate) enum Incoming {
-    Frame(Frame),
+    Frame(LegControl),
     WouldBlock,
     /// The peer closed the leg (at a frame boundary or not).
     Closed,
@@ -60,29 +33,6 @@ pub(super) fn protocol_error(what: impl std::fmt::Display) -> io::Error {
 /// 12-24 bytes and come a few at a time (a switch), so one read takes all
 /// that are there.
 const CONTROL_READ: usize = 1024;
-
-/// A header's checks for a frame on a leg: strict decoding, our
-/// connection, not a second hello.
-fn check_header(bytes: &[u8], conn_id: u32) -> io::Result<FrameHeader> {
-    let hdr = decode_header(bytes, Channel::Tcp).map_err(protocol_error)?;
-    if hdr.conn_id != conn_id {
-        return Err(protocol_error(format!(
-            "frame for connection {} on the leg of {conn_id}",
-            hdr.conn_id
-        )));
-    }
-    if hdr.kind == Kind::TcpHello {
-        return Err(protocol_error("TcpHello on an open leg"));
-    }
-    if hdr.frame_len() > MAX_CONTROL_FRAME {
-        return Err(protocol_error(format!(
-            "{:?} frame of {} bytes",
-            hdr.kind,
-            hdr.frame_len()
-        )));
-    }
-    Ok(hdr)
-}
 
 /// Reads control frames from a non-blocking stream. Bytes read but not
 /// taken yet (the next frames) wait in `buf[start..end]`.
@@ -103,18 +53,22 @@ impl Default for Inbox {
 }
 
 impl Inbox {
-    /// The next control frame addressed to `conn_id`. Malformed frames,
-    /// frames for another connection, `TcpHello` after authentication and
-    /// `Data` (protocol version 1's framed stream) are `InvalidData`.
+    /// The next control frame addressed to `conn_id`. A breach of the
+    /// control stream (proto's rule: malformed frames, frames for another
+    /// connection, kinds with no place there) is `InvalidData`.
     pub(crate) fn next(&mut self, mut sock: &TcpStream, conn_id: u32) -> io::Result<Incoming> {
         let mut drained = false;
         loop {
             let have = self.end - self.start;
             if have >= HEADER_LEN {
-                let hdr = check_header(&self.buf[self.start..self.end], conn_id)?;
-                let len = hdr.frame_len();
+                let len = control_stream::frame_len(&self.buf[self.start..self.end], conn_id)
+                    .map_err(protocol_error)?;
                 if have >= len {
-                    let frame = parse_control(&self.buf[self.start..self.start + len])?;
+                    let frame = control_stream::decode_frame(
+                        &self.buf[self.start..self.start + len],
+                        conn_id,
+                    )
+                    .map_err(protocol_error)?;
                     self.start += len;
                     if self.start == self.end {
                         self.start = 0;
@@ -146,24 +100,6 @@ impl Inbox {
             }
         }
     }
-}
-
-fn parse_control(bytes: &[u8]) -> io::Result<Frame> {
-    let (msg, _) = decode(bytes, Channel::Tcp).map_err(protocol_error)?;
-    Ok(match msg {
-        Message::RingFrom { epoch, offset, .. } => Frame::RingFrom { epoch, offset },
-        Message::TxFreeze { epoch, offset, .. } => Frame::TxFreeze { epoch, offset },
-        Message::Consumed { epoch, offset, .. } => Frame::Consumed { epoch, offset },
-        Message::Fin { offset, .. } => Frame::Fin { offset },
-        Message::RawFrom { offset, .. } => Frame::RawFrom { offset },
-        Message::Reset { .. } => Frame::Reset,
-        other => {
-            return Err(protocol_error(format!(
-                "{:?} on a leg's control stream",
-                other.kind()
-            )))
-        }
-    })
 }
 
 /// Bytes waiting to be written to a leg, oldest first: control frames,
@@ -241,6 +177,7 @@ mod tests {
     use std::io::Write;
     use std::net::TcpListener;
     use std::os::fd::AsRawFd;
+    use xensock_proto::switch::RxControl;
 
     const CONN: u32 = 7;
 
@@ -283,7 +220,7 @@ mod tests {
     }
 
     /// Control frames until the leg ends.
-    fn read_control(r: &TcpStream) -> io::Result<Vec<Frame>> {
+    fn read_control(r: &TcpStream) -> io::Result<Vec<LegControl>> {
         let mut inbox = Inbox::default();
         let mut seen = Vec::new();
         loop {
@@ -334,21 +271,21 @@ mod tests {
         assert_eq!(
             seen,
             vec![
-                Frame::RingFrom {
+                LegControl::Receiving(RxControl::RingFrom {
                     epoch: 1,
                     offset: 10
-                },
-                Frame::TxFreeze {
+                }),
+                LegControl::Receiving(RxControl::TxFreeze {
                     epoch: 1,
                     offset: 99
-                },
-                Frame::Consumed {
+                }),
+                LegControl::Consumed {
                     epoch: 4,
                     offset: 7
                 },
-                Frame::Fin { offset: 99 },
-                Frame::RawFrom { offset: 1 << 40 },
-                Frame::Reset,
+                LegControl::Receiving(RxControl::Fin { offset: 99 }),
+                LegControl::Receiving(RxControl::RawFrom { offset: 1 << 40 }),
+                LegControl::Reset,
             ]
         );
     }

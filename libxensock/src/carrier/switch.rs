@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use xensock_proto::control_stream::LegControl;
 use xensock_proto::ctrl::{Message, ResetReason};
 use xensock_proto::dial::{Dial, DialStep};
 use xensock_proto::mem::RawRing;
@@ -40,7 +41,7 @@ use xensock_proto::switch::{
 };
 
 use super::driver::{self, Attachment, Driven};
-use super::frames::{protocol_error, send_raw, Frame, Inbox, Incoming, Outbox};
+use super::frames::{protocol_error, send_raw, Inbox, Incoming, Outbox};
 use super::leg::{lock, LegListener};
 use super::ring::{NewRing, SharedRing};
 use crate::clock::now_ms;
@@ -1678,14 +1679,13 @@ impl Shared {
             let t = &mut *tx;
             let Some(leg) = t.leg.as_ref() else { break };
             match t.inbox.next(leg, self.cfg.local_id)? {
-                Incoming::Frame(Frame::Consumed { epoch, offset }) => {
+                Incoming::Frame(LegControl::Consumed { epoch, offset }) => {
                     self.handle_consumed(tx, epoch, offset)?;
                 }
-                Incoming::Frame(Frame::Reset) => return Err(io::ErrorKind::ConnectionReset.into()),
-                Incoming::Frame(f) => {
-                    let frame = f.for_receiving().ok_or_else(|| {
-                        protocol_error("a sending direction's frame queued for receiving")
-                    })?;
+                Incoming::Frame(LegControl::Reset) => {
+                    return Err(io::ErrorKind::ConnectionReset.into())
+                }
+                Incoming::Frame(LegControl::Receiving(frame)) => {
                     // Each frame waits for the receiving direction only
                     // while a RingFrom before it waits for the bytes ahead
                     // of it, and a sender sends few before it needs an
