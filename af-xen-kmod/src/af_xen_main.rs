@@ -58,7 +58,7 @@
 //! socket's lock (a spinlock, held only for short field updates). A
 //! switch: `Switch::tx` before the tx pipe's producer; the rx pipe's
 //! consumer before `Switch::rx`; `Switch::rx` before the socket's lock;
-//! no link lock under either switch lock (carrier/switch.rs). The wake
+//! no link lock under either switch lock (carrier/switch/). The wake
 //! table and a pipe's `ends` are leaf spinlocks.
 //!
 //! # Contexts
@@ -172,7 +172,7 @@ impl kernel::Module for AfXen {
         // before the links: their handshakes advertise its endpoint
         let legs = carrier::leg::start().ok();
         link::start::<carrier::XenSock>();
-        // this guest's own save/restore moves its connections (carrier/switch.rs)
+        // this guest's own save/restore moves its connections (carrier/switch/)
         let pm = sys::net::PmHooks::register();
         if pm.is_none() {
             pr_warn!("no save/restore hooks: connections will not survive this guest's save\n");

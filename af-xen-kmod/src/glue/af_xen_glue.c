@@ -88,7 +88,7 @@ int afx_take_inject_bad_dir(void) { return xchg(&inject_bad_dir, 0); }
  * up, a RingOffer naming each of our peers' connection ids 1..N, with grant
  * refs that name nothing: a guest posing as the moved peer of another
  * guest's connections. The receiver must keep such an offer until its
- * sender proves to be the peer (carrier/switch.rs, on_candidate_offer).
+ * sender proves to be the peer (carrier/switch/offers.rs, on_candidate_offer).
  */
 static int inject_ring_offers;
 static int set_inject_ring_offers(const char *val, const struct kernel_param *kp)
@@ -317,7 +317,7 @@ void afx_vfree(void *p) { vfree(p); }
 #include <net/net_namespace.h>
 int afx_rs_proc_show(struct seq_file *m);	/* Rust (socket/mod.rs) */
 int afx_rs_stats_show(struct seq_file *m);	/* Rust (sys.rs) */
-int afx_rs_tcp_show(struct seq_file *m);	/* Rust (socket/mod.rs, carrier/switch.rs) */
+int afx_rs_tcp_show(struct seq_file *m);	/* Rust (socket/mod.rs, carrier/switch/proc.rs) */
 static int afx_proc_show(struct seq_file *m, void *v) { return afx_rs_proc_show(m); }
 static int afx_stats_show(struct seq_file *m, void *v) { return afx_rs_stats_show(m); }
 static int afx_tcp_show(struct seq_file *m, void *v) { return afx_rs_tcp_show(m); }

@@ -102,7 +102,7 @@ static DECLARE_DELAYED_WORK(afx_tcp_dwork, afx_tcp_dwork_fn);
  * that neither delays the other */
 static void afx_tcp_tick_fn(struct work_struct *w) { afx_rs_tcp_work(); }
 static DECLARE_DELAYED_WORK(afx_tcp_tick, afx_tcp_tick_fn);
-/* the legs' liveness cadence (carrier/switch.rs leg_unanswered), apart from the other
+/* the legs' liveness cadence (carrier/switch/work.rs leg_unanswered), apart from the other
  * two so that its slower period never postpones theirs */
 static void afx_tcp_live_fn(struct work_struct *w) { afx_rs_tcp_work(); }
 static DECLARE_DELAYED_WORK(afx_tcp_live, afx_tcp_live_fn);
@@ -176,7 +176,7 @@ static void afx_tcp_write_space(struct sock *sk)
 		clear_bit(SOCK_NOSPACE, &sock->flags);
 	/*
 	 * The work item only when something is queued that no writer will
-	 * flush (carrier/switch.rs own_outbound). Run at every drain, it competed
+	 * flush (carrier/switch/owners.rs own_outbound). Run at every drain, it competed
 	 * with the writer it had just woken, on the same vCPU: the stream was
 	 * 0.65-0.79x TCP's with both domains idling more than TCP's (the pipe
 	 * ran dry between drains); 0.86x with the work a jiffy later, 0.93x
@@ -383,7 +383,7 @@ void afx_tcp_set_user_timeout(struct socket *s, unsigned int ms)
  * nothing unacknowledged or unsent, 1 when a retransmission or a window
  * probe is outstanding, 0 otherwise. The carrier's bound for a peer that
  * died with the legs up: a leg unanswered at every look for peer_lost_ms
- * (carrier/switch.rs leg_unanswered). TCP_USER_TIMEOUT, which bounded it before,
+ * (carrier/switch/work.rs leg_unanswered). TCP_USER_TIMEOUT, which bounded it before,
  * also ends a leg whose live peer keeps its window shut that long
  * (tcp_probe_timer, tcp_rtx_probe0_timed_out): a reader that stopped
  * reading for peer_lost_ms reset the connection. A peer that answers its
@@ -414,7 +414,7 @@ u32 afx_tcp_segs_in(struct socket *s)
  * A leg whose retransmission has backed off at least twice -- its peer was
  * unreachable: saved, paused, moving -- retransmits now instead of at the
  * end of the back-off, which after a save of tens of seconds is as long
- * again (carrier/switch.rs kick_if_heard calls this once the peer has been heard
+ * again (carrier/switch/work.rs kick_if_heard calls this once the peer has been heard
  * from). The retransmission's ACK resets the back-off, as at any RTO; the
  * bound (TCP_USER_TIMEOUT) counts from the first retransmission, so firing
  * early never ends the leg sooner. Never a zero-window probe: a peer that
