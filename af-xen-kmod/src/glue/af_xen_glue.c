@@ -372,7 +372,7 @@ static DECLARE_WORK(afx_work, afx_work_fn);
 void afx_schedule(void) { schedule_work(&afx_work); }
 void afx_cancel_work(void) { cancel_work_sync(&afx_work); }
 /*
- * Receive rings lent after close (link/mod.rs, "lingering"): a delayed work ends
+ * Receive rings lent after close (link/lent.rs): a delayed work ends
  * those whose peer never said it is done with them (Rust: afx_rs_reap).
  */
 void afx_rs_reap(void);
