@@ -366,7 +366,7 @@ void afx_seq_write(struct seq_file *m, const void *p, size_t n) { seq_write(m, p
 /* the largest ring: 4 MiB of data pages (proto's MAX_RING_ORDER 22) */
 #define AFX_MAX_RING_PAGES 1024
 
-void afx_rs_work(void);	/* Rust (link/mod.rs) */
+void afx_rs_work(void);	/* Rust (sys/entry.rs: link/table.rs work) */
 static void afx_work_fn(struct work_struct *w) { afx_rs_work(); }
 static DECLARE_WORK(afx_work, afx_work_fn);
 void afx_schedule(void) { schedule_work(&afx_work); }
