@@ -17,6 +17,7 @@ pub mod agent;
 pub mod layout;
 pub mod peers;
 mod sys;
+mod tx_gate;
 pub mod xs;
 
 pub use xensock_xenif::DomId;

@@ -228,78 +228,8 @@ fn reply_bound_from_env() -> Duration {
     }
 }
 
-/// Environment variable naming the lock file that serialises the
-/// transactions of a guest's processes on `/dev/xen/xenbus` (default
-/// `/run/lock/xensock-xenstore-transaction`, or under `/tmp` without
-/// `/run/lock`).
-pub const TX_LOCK_ENV: &str = "XENSOCK_XS_TX_LOCK";
-
-/// How long a transaction waits for another process's to end before it
-/// goes ahead without the lock (a process stuck inside one must not stop
-/// every other's for good).
-const TX_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-fn tx_lock_path() -> PathBuf {
-    if let Some(p) = std::env::var_os(TX_LOCK_ENV) {
-        return PathBuf::from(p);
-    }
-    if Path::new("/run/lock").is_dir() {
-        PathBuf::from("/run/lock/xensock-xenstore-transaction")
-    } else {
-        PathBuf::from("/tmp/xensock-xenstore-transaction.lock")
-    }
-}
-
-/// The guest-wide transaction lock, held while it lives (see the module
-/// notes). Every acquisition opens the file anew: `flock` locks belong to
-/// an open file description, so two threads of one process exclude each
-/// other as two processes do.
-struct TxGate {
-    _file: std::fs::File,
-}
-
-impl TxGate {
-    /// Takes the lock, waiting up to [`TX_LOCK_WAIT`]; `None` if the file
-    /// cannot be opened or the wait ran out (the transaction goes ahead).
-    fn acquire() -> Option<TxGate> {
-        let path = tx_lock_path();
-        // Read-only is enough for `flock`, so processes of other users can
-        // lock the file the first one made.
-        let opened = std::fs::File::open(&path).or_else(|_| {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-        });
-        let file = match opened {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!(path = %path.display(), "xenstore transaction lock: {e}");
-                return None;
-            }
-        };
-        let deadline = std::time::Instant::now() + TX_LOCK_WAIT;
-        loop {
-            let Err(e) = crate::sys::try_lock_exclusive(file.as_fd()) else {
-                return Some(TxGate { _file: file });
-            };
-            if e.raw_os_error() != Some(libc::EWOULDBLOCK) && e.kind() != io::ErrorKind::Interrupted
-            {
-                tracing::warn!(path = %path.display(), "xenstore transaction lock: {e}");
-                return None;
-            }
-            if std::time::Instant::now() >= deadline {
-                tracing::warn!(
-                    path = %path.display(),
-                    "xenstore transaction lock held for {TX_LOCK_WAIT:?}: going ahead without it"
-                );
-                return None;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-    }
-}
+pub use crate::tx_gate::TX_LOCK_ENV;
+use crate::tx_gate::TxGate;
 
 struct Core {
     fd: OwnedFd,

@@ -23,15 +23,13 @@ use std::path::{Path, PathBuf};
 pub const ENV_CLAIM_PATH: &str = "XENSOCK_CLAIM_PATH";
 
 /// The lock file of the guest's `/dev/xen` transport: `$XENSOCK_CLAIM_PATH`,
-/// else `/run/lock/xensock-transport`, else `/tmp/xensock-transport.lock`.
+/// else `/run/lock/xensock-transport` (the system's directory for lock
+/// files every user may take; a missing `/run/lock` makes
+/// [`Claim::take`] fail with the hint to set the variable).
 pub fn guest_claim_path() -> PathBuf {
-    if let Some(p) = std::env::var_os(ENV_CLAIM_PATH) {
-        return PathBuf::from(p);
-    }
-    if Path::new("/run/lock").is_dir() {
-        PathBuf::from("/run/lock/xensock-transport")
-    } else {
-        PathBuf::from("/tmp/xensock-transport.lock")
+    match std::env::var_os(ENV_CLAIM_PATH) {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from("/run/lock/xensock-transport"),
     }
 }
 
@@ -50,26 +48,59 @@ pub(crate) struct Claim {
     file: File,
 }
 
+/// Opens (making it if need be) the claim file at `path`.
+///
+/// The file lives in a directory every user may write to (`/run/lock`),
+/// where another user may have put anything first, and a root transport
+/// writes into it: nothing is followed (a symbolic link is refused), and
+/// only a regular file with no other name (a hard link to another file
+/// would have it written) is used. Any user's process may take the claim
+/// after another's, so its owner leaves it writable for all (the lock,
+/// not the file's content, is what excludes).
 fn open(path: &Path) -> io::Result<File> {
-    // Any user's process may take the claim after another's: the first
-    // makes the file writable for all (the lock, not the file's content,
-    // is what excludes; `/run/lock` is sticky).
-    match OpenOptions::new()
+    use std::os::unix::fs::MetadataExt;
+    let refuse = |why: &str| {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{why}; refusing to use it (remove it, or set {ENV_CLAIM_PATH})"),
+        ))
+    };
+    let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let opened = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o666)
-        .open(path)
-    {
-        Ok(f) => {
-            let _ = f.set_permissions(std::fs::Permissions::from_mode(0o666));
-            Ok(f)
-        }
+        .custom_flags(flags)
+        .open(path);
+    let f = match opened {
+        Ok(f) => f,
         // another user's file that is not writable: locking needs no write
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => File::open(path),
-        Err(e) => Err(e),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => OpenOptions::new()
+            .read(true)
+            .custom_flags(flags)
+            .open(path)?,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return refuse("is a symbolic link"),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("its directory does not exist ({e}); set {ENV_CLAIM_PATH}"),
+            ))
+        }
+        Err(e) => return Err(e),
+    };
+    let m = f.metadata()?;
+    if !m.file_type().is_file() {
+        return refuse("is not a regular file");
     }
+    if m.nlink() != 1 {
+        return refuse("has other names (hard links)");
+    }
+    if m.uid() == crate::sys::uid() && m.mode() & 0o777 != 0o666 {
+        f.set_permissions(std::fs::Permissions::from_mode(0o666))?;
+    }
+    Ok(f)
 }
 
 /// Takes an exclusive `flock` without waiting; `Ok(false)` when another
@@ -145,7 +176,14 @@ impl Claim {
 /// The process holding the claim at `path`, if one does (a file left by a
 /// process that is gone names nobody).
 pub fn holder(path: &Path) -> Option<Holder> {
-    let mut f = File::open(path).ok()?;
+    let mut f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    if !f.metadata().ok()?.file_type().is_file() {
+        return None;
+    }
     // If we can lock it, nobody holds it. Our own lock on another open of
     // the file in this process counts as held, as for any other process.
     if try_lock(&f).ok()? {
@@ -184,5 +222,44 @@ mod tests {
         assert_eq!(holder(&path), None);
         let again = Claim::take(&path).unwrap();
         drop(again);
+    }
+
+    fn mode(p: &Path) -> u32 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
+    }
+
+    /// A symbolic link, a hard link to another file or a directory planted
+    /// where the claim file should be is refused with the reason; the file
+    /// it names is neither changed nor written.
+    #[test]
+    fn a_planted_link_or_directory_as_the_claim_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"secret\n").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+        let sym = dir.path().join("sym");
+        std::os::unix::fs::symlink(&victim, &sym).unwrap();
+        let e = Claim::take(&sym).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert_eq!(holder(&sym), None);
+
+        let hard = dir.path().join("hard");
+        std::fs::hard_link(&victim, &hard).unwrap();
+        let e = Claim::take(&hard).unwrap_err();
+        assert!(e.to_string().contains("hard links"), "{e}");
+
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(Claim::take(&sub).is_err());
+
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret\n");
+        assert_eq!(mode(&victim), 0o600);
+
+        let missing = dir.path().join("no-such-dir").join("claim");
+        let e = Claim::take(&missing).unwrap_err();
+        assert!(e.to_string().contains(ENV_CLAIM_PATH), "{e}");
     }
 }

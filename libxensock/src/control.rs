@@ -25,16 +25,33 @@ use std::time::Duration;
 /// Environment variable naming the directory of control sockets.
 pub const ENV_RUN_DIR: &str = "XENSOCK_RUN_DIR";
 
-/// Where control sockets live: `$XENSOCK_RUN_DIR`, else
-/// `$XDG_RUNTIME_DIR/xensock`, else `/tmp/xensock-<uid>`.
-pub fn run_dir() -> PathBuf {
+/// Where this user's control sockets live: `$XENSOCK_RUN_DIR`, else
+/// `$XDG_RUNTIME_DIR/xensock`, else for root `/run/xensock/control`, else
+/// `/run/user/<uid>/xensock` when the user has that runtime directory.
+/// Never in `/tmp`, where another user may have put anything first.
+pub fn run_dir() -> io::Result<PathBuf> {
     if let Some(d) = std::env::var_os(ENV_RUN_DIR) {
-        return PathBuf::from(d);
+        return Ok(PathBuf::from(d));
     }
     if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
-        return PathBuf::from(d).join("xensock");
+        return Ok(PathBuf::from(d).join("xensock"));
     }
-    PathBuf::from(format!("/tmp/xensock-{}", crate::sys::uid()))
+    let uid = crate::sys::uid();
+    if uid == 0 {
+        return Ok(PathBuf::from("/run/xensock/control"));
+    }
+    let user = PathBuf::from(format!("/run/user/{uid}"));
+    if user.is_dir() {
+        return Ok(user.join("xensock"));
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!(
+            "no runtime directory for uid {uid}: XDG_RUNTIME_DIR is not set and {} \
+             does not exist (set XDG_RUNTIME_DIR or {ENV_RUN_DIR})",
+            user.display()
+        ),
+    ))
 }
 
 /// Checks that `dir` is this user's private directory (a directory, not
@@ -114,7 +131,7 @@ impl ControlServer {
     pub(crate) fn start(
         answer: impl Fn(&str) -> Option<String> + Send + 'static,
     ) -> io::Result<ControlServer> {
-        let dir = run_dir();
+        let dir = run_dir()?;
         private_dir(&dir, true)?;
         let path = dir.join(format!("{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
@@ -196,9 +213,8 @@ pub fn broadcast(cmd: &str) -> Vec<(u32, String)> {
     let mut targets: Vec<(u32, PathBuf)> = Vec::new();
     // only a run directory that is ours: the sockets of processes that are
     // gone are removed from it
-    let dir = run_dir();
-    let entries = match private_dir(&dir, false) {
-        Ok(()) => std::fs::read_dir(&dir).ok(),
+    let entries = match run_dir().and_then(|dir| private_dir(&dir, false).map(|()| dir)) {
+        Ok(dir) => std::fs::read_dir(&dir).ok(),
         Err(e) => {
             if e.kind() != io::ErrorKind::NotFound {
                 tracing::warn!("{e}");
