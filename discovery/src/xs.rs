@@ -228,8 +228,8 @@ fn reply_bound_from_env() -> Duration {
     }
 }
 
-pub use crate::tx_gate::TX_LOCK_ENV;
 use crate::tx_gate::TxGate;
+pub use crate::tx_gate::TX_LOCK_ENV;
 
 struct Core {
     fd: OwnedFd,

@@ -1,0 +1,278 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The `xensock` command line tool.
+//!
+//! * `xensock demo`: a simulated host with two domains, an echo server in
+//!   one, a client in the other, a checksummed stream through the rings,
+//!   and the same through TCP loopback for comparison.
+//! * `xensock bench`: throughput, latency, connection rate and memory per
+//!   idle connection for xensock vs AF_UNIX vs TCP loopback, in one run.
+//! * `xensock status`: the backend, and the links and connections of this
+//!   domain as XenStore and this process see them; with the kernel module
+//!   loaded, its connections from `/proc/net/af_xen` (carrier and switch
+//!   counts) and its switch counters.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use libxensock::{SockAddrXen, SocketOptions, Transport, XenStream};
+use xensock_proto::link::node as link_node;
+use xensock_sim::{DomainConfig, SimHost};
+
+#[derive(Parser)]
+#[command(
+    name = "xensock",
+    version,
+    about = "xensock: sockets between co-resident Xen domains"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Echo a checksummed stream between two (simulated) domains and compare with TCP loopback.
+    Demo {
+        /// MiB to stream (each way).
+        #[arg(long, default_value_t = 256)]
+        mib: u64,
+        /// Write size in bytes.
+        #[arg(long, default_value_t = 65536)]
+        write_size: usize,
+        /// Receive ring size in bytes.
+        #[arg(long, default_value_t = 1 << 20)]
+        ring: usize,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Throughput, latency, connection rate and memory: xensock vs AF_UNIX vs TCP loopback.
+    Bench {
+        /// Scale the amount of work (1 = default; smaller is quicker).
+        #[arg(long, default_value_t = 1.0)]
+        scale: f64,
+        /// Write a PNG chart of the throughput table to this path.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Repetitions of every measurement; the table shows the median
+        /// (and xensock's min..max).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Where the stream test's writer and reader run: `spread` pins
+        /// them to different CPUs (as two domains on two vCPUs), `same`
+        /// to one CPU, `any` lets the scheduler choose (then the figures
+        /// jump between the two regimes from run to run).
+        #[arg(long, value_enum, default_value_t = Placement::Spread)]
+        placement: Placement,
+    },
+    /// Backend, links and connections of the calling domain (this
+    /// process's and, through their control sockets, every other
+    /// process's user-space transport: carrier and switch counts).
+    Status {
+        /// One JSON object instead of text (for scripts and monitoring).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Migration hook, before this guest is suspended, saved or migrated:
+    /// every process's user-space transport moves its connections off the
+    /// rings (onto their TCP carrier). Run it from the guest's suspend path.
+    Suspend,
+    /// Migration hook, after resume: transports follow a new domid and
+    /// bring connections back onto rings. (They also notice a new domid by
+    /// themselves.)
+    Resume,
+    /// Connect to a xensock listener and copy stdin to it and it to stdout
+    /// (as `nc`): stdin's end of file half-closes the connection; the
+    /// command ends when the peer's end of stream arrives.
+    Connect {
+        /// `xen:DOMID:PORT`.
+        addr: String,
+    },
+    /// Listen on a port of this domain, accept one connection and copy it
+    /// to stdout and stdin to it (as `nc -l`).
+    Listen {
+        /// The port (`xen:self:PORT` is also accepted).
+        port: String,
+    },
+    /// Run this guest's user-space transport for every process of the
+    /// guest: programs' XenStream and XenListener then go through this
+    /// daemon (each connection a Unix socket it relays), so any number of
+    /// processes have their own connections. Runs until killed.
+    Daemon {
+        /// The socket programs reach the daemon on (default
+        /// `$XENSOCK_DAEMON_SOCKET`, else /run/xensock/daemon.sock).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+    /// Run an unmodified TCP program with libxensock_preload.so
+    /// (`LD_PRELOAD`): `xensock run -- PROG ARGS...`. The library is
+    /// `$XENSOCK_PRELOAD_LIB`, else the one next to this binary, else
+    /// `../lib/libxensock_preload.so` from it.
+    Run {
+        /// The program and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<std::ffi::OsString>,
+    },
+}
+
+/// The preload library `xensock run` puts in front of a program.
+fn preload_library() -> Result<PathBuf, Box<dyn std::error::Error>> {
+    const NAME: &str = "libxensock_preload.so";
+    if let Some(p) = std::env::var_os("XENSOCK_PRELOAD_LIB") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("XENSOCK_PRELOAD_LIB={}: no such file", p.display()).into())
+        };
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().ok_or("the xensock binary has no directory")?;
+    let candidates = [dir.join(NAME), dir.join("../lib").join(NAME)];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .ok_or_else(|| {
+            format!(
+                "{NAME} not found next to {} or in ../lib (set XENSOCK_PRELOAD_LIB)",
+                exe.display()
+            )
+            .into()
+        })
+}
+
+/// `xensock run`: the program, with the preload library first in
+/// `LD_PRELOAD`; replaces this process.
+fn run(command: Vec<std::ffi::OsString>) -> Result<(), Box<dyn std::error::Error>> {
+    use std::os::unix::process::CommandExt;
+    let lib = preload_library()?;
+    let mut preload = lib.into_os_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+        preload.push(" ");
+        preload.push(old);
+    }
+    let (prog, args) = command.split_first().ok_or("no program to run")?;
+    let e = std::process::Command::new(prog)
+        .args(args)
+        .env("LD_PRELOAD", preload)
+        .exec();
+    Err(format!("{}: {e}", prog.to_string_lossy()).into())
+}
+
+/// What `bench` can know is wrong before it runs for minutes.
+fn check_bench_args(scale: f64, plot: Option<&std::path::Path>) -> Res<()> {
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(format!("--scale must be a positive number, not {scale}").into());
+    }
+    if let Some(p) = plot {
+        // the chart is written at the end: find out now that it can be
+        std::fs::File::create(p)
+            .and_then(|_| std::fs::remove_file(p))
+            .map_err(|e| format!("--plot {}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// `xensock listen`: one connection, piped.
+fn listen(port: &str) -> Res<()> {
+    let addr = if port.starts_with("xen:") {
+        port.to_string()
+    } else {
+        format!("xen:self:{port}")
+    };
+    let l =
+        libxensock::XenListener::bind(addr.as_str()).map_err(|e| format!("listen {addr}: {e}"))?;
+    eprintln!("xensock: listening on {}", l.local_addr()?);
+    let (s, peer) = l.accept()?;
+    eprintln!("xensock: connection from {peer}");
+    drop(l);
+    pipe(s)
+}
+
+/// Copies stdin to `s` (then half-closes it) and `s` to stdout. Ends at
+/// the peer's end of stream once stdin is sent too, unless stdin is a
+/// terminal (a person typing), which is not waited for.
+fn pipe(s: XenStream) -> Res<()> {
+    use std::io::IsTerminal;
+    let mut w = s.try_clone()?;
+    let sender = thread::spawn(move || {
+        let _ = io::copy(&mut io::stdin().lock(), &mut w);
+        let _ = w.shutdown(Shutdown::Write);
+    });
+    let mut r = s;
+    let mut out = io::stdout().lock();
+    io::copy(&mut r, &mut out)?;
+    out.flush()?;
+    if !io::stdin().is_terminal() {
+        let _ = sender.join();
+    }
+    Ok(())
+}
+
+/// `xensock daemon`: the process-wide transport, served to the guest.
+fn daemon(socket: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
+    let path = socket.unwrap_or_else(libxensock::daemon::socket_path);
+    let t = libxensock::Transport::global()?;
+    eprintln!(
+        "xensock daemon: domain {} ({}), serving on {}",
+        t.domid(),
+        t.backend_kind(),
+        path.display()
+    );
+    libxensock::daemon::serve(&t, &path)?;
+    Ok(())
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Demo { write_size: 0, .. } => Err("--write-size must be at least 1 byte".into()),
+        Cmd::Demo {
+            mib,
+            write_size,
+            ring,
+            quiet,
+        } => demo(mib, write_size, ring, quiet),
+        Cmd::Bench {
+            scale,
+            plot,
+            reps,
+            placement,
+        } => check_bench_args(scale, plot.as_deref())
+            .and_then(|()| bench(scale, plot, reps.max(1), placement)),
+        Cmd::Status { json } => status(json),
+        Cmd::Suspend => hook("suspend"),
+        Cmd::Resume => hook("resume"),
+        Cmd::Daemon { socket } => daemon(socket),
+        Cmd::Connect { addr } => XenStream::connect(addr.as_str())
+            .map_err(|e| format!("connect {addr}: {e}").into())
+            .and_then(pipe),
+        Cmd::Listen { port } => listen(&port),
+        Cmd::Run { command } => run(command),
+    };
+    if let Err(e) = r {
+        eprintln!("xensock: {e}");
+        std::process::exit(1);
+    }
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+#[path = "../../../shared/stream_check.rs"]
+mod stream_check;
+use stream_check::{pattern, read_stream, write_stream};
+
+mod bench;
+mod demo;
+mod status;
+
+use bench::*;
+use demo::*;
+use status::*;
