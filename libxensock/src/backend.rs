@@ -46,6 +46,20 @@ pub enum BackendKind {
     None,
 }
 
+impl BackendKind {
+    /// A short name for scripts: `kernel`, `dev-xen`, `sim`, `daemon`,
+    /// `none` (what `xensock status --json` reports).
+    pub fn token(&self) -> &'static str {
+        match self {
+            BackendKind::Kernel => "kernel",
+            BackendKind::DevXen => "dev-xen",
+            BackendKind::Sim => "sim",
+            BackendKind::Daemon => "daemon",
+            BackendKind::None => "none",
+        }
+    }
+}
+
 impl fmt::Display for BackendKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -119,8 +119,8 @@ pub use options::SocketOptions;
 pub use seqpacket::{XenSeqPacket, XenSeqPacketListener};
 pub use stream::XenStream;
 pub use transport::{
-    Carrier, Config, ConnStatus, LegCounters, LinkStatus, Status, Transport, ENV_PEER_LOST_MS,
-    EPHEMERAL_PORT_FIRST,
+    decode_field, Carrier, Config, ConnStatus, LegCounters, LinkStatus, Status, Transport,
+    ENV_PEER_LOST_MS, EPHEMERAL_PORT_FIRST,
 };
 pub use xensock_xenif::DomId;
 

@@ -55,11 +55,14 @@ fn bench_prints_every_table_and_writes_a_png() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// With nothing that can carry a connection, `status` says why each
+/// candidate is missing and fails (scripts and monitoring see it).
 #[test]
-fn status_without_a_backend_says_so() {
+fn status_without_a_backend_says_so_and_fails() {
     let (ok, out) = xensock(&["status"]);
-    assert!(ok, "{out}");
+    assert!(!ok, "{out}");
     assert!(out.contains("kernel family: not loaded"), "{out}");
+    assert!(out.contains("no backend here"), "{out}");
 }
 
 /// `status --json`: one object with what the text says; a process that
@@ -68,9 +71,14 @@ fn status_without_a_backend_says_so() {
 fn status_json_lists_backend_and_the_domain_s_transports() {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
-    let (ok, out) = xensock(&["status", "--json"]);
-    assert!(ok, "{out}");
-    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    let out = Command::new(env!("CARGO_BIN_EXE_xensock"))
+        .args(["status", "--json"])
+        .env_remove("XENSOCK_SIM")
+        .env_remove("XENSOCK_SIM_DOMID")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "no backend: status fails");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(v["backend"]["kind"], "none");
     assert!(v["backend"]["reasons"][0]
         .as_str()
@@ -103,13 +111,17 @@ fn status_json_lists_backend_and_the_domain_s_transports() {
     let _ = listener.wait();
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
-    assert_eq!(
-        v["backend"]["kind"],
-        "user-space transport over the simulated host"
-    );
+    assert_eq!(v["backend"]["kind"], "sim");
+    assert_eq!(v["backend"]["user_space"], "sim");
     assert_eq!(v["domid"], u64::from(d.domid));
     let procs = v["processes"].as_array().unwrap();
-    assert!(procs.iter().any(|p| p["pid"] == listener.id()), "{v:#}");
+    let me = procs
+        .iter()
+        .find(|p| p["pid"] == listener.id())
+        .unwrap_or_else(|| panic!("{v:#}"));
+    assert_eq!(me["transport"]["domid"], u64::from(d.domid), "{v:#}");
+    assert_eq!(me["transport"]["listeners"], 1, "{v:#}");
+    assert!(me["connections"].is_array(), "{v:#}");
 }
 
 /// A user's mistakes get errors that say what is wrong: a malformed
@@ -132,6 +144,40 @@ fn connect_errors_say_what_is_wrong() {
     ] {
         assert!(out.contains(why), "{why} missing: {out}");
     }
+    // a port nobody listens on: the address, and what to do about it
+    let host = xensock_sim::SimHost::start().unwrap();
+    let d = host
+        .create_domain(xensock_sim::DomainConfig::new("a"))
+        .unwrap();
+    let e = host
+        .create_domain(xensock_sim::DomainConfig::new("b"))
+        .unwrap();
+    let mut listener = Command::new(env!("CARGO_BIN_EXE_xensock"))
+        .args(["listen", "5"])
+        .envs(e.env())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(listener.stderr.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let addr = format!("xen:{}:9", e.domid);
+    let out = Command::new(env!("CARGO_BIN_EXE_xensock"))
+        .args(["connect", &addr])
+        .envs(d.env())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(text.contains(&format!("connect {addr}")), "{text}");
+    let _ = listener.kill();
+    let _ = listener.wait();
+    assert!(text.contains("nothing listens on that port"), "{text}");
 }
 
 #[test]
@@ -287,6 +333,21 @@ fn run_preloads_the_library_and_names_what_is_missing() {
         !ok && out.contains("XENSOCK_PRELOAD_LIB=/nonexistent"),
         "{out}"
     );
-    let (ok, out) = run(lib, &["/nonexistent-program"]);
-    assert!(!ok && out.contains("/nonexistent-program"), "{out}");
+    // a program that cannot run exits as a shell's would: 127 not found,
+    // 126 found but not executable
+    let code = |prog: &str| {
+        Command::new(env!("CARGO_BIN_EXE_xensock"))
+            .args(["run", "--", prog])
+            .env("XENSOCK_PRELOAD_LIB", lib)
+            .output()
+            .unwrap()
+    };
+    let out = code("/nonexistent-program");
+    assert_eq!(out.status.code(), Some(127));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-program"));
+    assert_eq!(
+        code(lib).status.code(),
+        Some(126),
+        "a file that is not executable"
+    );
 }

@@ -68,7 +68,7 @@ use start::{random_u32, random_u64, GLOBAL};
 use config::*;
 pub use config::{Config, ENV_CONNECT_TIMEOUT_MS, ENV_LINK_TIMEOUT_MS, ENV_PEER_LOST_MS};
 use manager::*;
-pub use status::{Carrier, ConnStatus, LegCounters, LinkStatus, Status};
+pub use status::{decode_field, Carrier, ConnStatus, LegCounters, LinkStatus, Status};
 
 /// XenStore directory, relative to a domain's home, under which a domain
 /// publishes one node per peer it has a link with: `data/xensock/link/<peer>`.

@@ -265,6 +265,7 @@ impl Transport {
     pub(super) fn control_answer(&self, cmd: &str) -> String {
         match cmd {
             "status" => self.status().render(),
+            "status-fields" => self.status().render_fields(),
             "suspend" => {
                 let moved = self.suspend();
                 format!(

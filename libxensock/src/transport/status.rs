@@ -53,6 +53,90 @@ pub struct ConnStatus {
 }
 
 impl Status {
+    /// The status as records for programs (`xensock status --json`): one
+    /// line per record, `transport`, `legs`, `link` or `connection`, then
+    /// `key=value` fields; a value's spaces, `%` and newlines are written
+    /// `%20`, `%25` and `%0A` ([`decode_field`]).
+    pub fn render_fields(&self) -> String {
+        use std::fmt::Write;
+        fn enc(v: impl std::fmt::Display) -> String {
+            v.to_string()
+                .replace('%', "%25")
+                .replace(' ', "%20")
+                .replace('\n', "%0A")
+        }
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "transport domid={} backend={} links={} connections={} listeners={} resets_sent={} resets_received={} ring_errors={} links_lost={} refused={}",
+            self.domid,
+            self.backend.token(),
+            self.links.len(),
+            self.connections.len(),
+            self.listeners.len(),
+            self.resets_sent,
+            self.resets_received,
+            self.ring_errors,
+            self.links_lost,
+            self.rejected
+        );
+        if let Some(ep) = self.tcp_endpoint {
+            let l = &self.legs;
+            let _ = writeln!(
+                o,
+                "legs endpoint={ep} accepted={} bad_cookie={} unknown_conn={} malformed={} timed_out={}",
+                l.accepted, l.bad_cookie, l.unknown_conn, l.malformed, l.timed_out
+            );
+        }
+        for l in &self.links {
+            let _ = writeln!(
+                o,
+                "link peer={} up={} connections={} pending_frames={} ring_reuse={} pooled_rings={} lent_rings={} kept_mappings={}",
+                l.peer, l.up, l.connections, l.pending_frames, l.ring_reuse, l.pooled_rings, l.lent_rings, l.kept_mappings
+            );
+        }
+        for c in &self.connections {
+            let _ = write!(
+                o,
+                "connection id={} local={} peer={} phase={} rx_fill={} rx_size={} tx_fill={} tx_size={} bytes_in={} bytes_out={}",
+                c.id,
+                enc(c.local),
+                enc(c.peer),
+                enc(format!("{:?}", c.phase)),
+                c.rx_fill.0,
+                c.rx_fill.1,
+                c.tx_fill.0,
+                c.tx_fill.1,
+                c.bytes_in,
+                c.bytes_out
+            );
+            match &c.carrier {
+                Carrier::Ring => {
+                    let _ = writeln!(o, " carrier=ring");
+                }
+                Carrier::Switched {
+                    tx,
+                    rx,
+                    tx_to_tcp,
+                    tx_to_ring,
+                    rx_to_ring,
+                    legs_up,
+                    failure,
+                } => {
+                    let _ = write!(
+                        o,
+                        " carrier=switched tx={tx} rx={rx} tx_to_tcp={tx_to_tcp} tx_to_ring={tx_to_ring} rx_to_ring={rx_to_ring} legs_up={legs_up}"
+                    );
+                    if let Some(why) = failure {
+                        let _ = write!(o, " failure={}", enc(why));
+                    }
+                    let _ = writeln!(o);
+                }
+            }
+        }
+        o
+    }
+
     /// The status as `xensock status` prints it.
     pub fn render(&self) -> String {
         use std::fmt::Write;
@@ -341,4 +425,11 @@ impl Inner {
             }),
         }
     }
+}
+
+/// A field's value as [`Status::render_fields`] wrote it, decoded.
+pub fn decode_field(v: &str) -> String {
+    v.replace("%20", " ")
+        .replace("%0A", "\n")
+        .replace("%25", "%")
 }

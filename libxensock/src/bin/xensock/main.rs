@@ -31,6 +31,10 @@ use xensock_sim::{DomainConfig, SimHost};
     about = "xensock: sockets between co-resident Xen domains"
 )]
 struct Cli {
+    /// What to log on stderr: error, warn, info, debug or trace, or a
+    /// tracing filter (`libxensock=debug`); `RUST_LOG` when not given.
+    #[arg(long, global = true, value_name = "FILTER")]
+    log_level: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -163,7 +167,13 @@ fn run(command: Vec<std::ffi::OsString>) -> Result<(), Box<dyn std::error::Error
         .args(args)
         .env("LD_PRELOAD", preload)
         .exec();
-    Err(format!("{}: {e}", prog.to_string_lossy()).into())
+    eprintln!("xensock: {}: {e}", prog.to_string_lossy());
+    // as shells say it: not found, or found and not runnable
+    std::process::exit(if e.kind() == io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    });
 }
 
 /// What `bench` can know is wrong before it runs for minutes.
@@ -180,6 +190,33 @@ fn check_bench_args(scale: f64, plot: Option<&std::path::Path>) -> Res<()> {
     Ok(())
 }
 
+/// What to try after a connect or bind failed with `e`, for the message.
+fn next_step(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::ECONNREFUSED) => {
+            " (nothing listens on that port of that domain: start a listener there, \
+             e.g. `xensock listen PORT`)"
+        }
+        Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH) => {
+            " (that domain is not reachable from here: not on this host, not known to \
+             dom0's xensock agent, or gone; `xensock status` shows the links)"
+        }
+        Some(libc::ENODEV) | Some(libc::EAFNOSUPPORT) => {
+            " (no xensock backend here: `xensock status` says what is missing)"
+        }
+        Some(libc::ETIMEDOUT) => {
+            " (the domain did not answer: is a xensock transport or af_xen.ko running \
+             there?)"
+        }
+        Some(libc::EADDRINUSE) => " (another socket of this domain listens on that port)",
+        Some(libc::EINVAL) => {
+            " (not an address to connect to from here: this domain itself, port 0 or a \
+             reserved domid)"
+        }
+        _ => "",
+    }
+}
+
 /// `xensock listen`: one connection, piped.
 fn listen(port: &str) -> Res<()> {
     let addr = if port.starts_with("xen:") {
@@ -187,8 +224,8 @@ fn listen(port: &str) -> Res<()> {
     } else {
         format!("xen:self:{port}")
     };
-    let l =
-        libxensock::XenListener::bind(addr.as_str()).map_err(|e| format!("listen {addr}: {e}"))?;
+    let l = libxensock::XenListener::bind(addr.as_str())
+        .map_err(|e| format!("listen {addr}: {e}{}", next_step(&e)))?;
     eprintln!("xensock: listening on {}", l.local_addr()?);
     let (s, peer) = l.accept()?;
     eprintln!("xensock: connection from {peer}");
@@ -230,8 +267,26 @@ fn daemon(socket: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Logs to stderr as `--log-level`, else `RUST_LOG`, else warnings say.
+fn init_logging(level: Option<&str>) -> Res<()> {
+    use tracing_subscriber::EnvFilter;
+    let filter = match level {
+        Some(l) => EnvFilter::try_new(l).map_err(|e| format!("--log-level {l}: {e}"))?,
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr)
+        .init();
+    Ok(())
+}
+
 fn main() {
     let cli = Cli::parse();
+    if let Err(e) = init_logging(cli.log_level.as_deref()) {
+        eprintln!("xensock: {e}");
+        std::process::exit(2);
+    }
     let r = match cli.cmd {
         Cmd::Demo { write_size: 0, .. } => Err("--write-size must be at least 1 byte".into()),
         Cmd::Demo {
@@ -252,7 +307,7 @@ fn main() {
         Cmd::Resume => hook("resume"),
         Cmd::Daemon { socket } => daemon(socket),
         Cmd::Connect { addr } => XenStream::connect(addr.as_str())
-            .map_err(|e| format!("connect {addr}: {e}").into())
+            .map_err(|e| format!("connect {addr}: {e}{}", next_step(&e)).into())
             .and_then(pipe),
         Cmd::Listen { port } => listen(&port),
         Cmd::Run { command } => run(command),

@@ -117,9 +117,27 @@ pub(crate) struct LinkNode {
     generation: String,
 }
 
+/// The XenStore the user-space transport would use: the simulated
+/// domain's when the backend is the simulated host, else the guest's.
+fn open_xenstore(user_space: libxensock::BackendKind) -> Option<xensock_discovery::xs::XsClient> {
+    use xensock_discovery::xs::XsClient;
+    if user_space != libxensock::BackendKind::Sim {
+        return XsClient::open().ok();
+    }
+    let dir = std::env::var_os(xensock_sim::ENV_SIM_DIR)?;
+    let domid = std::env::var(xensock_sim::ENV_SIM_DOMID)
+        .ok()?
+        .parse()
+        .ok()?;
+    let path = xensock_sim::domain_dir(std::path::Path::new(&dir), domid).join("xenstored.sock");
+    XsClient::open_path(path).ok()
+}
+
 /// This domain's id and its links' XenStore nodes, if XenStore answers.
-pub(crate) fn xenstore_status() -> Option<(String, String, Vec<LinkNode>)> {
-    let xs = xensock_discovery::xs::XsClient::open().ok()?;
+pub(crate) fn xenstore_status(
+    user_space: libxensock::BackendKind,
+) -> Option<(String, String, Vec<LinkNode>)> {
+    let xs = open_xenstore(user_space)?;
     let me = xs
         .read_string(xensock_proto::store::DOMID)
         .ok()?
@@ -166,14 +184,15 @@ pub(crate) fn status(json: bool) -> Res<()> {
     let kernel = kernel_status();
     // No transport of our own: starting one would take this domain's link
     // nodes from the process that runs the transport.
-    let domain = xenstore_status();
-    let answers = libxensock::control::broadcast("status");
+    let domain = xenstore_status(backend.user_space);
+    let answers = libxensock::control::broadcast(if json { "status-fields" } else { "status" });
+    let none = backend.kind == libxensock::BackendKind::None;
     if json {
         println!(
             "{}",
             status_json(&backend, kernel.as_ref(), domain.as_ref(), &answers)
         );
-        return Ok(());
+        return if none { Err(NO_BACKEND.into()) } else { Ok(()) };
     }
     print!("{backend}");
     if let Some(k) = &kernel {
@@ -199,8 +218,15 @@ pub(crate) fn status(json: bool) -> Res<()> {
     for (pid, answer) in answers {
         print!("process {pid}: {answer}");
     }
+    if none {
+        return Err(NO_BACKEND.into());
+    }
     Ok(())
 }
+
+/// Why `status` fails when nothing here can carry a connection.
+const NO_BACKEND: &str = "no backend here: load af_xen.ko (a kernel with Rust support), \
+     or run in a Xen guest with /dev/xen (the user-space transport), or set XENSOCK_SIM";
 
 /// `xensock status --json`: the same facts as the text, as one object.
 pub(crate) fn status_json(
@@ -245,9 +271,10 @@ pub(crate) fn status_json(
     };
     json!({
         "backend": {
-            "kind": backend.kind.to_string(),
+            "kind": backend.kind.token(),
+            "description": backend.kind.to_string(),
             "family": backend.family,
-            "user_space": backend.user_space.to_string(),
+            "user_space": backend.user_space.token(),
             "reasons": backend.reasons,
         },
         "kernel": kernel,
@@ -255,14 +282,74 @@ pub(crate) fn status_json(
         "links": links,
         "processes": answers
             .iter()
-            .map(|(pid, text)| json!({ "pid": pid, "status": text.trim_end() }))
+            .map(|(pid, text)| process_json(*pid, text))
             .collect::<Vec<_>>(),
     })
+}
+
+/// One process's transport, from its `status-fields` answer (its records:
+/// `transport` and `legs` objects, `link` and `connection` lists); a
+/// process whose transport does not know the command gives its answer's
+/// lines as `text`.
+fn process_json(pid: u32, text: &str) -> serde_json::Value {
+    use serde_json::{json, Map, Value};
+    let mut out = Map::new();
+    out.insert("pid".into(), json!(pid));
+    let (mut links, mut conns, mut other) = (Vec::new(), Vec::new(), Vec::new());
+    for line in text.lines() {
+        let mut words = line.split(' ');
+        let record = words.next().unwrap_or_default();
+        let fields: Option<Map<String, Value>> = words
+            .map(|w| {
+                let (k, v) = w.split_once('=')?;
+                let v = libxensock::decode_field(v);
+                let v = match (v.parse::<u64>(), v.as_str()) {
+                    (Ok(n), _) => json!(n),
+                    (_, "true") => json!(true),
+                    (_, "false") => json!(false),
+                    _ => json!(v),
+                };
+                Some((k.to_string(), v))
+            })
+            .collect();
+        match (record, fields) {
+            ("transport" | "legs", Some(f)) => {
+                out.insert(record.into(), Value::Object(f));
+            }
+            ("link", Some(f)) => links.push(Value::Object(f)),
+            ("connection", Some(f)) => conns.push(Value::Object(f)),
+            _ => other.push(json!(line)),
+        }
+    }
+    out.insert("links".into(), json!(links));
+    out.insert("connections".into(), json!(conns));
+    if !other.is_empty() {
+        out.insert("text".into(), json!(other));
+    }
+    Value::Object(out)
 }
 
 #[cfg(test)]
 mod proc_tests {
     use super::*;
+
+    #[test]
+    fn a_processs_status_fields_become_one_object() {
+        let text = "transport domid=3 backend=sim links=1 connections=1 listeners=0 resets_sent=0 resets_received=0 ring_errors=0 links_lost=0 refused=0\n\
+                    link peer=2 up=true connections=1 pending_frames=0 ring_reuse=false pooled_rings=0 lent_rings=0 kept_mappings=0\n\
+                    connection id=7 local=xen:3:49152 peer=xen:2:7 phase=Open rx_fill=0 rx_size=65536 tx_fill=0 tx_size=65536 bytes_in=5 bytes_out=6 carrier=switched tx=tcp rx=ring tx_to_tcp=1 tx_to_ring=0 rx_to_ring=0 legs_up=true failure=peer%20gone%25\n";
+        let v = process_json(42, text);
+        assert_eq!(v["pid"], 42);
+        assert_eq!(v["transport"]["domid"], 3);
+        assert_eq!(v["transport"]["backend"], "sim");
+        assert_eq!(v["links"][0]["up"], true);
+        assert_eq!(v["connections"][0]["peer"], "xen:2:7");
+        assert_eq!(v["connections"][0]["carrier"], "switched");
+        assert_eq!(v["connections"][0]["failure"], "peer gone%");
+        assert!(v.get("text").is_none());
+        let old = process_json(1, "unknown command \"status-fields\"\n");
+        assert_eq!(old["text"][0], "unknown command \"status-fields\"");
+    }
 
     #[test]
     fn proc_af_xen_columns_are_found_by_name() {
