@@ -14,8 +14,10 @@
 #ifndef XENSOCK_H
 #define XENSOCK_H
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
@@ -138,8 +140,8 @@ struct xensock_graft {
 #define XENSOCK_INLINE __inline__
 #endif
 
-/* The AF_XEN family number, or -1 if the module is not loaded (errno set). */
-static XENSOCK_INLINE int xensock_family(void)
+/* The family number the loaded module published, or -1. */
+static XENSOCK_INLINE int xensock_family_published(void)
 {
 	FILE *f = fopen(XENSOCK_FAMILY_SYSFS, "r");
 	int fam = -1;
@@ -149,6 +151,30 @@ static XENSOCK_INLINE int xensock_family(void)
 	if (fscanf(f, "%d", &fam) != 1)
 		fam = -1;
 	fclose(f);
+	return fam;
+}
+
+/*
+ * The AF_XEN family number, or -1 with errno EAFNOSUPPORT if the module is
+ * not loaded and cannot be. Not loaded but installed, it is loaded here by
+ * its alias (net-pf-19), as the kernel does for a socket of a family nobody
+ * registered: a socket of XENSOCK_FAMILY_DEFAULT (loaded with another
+ * family from modprobe's options, the module is still loaded by it, and
+ * sysfs says which).
+ */
+static XENSOCK_INLINE int xensock_family(void)
+{
+	int fam = xensock_family_published();
+	int fd;
+
+	if (fam >= 0)
+		return fam;
+	fd = socket(XENSOCK_FAMILY_DEFAULT, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0)
+		close(fd);
+	fam = xensock_family_published();
+	if (fam < 0)
+		errno = EAFNOSUPPORT;
 	return fam;
 }
 

@@ -62,10 +62,30 @@ pub(crate) fn probe_family(sysfs_root: &Path) -> FamilyProbe {
     }
 }
 
-/// The family number if `af_xen` is loaded in this kernel.
+/// The family the module registers unless its `family` parameter says
+/// otherwise, and the one its alias names (`net-pf-19`).
+pub(crate) const FAMILY_DEFAULT: i32 = 19;
+
+/// The family number if `af_xen` is loaded in this kernel. Not loaded, but
+/// installed: the first call of the process loads it by its alias, as the
+/// kernel does for a socket of a family nobody registered (a socket of
+/// [`FAMILY_DEFAULT`]; loaded with another `family` from modprobe's
+/// options, the module is still loaded by it, and sysfs says which).
 pub(crate) fn loaded_family() -> Option<i32> {
-    match probe_family(Path::new("/sys")) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static TRIED: AtomicBool = AtomicBool::new(false);
+    let sys = Path::new("/sys");
+    match probe_family(sys) {
         FamilyProbe::Loaded(f) => Some(f),
+        FamilyProbe::Absent if !TRIED.swap(true, Ordering::AcqRel) => {
+            // the socket itself is of no use: it fails where the module
+            // is not installed, or sits at another number
+            drop(Socket::new(Domain::from(FAMILY_DEFAULT), Type::STREAM, None));
+            match probe_family(sys) {
+                FamilyProbe::Loaded(f) => Some(f),
+                _ => None,
+            }
+        }
         _ => None,
     }
 }
