@@ -31,8 +31,25 @@ C
 cc $cflags -o "$root/prog" "$root/prog.c"
 "$root/prog"
 
+echo "--- make uninstall"
+make -s uninstall INSTALL_MOD_PATH="$root" DESTDIR="$root" PREFIX=/usr AFX_OUT="$root/build" >/dev/null 2>&1
+! ls "$root/lib/modules/$release/updates/"af_xen.ko* >/dev/null 2>&1
+! grep -q "af_xen" "$root/lib/modules/$release/modules.alias"
+test ! -e "$root/usr/include/xensock.h" && test ! -e "$root/usr/lib/pkgconfig/xensock.pc"
+
+echo "--- a kernel without Rust support: refused at once, with what to use instead"
+mkdir -p "$root/norust/include/config"
+touch "$root/norust/Makefile"
+echo "CONFIG_XEN=y" > "$root/norust/.config"
+if out=$(make -s KDIR="$root/norust" AFX_OUT="$root/build-norust" 2>&1); then
+  echo "built against a kernel without CONFIG_RUST"; exit 1
+fi
+grep -q "without Rust support" <<<"$out" && grep -q "user-space transport" <<<"$out"
+test ! -e "$root/build-norust"
+
 echo "--- DKMS: build from make dkms-source"
 make -s dkms-source DESTDIR="$root/dkms-src"
+test -f "$root/dkms-src/usr/src/af_xen-0.1.0/COPYING"
 mkdir -p "$root/dkms-tree"
 # the lab kernel's toolchain, as for `make` (LLVM=1 is in dkms.conf)
 export KMAKEFLAGS_EXTRA="${KMAKEFLAGS/LLVM=1/}"

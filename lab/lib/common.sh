@@ -103,7 +103,7 @@ afx_module() {
     kflags=$("$REPO_DIR/lab/kbuild-env" sh -c 'echo "$KMAKEFLAGS"')
     make -C "$AFX_TREE/af-xen-kmod" AFX_OUT="$afx" KDIR="$kdir" KMAKEFLAGS="$kflags" || return 1
   else
-    make -C "$REPO_DIR/af-xen-kmod" AFX_OUT="$afx" || return 1
+    make -C "$REPO_DIR/af-xen-kmod" LAB=1 AFX_OUT="$afx" || return 1
   fi
   cp "$afx/af-xen-kmod/af_xen.ko" "$1/af_xen.ko"
 }

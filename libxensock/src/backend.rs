@@ -105,6 +105,27 @@ impl fmt::Display for BackendReport {
     }
 }
 
+/// The running kernel's configuration file, when it says the kernel has
+/// no Rust support (every mainstream distribution's kernel today).
+fn kernel_without_rust() -> Option<std::path::PathBuf> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    let release = release.trim();
+    config_without_rust([
+        format!("/boot/config-{release}").into(),
+        format!("/lib/modules/{release}/build/.config").into(),
+    ])
+}
+
+/// The first of `configs` that exists, if it has no `CONFIG_RUST=y`.
+fn config_without_rust(
+    configs: impl IntoIterator<Item = std::path::PathBuf>,
+) -> Option<std::path::PathBuf> {
+    let (path, text) = configs
+        .into_iter()
+        .find_map(|p| std::fs::read_to_string(&p).ok().map(|t| (p, t)))?;
+    (!text.lines().any(|l| l == "CONFIG_RUST=y")).then_some(path)
+}
+
 fn dev_xen_present() -> bool {
     ["/dev/xen/gntalloc", "/dev/xen/gntdev", "/dev/xen/evtchn"]
         .iter()
@@ -135,8 +156,16 @@ pub fn backend_with_sysfs(sysfs_root: &Path) -> BackendReport {
             Some(f)
         }
         FamilyProbe::Absent => {
+            let why = match kernel_without_rust() {
+                Some(config) => format!(
+                    "; this kernel is built without Rust support (no CONFIG_RUST=y in {}), \
+                     so af_xen.ko cannot run on it: the user-space transport is the way here",
+                    config.display()
+                ),
+                None => String::new(),
+            };
             reasons.push(format!(
-                "kernel family: not loaded ({} absent)",
+                "kernel family: not loaded ({} absent){why}",
                 param.display()
             ));
             None
@@ -248,6 +277,26 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kernel_config_without_rust_is_named() {
+        let d = tempfile::tempdir().unwrap();
+        let debian = d.path().join("config-6.12.0-debian");
+        std::fs::write(
+            &debian,
+            "CONFIG_XEN=y\nCONFIG_HAVE_RUST=y\n# CONFIG_RUST is not set\n",
+        )
+        .unwrap();
+        let lab = d.path().join("config-lab");
+        std::fs::write(&lab, "CONFIG_XEN=y\nCONFIG_RUST=y\n").unwrap();
+        let missing = d.path().join("missing");
+        assert_eq!(
+            config_without_rust([missing.clone(), debian.clone()]),
+            Some(debian)
+        );
+        assert_eq!(config_without_rust([lab, missing.clone()]), None);
+        assert_eq!(config_without_rust([missing]), None);
+    }
 
     struct FakeSysfs(std::path::PathBuf);
 

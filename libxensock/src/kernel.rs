@@ -80,7 +80,11 @@ pub(crate) fn loaded_family() -> Option<i32> {
         FamilyProbe::Absent if !TRIED.swap(true, Ordering::AcqRel) => {
             // the socket itself is of no use: it fails where the module
             // is not installed, or sits at another number
-            drop(Socket::new(Domain::from(FAMILY_DEFAULT), Type::STREAM, None));
+            drop(Socket::new(
+                Domain::from(FAMILY_DEFAULT),
+                Type::STREAM,
+                None,
+            ));
             match probe_family(sys) {
                 FamilyProbe::Loaded(f) => Some(f),
                 _ => None,
