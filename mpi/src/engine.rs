@@ -497,8 +497,8 @@ impl Engine {
         let tick = self.ticks.get().wrapping_add(1);
         self.ticks.set(tick);
         let mut n = 0;
-        let accept_now =
-            tick % ACCEPT_IDLE_EVERY == 0 || (tick % ACCEPT_EVERY == 0 && self.awaiting_peer());
+        let accept_now = tick.is_multiple_of(ACCEPT_IDLE_EVERY)
+            || (tick.is_multiple_of(ACCEPT_EVERY) && self.awaiting_peer());
         if accept_now || !self.strays.borrow().is_empty() {
             self.accept(events);
         }

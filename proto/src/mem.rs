@@ -47,7 +47,7 @@ impl RawRing {
         len: usize,
         geometry: RingGeometry,
     ) -> Result<Self, LayoutError> {
-        if len < geometry.region_size() || base.as_ptr() as usize % 128 != 0 {
+        if len < geometry.region_size() || !(base.as_ptr() as usize).is_multiple_of(128) {
             return Err(LayoutError::RegionTooSmall);
         }
         // SAFETY: data_offset() < region_size() <= len, so the pointer stays

@@ -36,7 +36,7 @@ pub(crate) fn directory_at<R: SharedRegion + ?Sized>(
     region: &R,
     offset: usize,
 ) -> Option<&GrantDirectory> {
-    if offset % PAGE_SIZE != 0 || offset.checked_add(PAGE_SIZE)? > region.len() {
+    if !offset.is_multiple_of(PAGE_SIZE) || offset.checked_add(PAGE_SIZE)? > region.len() {
         return None;
     }
     // SAFETY: the page is inside the region (checked) and page aligned
@@ -59,7 +59,7 @@ pub(crate) fn byte_at<R: SharedRegion + ?Sized>(region: &R, offset: usize) -> Op
 
 /// The shared 32-bit word at `offset` (4-aligned) of `region`.
 pub(crate) fn word_at<R: SharedRegion + ?Sized>(region: &R, offset: usize) -> Option<&AtomicU32> {
-    if offset % 4 != 0 || offset.checked_add(4)? > region.len() {
+    if !offset.is_multiple_of(4) || offset.checked_add(4)? > region.len() {
         return None;
     }
     // SAFETY: 4-aligned (regions are page aligned) and inside the region,

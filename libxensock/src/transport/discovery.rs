@@ -110,7 +110,7 @@ impl Inner {
             let mut v: Vec<DomId> = st
                 .conns
                 .values()
-                .filter(|c| c.switch().map_or(true, |e| e.on_ring()) && !table.contains(&c.peer()))
+                .filter(|c| c.switch().is_none_or(|e| e.on_ring()) && !table.contains(&c.peer()))
                 .map(|c| c.peer())
                 .collect();
             v.sort_unstable();

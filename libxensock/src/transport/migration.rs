@@ -456,7 +456,7 @@ impl Inner {
             .state()
             .conns
             .values()
-            .filter(|c| peer.map_or(true, |p| c.peer() == p))
+            .filter(|c| peer.is_none_or(|p| c.peer() == p))
             .cloned()
             .collect();
         let mut switches = Vec::new();
@@ -481,7 +481,7 @@ impl Inner {
             .state()
             .conns
             .values()
-            .filter(|c| c.peer() == peer && c.switch().map_or(true, |e| e.on_ring()))
+            .filter(|c| c.peer() == peer && c.switch().is_none_or(|e| e.on_ring()))
             .cloned()
             .collect();
         for c in conns {

@@ -96,7 +96,7 @@ impl Mapped {
         offset: usize,
     ) -> io::Result<()> {
         let inside = at.checked_add(len).is_some_and(|end| end <= self.len);
-        if !inside || at % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 {
+        if !inside || !at.is_multiple_of(PAGE_SIZE) || !len.is_multiple_of(PAGE_SIZE) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "pages outside the mapped range",

@@ -966,7 +966,7 @@ fn segment_plan(rows: usize, total: u64, round: u32) -> Vec<(usize, u64)> {
 /// ones.
 fn turn_order(rows: usize, turn: u32) -> Vec<usize> {
     let mut order: Vec<usize> = (0..rows).collect();
-    if turn % 2 == 0 {
+    if turn.is_multiple_of(2) {
         order.reverse();
     }
     order

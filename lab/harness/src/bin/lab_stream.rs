@@ -495,7 +495,7 @@ async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -
             if std::fs::write(&tmp, &line).is_ok() {
                 let _ = std::fs::rename(&tmp, &os.status);
             }
-            if n % 5 == 0 {
+            if n.is_multiple_of(5) {
                 print!("lab_stream {name_s}: {line}");
             }
         }

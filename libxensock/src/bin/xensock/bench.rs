@@ -95,7 +95,7 @@ pub(crate) fn pin_to(cpu: Option<usize>) {
         .max(1);
     let mut set = CpuSet::new();
     for c in 0..online.min(CpuSet::count()) {
-        if cpu.map_or(true, |p| p % online == c) {
+        if cpu.is_none_or(|p| p % online == c) {
             let _ = set.set(c);
         }
     }

@@ -501,10 +501,10 @@ impl Switch {
                 let tx = lock(&self.shared.tx);
                 !matches!(tx.path.state(), TxState::Frozen { .. })
                     && tx.out.is_empty()
-                    && tx.leg.as_ref().map_or(true, |l| unacked(l) == 0)
+                    && tx.leg.as_ref().is_none_or(|l| unacked(l) == 0)
             } && {
                 let c = lock(&self.shared.ctl_out);
-                c.out.is_empty() && c.leg.as_deref().map_or(true, |l| unacked(l) == 0)
+                c.out.is_empty() && c.leg.as_deref().is_none_or(|l| unacked(l) == 0)
             };
             if settled || Instant::now() >= end {
                 return;

@@ -233,7 +233,7 @@ impl Shared {
         if tx.path.offer_waits_for_consumed(epoch) {
             // The offer overtook the Consumed for the ring we use: keep the
             // newest one and hand it in after the resend.
-            if tx.pending_offer.as_ref().map_or(true, |(e, _)| *e < epoch) {
+            if tx.pending_offer.as_ref().is_none_or(|(e, _)| *e < epoch) {
                 tx.pending_offer = Some((epoch, ring));
             }
             return Ok(false);
