@@ -25,7 +25,7 @@ for tool in mpirun mpicc ompi_info NPopenmpi; do
 done
 
 make -s -C mpi PROFILE=debug >/dev/null
-cargo build -q --locked -p xensock-sim -p xensock-discovery -p libxensock
+cargo build -q --locked -p xensock-sim -p xensock-discovery -p libxensock --features libxensock/cli
 work=$(mktemp -d /tmp/xensock-mpi.XXXXXX)
 sim_pid=
 cleanup() {

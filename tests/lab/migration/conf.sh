@@ -136,7 +136,7 @@ scenario_build() {
   if [[ $MIG_STACK != kmod ]]; then
     ( cd "$rsrc" &&
       RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$rtdir \
-        cargo build --release --target $t -p libxensock --bin xensock ) || return 1
+        cargo build --release --target $t -p libxensock --features cli --bin xensock ) || return 1
     cp "$rtdir/$t/release/xensock" "$out/bin/"
   fi
   cp "$rtdir/$t/release/$lsout" "$out/bin/"
