@@ -19,7 +19,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Environment variable overriding the lock file of the `/dev/xen`
-/// transport ([`guest_claim_path`]).
+/// transport (default `/run/lock/xensock-transport`).
 pub const ENV_CLAIM_PATH: &str = "XENSOCK_CLAIM_PATH";
 
 /// The lock file of the guest's `/dev/xen` transport: `$XENSOCK_CLAIM_PATH`,

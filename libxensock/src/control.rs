@@ -205,7 +205,7 @@ fn is_control_socket_of(path: &std::path::Path, pid: u32) -> bool {
 
 /// Sends `cmd` to every transport's control socket on this machine: this
 /// user's (in [`run_dir`]) and the one of the process holding the guest's
-/// `/dev/xen` transport ([`crate::claim`]), whichever user runs it (root
+/// `/dev/xen` transport (its claim, a lock file: [`ENV_CLAIM_PATH`](crate::hooks::ENV_CLAIM_PATH)), whichever user runs it (root
 /// may connect to any user's socket: the guest's suspend hook runs as
 /// root). Returns (pid, answer) for each that answered. Sockets of
 /// processes that are gone are removed.

@@ -3,7 +3,7 @@
 //! `xensock daemon`.
 //!
 //! One process per guest runs the user-space transport (its XenStore link
-//! nodes are per domain, [`crate::claim`]). The daemon is that process for
+//! nodes are per domain, one claim per guest, [`crate::hooks::ENV_CLAIM_PATH`]). The daemon is that process for
 //! everyone else: it runs the transport and serves requests on a Unix
 //! `SOCK_SEQPACKET` socket ([`socket_path`], mode 0666). Where the kernel
 //! family is not loaded and the daemon answers, [`crate::XenStream`] and

@@ -91,12 +91,13 @@ mod backend;
 // The migration switch (docs/migration.md): the transport hands a
 // connection to it at its first move.
 mod carrier;
-pub mod claim;
+mod claim;
 mod clock;
 mod conn;
-pub mod control;
+mod control;
 pub mod daemon;
 mod error;
+pub mod hooks;
 mod kernel;
 mod listener;
 mod options;

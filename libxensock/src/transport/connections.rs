@@ -504,27 +504,34 @@ impl Inner {
     pub(super) fn end_at_exit(&self) {
         self.stop.store(true, Ordering::Release);
         self.sink.wake.signal();
-        let switches: Vec<Arc<Switch>> = match self.state.try_lock() {
-            Ok(st) => st
-                .conns
-                .values()
-                .filter_map(|c| c.switch.try_lock().ok().and_then(|e| e.clone()))
-                .collect(),
-            Err(_) => return,
-        };
         let deadline = Instant::now() + EXIT_LINGER.min(self.cfg.peer_lost_after);
+        // The manager thread (or a reader, writer, the leg listener) may
+        // hold the state at this moment: it is let go within a step, and
+        // giving up at once left every connection to be reset (the link
+        // withdrawn with no FIN written). Only a lock this thread holds
+        // itself (exit called under it) is waited for in vain, and then
+        // only until the deadline.
+        let Some(st) = lock_by(&self.state, deadline) else {
+            return;
+        };
+        let switches: Vec<Arc<Switch>> = st
+            .conns
+            .values()
+            .filter_map(|c| lock_by(&c.switch, deadline).and_then(|e| e.clone()))
+            .collect();
+        drop(st);
         for e in &switches {
             if e.shutdown_write().is_ok() {
                 e.linger(deadline.saturating_duration_since(Instant::now()));
             }
         }
-        let Ok(mut st) = self.state.try_lock() else {
+        let Some(mut st) = lock_by(&self.state, deadline) else {
             return;
         };
         let on_rings: Vec<Arc<Conn>> = st
             .conns
             .values()
-            .filter(|c| c.switch.try_lock().is_ok_and(|e| e.is_none()))
+            .filter(|c| lock_by(&c.switch, deadline).is_some_and(|e| e.is_none()))
             .cloned()
             .collect();
         for c in &on_rings {
@@ -568,6 +575,21 @@ impl Inner {
         };
         for c in pending {
             self.close_conn(&c);
+        }
+    }
+}
+
+/// `m`'s lock, waiting for it until `deadline` at most (the exit hook:
+/// another thread lets it go within a step; this thread never does).
+fn lock_by<T>(m: &Mutex<T>, deadline: Instant) -> Option<MutexGuard<'_, T>> {
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return None,
         }
     }
 }

@@ -271,7 +271,7 @@ impl Drop for Owner {
 /// domains in one process, one `Transport` each ([`Transport::sim`]).
 ///
 /// One `Transport` per domain at a time: the XenStore link nodes are per
-/// domain, so a transport takes the domain's claim ([`crate::claim`]) and
+/// domain, so a transport takes the domain's claim (a lock file, [`crate::hooks::ENV_CLAIM_PATH`]) and
 /// a second one, in this process or another, is refused naming the first.
 #[derive(Clone)]
 pub struct Transport {

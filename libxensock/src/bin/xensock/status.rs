@@ -169,7 +169,7 @@ pub(crate) fn xenstore_status(
 }
 
 pub(crate) fn hook(cmd: &str) -> Res<()> {
-    let answers = libxensock::control::broadcast(cmd);
+    let answers = libxensock::hooks::broadcast(cmd);
     if answers.is_empty() {
         println!("no user-space transport runs here");
     }
@@ -185,7 +185,7 @@ pub(crate) fn status(json: bool) -> Res<()> {
     // No transport of our own: starting one would take this domain's link
     // nodes from the process that runs the transport.
     let domain = xenstore_status(backend.user_space);
-    let answers = libxensock::control::broadcast(if json { "status-fields" } else { "status" });
+    let answers = libxensock::hooks::broadcast(if json { "status-fields" } else { "status" });
     let none = backend.kind == libxensock::BackendKind::None;
     if json {
         println!(
