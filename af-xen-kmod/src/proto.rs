@@ -25,6 +25,9 @@ pub(crate) mod link;
 #[path = "../../proto/src/link_half.rs"]
 pub(crate) mod link_half;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[path = "../../proto/src/liveness.rs"]
+pub(crate) mod liveness;
+#[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 #[path = "../../proto/src/mem.rs"]
 pub(crate) mod mem;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]

@@ -68,6 +68,7 @@ pub mod layout;
 pub mod leg;
 pub mod link;
 pub mod link_half;
+pub mod liveness;
 pub mod mem;
 pub mod offer;
 pub mod record;

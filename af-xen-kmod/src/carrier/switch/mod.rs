@@ -51,6 +51,7 @@ use crate::carrier::{Carrier, Readiness, Received, Sent};
 use crate::proto::control_stream::{self, LegControl};
 use crate::proto::ctrl::{self, Message, RingGrant};
 use crate::proto::dial::{Dial, DialStep};
+use crate::proto::liveness::{self, Unanswered};
 use crate::proto::offer::{OfferClock, OfferStep};
 use crate::proto::switch::{
     ConsumedOutcome, Phase, RingFromOutcome, RxControlOrder, RxControlQueue, RxControlTaken,
@@ -100,11 +101,6 @@ const CTLQ_BYTES: usize = 4096;
 
 /// How often the work item looks again while legs connect or a bound runs.
 const TICK_MS: u32 = 100;
-
-/// While a leg holds bytes its peer has not acknowledged, the work item
-/// looks at it this often (the bound for a peer that died with the legs
-/// up, `leg_unanswered`).
-const LIVE_TICK_MS: u32 = 1000;
 
 /// Counters for /proc/net/af_xen_stats.
 pub(crate) mod counters {
@@ -189,8 +185,8 @@ struct TxSide {
     owner_writes: bool,
     /// segments both legs had received at the last pass (`heard_from`)
     heard: u32,
-    /// since when (now_ms, 0: not) the leg has been unanswered (`leg_unanswered`)
-    unanswered_since: u64,
+    /// how long the outbound leg has been unanswered (proto's liveness clock, `leg_unanswered`)
+    unanswered: Unanswered,
 }
 
 /// Our receiving direction.
@@ -217,8 +213,8 @@ struct RxSide {
     adopt: Option<Arc<Link>>,
     /// when to offer a ring, when to give an offer up (proto's rule)
     clock: OfferClock,
-    /// as `TxSide::unanswered_since`, for the inbound leg
-    unanswered_since: u64,
+    /// as `TxSide::unanswered`, for the inbound leg
+    unanswered: Unanswered,
 }
 
 /// The carrier switch of one stream connection.
@@ -279,7 +275,7 @@ impl Switch {
                     writer_waits: false,
                     owner_writes: false,
                     heard: 0,
-                    unanswered_since: 0,
+                    unanswered: Unanswered::new(),
                 }, "af_xen_sw_tx"),
                 rx <- new_mutex!(RxSide {
                     path: RxPath::on_ring(),
@@ -292,7 +288,7 @@ impl Switch {
                     offered_via: None,
                     adopt: None,
                     clock: OfferClock::new(),
-                    unanswered_since: 0,
+                    unanswered: Unanswered::new(),
                 }, "af_xen_sw_rx"),
                 active: AtomicBool::new(false),
                 closed: AtomicBool::new(false),

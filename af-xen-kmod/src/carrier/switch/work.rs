@@ -85,7 +85,8 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
     // a leg unanswered at every look for the bound: the peer died (or is
     // away for longer than peer_lost_ms) with the legs up
     let (holds, unanswered) = leg_unanswered(&sw, now);
-    if unanswered.is_some_and(|ms| ms >= net::peer_lost_ms()) {
+    let bound = net::peer_lost_ms();
+    if liveness::peer_lost(unanswered, bound) {
         inc(&counters::PEER_LOST, 1);
         if !closed {
             fail(xs, "peer lost: a leg unanswered for peer_lost_ms");
@@ -94,7 +95,7 @@ pub(crate) fn service(xs: &Arc<XenSock>, heard: &[[u8; 4]]) -> bool {
         return false;
     }
     if holds {
-        net::live_after_ms(LIVE_TICK_MS);
+        net::live_after_ms(liveness::look_every_ms(bound) as u32);
     }
     // both legs up: the bound stops (leg_unanswered covers the rest)
     let (out_up, tx_done, connecting) = {
@@ -231,30 +232,20 @@ pub(super) fn kick_if_heard(sw: &Switch, peer_heard: bool) {
 /// retransmission or probe within a round trip, so one look that finds it
 /// answered starts the count over.
 pub(super) fn leg_unanswered(sw: &Switch, now: u64) -> (bool, Option<u64>) {
-    fn look(leg: Option<&leg::HeldLeg>, since: &mut u64, now: u64) -> (bool, Option<u64>) {
-        match leg.and_then(|l| l.sock().waits()) {
-            Some(true) => {
-                if *since == 0 {
-                    *since = now.max(1);
-                }
-                (true, Some(now.saturating_sub(*since)))
-            }
-            w => {
-                *since = 0;
-                (w.is_some(), None)
-            }
-        }
+    fn look(leg: Option<&leg::HeldLeg>, clock: &mut Unanswered, now: u64) -> (bool, Option<u64>) {
+        let waits = leg.and_then(|l| l.sock().waits());
+        (waits.is_some(), clock.look(waits, now))
     }
     let (th, tu) = {
         let mut t = sw.tx.lock();
         let t = &mut *t;
         let leg = if t.leg_up { t.leg.as_ref() } else { None };
-        look(leg, &mut t.unanswered_since, now)
+        look(leg, &mut t.unanswered, now)
     };
     let (rh, ru) = {
         let mut r = sw.rx.lock();
         let r = &mut *r;
-        look(r.leg.as_ref(), &mut r.unanswered_since, now)
+        look(r.leg.as_ref(), &mut r.unanswered, now)
     };
     (th || rh, tu.max(ru))
 }

@@ -121,13 +121,9 @@ pub(super) fn leg_waits(sock: &TcpStream) -> Option<bool> {
     Some(info.is_some_and(|i| i.tcpi_retransmits > 0 || i.tcpi_probes > 0))
 }
 
-/// Samples `leg` (`leg_waits`) into `since`: how long it has been
-/// unanswered without a break (None: answered, or nothing held).
-pub(super) fn sample_leg(leg: Option<&TcpStream>, since: &mut Option<Instant>) -> Option<Duration> {
-    if leg.and_then(leg_waits) == Some(true) {
-        Some(since.get_or_insert_with(Instant::now).elapsed())
-    } else {
-        *since = None;
-        None
-    }
+/// Samples `leg` (`leg_waits`) into its answer clock (proto's liveness):
+/// how long (ms) it has been unanswered without a break (None: answered,
+/// or nothing held).
+pub(super) fn sample_leg(leg: Option<&TcpStream>, clock: &mut Unanswered) -> Option<u64> {
+    clock.look(leg.and_then(leg_waits), now_ms())
 }

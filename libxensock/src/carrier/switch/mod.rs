@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use xensock_proto::control_stream::LegControl;
 use xensock_proto::ctrl::{Message, ResetReason};
 use xensock_proto::dial::{Dial, DialStep};
+use xensock_proto::liveness::{self, Unanswered};
 use xensock_proto::mem::RawRing;
 use xensock_proto::offer::{OfferClock, OfferStep};
 use xensock_proto::ring::{Consumer, Producer, Received, RingError, Sent};
@@ -178,7 +179,7 @@ struct Tx {
     leg_closed: bool,
     /// Since when the leg has waited for an answer its peer does not give
     /// (`check_stall`).
-    leg_unanswered: Option<Instant>,
+    leg_unanswered: Unanswered,
     /// The leg was asked for: keep retrying until it is up.
     leg_wanted: bool,
     /// The outbound leg's connect while it is pending (non-blocking).
@@ -205,7 +206,7 @@ struct Rx {
     leg: Option<Arc<TcpStream>>,
     leg_closed: bool,
     /// As `Tx::leg_unanswered`.
-    leg_unanswered: Option<Instant>,
+    leg_unanswered: Unanswered,
     /// The raw runs on the inbound leg, as the sender's control frames
     /// open and end them (`Shared::pump_rx`).
     order: RxControlOrder,
@@ -362,7 +363,7 @@ impl Switch {
                 pending_offer: None,
                 leg: None,
                 leg_closed: false,
-                leg_unanswered: None,
+                leg_unanswered: Unanswered::new(),
                 leg_wanted: false,
                 dialing: None,
                 dial: Dial::new(),
@@ -379,7 +380,7 @@ impl Switch {
                 offered: None,
                 leg: None,
                 leg_closed: false,
-                leg_unanswered: None,
+                leg_unanswered: Unanswered::new(),
                 order: RxControlOrder::new(),
                 clock: OfferClock::new(),
                 leg_drained: false,

@@ -274,24 +274,31 @@ impl Shared {
             *at = Instant::now();
         }
         let unanswered = self.sample_legs();
-        if let Some(d) = unanswered.filter(|d| *d >= self.cfg.peer_lost_after) {
+        if liveness::peer_lost(unanswered, self.bound_ms()) {
             tracing::warn!(
                 conn = self.cfg.local_id,
-                "peer stopped answering on TCP for {d:.1?}: connection fails"
+                "peer stopped answering on TCP for {} ms: connection fails",
+                unanswered.unwrap_or_default()
             );
             lock(&self.failure).get_or_insert_with(|| "peer stopped answering on TCP".into());
             self.fail(libc::ECONNRESET, ResetReason::PeerLost);
         }
     }
 
-    /// How often the legs are looked at for an unanswered peer.
-    pub(super) fn legs_look_every(&self) -> Duration {
-        (self.cfg.peer_lost_after / 4).min(Duration::from_secs(1))
+    /// The peer-lost bound in ms.
+    fn bound_ms(&self) -> u64 {
+        u64::try_from(self.cfg.peer_lost_after.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Samples both legs ([`sample_leg`]): the longer time either has been
-    /// unanswered.
-    pub(super) fn sample_legs(&self) -> Option<Duration> {
+    /// How often the legs are looked at for an unanswered peer (proto's
+    /// liveness).
+    pub(super) fn legs_look_every(&self) -> Duration {
+        Duration::from_millis(liveness::look_every_ms(self.bound_ms()))
+    }
+
+    /// Samples both legs ([`sample_leg`]): the longer time (ms) either has
+    /// been unanswered.
+    pub(super) fn sample_legs(&self) -> Option<u64> {
         let tu = {
             let mut tx = lock(&self.tx);
             let t = &mut *tx;
