@@ -351,3 +351,34 @@ fn run_preloads_the_library_and_names_what_is_missing() {
         "a file that is not executable"
     );
 }
+
+/// The manual page and the shell completions the packages install come
+/// from the command's own definition.
+#[test]
+fn the_manual_page_and_completions_describe_every_command() {
+    let (ok, man) = xensock(&["manpage"]);
+    assert!(ok, "{man}");
+    assert!(man.contains(".TH xensock 1"), "{man}");
+    // (roff writes a hyphen as `\-`)
+    let man = man.replace("\\-", "-");
+    for cmd in [
+        "status",
+        "suspend",
+        "resume",
+        "daemon",
+        "run",
+        "--log-level",
+    ] {
+        assert!(man.contains(cmd), "{cmd} missing from the manual page");
+    }
+    for shell in ["bash", "zsh", "fish"] {
+        let (ok, text) = xensock(&["completions", shell]);
+        assert!(ok, "{shell}: {text}");
+        assert!(
+            text.contains("suspend") && text.contains("daemon"),
+            "{shell}: {text}"
+        );
+    }
+    let (ok, _) = xensock(&["completions", "tcsh"]);
+    assert!(!ok, "an unknown shell is refused");
+}

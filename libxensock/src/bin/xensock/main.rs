@@ -28,7 +28,7 @@ use xensock_sim::{DomainConfig, SimHost};
 #[command(
     name = "xensock",
     version,
-    about = "xensock: sockets between co-resident Xen domains"
+    about = "Sockets between co-resident Xen domains: status, migration hooks, the daemon, run, demo, bench"
 )]
 struct Cli {
     /// What to log on stderr: error, warn, info, debug or trace, or a
@@ -123,6 +123,15 @@ enum Cmd {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<std::ffi::OsString>,
     },
+    /// Print this command's shell completions (bash, zsh, fish, elvish,
+    /// powershell) to stdout, for the shell's completion directory.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print this command's manual page (roff) to stdout, for
+    /// `man1/xensock.1`.
+    Manpage,
 }
 
 /// The preload library `xensock run` puts in front of a program.
@@ -311,6 +320,17 @@ fn main() {
             .and_then(pipe),
         Cmd::Listen { port } => listen(&port),
         Cmd::Run { command } => run(command),
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "xensock", &mut io::stdout());
+            Ok(())
+        }
+        Cmd::Manpage => {
+            use clap::CommandFactory;
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut io::stdout())
+                .map_err(Into::into)
+        }
     };
     if let Err(e) = r {
         eprintln!("xensock: {e}");
