@@ -44,6 +44,8 @@ enum Cmd {
         /// domid or UUID
         domain: String,
     },
+    /// Print this command's manual page (roff) to stdout.
+    Manpage,
 }
 
 fn main() {
@@ -62,6 +64,11 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(Cmd::Manpage) = cli.cmd {
+        use clap::CommandFactory;
+        clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+        return Ok(());
+    }
     let xs = XsClient::open()?;
     match &cli.cmd {
         Some(Cmd::Away { domain, host }) => {
@@ -76,7 +83,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             println!("{uuid} back");
             return Ok(());
         }
-        None => {}
+        Some(Cmd::Manpage) | None => {}
     }
     let cfg = AgentConfig {
         require_label: cli.require_label,

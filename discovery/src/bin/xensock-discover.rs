@@ -54,6 +54,8 @@ enum Cmd {
         #[arg(long)]
         seconds: Option<u64>,
     },
+    /// Print this command's manual page (roff) to stdout.
+    Manpage,
 }
 
 fn main() {
@@ -68,6 +70,11 @@ fn main() {
 
 fn run(cli: Cli) -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
     match cli.cmd {
+        Cmd::Manpage => {
+            use clap::CommandFactory;
+            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+            return Ok(0);
+        }
         Cmd::Advertise { addrs, keep } => {
             let addrs = if addrs.is_empty() {
                 local_addresses()?

@@ -147,15 +147,24 @@ fn preload_library() -> Result<PathBuf, Box<dyn std::error::Error>> {
     }
     let exe = std::env::current_exe()?;
     let dir = exe.parent().ok_or("the xensock binary has no directory")?;
-    let candidates = [dir.join(NAME), dir.join("../lib").join(NAME)];
+    // a package's place for it, given at build time (scripts/package)
+    let packaged = option_env!("XENSOCK_PRELOAD_DIR").map(|d| PathBuf::from(d).join(NAME));
+    let candidates: Vec<PathBuf> = [dir.join(NAME), dir.join("../lib").join(NAME)]
+        .into_iter()
+        .chain(packaged)
+        .collect();
     candidates
         .iter()
         .find(|p| p.is_file())
         .cloned()
         .ok_or_else(|| {
             format!(
-                "{NAME} not found next to {} or in ../lib (set XENSOCK_PRELOAD_LIB)",
-                exe.display()
+                "{NAME} not found: looked in {} (set XENSOCK_PRELOAD_LIB)",
+                candidates
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )
             .into()
         })
