@@ -41,6 +41,8 @@ use std::fmt::Write as _;
 use std::rc::Rc;
 
 use common::{pattern, pattern_bytes, Region};
+use xensock_proto::control_stream::{decode_frame, LegControl};
+use xensock_proto::ctrl::Message;
 use xensock_proto::mem::RawRing;
 use xensock_proto::offer::{OfferClock, OfferStep};
 use xensock_proto::ring::{Consumer, Producer};
@@ -154,6 +156,47 @@ impl RawLeg {
     }
 }
 
+/// The connection id the frames on the legs carry (the recipient's; both
+/// ends use one here).
+const CONN: u32 = 7;
+
+/// A control frame as it travels on a leg: encoded, as a host sends it.
+fn wire(frame: RxControl) -> Vec<u8> {
+    let m = match frame {
+        RxControl::RawFrom { offset } => Message::RawFrom {
+            conn_id: CONN,
+            offset,
+        },
+        RxControl::RingFrom { epoch, offset } => Message::RingFrom {
+            conn_id: CONN,
+            epoch,
+            offset,
+        },
+        RxControl::TxFreeze { epoch, offset } => Message::TxFreeze {
+            conn_id: CONN,
+            epoch,
+            offset,
+        },
+        RxControl::Fin { offset } => Message::Fin {
+            conn_id: CONN,
+            offset,
+        },
+    };
+    encode(&m)
+}
+
+fn encode(m: &Message<'_>) -> Vec<u8> {
+    let mut b = vec![0u8; m.encoded_len()];
+    m.encode(&mut b).expect("a control frame encodes");
+    b
+}
+
+/// A frame off a leg's control stream, read by proto's rule as a host
+/// reads it.
+fn unwire(bytes: &[u8]) -> Result<LegControl, String> {
+    decode_frame(bytes, CONN).map_err(|e| e.to_string())
+}
+
 /// One direction: sender S, receiver R.
 struct Direction {
     name: &'static str,
@@ -184,9 +227,9 @@ struct Direction {
     raw: RawLeg,
     /// S -> R: control (RawFrom, RingFrom, TxFreeze, Fin), on the way back
     /// of R's leg
-    ctl: Stream<RxControl>,
-    /// R -> S: `Consumed{epoch, offset}`
-    back: Stream<(u32, u64)>,
+    ctl: Stream<Vec<u8>>,
+    /// R -> S: `Consumed{epoch, offset}`, encoded
+    back: Stream<Vec<u8>>,
     /// R -> S on the link: ring offers
     link: Stream<(u32, Rc<Region>)>,
     /// the legs are two TCP connections: each adds its own delay to the
@@ -270,9 +313,9 @@ impl Direction {
             }
             TxState::Tcp => self.ctl.push(
                 now + lat + self.ctl_extra,
-                RxControl::Fin {
+                wire(RxControl::Fin {
                     offset: self.tx.sent(),
-                },
+                }),
             ),
             // after the resend
             TxState::Frozen { .. } => {}
@@ -300,10 +343,10 @@ impl Direction {
         self.mapped = None;
         self.ctl.push(
             now + lat + self.ctl_extra,
-            RxControl::TxFreeze {
+            wire(RxControl::TxFreeze {
                 epoch: notice.epoch,
                 offset: notice.offset,
-            },
+            }),
         );
         Ok(())
     }
@@ -332,7 +375,7 @@ impl Direction {
             // ends the run at m: nothing after it goes on the leg
             self.ctl.push(
                 now + lat + self.ctl_extra,
-                RxControl::RingFrom { epoch, offset: m },
+                wire(RxControl::RingFrom { epoch, offset: m }),
             );
             self.producer = Some(Producer::new(ring.ring));
             self.mapped = Some(ring);
@@ -344,8 +387,11 @@ impl Direction {
     /// offers on the link.
     fn pump_tx(&mut self, now: u64, lat: u64) -> Result<(), String> {
         while self.back.front(now).is_some() {
-            let Some((epoch, offset)) = self.back.pop() else {
+            let Some(bytes) = self.back.pop() else {
                 break;
+            };
+            let LegControl::Consumed { epoch, offset } = unwire(&bytes)? else {
+                return Err("a frame for the receiving direction on the sender's way back".into());
             };
             let mut outcome = self
                 .tx
@@ -366,7 +412,7 @@ impl Direction {
                 // a new run: where its raw bytes start, then the bytes
                 self.ctl.push(
                     now + lat + self.ctl_extra,
-                    RxControl::RawFrom { offset: r.from },
+                    wire(RxControl::RawFrom { offset: r.from }),
                 );
                 if !bytes.is_empty() {
                     self.raw
@@ -376,9 +422,9 @@ impl Direction {
                 if self.tx.is_finished() {
                     self.ctl.push(
                         now + lat + self.ctl_extra,
-                        RxControl::Fin {
+                        wire(RxControl::Fin {
                             offset: self.tx.sent(),
-                        },
+                        }),
                     );
                 }
             }
@@ -398,7 +444,14 @@ impl Direction {
     // ---- receiver ----
 
     fn consumed(&mut self, now: u64, lat: u64, epoch: u32, offset: u64) {
-        self.back.push(now + lat, (epoch, offset));
+        self.back.push(
+            now + lat,
+            encode(&Message::Consumed {
+                conn_id: CONN,
+                epoch,
+                offset,
+            }),
+        );
     }
 
     /// The receiver moves: its ring pages are not to be trusted.
@@ -493,8 +546,15 @@ impl Direction {
     /// The control frames that came, taken in proto's order as far as
     /// they can be now (a host's `pump_rx` / `take_rx_ctl`).
     fn take_control(&mut self, now: u64, lat: u64) -> Result<(), String> {
-        while let Some(&f) = self.ctl.front(now) {
-            self.ctl.pop();
+        while self.ctl.front(now).is_some() {
+            let Some(bytes) = self.ctl.pop() else {
+                break;
+            };
+            let LegControl::Receiving(f) = unwire(&bytes)? else {
+                return Err(
+                    "an answer for the sending direction on the receiver's way back".into(),
+                );
+            };
             self.rx_ctl
                 .push(f)
                 .map_err(|e| format!("control queue: {e}"))?;
