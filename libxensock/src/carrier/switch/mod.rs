@@ -215,6 +215,9 @@ struct Rx {
     /// The reader's last read from the leg emptied it: a blocking reader
     /// polls before it reads again.
     leg_drained: bool,
+    /// Segments the inbound leg had received at the last look
+    /// (`Shared::peer_heard`).
+    segs_seen: u32,
     delivered: u64,
     waiting: bool,
     reader_polls: bool,
@@ -384,6 +387,7 @@ impl Switch {
                 order: RxControlOrder::new(),
                 clock: OfferClock::new(),
                 leg_drained: false,
+                segs_seen: 0,
                 delivered: seed.delivered,
                 waiting: false,
                 reader_polls: false,

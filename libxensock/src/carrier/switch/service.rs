@@ -157,7 +157,7 @@ impl Shared {
             // frames have a way to us.
             self.ensure_tx_leg(&mut lock(&self.tx));
         }
-        let heard = lock(&self.rx).leg.is_some();
+        let heard = self.peer_heard();
         let mut tx = lock(&self.tx);
         if tx.leg.is_none() && tx.leg_wanted {
             self.dial_tx_leg(&mut tx, heard);
@@ -218,7 +218,7 @@ impl Shared {
     pub(super) fn service_tx(&self, tx: &mut Tx) -> io::Result<bool> {
         if tx.leg.is_none() {
             if tx.leg_wanted {
-                let heard = lock(&self.rx).leg.is_some();
+                let heard = self.peer_heard();
                 self.dial_tx_leg(tx, heard);
             }
             return Ok(false);
@@ -283,6 +283,26 @@ impl Shared {
             lock(&self.failure).get_or_insert_with(|| "peer stopped answering on TCP".into());
             self.fail(libc::ECONNRESET, ResetReason::PeerLost);
         }
+    }
+
+    /// Whether the peer's end answered since the last look: a segment came
+    /// on the inbound leg (a leg just put in counts), as the module tells
+    /// by its legs' segment counts. Then our outbound connect that waits
+    /// for a backed-off SYN is made again (proto's dial); a peer that is
+    /// paused sends nothing, and the connect keeps its own pace.
+    fn peer_heard(&self) -> bool {
+        let mut rx = lock(&self.rx);
+        let Some(segs) = rx
+            .leg
+            .as_deref()
+            .and_then(|l| crate::sys::tcp_info(l.as_fd()).ok())
+            .map(|i| i.tcpi_segs_in)
+        else {
+            return false;
+        };
+        let heard = segs != rx.segs_seen;
+        rx.segs_seen = segs;
+        heard
     }
 
     /// The peer-lost bound in ms.
