@@ -27,8 +27,14 @@ pub const ENV_RUN_DIR: &str = "XENSOCK_RUN_DIR";
 
 /// Where this user's control sockets live: `$XENSOCK_RUN_DIR`, else
 /// `$XDG_RUNTIME_DIR/xensock`, else for root `/run/xensock/control`, else
-/// `/run/user/<uid>/xensock` when the user has that runtime directory.
-/// Never in `/tmp`, where another user may have put anything first.
+/// `/run/user/<uid>/xensock` when the user has that runtime directory,
+/// else `/tmp/xensock-<uid>`: a user with no login session (a service, a
+/// program started by `su` or a lab script) has no runtime directory, and
+/// without a control socket the guest's suspend hook cannot reach its
+/// transport (a guest saved with the transport's mappings in place
+/// crashes). There the directory is made 0700 and used only if it is a
+/// directory of this user's, not a link ([`private_dir`]), so what
+/// another user put in `/tmp` first is refused, never followed.
 pub fn run_dir() -> io::Result<PathBuf> {
     if let Some(d) = std::env::var_os(ENV_RUN_DIR) {
         return Ok(PathBuf::from(d));
@@ -44,14 +50,7 @@ pub fn run_dir() -> io::Result<PathBuf> {
     if user.is_dir() {
         return Ok(user.join("xensock"));
     }
-    Err(io::Error::new(
-        io::ErrorKind::NotFound,
-        format!(
-            "no runtime directory for uid {uid}: XDG_RUNTIME_DIR is not set and {} \
-             does not exist (set XDG_RUNTIME_DIR or {ENV_RUN_DIR})",
-            user.display()
-        ),
-    ))
+    Ok(PathBuf::from(format!("/tmp/xensock-{uid}")))
 }
 
 /// Checks that `dir` is this user's private directory (a directory, not
