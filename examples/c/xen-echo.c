@@ -13,7 +13,7 @@
 
 int main(int argc, char **argv)
 {
-	int fam = xensock_family();           /* from /sys/module/af_xen/parameters/family */
+	int fam = xensock_family();           /* loads an installed af_xen by its alias; sysfs says the number */
 	struct sockaddr_xen a = { .sxen_family = fam };
 	char buf[4096];
 	ssize_t n;
