@@ -30,6 +30,8 @@ use sys::{Connect, XenSocket};
 
 /// Where `af_xen.ko` publishes its family number when it is loaded.
 const FAMILY_PARAM: &str = "/sys/module/af_xen/parameters/family";
+/// The family the module's alias names (`net-pf-19`).
+const FAMILY_DEFAULT: i32 = 19;
 /// Published by an `af_xen.ko` that can take over a TCP socket.
 const TCP_REDIRECT_PARAM: &str = "/sys/module/af_xen/parameters/tcp_redirect";
 /// The config file read when `XENSOCK_PRELOAD_CONFIG` names none.
@@ -54,9 +56,18 @@ enum Kernel {
 
 impl Kernel {
     fn probe() -> Kernel {
-        let family = std::fs::read_to_string(FAMILY_PARAM)
-            .ok()
-            .and_then(|v| v.trim().parse::<i32>().ok());
+        let read = || {
+            std::fs::read_to_string(FAMILY_PARAM)
+                .ok()
+                .and_then(|v| v.trim().parse::<i32>().ok())
+        };
+        // Not loaded, but installed: a socket of the family its alias
+        // names (net-pf-19) makes the kernel load it, as the header and
+        // libxensock do; the socket itself is of no use.
+        let family = read().or_else(|| {
+            drop(sys::XenSocket::open(FAMILY_DEFAULT));
+            read()
+        });
         let redirect = std::fs::read_to_string(TCP_REDIRECT_PARAM)
             .map(|v| matches!(v.trim(), "Y" | "1"))
             .unwrap_or(false);
