@@ -581,7 +581,7 @@ impl Inner {
 
 /// `m`'s lock, waiting for it until `deadline` at most (the exit hook:
 /// another thread lets it go within a step; this thread never does).
-fn lock_by<T>(m: &Mutex<T>, deadline: Instant) -> Option<MutexGuard<'_, T>> {
+pub(super) fn lock_by<T>(m: &Mutex<T>, deadline: Instant) -> Option<MutexGuard<'_, T>> {
     loop {
         match m.try_lock() {
             Ok(g) => return Some(g),

@@ -36,9 +36,11 @@ extern "C" fn at_process_exit() {
             c.take();
         }
     }
-    let live: Vec<Arc<Inner>> = match LIVE.try_lock() {
-        Ok(v) => v.iter().filter_map(Weak::upgrade).collect(),
-        Err(_) => return,
+    // (a thread starting a transport holds the list for a moment)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+    let live: Vec<Arc<Inner>> = match super::connections::lock_by(&LIVE, deadline) {
+        Some(v) => v.iter().filter_map(Weak::upgrade).collect(),
+        None => return,
     };
     for inner in live {
         inner.end_at_exit();
