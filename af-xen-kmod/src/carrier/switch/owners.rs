@@ -67,7 +67,8 @@ pub(super) fn own_outbound(xs: &XenSock, sw: &Switch, t: &mut TxSide) {
     let Some(leg) = t.leg.as_ref() else { return };
     leg.sock().set_owner(Some(&xs.sk), false, writes);
     t.owner_writes = writes;
-    // a drain before this found the flag still set and left the queue
+    // a drain that ran while the flag was still set left the queue to the
+    // writer: the work item takes it
     if !writes && leg.sock().writable() {
         net::schedule();
     }
