@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! The guest-wide lock that opens XenStore transactions on
-//! `/dev/xen/xenbus` one at a time (see `xs.rs`, "the device's rules"):
+//! `/dev/xen/xenbus` one at a time (see `xs/mod.rs`, "the device's rules"):
 //! a lock file in `/run/lock`, taken with `flock`.
 
 use std::io;
