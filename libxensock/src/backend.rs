@@ -107,13 +107,20 @@ impl fmt::Display for BackendReport {
 
 /// The running kernel's configuration file, when it says the kernel has
 /// no Rust support (every mainstream distribution's kernel today).
+/// Read once per process (a file of a few hundred KiB): the running
+/// kernel's configuration does not change while it runs.
 fn kernel_without_rust() -> Option<std::path::PathBuf> {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
-    let release = release.trim();
-    config_without_rust([
-        format!("/boot/config-{release}").into(),
-        format!("/lib/modules/{release}/build/.config").into(),
-    ])
+    static FOUND: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+            let release = release.trim();
+            config_without_rust([
+                format!("/boot/config-{release}").into(),
+                format!("/lib/modules/{release}/build/.config").into(),
+            ])
+        })
+        .clone()
 }
 
 /// The first of `configs` that exists, if it has no `CONFIG_RUST=y`.
