@@ -33,7 +33,7 @@ pub const ENV_RUN_DIR: &str = "XENSOCK_RUN_DIR";
 /// without a control socket the guest's suspend hook cannot reach its
 /// transport (a guest saved with the transport's mappings in place
 /// crashes). There the directory is made 0700 and used only if it is a
-/// directory of this user's, not a link ([`private_dir`]), so what
+/// directory of this user's, not a link, so what
 /// another user put in `/tmp` first is refused, never followed.
 pub fn run_dir() -> io::Result<PathBuf> {
     if let Some(d) = std::env::var_os(ENV_RUN_DIR) {
