@@ -11,14 +11,24 @@ RUSTC=/usr/bin/rustc
 RUST_LIB_SRC=/usr/lib/rustlib/src/rust/library
 BINDGEN=$CACHE/tools/bin/bindgen
 
-# The guests' kernel: the lab kernel, or the same with the kernel's bug
-# detectors (lab/kernel/xensock-debug.config; docs/lab.md "The debug kernel").
+# The guests' kernel: the lab kernel, the same with the kernel's bug
+# detectors (lab/kernel/xensock-debug.config; docs/lab.md "The debug
+# kernel"), or, in the domUs only, Debian's own (lib/guest-kernel.sh).
 LAB_KERNEL=${LAB_KERNEL:-lab}
 case $LAB_KERNEL in
-  lab|debug) ;;
-  *) echo "LAB_KERNEL=$LAB_KERNEL: the lab has the kernels 'lab' (default) and 'debug'" >&2; exit 2 ;;
+  lab|debug|debian) ;;
+  *) echo "LAB_KERNEL=$LAB_KERNEL: the lab has the kernels 'lab' (default), 'debug' and 'debian'" >&2; exit 2 ;;
 esac
 export LAB_KERNEL
+# the kernel the lab builds (dom0's; the domUs' too, but on debian)
+case $LAB_KERNEL in debug) BUILT_KERNEL=debug ;; *) BUILT_KERNEL=lab ;; esac
+# The domUs' guest type (docs/lab.md "Guest types").
+LAB_GUEST=${LAB_GUEST:-pv}
+case $LAB_GUEST in
+  pv|pvh) ;;
+  *) echo "LAB_GUEST=$LAB_GUEST: the lab boots its domUs as 'pv' (default) or 'pvh'" >&2; exit 2 ;;
+esac
+export LAB_GUEST
 
 # ---- output -----------------------------------------------------------------
 _t0=$(date +%s.%N)
@@ -75,7 +85,7 @@ toolchain_id() {
 # change meaning; comment edits do not rebuild).
 kernel_fragments() {
   echo "$LAB_DIR/kernel/xensock-lab.config"
-  [[ $LAB_KERNEL != debug ]] || echo "$LAB_DIR/kernel/xensock-debug.config"
+  [[ $BUILT_KERNEL != debug ]] || echo "$LAB_DIR/kernel/xensock-debug.config"
 }
 kernel_key() {
   local patches=() frags
@@ -83,7 +93,7 @@ kernel_key() {
   mapfile -t frags < <(kernel_fragments)
   # the lab kernel's key is the one it always had (its cache stays valid);
   # another kernel's name is in its key and its directory's name
-  local name=kernel; [[ $LAB_KERNEL == lab ]] || name=kernel-$LAB_KERNEL
+  local name=kernel; [[ $BUILT_KERNEL == lab ]] || name=kernel-$BUILT_KERNEL
   echo "$name-$(inputs_hash "$(toolchain_id)" "${frags[@]}" \
     "$(grep -m1 '^RECIPE_VERSION=' "$LAB_DIR/kernel/build.sh")" "${patches[@]}")"
 }
@@ -94,6 +104,10 @@ kernel_dir() { echo "$CACHE/$(kernel_key)"; }
 # archive <rev> af-xen-kmod proto | tar -x -C DIR`) to test another version
 # of the module; a build directory per work tree (several branches build).
 afx_module() {
+  if [[ $LAB_KERNEL == debian ]]; then
+    echo "af_xen.ko needs a kernel with CONFIG_RUST; LAB_KERNEL=debian's domUs run Debian's, which has none (its scenarios are the user-space transport's)" >&2
+    return 1
+  fi
   local afx="$CACHE/af-xen-kmod-build-$(basename "$REPO_DIR")"
   [[ $LAB_KERNEL == lab ]] || afx=$afx-$LAB_KERNEL
   if [[ -n ${AFX_TREE:-} ]]; then

@@ -66,8 +66,10 @@ build_domu_root() {
       die "LAB_PERF: perf and strace needed on the host (apt-get install linux-perf strace)"
     copy_bin "$root" /usr/bin /usr/bin/perf /usr/bin/strace /usr/bin/ss
   fi
-  # in-tree modules of the lab kernel (e.g. rust_minimal) + out-of-tree ones
-  cp -a "$KDIR/modules/lib" "$root/"
+  # the domU kernel's in-tree modules (the lab kernel's, e.g. rust_minimal;
+  # Debian's Xen drivers and the order /init loads them in) + out-of-tree ones
+  cp -a "$DOMU_MODULES_LIB/lib" "$root/"
+  [[ -z $DOMU_MODULE_LOAD ]] || cp "$DOMU_MODULE_LOAD" "$root/lab/kernel-modules"
   local ko
   for ko in "${MODULE_KOS[@]}"; do cp "$ko" "$root/lab/modules/"; done
   pack_cpio "$root" "$RUN/domu.cpio.gz"
@@ -97,7 +99,7 @@ autoballoon="off"
 run_hotplug_scripts=1
 XL
   cp "$LAB_DIR/guest/vif-lab" "$root/etc/xen/scripts/vif-lab"
-  cp "$KDIR/bzImage" "$root/lab/bzImage"
+  cp "$DOMU_BZIMAGE" "$root/lab/domu-kernel"
   # which hypervisor this is (debian|shadow): scenarios that need log-dirty
   # (xl migrate) report SKIP on Debian's
   echo "$XEN_FLAVOUR" > "$root/lab/xen-flavour"
