@@ -75,7 +75,7 @@ host_qemu_cmd() {
   # (lab/guest/dom0-init gives the domUs the same)
   local kargs="loglevel=${GUEST_LOGLEVEL:-4}"
   [[ $LAB_KERNEL != debug ]] || kargs="loglevel=${GUEST_LOGLEVEL:-5} slub_debug=FZPU kfence.sample_interval=10"
-  local dom0cmd="console=hvc0 earlyprintk=xen $kargs lab_kernel=$LAB_KERNEL lab_guest=$LAB_GUEST rdinit=/init lab_name=$name lab_dom0_ip=$dom0_ip lab_domus=$domus lab_domu_mem=$DOMU_MEM lab_timeout=$GUEST_TIMEOUT$uplink${interactive:+ lab_shell=1}$(xs_trace_arg)"
+  local dom0cmd="console=hvc0 earlyprintk=xen $kargs lab_kernel=$LAB_KERNEL lab_guest=$LAB_GUEST${LAB_HAP:+ lab_hap=$LAB_HAP} rdinit=/init lab_name=$name lab_dom0_ip=$dom0_ip lab_domus=$domus lab_domu_mem=$DOMU_MEM lab_timeout=$GUEST_TIMEOUT$uplink${interactive:+ lab_shell=1}$(xs_trace_arg)"
   QEMU_CMD=(qemu-system-x86_64 -machine q35 -accel tcg -cpu qemu64,+svm,+npt
     -m "$QEMU_MEM" -smp 2 -nodefaults -display none -monitor none -serial stdio -no-reboot
     -pidfile "$RUN/qemu$sfx.pid"

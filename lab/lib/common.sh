@@ -23,10 +23,11 @@ export LAB_KERNEL
 # the kernel the lab builds (dom0's; the domUs' too, but on debian)
 case $LAB_KERNEL in debug) BUILT_KERNEL=debug ;; *) BUILT_KERNEL=lab ;; esac
 # The domUs' guest type (docs/lab.md "Guest types").
+# mixed: domu1 PV, the others PVH.
 LAB_GUEST=${LAB_GUEST:-pv}
 case $LAB_GUEST in
-  pv|pvh) ;;
-  *) echo "LAB_GUEST=$LAB_GUEST: the lab boots its domUs as 'pv' (default) or 'pvh'" >&2; exit 2 ;;
+  pv|pvh|mixed) ;;
+  *) echo "LAB_GUEST=$LAB_GUEST: the lab boots its domUs as 'pv' (default), 'pvh' or 'mixed' (domu1 PV, the others PVH)" >&2; exit 2 ;;
 esac
 export LAB_GUEST
 

@@ -8,7 +8,8 @@
 # af_xen.ko; the user-space transport is the one that runs there. Its Xen
 # drivers are modules, loaded by the domU's /init in the order kept in
 # /lab/kernel-modules.
-# LAB_GUEST=pv|pvh (default pv): the domUs' guest type (xl's `type=`).
+# LAB_GUEST=pv|pvh|mixed (default pv): the domUs' guest type (xl's `type=`;
+# mixed: domu1 PV, the others PVH).
 
 # Modules a domU needs from a kernel that builds its Xen drivers as
 # modules: netfront (its network), xenfs (/proc/xen), the user-space
