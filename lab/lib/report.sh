@@ -34,6 +34,9 @@ parse_host_console() {
       if (match(body, /^[A-Za-z0-9_-]+\| @@/)) {
         guest = substr(body, 1, index(body, "|") - 1)
         rest = substr(body, index(body, "@@") + 2)
+        # Xen writes to the same serial line at any moment: a message of
+        # its own ("(XEN) ...") cut into a marker line is not the marker
+        sub(/\(XEN\).*$/, "", rest)
         n = split(rest, f, " ")
         kind = f[1]
         if (kind == "RESULT") {
