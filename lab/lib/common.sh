@@ -23,11 +23,12 @@ export LAB_KERNEL
 # the kernel the lab builds (dom0's; the domUs' too, but on debian)
 case $LAB_KERNEL in debug) BUILT_KERNEL=debug ;; *) BUILT_KERNEL=lab ;; esac
 # The domUs' guest type (docs/lab.md "Guest types").
-# mixed: domu1 PV, the others PVH.
+# mixed: domu1 PV, the others PVH; hvm: HVM with PV drivers (QEMU as
+# device model in dom0).
 LAB_GUEST=${LAB_GUEST:-pv}
 case $LAB_GUEST in
-  pv|pvh|mixed) ;;
-  *) echo "LAB_GUEST=$LAB_GUEST: the lab boots its domUs as 'pv' (default), 'pvh' or 'mixed' (domu1 PV, the others PVH)" >&2; exit 2 ;;
+  pv|pvh|mixed|hvm) ;;
+  *) echo "LAB_GUEST=$LAB_GUEST: the lab boots its domUs as 'pv' (default), 'pvh', 'mixed' (domu1 PV, the others PVH) or 'hvm'" >&2; exit 2 ;;
 esac
 export LAB_GUEST
 

@@ -100,6 +100,8 @@ run_hotplug_scripts=1
 XL
   cp "$LAB_DIR/guest/vif-lab" "$root/etc/xen/scripts/vif-lab"
   cp "$DOMU_BZIMAGE" "$root/lab/domu-kernel"
+  # HVM domUs: their device model, firmware and its libraries
+  [[ -z ${DM_ROOT:-} ]] || cp -a "$DM_ROOT/." "$root/"
   # which hypervisor this is (debian|shadow): scenarios that need log-dirty
   # (xl migrate) report SKIP on Debian's
   echo "$XEN_FLAVOUR" > "$root/lab/xen-flavour"
