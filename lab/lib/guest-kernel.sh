@@ -79,7 +79,8 @@ ensure_domu_kernel() {
 ensure_device_model() {
   DM_ROOT=
   [[ $LAB_GUEST == hvm ]] || return 0
-  local pkgs=(qemu-system-xen libspice-server1) p v key=
+  # (the libraries of spice the host does not have come along)
+  local pkgs=(qemu-system-xen libspice-server1 libopus0 libgstreamer-plugins-base1.0-0 liborc-0.4-0) p v key=
   for p in "${pkgs[@]}"; do
     v=$(apt-cache policy "$p" 2>/dev/null | awk '/Candidate:/ {print $2}')
     [[ -n $v && $v != "(none)" ]] || die "LAB_GUEST=hvm: apt knows no $p"
@@ -99,10 +100,15 @@ ensure_device_model() {
   # its libraries: the host's, but for the one the host lacks (spice)
   LD_LIBRARY_PATH="$dir/pkg/usr/lib/x86_64-linux-gnu" ldd "$DM_ROOT/usr/libexec/xen-qemu-system-i386" \
     | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r l; do
-      mkdir -p "$DM_ROOT$(dirname "$l")"; cp -L "$l" "$DM_ROOT$l"
+      local to=$l
+      [[ $l != "$dir/pkg/"* ]] || to=${l#"$dir/pkg"}
+      mkdir -p "$DM_ROOT$(dirname "$to")"; cp -L "$l" "$DM_ROOT$to"
     done
   cp /usr/share/seabios/bios-256k.bin "$DM_ROOT/usr/share/seabios/"
   cp /usr/share/qemu/linuxboot_dma.bin /usr/share/qemu/linuxboot.bin "$DM_ROOT/usr/share/qemu/"
+  # it reads a keymap even with its display off
+  mkdir -p "$DM_ROOT/usr/share/qemu/keymaps"
+  cp /usr/share/qemu/keymaps/en-us "$DM_ROOT/usr/share/qemu/keymaps/"
   cp "/usr/lib/xen-$XENV/boot/hvmloader" "$DM_ROOT/usr/lib/xen-$XENV/boot/"
   rm -rf "$dir/deb" "$dir/pkg"
   touch "$dir/.complete"
