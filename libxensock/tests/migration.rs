@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use common::*;
 use libxensock::{Carrier, Config, ConnStatus, SocketOptions, Transport, XenStream};
+use pattern::Pattern;
 use proptest::prelude::*;
 use xensock_sim::{DomainConfig, MigrateTo, SimHost};
 
@@ -550,6 +551,117 @@ fn hundred_migrations_lose_nothing() {
             }
             other => panic!("{other:?}"),
         }
+    }
+}
+
+/// B is migrated on this host without its suspend hook while a
+/// connection that switched once is back on its rings, full both ways:
+/// B runs again holding mappings of A's rings that are no longer there.
+/// Each direction then either carries its whole stream intact (A kept
+/// what its own ring held before B's freeze came) or ends with a reset
+/// (B's freeze came first, over the TCP legs that outlived the move, and
+/// A kept only what it had read: B has nothing to resend). Never a byte
+/// that was not sent, nor an end of stream short of the stream.
+#[test]
+fn a_move_without_the_hook_never_delivers_a_guess() {
+    let w = World::new();
+    let l = w.b.bind("xen:self:7021").unwrap();
+    let c = w.a.connect((u32::from(w.b.domid()), 7021)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    w.migrate(&[&w.b]);
+    back_on_rings(&w, &w.a);
+    back_on_rings(&w, &w.b);
+    let len = 600_000;
+    let send = |x: XenStream, seed: u64| {
+        thread::spawn(move || {
+            let mut p = Pattern::new(seed);
+            let mut buf = vec![0u8; 16_000];
+            for _ in 0..len / buf.len() {
+                p.fill(&mut buf);
+                if let Err(e) = (&x).write_all(&buf) {
+                    return Err(e.raw_os_error());
+                }
+            }
+            x.shutdown(Shutdown::Write).map_err(|e| e.raw_os_error())
+        })
+    };
+    let receive = |x: XenStream, seed: u64| {
+        thread::spawn(move || {
+            let mut p = Pattern::new(seed);
+            let (mut buf, mut want) = (vec![0u8; 50_000], vec![0u8; 50_000]);
+            let mut got = 0;
+            loop {
+                match (&x).read(&mut buf) {
+                    Ok(0) => return Ok(got),
+                    Ok(n) => {
+                        p.fill(&mut want[..n]);
+                        assert!(buf[..n] == want[..n], "a byte not sent after {got}");
+                        got += n;
+                    }
+                    Err(e) => return Err((got, e.raw_os_error())),
+                }
+            }
+        })
+    };
+    let (wa, wb) = (
+        send(c.try_clone().unwrap(), 51),
+        send(s.try_clone().unwrap(), 52),
+    );
+    // Nobody reads yet: when B goes, the rings are full both ways.
+    thread::sleep(Duration::from_millis(300));
+    let new = w
+        .host
+        .migrate_domain(w.b.domid(), MigrateTo::SameHost)
+        .unwrap()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(10), || w.b.domid() == new));
+    let (ra, rb) = (
+        receive(c.try_clone().unwrap(), 52),
+        receive(s.try_clone().unwrap(), 51),
+    );
+    for (direction, (sent, got)) in [
+        ("A to B", (wa.join().unwrap(), rb.join().unwrap())),
+        ("B to A", (wb.join().unwrap(), ra.join().unwrap())),
+    ] {
+        match (sent, got) {
+            (Ok(()), Ok(n)) => assert_eq!(n, len, "{direction}: a short stream"),
+            (_, Err((_, errno))) => {
+                assert_eq!(errno, Some(libc::ECONNRESET), "{direction}")
+            }
+            (Err(errno), Ok(n)) => panic!("{direction}: the writer failed ({errno:?}) but the reader got an end of stream after {n}"),
+        }
+    }
+}
+
+/// The same move of a connection still on its first rings: A sees B's
+/// half vanish as a death and resets it; B, running again, gets the reset
+/// too. Neither reads a byte that was not sent, nor an end of stream.
+#[test]
+fn a_move_without_the_hook_resets_a_connection_on_its_first_rings() {
+    let w = World::new();
+    let l = w.b.bind("xen:self:7022").unwrap();
+    let c = w.a.connect((u32::from(w.b.domid()), 7022)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    exchange(&c, &s, 43, 100_000);
+    (&c).write_all(&[7u8; 1000]).unwrap();
+    (&s).write_all(&[9u8; 1000]).unwrap();
+    let old = w.b.domid();
+    let new = w
+        .host
+        .migrate_domain(old, MigrateTo::SameHost)
+        .unwrap()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(10), || w.b.domid() == new));
+    for (mut end, byte) in [(&c, 9u8), (&s, 7u8)] {
+        let mut buf = [0u8; 4096];
+        let err = loop {
+            match end.read(&mut buf) {
+                Ok(0) => panic!("end of stream instead of a reset"),
+                Ok(n) => assert!(buf[..n].iter().all(|&b| b == byte), "bytes not sent"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.raw_os_error(), Some(libc::ECONNRESET), "{err}");
     }
 }
 

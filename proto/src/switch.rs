@@ -493,6 +493,26 @@ impl RxPath {
         }
     }
 
+    /// This side stayed and its peer left the ring without freezing it
+    /// first (its link died: the peer was saved, migrated or destroyed
+    /// without retracting): the host copied the `n` bytes its own ring
+    /// still held past what was taken out of it, into its own memory, and
+    /// they count as taken. The peer cannot write more (it is gone), and a
+    /// peer restored without its rings has nothing to resend them from, so
+    /// they are kept rather than asked for again. A peer that is still
+    /// running resends what it writes after the copy from its own read
+    /// back, as after [`RxPath::freeze_local`]. Returns the `Consumed` to
+    /// send, if any.
+    pub fn freeze_salvaged(&mut self, n: u64) -> Option<ConsumedNotice> {
+        match self.state {
+            RxState::Ring { .. } => {
+                self.taken += n;
+                self.freeze_local()
+            }
+            _ => self.freeze_local(),
+        }
+    }
+
     fn abandon(&mut self, epoch: Epoch) {
         self.last_epoch = self.last_epoch.max(epoch);
         self.state = RxState::Tcp;
@@ -1232,6 +1252,55 @@ mod tests {
 
     /// A freeze of an older ring that crosses our offer leaves the offer
     /// standing: the sender takes it and no new ring is needed.
+    #[test]
+    fn a_salvaged_ring_needs_no_resend_from_a_peer_without_its_copy() {
+        // the sender wrote 300 bytes, the receiver took 100; the sender
+        // vanished (saved without freezing) and comes back without the
+        // ring it mapped: its freeze knows nothing unconsumed
+        let mut tx = TxPath::on_ring();
+        let mut rx = RxPath::on_ring();
+        tx.record_sent(300).unwrap();
+        rx.record_ring_taken(100).unwrap();
+        let c = rx.freeze_salvaged(200).unwrap();
+        assert_eq!((c.epoch, c.offset), (0, 300));
+        assert_eq!(rx.state(), RxState::Tcp);
+        assert_eq!(rx.taken(), 300);
+        tx.freeze(0).unwrap();
+        match tx.on_consumed(c.epoch, c.offset).unwrap() {
+            ConsumedOutcome::Resend(r) => assert_eq!((r.from, r.skip, r.len), (300, 0, 0)),
+            other => panic!("{other:?}"),
+        }
+        // TCP goes on from there
+        rx.on_data(300, 5).unwrap();
+    }
+
+    #[test]
+    fn a_receiver_that_kept_less_than_a_copyless_sender_wrote_is_refused() {
+        // the receiver kept only what it took (it did not salvage): the
+        // sender without a copy cannot resend the rest, and says so
+        let mut tx = TxPath::on_ring();
+        let mut rx = RxPath::on_ring();
+        tx.record_sent(300).unwrap();
+        rx.record_ring_taken(100).unwrap();
+        let c = rx.freeze_local().unwrap();
+        tx.freeze(0).unwrap();
+        assert!(matches!(
+            tx.on_consumed(c.epoch, c.offset),
+            Err(SwitchError::BadOffset { got: 100, .. })
+        ));
+    }
+
+    #[test]
+    fn salvaging_off_a_ring_is_a_plain_freeze() {
+        let mut rx = RxPath::on_tcp();
+        assert_eq!(rx.freeze_salvaged(7), None);
+        assert_eq!(rx.taken(), 0);
+        let epoch = rx.offer_ring().unwrap();
+        let c = rx.freeze_salvaged(7).unwrap();
+        assert_eq!((c.epoch, c.offset), (epoch, 0));
+        assert_eq!(rx.taken(), 0);
+    }
+
     #[test]
     fn an_offer_outstanding_when_an_older_freeze_arrives_is_taken() {
         let mut tx = TxPath::on_ring();

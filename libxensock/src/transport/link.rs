@@ -263,9 +263,26 @@ impl Inner {
         }
     }
 
-    /// Tears a link down: every connection on it is reset, rings and
-    /// channels released, our XenStore node removed.
+    /// Tears a link down: rings and channels released, our XenStore node
+    /// removed. When the link was `lost` (the peer vanished, moved, or
+    /// this side was restored), its connections leave their rings for
+    /// TCP ([`Trigger::PeerGone`]); otherwise those on their carrier switch
+    /// do, as after a move, and the others are reset.
     pub(super) fn link_down(&self, st: &mut State, peer: DomId, lost: bool) {
+        // Lost because this side was saved and restored, seen before the
+        // domid watch (`check_domid`) was: as `check_domid` does.
+        let trigger = if lost && self.domid_changed() {
+            Trigger::Restored
+        } else {
+            Trigger::PeerGone
+        };
+        self.link_down_as(st, peer, lost, trigger)
+    }
+
+    /// [`Inner::link_down`], with what of the rings is trusted when the
+    /// link was lost: [`Trigger::Restored`] when this side ran on after a
+    /// save with the peer's rings mapped.
+    pub(super) fn link_down_as(&self, st: &mut State, peer: DomId, lost: bool, trigger: Trigger) {
         let Some(link) = st.links.remove(&peer) else {
             return;
         };
@@ -299,19 +316,22 @@ impl Inner {
         } else {
             st.vanished.remove(&peer);
         }
+        let trigger = if lost { trigger } else { Trigger::LocalMove };
         for id in &link.conns {
+            let Some(c) = st.conns.get(id).cloned() else {
+                continue;
+            };
             // A connection on its carrier switch goes on over TCP (its legs
             // are its own); it comes back to a ring on a new link. The
             // link's event channel goes with the link.
-            if let Some(c) = st.conns.get(id).filter(|c| c.switch().is_some()) {
-                // one back on a ring of this link leaves it: its kicks go
-                // with the link (whatever the peer does, LocalMove trusts
-                // nothing past what was consumed)
-                if let Some(e) = c.switch().filter(|e| e.on_ring()) {
-                    match e.freeze(Trigger::LocalMove) {
-                        Ok(()) => {
-                            tracing::info!(conn = c.id, "connection leaves its ring with its link")
-                        }
+            if let Some(e) = c.switch() {
+                if e.on_ring() {
+                    match e.freeze(trigger) {
+                        Ok(()) => tracing::info!(
+                            conn = c.id,
+                            ?trigger,
+                            "connection leaves its ring with its link"
+                        ),
                         Err(err) => tracing::warn!(conn = c.id, "freeze: {err}"),
                     }
                 }
@@ -319,19 +339,23 @@ impl Inner {
                 c.io().kicker = None;
                 continue;
             }
-            // The agent says the peer moved: this one leaves its rings now.
-            if moved {
-                if let Some(c) = st.conns.get(id).cloned() {
-                    if let Some(e) = self.escalate(&c) {
-                        if e.freeze(Trigger::LocalMove).is_ok() {
-                            continue;
-                        }
-                    }
-                }
-            }
             // One whose peer ended its half stays readable until closed.
-            if let Some(c) = st.conns.get(id).filter(|c| c.io().end_with_link()) {
+            if c.io().end_with_link() {
                 c.signal();
+                continue;
+            }
+            // The agent says the peer moved, or this side was restored
+            // with the link's rings mapped: the peer is alive elsewhere,
+            // and the connection goes on over TCP if it can, leaving its
+            // rings as `trigger` says (a peer that never answers there
+            // ends it after the lost-peer bound). A peer that merely
+            // vanished is a process or domain that died as often as one
+            // that was saved, and dom0 notes a saved one gone anyway: its
+            // connections are reset now.
+            let follows = moved || (lost && trigger == Trigger::Restored);
+            if follows && self.escalate_leaving(&c, Some(trigger)).is_some() {
+                lock(&c.carrier_kick).take();
+                c.io().kicker = None;
                 continue;
             }
             if let Some(conn) = st.conns.remove(id) {

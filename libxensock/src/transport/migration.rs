@@ -40,10 +40,32 @@ impl Inner {
     /// no endpoint, or we have no leg listener) or is not open with both
     /// rings.
     pub(crate) fn escalate(&self, conn: &Arc<Conn>) -> Option<Arc<Switch>> {
+        self.escalate_leaving(conn, None)
+    }
+
+    /// [`Inner::escalate`], and the connection leaves its rings for
+    /// `trigger` (when given) before anyone can use them through the
+    /// switch: with [`Trigger::Restored`] not even a look at the peer's
+    /// ring, which is not there any more. `None` also when the freeze
+    /// failed (the connection is reset).
+    pub(crate) fn escalate_leaving(
+        &self,
+        conn: &Arc<Conn>,
+        trigger: Option<Trigger>,
+    ) -> Option<Arc<Switch>> {
         let legs = self.legs.clone()?;
         let mut slot = lock(&conn.switch);
         if let Some(e) = slot.as_ref() {
-            return Some(e.clone());
+            let e = e.clone();
+            drop(slot);
+            if let Some(t) = trigger.filter(|_| e.on_ring()) {
+                if let Err(err) = e.freeze(t) {
+                    tracing::warn!(conn = conn.id, ?t, "freeze: {err}");
+                    return None;
+                }
+                tracing::info!(conn = conn.id, trigger = ?t, "connection leaves its ring");
+            }
+            return Some(e);
         }
         let peer_tcp = (*lock(&conn.peer_tcp))?;
         let mut io = conn.io();
@@ -60,6 +82,7 @@ impl Inner {
             rx_path: io.rx_path.clone(),
             consumer: Some((rx.c, HeldRing::shared(rx_ring, rx.owned))),
             delivered: io.bytes_in,
+            leave_ring: trigger,
         };
         *lock(&conn.carrier_kick) = io.kicker.clone();
         conn.offer_target.store(conn.peer(), Ordering::Release);
@@ -106,6 +129,7 @@ impl Inner {
                 tracing::info!(
                     conn = conn.id,
                     peer = conn.peer(),
+                    ?trigger,
                     "connection handed to its carrier switch"
                 );
                 // Waiters on the fast path retry on the switch.
@@ -509,6 +533,17 @@ impl Inner {
         }
     }
 
+    /// Whether XenStore gives this domain another domid than the one we
+    /// run under: it was saved and restored, or migrated, and
+    /// [`Inner::check_domid`] has not caught up yet.
+    pub(super) fn domid_changed(&self) -> bool {
+        self.xs
+            .read_string(store::DOMID)
+            .ok()
+            .and_then(|v| v.trim().parse::<DomId>().ok())
+            .is_some_and(|d| d != self.domid())
+    }
+
     /// Our own domid changed (same-host migration): the old links are
     /// dead (connections on the ring fast path with them; carrier
     /// connections go on over TCP), XenStore paths follow the new domid,
@@ -529,9 +564,12 @@ impl Inner {
         }
         tracing::info!(old, new, "this domain migrated");
         self.suspended.store(false, Ordering::Release);
+        // Whatever we mapped of a peer's before the save is not there any
+        // more: nothing is read back from it (a suspend hook that ran left
+        // no connection on a ring).
         let peers: Vec<DomId> = st.links.keys().copied().collect();
         for p in peers {
-            self.link_down(&mut st, p, true);
+            self.link_down_as(&mut st, p, true, Trigger::Restored);
         }
         self.domid.store(new, Ordering::Release);
         st.dead_gens.clear();

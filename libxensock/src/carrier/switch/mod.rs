@@ -22,6 +22,7 @@
 //! our receiving direction are queued (`Shared::rx_ctl`) and taken in
 //! order by whoever holds that direction next.
 
+use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, RawFd};
@@ -56,16 +57,28 @@ mod service;
 use legs::*;
 use receiving::*;
 
-/// Why the switch leaves the ring (for the log: either way the receiving
-/// direction keeps what it took and nothing more of its ring, proto's one
-/// trust rule, and the sender resends the rest).
+/// Why the switch leaves the ring, which decides what of the rings is
+/// trusted. The sender resends from the receiver's `Consumed` whatever it
+/// can; what it cannot resend the receiver must have kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Trigger {
-    /// This side is moving (suspend).
+    /// This side is moving (suspend): its receiving direction keeps what
+    /// it took and nothing more of its ring (its own pages may come back
+    /// torn), and its sending direction reads back what the peer has not
+    /// consumed, to resend it.
     LocalMove,
     /// The peer is gone from the ring (it moved or its link died) and this
-    /// side stayed.
+    /// side stayed: its own receive ring is what the peer wrote and the
+    /// peer writes no more, so every byte in it is kept
+    /// ([`RxPath::freeze_salvaged`]; a peer restored without its rings has
+    /// no copy to resend them from).
     PeerGone,
+    /// This side was saved or migrated while it held its rings (no suspend
+    /// hook ran) and is running again: its mappings of the peer's rings
+    /// are gone, so nothing is read from or written to them and nothing is
+    /// resent from them; a receiver that kept less than was written
+    /// fails the connection rather than take a guess.
+    Restored,
 }
 
 /// Settings of one connection's switch.
@@ -118,6 +131,9 @@ pub(crate) struct Seed {
     pub consumer: Option<(Consumer<RawRing>, SharedRing)>,
     /// Bytes already delivered to the application.
     pub delivered: u64,
+    /// Leave the rings at once, before any reader or writer can use them
+    /// through the switch (a link that died under the connection).
+    pub leave_ring: Option<Trigger>,
 }
 
 /// Notifies the peer's switch that a ring changed (an event channel).
@@ -198,6 +214,9 @@ struct Tx {
 
 struct Rx {
     path: RxPath,
+    /// Bytes copied out of the ring the peer left without freezing
+    /// ([`Trigger::PeerGone`]): read before anything that follows them.
+    salvaged: VecDeque<u8>,
     consumer: Option<Consumer<RawRing>>,
     ring: Option<SharedRing>,
     offered: Option<SharedRing>,
@@ -321,6 +340,7 @@ impl Switch {
                 rx_path: RxPath::on_ring(),
                 consumer: Some((Consumer::new(r.rx.ring()), r.rx)),
                 delivered: 0,
+                leave_ring: None,
             },
             None => Seed {
                 tx_path: TxPath::on_tcp(),
@@ -328,6 +348,7 @@ impl Switch {
                 rx_path: RxPath::on_tcp(),
                 consumer: None,
                 delivered: 0,
+                leave_ring: None,
             },
         };
         Self::start_seeded(cfg, seed, listener, doorbell, kick_peer, alloc, None)
@@ -378,6 +399,7 @@ impl Switch {
             }),
             rx: Mutex::new(Rx {
                 path: seed.rx_path,
+                salvaged: VecDeque::new(),
                 consumer,
                 ring: rx_ring,
                 offered: None,
@@ -432,6 +454,12 @@ impl Switch {
                 }
             }),
         );
+        if let Some(trigger) = seed.leave_ring {
+            if let Err(e) = shared.freeze(trigger) {
+                listener.unregister(shared.cfg.local_id);
+                return Err(e);
+            }
+        }
         if tx_on_tcp {
             let mut tx = lock(&shared.tx);
             shared.open_run(&tx);
@@ -749,7 +777,9 @@ impl Shared {
         self.check_failed()?;
         {
             let mut tx = lock(&self.tx);
-            self.freeze_tx(&mut tx).map_err(|e| self.breach(e))?;
+            let ring_mapped = trigger != Trigger::Restored;
+            self.freeze_tx(&mut tx, ring_mapped)
+                .map_err(|e| self.breach(e))?;
             self.flush_tx(&mut tx);
             self.ensure_tx_leg(&mut tx);
             self.notify_tx(&tx);
@@ -760,12 +790,14 @@ impl Shared {
                 RxState::Ring { epoch, .. } => Some(epoch),
                 _ => None,
             };
-            // either way what was taken is kept and nothing more of the
-            // ring (proto's one trust rule); a peer gone leaves an offer
-            // out standing (the link it went over answers for it)
+            // A peer gone leaves an offer out standing (the link it went
+            // over answers for it).
             let notice = match trigger {
-                Trigger::LocalMove => rx.path.freeze_local(),
-                Trigger::PeerGone if left_ring.is_some() => rx.path.freeze_local(),
+                Trigger::LocalMove | Trigger::Restored => rx.path.freeze_local(),
+                Trigger::PeerGone if left_ring.is_some() => {
+                    let n = self.salvage(&mut rx).map_err(|e| self.breach(e))?;
+                    rx.path.freeze_salvaged(n)
+                }
                 Trigger::PeerGone => None,
             };
             if let Some(c) = notice {

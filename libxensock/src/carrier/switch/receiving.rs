@@ -23,6 +23,18 @@ impl Shared {
             if got == buf.len() {
                 break;
             }
+            if !rx.salvaged.is_empty() {
+                let n = rx.salvaged.len().min(buf.len() - got);
+                for (dst, src) in buf[got..got + n].iter_mut().zip(rx.salvaged.iter()) {
+                    *dst = *src;
+                }
+                got += n;
+                if peek {
+                    break;
+                }
+                rx.salvaged.drain(..n);
+                continue;
+            }
             // What the driver queued for us may switch carriers or end the
             // stream here.
             if let Err(e) = self.pump_rx(&mut rx) {
@@ -195,6 +207,34 @@ impl Shared {
         rx.waiting = false;
         rx.reader_polls = false;
         rx
+    }
+
+    /// Copies every byte our receive ring holds past what was taken into
+    /// `rx.salvaged` ([`Trigger::PeerGone`]) and returns how many. The ring
+    /// is our own page; its indices are read once and validated as for
+    /// any read. A FIN behind them ends the stream there; a RESET fails
+    /// the connection as a read would.
+    pub(super) fn salvage(&self, rx: &mut Rx) -> io::Result<u64> {
+        let Some(c) = rx.consumer.as_mut() else {
+            return Ok(0);
+        };
+        let mut chunk = vec![0u8; c.capacity() as usize];
+        let mut n = 0u64;
+        let fin = loop {
+            match c.receive(&mut chunk).map_err(ring_error)? {
+                Received::Bytes { n: k, .. } => {
+                    rx.salvaged.extend(&chunk[..k]);
+                    n += k as u64;
+                }
+                Received::Empty(end) => break end.fin,
+                Received::Reset => return Err(io::ErrorKind::ConnectionReset.into()),
+            }
+        };
+        if fin {
+            let end = rx.path.taken() + n;
+            rx.path.on_fin(end).map_err(switch_error)?;
+        }
+        Ok(n)
     }
 
     pub(super) fn queue_consumed(&self, epoch: u32, offset: u64) {

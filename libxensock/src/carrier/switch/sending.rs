@@ -167,9 +167,16 @@ impl Shared {
 
     /// Stops producing into the ring in use, copies back what the receiver
     /// has not consumed and queues the `TxFreeze`.
-    pub(super) fn freeze_tx(&self, tx: &mut Tx) -> io::Result<()> {
+    /// Leaves the ring we write. `ring_mapped`: our mapping of the peer's
+    /// ring still shows its pages, so what it has not consumed is read back
+    /// for the resend; without it ([`Trigger::Restored`]) nothing is, and a
+    /// `Consumed` short of what we wrote fails the connection (proto's
+    /// `BadOffset`).
+    pub(super) fn freeze_tx(&self, tx: &mut Tx, ring_mapped: bool) -> io::Result<()> {
         let mut unconsumed = 0;
-        if let (TxState::Ring { .. }, Some(p)) = (tx.path.state(), tx.producer.as_mut()) {
+        if let (TxState::Ring { .. }, Some(p), true) =
+            (tx.path.state(), tx.producer.as_mut(), ring_mapped)
+        {
             p.freeze();
             let mut copy = vec![0u8; p.capacity() as usize];
             let n = p.read_back(&mut copy).map_err(ring_error)?;
@@ -192,7 +199,7 @@ impl Shared {
     pub(super) fn handle_consumed(&self, tx: &mut Tx, epoch: u32, offset: u64) -> io::Result<()> {
         let mut outcome = tx.path.on_consumed(epoch, offset).map_err(switch_error)?;
         if outcome == ConsumedOutcome::FreezeFirst {
-            self.freeze_tx(tx)?;
+            self.freeze_tx(tx, true)?;
             self.start_stall_clock();
             outcome = tx.path.on_consumed(epoch, offset).map_err(switch_error)?;
         }

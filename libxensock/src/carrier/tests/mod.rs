@@ -4,5 +4,6 @@
 
 mod hostile;
 mod legs;
+mod restored;
 mod stream;
 mod support;
