@@ -95,6 +95,14 @@ fn usage() -> ! {
 
 /// LAB_STREAM_THREADS=1: a current-thread runtime (reader and writer never
 /// in the socket at once), else two workers.
+/// Records why the stream failed, keeping the first reason: a writer's
+/// error (a reset) comes before the end of stream its reader then reads.
+fn first_reason(why: &Mutex<Option<String>>, m: String) {
+    why.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert(m);
+}
+
 fn main() {
     let one = std::env::var("LAB_STREAM_THREADS").is_ok_and(|v| v == "1");
     let rt = if one {
@@ -524,8 +532,7 @@ async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -
             }
             match tokio::time::timeout(Duration::from_millis(200), w.write(&buf[..len])).await {
                 Ok(Ok(0)) => {
-                    *whyw.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some(format!("write returned 0 at offset {sent}"));
+                    first_reason(&whyw, format!("write returned 0 at offset {sent}"));
                     return;
                 }
                 Ok(Ok(n)) => {
@@ -539,8 +546,7 @@ async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -
                     tokio::task::yield_now().await;
                 }
                 Ok(Err(e)) => {
-                    *whyw.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some(format!("write at offset {sent}: {e}"));
+                    first_reason(&whyw, format!("write at offset {sent}: {e}"));
                     return;
                 }
                 // no room for 200 ms: look at the stop file again
@@ -557,8 +563,10 @@ async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -
             w.shutdown().await
         };
         if let Err(e) = end.await {
-            *whyw.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some(format!("end marker / shutdown after {sent} bytes: {e}"));
+            first_reason(
+                &whyw,
+                format!("end marker / shutdown after {sent} bytes: {e}"),
+            );
         }
         // keep the write half until the reader is done (dropping it is fine
         // too: it only shuts down what is already shut down)
@@ -571,7 +579,7 @@ async fn run(s: XenStream, name: &str, o: Arc<Opts>, txseed: u32, rxseed: u32) -
         let (mut held, mut checked, mut got) = (0usize, 0u64, 0u64);
         let mut last = Instant::now();
         let fail = |m: String| {
-            *whyr.lock().unwrap_or_else(|p| p.into_inner()) = Some(m);
+            first_reason(&whyr, m);
         };
         loop {
             let n = match tokio::time::timeout(or_.stall, r.read(&mut buf[held..])).await {
