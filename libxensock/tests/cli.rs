@@ -229,7 +229,7 @@ fn listen_and_connect_pipe_both_ways() {
         .unwrap();
     // The listener has b's line before it ends its own side: the
     // connector exits at that end, and a user-space transport that exits
-    // resets what its peer has not read yet (README, limits).
+    // resets what its peer has not read yet (docs/moves.md, limits).
     let mut from_b = BufReader::new(listener.stdout.take().unwrap());
     let mut got_a = String::new();
     from_b.read_line(&mut got_a).unwrap();
