@@ -21,7 +21,8 @@
 //!
 //! A second run of seeds (`saves_without_the_hook_...`) also saves a
 //! domain that still holds its rings, as a guest whose toolstack does not
-//! run the user-space suspend hook is saved: the stayer keeps what its
+//! run the user-space suspend hook is saved (when both directions are on
+//! their rings and no other move is under way): the stayer keeps what its
 //! own ring holds (`RxPath::freeze_salvaged`), the restored side has no
 //! mapping left and resends nothing.
 //!
@@ -824,6 +825,18 @@ impl World {
         Ok(())
     }
 
+    /// Both directions on a ring, the link up, no notice pending.
+    fn on_rings_and_quiet(&self) -> bool {
+        self.link_up
+            && self.gone_at.iter().all(Option::is_none)
+            && self.dirs.iter().all(|d| {
+                matches!(d.tx.state(), TxState::Ring { .. })
+                    && matches!(d.rx.state(), RxState::Ring { .. })
+                    && d.offered.is_none()
+                    && d.kept_offer.is_none()
+            })
+    }
+
     /// Domain `d` is saved holding its rings (no suspend hook) and
     /// restored: the other sees the link die while `d` is away and leaves
     /// its rings (its sending direction reads back through its mapping,
@@ -925,13 +938,14 @@ impl World {
             970..=984 if moves => {
                 let down = self.rng.below(40_000);
                 if self.rng.chance(500) {
-                    // Only out of any other move: a stayer that is away
-                    // itself, or left the ring on an earlier notice while
-                    // the mover kept writing, has not kept the ring's
-                    // bytes, and the connection fails (loudly, as proto's
-                    // `BadOffset`): not what this run checks.
+                    // Only on rings, out of any other move: a stayer that
+                    // is away itself, left the ring on an earlier notice
+                    // while the mover kept writing, or had offered a new
+                    // ring the mover had already taken, has not kept all
+                    // the bytes, and the connection fails (loudly, as
+                    // proto's `BadOffset`): not what this run checks.
                     let unhooked = self.unhooked.as_mut().is_some_and(|u| u.chance(500));
-                    if unhooked && self.link_up && self.gone_at.iter().all(Option::is_none) {
+                    if unhooked && self.on_rings_and_quiet() {
                         self.save_restore_unhooked(dir, down)?;
                     } else {
                         self.save_restore(dir, down)?;
