@@ -331,9 +331,13 @@ impl Direction {
 
     /// The sender leaves its ring (it moves, or its peer is gone): copies
     /// what the receiver has not consumed back out, tells the receiver.
-    fn freeze_tx(&mut self, now: u64, lat: u64) -> Result<(), String> {
-        let unconsumed = match (self.tx.state(), self.producer.as_mut()) {
-            (TxState::Ring { .. }, Some(p)) => {
+    /// Without `ring_mapped` (it runs again after a save that found it
+    /// holding the ring, with no suspend hook: its mapping is gone) nothing
+    /// is read back and nothing can be resent; a `Consumed` below what it
+    /// wrote is then proto's `BadOffset`, which fails the run.
+    fn freeze_tx(&mut self, now: u64, lat: u64, ring_mapped: bool) -> Result<(), String> {
+        let unconsumed = match (self.tx.state(), self.producer.as_mut(), ring_mapped) {
+            (TxState::Ring { .. }, Some(p), true) => {
                 p.freeze();
                 let mut buf = vec![0u8; p.capacity() as usize];
                 let n = p
@@ -348,25 +352,6 @@ impl Direction {
         let notice = self.tx.freeze(unconsumed).map_err(|e| e.to_string())?;
         self.producer = None;
         self.mapped = None;
-        self.ctl.push(
-            now + lat + self.ctl_extra,
-            wire(RxControl::TxFreeze {
-                epoch: notice.epoch,
-                offset: notice.offset,
-            }),
-        );
-        Ok(())
-    }
-
-    /// The sender runs again after a save that found it holding its ring
-    /// (no suspend hook): its mapping is gone, so nothing is read back and
-    /// nothing can be resent; a `Consumed` below what it wrote is then
-    /// proto's `BadOffset`, which fails the run.
-    fn freeze_tx_without_copy(&mut self, now: u64, lat: u64) -> Result<(), String> {
-        let notice = self.tx.freeze(0).map_err(|e| e.to_string())?;
-        self.producer = None;
-        self.mapped = None;
-        self.kept_offer = None;
         self.ctl.push(
             now + lat + self.ctl_extra,
             wire(RxControl::TxFreeze {
@@ -424,7 +409,7 @@ impl Direction {
                 .on_consumed(epoch, offset)
                 .map_err(|e| e.to_string())?;
             if outcome == ConsumedOutcome::FreezeFirst {
-                self.freeze_tx(now, lat)?;
+                self.freeze_tx(now, lat, true)?;
                 outcome = self
                     .tx
                     .on_consumed(epoch, offset)
@@ -819,7 +804,7 @@ impl World {
     fn save_restore(&mut self, d: usize, down_ms: u64) -> Result<(), String> {
         self.note(&format!("save+restore of {} ({down_ms} ms)", ["A", "B"][d]));
         let (now, lat) = (self.now, self.lat_tcp);
-        self.dirs[d].freeze_tx(now, lat)?;
+        self.dirs[d].freeze_tx(now, lat, true)?;
         self.dirs[1 - d].rx_local_move(now, lat);
         self.link_down(down_ms);
         Ok(())
@@ -850,10 +835,10 @@ impl World {
         ));
         let (now, lat) = (self.now, self.lat_tcp);
         let stayer = 1 - d;
-        self.dirs[stayer].freeze_tx(now, lat)?;
+        self.dirs[stayer].freeze_tx(now, lat, true)?;
         self.dirs[d].rx_salvage(now, lat)?;
         self.link_down(down_ms);
-        self.dirs[d].freeze_tx_without_copy(now, lat)?;
+        self.dirs[d].freeze_tx(now, lat, false)?;
         self.dirs[stayer].rx_local_move(now, lat);
         Ok(())
     }
@@ -890,7 +875,7 @@ impl World {
         if self.gone_at[d].is_some_and(|t| t <= now) {
             self.gone_at[d] = None;
             self.note(&format!("{} notices its peer gone", ["A", "B"][d]));
-            self.dirs[d].freeze_tx(now, lat)?;
+            self.dirs[d].freeze_tx(now, lat, true)?;
             self.dirs[1 - d].rx_peer_gone(now, lat);
         }
         self.dirs[d].pump_tx(now, lat)?;
