@@ -264,10 +264,12 @@ impl Inner {
     }
 
     /// Tears a link down: rings and channels released, our XenStore node
-    /// removed. When the link was `lost` (the peer vanished, moved, or
-    /// this side was restored), its connections leave their rings for
-    /// TCP ([`Trigger::PeerGone`]); otherwise those on their carrier switch
-    /// do, as after a move, and the others are reset.
+    /// removed. Connections on their carrier switch leave their rings for
+    /// TCP ([`Trigger::PeerGone`] when the link was `lost`, else as after a
+    /// move). Of those still on the fast path, one whose peer ended its
+    /// half stays readable; when the link was lost because the agent says
+    /// the peer moved or this side was restored, the others go to their
+    /// switch too; the rest are reset.
     pub(super) fn link_down(&self, st: &mut State, peer: DomId, lost: bool) {
         // Lost because this side was saved and restored, seen before the
         // domid watch (`check_domid`) was: as `check_domid` does.

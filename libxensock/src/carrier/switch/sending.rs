@@ -166,12 +166,10 @@ impl Shared {
     }
 
     /// Stops producing into the ring in use, copies back what the receiver
-    /// has not consumed and queues the `TxFreeze`.
-    /// Leaves the ring we write. `ring_mapped`: our mapping of the peer's
-    /// ring still shows its pages, so what it has not consumed is read back
-    /// for the resend; without it ([`Trigger::Restored`]) nothing is, and a
-    /// `Consumed` short of what we wrote fails the connection (proto's
-    /// `BadOffset`).
+    /// has not consumed and queues the `TxFreeze`. Without `ring_mapped`
+    /// ([`Trigger::Restored`]: our mapping of the peer's ring no longer
+    /// shows its pages) nothing is read back, and a `Consumed` short of
+    /// what we wrote fails the connection (proto's `BadOffset`).
     pub(super) fn freeze_tx(&self, tx: &mut Tx, ring_mapped: bool) -> io::Result<()> {
         let mut unconsumed = 0;
         if let (TxState::Ring { .. }, Some(p), true) =
