@@ -34,6 +34,8 @@ pub(crate) struct OwnedRing {
 pub(crate) struct MappedRing {
     pub ring: RawRing,
     pub region: Box<dyn MappedRegion>,
+    /// [`crate::clock::slept`] when it was mapped.
+    pub mapped_at: std::time::Duration,
 }
 
 fn ring_over(ptr: *mut u8, len: usize, geometry: RingGeometry) -> Result<RawRing, Error> {
@@ -115,7 +117,11 @@ pub(crate) fn map_ring(
     let region = xen.map(peer, &refs, Access::ReadWrite)?;
     let ring = ring_over(region.as_ptr(), region.len(), geometry)?;
     ring.header().verify(expected).map_err(Error::Layout)?;
-    Ok(MappedRing { ring, region })
+    Ok(MappedRing {
+        ring,
+        region,
+        mapped_at: crate::clock::slept(),
+    })
 }
 
 /// Checks, once, that a ring re-offered for a new connection starts from
@@ -194,6 +200,8 @@ pub(crate) fn get_byte<R: SharedRegion + ?Sized>(region: &R, offset: usize) -> u
 /// pages stay granted or mapped as long as the switch holds it.
 pub(crate) struct HeldRing<T: Send> {
     ring: RawRing,
+    /// For a peer's ring: [`crate::clock::slept`] when it was mapped.
+    mapped_at: Option<std::time::Duration>,
     _keep: std::sync::Mutex<T>,
 }
 
@@ -201,7 +209,20 @@ impl<T: Send + 'static> HeldRing<T> {
     pub(crate) fn shared(ring: RawRing, keep: T) -> crate::carrier::SharedRing {
         std::sync::Arc::new(HeldRing {
             ring,
+            mapped_at: None,
             _keep: std::sync::Mutex::new(keep),
+        })
+    }
+}
+
+impl HeldRing<MappedRing> {
+    /// A peer's ring we mapped, which goes stale when this guest is
+    /// suspended with it ([`crate::carrier::RingRegion::stale`]).
+    pub(crate) fn mapped(m: MappedRing) -> crate::carrier::SharedRing {
+        std::sync::Arc::new(HeldRing {
+            ring: m.ring,
+            mapped_at: Some(m.mapped_at),
+            _keep: std::sync::Mutex::new(m),
         })
     }
 }
@@ -209,6 +230,14 @@ impl<T: Send + 'static> HeldRing<T> {
 impl<T: Send> crate::carrier::RingRegion for HeldRing<T> {
     fn ring(&self) -> RawRing {
         self.ring
+    }
+
+    fn stale(&self) -> bool {
+        // The two clocks are read a few nanoseconds apart: only a suspend
+        // moves them a millisecond or more.
+        self.mapped_at.is_some_and(|at| {
+            crate::clock::slept().saturating_sub(at) >= std::time::Duration::from_millis(1)
+        })
     }
 }
 

@@ -11,6 +11,13 @@ use xensock_proto::mem::RawRing;
 pub(crate) trait RingRegion: Send + Sync {
     /// The ring over this memory.
     fn ring(&self) -> RawRing;
+
+    /// Whether this is a mapping of a peer's ring that no longer shows its
+    /// pages: this guest was suspended (saved, migrated) since it was
+    /// made. Never for a ring of our own.
+    fn stale(&self) -> bool {
+        false
+    }
 }
 
 /// A ring shared between the switch and whoever supplied it.

@@ -5,6 +5,7 @@
 
 use std::io;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,8 +13,8 @@ use xensock_proto::layout::{RingGeometry, RingIdentity, DATA_RING_MAGIC};
 use xensock_proto::mem::RawRing;
 
 use crate::carrier::{
-    Doorbell, InitialRings, LegListener, LegListenerConfig, NewRing, RingAlloc, RingRegion, Switch,
-    SwitchConfig,
+    Doorbell, InitialRings, LegListener, LegListenerConfig, NewRing, RingAlloc, RingRegion,
+    SharedRing, Switch, SwitchConfig,
 };
 
 pub const A_ID: u32 = 11;
@@ -49,6 +50,9 @@ pub struct PairOptions {
     pub ip: IpAddr,
     pub on_ring: bool,
     pub peer_lost_after: Duration,
+    /// Once set, B's mapping of the ring it writes is stale, as after a
+    /// save of B that found it holding the mapping.
+    pub b_suspended: Option<Arc<AtomicBool>>,
 }
 
 impl Default for PairOptions {
@@ -58,6 +62,7 @@ impl Default for PairOptions {
             ip: "127.0.0.1".parse().unwrap(),
             on_ring: true,
             peer_lost_after: Duration::from_secs(20),
+            b_suspended: None,
         }
     }
 }
@@ -92,7 +97,13 @@ pub fn pair_on(
             }),
             Some(InitialRings {
                 rx: ab.local,
-                tx: ba.for_peer,
+                tx: match &opts.b_suspended {
+                    Some(flag) => Arc::new(StaleOnce {
+                        ring: ba.for_peer,
+                        suspended: flag.clone(),
+                    }),
+                    None => ba.for_peer,
+                },
             }),
         )
     } else {
@@ -126,6 +137,22 @@ pub fn pair_on(
         la,
         lb,
     })
+}
+
+/// A mapping that goes stale when its guest is suspended with it.
+struct StaleOnce {
+    ring: SharedRing,
+    suspended: Arc<AtomicBool>,
+}
+
+impl RingRegion for StaleOnce {
+    fn ring(&self) -> RawRing {
+        self.ring.ring()
+    }
+
+    fn stale(&self) -> bool {
+        self.suspended.load(Ordering::Acquire)
+    }
 }
 
 pub(crate) use crate::sys::memfd::MemfdRing;

@@ -74,11 +74,10 @@ impl Inner {
         }
         let (tx, rx) = (io.tx.take()?, io.rx.take()?);
         let order = rx.owned.grant.order;
-        let tx_ring = tx.mapped.ring;
         let rx_ring = rx.owned.ring;
         let seed = Seed {
             tx_path: io.tx_path.clone(),
-            producer: Some((tx.p, HeldRing::shared(tx_ring, tx.mapped))),
+            producer: Some((tx.p, HeldRing::mapped(tx.mapped))),
             rx_path: io.rx_path.clone(),
             consumer: Some((rx.c, HeldRing::shared(rx_ring, rx.owned))),
             delivered: io.bytes_in,
@@ -327,8 +326,7 @@ impl Inner {
             }
         };
         self.rehome(st, conn, peer);
-        let ring = mapped.ring;
-        match switch.accept_ring_offer(rx.epoch, HeldRing::shared(ring, mapped)) {
+        match switch.accept_ring_offer(rx.epoch, HeldRing::mapped(mapped)) {
             Ok(true) => tracing::info!(conn = conn.id, peer, epoch = rx.epoch, "back on a ring"),
             Ok(false) => tracing::debug!(conn = conn.id, epoch = rx.epoch, "stale ring offer"),
             Err(e) => tracing::warn!(conn = conn.id, "ring offer: {e}"),

@@ -171,6 +171,17 @@ impl Shared {
     /// shows its pages) nothing is read back, and a `Consumed` short of
     /// what we wrote fails the connection (proto's `BadOffset`).
     pub(super) fn freeze_tx(&self, tx: &mut Tx, ring_mapped: bool) -> io::Result<()> {
+        // However this side learns of its own move (the domid watch, or a
+        // `Consumed` from the peer that got here first), a mapping made
+        // before it is not read.
+        let stale = tx.ring.as_ref().is_some_and(|r| r.stale());
+        if stale {
+            tracing::warn!(
+                conn = self.cfg.local_id,
+                "the ring we wrote was mapped before this guest was suspended: nothing is read back from it"
+            );
+        }
+        let ring_mapped = ring_mapped && !stale;
         let mut unconsumed = 0;
         if let (TxState::Ring { .. }, Some(p), true) =
             (tx.path.state(), tx.producer.as_mut(), ring_mapped)

@@ -7,6 +7,8 @@
 //! the stayer kept less than the restored side wrote, the connection is
 //! reset, never filled with a guess.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::support::*;
@@ -95,15 +97,25 @@ fn a_fin_in_the_kept_ring_ends_the_stream_there() {
     assert_eq!(read_stream(&p.a, 3, 7, 300).unwrap(), (1000, sum));
 }
 
+/// B's mapping went stale with B's save, and B hears of it first from
+/// A's `Consumed` (A saw the link die): B's freeze, however it comes,
+/// reads nothing back, so with A keeping only what it took B has nothing
+/// to resend and the connection resets; with A keeping its ring it goes
+/// on.
 #[test]
 fn a_peer_restored_without_its_rings_is_reset_when_the_stayer_kept_only_what_it_read() {
-    let p = pair(&PairOptions::default()).unwrap();
+    let suspended = Arc::new(AtomicBool::new(false));
+    let p = pair(&PairOptions {
+        b_suspended: Some(suspended.clone()),
+        ..PairOptions::default()
+    })
+    .unwrap();
     let mut sum = FNV_START;
     write_all(&p.b, 4, 0, 1000, &mut sum);
+    suspended.store(true, Ordering::Release);
     // A leaves the ring keeping only what it took (nothing): the 1,000
     // bytes are nowhere B could resend them from.
     p.a.freeze(Trigger::LocalMove).unwrap();
-    p.b.freeze(Trigger::Restored).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !p.b.failed() {
         assert!(Instant::now() < deadline, "not reset: {:?}", p.b.status());
@@ -119,4 +131,39 @@ fn a_peer_restored_without_its_rings_is_reset_when_the_stayer_kept_only_what_it_
         Err(e) => e,
     };
     assert_eq!(err.raw_os_error(), Some(libc::ECONNRESET), "{err}");
+}
+
+#[test]
+fn a_peer_that_learns_of_its_move_from_the_stayer_loses_nothing_when_the_stayer_kept_its_ring() {
+    let suspended = Arc::new(AtomicBool::new(false));
+    let p = pair(&PairOptions {
+        b_suspended: Some(suspended.clone()),
+        ..PairOptions::default()
+    })
+    .unwrap();
+    let mut sum = FNV_START;
+    write_all(&p.b, 5, 0, 1000, &mut sum);
+    suspended.store(true, Ordering::Release);
+    p.a.freeze(Trigger::PeerGone).unwrap();
+    // B writes again once it knows (what it wrote into the stale mapping
+    // before that would be lost, and the connection reset)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while matches!(p.b.status().tx, TxState::Ring { .. }) {
+        assert!(
+            Instant::now() < deadline,
+            "B never left: {:?}",
+            p.b.status()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let b = p.b.clone();
+    let writer = std::thread::spawn(move || {
+        let mut sum = sum;
+        write_all(&b, 5, 1000, 50_000, &mut sum);
+        b.shutdown_write().unwrap();
+        sum
+    });
+    let (n, got) = read_stream(&p.a, 5, 8, 3000).unwrap();
+    assert_eq!((n, got), (50_000, writer.join().unwrap()));
+    assert_eq!(p.b.status().failure, None);
 }
