@@ -556,7 +556,7 @@ fn hundred_migrations_lose_nothing() {
 
 /// B is migrated on this host without its suspend hook while a
 /// connection that switched once is back on its rings, full both ways:
-/// B runs again holding mappings of A's rings that are no longer there.
+/// B runs again holding mappings of A's rings whose pages are gone.
 /// Each direction then either carries its whole stream intact (A kept
 /// what its own ring held before B's freeze came) or ends with a reset
 /// (B's freeze came first, over the TCP legs that outlived the move, and

@@ -12,9 +12,8 @@ pub(crate) trait RingRegion: Send + Sync {
     /// The ring over this memory.
     fn ring(&self) -> RawRing;
 
-    /// Whether this is a mapping of a peer's ring that no longer shows its
-    /// pages: this guest was suspended (saved, migrated) since it was
-    /// made. Never for a ring of our own.
+    /// Whether this is a mapping of a peer's ring whose pages are gone:
+    /// this guest was suspended (saved, migrated) since it was made. Never for a ring of our own.
     fn stale(&self) -> bool {
         false
     }

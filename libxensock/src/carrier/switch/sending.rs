@@ -167,8 +167,8 @@ impl Shared {
 
     /// Stops producing into the ring in use, copies back what the receiver
     /// has not consumed and queues the `TxFreeze`. Without `ring_mapped`
-    /// ([`Trigger::Restored`]: our mapping of the peer's ring no longer
-    /// shows its pages) nothing is read back, and a `Consumed` short of
+    /// ([`Trigger::Restored`]: the pages our mapping of the peer's ring
+    /// showed are gone) nothing is read back, and a `Consumed` short of
     /// what we wrote fails the connection (proto's `BadOffset`).
     pub(super) fn freeze_tx(&self, tx: &mut Tx, ring_mapped: bool) -> io::Result<()> {
         // However this side learns of its own move (the domid watch, or a

@@ -97,13 +97,10 @@ fn a_fin_in_the_kept_ring_ends_the_stream_there() {
     assert_eq!(read_stream(&p.a, 3, 7, 300).unwrap(), (1000, sum));
 }
 
-/// B's mapping went stale with B's save, and B hears of it first from
-/// A's `Consumed` (A saw the link die): B's freeze, however it comes,
-/// reads nothing back, so with A keeping only what it took B has nothing
-/// to resend and the connection resets; with A keeping its ring it goes
-/// on.
-#[test]
-fn a_peer_restored_without_its_rings_is_reset_when_the_stayer_kept_only_what_it_read() {
+/// A pair where B wrote 1,000 bytes of `seed`'s pattern into A's ring
+/// and was then saved holding its mapping of it (stale from now on);
+/// returns the checksum of those bytes.
+fn b_saved_with_1000_bytes_in_its_ring(seed: u64) -> (Pair, u64) {
     let suspended = Arc::new(AtomicBool::new(false));
     let p = pair(&PairOptions {
         b_suspended: Some(suspended.clone()),
@@ -111,8 +108,19 @@ fn a_peer_restored_without_its_rings_is_reset_when_the_stayer_kept_only_what_it_
     })
     .unwrap();
     let mut sum = FNV_START;
-    write_all(&p.b, 4, 0, 1000, &mut sum);
+    write_all(&p.b, seed, 0, 1000, &mut sum);
     suspended.store(true, Ordering::Release);
+    (p, sum)
+}
+
+/// B's mapping went stale with B's save, and B hears of it first from
+/// A's `Consumed` (A saw the link die): B's freeze, however it comes,
+/// reads nothing back, so with A keeping only what it took B has nothing
+/// to resend and the connection resets; with A keeping its ring it goes
+/// on.
+#[test]
+fn a_peer_restored_without_its_rings_is_reset_when_the_stayer_kept_only_what_it_read() {
+    let (p, _) = b_saved_with_1000_bytes_in_its_ring(4);
     // A leaves the ring keeping only what it took (nothing): the 1,000
     // bytes are nowhere B could resend them from.
     p.a.freeze(Trigger::LocalMove).unwrap();
@@ -135,15 +143,7 @@ fn a_peer_restored_without_its_rings_is_reset_when_the_stayer_kept_only_what_it_
 
 #[test]
 fn a_peer_that_learns_of_its_move_from_the_stayer_loses_nothing_when_the_stayer_kept_its_ring() {
-    let suspended = Arc::new(AtomicBool::new(false));
-    let p = pair(&PairOptions {
-        b_suspended: Some(suspended.clone()),
-        ..PairOptions::default()
-    })
-    .unwrap();
-    let mut sum = FNV_START;
-    write_all(&p.b, 5, 0, 1000, &mut sum);
-    suspended.store(true, Ordering::Release);
+    let (p, sum) = b_saved_with_1000_bytes_in_its_ring(5);
     p.a.freeze(Trigger::PeerGone).unwrap();
     // B writes again once it knows (what it wrote into the stale mapping
     // before that would be lost, and the connection reset)
