@@ -1012,5 +1012,9 @@ impl RxControlOrder {
     }
 }
 
+// The module also includes this file by `#[path]`, which makes a bare
+// `mod tests;` resolve beside it; the explicit path resolves the same way
+// from both crates.
 #[cfg(test)]
+#[path = "switch/tests.rs"]
 mod tests;
