@@ -140,6 +140,82 @@ lab_socat() {
     | xargs -r cp -L -t "$1/lib"
 }
 
+# lab_openmpi ROOT: Debian's Open MPI 4.1 (orterun as mpirun, orted,
+# NetPIPE's NPopenmpi, the components, PMIx) at the paths Debian's
+# packages use under ROOT, with every library they load from the host;
+# not the xensock BTL, which each scenario installs its own way
+lab_openmpi() {
+  local root=$1 pkglibdir f
+  command -v mpicc >/dev/null && command -v NPopenmpi >/dev/null ||
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q openmpi-bin libopenmpi-dev netpipe-openmpi >> "$CACHE/apt.log" 2>&1 || return 1
+  pkglibdir=$(ompi_info --path pkglibdir --parsable | cut -d: -f3)
+  mkdir -p "$root/usr/bin" "$root/etc" "$root/usr/share" "$root/usr/lib/x86_64-linux-gnu"
+  cp -a /usr/lib/x86_64-linux-gnu/openmpi "$root/usr/lib/x86_64-linux-gnu/"
+  rm -f "$root$pkglibdir"/mca_btl_xensock.*
+  cp -a /usr/lib/x86_64-linux-gnu/pmix2 "$root/usr/lib/x86_64-linux-gnu/"
+  rm -rf "$root/usr/lib/x86_64-linux-gnu/openmpi/include"
+  cp -a /usr/share/openmpi /usr/share/pmix "$root/usr/share/" 2>/dev/null || cp -a /usr/share/openmpi "$root/usr/share/"
+  cp -a /etc/openmpi "$root/etc/"
+  cp -L /usr/bin/orterun /usr/bin/orted /usr/bin/NPopenmpi "$root/usr/bin/"
+  ln -sf orterun "$root/usr/bin/mpirun"
+  # every library the programs and components load, where the host has it
+  for f in "$root"/usr/bin/* $(find "$root/usr/lib/x86_64-linux-gnu" -name '*.so*' -type f); do
+    ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
+  done | sort -u | grep -v -e '/libc\.so' -e '/ld-linux' | while read -r f; do
+    mkdir -p "$root$(dirname "$f")"; cp -L -n "$f" "$root$f"
+  done
+}
+
+# lab_xrsh OUT: OUT/bin/xrsh HOST COMMAND..., the remote launcher mpirun
+# uses in the guests (they have no ssh): the command goes to HOST's exec
+# service (tests/lab/mpi/mpi.sh, mpi_exec_service)
+lab_xrsh() {
+  mkdir -p "$1/bin"
+  printf '#!/bin/sh\n# xrsh HOST COMMAND...: run COMMAND on HOST through the lab exec service\nh=$1; shift\necho "$*" | exec socat -t 100000 - TCP:$h:2222\n' > "$1/bin/xrsh"
+  chmod +x "$1/bin/xrsh"
+}
+
+# lab_dpkg ROOT PACKAGE...: Debian's dpkg under ROOT with what it runs
+# (GNU tar, ldconfig, start-stop-daemon) and what maintainer scripts call
+# (getent, groupadd), all with their libraries; the shared libraries of
+# PACKAGE...; and a package database that lists PACKAGE... and what they
+# depend on as installed (the host's own entries for them), so the guest,
+# which carries the host's copies of the files it uses, can install .debs
+# that depend on them
+lab_dpkg() {
+  local root=$1; shift
+  local b f
+  for b in /usr/bin/dpkg /usr/bin/dpkg-deb /usr/bin/dpkg-query /usr/bin/dpkg-split /usr/bin/dpkg-trigger \
+      /usr/bin/dpkg-divert /usr/bin/dpkg-statoverride /usr/bin/tar /usr/sbin/start-stop-daemon /sbin/ldconfig \
+      /usr/bin/getent /usr/sbin/groupadd; do
+    [[ -x $b ]] || { echo "lab_dpkg: $b missing on the host" >&2; return 1; }
+    mkdir -p "$root$(dirname "$b")"; cp -L "$b" "$root$b"
+    ldd "$b" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | grep -v -e '/libc\.so' | while read -r f; do
+      mkdir -p "$root$(dirname "$f")"; cp -L -n "$f" "$root$f"
+    done
+  done
+  mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates" "$root/var/lib/dpkg/triggers" \
+    "$root/var/lib/dpkg/alternatives" "$root/etc/dpkg/dpkg.cfg.d" "$root/var/log"
+  : > "$root/var/lib/dpkg/available"
+  # the shared libraries of PACKAGE... (what the .debs link to)
+  for b in "$@"; do
+    dpkg -L "$b" | grep -E '^(/usr)?/lib/x86_64-linux-gnu/[^/]+\.so[.0-9]*$' | while read -r f; do
+      [[ -f $f ]] || continue
+      mkdir -p "$root$(dirname "$f")"; cp -L -n "$f" "$root$f"
+    done
+  done
+  # with everything they depend on, as dpkg checks the whole database
+  apt-cache depends --recurse --installed --no-recommends --no-suggests --no-conflicts --no-breaks \
+      --no-replaces --no-enhances "$@" | grep -v -e '^ ' -e '^<' | sort -u |
+    xargs dpkg-query -s > "$root/var/lib/dpkg/status" || return 1
+  # their files lists: empty (the guest has some of their files, not all)
+  sed -n 's/^Package: //p' "$root/var/lib/dpkg/status" | xargs dpkg-query -W -f '${binary:Package}\n' |
+    while read -r f; do : > "$root/var/lib/dpkg/info/$f.list"; done
+  # the kernel runs /sbin/modprobe for a module it needs (an AF_XEN
+  # socket's net-pf-19): busybox's, as the guests' other tools
+  mkdir -p "$root/sbin"; ln -sf /bin/busybox "$root/sbin/modprobe"; ln -sf /bin/busybox "$root/sbin/depmod"
+}
+
 # lab_preload OUT: libxensock_preload.so in OUT/lib, built against the
 # host's glibc (the guests run the host's, copied with their binaries),
 # with the libgcc_s a Rust cdylib needs
