@@ -478,7 +478,7 @@ static int serve(struct conn *c, long mib, long n)
 	return bad ? 1 : 0;
 }
 
-/* This connection's line of /proc/net/af_xen (af-xen-kmod/src/socket/mod.rs,
+/* This connection's line of /proc/net/af_xen (af-xen-kmod/src/socket/proc.rs,
  * proc_show), found by its local port: its carrier column and how many of
  * its directions went to TCP. 0 when found. */
 static int afx_carrier(int fd, char *carrier, size_t cn, long *to_tcp)

@@ -193,7 +193,7 @@ int use_everything(void)
             String::from_utf8_lossy(&o.stderr)
         );
     }
-    // the value the module answers (socket/mod.rs IOC_LOCAL_DOMID)
+    // the value the module answers (socket/ioctl.rs IOC_LOCAL_DOMID)
     let probe = dir.join("ioc.c");
     std::fs::write(
         &probe,

@@ -3,7 +3,7 @@
 //!
 //! - `ring`: one direction over a shared-memory ring (`Pipe`): our granted
 //!   pages, the peer's mapped pages, or local memory for loopback; and
-//!   [`ring::Rings`], the carrier of a connection that only ever uses its
+//!   [`rings::Rings`], the carrier of a connection that only ever uses its
 //!   two rings (loopback, and every SOCK_SEQPACKET connection).
 //! - `leg`: the TCP legs that carry a connection while its peer is on
 //!   another host, and their listener.
@@ -19,6 +19,7 @@
 
 pub(crate) mod leg;
 pub(crate) mod ring;
+pub(crate) mod rings;
 pub(crate) mod switch;
 
 use crate::sock;
@@ -46,7 +47,7 @@ pub(crate) type Inner = sock::Inner<Carriers>;
 pub(crate) type Link = crate::link::Link<XenSock>;
 
 /// What a carrier asks of the socket core above it, which implements it
-/// on [`XenSock`] (`socket/mod.rs`).
+/// on [`XenSock`] (`socket/for_carriers.rs`).
 pub(crate) trait SocketCore {
     /// Resets a connection whose peer broke the protocol; ECONNRESET.
     fn conn_reset(&self, why: impl core::fmt::Display) -> i32;
@@ -144,7 +145,7 @@ pub(crate) trait Carrier {
 
 /// The carrier of a connection, chosen from what the socket holds.
 pub(crate) enum Stream {
-    Rings(ring::Rings),
+    Rings(rings::Rings),
     Switched(switch::Switched),
 }
 
@@ -157,7 +158,7 @@ impl Stream {
         sw: Option<kernel::sync::Arc<switch::Switch>>,
     ) -> Stream {
         match sw {
-            None => Stream::Rings(ring::Rings::new(tx, rx)),
+            None => Stream::Rings(rings::Rings::new(tx, rx)),
             Some(sw) => Stream::Switched(switch::Switched::new(sw, tx, rx)),
         }
     }

@@ -7,10 +7,11 @@
 //! connection's switch, and a link going down moves streams to TCP or
 //! resets them.
 
-use super::{
-    accept_remote, accepted_remote, answer_lost, connect_accepted, connect_failed, globals,
-    is_seqpacket, link_lost, peer_ended, pending_request, request_sent,
+use super::connect::{
+    accept_remote, accepted_remote, answer_lost, connect_accepted, connect_failed, is_seqpacket,
+    link_lost, peer_ended, pending_request, request_sent,
 };
+use super::table::globals;
 use crate::carrier::ring::Pipe;
 use crate::carrier::{leg, switch, Link, XenSock};
 use crate::link::{self, LinkConn, LinkTable};

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 //! SOCK_SEQPACKET data path: each message is one proto record (`record.rs`:
 //! 8-byte header + payload) in the same rings a stream uses. Connection
-//! setup, close and shutdown are the stream's (`socket/mod.rs`); only sendmsg,
+//! setup, close and shutdown are the stream's (`connect.rs`, `data.rs`, `lifecycle.rs`); only sendmsg,
 //! recvmsg and read readiness differ.
 //!
 //! * A message is published whole (payload staged, header written, one
@@ -16,7 +16,7 @@
 //!   unknown flags), or end-of-stream in the middle of a record, resets the
 //!   connection.
 
-use super::conn_reset;
+use super::for_carriers::conn_reset;
 use crate::carrier::ring::Pipe;
 use crate::carrier::XenSock;
 use crate::proto::record::{self, Next, RecordHeader, RECORD_FLAG_EOR, RECORD_HEADER_SIZE};

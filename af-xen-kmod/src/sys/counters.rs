@@ -86,7 +86,7 @@ pub(crate) fn show_counters(seq: &mut Seq) {
         ("link_frames_bad", get(&LINK_FRAMES_BAD)),
         ("peers_dead", get(&PEERS_DEAD)),
         // grant entries whose peer still mapped them when we ended them,
-        // kept until it unmaps (af_xen_glue.c, afx_end_one): now, and ever
+        // kept until it unmaps (af_xen_xen.c, afx_end_one): now, and ever
         ("grants_pending", grants_pending()),
         ("grants_pended", grants_pended()),
         ("map_failures", map_failures()),

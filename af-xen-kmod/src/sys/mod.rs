@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 //! The only place with `unsafe`: small safe wrappers over `kernel::bindings`,
-//! the module-private Xen bindings and the C glue (`af_xen_glue.c`).
+//! the module-private Xen bindings and the C glue (`glue/`).
 //! Everything else in the module is safe Rust.
 
 use core::ffi::c_void;
@@ -33,7 +33,7 @@ pub(crate) mod xen_sys {
     include!("xen_sys.rs");
 }
 
-// C glue (af_xen_glue.c), linked into the same .ko.
+// C glue (glue/*.c), linked into the same .ko.
 #[allow(improper_ctypes)]
 extern "C" {
     fn afx_family() -> c_int;

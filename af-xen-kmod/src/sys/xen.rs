@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0
-//! Inter-domain plumbing through the C glue (`af_xen_glue.c`): the work
+//! Inter-domain plumbing through the C glue (`af_xen_xen.c`): the work
 //! items, event channels, grants and mappings (of one page and of many),
 //! XenStore.
 
@@ -156,7 +156,7 @@ pub(crate) fn grants_pended() -> i64 {
     // SAFETY: reads an atomic of the glue.
     unsafe { afx_grants_pended() as i64 }
 }
-/// Maps of a peer's grant that Xen refused, ever (af_xen_glue.c).
+/// Maps of a peer's grant that Xen refused, ever (af_xen_xen.c).
 pub(crate) fn map_failures() -> i64 {
     // SAFETY: reads an atomic counter.
     unsafe { afx_map_failures() as i64 }

@@ -46,6 +46,7 @@
 //! resends, deadlines, ring offers; it wakes the socket after each pass.
 
 use crate::carrier::ring::{self, Pipe, Wrote};
+use crate::carrier::rings;
 use crate::carrier::{leg, Link, SocketCore, XenSock};
 use crate::carrier::{Carrier, Readiness, Received, Sent};
 use crate::proto::control_stream::{self, LegControl};

@@ -20,7 +20,7 @@ pub(crate) struct Switched {
     pub(super) sw: Arc<Switch>,
     /// the rings this call writes and reads, as the socket held them (a
     /// step moves on to the ring the switch came back to)
-    pub(super) rings: ring::Rings,
+    pub(super) rings: rings::Rings,
     /// where the last send step stopped for want of room
     pub(super) tx_wait: On,
     /// where the last receive step found nothing
@@ -33,7 +33,7 @@ impl Switched {
     pub(crate) fn new(sw: Arc<Switch>, tx: Option<Arc<Pipe>>, rx: Option<Arc<Pipe>>) -> Switched {
         Switched {
             sw,
-            rings: ring::Rings::new(tx, rx),
+            rings: rings::Rings::new(tx, rx),
             tx_wait: On::Ring,
             rx_wait: On::Ring,
             nonblock: false,
@@ -113,7 +113,7 @@ impl Carrier for Switched {
             }
             drop(on_ring);
             self.tx_wait = On::Ring;
-            return ring::sent(xs, step);
+            return rings::sent(xs, step);
         }
     }
 
@@ -139,7 +139,7 @@ impl Carrier for Switched {
         }
         match &self.rings.tx {
             // the switch leaving the ring ends the wait as well
-            Some(tx) => ring::wait_for_space(xs, tx, timeo, || !sw.tx_on_ring()),
+            Some(tx) => rings::wait_for_space(xs, tx, timeo, || !sw.tx_on_ring()),
             None => Ok(()),
         }
     }
@@ -163,7 +163,7 @@ impl Carrier for Switched {
             };
             if !matches!(step, Ok(ring::Read::OffRing)) {
                 self.rx_wait = On::Ring;
-                return ring::received(xs, step);
+                return rings::received(xs, step);
             }
             // not this ring: TCP bytes come first, or the switch reads TCP
             // or a newer ring
@@ -233,7 +233,7 @@ impl Carrier for Switched {
         }
         match &self.rings.rx {
             // the switch leaving the ring ends the wait as well
-            Some(rx) => ring::wait_for_data(xs, rx, timeo, || !ring_read_ok(sw)),
+            Some(rx) => rings::wait_for_data(xs, rx, timeo, || !ring_read_ok(sw)),
             None => Ok(()),
         }
     }
