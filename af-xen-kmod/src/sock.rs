@@ -117,6 +117,7 @@ pub(crate) struct Inner<P: Parts> {
     /// was not up, or its control ring was full): the work item sends it
     pub(crate) request: Option<crate::proto::ctrl::RingGrant>,
     /// test mode: the next connect names a bogus grant in its directory
+    #[cfg(afx_test_hooks)]
     pub(crate) test_bad_directory: bool,
     /// inter-domain: cookie and peer endpoint of the TCP legs
     pub(crate) tcp: P::Tcp,
@@ -179,6 +180,7 @@ impl<P: Parts> XenSock<P> {
                     connect_err: 0,
                     seqpacket: false,
                     request: None,
+                    #[cfg(afx_test_hooks)]
                     test_bad_directory: false,
                     tcp: P::Tcp::default(),
                     sw: None,

@@ -56,5 +56,12 @@ export KMAKEFLAGS_EXTRA="${KMAKEFLAGS/LLVM=1/}"
 dkms add --sourcetree "$root/dkms-src/usr/src" --dkmstree "$root/dkms-tree" -m af_xen -v 0.1.0 >/dev/null
 dkms build --sourcetree "$root/dkms-src/usr/src" --dkmstree "$root/dkms-tree" \
   -m af_xen -v 0.1.0 -k "$release" --kernelsourcedir "$KDIR" >/dev/null
-test -f "$root/dkms-tree/af_xen/0.1.0/$release/x86_64/module/af_xen.ko"
+ko="$root/dkms-tree/af_xen/0.1.0/$release/x86_64/module/af_xen.ko"
+test -f "$ko"
+# a user's build has none of the lab's test hooks (LAB=1 or TEST_HOOKS=1)
+parms=$(modinfo -F parm "$ko" | cut -d: -f1 | tr '\n' ' ')
+for p in hostile_test inject_bad_record inject_bad_dir inject_ring_offers; do
+  case " $parms" in *" $p "*) echo "DKMS's af_xen.ko has the test hook $p"; exit 1 ;; esac
+done
+case " $parms" in *" family "*) ;; *) echo "DKMS's af_xen.ko lists no parameters ($parms)"; exit 1 ;; esac
 echo "install paths: ok ($release)"

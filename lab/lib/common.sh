@@ -117,7 +117,7 @@ afx_module() {
     local kdir kflags
     kdir=$("$REPO_DIR/lab/kbuild-env" sh -c 'echo "$KDIR"')
     kflags=$("$REPO_DIR/lab/kbuild-env" sh -c 'echo "$KMAKEFLAGS"')
-    make -C "$AFX_TREE/af-xen-kmod" AFX_OUT="$afx" KDIR="$kdir" KMAKEFLAGS="$kflags" || return 1
+    make -C "$AFX_TREE/af-xen-kmod" AFX_OUT="$afx" KDIR="$kdir" KMAKEFLAGS="$kflags" TEST_HOOKS=1 || return 1
   else
     make -C "$REPO_DIR/af-xen-kmod" LAB=1 AFX_OUT="$afx" || return 1
   fi

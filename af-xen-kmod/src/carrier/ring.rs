@@ -64,7 +64,7 @@ impl PinnedDrop for Pipe {
 /// fence, counter loads) is not negligible against the copy.
 const STEP: usize = 64 * 1024;
 
-/// Short names for the data path's cost counters (sys.rs).
+/// Short names for the data path's cost counters (sys/counters.rs).
 mod counters {
     pub(super) use crate::sys::counters::*;
     pub(super) use crate::sys::Timer;
@@ -299,7 +299,7 @@ impl Pipe {
             let dir = Grant::new(link.peer)?;
             let data = GrantedPages::new(link.peer, g.data_pages())?;
             dir.directory().write_refs(&data.refs).map_err(|_| EINVAL)?;
-            if crate::sys::take_inject_bad_dir() {
+            if crate::sys::test_hooks::take_inject_bad_dir() {
                 // test hook: the last data page's ref is one Xen will refuse
                 let mut refs = KVec::with_capacity(data.refs.len(), GFP_KERNEL)?;
                 for r in data.refs.iter() {
@@ -385,6 +385,7 @@ impl Pipe {
 
     /// Test mode (hostile_test): a bogus grant reference in the first
     /// directory slot of our large ring, so the peer cannot map it.
+    #[cfg(afx_test_hooks)]
     pub(crate) fn test_spoil_directory(&self) {
         if let RingBacking::GrantedLarge(_, dir, _) = &self._mem {
             dir.directory().refs[0].store(0xFFFF_FFF0, core::sync::atomic::Ordering::Release);

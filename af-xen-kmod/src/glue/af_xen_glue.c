@@ -63,53 +63,6 @@ MODULE_PARM_DESC(large_ring_grants, "large_ring_kib rings only while this module
 unsigned int afx_large_ring_grants(void) { return READ_ONCE(large_ring_grants); }
 
 /*
- * Test hook: play a hostile peer once. Writing 1 makes the next SEQPACKET
- * message sent from this domain carry a record header whose length exceeds
- * the ring; the receiving domain must reset the connection. Used by the lab
- * (tests/lab/c/xstest_seqpacket.c) to check the receiver's validation
- * against a real kernel peer.
- */
-static int inject_bad_record;
-module_param(inject_bad_record, int, 0600);
-MODULE_PARM_DESC(inject_bad_record, "test hook: 1 = corrupt the header of the next SOCK_SEQPACKET message sent (the peer must reset)");
-int afx_take_inject_bad_record(void) { return xchg(&inject_bad_record, 0); }
-
-/*
- * Test hook: writing 1 makes the grant directory of the next large receive
- * ring this domain offers name an invalid grant ref as its last data page,
- * so the peer's mapping fails part way and must undo the pages it mapped
- * (the lab checks both domains' counters come back and connect fails).
- */
-static int inject_bad_dir;
-module_param(inject_bad_dir, int, 0600);
-MODULE_PARM_DESC(inject_bad_dir, "test hook: 1 = the next large ring's grant directory names an invalid grant (the peer's map must fail cleanly)");
-int afx_take_inject_bad_dir(void) { return xchg(&inject_bad_dir, 0); }
-
-/*
- * Test hook (lab kmod-impostor): writing N sends, over every link that is
- * up, a RingOffer naming each of our peers' connection ids 1..N, with grant
- * refs that name nothing: a guest posing as the moved peer of another
- * guest's connections. The receiver must keep such an offer until its
- * sender proves to be the peer (carrier/switch/offers.rs, on_candidate_offer).
- */
-static int inject_ring_offers;
-static int set_inject_ring_offers(const char *val, const struct kernel_param *kp)
-{
-	int r = param_set_int(val, kp);
-
-	if (r == 0)
-		afx_schedule();
-	return r;
-}
-static const struct kernel_param_ops inject_ring_offers_ops = {
-	.set = set_inject_ring_offers,
-	.get = param_get_int,
-};
-module_param_cb(inject_ring_offers, &inject_ring_offers_ops, &inject_ring_offers, 0600);
-MODULE_PARM_DESC(inject_ring_offers, "test hook: N = send forged RingOffers for connection ids 1..N over every link that is up (a guest posing as a moved peer)");
-int afx_take_inject_ring_offers(void) { return xchg(&inject_ring_offers, 0); }
-
-/*
  * Time the stream data path (/proc/net/af_xen_stats send_ns ... irq_ns):
  * off by default, as each timed part reads the clock twice, and under the
  * lab's emulation a clock read is not free (docs/design.md, "Counters of
@@ -119,17 +72,6 @@ static bool time_data_path;
 module_param(time_data_path, bool, 0644);
 MODULE_PARM_DESC(time_data_path, "sum the time of sendmsg/recvmsg, ring steps, copies, waits, kicks and the interrupt handler in /proc/net/af_xen_stats (default off)");
 int afx_time_data_path(void) { return READ_ONCE(time_data_path); }
-
-/*
- * Test mode for the lab's hostile-peer tests: with hostile_test=1 a socket
- * accepts setsockopt(fd, <family>, XENSOCK_TEST_CORRUPT, ...), which
- * scribbles over its connection's shared ring header. Off by default, and
- * read-only once loaded (an unprivileged program cannot switch it on).
- */
-static bool hostile_test;
-module_param(hostile_test, bool, 0444);
-MODULE_PARM_DESC(hostile_test, "lab only: allow XENSOCK_TEST_CORRUPT (corrupt a connection's shared ring on purpose)");
-int afx_hostile_test(void) { return hostile_test; }
 
 struct afx_sock {
 	struct sock sk;		/* must be first */
@@ -319,7 +261,7 @@ void afx_vfree(void *p) { vfree(p); }
 #include <linux/seq_file.h>
 #include <net/net_namespace.h>
 int afx_rs_proc_show(struct seq_file *m);	/* Rust (socket/proc.rs) */
-int afx_rs_stats_show(struct seq_file *m);	/* Rust (sys.rs) */
+int afx_rs_stats_show(struct seq_file *m);	/* Rust (sys/entry.rs) */
 int afx_rs_tcp_show(struct seq_file *m);	/* Rust (socket/proc.rs, carrier/switch/proc.rs) */
 static int afx_proc_show(struct seq_file *m, void *v) { return afx_rs_proc_show(m); }
 static int afx_stats_show(struct seq_file *m, void *v) { return afx_rs_stats_show(m); }

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: GPL-2.0 */
-/* C glue of af_xen.ko: the functions Rust calls (declared again in src/sys.rs). */
+/* C glue of af_xen.ko: the functions Rust calls (declared again in src/sys/mod.rs). */
 #include <linux/interrupt.h>
 #include <linux/sockptr.h>
 struct net; struct socket; struct sock; struct file; struct poll_table_struct;
@@ -22,9 +22,6 @@ int afx_rcvbuf_locked(struct sock *sk);
 unsigned int afx_default_ring_kib(void);
 unsigned int afx_large_ring_kib(void);
 unsigned int afx_large_ring_grants(void);
-int afx_take_inject_bad_record(void);
-int afx_take_inject_bad_dir(void);
-int afx_take_inject_ring_offers(void);
 void afx_set_err(struct sock *sk, int err);
 int afx_sock_error(struct sock *sk);
 int afx_wait(struct sock *sk, long *timeo, int (*cond)(void *), void *arg);
@@ -50,7 +47,6 @@ void afx_end_grants(const unsigned int *refs, void *cookie);
 unsigned int afx_max_map_pages(void);
 void *afx_map_pages(unsigned int domid, unsigned int n, const unsigned int *refs, void **cookie);
 void afx_unmap_pages(void *cookie);
-int afx_hostile_test(void);
 int afx_sk_err_pending(struct sock *sk);
 int afx_linger_abort(struct sock *sk);
 int afx_rcvlowat(struct sock *sk);
@@ -62,7 +58,7 @@ void afx_sock_hold(struct sock *sk);
 int afx_busy_wait(struct sock *sk, int (*cond)(void *), void *arg);
 int afx_time_data_path(void);
 
-/* grants, event channels, work items and XenStore (wrapped by src/sys.rs) */
+/* grants, event channels, work items and XenStore (wrapped by src/sys/xen.rs) */
 int afx_bind_irq(unsigned int port, irq_handler_t handler, void *cookie);
 void afx_cancel_reap(void);
 void afx_cancel_work(void);

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: GPL-2.0 */
-/* af_xen_net.c: kernel TCP sockets for the TCP carrier (wrapped by src/sys_net.rs). */
+/* af_xen_net.c: kernel TCP sockets for the TCP carrier (wrapped by src/sys/net.rs). */
 #ifndef AF_XEN_NET_H
 #define AF_XEN_NET_H
 #include <linux/types.h>

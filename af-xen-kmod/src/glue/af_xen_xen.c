@@ -85,7 +85,7 @@ int afx_bind_irq(unsigned int port, irq_handler_t handler, void *cookie)
 	return bind_evtchn_to_irqhandler(port, handler, 0, "af_xen", cookie);
 }
 void afx_unbind_irq(int irq, void *cookie) { unbind_from_irqhandler(irq, cookie); }
-/* an irq-safe spinlock for Rust (kernel::sync has none in 6.12): see sys.rs IrqSaveBackend */
+/* an irq-safe spinlock for Rust (kernel::sync has none in 6.12): see sys/mod.rs IrqSaveBackend */
 unsigned long afx_spin_lock_irqsave(spinlock_t *l) { unsigned long f; spin_lock_irqsave(l, f); return f; }
 void afx_spin_unlock_irqrestore(spinlock_t *l, unsigned long f) { spin_unlock_irqrestore(l, f); }
 void afx_notify(unsigned int port) { notify_remote_via_evtchn(port); }
@@ -444,7 +444,7 @@ void afx_watch_del(void *p)
  * Every failure path unmaps what was mapped and frees what was allocated.
  *
  * The grant and mapping counters of /proc/net/af_xen_stats are kept by the
- * Rust wrappers (sys.rs counters); a mapping that fails part way counts
+ * Rust wrappers (sys/counters.rs); a mapping that fails part way counts
  * nothing.
  */
 struct afx_gpages {

@@ -475,6 +475,7 @@ impl<C: LinkConn> Link<C> {
 
     /// Test hook (`inject_ring_offers`): ring offers for the peer's
     /// connection ids 1..=n whose grant refs name nothing.
+    #[cfg(afx_test_hooks)]
     fn send_forged_offers(&self, n: u32) {
         pr_warn!(
             "inject_ring_offers: forged ring offers for connections 1..{} to dom{}\n",

@@ -190,11 +190,13 @@ pub(super) fn work_pass<C: LinkConn>() {
     let Some(links) = links_snapshot::<C>(|_| true) else {
         return;
     };
-    let forge = sys::take_inject_ring_offers();
+    #[cfg(afx_test_hooks)]
+    let forge = sys::test_hooks::take_inject_ring_offers();
     for l in links.iter() {
         if xs_changed && ids[..n].contains(&l.peer) {
             l.readvertise();
         }
+        #[cfg(afx_test_hooks)]
         if forge > 0 && l.is_up() {
             l.send_forged_offers(forge);
         }

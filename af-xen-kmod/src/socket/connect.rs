@@ -110,6 +110,7 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
     } else {
         None
     };
+    #[cfg(afx_test_hooks)]
     if xs.inner.lock().test_bad_directory {
         rx.test_spoil_directory();
     }

@@ -34,7 +34,7 @@ pub(super) fn xs_shutdown(xs: ArcBorrow<'_, XenSock>, how: c_int) -> c_int {
 
 const MSG_NOSIGNAL: i32 = 0x4000;
 
-/// sendmsg, counted and timed for the data path's cost counters (sys.rs).
+/// sendmsg, counted and timed for the data path's cost counters (sys/counters.rs).
 pub(super) fn xs_sendmsg(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg) -> c_int {
     let t = sys::Timer::start();
     let r = xs_sendmsg_untimed(xs, msg);
@@ -119,7 +119,7 @@ fn xs_sendmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg) -> c_int {
     copied as c_int
 }
 
-/// recvmsg, counted and timed for the data path's cost counters (sys.rs).
+/// recvmsg, counted and timed for the data path's cost counters (sys/counters.rs).
 pub(super) fn xs_recvmsg(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg, flags: c_int) -> c_int {
     let t = sys::Timer::start();
     let r = xs_recvmsg_untimed(xs, msg, flags);

@@ -23,6 +23,8 @@ mod poll;
 mod proc;
 pub(crate) mod seqpacket;
 mod table;
+#[cfg(afx_test_hooks)]
+mod test_modes;
 
 pub(crate) use lifecycle::XenFamily;
 pub(crate) use proc::{proc_show, tcp_show};

@@ -105,7 +105,7 @@ pub(crate) fn sendmsg(xs: &XenSock, msg: &mut Msg, tx: &Pipe) -> c_int {
                 0
             },
         };
-        if ok && sys::take_inject_bad_record() {
+        if ok && sys::test_hooks::take_inject_bad_record() {
             // test hook: a header claiming more than the ring holds, the
             // record's real bytes published behind it
             let bad = RecordHeader {

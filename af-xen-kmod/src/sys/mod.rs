@@ -12,6 +12,7 @@ use kernel::sync::Arc;
 pub(crate) mod entry;
 pub(crate) mod family;
 pub(crate) mod net;
+pub(crate) mod test_hooks;
 mod xen;
 
 pub(crate) use xen::*;
@@ -62,9 +63,6 @@ extern "C" {
     fn afx_default_ring_kib() -> c_uint;
     fn afx_large_ring_kib() -> c_uint;
     fn afx_large_ring_grants() -> c_uint;
-    fn afx_take_inject_bad_record() -> c_int;
-    fn afx_take_inject_bad_dir() -> c_int;
-    fn afx_take_inject_ring_offers() -> c_int;
     fn afx_set_err(sk: *mut bindings::sock, err: c_int);
     fn afx_sock_error(sk: *mut bindings::sock) -> c_int;
     fn afx_wait(
@@ -83,7 +81,6 @@ extern "C" {
     fn afx_xen_domain() -> c_int;
     fn afx_msg_left(msg: *mut bindings::msghdr) -> usize;
     fn afx_accept_flags(arg: *mut bindings::proto_accept_arg) -> c_int;
-    fn afx_hostile_test() -> c_int;
     fn afx_sk_err_pending(sk: *mut bindings::sock) -> c_int;
     fn afx_linger_abort(sk: *mut bindings::sock) -> c_int;
     fn afx_rcvlowat(sk: *mut bindings::sock) -> c_int;
@@ -149,17 +146,12 @@ impl Timer {
     }
 }
 
-/// Whether the lab's hostile-peer test mode (module parameter) is on.
-pub(crate) fn hostile_test() -> bool {
-    // SAFETY: reads a bool module parameter.
-    unsafe { afx_hostile_test() != 0 }
-}
-
 pub(crate) mod counters;
 pub(crate) use counters::show_counters;
 
 /// errno values (positive), as the socket layer returns them negated.
 pub(crate) mod errno {
+    #[cfg(afx_test_hooks)]
     pub(crate) const EPERM: i32 = 1;
     pub(crate) const EAGAIN: i32 = 11;
     pub(crate) const ENOMEM: i32 = 12;
@@ -339,7 +331,7 @@ unsafe impl Sync for Sk {}
 
 impl Sk {
     /// The struct sock, for a kernel call that keeps it only while this
-    /// socket lives (a TCP leg's owner, sys_net.rs).
+    /// socket lives (a TCP leg's owner, sys/net.rs).
     pub(crate) fn as_raw(&self) -> *mut bindings::sock {
         self.0
     }
@@ -552,28 +544,6 @@ pub(crate) fn large_ring_grants() -> usize {
     unsafe { afx_large_ring_grants() as usize }
 }
 
-/// Test hook (module parameter `inject_bad_record`): whether to corrupt the
-/// next SEQPACKET record header sent; clears the request.
-pub(crate) fn take_inject_bad_record() -> bool {
-    // SAFETY: atomic exchange on a module parameter.
-    unsafe { afx_take_inject_bad_record() != 0 }
-}
-
-/// Test hook (module parameter `inject_bad_dir`): whether the next large
-/// ring's grant directory should name an invalid grant; clears the request.
-pub(crate) fn take_inject_bad_dir() -> bool {
-    // SAFETY: atomic exchange on a module parameter.
-    unsafe { afx_take_inject_bad_dir() != 0 }
-}
-
-/// Test hook (module parameter `inject_ring_offers`): how many forged ring
-/// offers to send over each link (0: none); clears the request.
-pub(crate) fn take_inject_ring_offers() -> u32 {
-    // SAFETY: atomic exchange on a module parameter.
-    let n = unsafe { afx_take_inject_ring_offers() };
-    u32::try_from(n).unwrap_or(0)
-}
-
 pub(crate) fn send_sigpipe() {
     // SAFETY: sends SIGPIPE to the current task.
     unsafe { afx_sigpipe() }
@@ -602,7 +572,7 @@ impl Msg {
         unsafe { afx_msg_left(self.0) }
     }
     /// The msghdr, for a kernel socket call that copies to or from the
-    /// same user buffers (sys_net.rs).
+    /// same user buffers (sys/net.rs).
     pub(crate) fn as_raw(&mut self) -> *mut bindings::msghdr {
         self.0
     }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0
-//! Safe wrappers over kernel TCP sockets (src/af_xen_net.c) for the TCP
+//! Safe wrappers over kernel TCP sockets (glue/af_xen_net.c) for the TCP
 //! carrier. Every `unsafe` of the TCP carrier is here.
 
 use kernel::bindings;
@@ -19,8 +19,10 @@ extern "C" {
     fn afx_now_ms() -> u64;
     fn afx_tcp_listen(port: c_int, out: *mut *mut bindings::socket) -> c_int;
     fn afx_tcp_accept(l: *mut bindings::socket, out: *mut *mut bindings::socket) -> c_int;
+    #[cfg(afx_test_hooks)]
     fn afx_tcp_connect(addr: *const u8, port: c_int, out: *mut *mut bindings::socket) -> c_int;
     fn afx_tcp_recv(s: *mut bindings::socket, buf: *mut c_void, len: usize) -> c_int;
+    #[cfg(afx_test_hooks)]
     fn afx_tcp_send(s: *mut bindings::socket, buf: *const c_void, len: usize) -> c_int;
     fn afx_tcp_release(s: *mut bindings::socket);
     fn afx_peer_lost_ms() -> c_int;
@@ -297,7 +299,9 @@ impl TcpSock {
         Ok(TcpSock(s))
     }
 
-    /// Connects to `addr:port` (blocking; process context).
+    /// Connects to `addr:port` (blocking; process context): the leg test
+    /// trigger's hello with a wrong cookie.
+    #[cfg(afx_test_hooks)]
     pub(crate) fn connect(addr: [u8; 4], port: u16) -> core::result::Result<TcpSock, i32> {
         let mut s: *mut bindings::socket = core::ptr::null_mut();
         // SAFETY: `addr` is 4 readable bytes; `s` set only on success.
@@ -450,6 +454,7 @@ impl TcpSock {
     }
 
     /// Sends all of `buf` (may block for room).
+    #[cfg(afx_test_hooks)]
     pub(crate) fn send_all(&self, mut buf: &[u8]) -> core::result::Result<(), i32> {
         while !buf.is_empty() {
             // SAFETY: self.0 is live; buf is readable for buf.len() bytes.

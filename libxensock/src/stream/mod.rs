@@ -18,6 +18,8 @@ use crate::options::SocketOptions;
 use crate::relay::RelayStream;
 use crate::transport::Transport;
 
+#[cfg(test)]
+mod tests;
 mod user;
 
 use user::UserStream;
@@ -414,15 +416,15 @@ impl XenStream {
         }
     }
 
-    /// Test hook for the hostile-peer tests: stores `value` at byte
-    /// `offset` of the *peer's* receive ring that this stream writes into
-    /// (header included), as a scribbling domain would. Returns false when
-    /// the ring is not mapped (always, for the kernel family: its rings
-    /// are kernel memory). Not part of the API.
-    #[doc(hidden)]
-    pub fn debug_scribble_peer_ring(&self, offset: usize, value: u32) -> bool {
+    /// For the hostile-peer test: stores `value` at byte `offset` of the
+    /// *peer's* receive ring that this stream writes into (header
+    /// included), as a scribbling domain would. Returns false when the ring
+    /// is not mapped (always, for the kernel family: its rings are kernel
+    /// memory).
+    #[cfg(test)]
+    fn scribble_peer_ring(&self, offset: usize, value: u32) -> bool {
         match &self.imp {
-            StreamImpl::User(u) => u.debug_scribble_peer_ring(offset, value),
+            StreamImpl::User(u) => u.scribble_peer_ring(offset, value),
             StreamImpl::Kernel(_) => false,
             StreamImpl::Relay(_) => false,
         }

@@ -227,12 +227,12 @@ impl UserStream {
         &self.guard.transport
     }
 
-    /// Test hook for the hostile-peer tests: stores `value` at byte
-    /// `offset` of the *peer's* receive ring that this stream writes into
-    /// (header included), as a scribbling domain would. Returns false when
-    /// the ring is not mapped. Not part of the API.
-    #[doc(hidden)]
-    pub fn debug_scribble_peer_ring(&self, offset: usize, value: u32) -> bool {
+    /// For the hostile-peer test: stores `value` at byte `offset` of the
+    /// *peer's* receive ring that this stream writes into (header
+    /// included), as a scribbling domain would. Returns false when the ring
+    /// is not mapped.
+    #[cfg(test)]
+    pub(super) fn scribble_peer_ring(&self, offset: usize, value: u32) -> bool {
         let io = self.conn().io();
         let Some(tx) = io.tx.as_ref() else {
             return false;

@@ -1798,8 +1798,6 @@ static void test_xpending(void)
 
 /* ---- the bound of a lent ring ---------------------------------------------- */
 #define LPORT 7400
-/* hostile_test only: this socket's close sends no Close (af-xen-kmod sock.rs) */
-#define XENSOCK_TEST_SILENT_CLOSE 0x7e60
 
 /* domu1: accept one connection, write, close at once: our ring is lent to
  * the client, which closes without a Close (test hook); the module ends

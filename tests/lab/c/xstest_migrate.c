@@ -57,11 +57,7 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-#include "xensock.h"
-
-#ifndef XENSOCK_TEST_OPEN_LEG
-#define XENSOCK_TEST_OPEN_LEG 0x7e58 /* hostile_test only: 1 right cookie, 2 wrong */
-#endif
+#include "xensock-lab.h"
 
 #include "xstest_common.h"
 

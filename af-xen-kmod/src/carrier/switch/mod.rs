@@ -75,6 +75,8 @@ mod owners;
 mod proc;
 mod rx_leg;
 mod switched;
+#[cfg(afx_test_hooks)]
+mod test_leg;
 mod tx_leg;
 mod work;
 
@@ -88,6 +90,8 @@ pub(crate) use offers::*;
 pub(crate) use owners::*;
 pub(crate) use proc::*;
 pub(crate) use switched::*;
+#[cfg(afx_test_hooks)]
+pub(crate) use test_leg::*;
 pub(crate) use work::*;
 
 /// Stream bytes waiting for the outbound leg (a resend, or writes before

@@ -145,23 +145,3 @@ pub(crate) fn attach_inbound(
     net::schedule();
     Ok(())
 }
-
-/// Test trigger (XENSOCK_TEST_OPEN_LEG 1): connect this connection's
-/// outbound leg now, without a switch.
-pub(crate) fn open_leg(xs: &Arc<XenSock>) -> core::result::Result<(), i32> {
-    let Some(sw) = sw_of(xs) else {
-        return Err(e::EOPNOTSUPP);
-    };
-    {
-        let mut t = sw.tx.lock();
-        tx_activate(&mut t)?;
-        t.want_leg = true;
-    }
-    {
-        let mut r = sw.rx.lock();
-        rx_activate(&mut r)?;
-    }
-    activate(xs, &sw);
-    net::schedule();
-    Ok(())
-}
