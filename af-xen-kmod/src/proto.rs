@@ -28,6 +28,7 @@ pub(crate) mod link_half;
 #[path = "../../proto/src/liveness.rs"]
 pub(crate) mod liveness;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
+#[allow(unsafe_code)] // proto's floor: the ring over raw shared memory
 #[path = "../../proto/src/mem.rs"]
 pub(crate) mod mem;
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]

@@ -379,6 +379,8 @@ impl Engine {
     /// When this returns [`Sent::Queued`], the memory of `parts` must stay
     /// valid and unchanged until [`Events::completed`] is called with
     /// `cookie`.
+    // an unsafe contract, no unsafe block: sys.rs holds the caller's bytes
+    #[allow(unsafe_code)]
     pub unsafe fn send_in_place(
         &self,
         id: EndpointId,

@@ -401,6 +401,7 @@ impl GrantDirectory {
 }
 
 #[cfg(test)]
+#[allow(unsafe_code)] // tests build rings over their own buffers
 mod tests {
     use super::*;
 

@@ -54,6 +54,7 @@
 
 #![no_std]
 #![forbid(unsafe_op_in_unsafe_fn)]
+#![deny(unsafe_code)]
 
 // The fuzzing build (and only it) links std: `arbitrary`'s derives need it.
 #[cfg(feature = "arbitrary")]
@@ -63,12 +64,14 @@ pub mod control_stream;
 pub mod ctrl;
 pub mod dial;
 #[cfg(feature = "arbitrary")]
+#[allow(unsafe_code)] // the fuzz targets build rings over raw memory
 pub mod fuzzing;
 pub mod layout;
 pub mod leg;
 pub mod link;
 pub mod link_half;
 pub mod liveness;
+#[allow(unsafe_code)] // proto's floor: the ring over raw shared memory
 pub mod mem;
 pub mod offer;
 pub mod record;

@@ -270,6 +270,7 @@ fn derived_generation(ring_ref: u32, event_channel: u32) -> u32 {
 }
 
 #[cfg(test)]
+#[allow(unsafe_code)] // tests build rings over their own buffers
 mod tests {
     use super::*;
     use crate::ctrl::{decode, Message};

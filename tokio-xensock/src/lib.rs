@@ -80,6 +80,7 @@
 //! tasks on that worker, and the I/O driver and timers it would turn, wait
 //! that long (in the lab under software emulation, 4-9 s; docs/lab.md,
 //! "100 moves under one stream").
+#![deny(unsafe_code)]
 
 use std::io;
 use std::net::Shutdown;
@@ -94,6 +95,7 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
 pub use libxensock;
 
+#[allow(unsafe_code)] // the unsafe floor: every unsafe block, each with its SAFETY comment
 mod sys;
 #[cfg(feature = "tonic")]
 mod tonic;
