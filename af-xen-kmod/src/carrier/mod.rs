@@ -20,12 +20,25 @@
 pub(crate) mod leg;
 pub(crate) mod ring;
 pub(crate) mod rings;
+pub(crate) mod setup;
+pub(crate) mod show;
 pub(crate) mod switch;
 
 use crate::sock;
 use crate::sys::Msg;
 use kernel::ffi::c_long;
 use kernel::sync::Arc;
+
+/// What the link tells a connection's carriers, which the socket core
+/// passes on: the link is up or back after a resume, a peer's half is gone,
+/// a moved peer was followed to its new domain, a ring offer from the peer
+/// or from a domain that may be the moved peer.
+pub(crate) use switch::{
+    followed_peer, link_up, on_candidate_offer, on_ring_offer, peer_gone, resumed,
+};
+
+/// A connection's receive ring as the link holds it (lent after close).
+pub(crate) type Ring = Arc<ring::Pipe>;
 
 /// The parts of a socket (`sock::Parts`) that the carriers and the link
 /// define.

@@ -5,7 +5,7 @@
 use super::bind::bind_if_unbound;
 use super::lifecycle::{destroy, err, XenFamily};
 use super::table::{globals, list_socket};
-use crate::carrier::ring::Pipe;
+use crate::carrier::setup;
 use crate::carrier::{Link, XenSock};
 use crate::link;
 use crate::sock::{Addr, State, DOMID_ANY, DOMID_SELF, PORT_ANY};
@@ -101,18 +101,10 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
     bind_if_unbound(xs)?;
     let conn_id = link::next_conn_id();
     let stream = !xs.inner.lock().seqpacket;
-    let cap = crate::carrier::ring::remote_rx_ring_capacity(&xs.sk, stream);
-    let (rx, rx_grant) = Pipe::new_granted(&link, me, conn_id, cap, 0).map_err(|_| e::ENOMEM)?;
-    // a stream that could not follow its peer's moves is refused here
-    // rather than left without its switch
-    let sw = if stream {
-        Some(crate::carrier::switch::Switch::new(cap).map_err(|_| e::ENOMEM)?)
-    } else {
-        None
-    };
+    let offer = setup::offer(&xs.sk, &link, me, conn_id, stream)?;
     #[cfg(afx_test_hooks)]
     if xs.inner.lock().test_bad_directory {
-        rx.test_spoil_directory();
+        offer.rx.test_spoil_directory();
     }
     // What an earlier connect of this socket left (its ring, switch, link)
     // is dropped after the lock: ending a grant unmaps pages, which sleeps.
@@ -132,16 +124,13 @@ fn connect_remote(xs: &Arc<XenSock>, a: Addr, nonblock: bool) -> core::result::R
         i.conn_id = conn_id;
         i.connect_err = 0;
         i.reset = false;
-        i.tcp = crate::carrier::leg::ConnTcp {
-            cookie: crate::carrier::leg::new_cookie(),
-            peer: crate::proto::ctrl::TcpEndpoint::NONE,
-        };
+        i.tcp = offer.tcp;
         i.connect_deadline_ms = crate::sys::net::now_ms() + CONNECT_TIMEOUT_MS as u64;
         (
-            i.rx.replace(rx),
+            i.rx.replace(offer.rx),
             i.link.replace(link.clone()),
-            i.request.replace(rx_grant),
-            core::mem::replace(&mut i.sw, sw),
+            i.request.replace(offer.grant),
+            core::mem::replace(&mut i.sw, offer.sw),
         )
     };
     drop(earlier);
@@ -256,24 +245,15 @@ pub(crate) fn accept_remote(
     };
     let child = new_child(&l).ok_or(R::NoResources)?;
     let my_id = link::next_conn_id();
-    let cap = crate::carrier::ring::remote_rx_ring_capacity(&child.sk, !seqpacket);
-    let (rx, rx_grant) = match Pipe::new_granted(link, me, my_id, cap, 0) {
-        Ok(v) => v,
-        Err(_) => return Err(discard_child(&child, R::NoResources)),
-    };
-    let tx = match Pipe::new_mapped(link, me, rg, peer_conn, 0) {
-        Ok(t) => t,
-        Err(_) => return Err(discard_child(&child, R::BadRequest)),
-    };
-    // a stream that could not follow its peer's moves is refused, not
-    // accepted without its switch
-    let sw = if seqpacket {
-        None
-    } else {
-        match crate::carrier::switch::Switch::new(cap) {
-            Ok(sw) => Some(sw),
-            Err(_) => return Err(discard_child(&child, R::NoResources)),
-        }
+    let setup::Accepted {
+        tx,
+        rx,
+        grant: rx_grant,
+        sw,
+    } = match setup::accept(&child.sk, link, me, my_id, rg, peer_conn, !seqpacket) {
+        Ok(a) => a,
+        Err(setup::NotAccepted::NoResources) => return Err(discard_child(&child, R::NoResources)),
+        Err(setup::NotAccepted::BadRing) => return Err(discard_child(&child, R::BadRequest)),
     };
     {
         let mut c = child.inner.lock();
@@ -400,7 +380,7 @@ pub(crate) fn connect_accepted(
     if xs.inner.lock().state != State::Connecting {
         return Err(());
     }
-    match Pipe::new_mapped(link, me, rg, acceptor_id, 0) {
+    match setup::peer_ring(link, me, rg, acceptor_id) {
         Ok(tx) => {
             {
                 let mut i = xs.inner.lock();
@@ -552,12 +532,8 @@ fn connect_local_claimed(xs: &Arc<XenSock>, port: u32) -> core::result::Result<(
     bind_if_unbound(xs)?;
     let child = new_child(&l).ok_or(e::ENOMEM)?;
     // to_child is read by the child (its SO_RCVBUF), to_me by us.
-    let to_child = Pipe::new_local(crate::carrier::ring::rx_ring_capacity(&child.sk), me, port)
-        .map_err(|_| discard_child(&child, e::ENOMEM))?;
-    let to_me = Pipe::new_local(crate::carrier::ring::rx_ring_capacity(&xs.sk), me, port)
-        .map_err(|_| discard_child(&child, e::ENOMEM))?;
-    to_child.set_ends(Some(child.clone()), Some(xs.clone()));
-    to_me.set_ends(Some(xs.clone()), Some(child.clone()));
+    let (to_child, to_me) =
+        setup::loopback(xs, &child, me, port).map_err(|x| discard_child(&child, x))?;
     let my_addr = xs.inner.lock().local;
     {
         let mut c = child.inner.lock();

@@ -12,8 +12,7 @@ use super::connect::{
     link_lost, peer_ended, pending_request, request_sent,
 };
 use super::table::globals;
-use crate::carrier::ring::Pipe;
-use crate::carrier::{leg, switch, Link, XenSock};
+use crate::carrier::{self, setup, Link, XenSock};
 use crate::link::{self, LinkConn, LinkTable};
 use crate::proto::ctrl::{Message, RejectReason, ResetReason, SockType};
 use crate::sock::State;
@@ -24,18 +23,18 @@ use kernel::sync::{Arc, Mutex};
 type LinkInner = link::LinkInner<XenSock>;
 
 impl LinkConn for XenSock {
-    type Ring = Arc<Pipe>;
+    type Ring = carrier::Ring;
 
     fn links() -> &'static Mutex<LinkTable<Self>> {
         &globals().links
     }
 
     fn link_up() {
-        switch::link_up();
+        carrier::link_up();
     }
 
     fn resumed() {
-        switch::resumed();
+        carrier::resumed();
     }
 
     fn wake(&self) {
@@ -55,7 +54,7 @@ impl LinkConn for XenSock {
     }
 
     fn link_down(this: &Arc<Self>) -> bool {
-        switch::peer_gone(this)
+        carrier::peer_gone(this)
     }
 
     fn link_lost(this: &Arc<Self>) {
@@ -145,7 +144,7 @@ fn adopt_moved(link: &Arc<Link>, i: &mut LinkInner) {
     // sw.tx after the ports lock (link.inner -> sw.tx is the order)
     drop(p);
     for xs in followed.iter() {
-        switch::followed_peer(xs, link);
+        carrier::followed_peer(xs, link);
     }
 }
 
@@ -199,7 +198,7 @@ fn send_requests(i: &mut LinkInner) {
             },
             cookie,
             rx,
-            tcp: leg::local_endpoint(),
+            tcp: setup::leg_endpoint(),
         };
         match Link::send_locked(i, &req) {
             Ok(()) => request_sent(s),
@@ -245,13 +244,13 @@ fn on_frame(link: &Arc<Link>, i: &mut LinkInner, m: &Message<'_>) {
                             reason: RejectReason::NoResources,
                         }
                     } else {
-                        child.inner.lock().tcp = leg::ConnTcp { cookie, peer: tcp };
+                        child.inner.lock().tcp = setup::accepted_legs(cookie, tcp);
                         Message::ConnectAccept {
                             conn_id,
                             acceptor_id: *my_id,
                             cookie,
                             rx: *rx_grant,
-                            tcp: leg::local_endpoint(),
+                            tcp: setup::leg_endpoint(),
                         }
                     }
                 }
@@ -339,9 +338,9 @@ fn on_frame(link: &Arc<Link>, i: &mut LinkInner, m: &Message<'_>) {
         }
         Message::RingOffer { conn_id, rx } => {
             if let Some(s) = i.conns.get(&conn_id).cloned() {
-                switch::on_ring_offer(&s, rx);
+                carrier::on_ring_offer(&s, rx);
             } else if let Some(s) = moved_peer_candidate(link, conn_id) {
-                switch::on_candidate_offer(&s, link.clone(), rx);
+                carrier::on_candidate_offer(&s, link.clone(), rx);
             }
         }
         // Both directions' flags are already in the rings; the wake

@@ -3,16 +3,16 @@
 
 use super::bind::current_addrs;
 use super::table::globals;
+use crate::carrier::show;
 use crate::sock::State;
 use crate::sys::{self, Line};
 use kernel::prelude::*;
-use kernel::sync::Arc;
 
 /// /proc/net/af_xen_tcp: the carrier switch of each connection that has
-/// one (`carrier::tcp_show`), taken outside the port table's lock.
+/// one (`carrier::show`), taken outside the port table's lock.
 pub(crate) fn tcp_show(seq: &mut sys::Seq) {
     seq.write(b"conn dir state ... leg (unacked, wmem, sndbuf: bytes; nospace, writeable: 0/1; owner: AFX_OWNER_* flags, -1 none)\n");
-    let mut conns: KVec<(u32, Arc<crate::carrier::switch::Switch>)> = KVec::new();
+    let mut conns: KVec<(u32, show::Shows)> = KVec::new();
     {
         let p = globals().ports.lock();
         for (_, xs) in p.all.iter() {
@@ -30,7 +30,7 @@ pub(crate) fn tcp_show(seq: &mut sys::Seq) {
         }
     }
     for (conn, sw) in conns.iter() {
-        crate::carrier::switch::tcp_show(*conn, sw, seq);
+        show::show_tcp(*conn, sw, seq);
     }
 }
 
@@ -69,50 +69,11 @@ pub(crate) fn proc_show(seq: &mut sys::Seq) {
         } else {
             let _ = write!(l, "{:>5}:{:<10} ", "-", "-");
         }
-        let (rxs, rxf) = match &rx {
-            Some(r) => (r.capacity(), r.rx_state().map(|(n, _)| n).unwrap_or(0)),
-            None => (0, 0),
-        };
-        let (txs, txf) = match &tx {
-            Some(t) => (
-                t.capacity(),
-                t.tx_state()
-                    .map(|(free, _)| t.capacity() - free.min(t.capacity()))
-                    .unwrap_or(0),
-            ),
-            None => (0, 0),
-        };
-        let phase = sw.as_ref().filter(|s| s.is_active()).map(|s| s.phase());
-        let carrier = if reset {
-            "reset"
-        } else if let Some(p) = phase {
-            use crate::proto::switch::Phase;
-            match p {
-                Phase::Ring => "ring-xen",
-                Phase::Draining => "draining",
-                Phase::Tcp => "tcp",
-                Phase::Upgrading => "upgrading",
-            }
-        } else if tx.as_ref().map(|t| t.is_remote()).unwrap_or(false) {
-            "ring-xen"
-        } else if tx.is_some() {
-            "ring-local"
-        } else {
-            "-"
-        };
-        let (to_tcp, to_ring) = sw
-            .as_ref()
-            .map(|s| {
-                (
-                    s.to_tcp.load(core::sync::atomic::Ordering::Relaxed),
-                    s.to_ring.load(core::sync::atomic::Ordering::Relaxed),
-                )
-            })
-            .unwrap_or((0, 0));
+        let c = show::show(tx.as_ref(), rx.as_ref(), sw.as_ref(), reset);
         let _ = write!(
             l,
             "{:>7} {:>7} {:>7} {:>7} {:>8} {:>9} {:<10} {:>6} {:>7} ",
-            rxs, rxf, txs, txf, bin, bout, carrier, to_tcp, to_ring
+            c.rx_size, c.rx_fill, c.tx_size, c.tx_fill, bin, bout, c.name, c.to_tcp, c.to_ring
         );
         // a TCP program's connection: the peer it asked for (its listener:
         // the address it listens on)
