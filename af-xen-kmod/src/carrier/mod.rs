@@ -18,6 +18,7 @@
 //! says why it could not, and knows what a waiter must wait for.
 
 pub(crate) mod leg;
+pub(crate) mod records;
 pub(crate) mod ring;
 pub(crate) mod rings;
 pub(crate) mod setup;

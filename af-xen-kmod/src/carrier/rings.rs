@@ -92,11 +92,6 @@ impl Rings {
         }
         (r, ring_bytes)
     }
-
-    /// The ring we read, if any (SOCK_SEQPACKET's records, SIOCINQ).
-    pub(crate) fn rx(&self) -> Option<&Arc<Pipe>> {
-        self.rx.as_ref()
-    }
 }
 
 /// What a ring write step means for the socket; a ring that breaks the

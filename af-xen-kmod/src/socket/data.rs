@@ -5,7 +5,7 @@
 use super::for_carriers::carrier_of;
 use super::lifecycle::err;
 use super::seqpacket;
-use crate::carrier::{Received, Sent, XenSock};
+use crate::carrier::{Received, Sent, Stream, XenSock};
 use crate::sock::State;
 use crate::sys::{self, errno as e, poll::*, Msg};
 use kernel::bindings;
@@ -72,11 +72,10 @@ fn xs_sendmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg) -> c_int {
         return epipe(0);
     }
     if seqpacket {
-        let Some(tx) = xs.inner.lock().tx.clone() else {
+        let Stream::Rings(rings) = &mut stream else {
             return err(e::ENOTCONN);
         };
-        tx.set_owner(&xs.sk);
-        return seqpacket::sendmsg(&xs, msg, &tx);
+        return seqpacket::sendmsg(&xs, msg, rings);
     }
     let carrier = stream.carrier();
     let nonblock = flags & bindings::MSG_DONTWAIT as i32 != 0;
@@ -148,11 +147,10 @@ fn xs_recvmsg_untimed(xs: ArcBorrow<'_, XenSock>, msg: &mut Msg, flags: c_int) -
         _ => return err(e::ENOTCONN),
     }
     if seqpacket {
-        let Some(rx) = xs.inner.lock().rx.clone() else {
+        let Stream::Rings(rings) = &mut stream else {
             return err(e::ENOTCONN);
         };
-        rx.set_owner(&xs.sk);
-        return seqpacket::recvmsg(&xs, msg, &rx, flags, peer);
+        return seqpacket::recvmsg(&xs, msg, rings, flags, peer);
     }
     let carrier = stream.carrier();
     let peek = flags & bindings::MSG_PEEK as i32 != 0;

@@ -4,9 +4,9 @@
 
 use super::connect::{discard_child, new_child};
 use super::for_carriers::carrier_of;
+use super::inet;
 use super::lifecycle::err;
 use super::table::{all_key, globals, list_socket};
-use super::{inet, seqpacket};
 use crate::carrier::{Stream, XenSock};
 use crate::link;
 use crate::sock::{InetNames, State};
@@ -74,9 +74,7 @@ pub(super) fn xs_ioctl(
         return err(e::EINVAL);
     }
     let value = match &stream {
-        Stream::Rings(rings) if cmd == SIOCINQ && seqpacket => {
-            rings.rx().map_or(0, |rx| seqpacket::next_len(rx) as usize)
-        }
+        Stream::Rings(rings) if cmd == SIOCINQ && seqpacket => rings.next_record_len() as usize,
         _ if cmd == SIOCINQ => stream.carrier().readable_bytes(&xs),
         _ => stream.carrier().unsent_bytes(),
     };

@@ -2,7 +2,6 @@
 //! poll: a socket's readiness from its state and its carrier.
 
 use super::for_carriers::carrier_of;
-use super::seqpacket;
 use crate::carrier::{Stream, XenSock};
 use crate::sock::State;
 use crate::sys::poll::*;
@@ -43,16 +42,7 @@ pub(super) fn xs_poll(xs: Option<ArcBorrow<'_, XenSock>>) -> u32 {
             let r = match &stream {
                 // seqpacket: readable once a whole record is there, writable
                 // once one fits
-                Stream::Rings(rings) if seqpacket => {
-                    rings
-                        .readiness_with(
-                            &xs,
-                            1,
-                            |rx, _| seqpacket::rx_ready(rx).map_err(|_| ()),
-                            seqpacket::tx_writable,
-                        )
-                        .0
-                }
+                Stream::Rings(rings) if seqpacket => rings.record_readiness(&xs),
                 // stream: readable once SO_RCVLOWAT bytes are there (as
                 // TCP), on the ring and TCP together
                 _ => stream.carrier().readiness(&xs, xs.sk.rcvlowat()),
