@@ -253,6 +253,63 @@ fn listen_and_connect_pipe_both_ways() {
     assert!(connector.wait().unwrap().success());
 }
 
+/// The peer's end of stream ends `xensock listen`'s stdout while its stdin
+/// is still open, so an echo through a program (`socat EXEC:'xensock
+/// listen 5' EXEC:cat`) can end: `cat` needs its end to finish.
+#[test]
+fn the_peers_end_ends_stdout_while_stdin_stays_open() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::Stdio;
+    use std::thread;
+    use std::time::Duration;
+    let host = xensock_sim::SimHost::start().unwrap();
+    let da = host
+        .create_domain(xensock_sim::DomainConfig::new("a"))
+        .unwrap();
+    let db = host
+        .create_domain(xensock_sim::DomainConfig::new("b"))
+        .unwrap();
+    let mut listener = Command::new(env!("CARGO_BIN_EXE_xensock"))
+        .args(["listen", "5"])
+        .envs(da.env())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(listener.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let mut connector = Command::new(env!("CARGO_BIN_EXE_xensock"))
+        .args(["connect", &format!("xen:{}:5", da.domid)])
+        .envs(db.env())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // b sends a line and ends its side; a's stdin stays open
+    let mut to_b = connector.stdin.take().unwrap();
+    to_b.write_all(b"one line\n").unwrap();
+    drop(to_b);
+    let mut out = listener.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let mut got = String::new();
+        let r = out.read_to_string(&mut got).map(|_| got);
+        let _ = tx.send(r);
+    });
+    let got = rx.recv_timeout(Duration::from_secs(30));
+    // a's side ends (its stdin closes), then both exit
+    drop(listener.stdin.take());
+    assert_eq!(
+        got.expect("stdout still open after the peer's end")
+            .unwrap(),
+        "one line\n"
+    );
+    assert!(listener.wait().unwrap().success());
+    assert!(connector.wait().unwrap().success());
+}
+
 #[test]
 fn bench_and_demo_refuse_what_cannot_work_before_running() {
     let (ok, out) = xensock(&["bench", "--scale", "0"]);

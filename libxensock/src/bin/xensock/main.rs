@@ -251,9 +251,11 @@ fn listen(port: &str) -> Res<()> {
     pipe(s)
 }
 
-/// Copies stdin to `s` (then half-closes it) and `s` to stdout. Ends at
-/// the peer's end of stream once stdin is sent too, unless stdin is a
-/// terminal (a person typing), which is not waited for.
+/// Copies stdin to `s` (then half-closes it) and `s` to stdout. The
+/// peer's end of stream ends stdout too, so what reads it (a pipe, a
+/// program such as `cat` in `socat EXEC:'xensock listen 7' EXEC:cat`) sees
+/// its end while stdin may still be copying. Ends once stdin is sent too,
+/// unless stdin is a terminal (a person typing), which is not waited for.
 fn pipe(s: XenStream) -> Res<()> {
     use std::io::IsTerminal;
     let mut w = s.try_clone()?;
@@ -265,10 +267,21 @@ fn pipe(s: XenStream) -> Res<()> {
     let mut out = io::stdout().lock();
     io::copy(&mut r, &mut out)?;
     out.flush()?;
+    drop(out);
+    end_stdout();
     if !io::stdin().is_terminal() {
         let _ = sender.join();
     }
     Ok(())
+}
+
+/// Ends this process's stdout: descriptor 1 becomes /dev/null, so the
+/// pipe or socket it was is closed here (nothing more is written to it).
+fn end_stdout() {
+    use std::os::fd::AsRawFd;
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2(null.as_raw_fd(), libc::STDOUT_FILENO);
+    }
 }
 
 /// `xensock daemon`: the process-wide transport, served to the guest.
