@@ -275,10 +275,13 @@ fn pipe(s: XenStream) -> Res<()> {
     Ok(())
 }
 
-/// Ends this process's stdout: descriptor 1 becomes /dev/null, so the
-/// pipe or socket it was is closed here (nothing more is written to it).
+/// Ends this process's stdout: a socket is shut down for writing (stdin
+/// may be the same socket, as socat's EXEC gives it, and still be read),
+/// then descriptor 1 becomes /dev/null, so a pipe or file it was is closed
+/// here (nothing more is written to it).
 fn end_stdout() {
     use std::os::fd::AsRawFd;
+    let _ = nix::sys::socket::shutdown(libc::STDOUT_FILENO, nix::sys::socket::Shutdown::Write);
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         let _ = nix::unistd::dup2(null.as_raw_fd(), libc::STDOUT_FILENO);
     }
