@@ -8,7 +8,7 @@ start_advertiser
 PEER=$(xlbench xsread data/peer 60)
 dd if=/dev/urandom of=/tmp/want bs=1M count=4 2>/dev/null
 # the link to domu1 comes up once both sides run xensock and the agent
-# made the link directories: retry until the echo answers
+# made the link directories: retry until a connect goes through
 if [ "$MPI_STACK" = kmod ]; then
   check af-xen-stream wait_until 180 sh -c "xen-echo client $PEER 7100 2>>/tmp/echo.err | grep -qx hello"
   check module-loaded-by-socket test -d /sys/module/af_xen
