@@ -427,15 +427,15 @@ void afx_watch_del(void *p)
  * physically contiguous allocation fails on a fragmented guest), each
  * granted to the peer, and vmap()ed for a contiguous view of our own pages.
  * On release each page goes back through gnttab_end_foreign_access(),
- * which frees it once the peer no longer maps it.
+ * which frees it once the peer has unmapped it.
  *
  * Mapping: xenbus_map_ring_valloc() stops at XENBUS_MAX_RING_GRANTS (16)
  * pages, so we map the peer's pages ourselves, the way it does inside:
  *  - PV (the lab's domUs): a PV guest may not point an ordinary PTE at a
  *    foreign frame, so vmap() of grant-mapped pages is refused by Xen. We
  *    reserve the virtual range with a vmap() of PAGE_NONE (non-present)
- *    PTEs of a scratch page -- which also allocates the page tables, as
- *    alloc_vm_area() used to -- and let Xen write the grant mappings into
+ *    PTEs of a scratch page -- which also allocates the page tables (no
+ *    exported call does only that) -- and let Xen write the grant mappings into
  *    those PTEs (GNTMAP_contains_pte with each PTE's machine address:
  *    xenbus_map_ring_pv's method; get_vm_area() is not exported). Nothing
  *    was ever present there, so no stale TLB entry can exist.
