@@ -15,6 +15,49 @@ fn xensock(args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// Two domains, a and b, of a new simulated host.
+fn two_domains() -> (
+    xensock_sim::SimHost,
+    xensock_sim::SimDomain,
+    xensock_sim::SimDomain,
+) {
+    let host = xensock_sim::SimHost::start().unwrap();
+    let a = host
+        .create_domain(xensock_sim::DomainConfig::new("a"))
+        .unwrap();
+    let b = host
+        .create_domain(xensock_sim::DomainConfig::new("b"))
+        .unwrap();
+    (host, a, b)
+}
+
+/// `xensock listen PORT` in `dom`, its stdin and stdout piped, once it has
+/// said where it listens: the process, that line, and its stderr (kept
+/// open: the listener says more there, and fails if it cannot).
+fn listening(
+    dom: &xensock_sim::SimDomain,
+    port: &str,
+) -> (
+    std::process::Child,
+    String,
+    std::io::BufReader<std::process::ChildStderr>,
+) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut listener = Command::new(env!("CARGO_BIN_EXE_xensock"))
+        .args(["listen", port])
+        .envs(dom.env())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut err = BufReader::new(listener.stderr.take().unwrap());
+    err.read_line(&mut line).unwrap();
+    (listener, line, err)
+}
+
 #[test]
 fn demo_streams_through_the_echo_server_and_releases_everything() {
     let (ok, out) = xensock(&["demo", "--mib", "4", "--quiet"]);
@@ -145,27 +188,8 @@ fn connect_errors_say_what_is_wrong() {
         assert!(out.contains(why), "{why} missing: {out}");
     }
     // a port nobody listens on: the address, and what to do about it
-    let host = xensock_sim::SimHost::start().unwrap();
-    let d = host
-        .create_domain(xensock_sim::DomainConfig::new("a"))
-        .unwrap();
-    let e = host
-        .create_domain(xensock_sim::DomainConfig::new("b"))
-        .unwrap();
-    let mut listener = Command::new(env!("CARGO_BIN_EXE_xensock"))
-        .args(["listen", "5"])
-        .envs(e.env())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(listener.stderr.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let (_host, d, e) = two_domains();
+    let (mut listener, _, _stderr) = listening(&e, "5");
     let addr = format!("xen:{}:9", e.domid);
     let out = Command::new(env!("CARGO_BIN_EXE_xensock"))
         .args(["connect", &addr])
@@ -192,24 +216,8 @@ fn xensock_says_its_version() {
 fn listen_and_connect_pipe_both_ways() {
     use std::io::{BufRead, BufReader, Read, Write};
     use std::process::Stdio;
-    let host = xensock_sim::SimHost::start().unwrap();
-    let da = host
-        .create_domain(xensock_sim::DomainConfig::new("a"))
-        .unwrap();
-    let db = host
-        .create_domain(xensock_sim::DomainConfig::new("b"))
-        .unwrap();
-    let mut listener = Command::new(env!("CARGO_BIN_EXE_xensock"))
-        .args(["listen", "5"])
-        .envs(da.env())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(listener.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
+    let (_host, da, db) = two_domains();
+    let (mut listener, line, _stderr) = listening(&da, "5");
     assert!(
         line.contains(&format!("listening on xen:{}:5", da.domid)),
         "{line}"
@@ -258,28 +266,12 @@ fn listen_and_connect_pipe_both_ways() {
 /// listen 5' EXEC:cat`) can end: `cat` needs its end to finish.
 #[test]
 fn the_peers_end_ends_stdout_while_stdin_stays_open() {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::{Read, Write};
     use std::process::Stdio;
     use std::thread;
     use std::time::Duration;
-    let host = xensock_sim::SimHost::start().unwrap();
-    let da = host
-        .create_domain(xensock_sim::DomainConfig::new("a"))
-        .unwrap();
-    let db = host
-        .create_domain(xensock_sim::DomainConfig::new("b"))
-        .unwrap();
-    let mut listener = Command::new(env!("CARGO_BIN_EXE_xensock"))
-        .args(["listen", "5"])
-        .envs(da.env())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(listener.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
+    let (_host, da, db) = two_domains();
+    let (mut listener, _, _stderr) = listening(&da, "5");
     let mut connector = Command::new(env!("CARGO_BIN_EXE_xensock"))
         .args(["connect", &format!("xen:{}:5", da.domid)])
         .envs(db.env())
